@@ -1,0 +1,1 @@
+"""The rewrite rules of dmlgraph, grouped into ordered rule sets."""

@@ -176,3 +176,28 @@ class DiagonalMatrixDesc:
     def to_dict(self) -> dict:
         return {"operator": self.name, "offset": self.offset, "value": self.value,
                 "output": self.output.to_dict()}
+
+
+BOUND_LIMIT = 2**62  # |bound| beyond this means the same as the limit on any matrix DML can hold
+
+
+def clamp_bound(b: int | None) -> int | None:
+    """Keep a static int64-space bound (k + 1 may leave int64) inside +-2^62: same meaning, no overflow."""
+    return None if b is None else min(max(int(b), -BOUND_LIMIT), BOUND_LIMIT)
+
+
+def bind_range(begin: int | None, end: int | None, k: int, height: int, width: int) -> tuple[int, int]:
+    """Int32 DiagonalFillBegin/End for int64-space bounds shifted by `k`, on an HxW matrix.
+
+    None is an unbounded end (INT32_MIN / INT32_MAX in the desc) and never shifts. topX = x - y
+    only spans [-(H-1), W-1], so clamping each bounded end to [-H, W] keeps the meaning and rules
+    out int32 overflow (onnxruntime's DML provider wraps an int64 k instead). An inverted range
+    whose ends clamp together covered all of topX, so it becomes the full range, not an empty one.
+    """
+    b = None if begin is None else int(begin) + k
+    e = None if end is None else int(end) + k
+    cb = INT32_MIN if b is None else min(max(b, -height), width)
+    ce = INT32_MAX if e is None else min(max(e, -height), width)
+    if b is not None and e is not None and b > e and cb <= ce:
+        return INT32_MIN, INT32_MAX
+    return cb, ce

@@ -1,0 +1,5 @@
+import sys
+
+from dmlgraph.cli import main
+
+sys.exit(main())

@@ -1,0 +1,190 @@
+"""load -> passes -> export / run / validate, as plain functions (the CLI is a thin face on these)."""
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from dmlgraph.errors import DmlgraphError
+from dmlgraph.executor import Executor, numpy_dtype
+from dmlgraph.graph import DmlNode, Graph
+from dmlgraph.modelfile import load_model, save_model, tensor_nbytes
+from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.rewrite import Options, PassManager, PassResult
+
+
+def load(path: str) -> tuple[onnx.ModelProto, Graph]:
+    """Read a model safely (external data stays on disk) and import it."""
+    model = load_model(path)
+    return model, import_model(model, os.path.dirname(os.path.abspath(path)))
+
+
+def graph_stats(g: Graph) -> dict:
+    """Node count, op histogram and initializer bytes: the numbers of a before/after table."""
+    ops = collections.Counter(n.op_type for n in g.nodes.values())
+    init_bytes = sum(tensor_nbytes(v.initializer) if v.initializer is not None else int(v.array.nbytes)
+                     for v in g.initializers.values())
+    return {"nodes": len(g.nodes), "ops": dict(sorted(ops.items())), "initializers": len(g.initializers),
+            "initializer_bytes": init_bytes,
+            "dml_nodes": sum(isinstance(n, DmlNode) for n in g.nodes.values())}
+
+
+def node_label(n) -> dict:
+    return {"name": n.name, "op_type": n.op_type}
+
+
+def match_record(m, with_reason: bool = False) -> dict:
+    rec = {"rule": m.rule, "nodes": [node_label(n) for n in m.nodes]}
+    if with_reason:
+        rec["reason"] = m.reason
+    return rec
+
+
+def optimize_graph(g: Graph, options: Options, progress=None) -> PassResult:
+    from passes import default_rules  # the one place where core and passes meet
+    return PassManager(default_rules(options), options).run(g, progress)
+
+
+@dataclass
+class OptimizeResult:
+    graph: Graph
+    passes: PassResult
+    before: dict
+    after: dict
+    model: onnx.ModelProto | None = None
+    report: dict = field(default_factory=dict)
+
+
+def optimize(path: str, options: Options | None = None, target: str = "dml", progress=None) -> OptimizeResult:
+    options = options or Options()
+    _, g = load(path)
+    before = graph_stats(g)
+    result = optimize_graph(g, options, progress)
+    g.remove_dead()
+    after = graph_stats(g)
+    model = export_model(g, target)
+    report = {
+        "model": path, "target": target, "feature_level": options.feature_level.label,
+        "exact_only": options.exact_only,
+        "rewrites": result.counts,
+        "lowered": [match_record(m) | {"dml": _dml_summary(m)} for m in result.applied],
+        "declined": [match_record(m, True) for m in result.declined],
+        "before": before, "after": after,
+    }
+    return OptimizeResult(g, result, before, after, model, report)
+
+
+def _dml_summary(m) -> dict | None:
+    dml = m.captures.get("dml")
+    if dml is None:
+        return None
+    return {"op": dml.kind, "begin": dml.begin, "end": dml.end, "value": np.asarray(dml.value).item(),
+            "has_input": dml.inputs[0] is not None, "runtime_k": dml.inputs[2] is not None}
+
+
+def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = False) -> int:
+    """Save atomically; returns the written file's size in bytes."""
+    save_model(result.model, out, input_path=input_path, in_place=in_place,
+               base_dir=os.path.dirname(os.path.abspath(input_path)))
+    return os.path.getsize(out)
+
+
+# ---- running and validation ------------------------------------------------------------------
+def parse_dims(items) -> dict[str, int]:
+    dims = {}
+    for item in items or ():
+        name, sep, size = item.partition("=")
+        if not sep or not size.strip().isdigit():
+            raise DmlgraphError(f"--dim {item!r} is not NAME=SIZE", hint="for example --dim sequence=16")
+        dims[name.strip()] = int(size)
+    return dims
+
+
+def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, default_dim: int = 4) -> dict:
+    """Random inputs from the graph's input types; symbolic dims from `dims` (else `default_dim`)."""
+    rng = np.random.default_rng(seed)
+    dims = dims or {}
+    feeds = {}
+    for v in g.inputs:
+        if v.elem_type is None or v.shape is None:
+            raise DmlgraphError(f"input {v.name!r} has no known type or shape",
+                                hint="pass real inputs with --inputs IN.npz")
+        shape = tuple(d if isinstance(d, int) else dims.get(d, default_dim) if d else default_dim
+                      for d in v.shape)
+        dt = numpy_dtype(v.elem_type)
+        if dt == np.bool_:
+            arr = rng.random(shape) < 0.5
+        elif np.issubdtype(dt, np.integer):
+            arr = rng.integers(0, 4, shape).astype(dt)
+        else:
+            arr = rng.standard_normal(shape).astype(dt)
+        feeds[v.name] = arr
+    return feeds
+
+
+def load_inputs(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise DmlgraphError(f"inputs file {path} does not exist") from None
+    except Exception as e:  # noqa: BLE001 - any unreadable npz is the same user error
+        raise DmlgraphError(f"cannot read inputs {path}: {e}", hint="give an .npz made by numpy.savez") from None
+
+
+def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np.ndarray]:
+    return Executor(g, threads).run(feeds)
+
+
+def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same shape, dtype and bits (so -0.0 != 0.0 and NaN payloads count)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind in "fc":
+        u = np.dtype(f"u{a.dtype.itemsize}")
+        return np.array_equal(np.ascontiguousarray(a).view(u), np.ascontiguousarray(b).view(u))
+    return np.array_equal(a, b)
+
+
+def compare(expected: dict, got: dict, exact: bool) -> list[dict]:
+    rows = []
+    for name, e in expected.items():
+        g = got.get(name)
+        row = {"output": name, "shape": list(np.shape(e)), "dtype": str(np.asarray(e).dtype)}
+        if g is None:
+            row.update(match=False, detail="missing from the lowered model's outputs")
+        elif bitwise_equal(e, g):
+            row.update(match=True, detail="bit-exact")
+        elif not exact and np.shape(e) == np.shape(g) and np.array_equal(e, g, equal_nan=True):
+            row.update(match=True, detail="equal values (signed zeros or NaN payloads differ)")
+        else:
+            diff = "shape/dtype differ" if np.shape(e) != np.shape(g) else \
+                f"{int(np.sum(np.asarray(e) != np.asarray(g)))} elements differ"
+            row.update(match=False, detail=diff)
+        rows.append(row)
+    return rows
+
+
+def validate(path: str, options: Options | None = None, feeds: dict | None = None,
+             dims: dict | None = None, seed: int = 0) -> dict:
+    """Lower in memory, run both on the same inputs, compare every output.
+
+    onnxruntime's graph optimizations are off on both sides: its fusions differ across the session
+    boundaries of a lowered graph and would blur a bit-exact comparison of our rewrites.
+    """
+    options = options or Options()
+    model, original = load(path)
+    feeds = feeds if feeds is not None else make_inputs(original, dims, seed)
+    expected = Executor(original, optimize=False).run(feeds)
+    _, lowered = load(path)
+    result = optimize_graph(lowered, options)
+    got = Executor(lowered, optimize=False).run(feeds)
+    exact = all(n.exact for n in lowered.nodes.values() if isinstance(n, DmlNode))
+    rows = compare(expected, got, exact)
+    return {"model": path, "inputs": {k: list(v.shape) for k, v in feeds.items()},
+            "rewrites": result.counts, "exact": exact, "outputs": rows,
+            "ok": all(r["match"] for r in rows)}

@@ -1,0 +1,98 @@
+"""Bind a DmlNode template to concrete shapes: the operator desc a DML runtime would compile.
+
+Leading axes are batch axes for DIAGONAL_MATRIX1, so axes that are contiguous in every tensor are
+merged (a reshape: only sizes and strides change) until the rank fits 2..4, and a small rank is
+padded with leading 1s where the feature level needs 4 dims (DIAGONAL_MATRIX below 4_0).
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from dmlgraph.dtypes import DmlDataType, ScalarUnion
+from dmlgraph.graph import DmlNode
+from dmlgraph.ops import (DIAGONAL_MATRIX_SUPPORT, DiagonalMatrix1Desc, DiagonalMatrixDesc, FeatureLevel,
+                          bind_range)
+from dmlgraph.tensor import BufferTensorDesc, DescError, packed_strides
+
+
+def broadcast_strides(x_shape, out_shape) -> tuple[int, ...]:
+    """Element strides that view a packed tensor of `x_shape` as `out_shape` (0 = broadcast)."""
+    x_shape = (1,) * (len(out_shape) - len(x_shape)) + tuple(x_shape)
+    packed = packed_strides(x_shape)
+    return tuple(0 if xs != os_ else st for xs, os_, st in zip(x_shape, out_shape, packed))
+
+
+def fold_axes(sizes, strides_list, max_rank: int = 4):
+    """Merge adjacent batch axes that are contiguous in every tensor; keep the last two axes."""
+    sizes = list(sizes)
+    strides_list = [list(s) for s in strides_list]
+    i = len(sizes) - 4  # try merging batch axes pairwise, from the innermost batch pair outwards
+    while len(sizes) > max_rank and i >= 0:
+        if all(s[i] == s[i + 1] * sizes[i + 1] for s in strides_list):
+            sizes[i:i + 2] = [sizes[i] * sizes[i + 1]]
+            for s in strides_list:
+                s[i:i + 2] = [s[i + 1]]
+        i -= 1
+    if len(sizes) > max_rank:
+        # Contiguity failed somewhere: batch axes of size 1 can always go.
+        keep = [j for j in range(len(sizes) - 2) if sizes[j] != 1] + [len(sizes) - 2, len(sizes) - 1]
+        sizes = [sizes[j] for j in keep]
+        strides_list = [[s[j] for j in keep] for s in strides_list]
+    return tuple(sizes), [tuple(s) for s in strides_list]
+
+
+def min_rank(node: DmlNode, level: FeatureLevel) -> int:
+    if node.kind == "DiagonalMatrix":
+        for lvl, dims, _ in DIAGONAL_MATRIX_SUPPORT:
+            if level >= lvl:
+                return dims.start
+    return 2
+
+
+def node_desc(node: DmlNode, out_shape, x_shape=None, k: int = 0,
+              level: FeatureLevel = FeatureLevel.L5_1) -> DiagonalMatrix1Desc | DiagonalMatrixDesc:
+    """The validated desc of `node` at these shapes. Raises DescError with the rule broken."""
+    out_shape = tuple(int(s) for s in out_shape)
+    if len(out_shape) < 2:
+        raise DescError(f"output has rank {len(out_shape)}; DIAGONAL_MATRIX1 needs at least 2 dims")
+    dtype = DmlDataType.from_onnx(node.elem_type)
+    tensors = [packed_strides(out_shape)]
+    if node.inputs[0] is not None:
+        tensors.append(broadcast_strides(x_shape if x_shape is not None else out_shape, out_shape))
+    sizes, strides = fold_axes(out_shape, tensors)
+    pad = max(0, min_rank(node, level) - len(sizes))
+    sizes = (1,) * pad + sizes
+    strides = [(0,) * pad + s for s in strides]
+    out_desc = BufferTensorDesc(dtype, sizes, None if strides[0] == packed_strides(sizes) else strides[0])
+    height, width = out_shape[-2:]
+    if node.kind == "DiagonalMatrix":
+        desc = DiagonalMatrixDesc(out_desc, node.begin, float(node.value))
+    else:
+        begin, end = bind_range(node.begin, node.end, k, height, width)
+        in_desc = None if len(strides) < 2 else BufferTensorDesc(dtype, sizes, strides[1])
+        value = node.value.item() if isinstance(node.value, np.generic) else node.value
+        desc = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(value, dtype), begin, end, in_desc)
+    desc.validate(level)
+    return desc
+
+
+def decline_reason(node: DmlNode, rank: int | None, level: FeatureLevel,
+                   static_shape: tuple[int, ...] | None = None) -> str | None:
+    """Why `node` cannot be lowered at `level` (checked on its static shape, else on 1s of its rank)."""
+    try:
+        DmlDataType.from_onnx(node.elem_type)
+    except Exception:
+        return f"type {helper.tensor_dtype_to_string(node.elem_type)} has no DirectML data type"
+    if static_shape is not None and 0 in static_shape:
+        return f"shape {list(static_shape)} has a zero-size dimension, which DirectML cannot hold"
+    if static_shape is not None and max(static_shape[-2:], default=0) > 2**31 - 1:
+        return f"shape {list(static_shape)}: a matrix side beyond 2^31-1 does not fit INT32 fill bounds"
+    shape = static_shape or ((1,) * rank if rank is not None else None)
+    if shape is None:
+        return "the output rank is unknown"
+    try:
+        node_desc(node, shape, shape, 0, level)
+    except DescError as e:
+        return str(e)
+    return None

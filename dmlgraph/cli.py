@@ -1,0 +1,216 @@
+"""The `dmlgraph` command line: optimize, run, validate, inspect, bench, demo.
+
+Exit codes: 0 success; 1 the check failed (validate found a mismatch); 2 bad input or usage
+(a message says what is wrong and what to do); 3 an internal error (a bug: rerun with --debug).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from dmlgraph import __version__
+from dmlgraph.errors import DmlgraphError
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEMO_MODEL = os.path.join(os.path.dirname(HERE), "models", "synthetic", "causal_attention.onnx")
+
+
+def _progress(enabled: bool):
+    """A progress printer for terminals; silent when piped (or with --json)."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    return lambda msg: print(f"  .. {msg}", file=sys.stderr, flush=True)
+
+
+def _options(args):
+    from dmlgraph.ops import FeatureLevel
+    from dmlgraph.rewrite import Options
+    return Options(feature_level=FeatureLevel.parse(args.feature_level), exact_only=args.exact)
+
+
+def _emit(args, payload: dict, text: str) -> None:
+    print(json.dumps(payload, indent=2, sort_keys=True, default=str) if args.json else text)
+
+
+# ---- commands --------------------------------------------------------------------------------
+def cmd_optimize(args) -> int:
+    from dmlgraph import api
+    from dmlgraph.report import optimize_text
+    result = api.optimize(args.model, _options(args), args.target, _progress(not args.json))
+    size = api.write(result, args.output, args.model, args.in_place)
+    result.report["output"] = args.output
+    result.report["before"]["file_bytes"] = os.path.getsize(args.model)
+    result.report["after"]["file_bytes"] = size
+    _emit(args, result.report, optimize_text(result.report))
+    return EXIT_OK
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from dmlgraph import api
+    _, g = api.load(args.model)
+    feeds = api.load_inputs(args.inputs) if args.inputs else api.make_inputs(g, api.parse_dims(args.dim),
+                                                                               args.seed)
+    unknown = sorted(set(feeds) - {v.name for v in g.inputs})
+    if unknown:
+        raise DmlgraphError(f"inputs file has names the model does not take: {', '.join(unknown)}",
+                            hint=f"the model's inputs are {', '.join(v.name for v in g.inputs)}")
+    outputs = api.run_graph(g, feeds, args.threads)
+    if args.output:
+        tmp = args.output + ".partial.npz"
+        np.savez(tmp, **outputs)
+        os.replace(tmp, args.output)
+    payload = {"model": args.model, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
+                                                for k, v in outputs.items()}, "written": args.output}
+    text = "\n".join(f"{k}: {v.dtype} {list(v.shape)}" for k, v in outputs.items())
+    _emit(args, payload, text + (f"\nwrote {args.output}" if args.output else ""))
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from dmlgraph import api
+    from dmlgraph.report import validate_text
+    feeds = api.load_inputs(args.inputs) if args.inputs else None
+    report = api.validate(args.model, _options(args), feeds, api.parse_dims(args.dim), args.seed)
+    _emit(args, report, validate_text(report))
+    return EXIT_OK if report["ok"] else EXIT_MISMATCH
+
+
+def cmd_inspect(args) -> int:
+    from dmlgraph.inspection import inspect_command
+    return inspect_command(args)
+
+
+def cmd_bench(args) -> int:
+    if args.suite == "kernels":
+        from dmlgraph import bench
+        argv = ["kernels"] + (["--quick"] if args.quick else []) + (["--json", args.json_out] if args.json_out else [])
+        return bench.main(argv) or EXIT_OK
+    from dmlgraph import bench_pipeline
+    return bench_pipeline.main(args) or EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    """Optimize the bundled causal-attention model, then validate it against onnxruntime."""
+    import tempfile
+
+    from dmlgraph import api
+    from dmlgraph.report import optimize_text, validate_text
+    model = args.model or DEMO_MODEL
+    out = args.output or os.path.join(tempfile.mkdtemp(prefix="dmlgraph-demo-"), "lowered.onnx")
+    print(f"$ dmlgraph optimize {os.path.relpath(model)} -o {out}")
+    result = api.optimize(model, _options(args))
+    api.write(result, out, model)
+    result.report["before"]["file_bytes"] = os.path.getsize(model)
+    result.report["after"]["file_bytes"] = os.path.getsize(out)
+    print(optimize_text(result.report))
+    ok = True
+    for seq in (5, 16):
+        print(f"\n$ dmlgraph validate {os.path.relpath(model)} --dim seq={seq}")
+        report = api.validate(model, _options(args), dims={"seq": seq, "batch": 2})
+        print(validate_text(report))
+        ok &= report["ok"]
+    return EXIT_OK if ok else EXIT_MISMATCH
+
+
+# ---- parser ----------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dmlgraph", description="Lower diagonal-structured ONNX computations "
+                                "(EyeLike, Trilu, causal/band masks) onto DirectML DIAGONAL_MATRIX1.",
+                                epilog="exit codes: 0 ok, 1 validation mismatch, 2 bad input, 3 internal error")
+    p.add_argument("--version", action="version", version=f"dmlgraph {__version__}")
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def lowering_flags(sp):
+        sp.add_argument("--feature-level", default="5_1", metavar="L",
+                        help="target DML feature level, e.g. 4_0 or 5_1 (default 5_1)")
+        sp.add_argument("--exact", action="store_true", help="only bit-exact rewrites")
+
+    sp = sub.add_parser("optimize", help="lower a model and write it", description="Lower every diagonal-"
+                        "structured computation and write the model (atomically).")
+    sp.add_argument("model")
+    sp.add_argument("-o", "--output", required=True, help="output .onnx path")
+    sp.add_argument("--target", choices=["dml", "onnx"], default="dml",
+                    help="dml: com.dmlgraph DiagonalMatrix1 nodes; onnx: standard ops only (default dml)")
+    lowering_flags(sp)
+    sp.add_argument("--in-place", action="store_true", help="allow -o to be the input model")
+    sp.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    sp.set_defaults(func=cmd_optimize)
+
+    def input_flags(sp):
+        sp.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by graph input name")
+        sp.add_argument("--dim", action="append", metavar="NAME=SIZE",
+                        help="size of a symbolic dim for generated inputs (repeatable)")
+        sp.add_argument("--seed", type=int, default=0, help="seed for generated inputs")
+
+    sp = sub.add_parser("run", help="run a model (original or lowered) with the executor")
+    sp.add_argument("model")
+    input_flags(sp)
+    sp.add_argument("-o", "--output", metavar="OUT.npz", help="write outputs keyed by graph output name")
+    sp.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("validate", help="lower in memory and compare against onnxruntime")
+    sp.add_argument("model")
+    input_flags(sp)
+    lowering_flags(sp)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_validate)
+
+    sp = sub.add_parser("inspect", help="what is in a model, what lowers, what it saves, and why not")
+    sp.add_argument("model")
+    sp.add_argument("--feature-level", default="5_1", metavar="L")
+    sp.add_argument("--exact", action="store_true", help=argparse.SUPPRESS)
+    sp.add_argument("--target", choices=["dml", "onnx"], default="dml")
+    sp.add_argument("--top", type=int, default=10, metavar="N", help="largest N initializers (default 10)")
+    sp.add_argument("--dot", metavar="FILE", help="write the graph as Graphviz DOT")
+    sp.add_argument("--svg", metavar="FILE", help="render the DOT graph to SVG (needs `dot`)")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_inspect)
+
+    sp = sub.add_parser("bench", help="benchmarks: ratios against a baseline in the same process")
+    sp.add_argument("suite", choices=["kernels", "pipeline"])
+    sp.add_argument("--quick", action="store_true", help="a reduced set (smoke run)")
+    sp.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
+    sp.set_defaults(func=cmd_bench)
+
+    sp = sub.add_parser("demo", help="optimize and validate the bundled causal-attention model")
+    sp.add_argument("model", nargs="?", help=argparse.SUPPRESS)
+    sp.add_argument("-o", "--output", help="keep the lowered model here")
+    lowering_flags(sp)
+    sp.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except DmlgraphError as e:
+        if args.debug:
+            raise
+        print(f"dmlgraph: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("dmlgraph: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last line of defence: no bare tracebacks for users
+        if args.debug:
+            raise
+        print(f"dmlgraph: internal error: {type(e).__name__}: {e}\n  hint: this is a bug in dmlgraph; "
+              "rerun with --debug and report the traceback", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

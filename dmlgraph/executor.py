@@ -1,0 +1,221 @@
+"""Run a Graph: DML nodes on the numpy kernels, everything else in onnxruntime.
+
+ONNX nodes are grouped into as few InferenceSessions as the graph allows: a node's *stage* is the
+number of DML nodes on the longest path into it, and all ONNX nodes of one stage form one region.
+No path leaves a stage and comes back to it (it would have to cross a DML node, which raises the
+stage), so every region runs as one session, created once and cached. Where onnxruntime has no
+kernel for a region (e.g. Trilu on int8), `onnx.reference` runs it instead.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from dmlgraph import kernels
+from dmlgraph.errors import DmlgraphError
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value, outer_names
+from dmlgraph.onnx_io import DOMAIN, onnx_node_proto, value_info
+from dmlgraph.ops import bind_range
+
+
+def numpy_dtype(elem_type: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def initializer_array(v: Value) -> np.ndarray:
+    """An initializer's value; external data is memory-mapped, not read."""
+    if v.array is not None:
+        return v.array
+    from dmlgraph.modelfile import read_tensor
+    return read_tensor(v.initializer, v.base_dir)
+
+
+class OnnxRunner:
+    """One model run by onnxruntime, or by onnx.reference where onnxruntime lacks a kernel."""
+
+    def __init__(self, model: onnx.ModelProto, threads: int | None = None,
+                 external: dict[str, np.ndarray] | None = None, optimize: bool = True):
+        self.model = model
+        self.input_names = [i.name for i in model.graph.input]
+        self.output_names = [o.name for o in model.graph.output]
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if not optimize:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if threads:
+            opts.intra_op_num_threads = threads
+        self.external = external or {}
+        self._ort_values = []  # onnxruntime borrows these buffers: keep them alive
+        for name, arr in self.external.items():
+            ov = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
+            self._ort_values.append(ov)
+            opts.add_initializer(name, ov)
+        self.backend = "onnxruntime"
+        try:
+            self.session = ort.InferenceSession(model.SerializeToString(), opts,
+                                                providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - any refusal means: try the reference evaluator
+            self._use_reference(e)
+
+    def _use_reference(self, why: Exception) -> None:
+        from onnx.reference import ReferenceEvaluator
+        self.backend = "onnx.reference"
+        self.fallback_reason = str(why).splitlines()[0][:200]
+        self.session = None
+        model = self.model
+        if self.external:
+            model = onnx.ModelProto()
+            model.CopyFrom(self.model)
+            model.graph.initializer.extend(onnx.numpy_helper.from_array(np.asarray(a), name)
+                                           for name, a in self.external.items())
+        self.reference = ReferenceEvaluator(model)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        feeds = {k: v for k, v in feeds.items() if k in self.input_names}
+        if self.session is not None:
+            try:
+                return self.session.run(self.output_names, feeds)
+            except Exception as e:  # noqa: BLE001
+                if "NOT_IMPLEMENTED" not in str(e) and "not implemented" not in str(e).lower():
+                    raise DmlgraphError(f"onnxruntime failed: {str(e).splitlines()[0]}") from None
+                self._use_reference(e)
+        return [np.asarray(r) for r in self.reference.run(self.output_names, feeds)]
+
+
+@dataclass
+class Region:
+    stage: int
+    nodes: list[Node] = field(default_factory=list)
+    runner: OnnxRunner | None = None
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+
+class Executor:
+    """Runs a Graph on concrete inputs; `timings` keeps the last run's seconds per backend."""
+
+    def __init__(self, graph: Graph, threads: int | None = None, optimize: bool = True):
+        self.graph = graph
+        self.threads = threads
+        self.optimize = optimize
+        self.steps = self._plan()
+        self.timings: dict[str, float] = {}
+
+    def _plan(self) -> list[Region | DmlNode]:
+        g = self.graph
+        order = g.topological_order()
+        stage: dict[int, int] = {}
+        for n in order:
+            s = 0
+            for v in n.inputs:
+                p = v.producer if v is not None else None
+                if p is not None and p.id in stage:
+                    s = max(s, stage[p.id] + (1 if isinstance(p, DmlNode) else 0))
+            stage[n.id] = s
+        regions: dict[int, Region] = {}
+        dml_at: dict[int, list[DmlNode]] = {}
+        for n in order:
+            if isinstance(n, DmlNode):
+                dml_at.setdefault(stage[n.id], []).append(n)
+            else:
+                regions.setdefault(stage[n.id], Region(stage[n.id])).nodes.append(n)
+        steps: list[Region | DmlNode] = []
+        for s in sorted(set(regions) | set(dml_at)):
+            if s in regions:
+                steps.append(regions[s])
+                self._wire(regions[s])
+            steps.extend(dml_at.get(s, []))
+        return steps
+
+    def _wire(self, region: Region) -> None:
+        inside = {n.id for n in region.nodes}
+        produced = {v.name for n in region.nodes for v in n.outputs}
+        needed: list[str] = []
+        for n in region.nodes:
+            names = [v.name for v in n.inputs if v is not None]
+            if isinstance(n, OnnxNode):
+                names += sorted(outer_names(n))
+            for name in names:
+                if name not in produced and name not in needed:
+                    needed.append(name)
+        region.inputs = needed
+        graph_out = {v.name for v in self.graph.outputs}
+        region.outputs = [v.name for n in region.nodes for v in n.outputs
+                          if v.name in graph_out or any(c.id not in inside for c in v.consumers)]
+
+    def _runner(self, region: Region) -> OnnxRunner:
+        if region.runner is None:
+            g = self.graph
+            inits, external, inputs = [], {}, []
+            for name in region.inputs:
+                v = g.values[name]
+                if name in g.initializers:
+                    if v.initializer is not None and v.initializer.data_location != onnx.TensorProto.EXTERNAL:
+                        inits.append(v.initializer)
+                    else:
+                        external[name] = initializer_array(v)
+                else:
+                    inputs.append(value_info(v))
+            proto = helper.make_graph([onnx_node_proto(n) for n in region.nodes], f"stage{region.stage}",
+                                      inputs, [value_info(g.values[o]) for o in region.outputs], inits)
+            opsets = [helper.make_opsetid(d, v) for d, v in g.info.opset_imports.items() if d != DOMAIN]
+            model = helper.make_model(proto, opset_imports=opsets, ir_version=g.info.ir_version)
+            model.functions.extend(g.info.functions)
+            region.runner = OnnxRunner(model, self.threads, external, self.optimize)
+        return region.runner
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = self.graph
+        missing = [v.name for v in g.inputs if v.name not in feeds]
+        if missing:
+            raise DmlgraphError(f"missing inputs: {', '.join(missing)}",
+                                hint=f"the model's inputs are {', '.join(v.name for v in g.inputs)}")
+        env: dict[str, np.ndarray] = dict(feeds)
+        t_ort = t_dml = 0.0
+        for step in self.steps:
+            t0 = time.perf_counter()
+            if isinstance(step, DmlNode):
+                env[step.outputs[0].name] = self._run_dml(step, env)
+                t_dml += time.perf_counter() - t0
+            else:
+                runner = self._runner(step)
+                results = runner.run({k: env[k] for k in runner.input_names})
+                env.update(zip(runner.output_names, results))
+                t_ort += time.perf_counter() - t0
+        self.timings = {"onnx": t_ort, "dml": t_dml}
+        out = {}
+        for v in g.outputs:
+            if v.name not in env and v.name in g.initializers:
+                env[v.name] = initializer_array(g.initializers[v.name])
+            out[v.name] = env[v.name]
+        return out
+
+    def _value(self, v: Value, env) -> np.ndarray:
+        if v.name in env:
+            return env[v.name]
+        return initializer_array(self.graph.initializers[v.name])
+
+    def _run_dml(self, node: DmlNode, env) -> np.ndarray:
+        x_v, shape_v, k_v = node.inputs
+        x = None if x_v is None else np.asarray(self._value(x_v, env))
+        if shape_v is not None:
+            shape = tuple(int(s) for s in np.asarray(self._value(shape_v, env)).reshape(-1))
+        elif node.static_shape is not None:
+            shape = node.static_shape
+        else:
+            shape = x.shape
+        k = 0 if k_v is None else int(np.asarray(self._value(k_v, env)).reshape(-1)[0])
+        dtype = numpy_dtype(node.elem_type)
+        if x is not None:
+            x = np.broadcast_to(x, shape)
+        if 0 in shape:
+            return np.zeros(shape, dtype)
+        if node.kind == "DiagonalMatrix":
+            return kernels.diagonal_matrix(shape, dtype, node.begin, float(node.value))
+        begin, end = bind_range(node.begin, node.end, k, shape[-2], shape[-1])
+        return kernels.diagonal_matrix1(shape, dtype, node.value, begin, end, input=x)

@@ -1,0 +1,294 @@
+"""The graph IR: Values and Nodes (ONNX nodes and DML nodes side by side), with explicit links.
+
+Every Value knows its producer and its uses, so a rule looks at neighbours in O(1) (the onnx-ir
+design). The data-dependency DAG over nodes is a networkx DiGraph built on demand (`to_networkx`)
+for what networkx does well: topological order and partitioning.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import networkx as nx
+import numpy as np
+import onnx
+
+from dmlgraph.errors import ModelError
+
+Dim = int | str | None  # static size, symbolic name, or unknown
+
+
+class Value:
+    """A tensor edge: name, ONNX element type, shape, one producer, many uses.
+
+    `initializer` (a TensorProto, possibly external data) stays unread until `const_array` asks.
+    `array` holds a constant made by a rule.
+    """
+
+    __slots__ = ("name", "elem_type", "shape", "producer", "uses", "initializer", "array", "base_dir")
+
+    def __init__(self, name: str, elem_type: int | None = None, shape: tuple[Dim, ...] | None = None):
+        self.name = name
+        self.elem_type = elem_type
+        self.shape = shape
+        self.producer: Node | None = None
+        self.uses: list[tuple[Node, int]] = []
+        self.initializer: onnx.TensorProto | None = None
+        self.array: np.ndarray | None = None
+        self.base_dir: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Value({self.name!r})"
+
+    @property
+    def is_initializer(self) -> bool:
+        return self.initializer is not None or self.array is not None
+
+    @property
+    def static_shape(self) -> tuple[int, ...] | None:
+        if self.shape is None or not all(isinstance(d, int) for d in self.shape):
+            return None
+        return tuple(self.shape)
+
+    @property
+    def consumers(self) -> list["Node"]:
+        return [n for n, _ in self.uses]
+
+
+class Node:
+    """Common part of ONNX and DML nodes: inputs (None = absent optional) and outputs."""
+
+    _ids = itertools.count()
+    op_type: str = ""
+    domain: str = ""
+
+    def __init__(self, name: str, inputs: Iterable[Value | None], outputs: Iterable[Value]):
+        self.id = next(Node._ids)
+        self.name = name
+        self.inputs: list[Value | None] = list(inputs)
+        self.outputs: list[Value] = list(outputs)
+        self.rule: str | None = None  # the rule that created this node
+
+    def input(self, i: int) -> Value | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.op_type}, {self.name!r})"
+
+
+class OnnxNode(Node):
+    """An ONNX node passed through unchanged (attributes kept as protos, subgraphs included)."""
+
+    def __init__(self, name, op_type, inputs, outputs, attributes=(), domain="", doc_string=""):
+        super().__init__(name, inputs, outputs)
+        self.op_type = op_type
+        self.domain = domain
+        self.attributes: list[onnx.AttributeProto] = list(attributes)
+        self.doc_string = doc_string
+
+    def attr(self, name: str, default=None):
+        for a in self.attributes:
+            if a.name == name:
+                return onnx.helper.get_attribute_value(a)
+        return default
+
+
+class DmlNode(Node):
+    """A DIAGONAL_MATRIX1 (or DIAGONAL_MATRIX) node, as a template bound at run time.
+
+    inputs: [x, shape, k], each optional.
+      x     -- the input tensor (broadcast to the output shape; a scalar is broadcast by zero strides)
+      shape -- int64 1-D output sizes computed at run time (else `static_shape`, else x's shape)
+      k     -- int64 scalar shifting every bounded end of [begin, end) at run time (Trilu's k)
+    begin/end are int64-space bounds (None = unbounded, never shifted). They are clamped to the
+    matrix ([-H, W]) only when bound to a concrete shape, so a huge k never wraps. `exact` says whether the rewrite that made it is bit-exact for every input.
+    """
+
+    domain = "com.dmlgraph"
+
+    def __init__(self, name, x, shape, k, output, *, elem_type: int, value, begin: int | None, end: int | None,
+                 static_shape=None, exact: bool = True, kind: str = "DiagonalMatrix1"):
+        super().__init__(name, [x, shape, k], [output])
+        self.elem_type = elem_type
+        self.value = value
+        self.begin = None if begin is None else int(begin)
+        self.end = None if end is None else int(end)
+        self.static_shape = None if static_shape is None else tuple(int(s) for s in static_shape)
+        self.exact = exact
+        self.kind = kind  # "DiagonalMatrix1", or "DiagonalMatrix" below feature level 5_1
+
+    @property
+    def op_type(self) -> str:  # type: ignore[override]
+        return self.kind
+
+
+@dataclass
+class ModelInfo:
+    """What a model carries besides its graph, kept so export round-trips it."""
+
+    ir_version: int = 10
+    opset_imports: dict[str, int] = field(default_factory=dict)
+    producer_name: str = ""
+    producer_version: str = ""
+    domain: str = ""
+    model_version: int = 0
+    doc_string: str = ""
+    metadata_props: list[tuple[str, str]] = field(default_factory=list)
+    graph_name: str = "graph"
+    graph_doc_string: str = ""
+    functions: list[onnx.FunctionProto] = field(default_factory=list)
+
+
+class Graph:
+    """Values, nodes, graph inputs/outputs and initializers of one (main) ONNX graph."""
+
+    def __init__(self, info: ModelInfo | None = None):
+        self.info = info or ModelInfo()
+        self.values: dict[str, Value] = {}
+        self.nodes: dict[int, Node] = {}  # insertion-ordered: original order first
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.initializers: dict[str, Value] = {}
+        self.value_info_names: set[str] = set()  # values the source model annotated (kept on export)
+        self.overridable_inputs: list[str] = []  # initializers the source also listed as graph inputs
+        self._names = itertools.count()
+
+    # ---- values ---------------------------------------------------------------------------
+    def value(self, name: str) -> Value:
+        v = self.values.get(name)
+        if v is None:
+            v = self.values[name] = Value(name)
+        return v
+
+    def fresh_value(self, hint: str, elem_type=None, shape=None) -> Value:
+        name = hint
+        while name in self.values:
+            name = f"{hint}__{next(self._names)}"
+        v = self.values[name] = Value(name, elem_type, shape)
+        return v
+
+    def fresh_name(self, hint: str) -> str:
+        """A node name: unique enough for readers; ONNX does not require node names to be unique."""
+        return f"{hint}__{next(self._names)}"
+
+    def add_initializer(self, value: Value, array: np.ndarray) -> Value:
+        value.array = np.asarray(array)
+        value.elem_type = onnx.helper.np_dtype_to_tensor_dtype(value.array.dtype)
+        value.shape = tuple(value.array.shape)
+        self.initializers[value.name] = value
+        return value
+
+    # ---- nodes ----------------------------------------------------------------------------
+    def add_node(self, node: Node) -> Node:
+        self.nodes[node.id] = node
+        for i, v in enumerate(node.inputs):
+            if v is not None:
+                v.uses.append((node, i))
+        for v in node.outputs:
+            if v.producer is not None and v.producer is not node:
+                raise ModelError(f"value {v.name!r} is produced by two nodes "
+                                 f"({v.producer.name!r} and {node.name!r})")
+            v.producer = node
+        return node
+
+    def remove_node(self, node: Node) -> None:
+        del self.nodes[node.id]
+        for i, v in enumerate(node.inputs):
+            if v is not None:
+                v.uses.remove((node, i))
+        for v in node.outputs:
+            if v.producer is node:
+                v.producer = None
+
+    def replace_uses(self, old: Value, new: Value) -> None:
+        """Point every use of `old` (and graph outputs) at `new`."""
+        for node, i in list(old.uses):
+            node.inputs[i] = new
+            new.uses.append((node, i))
+        old.uses.clear()
+        for i, out in enumerate(self.outputs):
+            if out is old:
+                self.outputs[i] = new
+
+    def iter_nodes(self) -> Iterator[Node]:
+        return iter(list(self.nodes.values()))
+
+    def is_graph_output(self, v: Value) -> bool:
+        return any(o is v for o in self.outputs)
+
+    # ---- analysis -------------------------------------------------------------------------
+    def to_networkx(self) -> nx.DiGraph:
+        """The node DAG (node id -> node id per data edge); node attr 'node' is the Node."""
+        g = nx.DiGraph()
+        for n in self.nodes.values():
+            g.add_node(n.id, node=n)
+        for n in self.nodes.values():
+            for v in n.inputs:
+                if v is not None and v.producer is not None and v.producer.id in self.nodes:
+                    g.add_edge(v.producer.id, n.id)
+        return g
+
+    def topological_order(self) -> list[Node]:
+        """Nodes in a dependency order that keeps the original order where it can (stable)."""
+        order = {nid: i for i, nid in enumerate(self.nodes)}
+        g = self.to_networkx()
+        try:
+            ids = list(nx.lexicographical_topological_sort(g, key=order.__getitem__))
+        except nx.NetworkXUnfeasible:
+            cycle = nx.find_cycle(g)
+            names = [self.nodes[a].name or self.nodes[a].op_type for a, _ in cycle]
+            raise ModelError(f"the graph has a cycle through nodes {names}",
+                             hint="an ONNX graph must be acyclic; re-export the model") from None
+        return [self.nodes[i] for i in ids]
+
+    def remove_dead(self) -> int:
+        """Remove nodes whose outputs reach no graph output, and unused initializers."""
+        live: set[int] = set()
+        stack = [v.producer for v in self.outputs if v.producer is not None]
+        while stack:
+            n = stack.pop()
+            if n.id in live:
+                continue
+            live.add(n.id)
+            stack.extend(v.producer for v in n.inputs if v is not None and v.producer is not None)
+            # ONNX subgraph attributes may read outer values by name: keep their producers alive.
+            if isinstance(n, OnnxNode):
+                for name in outer_names(n):
+                    v = self.values.get(name)
+                    if v is not None and v.producer is not None:
+                        stack.append(v.producer)
+        dead = [n for n in self.nodes.values() if n.id not in live]
+        for n in dead:
+            self.remove_node(n)
+        used = {v.name for v in self.outputs}
+        for n in self.nodes.values():
+            used.update(v.name for v in n.inputs if v is not None)
+            if isinstance(n, OnnxNode):
+                used.update(outer_names(n))
+        for name in [k for k in self.initializers if k not in used]:
+            del self.initializers[name]
+        return len(dead)
+
+
+def outer_names(node: OnnxNode) -> set[str]:
+    """Names a node's subgraph attributes (If/Loop/Scan bodies) read from the enclosing scope."""
+    names: set[str] = set()
+    for a in node.attributes:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            names |= _free_names(g)
+    return names
+
+
+def _free_names(g: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+    used: set[str] = set()
+    for n in g.node:
+        used.update(x for x in n.input if x)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                used |= _free_names(sub)
+        defined.update(n.output)
+    used.update(o.name for o in g.output)
+    return used - defined

@@ -1,0 +1,331 @@
+"""ONNX <-> Graph: import (with shape inference) and export to the `dml` or portable `onnx` target.
+
+`dml` target: each DmlNode becomes a `com.dmlgraph` `DiagonalMatrix1` / `DiagonalMatrix` node
+(schemas registered with onnx.defs so the checker accepts them). Inputs: [X?, shape?, k?];
+attributes: begin, end (int64-space bounds; an absent one is unbounded, INT32_MIN / INT32_MAX in
+the desc), value (1-element tensor in the
+output type), value_data_type (DML_TENSOR_DATA_TYPE), output_shape (static sizes, optional),
+exact (0/1) and rule (which rule made it).
+
+`onnx` target: the same node written with standard ops only, a literal transcription of the spec
+pseudocode in int64 (Range/Sub/Less/Not/Xor/Where/Expand), so any runtime can run it and no mask
+constant is stored.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from dmlgraph.dtypes import DmlDataType
+from dmlgraph.errors import ModelError, UnsupportedError
+from dmlgraph.graph import DmlNode, Graph, ModelInfo, Node, OnnxNode, Value
+
+DOMAIN = "com.dmlgraph"
+DOMAIN_VERSION = 1
+_T_ALL = ["tensor(float)", "tensor(float16)", "tensor(double)", "tensor(int8)", "tensor(int16)",
+          "tensor(int32)", "tensor(int64)", "tensor(uint8)", "tensor(uint16)", "tensor(uint32)",
+          "tensor(uint64)", "tensor(bool)"]
+
+
+def _register_schemas() -> None:
+    """Register the custom ops once, so onnx.checker and shape inference accept a `dml` model."""
+    if onnx.defs.has("DiagonalMatrix1", DOMAIN):
+        return
+    P, A = onnx.defs.OpSchema.FormalParameter, onnx.defs.OpSchema.Attribute
+    opt = onnx.defs.OpSchema.FormalParameterOption.Optional
+    AT = onnx.defs.OpSchema.AttrType
+    common_inputs = [P("X", "T", "input (broadcast to the output)", param_option=opt),
+                     P("shape", "tensor(int64)", "output sizes, when not static", param_option=opt),
+                     P("k", "tensor(int64)", "run-time shift of the bounded ends", param_option=opt)]
+    outputs = [P("Y", "T", "output")]
+    types = [("T", _T_ALL, "DML data types; bool is carried as UINT8")]
+    onnx.defs.register_schema(onnx.defs.OpSchema(
+        "DiagonalMatrix1", DOMAIN, DOMAIN_VERSION,
+        "DML_OPERATOR_DIAGONAL_MATRIX1: Y = value where (end >= begin) ^ (x-y >= begin) ^ (x-y < end), "
+        "else X (or 0).",
+        inputs=common_inputs, outputs=outputs, type_constraints=types,
+        attributes=[A("begin", AT.INT, "DiagonalFillBegin; absent = unbounded (INT32_MIN)", required=False),
+                    A("end", AT.INT, "DiagonalFillEnd; absent = unbounded (INT32_MAX)", required=False),
+                    A("value", AT.TENSOR, "Value: one element of the output type"),
+                    A("value_data_type", AT.INT, "ValueDataType (DML_TENSOR_DATA_TYPE)"),
+                    A("output_shape", AT.INTS, "static output sizes", required=False),
+                    A("exact", AT.INT, "1 if the rewrite is bit-exact", required=False),
+                    A("rule", AT.STRING, "the dmlgraph rule that made this node", required=False)]))
+    onnx.defs.register_schema(onnx.defs.OpSchema(
+        "DiagonalMatrix", DOMAIN, DOMAIN_VERSION,
+        "DML_OPERATOR_DIAGONAL_MATRIX: Y = value if y + offset == x else 0 (value truncated for ints).",
+        inputs=common_inputs[1:], outputs=outputs, type_constraints=types,
+        attributes=[A("offset", AT.INT, "Offset"),
+                    A("value", AT.FLOAT, "Value (a FLOAT)"),
+                    A("dtype", AT.INT, "ONNX element type of the output"),
+                    A("output_shape", AT.INTS, "static output sizes", required=False),
+                    A("rule", AT.STRING, "the dmlgraph rule that made this node", required=False)]))
+
+
+_register_schemas()
+
+
+# ---- import ----------------------------------------------------------------------------------
+def _type_shape(tp: onnx.TypeProto):
+    if not tp.HasField("tensor_type"):
+        return None, None
+    tt = tp.tensor_type
+    if not tt.HasField("shape"):
+        return tt.elem_type or None, None
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+    return tt.elem_type or None, dims
+
+
+def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
+    """Build a Graph from a loaded model (external data stays unread: `base_dir` locates it)."""
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    info = ModelInfo(
+        ir_version=model.ir_version, opset_imports=opsets, producer_name=model.producer_name,
+        producer_version=model.producer_version, domain=model.domain, model_version=model.model_version,
+        doc_string=model.doc_string, metadata_props=[(p.key, p.value) for p in model.metadata_props],
+        graph_name=model.graph.name or "graph", graph_doc_string=model.graph.doc_string,
+        functions=list(model.functions))
+    g = Graph(info)
+    mg = model.graph
+    inferred = _infer(model)
+    # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest.
+    for vi in list(inferred.graph.value_info) + list(mg.value_info):
+        _annotate(g.value(vi.name), vi, override=False)
+    for vi in list(mg.input) + list(mg.output):
+        _annotate(g.value(vi.name), vi, override=True)
+    g.value_info_names = {vi.name for vi in mg.value_info}
+    for t in mg.initializer:
+        v = g.value(t.name)
+        v.initializer, v.base_dir = t, base_dir
+        v.elem_type, v.shape = t.data_type, tuple(t.dims)
+        g.initializers[t.name] = v
+    init_names = set(g.initializers)
+    g.inputs = [g.value(i.name) for i in mg.input if i.name not in init_names]
+    g.overridable_inputs = [i.name for i in mg.input if i.name in init_names]
+    for i, n in enumerate(mg.node):
+        ins = [g.value(x) if x else None for x in n.input]
+        outs = [g.value(x) if x else g.fresh_value(f"{n.name or n.op_type}__unused{i}") for x in n.output]
+        if n.domain == DOMAIN:
+            g.add_node(_import_dml(n, ins, outs))
+        else:
+            g.add_node(OnnxNode(n.name, n.op_type, ins, outs, n.attribute, n.domain, n.doc_string))
+    g.outputs = [g.value(o.name) for o in mg.output]
+    _check_defined(g)
+    return g
+
+
+def _annotate(v: Value, vi: onnx.ValueInfoProto, override: bool) -> None:
+    et, shape = _type_shape(vi.type)
+    v.elem_type = et or v.elem_type
+    if shape is not None and (override or v.shape is None):
+        v.shape = shape
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference on a copy; a model it cannot handle simply has fewer known shapes."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # inference is a help, never a reason to refuse a model
+        return model
+
+
+def _check_defined(g: Graph) -> None:
+    produced = {v.name for v in g.inputs} | set(g.initializers)
+    for n in g.nodes.values():
+        produced.update(v.name for v in n.outputs)
+    for n in g.nodes.values():
+        for v in n.inputs:
+            if v is not None and v.name not in produced:
+                raise ModelError(f"node {n.name or n.op_type!r} reads {v.name!r}, which no node, graph input "
+                                 "or initializer defines", hint="the graph is incomplete; re-export it")
+    for v in g.outputs:
+        if v.name not in produced:
+            raise ModelError(f"graph output {v.name!r} is not produced by anything")
+
+
+def _import_dml(n: onnx.NodeProto, ins, outs) -> DmlNode:
+    a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+    ins = ins + [None] * (3 - len(ins)) if n.op_type == "DiagonalMatrix1" else [None] + ins + [None] * (2 - len(ins))
+    shape = tuple(a["output_shape"]) if "output_shape" in a else None
+    rule = a.get("rule", b"").decode() or None
+    if n.op_type == "DiagonalMatrix1":
+        value = numpy_helper.to_array(a["value"]).reshape(-1)[0]
+        node = DmlNode(n.name, ins[0], ins[1], ins[2], outs[0], elem_type=a["value"].data_type,
+                       value=value, begin=a.get("begin"), end=a.get("end"), static_shape=shape,
+                       exact=bool(a.get("exact", 1)))
+    elif n.op_type == "DiagonalMatrix":
+        dt = helper.tensor_dtype_to_np_dtype(a["dtype"])
+        v = a["value"] if np.issubdtype(dt, np.floating) else np.trunc(a["value"])
+        node = DmlNode(n.name, None, ins[1], ins[2], outs[0], elem_type=a["dtype"], value=dt.type(v),
+                       begin=a["offset"], end=a["offset"] + 1, static_shape=shape,
+                       kind="DiagonalMatrix")
+    else:
+        raise ModelError(f"unknown op {DOMAIN}::{n.op_type}", hint="this dmlgraph knows DiagonalMatrix1 and "
+                         "DiagonalMatrix")
+    node.rule = rule
+    return node
+
+
+# ---- export ----------------------------------------------------------------------------------
+def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
+    """A ModelProto for `g`: `dml` keeps DML nodes as custom ops, `onnx` writes standard ops only."""
+    if target not in ("dml", "onnx"):
+        raise UnsupportedError(f"unknown export target {target!r}", hint="use --target dml or --target onnx")
+    nodes: list[onnx.NodeProto] = []
+    extra_init: list[onnx.TensorProto] = []
+    opsets = dict(g.info.opset_imports)
+    uses_dml = False
+    for n in g.topological_order():
+        if isinstance(n, OnnxNode):
+            nodes.append(onnx_node_proto(n))
+        elif target == "dml":
+            nodes.append(_dml_node_proto(n))
+            uses_dml = True
+        else:
+            nodes.extend(_portable_nodes(g, n, opsets.get("", 0)))
+    if uses_dml:
+        opsets[DOMAIN] = DOMAIN_VERSION
+    elif target == "onnx":
+        opsets.pop(DOMAIN, None)
+    initializers = []
+    for v in g.initializers.values():
+        if v.initializer is not None:
+            initializers.append(v.initializer)
+        else:
+            initializers.append(numpy_helper.from_array(np.asarray(v.array), v.name))
+    initializers += extra_init
+    keep_info = g.value_info_names
+    infos = [value_info(v) for v in g.values.values()
+                  if (v.name in keep_info or (v.producer is not None and isinstance(v.producer, DmlNode)))
+                  and v.producer is not None and v.producer.id in g.nodes and v.elem_type
+                  and not g.is_graph_output(v)]
+    graph = helper.make_graph(nodes, g.info.graph_name, [value_info(v) for v in g.inputs],
+                              [value_info(v) for v in g.outputs], initializers,
+                              doc_string=g.info.graph_doc_string or None, value_info=infos)
+    overridable = g.overridable_inputs
+    if overridable:
+        graph.input.extend(value_info(g.initializers[name]) for name in overridable if name in g.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets.items())],
+                              ir_version=g.info.ir_version, producer_name=g.info.producer_name or "dmlgraph",
+                              producer_version=g.info.producer_version, domain=g.info.domain,
+                              model_version=g.info.model_version, doc_string=g.info.doc_string)
+    for k, v in g.info.metadata_props:
+        model.metadata_props.add(key=k, value=v)
+    model.functions.extend(g.info.functions)
+    return model
+
+
+def onnx_node_proto(n: OnnxNode) -> onnx.NodeProto:
+    proto = helper.make_node(n.op_type, [_name(v) for v in n.inputs], [v.name for v in n.outputs],
+                             name=n.name or None, domain=n.domain or None, doc_string=n.doc_string or None)
+    proto.attribute.extend(n.attributes)
+    return proto
+
+
+def value_info(v: Value) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(v.name, v.elem_type or 0, None if v.shape is None else list(v.shape))
+
+
+def _name(v: Value | None) -> str:
+    return "" if v is None else v.name
+
+
+def _trim(names: list[str]) -> list[str]:
+    while names and not names[-1]:
+        names.pop()
+    return names
+
+
+def _dml_node_proto(n: DmlNode) -> onnx.NodeProto:
+    ins = [_name(v) for v in n.inputs]
+    common = {}
+    if n.static_shape is not None:
+        common["output_shape"] = list(n.static_shape)
+    if n.rule:
+        common["rule"] = n.rule
+    if n.kind == "DiagonalMatrix":
+        return helper.make_node("DiagonalMatrix", _trim(ins[1:]), [n.outputs[0].name], name=n.name or None,
+                                domain=DOMAIN, offset=n.begin, value=float(n.value), dtype=n.elem_type, **common)
+    value = numpy_helper.from_array(np.array([n.value], dtype=helper.tensor_dtype_to_np_dtype(n.elem_type)))
+    value.data_type = n.elem_type
+    bounds = {k: v for k, v in (("begin", n.begin), ("end", n.end)) if v is not None}
+    return helper.make_node("DiagonalMatrix1", _trim(ins), [n.outputs[0].name], name=n.name or None,
+                            domain=DOMAIN, value=value, **bounds,
+                            value_data_type=int(DmlDataType.from_onnx(n.elem_type)), exact=int(n.exact), **common)
+
+
+def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
+    """Standard ops computing exactly what the DML node computes (the spec pseudocode, in int64)."""
+    if opset < 13:
+        raise UnsupportedError(f"the portable target needs default-domain opset 13 or later; the model "
+                               f"uses {opset}", hint="use --target dml, or convert the model with "
+                               "onnx.version_converter first")
+    x, shape, k = n.inputs
+    out = n.outputs[0].name
+    p = f"{out}__dm"
+    nodes: list[onnx.NodeProto] = []
+
+    def const(name, arr):
+        nodes.append(helper.make_node("Constant", [], [f"{p}_{name}"], value=numpy_helper.from_array(
+            np.asarray(arr), f"{p}_{name}")))
+        return f"{p}_{name}"
+
+    def op(op_type, ins, name, **attrs):
+        nodes.append(helper.make_node(op_type, ins, [f"{p}_{name}"], **attrs))
+        return f"{p}_{name}"
+
+    if shape is not None:
+        shape_name = shape.name
+    elif n.static_shape is not None:
+        shape_name = const("shape", np.array(n.static_shape, dtype=np.int64))
+    else:
+        shape_name = op("Shape", [x.name], "shape")
+    zero, one = const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64))
+    h = op("Squeeze", [op("Slice", [shape_name, const("m2", [-2]), const("m1", [-1])], "h1")], "h")
+    w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
+    rows = op("Unsqueeze", [op("Range", [zero, h, one], "rows"), const("ax1", [1])], "rows_col")
+    top_x = op("Sub", [op("Range", [zero, w, one], "cols"), rows], "topx")
+    kc = None
+    if k is not None:
+        # Clip k so bound + k cannot overflow int64; topX spans far less than 2^40 on any real matrix.
+        kc = op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
+                         const("kmax", np.array(2**40, np.int64))], "kc")
+
+    def bound(b, name):
+        c = const(name, np.array(b, np.int64))
+        return c if kc is None else op("Add", [c, kc], f"{name}_k")
+
+    true = const("true", np.array(True))
+    # useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End); an unbounded end is always true.
+    begin = None if n.begin is None else bound(n.begin, "begin")
+    end = None if n.end is None else bound(n.end, "end")
+    ge = true if begin is None else op("Not", [op("Less", [top_x, begin], "lt_begin")], "ge_begin")
+    lt = true if end is None else op("Less", [top_x, end], "lt_end")
+    ordered = true if begin is None or end is None else op("Not", [op("Less", [end, begin], "end_lt_begin")],
+                                                           "ordered")
+    use = op("Xor", [op("Xor", [ordered, ge], "x1"), lt], "use")
+    np_dt = helper.tensor_dtype_to_np_dtype(n.elem_type)
+    value = const("value", np.array(n.value, dtype=np_dt))
+    other = x.name if x is not None else const("other", np.zeros((), np_dt))
+    result = _portable_select(use, value, other, n.elem_type, op, const)
+    nodes.append(helper.make_node("Expand", [result, shape_name], [out]))
+    return nodes
+
+
+# onnxruntime's CPU Where lacks these; each is widened losslessly (or bit-cast) and narrowed back.
+_WHERE_WIDEN = {TensorProto.INT16: TensorProto.INT32, TensorProto.UINT16: TensorProto.INT32,
+                TensorProto.UINT64: TensorProto.INT64}
+
+
+def _portable_select(use, value, other, elem_type, op, const) -> str:
+    if elem_type == TensorProto.BOOL:
+        # Where has no bool kernel in onnxruntime: (use and value) or (not use and other).
+        return op("Or", [op("And", [use, value], "pick_v"),
+                         op("And", [op("Not", [use], "not_use"), other], "pick_o")], "sel")
+    wide = _WHERE_WIDEN.get(elem_type)
+    if wide is None:
+        return op("Where", [use, value, other], "sel")
+    sel = op("Where", [use, op("Cast", [value], "value_w", to=wide), op("Cast", [other], "other_w", to=wide)],
+             "sel_w")
+    return op("Cast", [sel], "sel", to=elem_type)

@@ -1,0 +1,53 @@
+"""What every rule needs: constant values, scalar attributes-as-inputs, and the lowering check."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from dmlgraph.binding import decline_reason
+from dmlgraph.executor import initializer_array
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.rewrite import Options
+
+
+def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
+    """The value of an initializer or Constant-node output; None when it is computed at run time."""
+    if v is None:
+        return None
+    if v.name in graph.initializers:
+        return initializer_array(v)
+    p = v.producer
+    if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
+        for a in p.attributes:
+            if a.name == "value":
+                return onnx.numpy_helper.to_array(a.t)
+            if a.name in ("value_int", "value_float"):
+                return np.array(onnx.helper.get_attribute_value(a))
+            if a.name in ("value_ints", "value_floats"):
+                return np.array(onnx.helper.get_attribute_value(a))
+    return None
+
+
+def zero_of(elem_type: int) -> np.generic:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).type(0)
+
+
+def one_of(elem_type: int) -> np.generic:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).type(1)
+
+
+def lowering_reason(node: DmlNode, out_shape, options: Options) -> str | None:
+    """Why a DML node with this output shape cannot be lowered at the target level (None: it can)."""
+    if out_shape is None:
+        return "the output rank is unknown (shape inference found no shape)"
+    static = tuple(out_shape) if all(isinstance(d, int) for d in out_shape) else None
+    return decline_reason(node, len(out_shape), options.feature_level, static)
+
+
+def replace_node(graph: Graph, old: Node, new: Node) -> Node:
+    """Put `new` where `old` was: `new`'s output takes over `old`'s first output (name and uses)."""
+    out = old.outputs[0]
+    graph.remove_node(old)
+    new.outputs[0] = out
+    graph.add_node(new)
+    return new

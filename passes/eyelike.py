@@ -1,0 +1,53 @@
+"""EyeLike(x, k, dtype) -> DIAGONAL_MATRIX1(no input, Value 1, Begin k, End k + 1): bit-exact.
+
+Below feature level 5_1 it becomes DIAGONAL_MATRIX(Offset k, Value 1.0) where that level supports
+the type and rank (a 2-D matrix is padded to 4 dims when the level needs 4: a free reshape).
+The output shape is x's: static sizes when known, else a Shape node feeds the DML node.
+"""
+from __future__ import annotations
+
+from dmlgraph.dtypes import INT32_MAX, INT32_MIN
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
+from dmlgraph.ops import FeatureLevel
+from dmlgraph.rewrite import Match, Options, Rule
+from onnx import TensorProto
+from passes.common import lowering_reason, one_of, replace_node
+
+
+def _match(graph: Graph, node: Node, options: Options) -> Match | None:
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    x = node.input(0)
+    m = Match("eyelike", [node])
+    elem_type = node.attr("dtype") or x.elem_type
+    if elem_type is None:
+        m.reason = "the output type is unknown"
+        return m
+    # Any diagonal beyond +-(2^31 - 2) lies outside every matrix DML can hold, so the clamp is exact.
+    k = min(max(int(node.attr("k", 0)), INT32_MIN + 1), INT32_MAX - 2)
+    kind = "DiagonalMatrix1" if options.feature_level >= FeatureLevel.L5_1 else "DiagonalMatrix"
+    static = x.static_shape
+    dml = DmlNode(node.name, None, None, None, node.outputs[0], elem_type=elem_type, value=one_of(elem_type),
+                  begin=k, end=k + 1, static_shape=static, kind=kind)
+    m.reason = lowering_reason(dml, x.shape, options)
+    if m.reason and kind == "DiagonalMatrix":
+        m.reason += " (DIAGONAL_MATRIX1 would need feature level 5_1)"
+    m.captures["dml"] = dml
+    return m
+
+
+def _rewrite(graph: Graph, m: Match, options: Options) -> list[Node]:
+    dml: DmlNode = m.captures["dml"]
+    new = [dml]
+    if dml.static_shape is None:
+        x = m.nodes[0].inputs[0]
+        shape = graph.fresh_value(f"{x.name}__shape", TensorProto.INT64, (len(x.shape),))
+        shape_node = graph.add_node(OnnxNode(graph.fresh_name("Shape"), "Shape", [x], [shape]))
+        dml.inputs[1] = shape
+        new.append(shape_node)
+    replace_node(graph, m.nodes[0], dml)
+    return new
+
+
+RULE = Rule("eyelike", ("EyeLike",), _match, _rewrite, exact="bit-exact",
+            description="EyeLike(x, k) -> DIAGONAL_MATRIX1(Value 1, Begin k, End k+1)")

@@ -1,0 +1,50 @@
+"""Trilu -> DIAGONAL_MATRIX1(input x, Value 0): bit-exact.
+
+upper=1 keeps x - y >= k: zero where topX < k   -> Begin unbounded (INT32_MIN), End k.
+upper=0 keeps x - y <= k: zero where topX > k   -> Begin k + 1, End unbounded (INT32_MAX).
+A constant k is folded in (any int64: bounds are clamped to the matrix only when bound, never
+wrapped); a run-time k stays an input that shifts the bounded end when the node is bound.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dmlgraph.graph import DmlNode, Graph, Node
+from dmlgraph.ops import clamp_bound
+from dmlgraph.rewrite import Match, Options, Rule
+from passes.common import const_value, lowering_reason, replace_node, zero_of
+
+
+def _match(graph: Graph, node: Node, options: Options) -> Match | None:
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    x, k_in = node.input(0), node.input(1)
+    m = Match("trilu", [node])
+    upper = int(node.attr("upper", 1))
+    k, k_value = 0, None
+    if k_in is not None:
+        kc = const_value(graph, k_in)
+        if kc is None:
+            k_value = k_in
+        elif kc.size != 1 or not np.issubdtype(kc.dtype, np.integer):
+            m.reason = f"k is not an integer scalar (shape {list(kc.shape)}, {kc.dtype})"
+            return m
+        else:
+            k = int(kc.reshape(-1)[0])
+    if x.elem_type is None:
+        m.reason = "the input type is unknown"
+        return m
+    begin, end = (None, clamp_bound(k)) if upper else (clamp_bound(k + 1), None)
+    dml = DmlNode(node.name, x, None, k_value, node.outputs[0], elem_type=x.elem_type,
+                  value=zero_of(x.elem_type), begin=begin, end=end)
+    m.reason = lowering_reason(dml, x.shape, options)
+    m.captures["dml"] = dml
+    return m
+
+
+def _rewrite(graph: Graph, m: Match, options: Options) -> list[Node]:
+    return [replace_node(graph, m.nodes[0], m.captures["dml"])]
+
+
+RULE = Rule("trilu", ("Trilu",), _match, _rewrite, exact="bit-exact",
+            description="Trilu(x, k, upper) -> DIAGONAL_MATRIX1(x, Value 0)")

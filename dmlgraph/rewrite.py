@@ -25,12 +25,16 @@ class Options:
 
 @dataclass
 class Match:
-    """What a rule found: the nodes it covers, its captures, and a reason if it declines."""
+    """What a rule found: the nodes and constants it covers, its captures, a reason if it declines.
+
+    By convention `captures["dml"]` is the DmlNode the rewrite puts in place.
+    """
 
     rule: str
     nodes: list[Node]
     captures: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
+    initializers: list[str] = field(default_factory=list)  # stored constants the rewrite makes dead
 
     @property
     def declined(self) -> bool:

@@ -43,14 +43,21 @@ class Match:
 
 @dataclass
 class Rule:
-    """pattern + check (inside `match`) + rewrite. `anchors` are the op types worth trying."""
+    """pattern + check (inside `match`) + rewrite.
+
+    `anchors` are the op types worth trying; "*" tries every node and "Initializer" offers each
+    stored constant (a Value) instead of a node. Rules run in ascending `phase`, each phase to its
+    own fixed point, so a rule that wants to see a whole subgraph runs before rules that rewrite
+    its parts.
+    """
 
     name: str
     anchors: tuple[str, ...]
-    match: Callable[[Graph, Node, Options], Match | None]
+    match: Callable[[Graph, Any, Options], Match | None]
     rewrite: Callable[[Graph, Match, Options], list[Node]]
     exact: str = "bit-exact"  # or e.g. "equal for finite inputs"
     description: str = ""
+    phase: int = 0
 
 
 @dataclass
@@ -74,38 +81,47 @@ class PassManager:
         counts = {r.name: 0 for r in self.rules}
         declined: dict[tuple, Match] = {}
         applied: list[Match] = []
+        iterations = 0
+        for phase in sorted({r.phase for r in self.rules}):
+            rules = [r for r in self.rules if r.phase == phase]
+            for _ in range(self.max_iterations):
+                iterations += 1
+                changed = self._sweep(graph, rules, counts, declined, applied)
+                if not changed:
+                    break
+                graph.remove_dead()
+                if progress:
+                    progress(f"phase {phase}, sweep {iterations}: {sum(counts.values())} rewrites")
+        # A decline of a node that a later rewrite removed or replaced is no longer news.
+        live = [m for m in declined.values()
+                if all(n.id in graph.nodes for n in m.nodes) and all(i in graph.initializers for i in m.initializers)]
+        return PassResult(bool(applied), counts, live, applied, iterations)
+
+    def _sweep(self, graph, rules, counts, declined, applied) -> bool:
         by_anchor: dict[str, list[Rule]] = {}
-        for r in self.rules:
+        for r in rules:
             for a in r.anchors:
                 by_anchor.setdefault(a, []).append(r)
-        iterations = 0
-        changed_any = False
-        for iterations in range(1, self.max_iterations + 1):
-            changed = False
-            for node in graph.iter_nodes():
-                if node.id not in graph.nodes:
-                    continue  # removed by an earlier rewrite in this sweep
-                for rule in by_anchor.get(node.op_type, ()):
-                    m = rule.match(graph, node, self.options)
-                    if m is None:
-                        continue
-                    if m.declined:
-                        declined.setdefault((rule.name, tuple(n.id for n in m.nodes), m.reason), m)
-                        continue
-                    new_nodes = rule.rewrite(graph, m, self.options)
-                    for n in new_nodes:
-                        n.rule = n.rule or rule.name
-                    counts[rule.name] += 1
-                    applied.append(m)
-                    changed = True
+        changed = False
+        candidates = [(v, by_anchor.get("Initializer", [])) for v in list(graph.initializers.values())]
+        candidates += [(n, by_anchor.get(n.op_type, []) + by_anchor.get("*", [])) for n in graph.iter_nodes()]
+        for item, item_rules in candidates:
+            for rule in item_rules:
+                if isinstance(item, Node) and item.id not in graph.nodes:
+                    break  # removed by an earlier rewrite in this sweep
+                if not isinstance(item, Node) and item.name not in graph.initializers:
                     break
-            if changed:
-                graph.remove_dead()
-                changed_any = True
-                if progress:
-                    progress(f"pass {iterations}: {sum(counts.values())} rewrites")
-            else:
+                m = rule.match(graph, item, self.options)
+                if m is None:
+                    continue
+                if m.declined:
+                    key = (rule.name, tuple(n.id for n in m.nodes), tuple(m.initializers), m.reason)
+                    declined.setdefault(key, m)
+                    continue
+                for n in rule.rewrite(graph, m, self.options):
+                    n.rule = n.rule or rule.name
+                counts[rule.name] += 1
+                applied.append(m)
+                changed = True
                 break
-        # A decline of a node that a later rewrite removed or replaced is no longer news.
-        live = [m for m in declined.values() if all(n.id in graph.nodes for n in m.nodes)]
-        return PassResult(changed_any, counts, live, applied, iterations)
+        return changed

@@ -1,0 +1,752 @@
+"""The only place dmlgraph reads and writes model files.
+
+Users point dmlgraph at models from anywhere, so everything read here is untrusted:
+
+- A model file may be missing, empty, truncated, random bytes, or a valid protobuf that is not a
+  model. Each case becomes a `ModelError` naming the path and what to do; never a traceback.
+- Weights are never read eagerly (`onnx.load(..., load_external_data=False)`); external data is
+  memory-mapped read-only on demand by `read_tensor`, so a model with gigabytes of weights costs
+  address space, not memory.
+- An external-data `location` is attacker-controlled. It is validated before anything is opened:
+  no absolute paths, no `..` components, no symlink resolving outside the model's folder, a regular
+  file only (a FIFO would hang `open`), and offset/length inside the file and consistent with the
+  tensor's shape (sizes in the file are never trusted).
+- Sizes in the proto are never trusted either: negative dims, more than 2^40 elements and raw data
+  shorter or longer than the shape says are refused before numpy sees them.
+
+Writes are atomic: a temp file in the destination folder, fsync, `os.replace`. On any failure the
+temp file is removed and an existing output is left exactly as it was.
+
+Dependencies: onnx, numpy and the standard library only.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+import tempfile
+from typing import Iterator
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from dmlgraph.errors import ModelError
+
+__all__ = ["load_model", "read_tensor", "tensor_nbytes", "save_model"]
+
+# protobuf cannot parse or serialize a message of 2 GiB or more.
+_PROTOBUF_LIMIT = 2**31 - 1
+# Above this the model proto is written with external data (leaves headroom under the limit).
+_EXTERNAL_THRESHOLD = 1_800_000_000
+# More elements than this is not a real model; refusing it keeps every size computation sane.
+_MAX_ELEMENTS = 2**40
+# Offsets of tensors in a written data file are aligned so runtimes can mmap them.
+_ALIGN = 4096
+# Tensors smaller than this stay inline when writing external data (as onnx's own converter does).
+_INLINE_BELOW = 1024
+# Streaming copy chunk: external data is copied in pieces, never held in memory as a whole.
+_CHUNK = 16 * 1024 * 1024
+
+# Element widths in bits for packed sub-byte types; the other fixed-size types use numpy itemsize.
+_PACKED_BITS = {
+    TensorProto.INT4: 4,
+    TensorProto.UINT4: 4,
+    TensorProto.FLOAT4E2M1: 4,
+    TensorProto.INT2: 2,
+    TensorProto.UINT2: 2,
+    TensorProto.FLOAT6E2M3: 6,
+    TensorProto.FLOAT6E3M2: 6,
+}
+_KNOWN_TYPES = frozenset(v for _, v in TensorProto.DataType.items()) - {TensorProto.UNDEFINED}
+
+
+# --------------------------------------------------------------------------------------------
+# walking a model
+
+
+def _node_label(node: onnx.NodeProto, index: int) -> str:
+    name = f"'{node.name}'" if node.name else f"#{index}"
+    return f"node {name} ({node.op_type})"
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.name, attr.g
+        for g in attr.graphs:
+            yield attr.name, g
+
+
+def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.GraphProto, str]]:
+    """The graph and every subgraph (If/Loop/Scan bodies), each with a suffix saying where it is."""
+    yield graph, where
+    for i, node in enumerate(graph.node):
+        for attr_name, sub in _subgraphs(node):
+            yield from _iter_graphs(sub, f" (in subgraph '{attr_name}' of {_node_label(node, i)}{where})")
+
+
+def _iter_tensors(model: onnx.ModelProto) -> Iterator[tuple[TensorProto, str, bool]]:
+    """Every TensorProto in the model as (tensor, label, is_initializer).
+
+    Covers initializers, sparse initializers and tensor-valued node attributes (Constant) in the
+    main graph and all subgraphs: any of them may carry data or point at external data.
+    """
+    for graph, where in _iter_graphs(model.graph):
+        for t in graph.initializer:
+            yield t, f"initializer '{t.name}'{where}", True
+        for sp in graph.sparse_initializer:
+            yield sp.values, f"sparse initializer '{sp.values.name}' values{where}", False
+            yield sp.indices, f"sparse initializer '{sp.values.name}' indices{where}", False
+        for i, node in enumerate(graph.node):
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t, f"attribute '{attr.name}' of {_node_label(node, i)}{where}", False
+                for t in attr.tensors:
+                    yield t, f"attribute '{attr.name}' of {_node_label(node, i)}{where}", False
+
+
+# --------------------------------------------------------------------------------------------
+# tensor sizes (never trusting the file)
+
+
+def _num_elements(tensor: TensorProto, label: str) -> int:
+    n = 1
+    for d in tensor.dims:
+        if d < 0:
+            raise ModelError(f"{label} has a negative dimension in shape {list(tensor.dims)}",
+                             hint="the model is corrupt; re-export it")
+        n *= d
+        if n > _MAX_ELEMENTS:
+            raise ModelError(f"{label} has an absurd shape {list(tensor.dims)} (more than 2^40 elements)",
+                             hint="the model is corrupt; re-export it")
+    return n
+
+
+def _check_dtype(tensor: TensorProto, label: str) -> int:
+    dt = tensor.data_type
+    if dt not in _KNOWN_TYPES:
+        raise ModelError(f"{label} has an unknown or undefined data type ({dt})",
+                         hint="the model is corrupt or needs a newer onnx")
+    return dt
+
+
+def _bits_per_element(dt: int) -> int | None:
+    """Width in bits of one element, or None for variable-size types (STRING)."""
+    if dt == TensorProto.STRING:
+        return None
+    if dt in _PACKED_BITS:
+        return _PACKED_BITS[dt]
+    return np.dtype(helper.tensor_dtype_to_np_dtype(dt)).itemsize * 8
+
+
+def _expected_nbytes(tensor: TensorProto, label: str) -> int | None:
+    """Bytes of raw/external data the shape and type call for; None for STRING."""
+    dt = _check_dtype(tensor, label)
+    n = _num_elements(tensor, label)
+    bits = _bits_per_element(dt)
+    return None if bits is None else (n * bits + 7) // 8
+
+
+def _uses_external(tensor: TensorProto) -> bool:
+    return tensor.HasField("data_location") and tensor.data_location == TensorProto.EXTERNAL
+
+
+def _type_name(dt: int) -> str:
+    return TensorProto.DataType.Name(dt)
+
+
+def _check_inline_data(tensor: TensorProto, label: str) -> None:
+    """Raw data or typed field counts must match the shape exactly (numpy would fail or misread)."""
+    expected = _expected_nbytes(tensor, label)
+    dt = tensor.data_type
+    shape = list(tensor.dims)
+    if tensor.HasField("raw_data"):
+        if expected is None:
+            raise ModelError(f"{label} is a STRING tensor with raw_data, which ONNX does not allow",
+                             hint="the model is corrupt; re-export it")
+        got = len(tensor.raw_data)
+        if got != expected:
+            which = "shorter" if got < expected else "longer"
+            raise ModelError(
+                f"{label}: raw_data holds {got} bytes, {which} than the {expected} bytes its shape "
+                f"{shape} of type {_type_name(dt)} needs",
+                hint="the file is truncated or corrupt; re-export the model")
+        return
+    n = _num_elements(tensor, label)
+    field = helper.tensor_dtype_to_field(dt)
+    got = len(getattr(tensor, field))
+    if dt in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
+        want = 2 * n
+    elif dt in _PACKED_BITS and _PACKED_BITS[dt] in (2, 4):
+        want = (n * _PACKED_BITS[dt] + 7) // 8  # int32_data holds packed bytes
+    else:
+        want = n
+    if got != want:
+        raise ModelError(
+            f"{label}: {field} holds {got} values but its shape {shape} of type {_type_name(dt)} "
+            f"needs {want}", hint="the file is truncated or corrupt; re-export the model")
+
+
+def tensor_nbytes(tensor: TensorProto) -> int:
+    """Bytes of a tensor's data without reading external data.
+
+    Used for size reports and to decide when a model needs external data. For an external tensor
+    the stored `length` is used when present; otherwise the size follows from dims and dtype
+    (STRING: the sum of the encoded string lengths).
+    """
+    label = f"tensor '{tensor.name}'"
+    if _uses_external(tensor):
+        entries = _external_entries(tensor, label)
+        if "length" in entries:
+            return _parse_nonneg_int(entries["length"], "length", label)
+    expected = _expected_nbytes(tensor, label)
+    if expected is None:
+        return sum(len(s) for s in tensor.string_data)
+    return expected
+
+
+# --------------------------------------------------------------------------------------------
+# external data: validated before anything is opened
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def _external_entries(tensor: TensorProto, label: str) -> dict[str, str]:
+    entries: dict[str, str] = {}
+    for e in tensor.external_data:
+        # protobuf hands back bytes instead of str for a string field that is not valid UTF-8
+        if not isinstance(e.key, str) or not isinstance(e.value, str):
+            raise ModelError(f"{label} has an external-data entry that is not valid UTF-8 "
+                             f"({e.key!r}: {e.value!r})", hint="the model is corrupt; re-export it")
+        if e.key in entries:
+            raise ModelError(f"{label} has the external-data key '{e.key}' twice",
+                             hint="the model is corrupt; re-export it")
+        entries[e.key] = e.value
+    return entries
+
+
+def _parse_nonneg_int(value: str, key: str, label: str) -> int:
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or int(text) >= 2**63:
+        raise ModelError(f"{label} has an invalid external-data {key} {value!r} "
+                         "(must be a non-negative integer)", hint="the model is corrupt; re-export it")
+    return int(text)
+
+
+def _resolve_location(location: str, base_dir: str, label: str) -> str:
+    """Real path of an external-data file, refusing anything that is not a file inside base_dir."""
+    hint = ("external data must be a file inside the model's folder; a model that points elsewhere "
+            "is refused rather than followed")
+    if not location:
+        raise ModelError(f"{label} is marked as external data but has no location",
+                         hint="the model is corrupt; re-export it")
+    if "\0" in location:
+        raise ModelError(f"{label} has an external-data location containing a NUL byte", hint=hint)
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or _DRIVE.match(location):
+        raise ModelError(f"{label} has an absolute external-data location {location!r}", hint=hint)
+    if ".." in re.split(r"[\\/]", location):
+        raise ModelError(f"{label} has an external-data location {location!r} that escapes the "
+                         "model's folder with '..'", hint=hint)
+    base_real = os.path.realpath(base_dir)
+    real = os.path.realpath(os.path.join(base_real, location))
+    if os.path.commonpath([real, base_real]) != base_real:
+        raise ModelError(f"{label} has an external-data location {location!r} that resolves outside "
+                         f"the model's folder (to {real}; a symlink?)", hint=hint)
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        raise ModelError(f"{label}: external data file {location!r} is missing (looked in {base_real})",
+                         hint="copy the model together with its external data file(s)") from None
+    except OSError as e:
+        raise ModelError(f"{label}: cannot access external data file {location!r}: {e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelError(f"{label}: external data {location!r} is not a regular file", hint=hint)
+    return real
+
+
+def _external_span(tensor: TensorProto, base_dir: str | os.PathLike, label: str) -> tuple[str, int, int]:
+    """(real path, offset, length) of an external tensor's bytes, after every check."""
+    entries = _external_entries(tensor, label)
+    location = entries.get("location", "")
+    if tensor.HasField("raw_data"):
+        raise ModelError(f"{label} is marked as external data but also has raw_data",
+                         hint="the model is corrupt; re-export it")
+    expected = _expected_nbytes(tensor, label)
+    if expected is None:
+        raise ModelError(f"{label} is a STRING tensor stored as external data, which is not supported")
+    offset = _parse_nonneg_int(entries.get("offset", "0"), "offset", label)
+    length = _parse_nonneg_int(entries["length"], "length", label) if "length" in entries else None
+    path = _resolve_location(location, os.fspath(base_dir), label)
+    if length is not None and length != expected:
+        raise ModelError(f"{label}: external data length {length} does not match the {expected} bytes "
+                         f"its shape {list(tensor.dims)} of type {_type_name(tensor.data_type)} needs "
+                         f"(location {location!r})", hint="the model is corrupt; re-export it")
+    length = expected
+    size = os.path.getsize(path)
+    if offset + length > size:
+        raise ModelError(f"{label}: external data at offset {offset} with length {length} runs past the "
+                         f"end of {location!r} ({size} bytes)",
+                         hint="the external data file is truncated or belongs to another model")
+    return path, offset, length
+
+
+def _read_span(path: str, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    if len(data) != length:
+        raise ModelError(f"external data file {path} shrank while reading it")
+    return data
+
+
+def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
+    """The numpy value of a tensor (initializer, Constant value...).
+
+    External data is memory-mapped read-only (an `np.memmap`), after the same location checks as
+    `load_model`, so a huge initializer is paged in on demand instead of read into memory. Sub-byte
+    packed types cannot be mapped and are read (they are small by construction). Inline data is
+    size-checked and converted with `onnx.numpy_helper.to_array`.
+    """
+    label = f"tensor '{tensor.name}'"
+    if tensor.HasField("segment"):
+        raise ModelError(f"{label} is stored in segments, which is not supported")
+    if not _uses_external(tensor):
+        _check_inline_data(tensor, label)
+        try:
+            return numpy_helper.to_array(tensor)
+        except Exception as e:  # noqa: BLE001 - untrusted data; surface as a user-facing error
+            raise ModelError(f"{label} cannot be decoded: {e}") from None
+    path, offset, length = _external_span(tensor, base_dir, label)
+    dt = tensor.data_type
+    shape = tuple(tensor.dims)
+    np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(dt))
+    if dt in _PACKED_BITS:
+        raw = TensorProto()
+        raw.CopyFrom(tensor)
+        del raw.external_data[:]
+        raw.data_location = TensorProto.DEFAULT
+        raw.raw_data = _read_span(path, offset, length)
+        return numpy_helper.to_array(raw)
+    if length == 0:
+        return np.empty(shape, dtype=np_dtype)
+    if np_dtype.itemsize > 1:
+        np_dtype = np_dtype.newbyteorder("<")  # external data is little-endian
+    try:
+        return np.memmap(path, dtype=np_dtype, mode="r", offset=offset, shape=shape)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{label}: cannot map external data {path}: {e}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def _check_structure(graph: onnx.GraphProto, outer: set[str], where: str = "") -> None:
+    """Every node input must be produced earlier (or be a graph input/initializer/outer value).
+
+    The ONNX checker reports dangling inputs, cycles and mere misordering with one message
+    ("must be topologically sorted"); this tells the three apart and names the values involved.
+    """
+    available = set(outer)
+    available.update(i.name for i in graph.input)
+    available.update(t.name for t in graph.initializer)
+    available.update(sp.values.name for sp in graph.sparse_initializer)
+    producer: dict[str, int] = {}
+    for idx, node in enumerate(graph.node):
+        for out in node.output:
+            if out:
+                producer.setdefault(out, idx)
+    for idx, node in enumerate(graph.node):
+        for name in node.input:
+            if name and name not in available:
+                _diagnose(graph, idx, name, producer, where)
+        for attr_name, sub in _subgraphs(node):
+            _check_structure(sub, available,
+                             f" (in subgraph '{attr_name}' of {_node_label(node, idx)}{where})")
+        available.update(o for o in node.output if o)
+    for out in graph.output:
+        if out.name not in available:
+            raise ModelError(f"graph output '{out.name}'{where} is not produced by any node and is not "
+                             "a graph input or initializer", hint="the model is corrupt; re-export it")
+
+
+def _names_used(node: onnx.NodeProto) -> set[str]:
+    """Inputs of a node including values its subgraphs use (an over-approximation, for diagnosis)."""
+    names = {n for n in node.input if n}
+    for _, sub in _subgraphs(node):
+        for inner in sub.node:
+            names |= _names_used(inner)
+    return names
+
+
+def _diagnose(graph: onnx.GraphProto, idx: int, name: str, producer: dict[str, int], where: str) -> None:
+    node = graph.node[idx]
+    label = _node_label(node, idx)
+    if name not in producer:
+        raise ModelError(f"{label}{where} uses input '{name}', which no node produces and which is "
+                         "not a graph input or initializer (dangling input)",
+                         hint="the model is corrupt or was edited incompletely; re-export it")
+    target = producer[name]
+    # Is there a path from this node to the producer of its input? Then the graph has a cycle.
+    consumers: dict[str, list[int]] = {}
+    for j, other in enumerate(graph.node):
+        for used in _names_used(other):
+            consumers.setdefault(used, []).append(j)
+    parent = {idx: -1}
+    queue = [idx]
+    while queue:
+        j = queue.pop(0)
+        if j == target:
+            chain = []
+            while j != -1:
+                chain.append(_node_label(graph.node[j], j))
+                j = parent[j]
+            chain.reverse()
+            cycle = " -> ".join(chain + [label])
+            raise ModelError(f"the graph{where} has a cycle: {cycle} (input '{name}' of {label} depends "
+                             "on its own output)", hint="ONNX graphs must be acyclic; re-export the model")
+        for out in graph.node[j].output:
+            for k in consumers.get(out, ()):
+                if k not in parent:
+                    parent[k] = j
+                    queue.append(k)
+    raise ModelError(f"{label}{where} uses input '{name}' before it is produced (by "
+                     f"{_node_label(graph.node[target], target)}); ONNX requires nodes in topological order",
+                     hint="re-export the model or sort its nodes topologically")
+
+
+def _checker_view(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` in which every external tensor is an empty tensor of the same name and type.
+
+    The ONNX checker resolves external locations against the working directory in proto form and
+    refuses every symlink in path form; `load_model` has already validated external data more
+    strictly than either (inside the folder, regular file, offset/length/shape consistent), so
+    the checker gets a view without it. With full_check=False the checker does not use the
+    shapes of initializers, so this changes nothing else it checks.
+    """
+    view = onnx.ModelProto()
+    view.CopyFrom(model)  # small: external tensors carry no data
+    for tensor, _, _ in _iter_tensors(view):
+        if _uses_external(tensor):
+            del tensor.external_data[:]
+            tensor.ClearField("data_location")
+            del tensor.dims[:]
+            tensor.dims.append(0)
+    return view
+
+
+def _run_checker(model: onnx.ModelProto, path: str, has_external: bool) -> None:
+    if has_external:
+        target: onnx.ModelProto | str = _checker_view(model)
+    elif model.ByteSize() > _EXTERNAL_THRESHOLD:
+        target = path  # proto form would serialize a second copy close to the 2 GiB limit
+    else:
+        target = model
+    try:
+        onnx.checker.check_model(target, full_check=False)
+    except Exception as e:  # noqa: BLE001 - checker raises ValidationError and others; all mean "invalid"
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"{path} failed the ONNX checker: {first}",
+                         hint="the model does not conform to the ONNX spec; re-export it, or load it "
+                              "with check=False to skip validation") from None
+
+
+def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
+               check: bool = True) -> onnx.ModelProto:
+    """Read and validate an ONNX model file; every failure is a ModelError naming the path.
+
+    Weights stored as external data are not read: their locations, offsets and lengths are
+    validated (see module docstring) and `read_tensor` maps them on demand. With
+    `load_external_data=True` they are copied into the proto (raw_data) after the same checks, for
+    callers that need a self-contained proto (it must then stay under protobuf's 2 GB).
+
+    `check=True` also rejects dangling inputs, cycles and misordered nodes with a specific message
+    and runs `onnx.checker.check_model`.
+    """
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise ModelError(f"model file not found: {p}", hint="check the path") from None
+    except OSError as e:
+        raise ModelError(f"cannot access model file {p}: {e.strerror or e}", hint="check the path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelError(f"{p} is a directory, not an ONNX model file",
+                         hint="pass the path of the .onnx file inside it")
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelError(f"{p} is not a regular file", hint="pass the path of an .onnx file")
+    if st.st_size == 0:
+        raise ModelError(f"{p} is empty (0 bytes), not an ONNX model",
+                         hint="the file was not written completely; re-export or re-download it")
+    if st.st_size > _PROTOBUF_LIMIT:
+        raise ModelError(f"{p} is {st.st_size / 2**30:.1f} GiB; protobuf cannot parse a model file of "
+                         "2 GiB or more",
+                         hint="models this large must store their weights as external data; re-export "
+                              "with external data (onnx.save(..., save_as_external_data=True))")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as e:
+        raise ModelError(f"cannot read model file {p}: {e.strerror or e}",
+                         hint="check the file's permissions") from None
+    try:
+        model = onnx.load(p, load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - any parse failure of untrusted bytes is a user-facing error
+        raise ModelError(f"{p} is not a valid ONNX model (protobuf parse failed: {e}); "
+                         "is the file complete?") from None
+    missing = [what for what, bad in (("graph", not model.HasField("graph")),
+                                      ("opset_import", len(model.opset_import) == 0),
+                                      ("ir_version", model.ir_version <= 0)) if bad]
+    if missing:
+        raise ModelError(f"{p} is not a valid ONNX model (it parses, but has no {', '.join(missing)}); "
+                         "is the file complete?")
+    base_dir = os.path.dirname(os.path.abspath(p))
+    has_external = False
+    for tensor, label, _ in _iter_tensors(model):
+        if tensor.HasField("segment"):
+            raise ModelError(f"{label} is stored in segments, which is not supported")
+        if _uses_external(tensor):
+            has_external = True
+            _external_span(tensor, base_dir, label)
+        else:
+            _check_inline_data(tensor, label)
+    if check:
+        _check_structure(model.graph, set())
+        _run_checker(model, p, has_external)
+    if load_external_data and has_external:
+        for tensor, label, _ in _iter_tensors(model):
+            if _uses_external(tensor):
+                span = _external_span(tensor, base_dir, label)
+                tensor.raw_data = _read_span(*span)
+                del tensor.external_data[:]
+                tensor.data_location = TensorProto.DEFAULT
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# saving
+
+
+def _write_bytes(f, data) -> None:
+    """The one place bytes go to disk (a seam for fault-injection tests)."""
+    f.write(data)
+
+
+def _default_mode() -> int:
+    umask = 0o022
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    umask = int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o666 & ~umask
+
+
+class _TempFile:
+    """A temp file beside `final`, committed with fsync + os.replace or removed on failure."""
+
+    def __init__(self, final: str):
+        self.final = final
+        folder, base = os.path.split(final)
+        fd, self.path = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
+        self.file = os.fdopen(fd, "wb")
+        try:
+            mode = stat.S_IMODE(os.stat(final).st_mode)
+        except OSError:
+            mode = _default_mode()
+        try:
+            os.chmod(self.path, mode)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+    def commit(self) -> None:
+        os.replace(self.path, self.final)
+        self.path = None
+
+    def discard(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _set_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
+    for field in ("raw_data", "float_data", "int32_data", "string_data", "int64_data",
+                  "double_data", "uint64_data"):
+        tensor.ClearField(field)
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key = key
+        entry.value = value
+
+
+def _copy_span(src: str, offset: int, length: int, dst) -> None:
+    with open(src, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left:
+            chunk = f.read(min(_CHUNK, left))
+            if not chunk:
+                raise ModelError(f"external data file {src} shrank while copying it")
+            _write_bytes(dst, chunk)
+            left -= len(chunk)
+
+
+def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
+               input_path: str | os.PathLike | None = None, in_place: bool = False,
+               external_data: bool | None = None, base_dir: str | os.PathLike | None = None) -> None:
+    """Write `model` to `out_path` atomically and deterministically (same model, same bytes).
+
+    - Refuses to overwrite `input_path` (same real path or same file) unless `in_place=True`, and
+      refuses a missing output folder.
+    - Tensors that are external in the source model are read from `base_dir` (the source model's
+      folder), after the same location checks as loading, and streamed in chunks.
+    - `external_data=None` writes one file unless the model would exceed ~1.8 GB; `True` forces
+      external data; `False` forbids it (error if too large). External data goes to
+      `<out_basename>.data` beside the output, 4096-byte aligned, initializers of 1 KiB or more.
+      The data file is committed first, then the model; if the process dies between the two
+      renames, the old model may be left beside the new data file.
+    - `model` itself is not modified.
+    """
+    out = os.path.abspath(os.fspath(out_path))
+    folder, base = os.path.split(out)
+    if not os.path.isdir(folder):
+        raise ModelError(f"cannot write {out}: the folder {folder} does not exist",
+                         hint="create the folder first or choose another output path")
+    if os.path.isdir(out):
+        raise ModelError(f"cannot write {out}: it is a directory", hint="pass a file path for the output")
+    if input_path is not None and not in_place and _same_file(out, os.fspath(input_path)):
+        raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with the output",
+                         hint="choose a different output path, or pass --in-place to replace the input")
+    data_path = out + ".data"
+    data_name = base + ".data"
+
+    # Spans of tensors that are external in the source, validated before anything is written.
+    # One entry per tensor in `_iter_tensors` order (None: not external).
+    sources: list[tuple[str, int, int] | None] = []
+    for tensor, label, _ in _iter_tensors(model):
+        span = None
+        if _uses_external(tensor):
+            if base_dir is None:
+                raise ModelError(f"{label} is stored as external data, but the source model's folder "
+                                 "is unknown", hint="pass base_dir (the input model's folder)")
+            span = _external_span(tensor, base_dir, label)
+        sources.append(span)
+    external_bytes = sum(span[2] for span in sources if span is not None)
+    total = model.ByteSize() + external_bytes
+    if external_data is None:
+        use_external = total > _EXTERNAL_THRESHOLD
+    elif not external_data and total > _EXTERNAL_THRESHOLD:
+        raise ModelError(f"cannot write {out} as a single file: the model is {total / 2**30:.2f} GiB, "
+                         "over protobuf's 2 GiB limit", hint="write it with external data")
+    else:
+        use_external = bool(external_data)
+    if use_external:
+        if os.path.isdir(data_path):
+            raise ModelError(f"cannot write external data {data_path}: it is a directory")
+        if input_path is not None and _same_file(data_path, os.fspath(input_path)):
+            raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with "
+                             "the output's external data", hint="choose a different output path")
+
+    # Work on a copy so the caller's model is untouched (tensors in the copy are visited in the
+    # same order as in the original, which is the order of `sources`).
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    temps: list[_TempFile] = []
+    try:
+        data_tmp = _TempFile(data_path) if use_external else None
+        if data_tmp is not None:
+            temps.append(data_tmp)
+        offset = 0
+        for span, (tensor, label, is_init) in zip(sources, _iter_tensors(result), strict=True):
+            if not use_external:
+                if span is not None:
+                    tensor.raw_data = _read_span(*span)
+                    del tensor.external_data[:]
+                    tensor.data_location = TensorProto.DEFAULT
+                continue
+            if span is None:
+                if not is_init or tensor.data_type == TensorProto.STRING:
+                    continue
+                if tensor_nbytes(tensor) < _INLINE_BELOW:
+                    continue
+            pad = -offset % _ALIGN
+            if pad:
+                _write_bytes(data_tmp.file, b"\0" * pad)
+                offset += pad
+            if span is not None:
+                _copy_span(*span, data_tmp.file)
+                length = span[2]
+            else:
+                _check_inline_data(tensor, label)
+                if tensor.HasField("raw_data"):
+                    payload = tensor.raw_data
+                else:
+                    payload = numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
+                _write_bytes(data_tmp.file, payload)
+                length = len(payload)
+            _set_external(tensor, data_name, offset, length)
+            offset += length
+        try:
+            serialized = result.SerializeToString(deterministic=True)
+        except Exception as e:  # noqa: BLE001 - protobuf raises various types for oversized messages
+            raise ModelError(f"cannot serialize the model for {out}: {e}",
+                             hint="a model over 2 GiB must be written with external data") from None
+        if len(serialized) > _PROTOBUF_LIMIT:
+            raise ModelError(f"cannot write {out}: the model proto is over protobuf's 2 GiB limit",
+                             hint="write it with external data")
+        del result
+        model_tmp = _TempFile(out)
+        temps.append(model_tmp)
+        _write_bytes(model_tmp.file, serialized)
+        for t in temps:
+            t.finish()
+        for t in temps:  # data file first, then the model that refers to it
+            t.commit()
+        _fsync_dir(folder)
+    except OSError as e:
+        for t in temps:
+            t.discard()
+        raise ModelError(f"cannot write {out}: {e}", hint="check free space and permissions") from None
+    except BaseException:
+        for t in temps:
+            t.discard()
+        raise

@@ -1,15 +1,20 @@
-"""The rewrite rules of dmlgraph, grouped into ordered rule sets.
+"""The rewrite rules of dmlgraph, in the order the pipeline runs them (each phase to a fixed point).
 
-`default_rules(options)` is the pipeline `optimize` runs; each rule lives in its own module.
+phase 0  mask_subgraph   shape-only mask subgraphs -> generators (sees whole subgraphs first)
+phase 1  stored_mask     constant band masks -> generators
+phase 2  trilu, eyelike  the remaining Trilu / EyeLike nodes
+phase 3  mask_where, mask_arith   masks applied to data -> DIAGONAL_MATRIX1 with that input
+phase 4  chain           DIAGONAL_MATRIX1 of DIAGONAL_MATRIX1 -> one node
 """
 from __future__ import annotations
 
 from dmlgraph.rewrite import Options, Rule
-from passes import eyelike, trilu
+from passes import apply, eyelike, masks, trilu
+
+ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, masks.STORED_MASK, trilu.RULE, eyelike.RULE,
+                         apply.MASK_WHERE, apply.MASK_ARITH, apply.CHAIN]
 
 
 def default_rules(options: Options | None = None) -> list[Rule]:
-    rules = [trilu.RULE, eyelike.RULE]
-    if options is not None and options.exact_only:
-        rules = [r for r in rules if r.exact == "bit-exact"]
-    return rules
+    """Every rule; with `exact_only`, those whose rewrite is not bit-exact decline with that reason."""
+    return list(ALL_RULES)

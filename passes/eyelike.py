@@ -49,5 +49,5 @@ def _rewrite(graph: Graph, m: Match, options: Options) -> list[Node]:
     return new
 
 
-RULE = Rule("eyelike", ("EyeLike",), _match, _rewrite, exact="bit-exact",
+RULE = Rule("eyelike", ("EyeLike",), _match, _rewrite, exact="bit-exact", phase=2,
             description="EyeLike(x, k) -> DIAGONAL_MATRIX1(Value 1, Begin k, End k+1)")

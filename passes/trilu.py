@@ -46,5 +46,5 @@ def _rewrite(graph: Graph, m: Match, options: Options) -> list[Node]:
     return [replace_node(graph, m.nodes[0], m.captures["dml"])]
 
 
-RULE = Rule("trilu", ("Trilu",), _match, _rewrite, exact="bit-exact",
+RULE = Rule("trilu", ("Trilu",), _match, _rewrite, exact="bit-exact", phase=2,
             description="Trilu(x, k, upper) -> DIAGONAL_MATRIX1(x, Value 0)")

@@ -1,0 +1,415 @@
+"""Masks that are constants, or computed only from shapes, become DIAGONAL_MATRIX1 generators.
+
+`stored_mask`: an initializer or Constant whose every [..., H, W] slice is one band pattern
+(band analysis decides, exactly) becomes a generator; the constant leaves the model. Two-valued
+masks {a, b} with b != 0 keep b as a one-element input broadcast by zero strides.
+
+`mask_subgraph`: a value that depends on the graph inputs only through their shapes ("data-free":
+Shape/Size of inputs, constants, and ops on those) and is a band becomes one generator whose output
+sizes are read from the same shapes at run time. With static shapes the subgraph is simply
+evaluated. With symbolic dims it is evaluated at several sizes, and the rewrite is sound for every
+size because:
+  * only index ops are allowed (INDEX_OPS: Range, comparisons, Add/Sub/Mul by constants, Where,
+    Trilu, shape plumbing...), so each output element is a boolean/selection function of linear
+    inequalities in (y, x, sizes) with the subgraph's integer constants;
+  * such a function is the same band at every size larger than every threshold those constants
+    set, so we evaluate at sizes above 2 * C + 2 (C = the largest integer constant, capped at
+    MAX_THRESHOLD) and at small sizes (1, 2, 3), and require the *same* pattern to reproduce every
+    sample bit-exactly;
+  * each output dim must be a constant or one input dim, identified across samples that give every
+    symbolic dim a different size.
+A subgraph outside that class, or whose constants are too large to sample, is declined with the
+reason, never guessed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from dmlgraph import kernels
+from dmlgraph.band import BandPattern, analyze_band
+from dmlgraph.dtypes import INT32_MAX, INT32_MIN
+from dmlgraph.executor import OnnxRunner, numpy_dtype
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.onnx_io import onnx_node_proto, value_info
+from dmlgraph.ops import bind_range
+from dmlgraph.rewrite import Match, Options, Rule
+from passes.common import const_value, lowering_reason
+
+SHAPE_OPS = {"Shape", "Size"}
+INDEX_OPS = SHAPE_OPS | {
+    "Constant", "ConstantOfShape", "Identity", "Range", "Gather", "Slice", "Squeeze", "Unsqueeze",
+    "Reshape", "Concat", "Expand", "Cast", "CastLike", "Add", "Sub", "Neg", "Abs", "Min", "Max", "Mul",
+    "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor", "Where",
+    "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten",
+}
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                    "Bernoulli"}
+MAX_THRESHOLD = 512  # the largest integer constant we sample past (a 1k x 1k mask)
+SMALL_SIZES = (1, 2, 3)
+
+
+# ---- band pattern -> DmlNode ----------------------------------------------------------------------
+def _bounds(p: BandPattern) -> tuple[int | None, int | None]:
+    return (None if p.begin == INT32_MIN else p.begin), (None if p.end == INT32_MAX else p.end)
+
+
+def _is_zero(v) -> bool:
+    """+0 only: the generator writes +0.0, so a -0.0 'else' value needs an input."""
+    a = np.asarray(v)
+    return bool(a == 0) and not (a.dtype.kind == "f" and np.signbit(a))
+
+
+def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: Value,
+              shape: Value | None, static_shape) -> DmlNode:
+    """The DmlNode producing pattern `p`; a nonzero 'else' value becomes a scalar input."""
+    x = None
+    if not _is_zero(p.other):
+        x = graph.add_initializer(graph.fresh_value(f"{output.name}__else"),
+                                  np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()))
+    begin, end = _bounds(p)
+    return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,
+                   static_shape=static_shape)
+
+
+def band_of(arr: np.ndarray) -> BandPattern | None:
+    """A band with both parts present: a constant tensor is not diagonal-structured."""
+    if arr.ndim < 2 or arr.size == 0 or arr.dtype.kind not in "biuf":
+        return None
+    p = analyze_band(arr)
+    if p is None:
+        return None
+    h, w = arr.shape[-2:]
+    b, e = bind_range(*_bounds(p), 0, h, w)
+    use = _use_mask(h, w, b, e)
+    return p if use.any() and not use.all() else None
+
+
+def _use_mask(h, w, begin, end) -> np.ndarray:
+    top_x = np.arange(w)[None, :] - np.arange(h)[:, None]
+    return (end >= begin) ^ (top_x >= begin) ^ (top_x < end)
+
+
+def _node_bytes(node: DmlNode) -> int:
+    from dmlgraph.onnx_io import _dml_node_proto
+    return len(_dml_node_proto(node).SerializeToString())
+
+
+# ---- stored masks ----------------------------------------------------------------------------------
+def _match_stored(graph: Graph, item, options: Options) -> Match | None:
+    if isinstance(item, Value):
+        value = item
+        if item.shape is None or len(item.shape) < 2 or item.elem_type in (None, TensorProto.STRING):
+            return None
+        m = Match("stored_mask", [], initializers=[item.name])
+    else:
+        if item.domain not in ("", "ai.onnx") or not item.outputs:
+            return None
+        value = item.outputs[0]
+        m = Match("stored_mask", [item])
+    if graph.is_graph_output(value) and not value.uses:
+        return None  # a constant output is data, not a mask; keep it as is
+    arr = const_value(graph, value)
+    if arr is None or arr.ndim < 2:
+        return None
+    p = band_of(np.asarray(arr))
+    if p is None:
+        return None
+    elem_type = value.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
+    dml = DmlNode(f"{value.name}__gen", None, None, None, value, elem_type=elem_type, value=p.value,
+                  begin=_bounds(p)[0], end=_bounds(p)[1], static_shape=arr.shape)
+    m.captures.update(dml=dml, pattern=p, nbytes=int(arr.nbytes))
+    m.reason = lowering_reason(dml, arr.shape, options)
+    threshold = options.min_mask_bytes if options.min_mask_bytes is not None else _node_bytes(dml)
+    if m.reason is None and arr.nbytes <= threshold:
+        m.reason = f"the constant ({arr.nbytes} bytes) is not bigger than the node replacing it ({threshold} bytes)"
+    return m
+
+
+def _rewrite_stored(graph: Graph, m: Match, options: Options) -> list[Node]:
+    proto: DmlNode = m.captures["dml"]
+    value = proto.outputs[0]
+    if m.initializers:
+        del graph.initializers[value.name]
+        value.initializer = value.array = None
+    else:
+        graph.remove_node(m.nodes[0])
+    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None, proto.static_shape)
+    graph.add_node(node)
+    m.captures["dml"] = node
+    return [node]
+
+
+STORED_MASK = Rule("stored_mask", ("Initializer", "Constant"), _match_stored, _rewrite_stored,
+                   exact="bit-exact", phase=1,
+                   description="constant band mask -> DIAGONAL_MATRIX1 generator (the constant leaves the model)")
+
+
+# ---- mask-building subgraphs --------------------------------------------------------------------
+MASK_OPS = {"Range", "Trilu", "EyeLike", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Where",
+            "ConstantOfShape", "CumSum", "And", "Or", "Not", "Xor"}
+SMALL_CONSTANT = 4096  # elements: a constant vector of sizes/indices, not data
+
+
+class DataFree:
+    """Which values depend on graph inputs only through their shapes (computed once per graph state).
+
+    `index_only` marks values computed by INDEX_OPS from small constants, shapes, and stored
+    constants that are themselves bands (slicing a band keeps it a band function of the indices).
+    """
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.free: set[str] = set(graph.initializers)
+        self.index_only: dict[str, bool] = {}
+        for n in graph.topological_order():
+            if not isinstance(n, OnnxNode) or n.domain not in ("", "ai.onnx") or n.op_type in NONDETERMINISTIC \
+                    or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attributes):
+                continue
+            ins = [v for v in n.inputs if v is not None]
+            if n.op_type in SHAPE_OPS:
+                ok, index = True, True
+            else:
+                ok = all(v.name in self.free for v in ins)
+                index = ok and n.op_type in INDEX_OPS and all(self._index(v) for v in ins)
+            if ok:
+                for v in n.outputs:
+                    self.free.add(v.name)
+                    self.index_only[v.name] = index
+
+    def _index(self, v: Value) -> bool:
+        if v.name not in self.index_only:  # an initializer, checked once
+            arr = const_value(self.graph, v)
+            self.index_only[v.name] = arr is not None and (arr.size <= SMALL_CONSTANT or band_of(arr) is not None)
+        return self.index_only[v.name]
+
+
+def _data_free(graph: Graph) -> DataFree:
+    key = (len(graph.nodes), next(reversed(graph.nodes), None), len(graph.initializers))
+    cached = getattr(graph, "_data_free", None)
+    if cached is None or cached[0] != key:
+        graph._data_free = (key, DataFree(graph))
+    return graph._data_free[1]
+
+
+def _ancestors(value: Value) -> tuple[list[Node], list[Value]]:
+    """The nodes computing `value` back to Shape/Size nodes, and the values whose shapes those read."""
+    nodes, inputs, seen, stack = [], [], set(), [value.producer]
+    while stack:
+        n = stack.pop()
+        if n is None or n.id in seen:
+            continue
+        seen.add(n.id)
+        nodes.append(n)
+        for v in n.inputs:
+            if v is None:
+                continue
+            if n.op_type in SHAPE_OPS:
+                if v not in inputs:
+                    inputs.append(v)
+            elif v.producer is not None:
+                stack.append(v.producer)
+    nodes.sort(key=lambda n: n.id)
+    return nodes, inputs
+
+
+def _int_constants(graph: Graph, nodes: list[Node]) -> int:
+    """The largest |integer constant| a subgraph uses (constants >= 2^31 are 'to the end' markers)."""
+    biggest = 0
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None and v.producer is None:
+                arr = const_value(graph, v)
+                if arr is not None and arr.dtype.kind in "iu" and arr.size and arr.size <= 4096:
+                    small = np.abs(arr[np.abs(arr.astype(np.float64)) < 2**31].astype(np.int64))
+                    biggest = max(biggest, int(small.max(initial=0)))
+        if isinstance(n, OnnxNode):
+            for a in n.attributes:
+                if a.type == onnx.AttributeProto.INT and abs(a.i) < 2**31:
+                    biggest = max(biggest, abs(a.i))
+                elif a.type == onnx.AttributeProto.TENSOR:
+                    arr = onnx.numpy_helper.to_array(a.t)
+                    if arr.dtype.kind in "iu" and arr.size and arr.size <= 4096:
+                        small = np.abs(arr[np.abs(arr.astype(np.float64)) < 2**31].astype(np.int64))
+                        biggest = max(biggest, int(small.max(initial=0)))
+    return biggest
+
+
+def _evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
+              dims: dict[str, int]) -> np.ndarray:
+    feeds, infos = {}, []
+    for v in inputs:
+        shape = tuple(d if isinstance(d, int) else dims[d] for d in v.shape)
+        feeds[v.name] = np.zeros(shape, numpy_dtype(v.elem_type))
+        infos.append(value_info(v))
+    inits = []
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None and v.name in graph.initializers and all(t.name != v.name for t in inits):
+                inits.append(onnx.numpy_helper.from_array(np.asarray(const_value(graph, v)), v.name))
+    g = helper.make_graph([onnx_node_proto(n) for n in nodes], "mask", infos,
+                          [helper.make_tensor_value_info(target.name, target.elem_type or 0, None)], inits)
+    opsets = [helper.make_opsetid(d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")]
+    model = helper.make_model(g, opset_imports=opsets, ir_version=graph.info.ir_version)
+    return np.asarray(OnnxRunner(model, threads=1).run(feeds)[0])
+
+
+def _same_pattern_everywhere(p: BandPattern, samples: list[np.ndarray]) -> bool:
+    begin, end = _bounds(p)
+    for arr in samples:
+        if arr.ndim < 2 or arr.dtype != np.asarray(p.value).dtype:
+            return False
+        if 0 in arr.shape:
+            continue
+        h, w = arr.shape[-2:]
+        b, e = bind_range(begin, end, 0, h, w)
+        other = np.broadcast_to(np.asarray(p.other, arr.dtype), arr.shape)
+        expected = kernels.diagonal_matrix1(arr.shape, arr.dtype, p.value, b, e, input=other)
+        if not _bitwise_equal(expected, arr):
+            return False
+    return True
+
+
+def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind == "f":
+        u = np.dtype(f"u{a.dtype.itemsize}")
+        return np.array_equal(np.ascontiguousarray(a).view(u), np.ascontiguousarray(b).view(u))
+    return np.array_equal(a, b)
+
+
+def _dim_sources(samples, dim_sets, inputs) -> list | None:
+    """Each output dim as ('const', n) or ('dim', input, axis), consistent across all samples."""
+    rank = samples[0].ndim
+    if any(s.ndim != rank for s in samples):
+        return None
+    sources = []
+    for axis in range(rank):
+        sizes = [s.shape[axis] for s in samples]
+        if len(set(sizes)) == 1 and all(sizes[0] != d for dims in dim_sets for d in dims.values()):
+            sources.append(("const", sizes[0]))
+            continue
+        found = None
+        for v in inputs:
+            for ax, d in enumerate(v.shape):
+                got = [d if isinstance(d, int) else dims[d] for dims in dim_sets]
+                if got == sizes:
+                    found = ("dim", v, ax)
+                    break
+            if found:
+                break
+        if found is None:
+            if len(set(sizes)) == 1:
+                found = ("const", sizes[0])
+            else:
+                return None
+        sources.append(found)
+    return sources
+
+
+def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
+    if not isinstance(node, OnnxNode) or node.op_type in SHAPE_OPS or node.op_type == "Constant":
+        return None
+    df = _data_free(graph)
+    if not node.outputs or node.outputs[0].name not in df.free:
+        return None
+    target = node.outputs[0]
+    # Only the frontier: where a data-free value meets data (or leaves the graph).
+    if not graph.is_graph_output(target) and all(c.outputs and c.outputs[0].name in df.free and
+                                                 isinstance(c, OnnxNode) for c in target.consumers):
+        return None
+    if target.shape is not None and len(target.shape) < 2:
+        return None
+    nodes, inputs = _ancestors(target)
+    if any(isinstance(n, DmlNode) for n in nodes) or not any(n.op_type in MASK_OPS for n in nodes):
+        return None  # already lowered, or no mask-making op: not worth evaluating (weights, reshapes)
+    m = Match("mask_subgraph", nodes)
+    symbolic = sorted({d for v in inputs for d in (v.shape or ()) if not isinstance(d, int)}, key=str)
+    if any(v.shape is None or None in v.shape for v in inputs):
+        m.reason = "an input feeding the mask has an unknown shape"
+        return m
+    if not symbolic:
+        arr = _evaluate(graph, nodes, inputs, target, {})
+        p = band_of(arr)
+        if p is None:
+            return None
+        return _finish(graph, m, target, p, arr, None, options)
+    if not df.index_only.get(target.name, False):
+        return None  # data-free but not an index computation: cannot prove it for every size
+    c = _int_constants(graph, nodes)
+    if c > MAX_THRESHOLD:
+        m.reason = f"its integer constants (up to {c}) are too large to verify the band at every size"
+        return m
+    big = 2 * c + 3
+    dim_sets = [{d: s + i for i, d in enumerate(symbolic)} for s in SMALL_SIZES]
+    dim_sets += [{d: big + 2 * i for i, d in enumerate(symbolic)}, {d: big + 1 + 3 * i for i, d in enumerate(symbolic)}]
+    try:
+        samples = [_evaluate(graph, nodes, inputs, target, dims) for dims in dim_sets]
+    except Exception:  # noqa: BLE001 - a subgraph that cannot run at some size is not a mask we can prove
+        return None
+    p = band_of(samples[-1])
+    if p is None:
+        return None
+    if not _same_pattern_everywhere(p, samples):
+        m.reason = "a band at some sizes but not at all sizes tried"
+        return m
+    sources = _dim_sources(samples, dim_sets, inputs)
+    if sources is None:
+        m.reason = "its output sizes are not the input's dims or constants"
+        return m
+    return _finish(graph, m, target, p, samples[-1], sources, options)
+
+
+def _finish(graph, m, target, p, arr, sources, options) -> Match:
+    elem_type = target.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
+    static = arr.shape if sources is None or all(s[0] == "const" for s in sources) else None
+    begin, end = _bounds(p)
+    dml = DmlNode(f"{target.name}__gen", None, None, None, target, elem_type=elem_type, value=p.value,
+                  begin=begin, end=end, static_shape=static)
+    m.captures.update(dml=dml, pattern=p, sources=sources if static is None else None)
+    m.reason = lowering_reason(dml, tuple(arr.shape) if static else (None,) * arr.ndim, options)
+    return m
+
+
+def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:
+    """ONNX nodes computing the output sizes at run time from the inputs' shapes."""
+    new, parts, shapes, dims = [], [], {}, {}
+    for src in sources:
+        if src[0] == "const":
+            v = graph.add_initializer(graph.fresh_value(f"{hint}__dim"), np.array([src[1]], np.int64))
+        elif (src[1].name, src[2]) in dims:
+            v = dims[src[1].name, src[2]]
+        else:
+            _, inp, axis = src
+            if inp.name not in shapes:
+                sv = graph.fresh_value(f"{inp.name}__shape", TensorProto.INT64, (len(inp.shape),))
+                new.append(graph.add_node(OnnxNode(graph.fresh_name("Shape"), "Shape", [inp], [sv])))
+                shapes[inp.name] = sv
+            idx = graph.add_initializer(graph.fresh_value(f"{hint}__axis"), np.array([axis], np.int64))
+            v = dims[inp.name, axis] = graph.fresh_value(f"{hint}__d", TensorProto.INT64, (1,))
+            new.append(graph.add_node(OnnxNode(graph.fresh_name("Gather"), "Gather", [shapes[inp.name], idx], [v],
+                                               [helper.make_attribute("axis", 0)])))
+        parts.append(v)
+    out = graph.fresh_value(f"{hint}__sizes", TensorProto.INT64, (len(parts),))
+    new.append(graph.add_node(OnnxNode(graph.fresh_name("Concat"), "Concat", parts, [out],
+                                       [helper.make_attribute("axis", 0)])))
+    return out, new
+
+
+def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
+    proto: DmlNode = m.captures["dml"]
+    target = proto.outputs[0]
+    shape, new = None, []
+    if m.captures.get("sources"):
+        shape, new = _shape_value(graph, m.captures["sources"], target.name)
+    graph.remove_node(target.producer)
+    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, shape, proto.static_shape)
+    graph.add_node(node)
+    m.captures["dml"] = node
+    return [node] + new
+
+
+MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,
+                     description="shape-only mask subgraph -> one DIAGONAL_MATRIX1 generator")

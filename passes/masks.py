@@ -404,6 +404,8 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
     shape, new = None, []
     if m.captures.get("sources"):
         shape, new = _shape_value(graph, m.captures["sources"], target.name)
+        # What we proved about the sizes beats what shape inference guessed (often unk__N names).
+        target.shape = tuple(s[1] if s[0] == "const" else s[1].shape[s[2]] for s in m.captures["sources"])
     graph.remove_node(target.producer)
     node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, shape, proto.static_shape)
     graph.add_node(node)

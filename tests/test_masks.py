@@ -1,0 +1,279 @@
+"""Constant masks, mask-building subgraphs, mask application and chain fusion, each checked
+against onnxruntime on the original model at several sizes."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+from dmlgraph import api
+from dmlgraph.executor import Executor
+from dmlgraph.graph import DmlNode
+from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.rewrite import Options
+from passes.apply import complement, union
+
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+
+
+def model_of(nodes, inputs, outputs, inits=(), opset=18):
+    g = h.make_graph(nodes, "g", inputs, outputs, list(inits))
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=10)
+    onnx.checker.check_model(m)
+    return m
+
+
+def c(name, arr):
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def lower(model, **opts):
+    g = import_model(model)
+    result = api.optimize_graph(g, Options(**opts))
+    return g, result
+
+
+def applied(result):
+    return {k: v for k, v in result.counts.items() if v}
+
+
+def check_equal(model, g, feeds_list, exact=True):
+    """The lowered graph equals onnxruntime on the original, bit for bit when `exact`."""
+    sess = ort.InferenceSession(model.SerializeToString())
+    portable = ort.InferenceSession(export_model(g, "onnx").SerializeToString())
+    for feeds in feeds_list:
+        expected = sess.run(None, feeds)
+        got = Executor(g).run(feeds)
+        got_portable = portable.run(None, feeds)
+        for o, e, p in zip(model.graph.output, expected, got_portable):
+            if exact:
+                assert api.bitwise_equal(got[o.name], e), o.name
+                assert api.bitwise_equal(p, e), o.name
+            else:
+                np.testing.assert_array_equal(got[o.name], e)
+                np.testing.assert_array_equal(p, e)
+
+
+def scores_feeds(*seqs, batch=2, heads=2, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((batch, heads, s, s)).astype(np.float32)} for s in seqs]
+
+
+X_SYM = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "S"])
+def Y(shape=("B", "H", "S", "S")):
+    return h.make_tensor_value_info("y", T.FLOAT, list(shape))
+
+
+# ---- interval algebra ---------------------------------------------------------------------------
+def test_region_union_and_complement():
+    assert union((None, 0), (2, None)) == (2, 0)             # tril(triu(x, ...)): inverted
+    assert union((None, 3), (2, None)) == (None, None)        # overlapping: everything
+    assert union((0, 1), (1, 2)) == (0, 2)
+    assert union((0, 1), (3, 4)) is None                      # two separate bands: not one node
+    assert complement((None, 1)) == (1, None)
+    assert complement((0, 3)) == (3, 0)
+    assert complement((3, 0)) == (0, 3)
+    assert complement((None, None)) == (0, 0)
+    assert complement((5, 5)) == (None, None)
+
+
+# ---- stored masks ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["neg_inf", "bool", "ones_tril", "minus_10000", "eye", "band_int64"])
+def test_stored_mask_becomes_generator(kind):
+    s = 32
+    r, col = np.indices((s, s))
+    top = col - r
+    masks = {
+        "neg_inf": np.where(top > 0, -np.inf, 0).astype(np.float32)[None, None],
+        "bool": (top <= 0)[None, None],
+        "ones_tril": (top <= 0).astype(np.float32),
+        "minus_10000": np.where(top > 0, -10000.0, 1.0).astype(np.float32),  # else-part nonzero
+        "eye": np.eye(s, dtype=np.float32),
+        "band_int64": ((top <= 0) & (top > -4)).astype(np.int64),
+    }
+    mask = masks[kind]
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 2, s, s])
+    if mask.dtype == np.bool_:
+        nodes = [h.make_node("Where", ["mask", "x", "fill"], ["y"])]
+        inits = [c("mask", mask), c("fill", np.float32(-1e9))]
+    elif mask.dtype == np.int64:
+        nodes = [h.make_node("Cast", ["mask"], ["mf"], to=T.FLOAT), h.make_node("Mul", ["x", "mf"], ["y"])]
+        inits = [c("mask", mask)]
+    else:
+        nodes = [h.make_node("Add", ["x", "mask"], ["y"])]
+        inits = [c("mask", mask)]
+    model = model_of(nodes, [x], [Y([2, 2, s, s])], inits)
+    g, result = lower(model)
+    assert "mask" not in g.initializers
+    assert result.counts["stored_mask"] + result.counts["mask_subgraph"] == 1
+    init_bytes = api.graph_stats(g)["initializer_bytes"]
+    assert init_bytes < 64, "the mask constant left the model"
+    check_equal(model, g, [{"x": np.random.default_rng(1).standard_normal((2, 2, s, s)).astype(np.float32)}],
+                exact=kind != "band_int64")
+
+
+def test_constant_node_mask_and_threshold():
+    s = 16
+    mask = np.triu(np.full((s, s), -np.inf, np.float32), 1)
+    model = model_of([h.make_node("Constant", [], ["mask"], value=c("m", mask)),
+                      h.make_node("Add", ["x", "mask"], ["y"])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [s, s])], [Y([s, s])])
+    g, result = lower(model)
+    assert result.counts["stored_mask"] == 1
+    check_equal(model, g, [{"x": np.ones((s, s), np.float32)}])
+    g, result = lower(model, min_mask_bytes=10**6)
+    assert not result.counts["stored_mask"] and "not bigger" in result.declined[0].reason
+
+
+def test_non_band_constants_are_left_alone():
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((8, 8)).astype(np.float32)
+    almost = np.tril(np.ones((8, 8), np.float32))
+    almost[5, 1] = 0  # one hole: not a band
+    model = model_of([h.make_node("MatMul", ["x", "w"], ["t"]), h.make_node("Mul", ["t", "almost"], ["y"])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [8, 8])], [Y([8, 8])], [c("w", weight), c("almost", almost)])
+    g, result = lower(model)
+    assert not any(isinstance(n, DmlNode) for n in g.nodes.values())
+    assert set(g.initializers) == {"w", "almost"}
+
+
+# ---- mask-building subgraphs (symbolic sequence length) -------------------------------------------
+def range_mask_nodes(compare="LessOrEqual", window=None):
+    """cols <op> rows (+ an optional sliding window), as exporters build it from Shape(x)."""
+    nodes = [
+        h.make_node("Shape", ["x"], ["shp"]),
+        h.make_node("Gather", ["shp", "two"], ["seq"], axis=0),
+        h.make_node("Range", ["zero", "seq", "one"], ["idx"]),
+        h.make_node("Unsqueeze", ["idx", "ax0"], ["cols"]),
+        h.make_node("Unsqueeze", ["idx", "ax1"], ["rows"]),
+        h.make_node(compare, ["cols", "rows"], ["causal"]),
+    ]
+    if window is not None:
+        nodes += [h.make_node("Sub", ["rows", "cols"], ["dist"]),
+                  h.make_node("Less", ["dist", "win"], ["near"]),
+                  h.make_node("And", ["causal", "near"], ["allowed"])]
+    else:
+        nodes.append(h.make_node("Identity", ["causal"], ["allowed"]))
+    inits = [c("two", np.int64(2)), c("zero", np.int64(0)), c("one", np.int64(1)), c("ax0", np.array([0])),
+             c("ax1", np.array([1])), c("neg", np.float32(-np.inf))]
+    if window is not None:
+        inits.append(c("win", np.int64(window)))
+    return nodes, inits
+
+
+@pytest.mark.parametrize("compare,window", [("LessOrEqual", None), ("Less", None), ("LessOrEqual", 3),
+                                            ("GreaterOrEqual", None)])
+def test_range_mask_subgraph_becomes_one_node(compare, window):
+    nodes, inits = range_mask_nodes(compare, window)
+    nodes.append(h.make_node("Where", ["allowed", "x", "neg"], ["y"]))
+    model = model_of(nodes, [X_SYM], [Y()], inits)
+    g, result = lower(model)
+    assert applied(result) == {"mask_subgraph": 1, "mask_where": 1}
+    ops = {n.op_type for n in g.nodes.values()}
+    assert not ops & {"Range", "LessOrEqual", "Less", "Where", "And", "Unsqueeze"}, ops
+    assert sum(isinstance(n, DmlNode) for n in g.nodes.values()) == 1
+    check_equal(model, g, scores_feeds(1, 2, 5, 9, 17))
+
+
+def test_mask_anded_with_padding_lowers_only_the_band_part():
+    nodes, inits = range_mask_nodes()
+    nodes += [h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL),
+              h.make_node("Unsqueeze", ["padb", "ax12"], ["pad4"]),
+              h.make_node("And", ["allowed", "pad4"], ["both"]),
+              h.make_node("Where", ["both", "x", "neg"], ["y"])]
+    inits.append(c("ax12", np.array([1, 2])))
+    model = model_of(nodes, [X_SYM, h.make_tensor_value_info("pad", T.INT64, ["B", "S"])], [Y()], inits)
+    g, result = lower(model)
+    assert applied(result) == {"mask_subgraph": 1}
+    assert "And" in {n.op_type for n in g.nodes.values()}  # the padding part stays
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((2, 2, s, s)).astype(np.float32),
+              "pad": (rng.random((2, s)) < 0.7).astype(np.int64)} for s in (3, 8)]
+    check_equal(model, g, feeds)
+
+
+def test_mask_depending_on_values_is_not_lowered():
+    """A 'mask' computed from input values is data: it must never become a generator."""
+    model = model_of([h.make_node("Trilu", ["x"], ["t"], upper=0),
+                      h.make_node("Greater", ["t", "zero"], ["pos"]),
+                      h.make_node("Where", ["pos", "x", "neg"], ["y"])],
+                     [X_SYM], [Y()], [c("zero", np.float32(0)), c("neg", np.float32(-1))])
+    g, result = lower(model)
+    assert not result.counts["mask_subgraph"] and not result.counts["mask_where"]
+    assert result.counts["trilu"] == 1
+    check_equal(model, g, scores_feeds(4, 7))
+
+
+def test_mask_with_large_constants_is_declined_not_guessed():
+    nodes, inits = range_mask_nodes("LessOrEqual", window=100000)
+    nodes.append(h.make_node("Where", ["allowed", "x", "neg"], ["y"]))
+    model = model_of(nodes, [X_SYM], [Y()], inits)
+    g, result = lower(model)
+    assert not result.counts["mask_subgraph"]
+    assert any("too large" in m.reason for m in result.declined)
+    check_equal(model, g, scores_feeds(3))
+
+
+def test_static_shape_subgraph_is_evaluated():
+    s = 6
+    ones = h.make_node("ConstantOfShape", ["shape"], ["ones"], value=c("v", np.array([1.0], np.float32)))
+    model = model_of([ones, h.make_node("Trilu", ["ones", "k"], ["band"], upper=1),
+                      h.make_node("Mul", ["x", "band"], ["y"])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [s, s])], [Y([s, s])],
+                     [c("shape", np.array([s, s])), c("k", np.int64(-1))])
+    g, result = lower(model)
+    assert applied(result) == {"mask_subgraph": 1, "mask_arith": 1}
+    check_equal(model, g, [{"x": np.arange(s * s, dtype=np.float32).reshape(s, s)}], exact=False)
+
+
+# ---- mask application -------------------------------------------------------------------------
+def test_mul_and_add_masks_are_equal_for_finite_inputs_and_declined_with_exact():
+    nodes, inits = range_mask_nodes()
+    nodes += [h.make_node("Cast", ["allowed"], ["keep"], to=T.FLOAT), h.make_node("Mul", ["x", "keep"], ["y"])]
+    model = model_of(nodes, [X_SYM], [Y()], inits)
+    g, result = lower(model)
+    assert result.counts["mask_arith"] == 1
+    (dml,) = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
+    assert not dml.exact
+    check_equal(model, g, [{"x": np.abs(f["x"]) + 1} for f in scores_feeds(3, 6)])  # positive: no -0.0
+    g, result = lower(model, exact_only=True)
+    assert not result.counts["mask_arith"]
+    assert any("--exact" in m.reason for m in result.declined)
+    check_equal(model, g, scores_feeds(3, 6))
+
+
+def test_additive_minus_10000_mask_stays_a_generator():
+    nodes, inits = range_mask_nodes()
+    nodes += [h.make_node("Where", ["allowed", "zero_f", "big_neg"], ["bias"]), h.make_node("Add", ["x", "bias"], ["y"])]
+    inits += [c("zero_f", np.float32(0)), c("big_neg", np.float32(-10000))]
+    model = model_of(nodes, [X_SYM], [Y()], inits)
+    g, result = lower(model)
+    assert applied(result) == {"mask_subgraph": 1}
+    assert "Add" in {n.op_type for n in g.nodes.values()}
+    check_equal(model, g, scores_feeds(2, 5))
+
+
+def test_tril_of_triu_fuses_into_one_inverted_node():
+    model = model_of([h.make_node("Trilu", ["x", "a"], ["t1"], upper=1),
+                      h.make_node("Trilu", ["t1", "b"], ["y"], upper=0)],
+                     [X_SYM], [Y()], [c("a", np.int64(-1)), c("b", np.int64(2))])
+    g, result = lower(model)
+    assert result.counts["chain"] == 1
+    (dml,) = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
+    assert (dml.begin, dml.end) == (3, -1)  # zero outside [-1, 3): an inverted range
+    check_equal(model, g, scores_feeds(1, 4, 7))
+
+
+def test_optimize_is_idempotent_on_mask_models():
+    nodes, inits = range_mask_nodes("LessOrEqual", 3)
+    nodes.append(h.make_node("Where", ["allowed", "x", "neg"], ["y"]))
+    model = model_of(nodes, [X_SYM], [Y()], inits)
+    g, _ = lower(model)
+    once = export_model(g).SerializeToString(deterministic=True)
+    g2, result = lower(onnx.load_from_string(once))
+    assert not any(result.counts.values())
+    assert export_model(g2).SerializeToString(deterministic=True) == once

@@ -275,31 +275,38 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
         nodes.append(helper.make_node(op_type, ins, [f"{p}_{name}"], **attrs))
         return f"{p}_{name}"
 
+    def shift(b: int, name: str) -> str:
+        """A bound as an int64 scalar, shifted by the run-time k (clipped: no int64 overflow)."""
+        c = const(name, np.array(b, np.int64))
+        if k is None:
+            return c
+        kc = op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
+                         const("kmax", np.array(2**40, np.int64))], "kc")
+        return op("Add", [c, kc], f"{name}_k")
+
+    form = _trilu_form(n) if opset >= 14 else None
     if shape is not None:
         shape_name = shape.name
     elif n.static_shape is not None:
         shape_name = const("shape", np.array(n.static_shape, dtype=np.int64))
     else:
-        shape_name = op("Shape", [x.name], "shape")
+        shape_name = None if form is not None else op("Shape", [x.name], "shape")
+    if form is not None:
+        # The common one-sided masks read better (and run faster) as one Trilu.
+        data = x.name if x is not None else op("ConstantOfShape", [shape_name], "full", value=numpy_helper.from_array(
+            np.array([n.value], dtype=helper.tensor_dtype_to_np_dtype(n.elem_type))))
+        upper, bound = form
+        nodes.append(helper.make_node("Trilu", [data, shift(bound, "k")], [out], upper=upper))
+        return nodes
     zero, one = const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64))
     h = op("Squeeze", [op("Slice", [shape_name, const("m2", [-2]), const("m1", [-1])], "h1")], "h")
     w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
     rows = op("Unsqueeze", [op("Range", [zero, h, one], "rows"), const("ax1", [1])], "rows_col")
     top_x = op("Sub", [op("Range", [zero, w, one], "cols"), rows], "topx")
-    kc = None
-    if k is not None:
-        # Clip k so bound + k cannot overflow int64; topX spans far less than 2^40 on any real matrix.
-        kc = op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
-                         const("kmax", np.array(2**40, np.int64))], "kc")
-
-    def bound(b, name):
-        c = const(name, np.array(b, np.int64))
-        return c if kc is None else op("Add", [c, kc], f"{name}_k")
-
     true = const("true", np.array(True))
     # useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End); an unbounded end is always true.
-    begin = None if n.begin is None else bound(n.begin, "begin")
-    end = None if n.end is None else bound(n.end, "end")
+    begin = None if n.begin is None else shift(n.begin, "begin")
+    end = None if n.end is None else shift(n.end, "end")
     ge = true if begin is None else op("Not", [op("Less", [top_x, begin], "lt_begin")], "ge_begin")
     lt = true if end is None else op("Less", [top_x, end], "lt_end")
     ordered = true if begin is None or end is None else op("Not", [op("Less", [end, begin], "end_lt_begin")],
@@ -311,6 +318,26 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
     result = _portable_select(use, value, other, n.elem_type, op, const)
     nodes.append(helper.make_node("Expand", [result, shape_name], [out]))
     return nodes
+
+
+_TRILU_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64,
+                TensorProto.BOOL}  # what onnxruntime's CPU Trilu runs
+
+
+def _trilu_form(n: DmlNode) -> tuple[int, int] | None:
+    """(upper, k) when the node is exactly one Trilu: one-sided, and either zeroing its input
+    (Value +0, output shaped like the input) or a generator (Trilu of a tensor full of Value)."""
+    if n.kind != "DiagonalMatrix1" or (n.begin is None) == (n.end is None) or n.elem_type not in _TRILU_TYPES:
+        return None
+    x, shape = n.inputs[0], n.inputs[1]
+    if x is not None:
+        if shape is not None or n.static_shape is not None or np.asarray(n.value).tobytes() != \
+                np.zeros((), np.asarray(n.value).dtype).tobytes():
+            return None
+        # Value 0 where topX < end: keep topX >= end. Value 0 where topX >= begin: keep topX <= begin - 1.
+        return (1, n.end) if n.begin is None else (0, n.begin - 1)
+    # Value where topX < end: keep topX <= end - 1 of a full tensor; where topX >= begin: keep topX >= begin.
+    return (0, n.end - 1) if n.begin is None else (1, n.begin)
 
 
 # onnxruntime's CPU Where lacks these; each is widened losslessly (or bit-cast) and narrowed back.

@@ -52,8 +52,10 @@ def optimize_text(r: dict) -> str:
 def validate_text(r: dict) -> str:
     lines = [f"inputs: " + ", ".join(f"{k}{v}" for k, v in r["inputs"].items()),
              "rewrites: " + (", ".join(f"{k} x{v}" for k, v in r["rewrites"].items() if v) or "none")]
-    for row in r["outputs"]:
-        mark = "ok  " if row["match"] else "FAIL"
-        lines.append(f"  {mark} {row['output']} {row['dtype']}{row['shape']}: {row['detail']}")
-    lines.append("PASS: every output matches onnxruntime" if r["ok"] else "FAIL: outputs differ")
+    for title, rows in (("rewritten tensors", r["tensors"]), ("model outputs", r["outputs"])):
+        lines.append(f"{title}:" + ("" if rows else " none"))
+        for row in rows:
+            mark = "ok  " if row["match"] else "FAIL"
+            lines.append(f"  {mark} {row['name']} {row['dtype']}{row['shape']}: {row['detail']}")
+    lines.append("PASS: matches onnxruntime on the original model" if r["ok"] else "FAIL: outputs differ")
     return "\n".join(lines)

@@ -247,5 +247,6 @@ def test_validate_demo_model_bit_exact():
     for seq in (4, 11):
         report = api.validate(DEMO, dims={"batch": 2, "seq": seq})
         assert report["ok"], report
-        assert all(r["detail"] == "bit-exact" for r in report["outputs"])
+        assert all(r["detail"] == "bit-exact" for r in report["outputs"] + report["tensors"])
+        assert sorted(r["name"] for r in report["tensors"]) == ["eye", "masked_scores"]
         assert {k: v for k, v in report["rewrites"].items() if v} == {"mask_subgraph": 2, "mask_where": 1}

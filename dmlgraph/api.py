@@ -27,8 +27,11 @@ def graph_stats(g: Graph) -> dict:
     ops = collections.Counter(n.op_type for n in g.nodes.values())
     init_bytes = sum(tensor_nbytes(v.initializer) if v.initializer is not None else int(v.array.nbytes)
                      for v in g.initializers.values())
+    # Constant nodes store tensors too (TorchScript exports put masks there).
+    const_bytes = sum(tensor_nbytes(a.t) for n in g.nodes.values() if n.op_type == "Constant"
+                      for a in getattr(n, "attributes", ()) if a.name == "value")
     return {"nodes": len(g.nodes), "ops": dict(sorted(ops.items())), "initializers": len(g.initializers),
-            "initializer_bytes": init_bytes,
+            "initializer_bytes": init_bytes, "constant_bytes": init_bytes + const_bytes,
             "dml_nodes": sum(isinstance(n, DmlNode) for n in g.nodes.values())}
 
 

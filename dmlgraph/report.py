@@ -14,7 +14,8 @@ def _bytes(n) -> str:
 def before_after_table(before: dict, after: dict) -> str:
     rows = [("nodes", before["nodes"], after["nodes"]),
             ("initializers", before["initializers"], after["initializers"]),
-            ("initializer bytes", _bytes(before["initializer_bytes"]), _bytes(after["initializer_bytes"]))]
+            ("initializer bytes", _bytes(before["initializer_bytes"]), _bytes(after["initializer_bytes"])),
+            ("constant bytes", _bytes(before["constant_bytes"]), _bytes(after["constant_bytes"]))]
     if "file_bytes" in before and "file_bytes" in after:
         rows.append(("file bytes", _bytes(before["file_bytes"]), _bytes(after["file_bytes"])))
     ops = sorted(set(before["ops"]) | set(after["ops"]))

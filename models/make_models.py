@@ -368,7 +368,7 @@ def specs():
                   inputs=["tgt", "memory"], outputs=["y"], dyn=None, lengths=(8,), exporters=("torchscript",),
                   source="nn.TransformerDecoderLayer with tgt_mask=generate_square_subsequent_mask(8), static shapes"))
     S.append(dict(base="const_causal256", build=lambda: ConstCausal(), make=_randn(lambda n: (1, 256, 16)),
-                  inputs=["x"], outputs=["y"], dyn=None, lengths=(256,), exporters=("torchscript",),
+                  inputs=["x"], outputs=["y"], dyn=None, lengths=(256,), exporters=both,
                   source="attention + stored 256x256 float32 buffer triu(full(-10000),1) (0 on/below diagonal)"))
     S.append(dict(base="folded_causal64", build=lambda: FoldedCausal(), make=_randn(lambda n: (2, 64, 16)),
                   inputs=["x"], outputs=["y"], dyn=None, lengths=(64,), exporters=both,

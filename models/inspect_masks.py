@@ -1,0 +1,499 @@
+"""Find and check the diagonal-structured (band) tensors of the models in models/, numerically.
+
+Runs under the project's venv (onnx, onnxruntime, numpy only; no torch, no dmlgraph import, so it
+checks dmlgraph rather than agreeing with it):
+
+    .venv/bin/python models/inspect_masks.py discover models/gpt2_ts.onnx   # print every band tensor
+    .venv/bin/python models/inspect_masks.py write                          # regenerate expected.json
+    .venv/bin/python models/inspect_masks.py check                          # verify expected.json
+
+How: every node output of the model is added as an extra graph output and the model is run in
+onnxruntime (graph optimizations off) on several feeds: two different sequence lengths where the
+model has dynamic axes, and a padded attention_mask where it has one. Initializers and Constant
+nodes are read directly. A tensor is band-structured when, in every run, each of its trailing
+[H, W] slices equals one DIAGONAL_MATRIX1 pattern with the same parameters:
+
+    topX = x - y; useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End)
+    out = Value if useValue else (Input[coord] if input else 0)
+
+Two shapes of fit are tried:
+  * generator: a two-valued tensor {value, other} (other = 0/False when one of the two is zero,
+    else the value on the main diagonal), i.e. DIAGONAL_MATRIX1 without input when other == 0, or
+    with a broadcast scalar input `other`;
+  * application: a node output O that equals one of the node's data inputs X except on a band of
+    diagonals where it is a constant c (Where(mask, X, c), Trilu(X, k), X.masked_fill(...)), i.e.
+    DIAGONAL_MATRIX1(input X, Value c).
+Begin/End are canonical: a side that covers every diagonal of the slice is INT32_MIN / INT32_MAX, so
+the parameters do not depend on the sequence length. A tensor that is a band only because the
+attention_mask happens to be all ones (padding combined in) drops out in the padded run.
+
+`write` keeps, per model, the band tensors that matter for lowering: every stored constant that is a
+band (stored_mask), every application (mask_application / trilu on data), and every generated band
+tensor on the frontier of a band region (some consumer produces a non-band tensor), which is the
+tensor a mask subgraph collapses to. The per-file metadata (source, exporter, inputs, dynamic axes)
+comes from export_log.json written by make_models.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+
+# --------------------------------------------------------------------------------------------
+# the DIAGONAL_MATRIX1 formula and the fits
+# --------------------------------------------------------------------------------------------
+
+def use_value(h: int, w: int, begin: int, end: int) -> np.ndarray:
+    """[h, w] bool: DIAGONAL_MATRIX1's useValue, straight from the spec's pseudocode."""
+    top_x = np.arange(w, dtype=np.int64)[None, :] - np.arange(h, dtype=np.int64)[:, None]
+    return (end >= begin) ^ (top_x >= begin) ^ (top_x < end)
+
+
+def _interval_params(sel: np.ndarray, h: int, w: int):
+    """sel[d + h - 1] says whether diagonal topX = d takes Value. Return (begin, end) or None."""
+    n = sel.size
+    idx = np.flatnonzero(sel)
+    if idx.size == 0 or idx.size == n:
+        return None  # all or nothing: not a band (a constant)
+    lo_d, hi_d = -(h - 1), w - 1
+    if idx[-1] - idx[0] + 1 == idx.size:  # one run of diagonals: [lo, hi]
+        lo, hi = idx[0] - (h - 1), idx[-1] - (h - 1)
+        begin = INT32_MIN if lo == lo_d else int(lo)
+        end = INT32_MAX if hi == hi_d else int(hi + 1)
+        return begin, end
+    nidx = np.flatnonzero(~sel)  # complement is one run inside: inverted band
+    if nidx[-1] - nidx[0] + 1 == nidx.size:
+        lo, hi = nidx[0] - (h - 1), nidx[-1] - (h - 1)
+        return int(hi + 1), int(lo)
+    return None
+
+
+def _per_diagonal(mask3: np.ndarray, h: int, w: int, how: str) -> np.ndarray:
+    """Reduce a [n, h, w] bool array per diagonal: 'any' or 'all'."""
+    flat = mask3.any(0) if how == "any" else mask3.all(0)
+    d = (np.arange(w)[None, :] - np.arange(h)[:, None] + h - 1).ravel()
+    cnt = np.bincount(d, minlength=h + w - 1)
+    hit = np.bincount(d, weights=flat.ravel().astype(np.float64), minlength=h + w - 1)
+    return hit > 0 if how == "any" else hit == cnt
+
+
+def _same(a: np.ndarray, b) -> np.ndarray:
+    if np.issubdtype(a.dtype, np.floating):
+        return (a == b) | (np.isnan(a) & np.isnan(b))
+    return a == b
+
+
+def fit_generator(t: np.ndarray):
+    """A two-valued band tensor -> dict(begin, end, value, other) or None."""
+    if t.ndim < 2 or t.shape[-1] < 2 or t.shape[-2] < 2 or t.size == 0:
+        return None
+    if not (np.issubdtype(t.dtype, np.number) or t.dtype == np.bool_):
+        return None
+    vals = np.unique(t)
+    if np.issubdtype(t.dtype, np.floating) and np.isnan(vals).any():
+        return None
+    if vals.size != 2:
+        return None
+    h, w = t.shape[-2:]
+    zero = t.dtype.type(0)
+    if zero in vals:
+        other = zero
+    else:
+        other = t.reshape(-1, h, w)[0, 0, 0]
+    value = vals[0] if vals[1] == other else vals[1]
+    u = (t == value).reshape(-1, h, w)
+    sel = _per_diagonal(u, h, w, "any")
+    if not np.array_equal(sel, _per_diagonal(u, h, w, "all")):
+        return None  # some diagonal is not constant
+    p = _interval_params(sel, h, w)
+    if p is None:
+        return None
+    begin, end = p
+    want = np.where(use_value(h, w, begin, end), value, other)
+    if not np.array_equal(np.broadcast_to(want, t.shape), t):
+        return None
+    return {"begin": begin, "end": end, "value": value.item(), "other": other.item(),
+            "dtype": str(t.dtype)}
+
+
+def fit_application(o: np.ndarray, x: np.ndarray):
+    """o == x except on a band of diagonals where o is one constant c -> dict or None."""
+    if o.ndim < 2 or o.shape[-1] < 2 or o.shape[-2] < 2 or o.size == 0 or x.dtype != o.dtype:
+        return None
+    try:
+        xb = np.broadcast_to(x, o.shape)
+    except ValueError:
+        return None
+    if xb.ndim < 2 or x.ndim < 2 or x.shape[-2:] != o.shape[-2:]:
+        return None  # the data must vary over the last two axes, or this is a generator
+    changed = ~_same(o, xb)
+    if not changed.any():
+        return None
+    cvals = np.unique(o[changed])
+    if cvals.size != 1:
+        return None
+    c = cvals[0]
+    h, w = o.shape[-2:]
+    sel = _per_diagonal(changed.reshape(-1, h, w), h, w, "any")
+    if not _per_diagonal(_same(o, c).reshape(-1, h, w), h, w, "all")[sel].all():
+        return None
+    p = _interval_params(sel, h, w)
+    if p is None:
+        return None
+    begin, end = p
+    want = np.where(use_value(h, w, begin, end), c, xb)
+    if not _same(want, o).all():
+        return None
+    return {"begin": begin, "end": end, "value": c.item(), "other": "input", "dtype": str(o.dtype)}
+
+
+def describe(fit: dict) -> str:
+    b, e = fit["begin"], fit["end"]
+    v, o = _jsonval(fit["value"]), _jsonval(fit["other"])
+    if b == INT32_MIN and e == INT32_MAX:
+        cond = "everywhere"
+    elif b > e:
+        cond = f"x-y >= {b} or x-y < {e}"
+    elif b == INT32_MIN:
+        cond = f"x-y < {e}"
+    elif e == INT32_MAX:
+        cond = f"x-y >= {b}"
+    elif e == b + 1:
+        cond = f"x-y == {b}"
+    else:
+        cond = f"{b} <= x-y < {e}"
+    label = "band"
+    if (b, e) in ((INT32_MIN, 1), (1, INT32_MAX)):
+        label = "causal"
+    elif e == b + 1:
+        label = "diagonal" if b else "identity"
+    elif b > e:
+        label = "inverted band (outside a window)"
+    elif b == INT32_MIN or e == INT32_MAX:
+        label = "triangular"
+    return f"{label}: {v} where {cond}, else {o}"
+
+
+def _jsonval(v):
+    if isinstance(v, float):
+        if np.isnan(v):
+            return "nan"
+        if np.isinf(v):
+            return "inf" if v > 0 else "-inf"
+    if isinstance(v, bool):
+        return int(v)
+    return v
+
+
+# --------------------------------------------------------------------------------------------
+# running a model with every intermediate exposed
+# --------------------------------------------------------------------------------------------
+
+DIM_SIZES = {"batch": 2, "mem_len": 5}
+
+
+def _dim(d, length):
+    if d.dim_value:
+        return d.dim_value
+    name = d.dim_param
+    if name in DIM_SIZES:
+        return DIM_SIZES[name]
+    if name == "cols":
+        return length + 3
+    return length
+
+
+def make_feeds(model: onnx.ModelProto, length: int, seed: int, pad: bool) -> dict:
+    rng = np.random.default_rng(seed)
+    inits = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        tt = i.type.tensor_type
+        shape = [_dim(d, length) for d in tt.shape.dim]
+        dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if i.name == "attention_mask":
+            a = np.ones(shape, dt)
+            if pad:
+                a[-1, -2:] = 0  # right padding in the last row
+                a[0, :1] = 0  # left padding in the first row
+            feeds[i.name] = a
+        elif np.issubdtype(dt, np.integer):
+            feeds[i.name] = rng.integers(0, 100, shape).astype(dt)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(dt)
+    return feeds
+
+
+def has_dynamic(model: onnx.ModelProto) -> bool:
+    return any(d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim)
+
+
+def run_all(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    for n in m.graph.node:
+        for o in n.output:
+            if o and o not in have:
+                m.graph.output.append(onnx.ValueInfoProto(name=o))
+                have.add(o)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    vals = dict(zip(names, sess.run(None, feeds)))
+    for i in model.graph.initializer:
+        vals[i.name] = numpy_helper.to_array(i)
+    vals.update(feeds)
+    return vals
+
+
+def feed_plan(model: onnx.ModelProto):
+    dyn = has_dynamic(model)
+    lengths = [7, 12] if dyn else [0]
+    plan = [(n, 1 + k, False) for k, n in enumerate(lengths)]
+    plan.append((lengths[0], 9, any(i.name == "attention_mask" for i in model.graph.input)))
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# discovery
+# --------------------------------------------------------------------------------------------
+
+def discover(path: str) -> list[dict]:
+    model = onnx.load(path)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name for i in model.graph.initializer}
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    runs = [run_all(model, make_feeds(model, L, s, pad)) for (L, s, pad) in feed_plan(model)]
+
+    def stable(fits):
+        if any(f is None for f in fits):
+            return None
+        keys = ("begin", "end", "value", "other", "dtype")
+        f0 = fits[0]
+        for f in fits[1:]:
+            if any(_jsonval(f[k]) != _jsonval(f0[k]) for k in keys):
+                return None
+        return f0
+
+    gens: dict[str, dict] = {}
+    for name in runs[0]:
+        if name in runs[0] and all(name in r for r in runs):
+            f = stable([fit_generator(np.asarray(r[name])) for r in runs])
+            if f:
+                gens[name] = f
+    apps: dict[str, dict] = {}
+    for n in model.graph.node:
+        if not n.output or n.output[0] in gens:
+            continue
+        o = n.output[0]
+        for x in n.input:
+            if not x or x in gens or x not in runs[0]:
+                continue
+            f = stable([fit_application(np.asarray(r[o]), np.asarray(r[x])) for r in runs])
+            if f:
+                f["data_input"] = x
+                apps[o] = f
+                break
+
+    out = []
+    for name, f in gens.items():
+        prod = producers.get(name)
+        if name in inits or (prod is not None and prod.op_type == "Constant"):
+            kind = "stored_mask"
+        elif prod is not None and prod.op_type == "Trilu":
+            kind = "trilu"
+        elif prod is not None and prod.op_type == "EyeLike":
+            kind = "eyelike"
+        else:
+            kind = "mask_subgraph"
+        cons = consumers.get(name, [])
+        frontier = (not cons) or any(any(o not in gens for o in c.output if o) for c in cons)
+        shape = list(np.asarray(runs[0][name]).shape)
+        out.append(dict(f, name=name, kind=kind, frontier=frontier, shape=shape,
+                        node=(prod.name if prod is not None else None),
+                        op_type=(prod.op_type if prod is not None else "initializer")))
+    for name, f in apps.items():
+        prod = producers[name]
+        kind = "trilu" if prod.op_type == "Trilu" else "mask_application"
+        out.append(dict(f, name=name, kind=kind, frontier=True, shape=list(np.asarray(runs[0][name]).shape),
+                        node=prod.name, op_type=prod.op_type))
+    order = {n: i for i, n in enumerate([i.name for i in model.graph.initializer] +
+                                        [o for n in model.graph.node for o in n.output])}
+    out.sort(key=lambda e: order.get(e["name"], -1))
+    return out
+
+
+def select(found: list[dict]) -> list[dict]:
+    keep = []
+    for f in found:
+        if f["kind"] in ("stored_mask", "mask_application", "trilu", "eyelike") or f["frontier"]:
+            keep.append(f)
+    return keep
+
+
+def exactness(f: dict) -> str:
+    if f["other"] != "input":
+        return "bit-exact"
+    op = f["op_type"]
+    if op in ("Where", "Trilu"):
+        return "bit-exact"
+    if op == "Add":
+        return "equal for finite input (inf + -inf is NaN)"
+    if op == "Mul":
+        return "equal up to the sign of zero (-x*0 is -0.0); NaN where input is inf/NaN"
+    return "equal on the tested inputs"
+
+
+def to_entry(f: dict) -> dict:
+    if isinstance(f["value"], float) and f["value"] == 0.0:
+        f = dict(f, value=0.0)  # Mul by a 0/1 band gives -0.0 for negative inputs; report 0.0
+    return {"kind": f["kind"], "onnx_nodes_or_initializer": f["name"],
+            "producer": f"{f['op_type']} {f['node']}" if f["node"] else "initializer",
+            "begin": f["begin"], "end": f["end"], "value": _jsonval(f["value"]),
+            "other": _jsonval(f["other"]) if f["other"] != "input" else f"input:{f['data_input']}",
+            "dtype": f["dtype"], "shape_at_len7": f["shape"], "exact": exactness(f),
+            "semantics": describe(f)}
+
+
+# --------------------------------------------------------------------------------------------
+# expected.json
+# --------------------------------------------------------------------------------------------
+
+def _inputs_meta(model: onnx.ModelProto) -> dict:
+    inits = {i.name for i in model.graph.initializer}
+    res = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        tt = i.type.tensor_type
+        res[i.name] = {"dtype": onnx.TensorProto.DataType.Name(tt.elem_type).lower(),
+                       "shape": [d.dim_param or d.dim_value for d in tt.shape.dim]}
+    return res
+
+
+_HF = ("transformers 5.x builds the mask at run time in masking_utils (no stored causal buffer in this "
+       "version): Range/Unsqueeze/LessOrEqual (causal) [and Greater for the sliding window], And-ed with an "
+       "all-true scalar, then And-ed with the padding mask gathered from attention_mask, then "
+       "Where(mask, 0, finfo.min). Only the part before the padding And is a band (the later tensors "
+       "depend on attention_mask and drop out in the padded run), so there is no band mask_application.")
+NOTES = {
+    "gpt2_ts.onnx": _HF, "gpt2_dynamo.onnx": _HF, "llama_ts.onnx": _HF, "llama_dynamo.onnx": _HF,
+    "mistral_sw4_ts.onnx": _HF + " Sliding window 4: keep y-3 <= x <= y (begin -3, end 1).",
+    "mistral_sw4_dynamo.onnx": _HF + " Sliding window 4: keep y-3 <= x <= y (begin -3, end 1).",
+    "bert_ts.onnx": "Negative case: bidirectional encoder. Its mask is the padding mask only "
+                    "(an all-true GreaterOrEqual, not a band); nothing to lower.",
+    "bert_dynamo.onnx": "Negative case: bidirectional encoder. Its mask is the padding mask only "
+                        "(an all-true GreaterOrEqual, not a band); nothing to lower.",
+    "nanogpt_ts.onnx": "Stored 1x1x64x64 tril buffer (float 0/1), Slice to [:T,:T], Equal 0, Where -inf.",
+    "nanogpt_dynamo.onnx": "Stored 1x1x64x64 tril buffer (float 0/1), Slice to [:T,:T], Equal 0, Where -inf.",
+    "nanogpt_static16_ts.onnx": "Static T=16: the slice+Equal is constant-folded into a stored bool 1x1x16x16 initializer.",
+    "nanogpt_static16_dynamo.onnx": "Static T=16: the slice+Equal is constant-folded into a stored bool 1x1x16x16 initializer.",
+    "trilu_offsets_ts.onnx": "Four Trilu nodes: two on the input (k=1 upper, k=2 lower) and two on generated "
+                             "ones/full tensors (k=-2 lower, k=3 upper); non-square (cols = rows + 3 in the checks). "
+                             "Mul(x, tril(ones,-2)) is a band application that is not bit-exact.",
+    "trilu_offsets_dynamo.onnx": "Four Trilu nodes: two on the input (k=1 upper, k=2 lower) and two on generated "
+                                 "ones/full tensors (k=-2 lower, k=3 upper); non-square (cols = rows + 3 in the checks). "
+                                 "Mul(x, tril(ones,-2)) is a band application that is not bit-exact.",
+    "band_w2_ts.onnx": "Local attention |j-i| <= 2 from Range/Sub/Abs/LessOrEqual; Not gives the inverted band "
+                       "that masked_fill writes -inf on.",
+    "band_w2_dynamo.onnx": "Local attention |j-i| <= 2 from Range/Sub/Abs/LessOrEqual; Not gives the inverted band "
+                           "that masked_fill writes -inf on.",
+    "eye_dynamic_ts.onnx": "torch.eye(n) exports as EyeLike on a ConstantOfShape [n, n].",
+    "eye_dynamic_dynamo.onnx": "torch.eye(n) exports as Equal(Range, Unsqueeze(Range)) then Cast to float.",
+    "eye_static8_ts.onnx": "Static: eye(8)*3 and eye(8) are folded into Constant nodes.",
+    "eye_static8_dynamo.onnx": "Static: eye(8)*3 and eye(8) are folded into initializers.",
+    "torch_transformer_decoder_dynamo.onnx": "generate_square_subsequent_mask = Trilu(full(-inf), k=1) at run time; "
+                                             "Add into the self-attention scores.",
+    "torch_transformer_decoder_static8_ts.onnx": "TorchScript export is static (the dynamic one bakes tgt_len into a "
+                                                 "Reshape); the Trilu on ConstantOfShape(-inf) is still a node, not folded.",
+    "const_causal256_ts.onnx": "Stored 256x256 float32 buffer: -10000 above the diagonal, 0 elsewhere, Add into "
+                               "the scores (Add of -10000 is not a DIAGONAL_MATRIX1 application: values are x-10000).",
+    "const_causal256_dynamo.onnx": "Stored 256x256 float32 buffer: -10000 above the diagonal, 0 elsewhere, Add into "
+                                   "the scores (Add of -10000 is not a DIAGONAL_MATRIX1 application: values are x-10000).",
+    "folded_causal64_ts.onnx": "triu(full(-inf),1) at static T=64 folded into a 64x64 Constant node; Add into scores.",
+    "folded_causal64_dynamo.onnx": "triu(full(-inf),1) at static T=64 folded into a 64x64 initializer; Add into scores.",
+}
+
+
+def write():
+    log = {e["file"]: e for e in json.load(open(os.path.join(HERE, "export_log.json")))}
+    models = []
+    for fname in sorted(log):
+        e = log[fname]
+        path = os.path.join(HERE, fname)
+        if not e.get("ok") or not os.path.exists(path):
+            continue
+        model = onnx.load(path)
+        found = discover(path)
+        ins = _inputs_meta(model)
+        dyn = sorted({d for v in ins.values() for d in v["shape"] if isinstance(d, str)})
+        models.append({
+            "file": fname, "source": e["source"], "exporter": e["exporter"],
+            "opset": [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")][0],
+            "ir_version": model.ir_version, "bytes": os.path.getsize(path),
+            "dynamic_axes": dyn, "inputs": ins,
+            "masks": [to_entry(f) for f in select(found)],
+            "other_band_tensors": [f["name"] for f in found if f not in select(found)],
+            "notes": NOTES.get(fname, ""),
+        })
+        print(f"{fname}: {len(models[-1]['masks'])} masks")
+    with open(os.path.join(HERE, "expected.json"), "w") as f:
+        json.dump({"format": "see models/README.md", "int32_min": INT32_MIN, "int32_max": INT32_MAX,
+                   "models": models}, f, indent=1)
+        f.write("\n")
+
+
+def check() -> int:
+    exp = json.load(open(os.path.join(HERE, "expected.json")))
+    bad = 0
+    for m in exp["models"]:
+        found = {f["name"]: to_entry(f) for f in discover(os.path.join(HERE, m["file"]))}
+        for want in m["masks"]:
+            got = found.get(want["onnx_nodes_or_initializer"])
+            keys = ("kind", "begin", "end", "value", "other", "dtype", "exact")
+            if got is None or any(got[k] != want[k] for k in keys):
+                bad += 1
+                print(f"MISMATCH {m['file']} {want['onnx_nodes_or_initializer']}: want {want}, got {got}")
+        print(f"{m['file']}: {len(m['masks'])} masks checked")
+    print("OK" if not bad else f"{bad} mismatches")
+    return 1 if bad else 0
+
+
+def main(argv):
+    cmd = argv[1] if len(argv) > 1 else "check"
+    if cmd == "discover":
+        for p in argv[2:]:
+            print(p)
+            for f in discover(p):
+                print("  ", "*" if f in select([f]) else " ", to_entry(f))
+    elif cmd == "write":
+        write()
+    elif cmd == "check":
+        return check()
+    else:
+        print(__doc__)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -8,6 +8,7 @@ kernel for a region (e.g. Trilu on int8), `onnx.reference` runs it instead.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +22,9 @@ from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value, outer_names
 from dmlgraph.onnx_io import DOMAIN, onnx_node_proto, value_info
 from dmlgraph.ops import bind_range
+
+
+MAX_ELEMENTS = 2**32 - 1  # DML_BUFFER_TENSOR_DESC's limit; a bigger DML output is refused, not allocated
 
 
 def numpy_dtype(elem_type: int) -> np.dtype:
@@ -44,22 +48,28 @@ class OnnxRunner:
         self.input_names = [i.name for i in model.graph.input]
         self.output_names = [o.name for o in model.graph.output]
         opts = ort.SessionOptions()
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4  # fatal only: its errors reach the user as our message, not as a log
         if not optimize:
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         if threads:
             opts.intra_op_num_threads = threads
         self.external = external or {}
         self._ort_values = []  # onnxruntime borrows these buffers: keep them alive
-        for name, arr in self.external.items():
-            ov = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
-            self._ort_values.append(ov)
-            opts.add_initializer(name, ov)
+        if self.external:  # the graph declares them as external data; these buffers stand in for the files
+            self._ort_values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+                                for a in self.external.values()]
+            opts.add_external_initializers(list(self.external), self._ort_values)
         self.backend = "onnxruntime"
         try:
             self.session = ort.InferenceSession(model.SerializeToString(), opts,
                                                 providers=["CPUExecutionProvider"])
-        except Exception as e:  # noqa: BLE001 - any refusal means: try the reference evaluator
+        except Exception as e:  # noqa: BLE001
+            # A missing kernel (e.g. Trilu on int8): onnx.reference has one. Any other refusal means
+            # the model is invalid (a type error, an unknown op); the reference evaluator would run
+            # some of those anyway and give a meaningless answer, so they are reported instead.
+            if "NOT_IMPLEMENTED" not in str(e):
+                raise DmlgraphError(f"onnxruntime cannot load the model: {_first_line(e)}",
+                                    hint="the model is invalid or uses an op onnxruntime does not have") from None
             self._use_reference(e)
 
     def _use_reference(self, why: Exception) -> None:
@@ -71,9 +81,15 @@ class OnnxRunner:
         if self.external:
             model = onnx.ModelProto()
             model.CopyFrom(self.model)
-            model.graph.initializer.extend(onnx.numpy_helper.from_array(np.asarray(a), name)
-                                           for name, a in self.external.items())
-        self.reference = ReferenceEvaluator(model)
+            inline = [t for t in model.graph.initializer if t.name not in self.external]
+            del model.graph.initializer[:]
+            model.graph.initializer.extend(inline + [onnx.numpy_helper.from_array(np.asarray(a), name)
+                                                     for name, a in self.external.items()])
+        try:
+            self.reference = ReferenceEvaluator(model)
+        except Exception as e:  # noqa: BLE001 - neither backend can run this model
+            raise DmlgraphError(f"onnxruntime cannot run the model ({self.fallback_reason}) and neither can "
+                                f"onnx.reference: {_first_line(e)}") from None
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         feeds = {k: v for k, v in feeds.items() if k in self.input_names}
@@ -82,9 +98,16 @@ class OnnxRunner:
                 return self.session.run(self.output_names, feeds)
             except Exception as e:  # noqa: BLE001
                 if "NOT_IMPLEMENTED" not in str(e) and "not implemented" not in str(e).lower():
-                    raise DmlgraphError(f"onnxruntime failed: {str(e).splitlines()[0]}") from None
+                    raise DmlgraphError(f"onnxruntime failed: {_first_line(e)}") from None
                 self._use_reference(e)
-        return [np.asarray(r) for r in self.reference.run(self.output_names, feeds)]
+        try:
+            return [np.asarray(r) for r in self.reference.run(self.output_names, feeds)]
+        except Exception as e:  # noqa: BLE001 - bad values for the model (as onnxruntime's run errors)
+            raise DmlgraphError(f"onnx.reference failed: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 @dataclass
@@ -155,10 +178,12 @@ class Executor:
             for name in region.inputs:
                 v = g.values[name]
                 if name in g.initializers:
-                    if v.initializer is not None and v.initializer.data_location != onnx.TensorProto.EXTERNAL:
-                        inits.append(v.initializer)
+                    if v.initializer is None:  # made by a rule
+                        inits.append(onnx.numpy_helper.from_array(np.asarray(v.array), name))
                     else:
-                        external[name] = initializer_array(v)
+                        inits.append(v.initializer)
+                        if v.initializer.data_location == onnx.TensorProto.EXTERNAL:
+                            external[name] = initializer_array(v)  # memory-mapped, not read
                 else:
                     inputs.append(value_info(v))
             proto = helper.make_graph([onnx_node_proto(n) for n in region.nodes], f"stage{region.stage}",
@@ -209,7 +234,20 @@ class Executor:
             shape = node.static_shape
         else:
             shape = x.shape
-        k = 0 if k_v is None else int(np.asarray(self._value(k_v, env)).reshape(-1)[0])
+        label = f"{node.kind} node {node.name or node.outputs[0].name!r}"
+        if len(shape) < 2 or any(d < 0 for d in shape):
+            raise DmlgraphError(f"{label}: output shape {list(shape)} is not a matrix (needs 2+ dims, none "
+                                "negative)")
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise DmlgraphError(f"{label}: output shape {list(shape)} has {math.prod(shape)} elements, more "
+                                f"than DirectML allows (2^32 - 1)", hint="run it with smaller inputs")
+        if k_v is None:
+            k = 0
+        else:
+            k_arr = np.asarray(self._value(k_v, env))
+            if k_arr.size != 1 or k_arr.dtype.kind not in "iu":
+                raise DmlgraphError(f"{label}: k must be one integer, got shape {list(k_arr.shape)} {k_arr.dtype}")
+            k = int(k_arr.reshape(-1)[0])
         dtype = numpy_dtype(node.elem_type)
         if x is not None:
             x = np.broadcast_to(x, shape)

@@ -1,0 +1,462 @@
+"""numpy kernels for DIAGONAL_MATRIX1 and DIAGONAL_MATRIX.
+
+Semantics (the spec's pseudocode), for every output coordinate (batch..., y, x)::
+
+    topX = x - y
+    useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End)
+    out = Value if useValue else (Input[coord] if Input else 0)
+
+so Value fills topX in [Begin, End) when Begin <= End, and everything outside [End, Begin) when
+Begin > End (Begin == End fills nothing).
+
+How the fast path works (measured on the benchmark shapes, see `dmlgraph.bench`):
+
+* Row y of an H x W matrix sees a region bounded by diagonals: topX in [p, q) is the column
+  interval [clip(p + y), clip(q + y)). The value region is one such interval (normal range) or
+  two (inverted range); the rest ("keep": input or zero) is the complementary interval(s).
+  A cached plan per (H, W, Begin, End) holds these intervals (bounds clipped to [-H, W], so
+  INT32_MIN/MAX and any Python int are fine) and their areas.
+* One region is written as the *base* over whole rows (a contiguous copy of the input, or a
+  constant fill, done as a byte fill -- memset -- whenever the constant's bytes are all equal,
+  e.g. zero), the other as *overlays*. The base is the region whose source is cheapest to
+  write everywhere: a constant when the input-kept part is small (so the input is only read
+  where it is kept), otherwise the input.
+* Overlays only a few diagonals wide are written through strided diagonal views
+  (stride (W + 1) elements), one numpy call per diagonal for the whole tensor.
+* Wider overlays are written block by block (~512 KiB of rows, still in cache after the base
+  write of that block): per block, a rectangle covering the columns every row of the block
+  shares, plus the two ragged ends as small cached triangular masks (np.copyto(where=...)),
+  or one cached band mask when the interval is narrower than the block is tall. Masks are in
+  unclipped coordinates and sliced at the matrix edges, so every block reuses the same few.
+  Blocked writes also avoid glibc's non-temporal stores for huge memcpy/memset, which are
+  slower than cached stores on the machines measured.
+* Tiny tensors (<= 1024 elements) use a cached flat index of the value positions: one
+  copy/fill plus one `out.flat[idx] = value`.
+
+`diagonal_matrix1_reference` is the plain vectorized form (np.where over an index grid); tests
+use it, and a literal transcription of the pseudocode, as oracles for the fast path.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from dmlgraph.errors import DmlgraphError
+
+__all__ = [
+    "diagonal_matrix1",
+    "diagonal_matrix1_reference",
+    "diagonal_matrix",
+    "diagonal_matrix_value",
+    "run_desc",
+]
+
+TINY_ELEMENTS = 1024  # at most this many elements: flat-index path
+BLOCK_BYTES = 512 * 1024  # rows written per block (base then overlays, while in cache)
+NARROW = 16  # overlays at most this many diagonals wide go through diagonal views
+# With an input, a constant base (input read only where kept) is chosen when the kept area is at
+# most this fraction of the matrix; above it the input is copied whole and the value overlaid.
+KEEP_FRACTION_FOR_CONST_BASE = 0.55
+
+_DTYPES = frozenset(np.dtype(t) for t in (
+    "float64", "float32", "float16", "int64", "int32", "int16", "int8",
+    "uint64", "uint32", "uint16", "uint8", "bool"))
+
+
+# --------------------------------------------------------------------------------------------
+# plans (cached)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    height: int
+    width: int
+    value_intervals: tuple[tuple[int, int], ...]  # topX intervals [p, q), clipped to [-H, W]
+    keep_intervals: tuple[tuple[int, int], ...]
+    value_area: int  # elements per matrix written with Value
+    keep_area: int
+
+
+def _clip_bound(b: int, h: int, w: int) -> int:
+    return min(max(b, -h), w)
+
+
+def _interval_area(p: int, q: int, h: int, w: int) -> int:
+    if q <= p:
+        return 0
+    y = np.arange(h, dtype=np.int64)
+    lo = np.clip(p + y, 0, w)
+    hi = np.clip(q + y, 0, w)
+    return int(np.maximum(hi - lo, 0).sum())
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(h: int, w: int, begin: int, end: int) -> _Plan:
+    lo_inf, hi_inf = -h, w  # topX spans [-(h-1), w-1]: these act as -inf / +inf
+    b, e = _clip_bound(begin, h, w), _clip_bound(end, h, w)
+    if end >= begin:  # value on [begin, end)
+        value = [(b, e)]
+        keep = [(lo_inf, b), (e, hi_inf)]
+    else:  # value outside [end, begin)
+        value = [(lo_inf, e), (b, hi_inf)]
+        keep = [(e, b)]
+    value = tuple(iv for iv in value if _interval_area(*iv, h, w) > 0)
+    keep = tuple(iv for iv in keep if _interval_area(*iv, h, w) > 0)
+    va = sum(_interval_area(*iv, h, w) for iv in value)
+    return _Plan(h, w, value, keep, va, h * w - va)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tiny_index(shape: tuple, begin: int, end: int) -> np.ndarray:
+    """Flat C-order indices of every Value position in a tensor of `shape` (small tensors)."""
+    h, w = shape[-2], shape[-1]
+    y = np.arange(h).reshape(h, 1)
+    x = np.arange(w).reshape(1, w)
+    top = x - y
+    use = (end >= begin) ^ (top >= begin) ^ (top < end)
+    full = np.broadcast_to(use, shape)
+    idx = np.flatnonzero(full)
+    idx.setflags(write=False)
+    return idx
+
+
+@functools.lru_cache(maxsize=256)
+def _mask(kind: str, rows: int, cols: int, width: int = 0) -> np.ndarray:
+    """Block masks in unclipped coordinates (i = row in block, j = column from the window start).
+
+    'left':  j >= i          (the ragged start of an interval; window starts at p + y0)
+    'right': j <  i          (the ragged end;   window starts at q + y0)
+    'band':  i <= j < i + width   (a whole interval narrower than the block is tall)
+    """
+    i = np.arange(rows).reshape(rows, 1)
+    j = np.arange(cols).reshape(1, cols)
+    if kind == "left":
+        m = j >= i
+    elif kind == "right":
+        m = j < i
+    else:
+        m = (j >= i) & (j < i + width)
+    m.setflags(write=False)
+    return m
+
+
+# --------------------------------------------------------------------------------------------
+# low-level writers on 3-D (batch, H, W) views
+
+
+def _uniform_byte(v: np.ndarray) -> int | None:
+    """The byte value if every byte of scalar `v` is the same (0, -1, any uint8...), else None."""
+    raw = v.tobytes()
+    return raw[0] if raw.count(raw[0]) == len(raw) else None
+
+
+class _Writer:
+    """Writes constants or input blocks into a 3-D output view, using byte fills when possible."""
+
+    def __init__(self, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray):
+        self.o3 = o3
+        self.s3 = s3
+        self.v = v
+        self.zero = np.zeros((), o3.dtype)
+        self.o8 = None
+        if o3.strides[2] == o3.itemsize or o3.shape[2] == 1:
+            try:
+                self.o8 = o3.view(np.uint8)
+            except ValueError:
+                self.o8 = None
+        self.vbyte = _uniform_byte(v)
+
+    def const_for(self, source: str) -> np.ndarray:
+        return self.v if source == "value" else self.zero
+
+    def base(self, source: str, b0: int, b1: int, y0: int, y1: int) -> None:
+        o = self.o3
+        if source == "input":
+            np.copyto(o[b0:b1, y0:y1], self.s3[b0:b1, y0:y1])
+            return
+        byte = 0 if source == "zero" else self.vbyte
+        if byte is not None and self.o8 is not None:
+            self.o8[b0:b1, y0:y1].fill(byte)
+        else:
+            o[b0:b1, y0:y1].fill(self.const_for(source)[()])
+
+    def rect(self, source: str, b0, b1, y0, y1, c0, c1) -> None:
+        if c1 <= c0:
+            return
+        if source == "input":
+            np.copyto(self.o3[b0:b1, y0:y1, c0:c1], self.s3[b0:b1, y0:y1, c0:c1])
+            return
+        byte = 0 if source == "zero" else self.vbyte
+        if byte is not None and self.o8 is not None:
+            isz = self.o3.itemsize
+            self.o8[b0:b1, y0:y1, c0 * isz:c1 * isz].fill(byte)
+        else:
+            self.o3[b0:b1, y0:y1, c0:c1].fill(self.const_for(source)[()])
+
+    def masked(self, source: str, b0, b1, y0, y1, c0, mask: np.ndarray) -> None:
+        """Write `mask` (rows x cols, window starting at unclipped column c0), clipped to [0, W)."""
+        w = self.o3.shape[2]
+        cols = mask.shape[1]
+        lo, hi = max(c0, 0), min(c0 + cols, w)
+        if hi <= lo:
+            return
+        m = mask[: y1 - y0, lo - c0: hi - c0]
+        dst = self.o3[b0:b1, y0:y1, lo:hi]
+        if source == "input":
+            np.copyto(dst, self.s3[b0:b1, y0:y1, lo:hi], where=m)
+        else:
+            np.copyto(dst, self.const_for(source), where=m)
+
+    def diagonal(self, source: str, d: int) -> None:
+        """Write diagonal x - y == d of every matrix."""
+        _, h, w = self.o3.shape
+        y0 = max(0, -d)
+        n = min(h, w - d) - y0
+        if n <= 0:
+            return
+        dst = _diag_view(self.o3, y0, d, n)
+        if source == "input":
+            np.copyto(dst, _diag_view(self.s3, y0, d, n))
+        else:
+            dst[...] = self.const_for(source)
+
+
+def _diag_view(a3: np.ndarray, y0: int, d: int, n: int) -> np.ndarray:
+    sb, sh, sw = a3.strides
+    start = a3[:, y0:, y0 + d:]
+    return as_strided(start, shape=(a3.shape[0], n), strides=(sb, sh + sw),
+                      writeable=start.flags.writeable)
+
+
+def _overlay_block(wr: _Writer, source: str, p: int, q: int, b0, b1, y0, y1) -> None:
+    """Write topX in [p, q) for rows [y0, y1) of batches [b0, b1)."""
+    n = y1 - y0
+    w = wr.o3.shape[2]
+    if n == 1:
+        wr.rect(source, b0, b1, y0, y1, max(p + y0, 0), min(q + y0, w))
+        return
+    if q - p >= n - 1:
+        # left ragged end, shared rectangle, right ragged end
+        wr.masked(source, b0, b1, y0, y1, p + y0, _mask("left", n, n - 1))
+        wr.rect(source, b0, b1, y0, y1, max(p + y0 + n - 1, 0), min(q + y0, w))
+        wr.masked(source, b0, b1, y0, y1, q + y0, _mask("right", n, n - 1))
+    else:
+        wr.masked(source, b0, b1, y0, y1, p + y0, _mask("band", n, q - p + n - 1, q - p))
+
+
+def _block_grid(b: int, h: int, w: int, itemsize: int):
+    row_bytes = w * itemsize
+    if b * h * row_bytes <= BLOCK_BYTES:
+        return b, h
+    if b * row_bytes <= BLOCK_BYTES:
+        return b, max(1, BLOCK_BYTES // (b * row_bytes))
+    rows = max(1, BLOCK_BYTES // row_bytes)
+    rows = min(rows, h)
+    return max(1, BLOCK_BYTES // (rows * row_bytes)), rows
+
+
+def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
+    """The fast path on (batch, H, W) views."""
+    b, h, w = o3.shape
+    keep_source = "input" if s3 is not None else "zero"
+    wr = _Writer(o3, s3, v)
+    value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
+
+    if not value_iv or not keep_iv:
+        source = keep_source if not value_iv else "value"
+        bc, rc = _block_grid(b, h, w, o3.itemsize)
+        for b0 in range(0, b, bc):
+            for y0 in range(0, h, rc):
+                wr.base(source, b0, min(b, b0 + bc), y0, min(h, y0 + rc))
+        return
+
+    if s3 is None:
+        value_base = plan.value_area > plan.keep_area
+        if value_base and wr.vbyte is None and plan.keep_area * 4 > plan.value_area:
+            value_base = False  # a typed fill costs more than a memset of zeros
+    else:
+        value_base = plan.keep_area <= KEEP_FRACTION_FOR_CONST_BASE * h * w
+    if value_base:
+        base_source, overlay_source, overlays = "value", keep_source, keep_iv
+    else:
+        base_source, overlay_source, overlays = keep_source, "value", value_iv
+
+    narrow = [iv for iv in overlays if iv[1] - iv[0] <= NARROW]
+    wide = [iv for iv in overlays if iv[1] - iv[0] > NARROW]
+    bc, rc = _block_grid(b, h, w, o3.itemsize)
+    for b0 in range(0, b, bc):
+        b1 = min(b, b0 + bc)
+        for y0 in range(0, h, rc):
+            y1 = min(h, y0 + rc)
+            wr.base(base_source, b0, b1, y0, y1)
+            for p, q in wide:
+                _overlay_block(wr, overlay_source, p, q, b0, b1, y0, y1)
+    for p, q in narrow:
+        for d in range(max(p, -(h - 1)), min(q, w)):
+            wr.diagonal(overlay_source, d)
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+
+
+def _check_dtype(dtype: np.dtype) -> None:
+    if dtype not in _DTYPES:
+        raise DmlgraphError(f"dtype {dtype} is not a DIAGONAL_MATRIX1 type (float64/32/16, "
+                            "int64/32/16/8, uint64/32/16/8, or bool as uint8)")
+
+
+def _as3d(a: np.ndarray) -> np.ndarray | None:
+    """A (batch, H, W) view of `a` without copying, or None if its leading axes cannot collapse."""
+    if a.ndim == 3:
+        return a
+    if a.ndim == 2:
+        return a[None]
+    shape, strides = a.shape, a.strides
+    lead = [(n, s) for n, s in zip(shape[:-2], strides[:-2]) if n != 1]
+    for (n0, s0), (n1, s1) in zip(lead, lead[1:]):
+        if s0 != s1 * n1:
+            return None
+    batch = math.prod(shape[:-2])
+    bstride = lead[-1][1] if lead else 0
+    return as_strided(a, shape=(batch,) + shape[-2:], strides=(bstride,) + strides[-2:],
+                      writeable=a.flags.writeable)
+
+
+def diagonal_matrix1(shape, dtype, value, begin, end, input=None, out=None) -> np.ndarray:
+    """DIAGONAL_MATRIX1 on numpy arrays (see the module docstring for the semantics).
+
+    shape: output sizes (rank >= 2; leading axes are batch). dtype: one of the 11 DML types, or
+    bool (carried as uint8). value: cast like ``np.array(value, dtype)`` (-0.0, NaN payloads and
+    infinities kept). begin/end: Python ints (INT32_MIN/MAX included). input: optional array
+    broadcastable to `shape` (zero-stride views welcome). out: optional preallocated array of that
+    shape and dtype, may be non-contiguous; it is returned.
+    """
+    shape = tuple(shape)
+    dtype = np.dtype(dtype)
+    if out is None:
+        out = np.empty(shape, dtype)
+    elif out.shape != shape or out.dtype != dtype:
+        raise DmlgraphError(f"out has shape {out.shape} and dtype {out.dtype}; expected {shape} and {dtype}")
+    begin = operator.index(begin)
+    end = operator.index(end)
+    if dtype not in _DTYPES:
+        _check_dtype(dtype)
+    v = np.array(value, dtype)
+    if input is not None and (type(input) is not np.ndarray or input.shape != shape
+                              or input.dtype != dtype):
+        input = np.asarray(input)
+        if input.dtype != dtype:
+            input = input.astype(dtype)
+        input = np.broadcast_to(input, shape)
+    if out.size <= TINY_ELEMENTS:
+        if len(shape) < 2:
+            raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
+        if out.size == 0:
+            return out
+        idx = _tiny_index(shape, begin, end)
+        if input is None:
+            out.fill(0)
+        else:
+            np.copyto(out, input)
+        if idx.size:
+            out.flat[idx] = v
+        return out
+    if len(shape) < 2:
+        raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
+    if dtype == np.bool_:
+        o, s, vv = out.view(np.uint8), None if input is None else input.view(np.uint8), v.view(np.uint8)
+    else:
+        o, s, vv = out, input, v
+    plan = _plan(shape[-2], shape[-1], begin, end)
+    o3 = _as3d(o)
+    s3 = None if s is None else _as3d(s)
+    if o3 is not None and (s is None or s3 is not None):
+        _run3(o3, s3, vv, plan)
+    else:  # leading axes that cannot be collapsed into one batch axis: one matrix at a time
+        for idx in np.ndindex(*shape[:-2]):
+            _run3(o[idx][None], None if s is None else s[idx][None], vv, plan)
+    return out
+
+
+def diagonal_matrix1_reference(shape, dtype, value, begin, end, input=None) -> np.ndarray:
+    """The plain vectorized form of the pseudocode: np.where over an index grid."""
+    shape = tuple(shape)
+    dtype = np.dtype(dtype)
+    h, w = shape[-2], shape[-1]
+    top = np.arange(w, dtype=np.int64)[None, :] - np.arange(h, dtype=np.int64)[:, None]
+    use = (end >= begin) ^ (top >= begin) ^ (top < end)
+    other = np.zeros(shape, dtype) if input is None else np.broadcast_to(np.asarray(input, dtype), shape)
+    return np.where(use, np.array(value, dtype), other).astype(dtype, copy=False)
+
+
+def diagonal_matrix_value(value: float, dtype) -> np.ndarray:
+    """DIAGONAL_MATRIX's Value (a 32-bit FLOAT) as a scalar of `dtype`: integers truncate toward 0."""
+    dtype = np.dtype(dtype)
+    f = np.float32(value)
+    if dtype.kind == "f":
+        return np.array(f, dtype)
+    if not np.isfinite(f):
+        raise DmlgraphError(f"DIAGONAL_MATRIX Value {value!r} has no {dtype} equivalent")
+    t = math.trunc(float(f))
+    info = np.iinfo(dtype) if dtype.kind in "iu" else None
+    if info is not None and not info.min <= t <= info.max:
+        raise DmlgraphError(f"DIAGONAL_MATRIX Value {value!r} truncates to {t}, outside {dtype} "
+                            f"({info.min}..{info.max})")
+    return np.array(t, dtype)
+
+
+def diagonal_matrix(shape, dtype, offset, value=1.0, out=None) -> np.ndarray:
+    """DIAGONAL_MATRIX: out = value if y + offset == x else 0.
+
+    `value` is a FLOAT (rounded to float32 as DML carries it); integer outputs truncate it toward
+    zero (10.6 -> 10, -10.6 -> -10). Same as DIAGONAL_MATRIX1 with Begin=offset, End=offset+1.
+    """
+    dtype = np.dtype(dtype)
+    offset = operator.index(offset)
+    return diagonal_matrix1(shape, dtype, diagonal_matrix_value(value, dtype), offset, offset + 1,
+                            out=out)
+
+
+def run_desc(desc, output_buffer: np.ndarray, input_buffer: np.ndarray | None = None) -> np.ndarray:
+    """Run a DiagonalMatrix1Desc or DiagonalMatrixDesc on flat (C-contiguous) buffers.
+
+    The buffers are seen through the descs' sizes and strides (`dmlgraph.tensor.view`), so a
+    zero-stride input broadcasts and a padded output keeps its padding bytes untouched.
+    Returns the output view.
+    """
+    from dmlgraph.ops import DiagonalMatrix1Desc, DiagonalMatrixDesc
+    from dmlgraph.tensor import view
+
+    if isinstance(desc, DiagonalMatrixDesc):
+        desc.validate()
+        if input_buffer is not None:
+            raise DmlgraphError("DIAGONAL_MATRIX has no input tensor, but an input buffer was given")
+        o = _output_view(output_buffer, desc.output)
+        return diagonal_matrix(desc.output.sizes, o.dtype, desc.offset, desc.value, out=o)
+    if not isinstance(desc, DiagonalMatrix1Desc):
+        raise DmlgraphError(f"run_desc runs DIAGONAL_MATRIX1 or DIAGONAL_MATRIX descs, not {type(desc).__name__}")
+    desc.validate()
+    if (desc.input is None) != (input_buffer is None):
+        raise DmlgraphError("DIAGONAL_MATRIX1 input buffer given without an InputTensor desc"
+                            if desc.input is None else
+                            "DIAGONAL_MATRIX1 desc has an InputTensor but no input buffer was given")
+    o = _output_view(output_buffer, desc.output)
+    s = None if desc.input is None else view(input_buffer, desc.input)
+    return diagonal_matrix1(desc.output.sizes, o.dtype, desc.value.numpy_value, desc.begin, desc.end,
+                            input=s, out=o)
+
+
+def _output_view(buffer: np.ndarray, desc) -> np.ndarray:
+    from dmlgraph.tensor import view
+
+    o = view(buffer, desc)
+    if not o.flags.writeable:
+        raise DmlgraphError(f"OutputTensor strides {list(desc.effective_strides)} alias elements "
+                            "(a zero stride): an output cannot broadcast")
+    return o

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from dmlgraph.errors import DmlgraphError
+from dmlgraph.errors import DmlgraphError, ModelError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph
 from dmlgraph.modelfile import load_model, save_model, tensor_nbytes
@@ -19,7 +19,59 @@ from dmlgraph.rewrite import Options, PassManager, PassResult
 def load(path: str) -> tuple[onnx.ModelProto, Graph]:
     """Read a model safely (external data stays on disk) and import it."""
     model = load_model(path)
+    _check_opsets(model, path)
+    _check_utf8(model, path)
+    _check_value_types(model.graph, path)
     return model, import_model(model, os.path.dirname(os.path.abspath(path)))
+
+
+def _check_utf8(model: onnx.ModelProto, path: str) -> None:
+    """ONNX is proto2, so protobuf accepts string fields (names, dim_param, domains) that are not
+    valid UTF-8 and hands them back as bytes, which every later step would trip over."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+    stack: list = [model]
+    while stack:
+        msg = stack.pop()
+        for fd, val in msg.ListFields():
+            if fd.type == F.TYPE_STRING:
+                for x in (val if not isinstance(val, (str, bytes)) else [val]):
+                    if not isinstance(x, str):
+                        raise ModelError(f"{path} has a {msg.DESCRIPTOR.name}.{fd.name} that is not valid UTF-8 "
+                                         f"({x[:40]!r})", hint="the file is corrupt; re-export the model")
+            elif fd.type == F.TYPE_MESSAGE:
+                if hasattr(val, "ListFields"):
+                    stack.append(val)
+                else:
+                    stack.extend(val)
+
+
+_TENSOR_TYPES = frozenset(v for _, v in onnx.TensorProto.DataType.items())  # UNDEFINED (0): type unknown
+
+
+def _check_value_types(graph: onnx.GraphProto, path: str) -> None:
+    """Declared element types of inputs, outputs and value_info must be ONNX types (the checker lets
+    e.g. -1 through)."""
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if tt is not None and tt.elem_type not in _TENSOR_TYPES:
+            raise ModelError(f"{path}: value '{vi.name}' declares element type {tt.elem_type}, which is not "
+                             "an ONNX tensor type", hint="the model is corrupt; re-export it")
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _check_value_types(sub, path)
+
+
+def _check_opsets(model: onnx.ModelProto, path: str) -> None:
+    """Refuse opset versions the installed onnx does not know: the checker resolves an unknown newer
+    version to the newest schema it has, but the rules would then assume semantics the model may
+    not have (and onnxruntime refuses such a model anyway)."""
+    newest = onnx.defs.onnx_opset_version()
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and not 1 <= o.version <= newest:
+            raise ModelError(f"{path} imports default-domain (ai.onnx) opset {o.version}; this onnx knows "
+                             f"opsets 1 to {newest}",
+                             hint="re-export the model for a released opset, or upgrade onnx")
 
 
 def graph_stats(g: Graph) -> dict:
@@ -107,26 +159,105 @@ def parse_dims(items) -> dict[str, int]:
     return dims
 
 
-def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, default_dim: int = 4) -> dict:
-    """Random inputs from the graph's input types; symbolic dims from `dims` (else `default_dim`)."""
-    rng = np.random.default_rng(seed)
+# Generated inputs are refused above this many bytes in total (and any tensor above DirectML's
+# 2^32 - 1 elements), before anything is allocated: a declared [70000, 70000] float32 input would
+# otherwise ask numpy for 18 GiB. Real inputs (--inputs) are not limited.
+MAX_GENERATED_INPUT_BYTES = 1 << 30
+MAX_TENSOR_ELEMENTS = 2**32 - 1
+
+
+def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, default_dim: int = 4,
+                max_bytes: int = MAX_GENERATED_INPUT_BYTES) -> dict:
+    """Random inputs from the graph's input types; symbolic dims from `dims` (else `default_dim`).
+
+    Shapes are checked before any allocation: negative dims, a tensor of more than 2^32 - 1 elements
+    or more than `max_bytes` in all are refused with a DmlgraphError.
+    """
     dims = dims or {}
-    feeds = {}
+    hint = "give symbolic dims smaller sizes with --dim NAME=SIZE, or pass real inputs with --inputs IN.npz"
+    plan = []
+    total = 0
     for v in g.inputs:
         if v.elem_type is None or v.shape is None:
             raise DmlgraphError(f"input {v.name!r} has no known type or shape",
                                 hint="pass real inputs with --inputs IN.npz")
         shape = tuple(d if isinstance(d, int) else dims.get(d, default_dim) if d else default_dim
                       for d in v.shape)
-        dt = numpy_dtype(v.elem_type)
+        if any(d < 0 for d in shape):
+            raise DmlgraphError(f"input {v.name!r} has a negative dimension in its shape {list(shape)}",
+                                hint="the model is corrupt; re-export it, or pass real inputs with --inputs")
+        try:
+            dt = numpy_dtype(v.elem_type)
+        except Exception:  # noqa: BLE001 - an unknown or non-numeric ONNX type
+            raise DmlgraphError(f"cannot generate values for input {v.name!r} of ONNX type {v.elem_type}",
+                                hint="pass real inputs with --inputs IN.npz") from None
+        if dt.kind not in "biuf":
+            raise DmlgraphError(f"cannot generate values for input {v.name!r} of type {dt}",
+                                hint="pass real inputs with --inputs IN.npz")
+        n = 1
+        for d in shape:
+            n *= d
+        if n > MAX_TENSOR_ELEMENTS:
+            raise DmlgraphError(f"input {v.name!r} would have shape {list(shape)}: {n} elements, more than "
+                                f"a tensor can hold (2^32 - 1); refusing to generate it", hint=hint)
+        total += n * dt.itemsize
+        plan.append((v.name, shape, dt))
+    if total > max_bytes:
+        raise DmlgraphError(f"generated inputs would take {total / 2**30:.2f} GiB "
+                            f"({', '.join(f'{name} {list(shape)}' for name, shape, _ in plan)}); the limit "
+                            f"for generated inputs is {max_bytes / 2**30:.3g} GiB", hint=hint)
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, shape, dt in plan:
         if dt == np.bool_:
             arr = rng.random(shape) < 0.5
         elif np.issubdtype(dt, np.integer):
             arr = rng.integers(0, 4, shape).astype(dt)
         else:
             arr = rng.standard_normal(shape).astype(dt)
-        feeds[v.name] = arr
+        feeds[name] = arr
     return feeds
+
+
+def check_feeds(g: Graph, feeds: dict) -> None:
+    """User-supplied inputs must match the graph: names, dtypes, ranks, static and symbolic sizes.
+
+    Checked up front so a wrong file gets a message naming the input, instead of whatever the
+    first kernel that reads it says (or does).
+    """
+    names = [v.name for v in g.inputs]
+    hint = f"the model's inputs are {', '.join(names) or '(none)'}"
+    unknown = sorted(set(feeds) - set(names))
+    if unknown:
+        raise DmlgraphError(f"inputs file has names the model does not take: {', '.join(unknown)}", hint=hint)
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise DmlgraphError(f"inputs file is missing inputs: {', '.join(missing)}", hint=hint)
+    bound: dict[str, tuple[int, str]] = {}
+    for v in g.inputs:
+        arr = feeds[v.name]
+        if v.elem_type:
+            try:
+                want = numpy_dtype(v.elem_type)
+            except Exception:  # noqa: BLE001 - a type numpy cannot name: leave it to the runtime
+                want = None
+            if want is not None and arr.dtype != want:
+                raise DmlgraphError(f"input {v.name!r} is {arr.dtype}, the model declares {want}",
+                                    hint=f"convert it, e.g. arr.astype(numpy.{want})")
+        if v.shape is None:
+            continue
+        if arr.ndim != len(v.shape):
+            raise DmlgraphError(f"input {v.name!r} has rank {arr.ndim} (shape {list(arr.shape)}), the model "
+                                f"declares rank {len(v.shape)} ({list(v.shape)})")
+        for axis, (d, got) in enumerate(zip(v.shape, arr.shape)):
+            if isinstance(d, int) and d != got:
+                raise DmlgraphError(f"input {v.name!r} has shape {list(arr.shape)}, the model declares "
+                                    f"{list(v.shape)} (axis {axis} must be {d})")
+            if isinstance(d, str) and d:
+                if d in bound and bound[d][0] != got:
+                    raise DmlgraphError(f"symbolic dim {d!r} is {bound[d][0]} in input {bound[d][1]!r} but "
+                                        f"{got} in input {v.name!r}", hint="inputs sharing a dim name must agree")
+                bound.setdefault(d, (got, v.name))
 
 
 def load_inputs(path: str) -> dict[str, np.ndarray]:
@@ -140,7 +271,60 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
 
 
 def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np.ndarray]:
+    check_feeds(g, feeds)
     return Executor(g, threads).run(feeds)
+
+
+def check_output_path(path: str, model_path: str | None = None) -> None:
+    """Refuse an output path whose folder is missing, that is a directory, or that is the model."""
+    out = os.path.abspath(path)
+    folder = os.path.dirname(out)
+    if not os.path.isdir(folder):
+        raise DmlgraphError(f"cannot write {path}: the folder {folder} does not exist",
+                            hint="create the folder first or choose another output path")
+    if os.path.isdir(out):
+        raise DmlgraphError(f"cannot write {path}: it is a directory", hint="pass a file path for the output")
+    if model_path is not None and os.path.exists(out) and os.path.exists(model_path) \
+            and os.path.samefile(out, model_path):
+        raise DmlgraphError(f"refusing to overwrite the input model {model_path} with the outputs",
+                            hint="choose a different output path")
+
+
+def save_outputs(outputs: dict[str, np.ndarray], path: str, model_path: str | None = None) -> None:
+    """Write outputs as an .npz at exactly `path`, atomically (temp file beside it, then rename).
+
+    On any failure nothing is left behind and an existing file at `path` is untouched. Refuses a
+    missing folder, a directory, and the model file itself.
+    """
+    import tempfile
+    check_output_path(path, model_path)
+    out = os.path.abspath(path)
+    folder = os.path.dirname(out)
+    from dmlgraph.modelfile import _default_mode
+    try:
+        mode = os.stat(out).st_mode & 0o777
+    except OSError:
+        mode = _default_mode()
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(out)}.", suffix=".tmp")
+    except OSError as e:
+        raise DmlgraphError(f"cannot write {path}: {e.strerror or e}", hint="check permissions") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # mkstemp makes 0600; give it the mode a plain write would
+            np.savez(f, **outputs)  # a file object: numpy appends no .npz suffix
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise DmlgraphError(f"cannot write {path}: {e.strerror or e}",
+                                hint="check free space and permissions") from None
+        raise
 
 
 def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
@@ -189,7 +373,10 @@ def validate(path: str, options: Options | None = None, feeds: dict | None = Non
     """
     options = options or Options()
     _, original = load(path)
-    feeds = feeds if feeds is not None else make_inputs(original, dims, seed)
+    if feeds is not None:
+        check_feeds(original, feeds)
+    else:
+        feeds = make_inputs(original, dims, seed)
     _, lowered = load(path)
     result = optimize_graph(lowered, options)
     dml = [n for n in lowered.nodes.values() if isinstance(n, DmlNode)]

@@ -40,30 +40,25 @@ def cmd_optimize(args) -> int:
     from dmlgraph import api
     from dmlgraph.report import optimize_text
     result = api.optimize(args.model, _options(args), args.target, _progress(not args.json))
+    before_bytes = os.path.getsize(args.model)  # before an --in-place write replaces it
     size = api.write(result, args.output, args.model, args.in_place)
     result.report["output"] = args.output
-    result.report["before"]["file_bytes"] = os.path.getsize(args.model)
+    result.report["before"]["file_bytes"] = before_bytes
     result.report["after"]["file_bytes"] = size
     _emit(args, result.report, optimize_text(result.report))
     return EXIT_OK
 
 
 def cmd_run(args) -> int:
-    import numpy as np
-
     from dmlgraph import api
+    if args.output:
+        api.check_output_path(args.output, args.model)  # fail before a long run, not after
     _, g = api.load(args.model)
     feeds = api.load_inputs(args.inputs) if args.inputs else api.make_inputs(g, api.parse_dims(args.dim),
                                                                                args.seed)
-    unknown = sorted(set(feeds) - {v.name for v in g.inputs})
-    if unknown:
-        raise DmlgraphError(f"inputs file has names the model does not take: {', '.join(unknown)}",
-                            hint=f"the model's inputs are {', '.join(v.name for v in g.inputs)}")
-    outputs = api.run_graph(g, feeds, args.threads)
+    outputs = api.run_graph(g, feeds, args.threads)  # checks names, dtypes and shapes of the feeds
     if args.output:
-        tmp = args.output + ".partial.npz"
-        np.savez(tmp, **outputs)
-        os.replace(tmp, args.output)
+        api.save_outputs(outputs, args.output, args.model)  # atomic; exactly this name (no .npz added)
     payload = {"model": args.model, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
                                                 for k, v in outputs.items()}, "written": args.output}
     text = "\n".join(f"{k}: {v.dtype} {list(v.shape)}" for k, v in outputs.items())
@@ -118,8 +113,29 @@ def cmd_demo(args) -> int:
 
 
 # ---- parser ----------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse with dmlgraph's error format: one `dmlgraph: error:` line and a hint, exit 2."""
+
+    def error(self, message):
+        command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        self.exit(EXIT_USAGE, f"dmlgraph: error: {command}{message}\n  hint: see '{self.prog} --help'\n")
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{value} is less than {lo}")
+        return value
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dmlgraph", description="Lower diagonal-structured ONNX computations "
+    p = _Parser(prog="dmlgraph", description="Lower diagonal-structured ONNX computations "
                                 "(EyeLike, Trilu, causal/band masks) onto DirectML DIAGONAL_MATRIX1.",
                                 epilog="exit codes: 0 ok, 1 validation mismatch, 2 bad input, 3 internal error")
     p.add_argument("--version", action="version", version=f"dmlgraph {__version__}")
@@ -146,13 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by graph input name")
         sp.add_argument("--dim", action="append", metavar="NAME=SIZE",
                         help="size of a symbolic dim for generated inputs (repeatable)")
-        sp.add_argument("--seed", type=int, default=0, help="seed for generated inputs")
+        sp.add_argument("--seed", type=_int_at_least(0), default=0, help="seed for generated inputs")
 
     sp = sub.add_parser("run", help="run a model (original or lowered) with the executor")
     sp.add_argument("model")
     input_flags(sp)
     sp.add_argument("-o", "--output", metavar="OUT.npz", help="write outputs keyed by graph output name")
-    sp.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    sp.add_argument("--threads", type=_int_at_least(1), default=None, help="onnxruntime intra-op threads")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_run)
 
@@ -190,7 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error (already printed)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

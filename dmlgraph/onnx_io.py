@@ -316,6 +316,12 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
     value = const("value", np.array(n.value, dtype=np_dt))
     other = x.name if x is not None else const("other", np.zeros((), np_dt))
     result = _portable_select(use, value, other, n.elem_type, op, const)
+    if x is not None and shape is None and n.static_shape is None:
+        # The output is shaped like x and Where/And/Or already broadcast `use` ([H, W]) to it, so an
+        # Expand to Shape(x) would be a no-op; leaving it out also keeps re-optimizing a portable
+        # model from stacking one more Expand per round.
+        nodes[-1].output[0] = out
+        return nodes
     nodes.append(helper.make_node("Expand", [result, shape_name], [out]))
     return nodes
 

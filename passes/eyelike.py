@@ -14,14 +14,23 @@ from onnx import TensorProto
 from passes.common import lowering_reason, one_of, replace_node
 
 
+_TENSOR_TYPES = frozenset(v for _, v in TensorProto.DataType.items()) - {TensorProto.UNDEFINED}
+
+
 def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     if node.domain not in ("", "ai.onnx"):
         return None
     x = node.input(0)
     m = Match("eyelike", [node])
+    if x is None:
+        m.reason = "it has no input"
+        return m
     elem_type = node.attr("dtype") or x.elem_type
     if elem_type is None:
         m.reason = "the output type is unknown"
+        return m
+    if elem_type not in _TENSOR_TYPES:
+        m.reason = f"dtype {elem_type} is not an ONNX tensor type"
         return m
     # Any diagonal beyond +-(2^31 - 2) lies outside every matrix DML can hold, so the clamp is exact.
     k = min(max(int(node.attr("k", 0)), INT32_MIN + 1), INT32_MAX - 2)

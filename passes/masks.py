@@ -23,6 +23,8 @@ reason, never guessed.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -309,6 +311,32 @@ def _dim_sources(samples, dim_sets, inputs) -> list | None:
     return sources
 
 
+# A mask subgraph is proven by evaluating it, which materializes the mask (and onnxruntime's int64
+# intermediates of the same size). A static side above this, or a known output above
+# MAX_EVAL_ELEMENTS, is declined instead: a corrupt or absurd dim (70000, 2^40) must not make
+# optimize allocate gigabytes. 8192 positions (a 64M-element mask) still evaluate.
+MAX_EVAL_SIDE = 8192
+MAX_EVAL_ELEMENTS = 8192 * 8192
+
+
+def _too_big_to_evaluate(inputs: list[Value], target: Value) -> str | None:
+    """Why evaluating this mask subgraph could allocate too much (None: it is safe to evaluate).
+
+    With a static output shape its size decides; otherwise any static input dim could be a side of
+    the mask, so the largest one must be at most MAX_EVAL_SIDE.
+    """
+    if target.shape is not None and all(isinstance(d, int) for d in target.shape):
+        if math.prod(target.shape) > MAX_EVAL_ELEMENTS:
+            return (f"its output {list(target.shape)} is too large to evaluate to prove it "
+                    f"(limit {MAX_EVAL_ELEMENTS} elements)")
+        return None
+    sides = [d for v in inputs for d in v.shape if isinstance(d, int)]
+    if sides and max(sides) > MAX_EVAL_SIDE:
+        return (f"a dim of {max(sides)} feeds it; evaluating the mask to prove it is limited to "
+                f"{MAX_EVAL_SIDE} positions")
+    return None
+
+
 def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if not isinstance(node, OnnxNode) or node.op_type in SHAPE_OPS or node.op_type == "Constant":
         return None
@@ -329,6 +357,10 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     symbolic = sorted({d for v in inputs for d in (v.shape or ()) if not isinstance(d, int)}, key=str)
     if any(v.shape is None or None in v.shape for v in inputs):
         m.reason = "an input feeding the mask has an unknown shape"
+        return m
+    too_big = _too_big_to_evaluate(inputs, target)
+    if too_big:
+        m.reason = too_big
         return m
     if not symbolic:
         arr = _evaluate(graph, nodes, inputs, target, {})

@@ -20,6 +20,9 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
         return None
     x, k_in = node.input(0), node.input(1)
     m = Match("trilu", [node])
+    if x is None:
+        m.reason = "it has no input"
+        return m
     upper = int(node.attr("upper", 1))
     k, k_value = 0, None
     if k_in is not None:

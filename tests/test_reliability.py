@@ -1,0 +1,628 @@
+"""Issue 7: bad input gets a clear error, nothing is lost, nothing escapes.
+
+- A corpus of bad models goes through every command that takes a model (optimize, run, validate,
+  inspect), in-process through `cli.main` and, for a few, as a real `python -m dmlgraph` process.
+  Each gives exit 2, one `dmlgraph: error:` line naming the problem (optionally followed by a
+  `  hint:` line), and never a traceback.
+- Nothing is lost: the input model's folder is byte-identical after every command; writes are
+  atomic (a failure injected mid-write leaves no partial output, no temp file, and an existing
+  output untouched); `-o` equal to the input (any spelling, a symlink) is refused without --in-place.
+- Resource limits: generated inputs are refused before allocation above the documented limit.
+- Determinism and idempotence of optimize on the bundled models.
+- A seeded fuzz of mutated models through optimize and inspect: exit 0 or 2, never 3, never a hang.
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import fuzz_models
+from dmlgraph import api, cli, modelfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CAUSAL = os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")
+PY = sys.executable
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def vi(name, shape, t=T.FLOAT):
+    return h.make_tensor_value_info(name, t, shape)
+
+
+def model(nodes, inputs, outputs, inits=(), opset=18, opsets=None):
+    g = h.make_graph(nodes, "g", inputs, outputs, list(inits))
+    ops = opsets or [h.make_opsetid("", opset)]
+    return h.make_model(g, opset_imports=ops, ir_version=10)
+
+
+def save(m, path) -> str:
+    with open(path, "wb") as f:
+        f.write(m.SerializeToString())
+    return str(path)
+
+
+def tree_digest(folder) -> dict[str, str]:
+    """sha256 of every file under `folder` (symlinks by target name): a snapshot to compare."""
+    out = {}
+    for dirpath, _, files in os.walk(folder):
+        for fn in files:
+            p = os.path.join(dirpath, fn)
+            if os.path.islink(p):
+                out[p] = "link:" + os.readlink(p)
+            else:
+                with open(p, "rb") as f:
+                    out[p] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def run_cli(argv, capsys):
+    code = cli.main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def assert_clean_error(code, out, err, *words, exit_code=2):
+    """Exit `exit_code`, one `dmlgraph: error:` line (plus optional hint lines), no traceback."""
+    assert code == exit_code, f"exit {code}, expected {exit_code}\nstdout: {out}\nstderr: {err}"
+    assert "Traceback" not in out + err
+    lines = err.rstrip("\n").splitlines()
+    assert lines and lines[0].startswith("dmlgraph: error: "), err
+    assert all(line.startswith("  hint: ") for line in lines[1:]), f"extra stderr lines:\n{err}"
+    for w in words:
+        assert w.lower() in lines[0].lower(), f"{w!r} not in {lines[0]!r}"
+
+
+def assert_ok(code, out, err):
+    assert code == 0, f"exit {code}\nstdout: {out}\nstderr: {err}"
+    assert "Traceback" not in out + err
+
+
+# ---- the bad-model corpus ------------------------------------------------------------------------
+# Each case: name -> (builder(folder) -> model path, words the error must contain). Every command
+# that takes a model must refuse it with exit 2.
+def _external(folder, location, write_file=True):
+    if write_file:
+        with open(os.path.join(folder, "w.bin"), "wb") as f:
+            f.write(np.arange(6, dtype=np.float32).tobytes())
+    t = T()
+    t.name, t.data_type, t.data_location = "w", T.FLOAT, T.EXTERNAL
+    t.dims.extend([2, 3])
+    for k, v in (("location", location), ("offset", "0"), ("length", "24")):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    m = model([h.make_node("Add", ["x", "w"], ["y"])], [vi("x", [2, 3])], [vi("y", [2, 3])], [t])
+    return save(m, os.path.join(folder, "m.onnx"))
+
+
+def _symlink_out(folder):
+    outside = os.path.join(os.path.dirname(folder), os.path.basename(folder) + "_secret.bin")
+    with open(outside, "wb") as f:
+        f.write(np.arange(6, dtype=np.float32).tobytes())
+    os.symlink(outside, os.path.join(folder, "link.bin"))
+    return _external(folder, "link.bin", write_file=False)
+
+
+def _relu(folder, nodes, inputs=None, outputs=None, inits=(), **kw):
+    m = model(nodes, inputs or [vi("x", [2, 3])], outputs or [vi("y", [2, 3])], inits, **kw)
+    return save(m, os.path.join(folder, "m.onnx"))
+
+
+def _short_initializer(folder):
+    w = numpy_helper.from_array(np.zeros((2, 3), np.float32), "w")
+    w.raw_data = w.raw_data[:12]
+    return _relu(folder, [h.make_node("Add", ["x", "w"], ["y"])], inits=[w])
+
+
+def _negative_dim(folder):
+    w = T()
+    w.name, w.data_type = "w", T.FLOAT
+    w.dims.extend([-1, 3])
+    return _relu(folder, [h.make_node("Add", ["x", "w"], ["y"])], inits=[w])
+
+
+def _random_bytes(folder):
+    p = os.path.join(folder, "m.onnx")
+    with open(p, "wb") as f:
+        f.write(random.Random(7).randbytes(4096))
+    return p
+
+
+def _truncated(folder):
+    with open(CAUSAL, "rb") as f:
+        data = f.read()
+    p = os.path.join(folder, "m.onnx")
+    with open(p, "wb") as f:
+        f.write(data[:len(data) // 2 + 1])
+    return p
+
+
+def _empty(folder):
+    p = os.path.join(folder, "m.onnx")
+    open(p, "wb").close()
+    return p
+
+
+BAD_MODELS = {
+    "missing": (lambda d: os.path.join(d, "nope.onnx"), ["not found", "nope.onnx"]),
+    "empty": (_empty, ["empty"]),
+    "random_bytes": (_random_bytes, ["not a valid ONNX model"]),
+    "truncated": (_truncated, ["not a valid ONNX model"]),
+    "directory": (lambda d: d, ["directory"]),
+    "checker_fails": (lambda d: _relu(d, [h.make_node("Add", ["x"], ["y"])]), ["ONNX checker"]),
+    "cycle": (lambda d: _relu(d, [h.make_node("Add", ["x", "b"], ["a"], name="A"),
+                                 h.make_node("Relu", ["a"], ["b"], name="B"),
+                                 h.make_node("Identity", ["b"], ["y"])]), ["cycle"]),
+    "dangling_input": (lambda d: _relu(d, [h.make_node("Add", ["x", "ghost"], ["y"])]), ["dangling", "ghost"]),
+    "unknown_op_default_domain": (lambda d: _relu(d, [h.make_node("Foo", ["x"], ["y"])]), ["Foo"]),
+    "unknown_domain_no_opset": (lambda d: _relu(d, [h.make_node("Foo", ["x"], ["y"], domain="com.example")]),
+                                ["com.example"]),
+    "unknown_opset_version": (lambda d: _relu(d, [h.make_node("Relu", ["x"], ["y"])], opset=999), ["opset 999"]),
+    "short_initializer": (_short_initializer, ["raw_data", "shorter"]),
+    "external_absolute": (lambda d: _external(d, "/etc/passwd"), ["absolute"]),
+    "external_dotdot": (lambda d: _external(d, "../w.bin"), [".."]),
+    "external_symlink_out": (_symlink_out, ["outside"]),
+    "external_missing": (lambda d: _external(d, "gone.bin"), ["missing", "gone.bin"]),
+    "negative_initializer_dim": (_negative_dim, ["negative"]),
+}
+
+
+def _commands(path, folder):
+    out = os.path.join(folder, "out.onnx")
+    return {"optimize": ["optimize", path, "-o", out], "run": ["run", path],
+            "validate": ["validate", path], "inspect": ["inspect", path]}
+
+
+@pytest.mark.parametrize("command", ["optimize", "run", "validate", "inspect"])
+@pytest.mark.parametrize("case", sorted(BAD_MODELS))
+def test_bad_model_corpus(case, command, tmp_path, capsys):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    build, words = BAD_MODELS[case]
+    path = build(str(folder))
+    before = tree_digest(tmp_path)
+    code, out, err = run_cli(_commands(path, str(folder))[command], capsys)
+    assert_clean_error(code, out, err, *words)
+    assert tree_digest(tmp_path) == before, "a failed command changed or left files"
+
+
+@pytest.mark.parametrize("case,command", [("truncated", "optimize"), ("cycle", "run"),
+                                          ("external_dotdot", "validate"), ("random_bytes", "inspect")])
+def test_bad_model_subprocess(case, command, tmp_path):
+    """The real interpreter: exit 2, one error line on stderr, no traceback, no crash (signal)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    build, words = BAD_MODELS[case]
+    path = build(str(folder))
+    proc = subprocess.run([PY, "-m", "dmlgraph", *_commands(path, str(folder))[command]],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert_clean_error(proc.returncode, proc.stdout, proc.stderr, *words)
+
+
+# ---- models that are valid but unusual: clear outcomes per command -------------------------------
+def _custom_op_model(folder):
+    """A node in an unknown custom domain (declared in opset_import): the checker allows it."""
+    m = model([h.make_node("Relu", ["x"], ["a"]), h.make_node("Foo", ["a"], ["b"], domain="com.example"),
+               h.make_node("Trilu", ["b"], ["y"], upper=0)], [vi("x", [4, 4])], [vi("y", [4, 4])],
+              opsets=[h.make_opsetid("", 18), h.make_opsetid("com.example", 1)])
+    return save(m, os.path.join(folder, "custom.onnx"))
+
+
+def test_unknown_custom_op_passes_through_optimize(tmp_path, capsys):
+    path = _custom_op_model(str(tmp_path))
+    out = tmp_path / "out.onnx"
+    code, o, e = run_cli(["optimize", path, "-o", out, "--target", "onnx"], capsys)
+    assert_ok(code, o, e)
+    written = onnx.load(str(out))
+    onnx.checker.check_model(written)
+    assert [(n.domain, n.op_type) for n in written.graph.node if n.domain] == [("com.example", "Foo")]
+    code, o, e = run_cli(["inspect", path], capsys)
+    assert_ok(code, o, e)
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_unknown_custom_op_cannot_run(command, tmp_path, capsys):
+    path = _custom_op_model(str(tmp_path))
+    code, o, e = run_cli([command, path], capsys)
+    assert_clean_error(code, o, e, "Foo")
+
+
+def test_trilu_zero_size_is_declined_not_crashed(tmp_path, capsys):
+    path = save(model([h.make_node("Trilu", ["x"], ["y"])], [vi("x", [0, 5])], [vi("y", [0, 5])]),
+                tmp_path / "z.onnx")
+    code, o, e = run_cli(["optimize", path, "-o", tmp_path / "out.onnx", "--json"], capsys)
+    assert_ok(code, o, e)
+    assert "zero-size" in o
+    for command in (["run", path], ["validate", path], ["inspect", path]):
+        code, o, e = run_cli(command, capsys)
+        assert_ok(code, o, e)
+
+
+@pytest.mark.parametrize("k", [np.array(1.0, np.float32), np.array([1, 2], np.int64)], ids=["float", "int64x2"])
+def test_trilu_bad_k_declined_and_run_refused(k, tmp_path, capsys):
+    path = save(model([h.make_node("Trilu", ["x", "k"], ["y"])], [vi("x", [4, 4])], [vi("y", [4, 4])],
+                      [numpy_helper.from_array(k, "k")]), tmp_path / "k.onnx")
+    code, o, e = run_cli(["optimize", path, "-o", tmp_path / "out.onnx", "--json"], capsys)
+    assert_ok(code, o, e)
+    assert "k is not an integer scalar" in o
+    code, o, e = run_cli(["inspect", path], capsys)
+    assert_ok(code, o, e)
+    for command in ("run", "validate"):
+        code, o, e = run_cli([command, path], capsys)
+        assert_clean_error(code, o, e, "onnxruntime")
+
+
+# ---- resource limits -----------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,words", [([70000, 70000], ["4900000000 elements"]),
+                                         ([2**40, 4], ["elements"]),
+                                         (["n", 1024, 1024], ["GiB"])], ids=["70k^2", "2^40", "dim"])
+def test_generated_inputs_refused_before_allocation(shape, words, tmp_path, capsys):
+    path = save(model([h.make_node("Trilu", ["x"], ["y"])], [vi("x", shape)], [vi("y", shape)]),
+                tmp_path / "big.onnx")
+    dim = ["--dim", "n=512"]
+    for command in ("run", "validate"):
+        t0 = time.perf_counter()
+        code, o, e = run_cli([command, path, *dim], capsys)
+        assert_clean_error(code, o, e, *words)
+        assert "--dim" in e and "--inputs" in e
+        assert time.perf_counter() - t0 < 5
+    code, o, e = run_cli(["optimize", path, "-o", tmp_path / "out.onnx"], capsys)
+    assert_ok(code, o, e)  # a desc over the DML limit is declined, nothing is allocated
+
+
+def test_make_inputs_limit_is_documented_and_overridable():
+    _, g = api.load(CAUSAL)
+    with pytest.raises(api.DmlgraphError, match="GiB"):
+        api.make_inputs(g, {"seq": 2**20, "batch": 64})
+    feeds = api.make_inputs(g, {"seq": 8, "batch": 1}, max_bytes=4096)
+    assert feeds["q"].shape == (1, 2, 8, 8)
+    with pytest.raises(api.DmlgraphError):
+        api.make_inputs(g, {"seq": 64, "batch": 1}, max_bytes=4096)
+
+
+def test_negative_declared_dim_refused(tmp_path, capsys):
+    m = model([h.make_node("Relu", ["x"], ["y"])], [vi("x", [2, 3])], [vi("y", [2, 3])])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -3
+    path = save(m, tmp_path / "neg.onnx")
+    code, o, e = run_cli(["run", path], capsys)
+    assert code == 2 and "Traceback" not in o + e, e
+
+
+# ---- bad CLI values ------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,words", [
+    (["optimize", CAUSAL, "-o", "{tmp}/o.onnx", "--feature-level", "9_9"], ["feature level"]),
+    (["validate", CAUSAL, "--feature-level", "banana"], ["feature level"]),
+    (["inspect", CAUSAL, "--feature-level", "9_9"], ["feature level"]),
+    (["run", CAUSAL, "--dim", "bad"], ["NAME=SIZE"]),
+    (["validate", CAUSAL, "--dim", "seq=-1"], ["NAME=SIZE"]),
+    (["run", CAUSAL, "--inputs", "{tmp}/missing.npz"], ["missing.npz"]),
+    (["run", CAUSAL, "--inputs", CAUSAL], ["cannot read inputs"]),
+    (["run", CAUSAL, "--seed", "-1"], ["--seed"]),
+    (["run", CAUSAL, "--seed", "abc"], ["--seed"]),
+    (["run", CAUSAL, "--threads", "0"], ["--threads"]),
+    (["optimize", CAUSAL], ["--output"]),
+    (["optimize", CAUSAL, "-o", "{tmp}/o.onnx", "--target", "tpu"], ["--target"]),
+    (["frobnicate"], ["frobnicate"]),
+    (["optimize", CAUSAL, "-o", "{tmp}/no/such/dir/o.onnx"], ["does not exist"]),
+    (["optimize", CAUSAL, "-o", "{tmp}"], ["directory"]),
+    (["run", CAUSAL, "-o", "{tmp}/no/such/dir/o.npz"], ["does not exist"]),
+    (["run", CAUSAL, "-o", "{tmp}"], ["directory"]),
+    (["run", CAUSAL, "-o", CAUSAL], ["input model"]),
+], ids=lambda x: "_".join(x)[:60] if isinstance(x, list) else None)
+def test_bad_cli_values(argv, words, tmp_path, capsys):
+    before = tree_digest(os.path.dirname(CAUSAL))
+    code, o, e = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert_clean_error(code, o, e, *words)
+    assert os.listdir(tmp_path) == []
+    assert tree_digest(os.path.dirname(CAUSAL)) == before
+
+
+def _npz(tmp_path, **arrays):
+    p = tmp_path / "in.npz"
+    np.savez(p, **arrays)
+    return str(p)
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+@pytest.mark.parametrize("arrays,words", [
+    ({"q": np.zeros((1, 2, 4, 8), np.float32), "k": np.zeros((1, 2, 4, 8), np.float32),
+      "v": np.zeros((1, 2, 4, 8), np.float32), "extra": np.zeros(1)}, ["extra"]),
+    ({"q": np.zeros((1, 2, 4, 8), np.float32), "k": np.zeros((1, 2, 4, 8), np.float32)}, ["missing", "v"]),
+    ({"q": np.zeros((1, 2, 4, 8), np.float64), "k": np.zeros((1, 2, 4, 8), np.float32),
+      "v": np.zeros((1, 2, 4, 8), np.float32)}, ["'q'", "float64", "float32"]),
+    ({"q": np.zeros((1, 2, 4, 7), np.float32), "k": np.zeros((1, 2, 4, 8), np.float32),
+      "v": np.zeros((1, 2, 4, 8), np.float32)}, ["'q'", "shape"]),
+    ({"q": np.zeros((2, 4, 8), np.float32), "k": np.zeros((1, 2, 4, 8), np.float32),
+      "v": np.zeros((1, 2, 4, 8), np.float32)}, ["'q'", "rank"]),
+    ({"q": np.zeros((1, 2, 4, 8), np.float32), "k": np.zeros((1, 2, 5, 8), np.float32),
+      "v": np.zeros((1, 2, 4, 8), np.float32)}, ["seq"]),
+], ids=["extra_name", "missing_name", "dtype", "static_dim", "rank", "symbolic_dim_conflict"])
+def test_bad_npz_inputs(command, arrays, words, tmp_path, capsys):
+    code, o, e = run_cli([command, CAUSAL, "--inputs", _npz(tmp_path, **arrays)], capsys)
+    assert_clean_error(code, o, e, *words)
+
+
+def test_good_npz_inputs_run(tmp_path, capsys):
+    arrays = {n: np.ones((1, 2, 4, 8), np.float32) for n in "qkv"}
+    code, o, e = run_cli(["run", CAUSAL, "--inputs", _npz(tmp_path, **arrays)], capsys)
+    assert_ok(code, o, e)
+
+
+def test_argparse_errors_in_a_real_process(tmp_path):
+    proc = subprocess.run([PY, "-m", "dmlgraph", "run", CAUSAL, "--seed", "x"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert_clean_error(proc.returncode, proc.stdout, proc.stderr, "--seed")
+
+
+# ---- nothing is lost -----------------------------------------------------------------------------
+def _copy_causal(folder) -> str:
+    p = os.path.join(folder, "model.onnx")
+    with open(CAUSAL, "rb") as src, open(p, "wb") as dst:
+        dst.write(src.read())
+    return p
+
+
+def test_every_command_leaves_the_input_untouched(tmp_path, capsys):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    path = _copy_causal(str(folder))
+    before = tree_digest(folder)
+    for argv in (["optimize", path, "-o", tmp_path / "a.onnx"],
+                 ["optimize", path, "-o", tmp_path / "b.onnx", "--target", "onnx"],
+                 ["run", path, "-o", tmp_path / "r.npz"], ["validate", path], ["inspect", path],
+                 ["inspect", path, "--json"], ["validate", path, "--exact"]):
+        code, o, e = run_cli(argv, capsys)
+        assert_ok(code, o, e)
+        assert tree_digest(folder) == before, argv
+
+
+def _fail_write(monkeypatch, after_bytes=10):
+    """Make modelfile's write seam fail after `after_bytes` bytes reached the temp file."""
+    real = modelfile._write_bytes
+
+    def broken(f, data):
+        real(f, data[:after_bytes])
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(modelfile, "_write_bytes", broken)
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new_output", "existing_output"])
+def test_optimize_failure_mid_write_leaves_nothing(existing, tmp_path, capsys, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    path = _copy_causal(str(src))
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "lowered.onnx"
+    if existing:
+        target.write_bytes(b"previous output")
+    before_src, before_out = tree_digest(src), tree_digest(out)
+    _fail_write(monkeypatch)
+    code, o, e = run_cli(["optimize", path, "-o", target], capsys)
+    assert_clean_error(code, o, e, "cannot write", "No space left")
+    assert tree_digest(out) == before_out  # no partial file, no temp file, old output intact
+    assert tree_digest(src) == before_src
+
+
+def test_optimize_serialization_failure_leaves_nothing(tmp_path, capsys, monkeypatch):
+    path = _copy_causal(str(tmp_path))
+    before = tree_digest(tmp_path)
+
+    def boom(self, *a, **k):
+        raise ValueError("serialization exploded")
+    monkeypatch.setattr(onnx.ModelProto, "SerializeToString", boom)
+    code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx"], capsys)
+    assert code in (2, 3) and "Traceback" not in o + e
+    monkeypatch.undo()
+    assert tree_digest(tmp_path) == before
+
+
+def test_optimize_interrupted_mid_write_leaves_nothing(tmp_path, capsys, monkeypatch):
+    path = _copy_causal(str(tmp_path))
+    before = tree_digest(tmp_path)
+
+    def interrupted(f, data):
+        f.write(data[:5])
+        raise KeyboardInterrupt
+    monkeypatch.setattr(modelfile, "_write_bytes", interrupted)
+    code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx"], capsys)
+    assert code == 130 and "Traceback" not in o + e
+    assert tree_digest(tmp_path) == before
+
+
+def test_output_equal_to_input_refused_in_every_spelling(tmp_path, capsys):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    path = _copy_causal(str(folder))
+    os.symlink(path, tmp_path / "alias.onnx")
+    before = tree_digest(folder)
+    spellings = [path, os.path.join(str(folder), ".", "model.onnx"),
+                 os.path.join(str(folder), "..", "m", "model.onnx"), str(tmp_path / "alias.onnx")]
+    for spelling in spellings:
+        code, o, e = run_cli(["optimize", path, "-o", spelling], capsys)
+        assert_clean_error(code, o, e, "refusing to overwrite the input")
+        assert "--in-place" in e
+    # relative spelling from the model's folder
+    old = os.getcwd()
+    os.chdir(folder)
+    try:
+        code, o, e = run_cli(["optimize", "model.onnx", "-o", "./model.onnx"], capsys)
+        assert_clean_error(code, o, e, "refusing to overwrite the input")
+    finally:
+        os.chdir(old)
+    assert tree_digest(folder) == before
+
+
+def test_in_place_replaces_the_input(tmp_path, capsys):
+    path = _copy_causal(str(tmp_path))
+    with open(path, "rb") as f:
+        original = f.read()
+    code, o, e = run_cli(["optimize", path, "-o", path, "--in-place", "--json"], capsys)
+    assert_ok(code, o, e)
+    with open(path, "rb") as f:
+        rewritten = f.read()
+    assert rewritten != original
+    onnx.checker.check_model(onnx.load(path))
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
+    import json
+    report = json.loads(o)
+    assert report["before"]["file_bytes"] == len(original)
+    assert report["after"]["file_bytes"] == len(rewritten)
+
+
+def test_run_output_is_atomic(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "o"
+    folder.mkdir()
+    (folder / "out.npz").write_bytes(b"previous")
+    before = tree_digest(folder)
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(np, "savez", boom)
+    code, o, e = run_cli(["run", CAUSAL, "-o", folder / "out.npz"], capsys)
+    assert_clean_error(code, o, e, "cannot write", "No space left")
+    monkeypatch.undo()
+    assert tree_digest(folder) == before
+
+
+@pytest.mark.parametrize("name", ["out.npz", "out", "out.partial"])
+def test_run_output_written_exactly_where_asked(name, tmp_path, capsys):
+    code, o, e = run_cli(["run", CAUSAL, "-o", tmp_path / name], capsys)
+    assert_ok(code, o, e)
+    assert os.listdir(tmp_path) == [name]  # np.savez would append .npz to a bare name; we do not
+    with np.load(tmp_path / name) as data:
+        assert sorted(data.files) == ["attn", "scores_plus_eye"]
+
+
+# ---- determinism and idempotence -----------------------------------------------------------------
+def _models():
+    found = sorted(glob.glob(os.path.join(ROOT, "models", "**", "*.onnx"), recursive=True))
+    return [os.path.relpath(p, ROOT) for p in found]
+
+
+def _ops(path) -> collections.Counter:
+    m = onnx.load(str(path))
+    return collections.Counter((n.domain, n.op_type) for n in m.graph.node)
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+@pytest.mark.parametrize("rel", _models())
+def test_optimize_is_deterministic_and_idempotent(rel, target, tmp_path, capsys):
+    import json
+    path = os.path.join(ROOT, rel)
+    outs = []
+    for name in ("a.onnx", "b.onnx"):
+        code, o, e = run_cli(["optimize", path, "-o", tmp_path / name, "--target", target], capsys)
+        assert_ok(code, o, e)
+        outs.append((tmp_path / name).read_bytes())
+    assert outs[0] == outs[1], "same input and options gave different bytes"
+    code, o, e = run_cli(["optimize", tmp_path / "a.onnx", "-o", tmp_path / "c.onnx", "--target", target,
+                          "--json"], capsys)
+    assert_ok(code, o, e)
+    if target == "dml":
+        assert sum(json.loads(o)["rewrites"].values()) == 0, "optimizing an optimized model rewrote it"
+        assert (tmp_path / "c.onnx").read_bytes() == outs[0], "optimizing an optimized model changed it"
+    else:
+        # The portable target writes standard ops (a Trilu, or the pseudocode form) that the rules
+        # rightly find again. Known gap (see test_portable_reoptimize_is_byte_identical): the second
+        # round may spell them differently. What must hold: a valid model that does not grow.
+        c = tmp_path / "c.onnx"
+        onnx.checker.check_model(onnx.load(str(c)))
+        assert c.stat().st_size <= len(outs[0]) + 256, "re-optimizing a portable model grew it"
+        assert _ops(c)[("", "Expand")] <= _ops(tmp_path / "a.onnx")[("", "Expand")]
+
+
+@pytest.mark.xfail(strict=True, reason="known: re-lowering a portable model gives helper values fresh names "
+                   "that collide with the previous round's (eye__axis -> eye__axis__1), so the bytes "
+                   "alternate between two spellings of the same graph")
+def test_portable_reoptimize_is_byte_identical(tmp_path, capsys):
+    run_cli(["optimize", CAUSAL, "-o", tmp_path / "a.onnx", "--target", "onnx"], capsys)
+    run_cli(["optimize", tmp_path / "a.onnx", "-o", tmp_path / "c.onnx", "--target", "onnx"], capsys)
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "c.onnx").read_bytes()
+
+
+# ---- fuzz ----------------------------------------------------------------------------------------
+FUZZ_SEED = 20240607
+FUZZ_CASES = 2000
+FUZZ_FILE_SEEDS = ["models/synthetic/causal_attention.onnx", "models/eye_static8_ts.onnx",
+                   "models/trilu_offsets_ts.onnx", "models/band_w2_ts.onnx"]
+CASE_BUDGET_S = 5.0
+TOTAL_BUDGET_S = 40.0
+
+
+class _Timeout(BaseException):  # not an Exception: no `except Exception` on the way may swallow it
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout
+
+
+def test_fuzz_mutated_models(tmp_path, capsys):
+    """Mutated models through optimize and inspect: exit 0 (a loadable, checked output) or 2; never 3."""
+    seeds = fuzz_models.seed_models()
+    for rel in FUZZ_FILE_SEEDS:  # small exported models, when present
+        p = os.path.join(ROOT, rel)
+        if os.path.exists(p):
+            seeds[os.path.basename(rel)] = onnx.load(p)
+    rng = random.Random(FUZZ_SEED)
+    outcomes: collections.Counter = collections.Counter()
+    failures = []
+    old = signal.signal(signal.SIGALRM, _alarm)
+    start = time.perf_counter()
+    try:
+        for i in range(FUZZ_CASES):
+            name = rng.choice(sorted(seeds))
+            data, what = fuzz_models.mutate(seeds[name], rng)
+            path = tmp_path / f"case{i}.onnx"
+            path.write_bytes(data)
+            out = tmp_path / f"case{i}.out.onnx"
+            for command in (["optimize", path, "-o", out], ["inspect", path, "--json"]):
+                t0 = time.perf_counter()
+                signal.setitimer(signal.ITIMER_REAL, CASE_BUDGET_S)
+                try:
+                    code, o, e = run_cli(command, capsys)
+                except _Timeout:
+                    code, o, e = "hang", "", ""
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                outcomes[(command[0], code)] += 1
+                label = f"case {i} ({name}: {what}) {command[0]}"
+                if code == 0 and command[0] == "optimize":
+                    try:
+                        onnx.checker.check_model(onnx.load(str(out)))
+                    except Exception as exc:  # noqa: BLE001
+                        failures.append(f"{label}: wrote a model that fails the checker: {exc}")
+                elif code == 2:
+                    if not e.startswith("dmlgraph: error: ") or "Traceback" in o + e:
+                        failures.append(f"{label}: unclear error: {e!r}")
+                elif code != 0:
+                    failures.append(f"{label}: exit {code}: {e.strip()[:300]}")
+                if time.perf_counter() - t0 > CASE_BUDGET_S:
+                    failures.append(f"{label}: took {time.perf_counter() - t0:.1f}s")
+                if out.exists():
+                    out.unlink()
+            path.unlink()
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    elapsed = time.perf_counter() - start
+    summary = ", ".join(f"{cmd} exit {code}: {n}" for (cmd, code), n in sorted(outcomes.items(), key=str))
+    print(f"\nfuzz: {FUZZ_CASES} mutated models of {len(seeds)} seeds x 2 commands in {elapsed:.1f}s: {summary}")
+    assert not failures, "\n".join(failures[:20])
+    assert elapsed < TOTAL_BUDGET_S
+    assert os.listdir(tmp_path) == []  # nothing left behind (no temp files)
+    # The fuzz must exercise both outcomes, or it is testing nothing.
+    assert outcomes[("optimize", 0)] > 20 and outcomes[("optimize", 2)] > 20

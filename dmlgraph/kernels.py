@@ -59,9 +59,12 @@ __all__ = [
 TINY_ELEMENTS = 1024  # at most this many elements: flat-index path
 BLOCK_BYTES = 512 * 1024  # rows written per block (base then overlays, while in cache)
 NARROW = 16  # overlays at most this many diagonals wide go through diagonal views
-# With an input, a constant base (input read only where kept) is chosen when the kept area is at
-# most this fraction of the matrix; above it the input is copied whole and the value overlaid.
-KEEP_FRACTION_FOR_CONST_BASE = 0.55
+OVERLAY_ROWS = 256  # rows per overlay step: the ragged ends are skewed views of this many rows
+MASK_ROWS = 8  # ragged ends of at most this many rows near a matrix edge use cached masks
+SQUARE_BYTES = 1024 * 1024
+MIN_BLOCK_ROWS = 32
+TEMPLATE_BYTES = 8 * 1024 * 1024  # batched matrices up to this size use a cached template
+TEMPLATE_CACHE_BYTES = 64 * 1024 * 1024
 
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float64", "float32", "float16", "int64", "int32", "int16", "int8",
@@ -170,20 +173,24 @@ class _Writer:
             except ValueError:
                 self.o8 = None
         self.vbyte = _uniform_byte(v)
+        # skewed views (row stride + one column) are built straight on the memory of a
+        # C-contiguous output; other outputs take the mask path for ragged ends
+        self.skewable = o3.flags.c_contiguous
+        sb, sh, sw = o3.strides
+        self.skew_strides = (sb, sh + sw, sw)
 
-    def const_for(self, source: str) -> np.ndarray:
-        return self.v if source == "value" else self.zero
+    def const_for(self, source: str):
+        return (self.v if source == "value" else self.zero)[()]
 
     def base(self, source: str, b0: int, b1: int, y0: int, y1: int) -> None:
-        o = self.o3
         if source == "input":
-            np.copyto(o[b0:b1, y0:y1], self.s3[b0:b1, y0:y1])
+            np.copyto(self.o3[b0:b1, y0:y1], self.s3[b0:b1, y0:y1])
             return
         byte = 0 if source == "zero" else self.vbyte
         if byte is not None and self.o8 is not None:
             self.o8[b0:b1, y0:y1].fill(byte)
         else:
-            o[b0:b1, y0:y1].fill(self.const_for(source)[()])
+            self.o3[b0:b1, y0:y1].fill(self.const_for(source))
 
     def rect(self, source: str, b0, b1, y0, y1, c0, c1) -> None:
         if c1 <= c0:
@@ -196,7 +203,7 @@ class _Writer:
             isz = self.o3.itemsize
             self.o8[b0:b1, y0:y1, c0 * isz:c1 * isz].fill(byte)
         else:
-            self.o3[b0:b1, y0:y1, c0:c1].fill(self.const_for(source)[()])
+            self.o3[b0:b1, y0:y1, c0:c1].fill(self.const_for(source))
 
     def masked(self, source: str, b0, b1, y0, y1, c0, mask: np.ndarray) -> None:
         """Write `mask` (rows x cols, window starting at unclipped column c0), clipped to [0, W)."""
@@ -211,6 +218,22 @@ class _Writer:
             np.copyto(dst, self.s3[b0:b1, y0:y1, lo:hi], where=m)
         else:
             np.copyto(dst, self.const_for(source), where=m)
+
+    def skew_fits(self, y0, y1, x0, width) -> bool:
+        return x0 >= 0 and x0 + (y1 - 1 - y0) + width <= self.o3.shape[2]
+
+    def skew(self, source: str, b0, b1, y0, y1, x0, width) -> bool:
+        """Write columns [x0 + (y - y0), x0 + (y - y0) + width) of rows y in [y0, y1), if every
+        one lies inside the row (then True; else nothing is written and False)."""
+        w = self.o3.shape[2]
+        if (source == "input" or not self.skewable or x0 < 0
+                or x0 + (y1 - 1 - y0) + width > w):
+            return False
+        sb, sh, sw = self.o3.strides
+        piece = np.ndarray((b1 - b0, y1 - y0, width), self.o3.dtype, self.o3,
+                           b0 * sb + y0 * sh + x0 * sw, self.skew_strides)
+        piece.fill(self.const_for(source))
+        return True
 
     def diagonal(self, source: str, d: int) -> None:
         """Write diagonal x - y == d of every matrix."""
@@ -234,30 +257,68 @@ def _diag_view(a3: np.ndarray, y0: int, d: int, n: int) -> np.ndarray:
 
 
 def _overlay_block(wr: _Writer, source: str, p: int, q: int, b0, b1, y0, y1) -> None:
-    """Write topX in [p, q) for rows [y0, y1) of batches [b0, b1)."""
+    """Write topX in [p, q) for rows [y0, y1) of batches [b0, b1).
+
+    The rectangle every row shares, plus the ragged ends as skewed views; where a skewed view
+    would leave the matrix (near its edges) the rows are halved until it fits, and a few rows
+    are left to small cached masks.
+    """
     n = y1 - y0
     w = wr.o3.shape[2]
     if n == 1:
         wr.rect(source, b0, b1, y0, y1, max(p + y0, 0), min(q + y0, w))
         return
+    if q + y1 - 1 <= 0 or p + y0 >= w:
+        return  # the interval misses these rows
+    split = wr.skewable and n > MASK_ROWS
     if q - p >= n - 1:
-        # left ragged end, shared rectangle, right ragged end
-        wr.masked(source, b0, b1, y0, y1, p + y0, _mask("left", n, n - 1))
+        left = p + y0 + n - 1 > 0  # the ragged start is inside the matrix
+        right = q + y0 < w
+        if split and ((left and not wr.skew_fits(y0, y1, p + y0, n - 1))
+                      or (right and not wr.skew_fits(y0, y1, q + y0 - (n - 1), n - 1))):
+            mid = y0 + n // 2
+            _overlay_block(wr, source, p, q, b0, b1, y0, mid)
+            _overlay_block(wr, source, p, q, b0, b1, mid, y1)
+            return
+        if left and not wr.skew(source, b0, b1, y0, y1, p + y0, n - 1):
+            wr.masked(source, b0, b1, y0, y1, p + y0, _mask("left", n, n - 1))
         wr.rect(source, b0, b1, y0, y1, max(p + y0 + n - 1, 0), min(q + y0, w))
-        wr.masked(source, b0, b1, y0, y1, q + y0, _mask("right", n, n - 1))
-    else:
+        if right and not wr.skew(source, b0, b1, y0, y1, q + y0 - (n - 1), n - 1):
+            wr.masked(source, b0, b1, y0, y1, q + y0, _mask("right", n, n - 1))
+    elif not wr.skew(source, b0, b1, y0, y1, p + y0, q - p):
+        if split:
+            mid = y0 + n // 2
+            _overlay_block(wr, source, p, q, b0, b1, y0, mid)
+            _overlay_block(wr, source, p, q, b0, b1, mid, y1)
+            return
         wr.masked(source, b0, b1, y0, y1, p + y0, _mask("band", n, q - p + n - 1, q - p))
 
 
 def _block_grid(b: int, h: int, w: int, itemsize: int):
+    """(batches, rows) per block: about BLOCK_BYTES of whole rows, every batch at once (so each
+    numpy call covers all matrices) unless that leaves fewer than MIN_BLOCK_ROWS rows."""
     row_bytes = w * itemsize
-    if b * h * row_bytes <= BLOCK_BYTES:
-        return b, h
-    if b * row_bytes <= BLOCK_BYTES:
-        return b, max(1, BLOCK_BYTES // (b * row_bytes))
-    rows = max(1, BLOCK_BYTES // row_bytes)
-    rows = min(rows, h)
-    return max(1, BLOCK_BYTES // (rows * row_bytes)), rows
+    rows = min(h, max(MIN_BLOCK_ROWS, BLOCK_BYTES // (b * row_bytes)))
+    return max(1, min(b, (4 * BLOCK_BYTES) // (rows * row_bytes))), rows
+
+
+def _fill_all(wr: _Writer, source: str) -> None:
+    """Write one source everywhere: one memset when possible (large memsets use streaming
+    stores, faster than any blocked fill), blocked copies for the input (blocked copies stay in
+    cache and beat one huge memcpy)."""
+    o3 = wr.o3
+    b, h, w = o3.shape
+    if source != "input":
+        byte = 0 if source == "zero" else wr.vbyte
+        if byte is not None and wr.o8 is not None and o3.flags.c_contiguous:
+            wr.o8.fill(byte)
+        else:
+            o3.fill(wr.const_for(source))
+        return
+    bc, rc = _block_grid(b, h, w, o3.itemsize)
+    for b0 in range(0, b, bc):
+        for y0 in range(0, h, rc):
+            wr.base(source, b0, min(b, b0 + bc), y0, min(h, y0 + rc))
 
 
 def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
@@ -268,37 +329,92 @@ def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> 
     value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
 
     if not value_iv or not keep_iv:
-        source = keep_source if not value_iv else "value"
-        bc, rc = _block_grid(b, h, w, o3.itemsize)
-        for b0 in range(0, b, bc):
-            for y0 in range(0, h, rc):
-                wr.base(source, b0, min(b, b0 + bc), y0, min(h, y0 + rc))
+        _fill_all(wr, keep_source if not value_iv else "value")
         return
 
-    if s3 is None:
+    # The base is the source written over whole rows; the overlay intervals are written on top.
+    # Narrow overlays (a few diagonals) cost nothing on top of a full base, so the region they
+    # leave is the base. Otherwise: with an input, the input is the base (Value is a cheap fill
+    # on top); without, the larger region, preferring one that memsets.
+    if all(q - p <= NARROW for p, q in keep_iv):
+        value_base = True
+    elif all(q - p <= NARROW for p, q in value_iv) or s3 is not None:
+        value_base = False
+    else:
         value_base = plan.value_area > plan.keep_area
         if value_base and wr.vbyte is None and plan.keep_area * 4 > plan.value_area:
-            value_base = False  # a typed fill costs more than a memset of zeros
-    else:
-        value_base = plan.keep_area <= KEEP_FRACTION_FOR_CONST_BASE * h * w
+            value_base = False
     if value_base:
         base_source, overlay_source, overlays = "value", keep_source, keep_iv
     else:
         base_source, overlay_source, overlays = keep_source, "value", value_iv
-
     narrow = [iv for iv in overlays if iv[1] - iv[0] <= NARROW]
     wide = [iv for iv in overlays if iv[1] - iv[0] > NARROW]
-    bc, rc = _block_grid(b, h, w, o3.itemsize)
-    for b0 in range(0, b, bc):
-        b1 = min(b, b0 + bc)
-        for y0 in range(0, h, rc):
-            y1 = min(h, y0 + rc)
-            wr.base(base_source, b0, b1, y0, y1)
-            for p, q in wide:
-                _overlay_block(wr, overlay_source, p, q, b0, b1, y0, y1)
+
+    if not wide:
+        _fill_all(wr, base_source)
+    elif b >= 2 and h * w * o3.itemsize <= TEMPLATE_BYTES and o3.strides[2] == o3.itemsize:
+        _run_templates(o3, s3, v, plan)
+    else:
+        # blocks of whole rows (~BLOCK_BYTES): base over the block, then the overlays in steps
+        # of at most OVERLAY_ROWS rows while the block is still in cache
+        bc, rc = _block_grid(b, h, w, o3.itemsize)
+        sub = min(OVERLAY_ROWS, rc)
+        for b0 in range(0, b, bc):
+            b1 = min(b, b0 + bc)
+            for y0 in range(0, h, rc):
+                y1 = min(h, y0 + rc)
+                wr.base(base_source, b0, b1, y0, y1)
+                for p, q in wide:
+                    if q + y1 - 1 <= 0 or p + y0 >= w:
+                        continue  # the interval misses these rows
+                    for s0 in range(y0, y1, sub):
+                        _overlay_block(wr, overlay_source, p, q, b0, b1, s0, min(y1, s0 + sub))
     for p, q in narrow:
         for d in range(max(p, -(h - 1)), min(q, w)):
             wr.diagonal(overlay_source, d)
+
+
+_TEMPLATES: dict = {}
+
+
+def _templates(plan: _Plan, v: np.ndarray):
+    """(keep bits, value bits) H x W matrices as unsigned ints: out = (in & keep) | value."""
+    u = np.dtype(f"u{v.itemsize}")
+    key = (plan, v.dtype.str, v.tobytes())
+    hit = _TEMPLATES.get(key)
+    if hit is None:
+        h, w = plan.height, plan.width
+        top = np.arange(w, dtype=np.int64)[None, :] - np.arange(h, dtype=np.int64)[:, None]
+        use = np.zeros((h, w), bool)
+        for p, q in plan.value_intervals:
+            use |= (top >= p) & (top < q)
+        keep = np.where(use, u.type(0), np.iinfo(u).max).astype(u)
+        vbits = v.reshape(1).view(u)[0]
+        value = np.where(use, vbits, u.type(0)).astype(u) if vbits else None
+        hit = (keep, value)
+        while _TEMPLATES and sum(k.nbytes for k, _ in _TEMPLATES.values()) > TEMPLATE_CACHE_BYTES:
+            _TEMPLATES.pop(next(iter(_TEMPLATES)))
+        _TEMPLATES[key] = hit
+    return hit
+
+
+def _run_templates(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
+    """Many matrices with two wide regions: one cached H x W template, reused from cache for
+    every matrix. Bitwise on same-size unsigned views, so exact for every type and value."""
+    keep, value = _templates(plan, v)
+    u = keep.dtype
+    ou = o3.view(u)
+    if s3 is None:
+        np.copyto(ou, value if value is not None else u.type(0))
+        return
+    su = s3.view(u)
+    step = max(1, BLOCK_BYTES // keep.nbytes)
+    for b0 in range(0, o3.shape[0], step):
+        ob = ou[b0:b0 + step]
+        np.bitwise_and(su[b0:b0 + step], keep, out=ob)
+        if value is not None:
+            np.bitwise_or(ob, value, out=ob)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,337 @@
+"""Kernel benchmark: the numpy DIAGONAL_MATRIX1 kernel against a plain copy and onnxruntime.
+
+    python -m dmlgraph.bench kernels [--quick] [--rounds N] [--json FILE]
+
+For every case x shape x type, in one process, with preallocated outputs and interleaved rounds
+(ours, baseline, onnxruntime, in rotating order), the median time per call of:
+
+* ours: `kernels.diagonal_matrix1(..., out=out)`;
+* copy baseline: `np.copyto(out, inp)` on the same bytes (`out.fill(0)` for cases without input),
+  i.e. the least any kernel that writes every output element must do;
+* onnxruntime CPU: the ONNX graph computing the same thing (Trilu, EyeLike, Trilu->Trilu for a
+  kept band, ConstantOfShape->Trilu for a generated triangle), outputs bound to preallocated
+  OrtValues with IOBinding; "n/a" where onnxruntime has no kernel for the type or no op exists.
+
+ratio_vs_copy = copy_baseline_us / ours_us and ratio_vs_ort = ort_us / ours_us (higher = ours
+faster). Each result is checked bit for bit against onnxruntime's output where it ran.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from dmlgraph import kernels
+from dmlgraph.dtypes import INT32_MAX, INT32_MIN
+
+ROW_KEYS = ("case", "shape", "dtype", "elements", "ours_us", "copy_baseline_us", "ratio_vs_copy",
+            "ort_model", "ort_us", "ratio_vs_ort", "matches_ort")
+
+FULL_SHAPES = ((4096, 4096), (8, 1024, 1024), (2, 16, 512, 512), (64, 100000), (256, 256), (4, 5))
+QUICK_SHAPES = ((256, 256), (4, 5))
+FULL_TYPES = ("float32", "float16", "int64", "uint8")
+QUICK_TYPES = ("float32", "uint8")
+LARGE_ELEMENTS = 4 * 1024 * 1024
+MIN_MEASURE_S = 0.002  # each timed measurement repeats the call until it lasts about this long
+
+
+def _cases(h: int, w: int):
+    """(name, begin, end, value, has_input, ort graph kind, ort params) per benchmark case."""
+    k_big = w - 8
+    return (
+        # Trilu(x, k=0, upper=1) keeps x - y >= 0: zero topX < 0.
+        ("triu", INT32_MIN, 0, 0, True, "trilu", {"upper": 1, "k": 0}),
+        # Trilu(x, k=0, upper=0) keeps x - y <= 0: zero topX >= 1.
+        ("tril", 1, INT32_MAX, 0, True, "trilu", {"upper": 0, "k": 0}),
+        # Trilu(x, k=W-8, upper=1): almost all zero, a small triangle kept top right.
+        ("triu_bigk", INT32_MIN, min(max(k_big, -h), w), 0, True, "trilu", {"upper": 1, "k": k_big}),
+        # keep a narrow band topX in [-2, 3) (inverted range), zero elsewhere.
+        ("band_keep", 3, -2, 0, True, "band", {"lo": -2, "hi": 2}),
+        # set Value inside a narrow band topX in [-2, 3), input elsewhere.
+        ("band_set", -2, 3, 1, True, None, {}),
+        # identity, no input.
+        ("eye", 0, 1, 1, False, "eyelike", {"k": 0}),
+        # generated (causal) triangle of ones, no input: 1 where x - y <= 0.
+        ("tri_gen", INT32_MIN, 1, 1, False, "const_trilu", {"upper": 0, "k": 0}),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# onnxruntime side
+
+
+def _onnx_type(dtype: np.dtype) -> int:
+    from onnx import helper
+
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _ort_model(kind: str, params: dict, shape, dtype):
+    """A one- or two-node ONNX model (ir_version 10, opset 17) and its single input's name/array."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    et = _onnx_type(dtype)
+    y = helper.make_tensor_value_info("y", et, list(shape))
+    inits, nodes = [], []
+    if kind == "trilu":
+        x = helper.make_tensor_value_info("x", et, list(shape))
+        inits.append(numpy_helper.from_array(np.array(params["k"], np.int64), "k"))
+        nodes.append(helper.make_node("Trilu", ["x", "k"], ["y"], upper=params["upper"]))
+        label = f"Trilu(upper={params['upper']}, k={params['k']})"
+    elif kind == "band":
+        x = helper.make_tensor_value_info("x", et, list(shape))
+        inits += [numpy_helper.from_array(np.array(params["lo"], np.int64), "klo"),
+                  numpy_helper.from_array(np.array(params["hi"], np.int64), "khi")]
+        nodes += [helper.make_node("Trilu", ["x", "klo"], ["t"], upper=1),
+                  helper.make_node("Trilu", ["t", "khi"], ["y"], upper=0)]
+        label = f"Trilu(upper=1,k={params['lo']})->Trilu(upper=0,k={params['hi']})"
+    elif kind == "eyelike":
+        if len(shape) != 2:
+            return None, "EyeLike is 2-D only"
+        x = helper.make_tensor_value_info("x", et, list(shape))
+        nodes.append(helper.make_node("EyeLike", ["x"], ["y"], k=params["k"]))
+        label = f"EyeLike(k={params['k']})"
+    elif kind == "const_trilu":
+        x = helper.make_tensor_value_info("x", TensorProto.INT64, [len(shape)])
+        one = helper.make_tensor("one", et, [1], np.ones(1, dtype).tobytes(), raw=True)
+        inits.append(numpy_helper.from_array(np.array(params["k"], np.int64), "k"))
+        nodes += [helper.make_node("ConstantOfShape", ["x"], ["c"], value=one),
+                  helper.make_node("Trilu", ["c", "k"], ["y"], upper=params["upper"])]
+        label = f"ConstantOfShape(1)->Trilu(upper={params['upper']})"
+    else:
+        return None, "no ONNX op"
+    graph = helper.make_graph(nodes, "bench", [x], [y], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model, label
+
+
+class _OrtRunner:
+    def __init__(self, model, input_array: np.ndarray, out: np.ndarray):
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        self.binding = self.session.io_binding()
+        self.binding.bind_cpu_input("x", input_array)
+        self.out_value = ort.OrtValue.ortvalue_from_numpy(out)
+        self.binding.bind_ortvalue_output("y", self.out_value)
+
+    def __call__(self):
+        self.session.run_with_iobinding(self.binding)
+
+
+def _make_ort(kind, params, shape, dtype, inp, out):
+    """(callable or None, label) -- None with the reason when onnxruntime cannot run it."""
+    if kind is None:
+        return None, "n/a (no single ONNX op)"
+    model, label = _ort_model(kind, params, shape, dtype)
+    if model is None:
+        return None, f"n/a ({label})"
+    if kind == "const_trilu":
+        x = np.array(shape, np.int64)
+    else:
+        x = inp if inp is not None else out
+    try:
+        run = _OrtRunner(model, np.ascontiguousarray(x), out)
+        run()
+    except Exception as err:  # NOT_IMPLEMENTED for the type, etc.
+        msg = str(err)
+        reason = "no kernel for this type" if "NOT_IMPLEMENTED" in msg else msg.splitlines()[0][:60]
+        return None, f"n/a ({label}: {reason})"
+    return run, label
+
+
+# --------------------------------------------------------------------------------------------
+# timing
+
+
+def _calibrate(fn) -> int:
+    """How many calls make one measurement last about MIN_MEASURE_S."""
+    fn()
+    n = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = time.perf_counter() - t0
+        if dt >= MIN_MEASURE_S or n >= 1 << 20:
+            return n
+        n = max(n * 2, int(n * MIN_MEASURE_S / max(dt, 1e-9)) + 1)
+
+
+def _measure(fn, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def _input_for(shape, dtype) -> np.ndarray:
+    n = int(np.prod(shape))
+    base = (np.arange(n, dtype=np.int64) * 2654435761 % 251).astype(np.uint8)
+    if np.dtype(dtype).kind == "f":
+        return (base.astype(np.float32) * 0.37 + 1).astype(dtype).reshape(shape)
+    return base.astype(dtype).reshape(shape)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def bench_kernels(quick: bool = False, rounds: int = 7, progress=None) -> list[dict]:
+    """Run the kernel benchmark; one dict per case x shape x type (keys: ROW_KEYS)."""
+    shapes = QUICK_SHAPES if quick else FULL_SHAPES
+    types = QUICK_TYPES if quick else FULL_TYPES
+    rows = []
+    for shape in shapes:
+        h, w = shape[-2:]
+        for tname in types:
+            dtype = np.dtype(tname)
+            inp_full = _input_for(shape, dtype)
+            for name, begin, end, value, has_input, kind, params in _cases(h, w):
+                inp = inp_full if has_input else None
+                out = np.empty(shape, dtype)
+                ref_out = np.empty(shape, dtype)
+                ort_out = np.empty(shape, dtype)
+                v = np.array(value, dtype)
+
+                def ours(out=out, inp=inp, v=v, begin=begin, end=end, dtype=dtype):
+                    kernels.diagonal_matrix1(shape, dtype, v, begin, end, input=inp, out=out)
+
+                if inp is not None:
+                    def base(ref_out=ref_out, inp=inp):
+                        np.copyto(ref_out, inp)
+                else:
+                    def base(ref_out=ref_out):
+                        ref_out.fill(0)
+
+                ort_fn, ort_label = _make_ort(kind, params, shape, dtype, inp, ort_out)
+                fns = [("ours", ours), ("copy", base)] + ([("ort", ort_fn)] if ort_fn else [])
+                counts = {k: _calibrate(f) for k, f in fns}
+                times = {k: [] for k, _ in fns}
+                for r in range(max(1, rounds)):
+                    order = fns[r % len(fns):] + fns[:r % len(fns)]
+                    for k, f in order:
+                        times[k].append(_measure(f, counts[k]))
+                med = {k: statistics.median(ts) * 1e6 for k, ts in times.items()}
+                matches = None
+                if ort_fn is not None:
+                    ours()
+                    matches = bool(np.array_equal(_bits(out), _bits(ort_out)))
+                row = {
+                    "case": name,
+                    "shape": list(shape),
+                    "dtype": tname,
+                    "elements": int(np.prod(shape)),
+                    "ours_us": round(med["ours"], 2),
+                    "copy_baseline_us": round(med["copy"], 2),
+                    "ratio_vs_copy": round(med["copy"] / med["ours"], 3),
+                    "ort_model": ort_label,
+                    "ort_us": round(med["ort"], 2) if "ort" in med else None,
+                    "ratio_vs_ort": round(med["ort"] / med["ours"], 3) if "ort" in med else None,
+                    "matches_ort": matches,
+                }
+                rows.append(row)
+                if progress:
+                    progress(row)
+                del out, ref_out, ort_out, ort_fn
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# reporting
+
+
+def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
+    """The benchmark's targets: (description, met, detail)."""
+    out = []
+    large = [r for r in rows if r["elements"] >= LARGE_ELEMENTS]
+    if large:
+        worst = min(large, key=lambda r: r["ratio_vs_copy"])
+        bad = [r for r in large if r["ratio_vs_copy"] < 0.9]
+        out.append(("large tensors: ratio_vs_copy >= 0.9 for every case/type", not bad,
+                    f"{len(large) - len(bad)}/{len(large)} met; worst {worst['ratio_vs_copy']} "
+                    f"({worst['case']} {worst['shape']} {worst['dtype']})"))
+    with_ort = [r for r in rows if r["ratio_vs_ort"] is not None]
+    if with_ort:
+        worst = min(with_ort, key=lambda r: r["ratio_vs_ort"])
+        bad = [r for r in with_ort if r["ratio_vs_ort"] <= 1.0]
+        out.append(("ratio_vs_ort > 1.0 wherever onnxruntime has a kernel", not bad,
+                    f"{len(with_ort) - len(bad)}/{len(with_ort)} met; worst {worst['ratio_vs_ort']} "
+                    f"({worst['case']} {worst['shape']} {worst['dtype']})"))
+        mism = [r for r in with_ort if r["matches_ort"] is False]
+        out.append(("bit-exact against onnxruntime", not mism,
+                    f"{len(with_ort) - len(mism)}/{len(with_ort)} identical"))
+    tiny = [r for r in rows if r["shape"] == [4, 5]]
+    if tiny:
+        worst = max(tiny, key=lambda r: r["ours_us"])
+        bad = [r for r in tiny if r["ours_us"] > 3.0]
+        out.append(("[4,5] calls <= 3 us", not bad,
+                    f"{len(tiny) - len(bad)}/{len(tiny)} met; slowest {worst['ours_us']} us "
+                    f"({worst['case']} {worst['dtype']})"))
+    return out
+
+
+def _fmt(v, digits=2) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table of the rows, followed by the targets and whether each was met."""
+    head = ("case", "shape", "dtype", "ours_us", "copy_us", "x_copy", "ort_us", "x_ort", "ort model")
+    body = []
+    for r in rows:
+        body.append((r["case"], "x".join(map(str, r["shape"])), r["dtype"], _fmt(r["ours_us"]),
+                     _fmt(r["copy_baseline_us"]), _fmt(r["ratio_vs_copy"]), _fmt(r["ort_us"]),
+                     _fmt(r["ratio_vs_ort"]) + ("" if r["matches_ort"] in (None, True) else " MISMATCH"),
+                     r["ort_model"]))
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(c.ljust(wd) if i in (0, 1, 2, 8) else c.rjust(wd)
+                       for i, (c, wd) in enumerate(zip(row, widths))).rstrip()
+             for row in [head] + body]
+    lines.insert(1, "  ".join("-" * wd for wd in widths))
+    lines.append("")
+    lines.append("x_copy = copy_us / ours_us, x_ort = ort_us / ours_us (higher: ours faster); medians of "
+                 "interleaved rounds, preallocated outputs.")
+    for desc, met, detail in targets(rows):
+        lines.append(f"[{'met' if met else 'NOT met'}] {desc}: {detail}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dmlgraph.bench",
+                                 description="Benchmark the DIAGONAL_MATRIX1 numpy kernel.")
+    ap.add_argument("suite", choices=["kernels"], nargs="?", default="kernels")
+    ap.add_argument("--quick", action="store_true", help="a reduced set (smoke test)")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 3)")
+    ap.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+    rounds = args.rounds if args.rounds is not None else (3 if args.quick else 7)
+
+    def progress(row):
+        print(f"  {row['case']:<10} {'x'.join(map(str, row['shape'])):<14} {row['dtype']:<8} "
+              f"ours {row['ours_us']:>10.2f} us  x_copy {row['ratio_vs_copy']:.2f}  "
+              f"x_ort {_fmt(row['ratio_vs_ort'])}", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    rows = bench_kernels(quick=args.quick, rounds=rounds, progress=progress)
+    print(format_table(rows))
+    print(f"({len(rows)} rows, {rounds} rounds, {time.perf_counter() - t0:.1f} s)")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"suite": "kernels", "rounds": rounds, "quick": args.quick, "rows": rows,
+                       "targets": [{"target": d, "met": m, "detail": x} for d, m, x in targets(rows)]},
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

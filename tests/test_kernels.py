@@ -1,0 +1,417 @@
+"""DIAGONAL_MATRIX1 / DIAGONAL_MATRIX kernels: spec examples, a literal pseudocode oracle,
+property tests over all 11 types, strided descs, and a benchmark smoke test."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dmlgraph import kernels
+from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, ScalarUnion
+from dmlgraph.errors import DmlgraphError
+from dmlgraph.ops import DiagonalMatrix1Desc, DiagonalMatrixDesc
+from dmlgraph.tensor import BufferTensorDesc
+
+TYPES = ["float64", "float32", "float16", "int64", "int32", "int16", "int8",
+         "uint64", "uint32", "uint16", "uint8"]
+
+SPEC_INPUT = np.array([[4, 7, 3, 7, 9],
+                       [1, 2, 8, 6, 9],
+                       [9, 4, 1, 8, 7],
+                       [4, 3, 4, 2, 4]], np.float32)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def assert_bits_equal(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    if not np.array_equal(bits(got), bits(want)):
+        bad = np.argwhere(bits(got) != bits(want))[:5]
+        raise AssertionError(f"mismatch at {bad.tolist()}: got {got[tuple(bad[0])]!r} want {want[tuple(bad[0])]!r}")
+
+
+def pseudocode(shape, dtype, value, begin, end, input=None) -> np.ndarray:
+    """A literal, element-by-element transcription of the spec's pseudocode (pure Python loops)."""
+    dtype = np.dtype(dtype)
+    out = np.empty(shape, dtype)
+    v = np.array(value, dtype)[()]
+    zero = np.zeros((), dtype)[()]
+    src = None if input is None else np.broadcast_to(np.asarray(input, dtype), shape)
+    for coord in np.ndindex(*shape):
+        y, x = coord[-2], coord[-1]
+        top_x = x - y
+        use_value = (end >= begin) ^ (top_x >= begin) ^ (top_x < end)
+        if use_value:
+            out[coord] = v
+        elif src is not None:
+            out[coord] = src[coord]
+        else:
+            out[coord] = zero
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# the spec pages' examples
+
+
+def test_spec_example_identity_gives_value_7_not_1():
+    # The spec page shows 1s here; its own pseudocode gives Value (7). Known doc erratum.
+    got = kernels.diagonal_matrix1((4, 5), np.float32, 7, 0, 1)
+    want = np.eye(4, 5, dtype=np.float32) * 7
+    assert_bits_equal(got, want)
+
+
+def test_spec_example_three_wide_strip():
+    got = kernels.diagonal_matrix1((4, 5), np.float32, 7, 0, 3)
+    want = np.array([[7, 7, 7, 0, 0],
+                     [0, 7, 7, 7, 0],
+                     [0, 0, 7, 7, 7],
+                     [0, 0, 0, 7, 7]], np.float32)
+    assert_bits_equal(got, want)
+
+
+def test_spec_example_keep_strict_upper_triangle():
+    got = kernels.diagonal_matrix1((4, 5), np.float32, 0, INT32_MIN, 1, input=SPEC_INPUT)
+    want = np.array([[0, 7, 3, 7, 9],
+                     [0, 0, 8, 6, 9],
+                     [0, 0, 0, 8, 7],
+                     [0, 0, 0, 0, 4]], np.float32)
+    assert_bits_equal(got, want)
+
+
+def test_spec_example_keep_diagonal_only():
+    got = kernels.diagonal_matrix1((4, 5), np.float32, 0, 1, 0, input=SPEC_INPUT)
+    want = np.array([[4, 0, 0, 0, 0],
+                     [0, 2, 0, 0, 0],
+                     [0, 0, 1, 0, 0],
+                     [0, 0, 0, 2, 0]], np.float32)
+    assert_bits_equal(got, want)
+
+
+@pytest.mark.parametrize("offset,shape,want", [
+    (0, (1, 1, 3, 3), [[1, 0, 0], [0, 1, 0], [0, 0, 1]]),
+    (1, (1, 1, 3, 3), [[0, 1, 0], [0, 0, 1], [0, 0, 0]]),
+    (-1, (1, 1, 3, 2), [[0, 0], [1, 0], [0, 1]]),
+    (-3, (1, 1, 3, 2), [[0, 0], [0, 0], [0, 0]]),
+])
+def test_diagonal_matrix_spec_examples(offset, shape, want):
+    got = kernels.diagonal_matrix(shape, np.float32, offset, 1.0)
+    assert_bits_equal(got, np.array(want, np.float32).reshape(shape))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8", "int64", "uint8", "uint16", "int16"])
+@pytest.mark.parametrize("value,want", [(10.6, 10), (-10.6, -10), (0.9, 0), (-0.9, 0), (3.0, 3)])
+def test_diagonal_matrix_truncates_toward_zero(dtype, value, want):
+    if want < 0 and np.dtype(dtype).kind == "u":
+        pytest.skip("negative value in an unsigned type")
+    got = kernels.diagonal_matrix((3, 4), dtype, 1, value)
+    assert_bits_equal(got, (np.eye(3, 4, 1) * want).astype(dtype))
+
+
+def test_diagonal_matrix_float_value_is_a_float32():
+    got = kernels.diagonal_matrix((2, 2), np.float64, 0, 0.1)
+    assert got[0, 0] == np.float64(np.float32(0.1))
+    assert_bits_equal(kernels.diagonal_matrix((2, 2), np.float16, 0, -0.0),
+                      np.array([[-0.0, 0.0], [0.0, -0.0]], np.float16))
+
+
+def test_diagonal_matrix_value_out_of_range_is_refused():
+    with pytest.raises(DmlgraphError, match="uint8"):
+        kernels.diagonal_matrix((2, 2), np.uint8, 0, 300.0)
+    with pytest.raises(DmlgraphError, match="int32"):
+        kernels.diagonal_matrix((2, 2), np.int32, 0, float("nan"))
+
+
+def test_diagonal_matrix_equals_diagonal_matrix1_with_end_offset_plus_1():
+    for offset in (-5, -1, 0, 2, 7, INT32_MIN, INT32_MAX - 1):
+        a = kernels.diagonal_matrix((2, 6, 5), np.float32, offset, 2.5)
+        b = kernels.diagonal_matrix1((2, 6, 5), np.float32, 2.5, offset, offset + 1)
+        assert_bits_equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------
+# fixed edge cases
+
+
+@pytest.mark.parametrize("begin,end", [
+    (0, 0), (5, 5), (INT32_MIN, INT32_MIN), (INT32_MAX, INT32_MAX),  # empty
+    (INT32_MIN, INT32_MAX), (INT32_MAX, INT32_MIN),  # everything / inverted everything-but-nothing
+    (1, 0), (0, 1), (3, -2), (-2, 3), (INT32_MIN, 0), (1, INT32_MAX), (-100, 100), (100, -100),
+])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (7, 1), (5, 3), (3, 5), (2, 3, 4, 6)])
+def test_ranges_against_pseudocode(shape, begin, end):
+    x = np.arange(math.prod(shape), dtype=np.float32).reshape(shape) + 1
+    for inp in (None, x):
+        assert_bits_equal(kernels.diagonal_matrix1(shape, np.float32, -1.5, begin, end, input=inp),
+                          pseudocode(shape, np.float32, -1.5, begin, end, input=inp))
+
+
+@pytest.mark.parametrize("value", [-0.0, float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_special_float_values_keep_their_bits(dtype, value):
+    x = np.full((6, 7), -0.0, dtype)
+    x[::2] = np.nan
+    for begin, end in ((-1, 2), (2, -1), (INT32_MIN, 0)):
+        got = kernels.diagonal_matrix1((6, 7), dtype, value, begin, end, input=x)
+        assert_bits_equal(got, pseudocode((6, 7), dtype, value, begin, end, input=x))
+
+
+def test_nan_payload_is_preserved():
+    payload = np.array([0x7FC01234], np.uint32).view(np.float32)[0]
+    got = kernels.diagonal_matrix1((3, 3), np.float32, payload, 0, 1)
+    assert bits(got)[1, 1] == 0x7FC01234
+
+
+def test_bool_output_is_uint8_semantics():
+    x = np.ones((4, 6), bool)
+    got = kernels.diagonal_matrix1((4, 6), bool, False, INT32_MIN, 0, input=x)
+    assert got.dtype == np.bool_
+    assert_bits_equal(got, np.triu(x))
+    big = np.ones((300, 300), bool)
+    assert_bits_equal(kernels.diagonal_matrix1((300, 300), bool, False, 1, INT32_MAX, input=big),
+                      np.tril(big))
+
+
+def test_zero_strided_broadcast_input():
+    shape = (3, 70, 90)
+    x = np.broadcast_to(np.float32(2.5), shape)
+    got = kernels.diagonal_matrix1(shape, np.float32, 1, -3, 4, input=x)
+    assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, np.float32, 1, -3, 4, input=x))
+    row = np.broadcast_to(np.arange(90, dtype=np.int16), shape)  # broadcast along batch and rows
+    got = kernels.diagonal_matrix1(shape, np.int16, 7, 10, -10, input=row)
+    assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, np.int16, 7, 10, -10, input=row))
+
+
+def test_out_noncontiguous_padding_untouched():
+    buf = np.full((2, 40, 55), 99, np.int32)
+    out = buf[:, :, 3:50]
+    got = kernels.diagonal_matrix1((2, 40, 47), np.int32, -7, INT32_MIN, 5, out=out)
+    assert got is out
+    assert_bits_equal(out, pseudocode((2, 40, 47), np.int32, -7, INT32_MIN, 5))
+    assert (buf[:, :, :3] == 99).all() and (buf[:, :, 50:] == 99).all()
+
+
+def test_uncollapsible_batch_axes():
+    base = np.zeros((3, 4, 9, 8), np.float64)
+    out = base.transpose(1, 0, 2, 3)  # batch axes that cannot merge into one
+    x = np.arange(4 * 3 * 9 * 8, dtype=np.float64).reshape(4, 3, 9, 8)
+    kernels.diagonal_matrix1(out.shape, np.float64, 0, INT32_MIN, 1, input=x, out=out)
+    assert_bits_equal(out, pseudocode(out.shape, np.float64, 0, INT32_MIN, 1, input=x))
+
+
+def test_rank_5_and_above_is_batch():
+    shape = (2, 1, 2, 3, 4, 5)
+    assert_bits_equal(kernels.diagonal_matrix1(shape, np.uint16, 3, -1, 2),
+                      pseudocode(shape, np.uint16, 3, -1, 2))
+
+
+def test_large_matrices_against_reference():
+    rng = np.random.default_rng(1)
+    for shape, dtype in (((700, 900), "float32"), ((900, 700), "uint8"), ((3, 300, 260), "int64"),
+                         ((2, 2, 130, 140), "float16"), ((5, 40000), "int8"), ((40000, 3), "uint32")):
+        x = rng.integers(0, 100, shape).astype(dtype)
+        h, w = shape[-2:]
+        for begin, end, value in ((INT32_MIN, 0, 0), (1, INT32_MAX, 0), (-2, 3, 5), (3, -2, 0),
+                                  (0, 1, 1), (INT32_MIN, w - 8, 0), (-h // 2, w // 3, 9),
+                                  (w // 3, -h // 2, 9), (h, -w, 1)):
+            for inp in (x, None):
+                got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
+                want = kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp)
+                assert_bits_equal(got, want)
+
+
+@pytest.mark.parametrize("knobs", [
+    {"BLOCK_BYTES": 3000, "MIN_BLOCK_ROWS": 3}, {"NARROW": 0, "OVERLAY_ROWS": 7},
+    {"NARROW": 1000, "MASK_ROWS": 1}, {"TEMPLATE_BYTES": 0}, {"TINY_ELEMENTS": 0},
+])
+def test_every_strategy_is_exact(monkeypatch, knobs):
+    """The tuning knobs pick between code paths; each path must be exact on its own."""
+    for k, v in knobs.items():
+        monkeypatch.setattr(kernels, k, v)
+    rng = np.random.default_rng(2)
+    for shape in ((37, 41), (3, 33, 29), (2, 2, 20, 45), (1, 64), (64, 1)):
+        x = rng.integers(0, 50, shape).astype(np.float32)
+        for begin, end in ((INT32_MIN, 0), (1, INT32_MAX), (-2, 3), (3, -2), (-20, 25), (25, -20),
+                           (0, 1), (-60, 60), (5, 5)):
+            for inp in (x, None):
+                assert_bits_equal(kernels.diagonal_matrix1(shape, np.float32, 4, begin, end, input=inp),
+                                  kernels.diagonal_matrix1_reference(shape, np.float32, 4, begin, end,
+                                                                     input=inp))
+
+
+def test_errors():
+    with pytest.raises(DmlgraphError, match="2 dimensions"):
+        kernels.diagonal_matrix1((5,), np.float32, 1, 0, 1)
+    with pytest.raises(DmlgraphError, match="complex64"):
+        kernels.diagonal_matrix1((2, 2), np.complex64, 1, 0, 1)
+    with pytest.raises(DmlgraphError, match="out has shape"):
+        kernels.diagonal_matrix1((2, 2), np.float32, 1, 0, 1, out=np.empty((2, 3), np.float32))
+    with pytest.raises(TypeError):
+        kernels.diagonal_matrix1((2, 2), np.float32, 1, 0.5, 1)
+
+
+def test_zero_size_shape_returns_empty():
+    assert kernels.diagonal_matrix1((0, 3), np.float32, 1, 0, 1).shape == (0, 3)
+
+
+# ------------------------------------------------------------------------------------------
+# property tests against the literal pseudocode
+
+
+def _value_strategy(dtype: str):
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return st.sampled_from([0.0, -0.0, 1.0, -2.5, 7.0, float("nan"), float("inf"), float("-inf"), 0.1])
+    info = np.iinfo(dt)
+    return st.one_of(st.sampled_from([0, 1, info.min, info.max]), st.integers(info.min, info.max))
+
+
+@st.composite
+def kernel_cases(draw):
+    dtype = draw(st.sampled_from(TYPES))
+    rank = draw(st.integers(2, 4))
+    h = draw(st.integers(1, 7))
+    w = draw(st.integers(1, 7))
+    lead = tuple(draw(st.lists(st.integers(1, 3), min_size=rank - 2, max_size=rank - 2)))
+    shape = lead + (h, w)
+    bound = st.one_of(st.sampled_from([INT32_MIN, INT32_MAX, INT32_MIN + 1, INT32_MAX - 1, 0]),
+                      st.integers(-h - 2, w + 2))
+    begin, end = draw(bound), draw(bound)
+    value = draw(_value_strategy(dtype))
+    return shape, dtype, value, begin, end
+
+
+def _random_input(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=math.prod(shape) * np.dtype(dtype).itemsize, dtype=np.uint8)
+    return raw.view(dtype).reshape(shape)  # every bit pattern, NaNs and -0.0 included
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kernel_cases(), st.sampled_from(["none", "full", "broadcast"]), st.booleans(), st.integers(0, 2**32 - 1))
+def test_property_matches_pseudocode(case, input_kind, strided_out, seed):
+    shape, dtype, value, begin, end = case
+    inp = None
+    if input_kind == "full":
+        inp = _random_input(shape, dtype, seed)
+    elif input_kind == "broadcast":
+        inp = np.broadcast_to(_random_input((1,) * (len(shape) - 1) + (shape[-1],), dtype, seed), shape)
+    want = pseudocode(shape, dtype, value, begin, end, input=inp)
+    out = None
+    if strided_out:
+        buf = np.full(shape[:-1] + (shape[-1] + 3,), 0x5A, np.uint8) if dtype == "uint8" else \
+            np.zeros(shape[:-1] + (shape[-1] + 3,), dtype)
+        sentinel = buf.copy()
+        out = buf[..., 1:shape[-1] + 1]
+    got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp, out=out)
+    assert_bits_equal(got, want)
+    assert_bits_equal(kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp), want)
+    if strided_out:
+        assert got is out
+        assert_bits_equal(buf[..., 0], sentinel[..., 0])
+        assert_bits_equal(buf[..., shape[-1] + 1:], sentinel[..., shape[-1] + 1:])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(TYPES), st.integers(20, 150), st.integers(20, 150), st.integers(1, 3),
+       st.integers(-160, 160), st.integers(-160, 160), st.booleans(), st.integers(0, 2**32 - 1))
+def test_property_fast_path_matches_reference(dtype, h, w, batch, begin, end, with_input, seed):
+    """Shapes big enough for the blocked / skewed / template paths, against the np.where oracle."""
+    shape = (batch, h, w)
+    inp = _random_input(shape, dtype, seed) if with_input else None
+    value = np.array(3, dtype)
+    got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
+    assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp))
+
+
+# ------------------------------------------------------------------------------------------
+# desc-level entry point: strided buffers
+
+
+def test_run_desc_broadcast_input_by_zero_strides():
+    out_desc = BufferTensorDesc.packed(DmlDataType.FLOAT32, (2, 5, 6))
+    in_desc = BufferTensorDesc.broadcast_scalar(DmlDataType.FLOAT32, (2, 5, 6))
+    desc = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(-10000.0, DmlDataType.FLOAT32), 1, INT32_MAX,
+                               in_desc)
+    in_buf = np.zeros(in_desc.total_bytes, np.uint8)
+    in_buf.view(np.float32)[0] = 1.0
+    out_buf = np.zeros(out_desc.total_bytes, np.uint8)
+    got = kernels.run_desc(desc, out_buf, in_buf)
+    want = pseudocode((2, 5, 6), np.float32, -10000.0, 1, INT32_MAX, input=np.float32(1))
+    assert_bits_equal(got, want)
+    assert_bits_equal(out_buf.view(np.float32).reshape(2, 5, 6), want)
+
+
+@pytest.mark.parametrize("dtype", [DmlDataType.FLOAT16, DmlDataType.UINT8, DmlDataType.INT64])
+def test_run_desc_padded_output_rows_keep_padding(dtype):
+    sizes = (2, 7, 9)
+    strides = (7 * 12, 12, 1)  # 3 elements of padding after every row
+    out_desc = BufferTensorDesc(dtype, sizes, strides)
+    in_desc = BufferTensorDesc.packed(dtype, sizes)
+    npt = dtype.numpy
+    x = _random_input(sizes, npt, 5)
+    in_buf = np.frombuffer(x.tobytes().ljust(in_desc.total_bytes, b"\0"), np.uint8).copy()
+    out_buf = np.full(out_desc.total_bytes, 0xAB, np.uint8)
+    desc = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(1, dtype), INT32_MIN, 0, in_desc)
+    got = kernels.run_desc(desc, out_buf, in_buf)
+    assert_bits_equal(got, pseudocode(sizes, npt, 1, INT32_MIN, 0, input=x))
+    touched = np.zeros(out_buf.size, bool)
+    item = npt.itemsize
+    for b in range(2):
+        for y in range(7):
+            start = (b * 7 * 12 + y * 12) * item
+            touched[start:start + 9 * item] = True
+    assert (out_buf[~touched] == 0xAB).all(), "padding bytes of the output were written"
+
+
+def test_run_desc_diagonal_matrix():
+    out_desc = BufferTensorDesc(DmlDataType.INT32, (1, 1, 3, 4), (0, 0, 6, 1))
+    desc = DiagonalMatrixDesc(out_desc, -1, 10.6)
+    out_buf = np.full(out_desc.total_bytes, 0xCD, np.uint8)
+    got = kernels.run_desc(desc, out_buf)
+    assert_bits_equal(got, (np.eye(3, 4, -1) * 10).astype(np.int32).reshape(1, 1, 3, 4))
+    for y in range(2):  # elements 4 and 5 of rows 0 and 1 are padding
+        assert (out_buf[y * 24 + 16: y * 24 + 24] == 0xCD).all()
+
+
+def test_run_desc_errors():
+    out_desc = BufferTensorDesc.packed(DmlDataType.FLOAT32, (3, 3))
+    desc = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(1, DmlDataType.FLOAT32), 0, 1)
+    with pytest.raises(DmlgraphError, match="input buffer"):
+        kernels.run_desc(desc, np.zeros(64, np.uint8), np.zeros(64, np.uint8))
+    with_input = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(1, DmlDataType.FLOAT32), 0, 1, out_desc)
+    with pytest.raises(DmlgraphError, match="no input buffer"):
+        kernels.run_desc(with_input, np.zeros(64, np.uint8))
+    bad = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(1, DmlDataType.INT32), 0, 1)
+    with pytest.raises(DmlgraphError, match="ValueDataType"):
+        kernels.run_desc(bad, np.zeros(64, np.uint8))
+    with pytest.raises(DmlgraphError, match="TotalTensorSizeInBytes"):
+        kernels.run_desc(desc, np.zeros(8, np.uint8))
+    bcast_out = BufferTensorDesc.broadcast_scalar(DmlDataType.FLOAT32, (3, 3))
+    with pytest.raises(DmlgraphError, match="alias"):
+        kernels.run_desc(DiagonalMatrix1Desc(bcast_out, ScalarUnion.of(1, DmlDataType.FLOAT32), 0, 1),
+                         np.zeros(64, np.uint8))
+
+
+# ------------------------------------------------------------------------------------------
+# benchmark smoke test (no timing asserts)
+
+
+def test_bench_quick_smoke():
+    from dmlgraph import bench
+
+    rows = bench.bench_kernels(quick=True, rounds=1)
+    assert rows
+    for r in rows:
+        assert set(bench.ROW_KEYS) <= set(r)
+        assert r["ours_us"] > 0 and r["copy_baseline_us"] > 0
+        assert r["matches_ort"] in (None, True)
+    text = bench.format_table(rows)
+    assert "ratio" in text or "x_copy" in text

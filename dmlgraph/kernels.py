@@ -65,6 +65,7 @@ SQUARE_BYTES = 1024 * 1024
 MIN_BLOCK_ROWS = 32
 TEMPLATE_BYTES = 8 * 1024 * 1024  # batched matrices up to this size use a cached template
 TEMPLATE_CACHE_BYTES = 64 * 1024 * 1024
+SMALL_TEMPLATE_BYTES = 512 * 1024  # any matrix up to this size uses a cached template
 
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float64", "float32", "float16", "int64", "int32", "int16", "int8",
@@ -251,6 +252,8 @@ class _Writer:
 
 def _diag_view(a3: np.ndarray, y0: int, d: int, n: int) -> np.ndarray:
     sb, sh, sw = a3.strides
+    if a3.flags.c_contiguous:  # cheap: a view straight on the memory
+        return np.ndarray((a3.shape[0], n), a3.dtype, a3, y0 * sh + (y0 + d) * sw, (sb, sh + sw))
     start = a3[:, y0:, y0 + d:]
     return as_strided(start, shape=(a3.shape[0], n), strides=(sb, sh + sw),
                       writeable=start.flags.writeable)
@@ -324,10 +327,13 @@ def _fill_all(wr: _Writer, source: str) -> None:
 def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
     """The fast path on (batch, H, W) views."""
     b, h, w = o3.shape
+    value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
+    if (value_iv and keep_iv and h * w * o3.itemsize <= SMALL_TEMPLATE_BYTES
+            and o3.strides[2] == o3.itemsize):
+        _run_templates(o3, s3, v, plan)  # small matrices: one or two calls beat any splitting
+        return
     keep_source = "input" if s3 is not None else "zero"
     wr = _Writer(o3, s3, v)
-    value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
-
     if not value_iv or not keep_iv:
         _fill_all(wr, keep_source if not value_iv else "value")
         return

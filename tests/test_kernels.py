@@ -3,6 +3,7 @@ property tests over all 11 types, strided descs, and a benchmark smoke test."""
 from __future__ import annotations
 
 import math
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -228,8 +229,12 @@ def test_large_matrices_against_reference():
 
 
 @pytest.mark.parametrize("knobs", [
-    {"BLOCK_BYTES": 3000, "MIN_BLOCK_ROWS": 3}, {"NARROW": 0, "OVERLAY_ROWS": 7},
-    {"NARROW": 1000, "MASK_ROWS": 1}, {"TEMPLATE_BYTES": 0}, {"TINY_ELEMENTS": 0},
+    {"SMALL_TEMPLATE_BYTES": 0, "BLOCK_BYTES": 3000, "MIN_BLOCK_ROWS": 3},
+    {"SMALL_TEMPLATE_BYTES": 0, "NARROW": 0, "OVERLAY_ROWS": 7},
+    {"SMALL_TEMPLATE_BYTES": 0, "NARROW": 1000, "MASK_ROWS": 1},
+    {"SMALL_TEMPLATE_BYTES": 0, "TEMPLATE_BYTES": 0},
+    {"SMALL_TEMPLATE_BYTES": 0, "TEMPLATE_CACHE_BYTES": 0},
+    {"TINY_ELEMENTS": 0},
 ])
 def test_every_strategy_is_exact(monkeypatch, knobs):
     """The tuning knobs pick between code paths; each path must be exact on its own."""
@@ -319,15 +324,21 @@ def test_property_matches_pseudocode(case, input_kind, strided_out, seed):
         assert_bits_equal(buf[..., shape[-1] + 1:], sentinel[..., shape[-1] + 1:])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.sampled_from(TYPES), st.integers(20, 150), st.integers(20, 150), st.integers(1, 3),
-       st.integers(-160, 160), st.integers(-160, 160), st.booleans(), st.integers(0, 2**32 - 1))
-def test_property_fast_path_matches_reference(dtype, h, w, batch, begin, end, with_input, seed):
+       st.integers(-160, 160), st.integers(-160, 160), st.booleans(), st.integers(0, 2**32 - 1),
+       st.sampled_from([0, 64 * 1024, 1 << 30]), st.sampled_from([None, 0]))
+def test_property_fast_path_matches_reference(dtype, h, w, batch, begin, end, with_input, seed,
+                                              small_template, template):
     """Shapes big enough for the blocked / skewed / template paths, against the np.where oracle."""
     shape = (batch, h, w)
     inp = _random_input(shape, dtype, seed) if with_input else None
     value = np.array(3, dtype)
-    got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
+    knobs = {"SMALL_TEMPLATE_BYTES": small_template, "BLOCK_BYTES": 16 * 1024, "MIN_BLOCK_ROWS": 8}
+    if template is not None:
+        knobs["TEMPLATE_BYTES"] = template
+    with patch.multiple(kernels, **knobs):
+        got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
     assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp))
 
 

@@ -108,7 +108,7 @@ class BufferTensorDesc:
         self._validate_shape()
         if self.data_type == DmlDataType.UNKNOWN:
             raise DescError("DataType is UNKNOWN: a buffer tensor needs a concrete data type")
-        if self.flags & ~DmlTensorFlags.OWNED_BY_DML:
+        if int(self.flags) & ~int(DmlTensorFlags.OWNED_BY_DML):  # IntFlag ~ drops unknown bits
             raise DescError(f"Flags {int(self.flags)}: only NONE (0) and OWNED_BY_DML (1) exist")
         if self.total_bytes < self.min_bytes:
             raise DescError(f"TotalTensorSizeInBytes {self.total_bytes} is below the minimum "

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.dtypes import DmlDataType
 from dmlgraph.errors import ModelError, UnsupportedError
-from dmlgraph.graph import DmlNode, Graph, ModelInfo, Node, OnnxNode, Value
+from dmlgraph.graph import DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, gc_paused
 
 DOMAIN = "com.dmlgraph"
 DOMAIN_VERSION = 1
@@ -77,6 +77,7 @@ def _type_shape(tp: onnx.TypeProto):
     return tt.elem_type or None, dims
 
 
+@gc_paused
 def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     """Build a Graph from a loaded model (external data stays unread: `base_dir` locates it)."""
     opsets = {o.domain or "": o.version for o in model.opset_import}
@@ -168,6 +169,7 @@ def _import_dml(n: onnx.NodeProto, ins, outs) -> DmlNode:
 
 
 # ---- export ----------------------------------------------------------------------------------
+@gc_paused
 def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     """A ModelProto for `g`: `dml` keeps DML nodes as custom ops, `onnx` writes standard ops only."""
     if target not in ("dml", "onnx"):

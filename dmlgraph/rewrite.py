@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dmlgraph.graph import Graph, Node
+from dmlgraph.graph import Graph, Node, gc_paused
 from dmlgraph.ops import FeatureLevel
 
 
@@ -77,6 +77,7 @@ class PassManager:
         self.options = options or Options()
         self.max_iterations = max_iterations
 
+    @gc_paused
     def run(self, graph: Graph, progress: Callable[[str], None] | None = None) -> PassResult:
         counts = {r.name: 0 for r in self.rules}
         declined: dict[tuple, Match] = {}
@@ -103,8 +104,14 @@ class PassManager:
             for a in r.anchors:
                 by_anchor.setdefault(a, []).append(r)
         changed = False
-        candidates = [(v, by_anchor.get("Initializer", [])) for v in list(graph.initializers.values())]
-        candidates += [(n, by_anchor.get(n.op_type, []) + by_anchor.get("*", [])) for n in graph.iter_nodes()]
+        candidates: list[tuple[Any, list[Rule]]] = []
+        if "Initializer" in by_anchor:
+            candidates += [(v, by_anchor["Initializer"]) for v in graph.initializers.values()]
+        every = by_anchor.get("*", [])
+        for n in graph.iter_nodes():
+            item_rules = by_anchor.get(n.op_type, []) + every
+            if item_rules:  # most nodes have no rule in a given phase
+                candidates.append((n, item_rules))
         for item, item_rules in candidates:
             for rule in item_rules:
                 if isinstance(item, Node) and item.id not in graph.nodes:

@@ -23,6 +23,7 @@ reason, never guessed.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -154,45 +155,87 @@ MASK_OPS = {"Range", "Trilu", "EyeLike", "Less", "LessOrEqual", "Greater", "Grea
 SMALL_CONSTANT = 4096  # elements: a constant vector of sizes/indices, not data
 
 
-class DataFree:
-    """Which values depend on graph inputs only through their shapes (computed once per graph state).
+def _eligible(n: Node) -> bool:
+    """A node whose outputs can be data-free: a deterministic standard ONNX op without subgraphs."""
+    return isinstance(n, OnnxNode) and n.domain in ("", "ai.onnx") and n.op_type not in NONDETERMINISTIC \
+        and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attributes)
 
-    `index_only` marks values computed by INDEX_OPS from small constants, shapes, and stored
-    constants that are themselves bands (slicing a band keeps it a band function of the indices).
+
+class DataFree:
+    """Which values depend on graph inputs only through their shapes.
+
+    A value is free when it is an initializer, or the output of an eligible node that is a Shape/Size
+    or whose inputs are all free. `index_only` marks free values computed by INDEX_OPS from small
+    constants, shapes, and stored constants that are themselves bands (slicing a band keeps it a band
+    function of the indices).
+
+    Built by one walk in topological order, then kept exact by `update`, which replays the graph's
+    change log: the outputs of every node added, removed or rewired since are recomputed from their
+    current producer, and their consumers are revisited while statuses change. On a DAG that reaches
+    the one consistent assignment, the one a fresh walk computes (the tests compare the two), at a
+    cost proportional to the change instead of the graph.
     """
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.free: set[str] = set(graph.initializers)
-        self.index_only: dict[str, bool] = {}
+        self.status: dict[str, bool] = {}  # a free node output -> whether it is index_only
+        self._constants: dict[str, bool] = {}  # an initializer -> whether it is index_only
         for n in graph.topological_order():
-            if not isinstance(n, OnnxNode) or n.domain not in ("", "ai.onnx") or n.op_type in NONDETERMINISTIC \
-                    or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attributes):
-                continue
-            ins = [v for v in n.inputs if v is not None]
-            if n.op_type in SHAPE_OPS:
-                ok, index = True, True
-            else:
-                ok = all(v.name in self.free for v in ins)
-                index = ok and n.op_type in INDEX_OPS and all(self._index(v) for v in ins)
-            if ok:
-                for v in n.outputs:
-                    self.free.add(v.name)
-                    self.index_only[v.name] = index
+            for v in n.outputs:
+                self._recompute(v)
+        self.seen = len(graph.changes)
 
-    def _index(self, v: Value) -> bool:
-        if v.name not in self.index_only:  # an initializer, checked once
+    def is_free(self, v: Value) -> bool:
+        return v.name in self.graph.initializers or v.name in self.status
+
+    def index_only(self, v: Value) -> bool:
+        if v.name in self.status:
+            return self.status[v.name]
+        return v.name in self.graph.initializers and self._index_constant(v)
+
+    def _index_constant(self, v: Value) -> bool:
+        if v.name not in self._constants:  # checked once per initializer
             arr = const_value(self.graph, v)
-            self.index_only[v.name] = arr is not None and (arr.size <= SMALL_CONSTANT or band_of(arr) is not None)
-        return self.index_only[v.name]
+            self._constants[v.name] = arr is not None and (arr.size <= SMALL_CONSTANT or band_of(arr) is not None)
+        return self._constants[v.name]
+
+    def _recompute(self, v: Value) -> bool:
+        """Set `v`'s status from its producer and its inputs' statuses; True if it changed."""
+        p = v.producer
+        new = None  # not free
+        if p is not None and p.id in self.graph.nodes and _eligible(p):
+            ins = [x for x in p.inputs if x is not None]
+            if p.op_type in SHAPE_OPS:
+                new = True
+            elif all(self.is_free(x) for x in ins):
+                new = p.op_type in INDEX_OPS and all(self.index_only(x) for x in ins)
+        old = self.status.get(v.name)
+        if new == old:
+            return False
+        if new is None:
+            del self.status[v.name]
+        else:
+            self.status[v.name] = new
+        return True
+
+    def update(self) -> None:
+        """Catch up with the graph's changes since the last call."""
+        changes = self.graph.changes
+        work = [v for n in changes[self.seen:] for v in n.outputs]
+        self.seen = len(changes)
+        while work:
+            v = work.pop()
+            if self._recompute(v):
+                work.extend(o for c in v.consumers for o in c.outputs)
 
 
 def _data_free(graph: Graph) -> DataFree:
-    key = (len(graph.nodes), next(reversed(graph.nodes), None), len(graph.initializers))
-    cached = getattr(graph, "_data_free", None)
-    if cached is None or cached[0] != key:
-        graph._data_free = (key, DataFree(graph))
-    return graph._data_free[1]
+    """The graph's DataFree, built once and updated from the change log on each call."""
+    df = getattr(graph, "_data_free", None)
+    if df is None:
+        df = graph._data_free = DataFree(graph)
+    df.update()
+    return df
 
 
 def _ancestors(value: Value) -> tuple[list[Node], list[Value]]:
@@ -255,6 +298,57 @@ def _evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Valu
     opsets = [helper.make_opsetid(d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")]
     model = helper.make_model(g, opset_imports=opsets, ir_version=graph.info.ir_version)
     return np.asarray(OnnxRunner(model, threads=1).run(feeds)[0])
+
+
+def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str]) -> tuple:
+    """Everything `_evaluate` depends on, with value names replaced by positions.
+
+    Two copies of one mask subgraph (as exporters emit per layer) get the same signature, so the
+    evaluations of one serve the other. It holds: each node's op type, domain, attributes (Constant
+    values included) and, for each input, where it comes from (which node and output of the
+    subgraph, which shape-read input, and for a stored constant a digest of its tensor); each
+    shape-read input's type and sizes, a symbolic dim written as its rank in `symbolic` (the order
+    in which `dim_sets` gives dims their sizes); the target's type and position; the opsets.
+    """
+    position = {n.id: i for i, n in enumerate(nodes)}
+    input_index = {id(v): i for i, v in enumerate(inputs)}
+    digests: dict[str, str] = {}
+
+    def ref(v: Value | None):
+        if v is None:
+            return None
+        p = v.producer
+        made = (position[p.id], p.outputs.index(v)) if p is not None and p.id in position else None
+        if v.name in graph.initializers and v.name not in digests:
+            proto = onnx.numpy_helper.from_array(np.asarray(const_value(graph, v)))
+            digests[v.name] = hashlib.sha256(proto.SerializeToString()).hexdigest()
+        return made, input_index.get(id(v)), digests.get(v.name)
+
+    node_part = tuple((n.op_type, n.domain, tuple(a.SerializeToString(deterministic=True) for a in n.attributes),
+                       tuple(ref(v) for v in n.inputs), len(n.outputs)) for n in nodes)
+    input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", symbolic.index(d)) for d in v.shape))
+                       for v in inputs)
+    opsets = tuple(sorted((d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")))
+    return node_part, input_part, (ref(target), target.elem_type or 0), opsets, graph.info.ir_version
+
+
+def _evaluate_shared(graph: Graph, signature: tuple, symbolic: list[str], nodes: list[Node], inputs: list[Value],
+                     target: Value, dims: dict[str, int]) -> np.ndarray:
+    """`_evaluate`, once per (signature, sizes) in this graph: later copies get the same (read-only)
+    array, or the same exception."""
+    cache = graph.__dict__.setdefault("_mask_evaluations", {})
+    key = (signature, tuple(dims[d] for d in symbolic))
+    if key not in cache:
+        try:
+            arr = _evaluate(graph, nodes, inputs, target, dims)
+            arr.setflags(write=False)
+            cache[key] = arr
+        except Exception as e:  # noqa: BLE001 - remembered and raised again for every copy
+            cache[key] = e
+    result = cache[key]
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def _same_pattern_everywhere(p: BandPattern, samples: list[np.ndarray]) -> bool:
@@ -341,11 +435,11 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if not isinstance(node, OnnxNode) or node.op_type in SHAPE_OPS or node.op_type == "Constant":
         return None
     df = _data_free(graph)
-    if not node.outputs or node.outputs[0].name not in df.free:
+    if not node.outputs or not df.is_free(node.outputs[0]):
         return None
     target = node.outputs[0]
     # Only the frontier: where a data-free value meets data (or leaves the graph).
-    if not graph.is_graph_output(target) and all(c.outputs and c.outputs[0].name in df.free and
+    if not graph.is_graph_output(target) and all(c.outputs and df.is_free(c.outputs[0]) and
                                                  isinstance(c, OnnxNode) for c in target.consumers):
         return None
     if target.shape is not None and len(target.shape) < 2:
@@ -363,12 +457,13 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         m.reason = too_big
         return m
     if not symbolic:
-        arr = _evaluate(graph, nodes, inputs, target, {})
+        signature = _signature(graph, nodes, inputs, target, symbolic)
+        arr = _evaluate_shared(graph, signature, symbolic, nodes, inputs, target, {})
         p = band_of(arr)
         if p is None:
             return None
         return _finish(graph, m, target, p, arr, None, options)
-    if not df.index_only.get(target.name, False):
+    if not df.index_only(target):
         return None  # data-free but not an index computation: cannot prove it for every size
     c = _int_constants(graph, nodes)
     if c > MAX_THRESHOLD:
@@ -377,8 +472,9 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     big = 2 * c + 3
     dim_sets = [{d: s + i for i, d in enumerate(symbolic)} for s in SMALL_SIZES]
     dim_sets += [{d: big + 2 * i for i, d in enumerate(symbolic)}, {d: big + 1 + 3 * i for i, d in enumerate(symbolic)}]
+    signature = _signature(graph, nodes, inputs, target, symbolic)
     try:
-        samples = [_evaluate(graph, nodes, inputs, target, dims) for dims in dim_sets]
+        samples = [_evaluate_shared(graph, signature, symbolic, nodes, inputs, target, dims) for dims in dim_sets]
     except Exception:  # noqa: BLE001 - a subgraph that cannot run at some size is not a mask we can prove
         return None
     p = band_of(samples[-1])

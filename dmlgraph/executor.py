@@ -1,7 +1,8 @@
 """Run a Graph: DML nodes on the numpy kernels, everything else in onnxruntime.
 
-ONNX nodes are grouped into as few InferenceSessions as the graph allows: a node's *stage* is the
-number of DML nodes on the longest path into it, and all ONNX nodes of one stage form one region.
+ONNX nodes are grouped into as few InferenceSessions as the graph allows: a node's *stage* is at
+least the number of DML nodes on the longest path into it (and an ONNX node then moves as late as
+its consumers allow), and all ONNX nodes of one stage form one region.
 No path leaves a stage and comes back to it (it would have to cross a DML node, which raises the
 stage), so every region runs as one session, created once and cached. Where onnxruntime has no
 kernel for a region (e.g. Trilu on int8), `onnx.reference` runs it instead.
@@ -46,6 +47,7 @@ class OnnxRunner:
                  external: dict[str, np.ndarray] | None = None, optimize: bool = True):
         self.model = model
         self.input_names = [i.name for i in model.graph.input]
+        self._input_set = frozenset(self.input_names)
         self.output_names = [o.name for o in model.graph.output]
         opts = ort.SessionOptions()
         opts.log_severity_level = 4  # fatal only: its errors reach the user as our message, not as a log
@@ -92,7 +94,7 @@ class OnnxRunner:
                                 f"onnx.reference: {_first_line(e)}") from None
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        feeds = {k: v for k, v in feeds.items() if k in self.input_names}
+        feeds = {k: v for k, v in feeds.items() if k in self._input_set}
         if self.session is not None:
             try:
                 return self.session.run(self.output_names, feeds)
@@ -140,6 +142,17 @@ class Executor:
                 if p is not None and p.id in stage:
                     s = max(s, stage[p.id] + (1 if isinstance(p, DmlNode) else 0))
             stage[n.id] = s
+        # Then each ONNX node moves as late as its consumers allow: what only later stages need (the
+        # data path beside a mask, weights behind Identity nodes) runs in their region instead of
+        # crossing a session boundary. Edges still never go to an earlier stage, so the invariant
+        # above holds. Values read by name from subgraph bodies keep their producers in place.
+        read_by_name = set().union(*(outer_names(n) for n in order if isinstance(n, OnnxNode)))
+        for n in reversed(order):
+            if isinstance(n, DmlNode) or any(v.name in read_by_name for v in n.outputs):
+                continue
+            later = [stage[c.id] for v in n.outputs for c in v.consumers if c.id in stage]
+            if later:
+                stage[n.id] = max(stage[n.id], min(later))
         regions: dict[int, Region] = {}
         dml_at: dict[int, list[DmlNode]] = {}
         for n in order:

@@ -1,0 +1,184 @@
+"""`dmlgraph bench pipeline` (smoke only: no timing asserts) and the fast paths it measures, each
+checked against the simple computation it replaces."""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import networkx as nx
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from dmlgraph import api, bench_pipeline
+from dmlgraph.graph import DmlNode
+from dmlgraph.onnx_io import import_model
+from dmlgraph.rewrite import Options
+from passes import masks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROW_KEYS = {"case", "ours", "baseline", "ratio", "unit", "target", "met", "note", "extra"}
+
+
+def test_quick_bench_writes_rows(tmp_path):
+    out = tmp_path / "bench.json"
+    rows = bench_pipeline.run(quick=True, json_out=str(out), log=lambda *a: None)
+    data = json.loads(out.read_text())
+    assert data["quick"] is True and len(data["rows"]) == len(rows) >= 3
+    for row in data["rows"]:
+        assert set(row) == ROW_KEYS
+    cases = " ".join(r["case"] for r in data["rows"])
+    assert "optimize per node" in cases and "throughput" in cases and "run " in cases
+    assert "peak RSS" not in cases  # the memory case is skipped with --quick
+    table = bench_pipeline.table(rows)
+    assert table.splitlines()[0].split()[:4] == ["case", "ours", "baseline", "ratio"]
+
+
+def test_cli_entry_points(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench_pipeline, "run", lambda quick, json_out: calls.append((quick, json_out)))
+    from dmlgraph.cli import main
+    assert main(["bench", "pipeline", "--quick", "--json", str(tmp_path / "x.json")]) == 0
+    assert bench_pipeline.main(["--quick"]) == 0
+    assert calls == [(True, str(tmp_path / "x.json")), (True, None)]
+
+
+def test_blocks_model_is_valid_and_fully_lowered(tmp_path):
+    model = bench_pipeline.blocks_model(4)
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "blocks.onnx"
+    onnx.save(model, path)
+    result = api.optimize(str(path))
+    assert result.passes.counts["mask_subgraph"] == 4 and result.passes.counts["mask_where"] == 4
+    assert api.validate(str(path), dims={"batch": 2, "seq": 7})["ok"]
+
+
+# ---- the mask-subgraph evaluation cache --------------------------------------------------------
+def _count_evaluations(monkeypatch) -> list:
+    calls = []
+    real = masks._evaluate
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(masks, "_evaluate", counting)
+    return calls
+
+
+def _lowered(g) -> list[tuple]:
+    return sorted((n.outputs[0].name, n.begin, n.end, np.asarray(n.value).item(), n.static_shape)
+                  for n in g.nodes.values() if isinstance(n, DmlNode))
+
+
+def _set_trilu_k(model: onnx.ModelProto, block: int, k: int) -> onnx.ModelProto:
+    for i, t in enumerate(model.graph.initializer):
+        if t.name == f"b{block}_k":
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(np.array(k, np.int64), t.name))
+    return model
+
+
+def test_identical_mask_copies_share_one_evaluation(monkeypatch):
+    calls = _count_evaluations(monkeypatch)
+    g = import_model(bench_pipeline.blocks_model(4))  # blocks 0, 2: Trilu masks; 1, 3: Range masks
+    api.optimize_graph(g, Options())
+    # Two distinct structures, each evaluated at the 5 sizes once (not once per copy).
+    assert len(calls) == 10
+    assert len(_lowered(g)) == 4
+
+
+def test_copies_differing_in_a_constant_do_not_share(monkeypatch):
+    calls = _count_evaluations(monkeypatch)
+    g = import_model(_set_trilu_k(bench_pipeline.blocks_model(4), 2, 1))
+    api.optimize_graph(g, Options())
+    assert len(calls) == 15  # block 2's Trilu k differs from block 0's: its own evaluations
+    ends = {name: (b, e) for name, b, e, *_ in _lowered(g)}
+    assert ends["b0_masked"] != ends["b2_masked"]
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_cached_evaluations_give_what_evaluating_each_copy_gives(monkeypatch, k):
+    model = _set_trilu_k(bench_pipeline.blocks_model(4), 2, k)
+    cached = import_model(model)
+    api.optimize_graph(cached, Options())
+    monkeypatch.setattr(masks, "_evaluate_shared",
+                        lambda graph, signature, symbolic, *args: masks._evaluate(graph, *args))
+    oracle = import_model(model)
+    api.optimize_graph(oracle, Options())
+    assert _lowered(cached) == _lowered(oracle)
+
+
+def test_signature_sees_dims_types_and_wiring():
+    g = import_model(bench_pipeline.blocks_model(4))
+    sig = {}
+    for block in (1, 3):
+        target = g.values[f"b{block}_mask"]
+        nodes, inputs = masks._ancestors(target)
+        sig[block] = masks._signature(g, nodes, inputs, target, ["batch", "seq"])
+    assert sig[1] == sig[3]
+    target = g.values["b1_mask"]
+    nodes, inputs = masks._ancestors(target)
+    assert masks._signature(g, nodes, inputs, target, ["seq", "batch"]) != sig[1]  # dims get other sizes
+    inputs[0].elem_type = onnx.TensorProto.DOUBLE
+    assert masks._signature(g, nodes, inputs, target, ["batch", "seq"]) != sig[1]
+
+
+# ---- incremental data-freeness vs a fresh walk ---------------------------------------------------
+def _fresh_equals(g, df) -> None:
+    fresh = masks.DataFree(g)
+    for v in g.values.values():
+        assert df.is_free(v) == fresh.is_free(v), v.name
+        assert df.index_only(v) == fresh.index_only(v), v.name
+
+
+MODELS = [os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")] + \
+    sorted(p for p in (os.path.join(ROOT, "models", f) for f in os.listdir(os.path.join(ROOT, "models")))
+           if p.endswith(".onnx"))[:6]
+
+
+@pytest.mark.parametrize("path", MODELS, ids=os.path.basename)
+def test_incremental_data_free_matches_a_fresh_walk(path, monkeypatch):
+    _, g = api.load(path)
+    checked = []
+    real = masks._rewrite_subgraph
+
+    def checking(graph, m, options):
+        out = real(graph, m, options)
+        _fresh_equals(graph, masks._data_free(graph))
+        checked.append(1)
+        return out
+
+    monkeypatch.setattr(masks.MASK_SUBGRAPH, "rewrite", checking)
+    api.optimize_graph(g, Options())
+    g.remove_dead()
+    _fresh_equals(g, masks._data_free(g))
+
+
+def test_incremental_data_free_on_the_bench_model():
+    g = import_model(bench_pipeline.blocks_model(6))
+    df = masks._data_free(g)
+    api.optimize_graph(g, Options())
+    assert masks._data_free(g) is df  # updated, not rebuilt
+    _fresh_equals(g, df)
+
+
+# ---- topological order vs networkx ----------------------------------------------------------------
+def _nx_order(g):
+    order = {nid: i for i, nid in enumerate(g.nodes)}
+    ids = nx.lexicographical_topological_sort(g.to_networkx(), key=order.__getitem__)
+    return [g.nodes[i] for i in ids]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_topological_order_matches_networkx(seed):
+    g = import_model(bench_pipeline.blocks_model(3))
+    assert g.topological_order() == _nx_order(g)  # already ordered: the fast path
+    rng = random.Random(seed)
+    items = list(g.nodes.items())
+    rng.shuffle(items)  # insertion order no longer a dependency order
+    g.nodes = dict(items)
+    assert g.topological_order() == _nx_order(g)
+    api.optimize_graph(g, Options())  # rewrites append nodes whose consumers came earlier
+    assert g.topological_order() == _nx_order(g)

@@ -188,6 +188,12 @@ def analyze_band(array, *, block_rows: int | None = None) -> BandPattern | None:
     u = np.dtype(f"u{a.dtype.itemsize}")
     first = bits[(0,) * (a.ndim - 2)]
 
+    # A band changes value at most twice along any row: reject weights on the contiguous first
+    # row, before reading down a column (which touches every page of a memory-mapped tensor).
+    row0 = np.asarray(first[0, :])
+    if np.count_nonzero(row0[1:] != row0[:-1]) > 2:
+        return None
+
     # Diagonal signature: sig[i] holds diagonal d = i - (H-1), read from column 0 then row 0.
     sig = np.concatenate([np.asarray(first[:0:-1, 0]), np.asarray(first[0, :])]).astype(u)
     pattern = _pattern_from_signature(sig, h, w, a.dtype)

@@ -22,6 +22,7 @@ Dependencies: onnx, numpy and the standard library only.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import re
 import stat
@@ -334,7 +335,12 @@ def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
     if np_dtype.itemsize > 1:
         np_dtype = np_dtype.newbyteorder("<")  # external data is little-endian
     try:
-        return np.memmap(path, dtype=np_dtype, mode="r", offset=offset, shape=shape)
+        mapped = np.memmap(path, dtype=np_dtype, mode="r", offset=offset, shape=shape)
+        # Rules read a few rows or columns of a weight: without this the kernel's read-ahead maps
+        # the whole tensor into RSS on the first page faults.
+        if hasattr(mmap, "MADV_RANDOM") and getattr(mapped, "_mmap", None) is not None:
+            mapped._mmap.madvise(mmap.MADV_RANDOM)
+        return mapped
     except (OSError, ValueError) as e:
         raise ModelError(f"{label}: cannot map external data {path}: {e}") from None
 

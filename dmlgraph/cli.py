@@ -204,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _printable(text: str) -> str:
+    """One line: names from a model file may hold newlines or control characters; escape them."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     try:
@@ -218,7 +223,9 @@ def main(argv=None) -> int:
     except DmlgraphError as e:
         if args.debug:
             raise
-        print(f"dmlgraph: error: {e}", file=sys.stderr)
+        print(f"dmlgraph: error: {_printable(Exception.__str__(e))}", file=sys.stderr)
+        if e.hint:
+            print(f"  hint: {_printable(e.hint)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("dmlgraph: interrupted", file=sys.stderr)
@@ -226,7 +233,7 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - the last line of defence: no bare tracebacks for users
         if args.debug:
             raise
-        print(f"dmlgraph: internal error: {type(e).__name__}: {e}\n  hint: this is a bug in dmlgraph; "
+        print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: this is a bug in dmlgraph; "
               "rerun with --debug and report the traceback", file=sys.stderr)
         return EXIT_INTERNAL
 

@@ -123,12 +123,46 @@ def _annotate(v: Value, vi: onnx.ValueInfoProto, override: bool) -> None:
         v.shape = shape
 
 
+# onnx's data propagation turns a 1-D integer value of static length N into N dims, in time and
+# memory linear in N, even when it knows none of the values: Range(0, 10^9) -> Cast, or a declared
+# [2^62] shape vector, never returns. Data propagation is skipped when such a value exists.
+MAX_DATA_PROP_LENGTH = 1 << 16
+_INT_TYPES = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT64,
+              TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8}
+
+
+def _long_int_vector(model: onnx.ModelProto) -> bool:
+    def graphs(g):
+        yield g
+        for n in g.node:
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    yield from graphs(sub)
+    for g in graphs(model.graph):
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            tt = vi.type.tensor_type
+            if tt.elem_type in _INT_TYPES and len(tt.shape.dim) == 1 \
+                    and tt.shape.dim[0].dim_value > MAX_DATA_PROP_LENGTH:
+                return True
+    return False
+
+
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference on a copy; a model it cannot handle simply has fewer known shapes."""
+    """Shape inference on a copy; a model it cannot handle simply has fewer known shapes.
+
+    First without data propagation (linear in the graph), then with it unless that pass found a
+    long integer vector (see MAX_DATA_PROP_LENGTH).
+    """
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        plain = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=False)
     except Exception:  # inference is a help, never a reason to refuse a model
         return model
+    if _long_int_vector(plain):
+        return plain
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001
+        return plain
 
 
 def _check_defined(g: Graph) -> None:

@@ -275,7 +275,7 @@ def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np
     return Executor(g, threads).run(feeds)
 
 
-def check_output_path(path: str, model_path: str | None = None) -> None:
+def check_output_path(path: str, model_path: str | None = None, what: str = "the outputs") -> None:
     """Refuse an output path whose folder is missing, that is a directory, or that is the model."""
     out = os.path.abspath(path)
     folder = os.path.dirname(out)
@@ -286,7 +286,7 @@ def check_output_path(path: str, model_path: str | None = None) -> None:
         raise DmlgraphError(f"cannot write {path}: it is a directory", hint="pass a file path for the output")
     if model_path is not None and os.path.exists(out) and os.path.exists(model_path) \
             and os.path.samefile(out, model_path):
-        raise DmlgraphError(f"refusing to overwrite the input model {model_path} with the outputs",
+        raise DmlgraphError(f"refusing to overwrite the input model {model_path} with {what}",
                             hint="choose a different output path")
 
 

@@ -94,14 +94,22 @@ def assert_ok(code, out, err):
 # ---- the bad-model corpus ------------------------------------------------------------------------
 # Each case: name -> (builder(folder) -> model path, words the error must contain). Every command
 # that takes a model must refuse it with exit 2.
-def _external(folder, location, write_file=True):
+def _absurd_shape(folder):
+    """An initializer claiming 2^42 elements (with 4 bytes of data): refused before numpy sees it."""
+    w = T()
+    w.name, w.data_type, w.raw_data = "w", T.FLOAT, b"\0\0\0\0"
+    w.dims.extend([2**21, 2**21])
+    return _relu(folder, [h.make_node("Add", ["x", "w"], ["y"])], inits=[w])
+
+
+def _external(folder, location, write_file=True, offset="0", length="24"):
     if write_file:
         with open(os.path.join(folder, "w.bin"), "wb") as f:
             f.write(np.arange(6, dtype=np.float32).tobytes())
     t = T()
     t.name, t.data_type, t.data_location = "w", T.FLOAT, T.EXTERNAL
     t.dims.extend([2, 3])
-    for k, v in (("location", location), ("offset", "0"), ("length", "24")):
+    for k, v in (("location", location), ("offset", offset), ("length", length)):
         e = t.external_data.add()
         e.key, e.value = k, v
     m = model([h.make_node("Add", ["x", "w"], ["y"])], [vi("x", [2, 3])], [vi("y", [2, 3])], [t])
@@ -199,6 +207,9 @@ BAD_MODELS = {
     "external_missing": (lambda d: _external(d, "gone.bin"), ["missing", "gone.bin"]),
     "negative_initializer_dim": (_negative_dim, ["negative"]),
     "non_utf8_dim_param": (_non_utf8_dim_param, ["UTF-8"]),
+    "absurd_initializer_shape": (_absurd_shape, ["absurd shape"]),
+    "external_past_end_of_file": (lambda d: _external(d, "w.bin", length="24", offset="16"), ["runs past the end"]),
+    "external_length_mismatch": (lambda d: _external(d, "w.bin", length="4096"), ["does not match"]),
     "undefined_elem_type": (_undefined_elem_type, ["element type -1"]),
     "control_chars_in_name": (_control_chars_in_name, ["y\\nTraceback", "not produced"]),
 }
@@ -406,6 +417,8 @@ def test_negative_declared_dim_refused(tmp_path, capsys):
     (["run", CAUSAL, "-o", "{tmp}/no/such/dir/o.npz"], ["does not exist"]),
     (["run", CAUSAL, "-o", "{tmp}"], ["directory"]),
     (["run", CAUSAL, "-o", CAUSAL], ["input model"]),
+    (["inspect", CAUSAL, "--dot", CAUSAL], ["input model", "--dot"]),
+    (["inspect", CAUSAL, "--svg", CAUSAL], ["input model", "--svg"]),
 ], ids=lambda x: "_".join(x)[:60] if isinstance(x, list) else None)
 def test_bad_cli_values(argv, words, tmp_path, capsys):
     before = tree_digest(os.path.dirname(CAUSAL))

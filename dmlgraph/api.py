@@ -10,14 +10,18 @@ import onnx
 
 from dmlgraph.errors import DmlgraphError, ModelError
 from dmlgraph.executor import Executor, numpy_dtype
-from dmlgraph.graph import DmlNode, Graph
+from dmlgraph.graph import DmlNode, Graph, gc_paused
 from dmlgraph.modelfile import load_model, save_model, tensor_nbytes
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
 
 
+@gc_paused
 def load(path: str) -> tuple[onnx.ModelProto, Graph]:
-    """Read a model safely (external data stays on disk) and import it."""
+    """Read a model safely (external data stays on disk) and import it.
+
+    Like every whole-model step, with the cyclic collector paused (see `gc_paused`): its full
+    passes over the proto walk and the new graph find nothing to free."""
     model = load_model(path)
     _check_opsets(model, path)
     _check_utf8(model, path)
@@ -113,6 +117,7 @@ class OptimizeResult:
     report: dict = field(default_factory=dict)
 
 
+@gc_paused
 def optimize(path: str, options: Options | None = None, target: str = "dml", progress=None) -> OptimizeResult:
     options = options or Options()
     _, g = load(path)
@@ -141,6 +146,7 @@ def _dml_summary(m) -> dict | None:
             "has_input": dml.inputs[0] is not None, "runtime_k": dml.inputs[2] is not None}
 
 
+@gc_paused
 def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = False) -> int:
     """Save atomically; returns the written file's size in bytes."""
     save_model(result.model, out, input_path=input_path, in_place=in_place,

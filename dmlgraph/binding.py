@@ -6,6 +6,8 @@ padded with leading 1s where the feature level needs 4 dims (DIAGONAL_MATRIX bel
 """
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 from onnx import helper
 
@@ -77,9 +79,34 @@ def node_desc(node: DmlNode, out_shape, x_shape=None, k: int = 0,
     return desc
 
 
+_DECLINE_CACHE: dict[tuple, str | None] = {}
+_DECLINE_CACHE_MAX = 4096
+
+
 def decline_reason(node: DmlNode, rank: int | None, level: FeatureLevel,
                    static_shape: tuple[int, ...] | None = None) -> str | None:
-    """Why `node` cannot be lowered at `level` (checked on its static shape, else on 1s of its rank)."""
+    """Why `node` cannot be lowered at `level` (checked on its static shape, else on 1s of its rank).
+
+    Memoized on everything the check reads (a model's per-layer copies of one mask ask the same
+    question thousands of times, and building the validated descs is the costly part). A value
+    that is not a plain scalar is checked every time; an exception is never memoized.
+    """
+    value = node.value
+    if not isinstance(value, (bool, int, float, np.generic)):
+        return _decline_reason(node, rank, level, static_shape)
+    bits = value.tobytes() if isinstance(value, np.generic) else \
+        struct.pack("<d", value) if isinstance(value, float) else value  # bits: NaN payloads, -0.0
+    key = (node.kind, node.elem_type, node.begin, node.end, node.inputs[0] is not None,
+           type(value), bits, rank, level, static_shape)
+    if key not in _DECLINE_CACHE:
+        if len(_DECLINE_CACHE) >= _DECLINE_CACHE_MAX:
+            _DECLINE_CACHE.clear()
+        _DECLINE_CACHE[key] = _decline_reason(node, rank, level, static_shape)
+    return _DECLINE_CACHE[key]
+
+
+def _decline_reason(node: DmlNode, rank: int | None, level: FeatureLevel,
+                    static_shape: tuple[int, ...] | None) -> str | None:
     try:
         DmlDataType.from_onnx(node.elem_type)
     except Exception:

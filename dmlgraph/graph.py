@@ -306,7 +306,7 @@ class Graph:
             live.add(n.id)
             stack.extend(v.producer for v in n.inputs if v is not None and v.producer is not None)
             # ONNX subgraph attributes may read outer values by name: keep their producers alive.
-            if isinstance(n, OnnxNode):
+            if isinstance(n, OnnxNode) and n.attributes:  # (no attributes: no subgraphs)
                 for name in outer_names(n):
                     v = self.values.get(name)
                     if v is not None and v.producer is not None:
@@ -316,8 +316,8 @@ class Graph:
             self.remove_node(n)
         used = {v.name for v in self.outputs}
         for n in self.nodes.values():
-            used.update(v.name for v in n.inputs if v is not None)
-            if isinstance(n, OnnxNode):
+            used.update([v.name for v in n.inputs if v is not None])
+            if isinstance(n, OnnxNode) and n.attributes:
                 used.update(outer_names(n))
         for name in [k for k in self.initializers if k not in used]:
             del self.initializers[name]

@@ -84,6 +84,8 @@ def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx
     """The graph and every subgraph (If/Loop/Scan bodies), each with a suffix saying where it is."""
     yield graph, where
     for i, node in enumerate(graph.node):
+        if not node.attribute:  # most nodes: no attribute, so no subgraph (and no generator to start)
+            continue
         for attr_name, sub in _subgraphs(node):
             yield from _iter_graphs(sub, f" (in subgraph '{attr_name}' of {_node_label(node, i)}{where})")
 
@@ -368,7 +370,7 @@ def _check_structure(graph: onnx.GraphProto, outer: set[str], where: str = "") -
         for name in node.input:
             if name and name not in available:
                 _diagnose(graph, idx, name, producer, where)
-        for attr_name, sub in _subgraphs(node):
+        for attr_name, sub in (_subgraphs(node) if node.attribute else ()):
             _check_structure(sub, available,
                              f" (in subgraph '{attr_name}' of {_node_label(node, idx)}{where})")
         available.update(o for o in node.output if o)

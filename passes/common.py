@@ -15,7 +15,7 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
     if v is None:
         return None
     if v.name in graph.initializers:
-        return initializer_array(v)
+        return _initializer_value(graph, v)
     p = v.producer
     if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
         for a in p.attributes:
@@ -26,6 +26,30 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
             if a.name in ("value_ints", "value_floats"):
                 return np.array(onnx.helper.get_attribute_value(a))
     return None
+
+
+CACHED_CONSTANT_BYTES = 1 << 16
+
+
+def _initializer_value(graph: Graph, v: Value) -> np.ndarray:
+    """`initializer_array`, remembered per graph for small inline tensors (read-only).
+
+    Rules ask for the same index constants many times per optimize (data-freeness, signatures,
+    integer bounds, stored masks), and decoding a TensorProto costs more than the rule's test.
+    Keyed on the TensorProto itself, so a replaced initializer is read afresh; big or external
+    tensors are not kept (memory stays bounded by the weights' own storage).
+    """
+    if v.array is not None:
+        return v.array
+    cache = graph.__dict__.setdefault("_constant_arrays", {})
+    hit = cache.get(v.name)
+    if hit is not None and hit[0] is v.initializer:
+        return hit[1]
+    arr = initializer_array(v)
+    if not isinstance(arr, np.memmap) and arr.nbytes <= CACHED_CONSTANT_BYTES:
+        arr.setflags(write=False)
+        cache[v.name] = (v.initializer, arr)
+    return arr
 
 
 def zero_of(elem_type: int) -> np.generic:

@@ -704,7 +704,10 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
         if data_tmp is not None:
             temps.append(data_tmp)
         offset = 0
-        for span, (tensor, label, is_init) in zip(sources, _iter_tensors(result), strict=True):
+        # A single-file save of a model without external data leaves every tensor as it is: the
+        # per-tensor pass over the copy is needed only for external data (in the source or the save).
+        placing = use_external or any(span is not None for span in sources)
+        for span, (tensor, label, is_init) in zip(sources, _iter_tensors(result), strict=True) if placing else ():
             if not use_external:
                 if span is not None:
                     tensor.raw_data = _read_span(*span)

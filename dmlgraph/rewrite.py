@@ -108,8 +108,11 @@ class PassManager:
         if "Initializer" in by_anchor:
             candidates += [(v, by_anchor["Initializer"]) for v in graph.initializers.values()]
         every = by_anchor.get("*", [])
+        per_op: dict[str, list[Rule]] = {}  # one list per op type, not one per node
         for n in graph.iter_nodes():
-            item_rules = by_anchor.get(n.op_type, []) + every
+            item_rules = per_op.get(n.op_type)
+            if item_rules is None:
+                item_rules = per_op[n.op_type] = by_anchor.get(n.op_type, []) + every
             if item_rules:  # most nodes have no rule in a given phase
                 candidates.append((n, item_rules))
         for item, item_rules in candidates:

@@ -477,17 +477,40 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         samples = [_evaluate_shared(graph, signature, symbolic, nodes, inputs, target, dims) for dims in dim_sets]
     except Exception:  # noqa: BLE001 - a subgraph that cannot run at some size is not a mask we can prove
         return None
-    p = band_of(samples[-1])
+    p, same, sources = _analyze_shared(graph, signature, symbolic, dim_sets, samples, inputs)
     if p is None:
         return None
-    if not _same_pattern_everywhere(p, samples):
+    if not same:
         m.reason = "a band at some sizes but not at all sizes tried"
         return m
-    sources = _dim_sources(samples, dim_sets, inputs)
     if sources is None:
         m.reason = "its output sizes are not the input's dims or constants"
         return m
     return _finish(graph, m, target, p, samples[-1], sources, options)
+
+
+def _analyze_shared(graph: Graph, signature: tuple, symbolic: list[str], dim_sets: list[dict], samples,
+                    inputs: list[Value]) -> tuple:
+    """(band of the last sample, same band in every sample, output dim sources), once per
+    (signature, sizes) in this graph.
+
+    These read only the samples (shared per signature by `_evaluate_shared`), the sizes, and the
+    inputs' shapes, which the signature holds (a symbolic dim as its rank in `symbolic`, the rank
+    `dim_sets` sizes it by); so later copies reuse them, with a source's input kept as its position
+    in `inputs` and mapped back to this copy's inputs.
+    """
+    cache = graph.__dict__.setdefault("_mask_analyses", {})
+    key = (signature, tuple(tuple(dims[d] for d in symbolic) for dims in dim_sets))
+    if key not in cache:
+        p = band_of(samples[-1])
+        same = p is not None and _same_pattern_everywhere(p, samples)
+        sources = _dim_sources(samples, dim_sets, inputs) if same else None
+        cache[key] = (p, same, None if sources is None else
+                      [s if s[0] == "const" else ("dim", inputs.index(s[1]), s[2]) for s in sources])
+    p, same, positions = cache[key]
+    sources = None if positions is None else \
+        [s if s[0] == "const" else ("dim", inputs[s[1]], s[2]) for s in positions]
+    return p, same, sources
 
 
 def _finish(graph, m, target, p, arr, sources, options) -> Match:

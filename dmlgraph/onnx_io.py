@@ -89,7 +89,7 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         functions=list(model.functions))
     g = Graph(info)
     mg = model.graph
-    inferred = _infer(model)
+    inferred = infer_shapes(model)
     # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest.
     for vi in list(inferred.graph.value_info) + list(mg.value_info):
         _annotate(g.value(vi.name), vi, override=False)
@@ -147,7 +147,7 @@ def _long_int_vector(model: onnx.ModelProto) -> bool:
     return False
 
 
-def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference on a copy; a model it cannot handle simply has fewer known shapes.
 
     First without data propagation (linear in the graph), then with it unless that pass found a

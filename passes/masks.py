@@ -23,8 +23,10 @@ reason, never guessed.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import os
 
 import numpy as np
 import onnx
@@ -35,7 +37,7 @@ from dmlgraph.band import BandPattern, analyze_band
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.executor import OnnxRunner, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
-from dmlgraph.onnx_io import onnx_node_proto, value_info
+from dmlgraph.onnx_io import infer_shapes, onnx_node_proto
 from dmlgraph.ops import bind_range
 from dmlgraph.rewrite import Match, Options, Rule
 from passes.common import const_value, lowering_reason
@@ -281,13 +283,14 @@ def _int_constants(graph: Graph, nodes: list[Node]) -> int:
     return biggest
 
 
-def _evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
-              dims: dict[str, int]) -> np.ndarray:
-    feeds, infos = {}, []
-    for v in inputs:
-        shape = tuple(d if isinstance(d, int) else dims[d] for d in v.shape)
-        feeds[v.name] = np.zeros(shape, numpy_dtype(v.elem_type))
-        infos.append(value_info(v))
+def _sample_shape(v: Value, dims: dict[str, int]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else dims[d] for d in v.shape)
+
+
+def _mask_model(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
+                dims: dict[str, int]) -> onnx.ModelProto:
+    """The subgraph as a model whose inputs have the sample's concrete shapes."""
+    infos = [helper.make_tensor_value_info(v.name, v.elem_type, list(_sample_shape(v, dims))) for v in inputs]
     inits = []
     for n in nodes:
         for v in n.inputs:
@@ -296,8 +299,51 @@ def _evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Valu
     g = helper.make_graph([onnx_node_proto(n) for n in nodes], "mask", infos,
                           [helper.make_tensor_value_info(target.name, target.elem_type or 0, None)], inits)
     opsets = [helper.make_opsetid(d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")]
-    model = helper.make_model(g, opset_imports=opsets, ir_version=graph.info.ir_version)
-    return np.asarray(OnnxRunner(model, threads=1).run(feeds)[0])
+    return helper.make_model(g, opset_imports=opsets, ir_version=graph.info.ir_version)
+
+
+EVAL_HEADROOM = 4 << 30  # bytes of address space one mask evaluation may add
+
+
+@contextlib.contextmanager
+def _address_space_headroom(extra: int):
+    """Cap the process's address space at its current size + `extra` (Linux; elsewhere no cap).
+
+    Evaluating a subgraph whose sizes shape inference could not bound (a corrupt 2^40 dim, or a
+    static side we cannot see) then fails with an allocation error instead of exhausting memory.
+    """
+    try:
+        import resource
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = current + extra if hard == resource.RLIM_INFINITY else min(current + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
+              dims: dict[str, int]) -> np.ndarray:
+    model = _mask_model(graph, nodes, inputs, target, dims)
+    # Only the shapes of these inputs are read: zeros (calloc'd, pages untouched) stand in.
+    feeds = {v.name: np.zeros(_sample_shape(v, dims), numpy_dtype(v.elem_type)) for v in inputs}
+    with _address_space_headroom(EVAL_HEADROOM):
+        return np.asarray(OnnxRunner(model, threads=1).run(feeds)[0])
+
+
+def _predicted_elements(graph: Graph, nodes, inputs, target, dims) -> int | None:
+    """The output's element count at `dims` by shape inference (None when it cannot tell)."""
+    for vi in infer_shapes(_mask_model(graph, nodes, inputs, target, dims)).graph.output:
+        dims_out = vi.type.tensor_type.shape.dim
+        if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims_out):
+            return math.prod(d.dim_value for d in dims_out)
+    return None
 
 
 def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str]) -> tuple:
@@ -406,29 +452,35 @@ def _dim_sources(samples, dim_sets, inputs) -> list | None:
 
 
 # A mask subgraph is proven by evaluating it, which materializes the mask (and onnxruntime's int64
-# intermediates of the same size). A static side above this, or a known output above
-# MAX_EVAL_ELEMENTS, is declined instead: a corrupt or absurd dim (70000, 2^40) must not make
-# optimize allocate gigabytes. 8192 positions (a 64M-element mask) still evaluate.
-MAX_EVAL_SIDE = 8192
+# intermediates of the same size). A known output or input above MAX_EVAL_ELEMENTS is declined
+# instead: a corrupt or absurd dim (70000, 2^40) must not make optimize allocate gigabytes.
+# 8192 positions (a 64M-element mask) still evaluate.
 MAX_EVAL_ELEMENTS = 8192 * 8192
 
 
-def _too_big_to_evaluate(inputs: list[Value], target: Value) -> str | None:
-    """Why evaluating this mask subgraph could allocate too much (None: it is safe to evaluate).
+def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
+                         largest: dict[str, int]) -> str | None:
+    """Why evaluating this mask subgraph would allocate too much (None: evaluate it).
 
-    With a static output shape its size decides; otherwise any static input dim could be a side of
-    the mask, so the largest one must be at most MAX_EVAL_SIDE.
+    The inputs fed and the output are bounded by MAX_EVAL_ELEMENTS: from the output's dims when
+    they are static or sampled, else from shape inference at the largest sample. When neither can
+    tell, the evaluation still runs under an address-space cap (`_address_space_headroom`).
     """
-    if target.shape is not None and all(isinstance(d, int) for d in target.shape):
-        if math.prod(target.shape) > MAX_EVAL_ELEMENTS:
+    if any(v.elem_type is None or any(isinstance(d, int) and d < 0 for d in v.shape) for v in inputs):
+        return "an input feeding it has an unknown type or a negative dim"
+    fed = sum(math.prod(_sample_shape(v, largest)) for v in inputs)
+    if fed > MAX_EVAL_ELEMENTS:
+        return f"the tensors whose shapes feed it hold {fed} elements, too many to evaluate it"
+    if target.shape is not None and all(isinstance(d, int) or d in largest for d in target.shape):
+        n = math.prod(d if isinstance(d, int) else largest[d] for d in target.shape)
+        if n > MAX_EVAL_ELEMENTS:
             return (f"its output {list(target.shape)} is too large to evaluate to prove it "
                     f"(limit {MAX_EVAL_ELEMENTS} elements)")
         return None
-    sides = [d for v in inputs for d in v.shape if isinstance(d, int)]
-    if sides and max(sides) > MAX_EVAL_SIDE:
-        return (f"a dim of {max(sides)} feeds it; evaluating the mask to prove it is limited to "
-                f"{MAX_EVAL_SIDE} positions")
-    return None
+    n = _predicted_elements(graph, nodes, inputs, target, largest)
+    if n is not None and n > MAX_EVAL_ELEMENTS:
+        return f"its output would hold {n} elements, too many to evaluate it (limit {MAX_EVAL_ELEMENTS})"
+    return None  # size unknown: the evaluation runs under an address-space cap
 
 
 def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
@@ -452,7 +504,14 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if any(v.shape is None or None in v.shape for v in inputs):
         m.reason = "an input feeding the mask has an unknown shape"
         return m
-    too_big = _too_big_to_evaluate(inputs, target)
+    c = _int_constants(graph, nodes) if symbolic else 0
+    if c > MAX_THRESHOLD:
+        m.reason = f"its integer constants (up to {c}) are too large to verify the band at every size"
+        return m
+    big = 2 * c + 3
+    dim_sets = [{d: size + i for i, d in enumerate(symbolic)} for size in SMALL_SIZES]
+    dim_sets += [{d: big + 2 * i for i, d in enumerate(symbolic)}, {d: big + 1 + 3 * i for i, d in enumerate(symbolic)}]
+    too_big = _too_big_to_evaluate(graph, nodes, inputs, target, dim_sets[-1])
     if too_big:
         m.reason = too_big
         return m
@@ -465,17 +524,14 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         return _finish(graph, m, target, p, arr, None, options)
     if not df.index_only(target):
         return None  # data-free but not an index computation: cannot prove it for every size
-    c = _int_constants(graph, nodes)
-    if c > MAX_THRESHOLD:
-        m.reason = f"its integer constants (up to {c}) are too large to verify the band at every size"
-        return m
-    big = 2 * c + 3
-    dim_sets = [{d: s + i for i, d in enumerate(symbolic)} for s in SMALL_SIZES]
-    dim_sets += [{d: big + 2 * i for i, d in enumerate(symbolic)}, {d: big + 1 + 3 * i for i, d in enumerate(symbolic)}]
     signature = _signature(graph, nodes, inputs, target, symbolic)
     try:
         samples = [_evaluate_shared(graph, signature, symbolic, nodes, inputs, target, dims) for dims in dim_sets]
-    except Exception:  # noqa: BLE001 - a subgraph that cannot run at some size is not a mask we can prove
+    except Exception as e:  # noqa: BLE001 - a subgraph that cannot run at some size is not a mask we can prove
+        if isinstance(e, MemoryError) or "alloc" in str(e).lower():
+            m.reason = (f"evaluating it to prove the band needs more than {EVAL_HEADROOM >> 30} GiB "
+                        "(a static dim of the inputs feeding it is too large)")
+            return m
         return None
     p, same, sources = _analyze_shared(graph, signature, symbolic, dim_sets, samples, inputs)
     if p is None:

@@ -277,3 +277,19 @@ def test_optimize_is_idempotent_on_mask_models():
     g2, result = lower(onnx.load_from_string(once))
     assert not any(result.counts.values())
     assert export_model(g2).SerializeToString(deterministic=True) == once
+
+
+def test_wide_hidden_dim_feeding_the_shape_still_lowers():
+    """A static dim beyond the evaluation limit that is not a side of the mask (a hidden size of
+    16384 read by Shape) must not block the rewrite: only the mask's own sides are sampled."""
+    nodes, inits = range_mask_nodes()
+    nodes[0] = h.make_node("Shape", ["hidden"], ["shp"])
+    inits[0] = c("two", np.int64(1))  # seq is axis 1 of hidden [B, S, 16384]
+    nodes.append(h.make_node("Where", ["allowed", "x", "neg"], ["y"]))
+    hidden = h.make_tensor_value_info("hidden", T.FLOAT, ["B", "S", 16384])
+    model = model_of(nodes, [X_SYM, hidden], [Y()], inits)
+    g, result = lower(model)
+    assert applied(result) == {"mask_subgraph": 1, "mask_where": 1}, [m.reason for m in result.declined]
+    rng = np.random.default_rng(0)
+    check_equal(model, g, [{"x": rng.standard_normal((1, 2, s, s)).astype(np.float32),
+                            "hidden": np.zeros((1, s, 16384), np.float32)} for s in (3, 6)])

@@ -459,7 +459,7 @@ MAX_EVAL_ELEMENTS = 8192 * 8192
 
 
 def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
-                         largest: dict[str, int]) -> str | None:
+                         largest: dict[str, int], signature=None, symbolic: list[str] = ()) -> str | None:
     """Why evaluating this mask subgraph would allocate too much (None: evaluate it).
 
     The inputs fed and the output are bounded by MAX_EVAL_ELEMENTS: from the output's dims when
@@ -477,7 +477,14 @@ def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], t
             return (f"its output {list(target.shape)} is too large to evaluate to prove it "
                     f"(limit {MAX_EVAL_ELEMENTS} elements)")
         return None
-    n = _predicted_elements(graph, nodes, inputs, target, largest)
+    if signature is None:
+        n = _predicted_elements(graph, nodes, inputs, target, largest)
+    else:  # once per (signature, sizes): inference reads the same model `_evaluate` would run
+        cache = graph.__dict__.setdefault("_mask_predictions", {})
+        key = (signature(), tuple(largest[d] for d in symbolic))
+        if key not in cache:
+            cache[key] = _predicted_elements(graph, nodes, inputs, target, largest)
+        n = cache[key]
     if n is not None and n > MAX_EVAL_ELEMENTS:
         return f"its output would hold {n} elements, too many to evaluate it (limit {MAX_EVAL_ELEMENTS})"
     return None  # size unknown: the evaluation runs under an address-space cap
@@ -511,29 +518,35 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     big = 2 * c + 3
     dim_sets = [{d: size + i for i, d in enumerate(symbolic)} for size in SMALL_SIZES]
     dim_sets += [{d: big + 2 * i for i, d in enumerate(symbolic)}, {d: big + 1 + 3 * i for i, d in enumerate(symbolic)}]
-    too_big = _too_big_to_evaluate(graph, nodes, inputs, target, dim_sets[-1])
+    computed: list[tuple] = []
+
+    def signature() -> tuple:
+        """`_signature`, computed at most once and only when a step needs it."""
+        if not computed:
+            computed.append(_signature(graph, nodes, inputs, target, symbolic))
+        return computed[0]
+
+    too_big = _too_big_to_evaluate(graph, nodes, inputs, target, dim_sets[-1], signature, symbolic)
     if too_big:
         m.reason = too_big
         return m
     if not symbolic:
-        signature = _signature(graph, nodes, inputs, target, symbolic)
-        arr = _evaluate_shared(graph, signature, symbolic, nodes, inputs, target, {})
+        arr = _evaluate_shared(graph, signature(), symbolic, nodes, inputs, target, {})
         p = band_of(arr)
         if p is None:
             return None
         return _finish(graph, m, target, p, arr, None, options)
     if not df.index_only(target):
         return None  # data-free but not an index computation: cannot prove it for every size
-    signature = _signature(graph, nodes, inputs, target, symbolic)
     try:
-        samples = [_evaluate_shared(graph, signature, symbolic, nodes, inputs, target, dims) for dims in dim_sets]
+        samples = [_evaluate_shared(graph, signature(), symbolic, nodes, inputs, target, dims) for dims in dim_sets]
     except Exception as e:  # noqa: BLE001 - a subgraph that cannot run at some size is not a mask we can prove
         if isinstance(e, MemoryError) or "alloc" in str(e).lower():
             m.reason = (f"evaluating it to prove the band needs more than {EVAL_HEADROOM >> 30} GiB "
                         "(a static dim of the inputs feeding it is too large)")
             return m
         return None
-    p, same, sources = _analyze_shared(graph, signature, symbolic, dim_sets, samples, inputs)
+    p, same, sources = _analyze_shared(graph, signature(), symbolic, dim_sets, samples, inputs)
     if p is None:
         return None
     if not same:

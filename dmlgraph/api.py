@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from dmlgraph.errors import DmlgraphError, ModelError
+from dmlgraph.errors import DmlgraphError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
 from dmlgraph.modelfile import load_model, save_model, tensor_nbytes
@@ -23,59 +23,7 @@ def load(path: str) -> tuple[onnx.ModelProto, Graph]:
     Like every whole-model step, with the cyclic collector paused (see `gc_paused`): its full
     passes over the proto walk and the new graph find nothing to free."""
     model = load_model(path)
-    _check_opsets(model, path)
-    _check_utf8(model, path)
-    _check_value_types(model.graph, path)
     return model, import_model(model, os.path.dirname(os.path.abspath(path)))
-
-
-def _check_utf8(model: onnx.ModelProto, path: str) -> None:
-    """ONNX is proto2, so protobuf accepts string fields (names, dim_param, domains) that are not
-    valid UTF-8 and hands them back as bytes, which every later step would trip over."""
-    from google.protobuf.descriptor import FieldDescriptor as F
-    stack: list = [model]
-    while stack:
-        msg = stack.pop()
-        for fd, val in msg.ListFields():
-            if fd.type == F.TYPE_STRING:
-                for x in (val if not isinstance(val, (str, bytes)) else [val]):
-                    if not isinstance(x, str):
-                        raise ModelError(f"{path} has a {msg.DESCRIPTOR.name}.{fd.name} that is not valid UTF-8 "
-                                         f"({x[:40]!r})", hint="the file is corrupt; re-export the model")
-            elif fd.type == F.TYPE_MESSAGE:
-                if hasattr(val, "ListFields"):
-                    stack.append(val)
-                else:
-                    stack.extend(val)
-
-
-_TENSOR_TYPES = frozenset(v for _, v in onnx.TensorProto.DataType.items())  # UNDEFINED (0): type unknown
-
-
-def _check_value_types(graph: onnx.GraphProto, path: str) -> None:
-    """Declared element types of inputs, outputs and value_info must be ONNX types (the checker lets
-    e.g. -1 through)."""
-    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
-        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
-        if tt is not None and tt.elem_type not in _TENSOR_TYPES:
-            raise ModelError(f"{path}: value '{vi.name}' declares element type {tt.elem_type}, which is not "
-                             "an ONNX tensor type", hint="the model is corrupt; re-export it")
-    for node in graph.node:
-        for a in node.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                _check_value_types(sub, path)
-
-
-def _check_opsets(model: onnx.ModelProto, path: str) -> None:
-    """Refuse opset versions the installed onnx does not know: the checker resolves an unknown newer
-    version to the newest schema it has, but the rules would then assume semantics the model may
-    not have (and onnxruntime refuses such a model anyway)."""
-    newest = onnx.defs.onnx_opset_version()
-    for o in model.opset_import:
-        if o.domain in ("", "ai.onnx") and not 1 <= o.version <= newest:
-            raise ModelError(f"{path} imports default-domain (ai.onnx) opset {o.version}; this onnx knows "
-                             f"opsets 1 to {newest}",
-                             hint="re-export the model for a released opset, or upgrade onnx")
 
 
 def graph_stats(g: Graph) -> dict:

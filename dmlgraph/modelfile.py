@@ -461,6 +461,55 @@ def _run_checker(model: onnx.ModelProto, path: str, has_external: bool) -> None:
                               "with check=False to skip validation") from None
 
 
+def _check_utf8(model: onnx.ModelProto, path: str) -> None:
+    """ONNX is proto2, so protobuf accepts string fields (names, dim_param, domains) that are not
+    valid UTF-8 and hands them back as bytes, which every later step would trip over."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+    stack: list = [model]
+    while stack:
+        msg = stack.pop()
+        for fd, val in msg.ListFields():
+            if fd.type == F.TYPE_STRING:
+                for x in (val if not isinstance(val, (str, bytes)) else [val]):
+                    if not isinstance(x, str):
+                        raise ModelError(f"{path} has a {msg.DESCRIPTOR.name}.{fd.name} that is not valid UTF-8 "
+                                         f"({x[:40]!r})", hint="the file is corrupt; re-export the model")
+            elif fd.type == F.TYPE_MESSAGE:
+                if hasattr(val, "ListFields"):
+                    stack.append(val)
+                else:
+                    stack.extend(val)
+
+
+_TENSOR_TYPES = frozenset(v for _, v in onnx.TensorProto.DataType.items())  # UNDEFINED (0): type unknown
+
+
+def _check_value_types(graph: onnx.GraphProto, path: str) -> None:
+    """Declared element types of inputs, outputs and value_info must be ONNX types (the checker lets
+    e.g. -1 through)."""
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if tt is not None and tt.elem_type not in _TENSOR_TYPES:
+            raise ModelError(f"{path}: value '{vi.name}' declares element type {tt.elem_type}, which is not "
+                             "an ONNX tensor type", hint="the model is corrupt; re-export it")
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _check_value_types(sub, path)
+
+
+def _check_opsets(model: onnx.ModelProto, path: str) -> None:
+    """Refuse opset versions the installed onnx does not know: the checker resolves an unknown newer
+    version to the newest schema it has, but the rules would then assume semantics the model may
+    not have (and onnxruntime refuses such a model anyway)."""
+    newest = onnx.defs.onnx_opset_version()
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and not 1 <= o.version <= newest:
+            raise ModelError(f"{path} imports default-domain (ai.onnx) opset {o.version}; this onnx knows "
+                             f"opsets 1 to {newest}",
+                             hint="re-export the model for a released opset, or upgrade onnx")
+
+
 def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
                check: bool = True) -> onnx.ModelProto:
     """Read and validate an ONNX model file; every failure is a ModelError naming the path.
@@ -520,6 +569,9 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
             _external_span(tensor, base_dir, label)
         else:
             _check_inline_data(tensor, label)
+    _check_opsets(model, p)
+    _check_utf8(model, p)
+    _check_value_types(model.graph, p)
     if check:
         _check_structure(model.graph, set())
         _run_checker(model, p, has_external)

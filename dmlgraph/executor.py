@@ -263,7 +263,12 @@ class Executor:
             k = int(k_arr.reshape(-1)[0])
         dtype = numpy_dtype(node.elem_type)
         if x is not None:
-            x = np.broadcast_to(x, shape)
+            try:
+                x = np.broadcast_to(x, shape)
+            except ValueError:
+                raise DmlgraphError(f"{label}: input shape {list(x.shape)} does not broadcast to the output shape "
+                                    f"{list(shape)}", hint="the lowered model is inconsistent; re-optimize the "
+                                    "original model") from None
         if 0 in shape:
             return np.zeros(shape, dtype)
         if node.kind == "DiagonalMatrix":

@@ -175,6 +175,7 @@ class Graph:
         self.initializers: dict[str, Value] = {}
         self.value_info_names: set[str] = set()  # values the source model annotated (kept on export)
         self.overridable_inputs: list[str] = []  # initializers the source also listed as graph inputs
+        self.scratch: dict = {}  # rules' caches for one PassManager.run (cleared at its end)
         # Every node added, removed or rewired (replace_uses), oldest first: an analysis that read
         # the graph at len(changes) == i can update itself from changes[i:] instead of starting over.
         self.changes: list[Node] = []

@@ -83,16 +83,19 @@ class PassManager:
         declined: dict[tuple, Match] = {}
         applied: list[Match] = []
         iterations = 0
-        for phase in sorted({r.phase for r in self.rules}):
-            rules = [r for r in self.rules if r.phase == phase]
-            for _ in range(self.max_iterations):
-                iterations += 1
-                changed = self._sweep(graph, rules, counts, declined, applied)
-                if not changed:
-                    break
-                graph.remove_dead()
-                if progress:
-                    progress(f"phase {phase}, sweep {iterations}: {sum(counts.values())} rewrites")
+        try:
+            for phase in sorted({r.phase for r in self.rules}):
+                rules = [r for r in self.rules if r.phase == phase]
+                for _ in range(self.max_iterations):
+                    iterations += 1
+                    changed = self._sweep(graph, rules, counts, declined, applied)
+                    if not changed:
+                        break
+                    graph.remove_dead()
+                    if progress:
+                        progress(f"phase {phase}, sweep {iterations}: {sum(counts.values())} rewrites")
+        finally:
+            graph.scratch.clear()  # sampled masks and decoded constants: not kept with the graph
         # A decline of a node that a later rewrite removed or replaced is no longer news.
         live = [m for m in declined.values()
                 if all(n.id in graph.nodes for n in m.nodes) and all(i in graph.initializers for i in m.initializers)]

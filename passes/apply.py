@@ -5,7 +5,6 @@ region R and `other` elsewhere. Then, with X the data:
   Where(G, X, c) / Where(G, c, X)  -> DIAGONAL_MATRIX1(X, Value c, R or its complement)  bit-exact
   Mul(X, G) with G in {0, 1}       -> DIAGONAL_MATRIX1(X, Value 0, where G is 0)         equal for finite X
   Add(X, G) with G in {0, -inf}    -> DIAGONAL_MATRIX1(X, Value -inf, where G is -inf)    equal for finite X
-  Add(X, G) with G in {0, lowest}  -> DIAGONAL_MATRIX1(X, Value lowest, ...)   equal for |X| < ulp(lowest)/2
 and a DIAGONAL_MATRIX1 whose input is another one with the same value and k fuses into one node
 whose region is the union (tril(triu(x, a), b) is one inverted-range node), when the union is one
 (possibly inverted) interval.
@@ -77,8 +76,9 @@ def generator_values(graph: Graph, v: Value | None):
 
 
 def _scalar(graph: Graph, v: Value):
+    """A one-element constant, keeping its rank (a [1, 1, 1] constant still broadcasts)."""
     arr = const_value(graph, v)
-    return None if arr is None or arr.size != 1 else np.asarray(arr).reshape(())
+    return None if arr is None or arr.size != 1 else np.asarray(arr)
 
 
 def _same_bits(a, b) -> bool:
@@ -87,13 +87,13 @@ def _same_bits(a, b) -> bool:
 
 
 def _covers(mask_shape, x_shape) -> bool:
-    """The mask broadcasts into X without growing it (so the result has X's shape)."""
-    if mask_shape is None or x_shape is None or len(mask_shape) > len(x_shape):
+    """The mask's matrix is X's matrix (the last two dims equal: a [1, W] mask is not a band of an
+    [H, W] X) and its batch dims broadcast into X's without growing them."""
+    if mask_shape is None or x_shape is None or len(mask_shape) < 2 or len(mask_shape) > len(x_shape):
         return False
-    for m, x in zip(reversed(mask_shape), reversed(x_shape)):
-        if m != 1 and (m is None or m != x):
-            return False
-    return True
+    if any(m is None or m != x for m, x in zip(mask_shape[-2:], x_shape[-2:])):
+        return False
+    return all(m == 1 or (m is not None and m == x) for m, x in zip(reversed(mask_shape[:-2]), reversed(x_shape[:-2])))
 
 
 def _apply(graph, node, gen, x, value, region, exact: bool, rule: str, options: Options) -> Match:
@@ -101,13 +101,14 @@ def _apply(graph, node, gen, x, value, region, exact: bool, rule: str, options: 
     if x.elem_type != node.outputs[0].elem_type and node.outputs[0].elem_type is not None:
         m.reason = "the mask's value type differs from the data's"
         return m
-    if not _covers(gen.outputs[0].shape, x.shape):
-        m.reason = "cannot prove the mask does not broadcast the data to a larger shape"
+    if not _covers(gen.outputs[0].shape, x.shape) or np.ndim(value) > len(x.shape):
+        m.reason = "cannot prove the result has the data's shape (the mask or the constant may broadcast it)"
         return m
     if region is None:
         m.reason = "the region is not one diagonal interval"
         return m
     dt = np.asarray(value).dtype
+    value = np.asarray(value).reshape(())
     dml = DmlNode(node.name or graph.fresh_name(rule), x, None, gen.inputs[2], node.outputs[0], elem_type=x.elem_type,
                   value=dt.type(value), begin=region[0], end=region[1], exact=exact)
     m.captures["dml"] = dml
@@ -152,8 +153,10 @@ def _match_arith(graph: Graph, node: Node, options: Options) -> Match | None:
             return None
         if node.op_type == "Mul" and fill != 0:
             return None
-        if node.op_type == "Add" and not (np.isneginf(fill) or fill == np.finfo(value.dtype).min):
-            return None  # e.g. -10000: X + c is not c, so the mask stays a generator feeding the Add
+        if node.op_type == "Add" and not np.isneginf(fill):
+            # X + c is c only for c = -inf (finite X). Not for -10000, nor for the lowest finite
+            # value (float16: 65504 + 20 rounds to -65472), so such masks stay generators.
+            return None
         if options.exact_only:
             m = Match("mask_arith", [node], reason="not bit-exact (equal for finite inputs); --exact is on")
             return m

@@ -11,8 +11,12 @@ from dmlgraph.rewrite import Options
 
 
 def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
-    """The value of an initializer or Constant-node output; None when it is computed at run time."""
-    if v is None:
+    """The value of an initializer or Constant-node output; None when it is computed at run time.
+
+    An initializer the model also lists as a graph input is a default the caller may override:
+    not a constant.
+    """
+    if v is None or v.name in graph.overridable_inputs:
         return None
     if v.name in graph.initializers:
         return _initializer_value(graph, v)
@@ -41,7 +45,7 @@ def _initializer_value(graph: Graph, v: Value) -> np.ndarray:
     """
     if v.array is not None:
         return v.array
-    cache = graph.__dict__.setdefault("_constant_arrays", {})
+    cache = graph.scratch.setdefault("constant_arrays", {})
     hit = cache.get(v.name)
     if hit is not None and hit[0] is v.initializer:
         return hit[1]

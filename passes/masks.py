@@ -188,7 +188,8 @@ class DataFree:
         self.seen = len(graph.changes)
 
     def is_free(self, v: Value) -> bool:
-        return v.name in self.graph.initializers or v.name in self.status
+        g = self.graph
+        return (v.name in g.initializers and v.name not in g.overridable_inputs) or v.name in self.status
 
     def index_only(self, v: Value) -> bool:
         if v.name in self.status:
@@ -233,7 +234,7 @@ class DataFree:
 
 def _data_free(graph: Graph) -> DataFree:
     """The graph's DataFree, built once and updated from the change log on each call."""
-    df = getattr(graph, "_data_free", None)
+    df = getattr(graph, "_data_free", None)  # kept with the graph: small, and updated in place
     if df is None:
         df = graph._data_free = DataFree(graph)
     df.update()
@@ -320,7 +321,10 @@ def _address_space_headroom(extra: int):
         yield
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = current + extra if hard == resource.RLIM_INFINITY else min(current + extra, hard)
+    limit = current + extra
+    for cap in (soft, hard):  # never raise a limit the user set
+        if cap != resource.RLIM_INFINITY:
+            limit = min(limit, cap)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     try:
         yield
@@ -382,7 +386,7 @@ def _evaluate_shared(graph: Graph, signature: tuple, symbolic: list[str], nodes:
                      target: Value, dims: dict[str, int]) -> np.ndarray:
     """`_evaluate`, once per (signature, sizes) in this graph: later copies get the same (read-only)
     array, or the same exception."""
-    cache = graph.__dict__.setdefault("_mask_evaluations", {})
+    cache = graph.scratch.setdefault("mask_evaluations", {})
     key = (signature, tuple(dims[d] for d in symbolic))
     if key not in cache:
         try:
@@ -480,7 +484,7 @@ def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], t
     if signature is None:
         n = _predicted_elements(graph, nodes, inputs, target, largest)
     else:  # once per (signature, sizes): inference reads the same model `_evaluate` would run
-        cache = graph.__dict__.setdefault("_mask_predictions", {})
+        cache = graph.scratch.setdefault("mask_predictions", {})
         key = (signature(), tuple(largest[d] for d in symbolic))
         if key not in cache:
             cache[key] = _predicted_elements(graph, nodes, inputs, target, largest)
@@ -530,22 +534,20 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if too_big:
         m.reason = too_big
         return m
-    if not symbolic:
-        arr = _evaluate_shared(graph, signature(), symbolic, nodes, inputs, target, {})
-        p = band_of(arr)
-        if p is None:
-            return None
-        return _finish(graph, m, target, p, arr, None, options)
-    if not df.index_only(target):
+    if symbolic and not df.index_only(target):
         return None  # data-free but not an index computation: cannot prove it for every size
     try:
-        samples = [_evaluate_shared(graph, signature(), symbolic, nodes, inputs, target, dims) for dims in dim_sets]
+        samples = [_evaluate_shared(graph, signature(), symbolic, nodes, inputs, target, dims)
+                   for dims in (dim_sets if symbolic else [{}])]
     except Exception as e:  # noqa: BLE001 - a subgraph that cannot run at some size is not a mask we can prove
         if isinstance(e, MemoryError) or "alloc" in str(e).lower():
             m.reason = (f"evaluating it to prove the band needs more than {EVAL_HEADROOM >> 30} GiB "
                         "(a static dim of the inputs feeding it is too large)")
             return m
         return None
+    if not symbolic:
+        p = band_of(samples[0])
+        return None if p is None else _finish(graph, m, target, p, samples[0], None, options)
     p, same, sources = _analyze_shared(graph, signature(), symbolic, dim_sets, samples, inputs)
     if p is None:
         return None
@@ -568,7 +570,7 @@ def _analyze_shared(graph: Graph, signature: tuple, symbolic: list[str], dim_set
     `dim_sets` sizes it by); so later copies reuse them, with a source's input kept as its position
     in `inputs` and mapped back to this copy's inputs.
     """
-    cache = graph.__dict__.setdefault("_mask_analyses", {})
+    cache = graph.scratch.setdefault("mask_analyses", {})
     key = (signature, tuple(tuple(dims[d] for d in symbolic) for dims in dim_sets))
     if key not in cache:
         p = band_of(samples[-1])

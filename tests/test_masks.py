@@ -293,3 +293,48 @@ def test_wide_hidden_dim_feeding_the_shape_still_lowers():
     rng = np.random.default_rng(0)
     check_equal(model, g, [{"x": rng.standard_normal((1, 2, s, s)).astype(np.float32),
                             "hidden": np.zeros((1, s, 16384), np.float32)} for s in (3, 6)])
+
+
+# ---- regressions found in review: each was a rewrite that changed outputs or the interface ----------
+def _validate_equal(model):
+    g, result = lower(model, min_mask_bytes=0)  # small masks too, so every rule gets its chance
+    check_equal(model, g, [{"x": np.random.default_rng(5).standard_normal((8, 8)).astype(np.float32) * 30}])
+    return g, result
+
+
+def test_row_mask_is_not_a_band_of_a_matrix():
+    row = np.triu(np.ones((8, 8), np.float32), 1)[:1] * -np.inf  # [1, 8]: its own topX is x - 0
+    row = np.nan_to_num(row, nan=0.0, neginf=-np.inf)
+    model = model_of([h.make_node("Equal", ["row", "zero"], ["keep"]), h.make_node("Where", ["keep", "x", "c"], ["y"])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [8, 8])], [Y([8, 8])],
+                     [c("row", np.where(np.arange(8) > 2, -1.0, 0.0).astype(np.float32)[None, :]),
+                      c("zero", np.float32(0)), c("c", np.float32(-5))])
+    g, result = _validate_equal(model)
+    assert not result.counts["mask_where"]
+
+
+def test_constant_of_higher_rank_keeps_broadcasting():
+    model = model_of([h.make_node("Where", ["mask", "x", "c"], ["y"])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [8, 8])], [Y([1, 8, 8])],
+                     [c("mask", np.tril(np.ones((8, 8), bool))), c("c", np.full((1, 1, 1), -5, np.float32))])
+    g, result = _validate_equal(model)
+    assert not result.counts["mask_where"]
+
+
+def test_additive_lowest_mask_is_not_treated_as_absorbing():
+    lowest = np.finfo(np.float16).min
+    model = model_of([h.make_node("Cast", ["x"], ["xh"], to=T.FLOAT16), h.make_node("Add", ["xh", "mask"], ["y"])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [8, 8])], [h.make_tensor_value_info("y", T.FLOAT16, [8, 8])],
+                     [c("mask", np.triu(np.full((8, 8), lowest, np.float16), 1))])
+    g, result = _validate_equal(model)
+    assert not result.counts["mask_arith"] and result.counts["stored_mask"] == 1
+
+
+def test_initializer_that_is_also_an_input_is_not_a_constant():
+    mask = np.triu(np.full((8, 8), -np.inf, np.float32), 1)
+    model = model_of([h.make_node("Add", ["x", "m"], ["y"])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [8, 8]), h.make_tensor_value_info("m", T.FLOAT, [8, 8])],
+                     [Y([8, 8])], [c("m", mask)])
+    g, result = lower(model)
+    assert not any(result.counts.values())
+    assert [i.name for i in export_model(g).graph.input] == ["x", "m"]

@@ -432,7 +432,6 @@ def analyze(path: str, options=None, top: int = 10, target: str = "dml", progres
     say(f"running rules on {before['nodes']} nodes (feature level {options.feature_level.label})")
     result = api.optimize_graph(g, options, progress)
     g.remove_dead()
-    after_graph = api.graph_stats(g)
     rules = _rule_table(options)
 
     say(f"describing {len(result.applied)} candidates")

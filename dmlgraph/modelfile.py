@@ -21,7 +21,6 @@ Dependencies: onnx, numpy and the standard library only.
 """
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import re

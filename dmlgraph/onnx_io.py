@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.dtypes import DmlDataType
 from dmlgraph.errors import ModelError, UnsupportedError
-from dmlgraph.graph import DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, gc_paused
+from dmlgraph.graph import DmlNode, Graph, ModelInfo, OnnxNode, Value, gc_paused
 
 DOMAIN = "com.dmlgraph"
 DOMAIN_VERSION = 1

@@ -51,7 +51,7 @@ def optimize_text(r: dict) -> str:
 
 
 def validate_text(r: dict) -> str:
-    lines = [f"inputs: " + ", ".join(f"{k}{v}" for k, v in r["inputs"].items()),
+    lines = ["inputs: " + ", ".join(f"{k}{v}" for k, v in r["inputs"].items()),
              "rewrites: " + (", ".join(f"{k} x{v}" for k, v in r["rewrites"].items() if v) or "none")]
     for title, rows in (("rewritten tensors", r["tensors"]), ("model outputs", r["outputs"])):
         lines.append(f"{title}:" + ("" if rows else " none"))

@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 
 from dmlgraph.binding import decline_reason
-from dmlgraph.executor import initializer_array
+from dmlgraph.runtime import initializer_array
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.rewrite import Options
 

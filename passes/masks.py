@@ -35,7 +35,7 @@ from onnx import TensorProto, helper
 from dmlgraph import kernels
 from dmlgraph.band import BandPattern, analyze_band
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
-from dmlgraph.executor import OnnxRunner, numpy_dtype
+from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.onnx_io import infer_shapes, onnx_node_proto
 from dmlgraph.ops import bind_range

@@ -1,0 +1,96 @@
+"""Running plain ONNX models and reading initializers: what both the rules (to evaluate a mask
+subgraph) and the executor (for its ONNX regions) need, below both of them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from dmlgraph.errors import DmlgraphError
+from dmlgraph.graph import Value
+from dmlgraph.modelfile import read_tensor
+
+
+def numpy_dtype(elem_type: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def initializer_array(v: Value) -> np.ndarray:
+    """An initializer's value; external data is memory-mapped, not read."""
+    if v.array is not None:
+        return v.array
+    return read_tensor(v.initializer, v.base_dir)
+
+
+class OnnxRunner:
+    """One model run by onnxruntime, or by onnx.reference where onnxruntime lacks a kernel."""
+
+    def __init__(self, model: onnx.ModelProto, threads: int | None = None,
+                 external: dict[str, np.ndarray] | None = None, optimize: bool = True):
+        self.model = model
+        self.input_names = [i.name for i in model.graph.input]
+        self._input_set = frozenset(self.input_names)
+        self.output_names = [o.name for o in model.graph.output]
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4  # fatal only: its errors reach the user as our message, not as a log
+        if not optimize:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if threads:
+            opts.intra_op_num_threads = threads
+        self.external = external or {}
+        self._ort_values = []  # onnxruntime borrows these buffers: keep them alive
+        if self.external:  # the graph declares them as external data; these buffers stand in for the files
+            self._ort_values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+                                for a in self.external.values()]
+            opts.add_external_initializers(list(self.external), self._ort_values)
+        self.backend = "onnxruntime"
+        try:
+            self.session = ort.InferenceSession(model.SerializeToString(), opts,
+                                                providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001
+            # A missing kernel (e.g. Trilu on int8): onnx.reference has one. Any other refusal means
+            # the model is invalid (a type error, an unknown op); the reference evaluator would run
+            # some of those anyway and give a meaningless answer, so they are reported instead.
+            if "NOT_IMPLEMENTED" not in str(e):
+                raise DmlgraphError(f"onnxruntime cannot load the model: {_first_line(e)}",
+                                    hint="the model is invalid or uses an op onnxruntime does not have") from None
+            self._use_reference(e)
+
+    def _use_reference(self, why: Exception) -> None:
+        from onnx.reference import ReferenceEvaluator
+        self.backend = "onnx.reference"
+        self.fallback_reason = str(why).splitlines()[0][:200]
+        self.session = None
+        model = self.model
+        if self.external:
+            model = onnx.ModelProto()
+            model.CopyFrom(self.model)
+            inline = [t for t in model.graph.initializer if t.name not in self.external]
+            del model.graph.initializer[:]
+            model.graph.initializer.extend(inline + [onnx.numpy_helper.from_array(np.asarray(a), name)
+                                                     for name, a in self.external.items()])
+        try:
+            self.reference = ReferenceEvaluator(model)
+        except Exception as e:  # noqa: BLE001 - neither backend can run this model
+            raise DmlgraphError(f"onnxruntime cannot run the model ({self.fallback_reason}) and neither can "
+                                f"onnx.reference: {_first_line(e)}") from None
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        feeds = {k: v for k, v in feeds.items() if k in self._input_set}
+        if self.session is not None:
+            try:
+                return self.session.run(self.output_names, feeds)
+            except Exception as e:  # noqa: BLE001
+                if "NOT_IMPLEMENTED" not in str(e) and "not implemented" not in str(e).lower():
+                    raise DmlgraphError(f"onnxruntime failed: {_first_line(e)}") from None
+                self._use_reference(e)
+        try:
+            return [np.asarray(r) for r in self.reference.run(self.output_names, feeds)]
+        except Exception as e:  # noqa: BLE001 - bad values for the model (as onnxruntime's run errors)
+            raise DmlgraphError(f"onnx.reference failed: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]

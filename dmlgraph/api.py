@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from dmlgraph.dtypes import bitwise_equal  # noqa: F401 - part of the api
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
@@ -279,17 +280,6 @@ def save_outputs(outputs: dict[str, np.ndarray], path: str, model_path: str | No
             raise DmlgraphError(f"cannot write {path}: {e.strerror or e}",
                                 hint="check free space and permissions") from None
         raise
-
-
-def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Same shape, dtype and bits (so -0.0 != 0.0 and NaN payloads count)."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype.kind in "fc":
-        u = np.dtype(f"u{a.dtype.itemsize}")
-        return np.array_equal(np.ascontiguousarray(a).view(u), np.ascontiguousarray(b).view(u))
-    return np.array_equal(a, b)
 
 
 # Float outputs downstream of a rewrite may differ in the last bits: onnxruntime's reductions

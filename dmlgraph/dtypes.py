@@ -101,6 +101,17 @@ def onnx_type_name(elem_type: int) -> str:
         return f"<unknown elem_type {elem_type}>"
 
 
+def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same shape, dtype and bits (so -0.0 != 0.0 and NaN payloads count)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind in "fc":
+        u = np.dtype(f"u{a.dtype.itemsize}")
+        return np.array_equal(np.ascontiguousarray(a).view(u), np.ascontiguousarray(b).view(u))
+    return np.array_equal(a, b)
+
+
 @dataclass(frozen=True)
 class ScalarUnion:
     """DML_SCALAR_UNION: 8 bytes, read as `data_type` (float16 carried as its 16 bits).

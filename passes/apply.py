@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, Value
 from dmlgraph.rewrite import Match, Options, Rule
 from passes.common import const_value, lowering_reason, replace_node
@@ -79,11 +80,6 @@ def _scalar(graph: Graph, v: Value):
     """A one-element constant, keeping its rank (a [1, 1, 1] constant still broadcasts)."""
     arr = const_value(graph, v)
     return None if arr is None or arr.size != 1 else np.asarray(arr)
-
-
-def _same_bits(a, b) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
 def _covers(mask_shape, x_shape) -> bool:
@@ -179,7 +175,7 @@ def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
     if node.inputs[1] is not None or node.static_shape is not None or inner.inputs[1] is not None \
             or inner.static_shape is not None or inner.inputs[2] is not node.inputs[2]:
         return None
-    if not _same_bits(node.value, inner.value):
+    if not bitwise_equal(np.asarray(node.value), np.asarray(inner.value)):
         return None
     region = union((inner.begin, inner.end), (node.begin, node.end))
     if region is None:

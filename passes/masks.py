@@ -33,13 +33,13 @@ import onnx
 from onnx import TensorProto, helper
 
 from dmlgraph import kernels
-from dmlgraph.band import BandPattern, analyze_band
-from dmlgraph.dtypes import INT32_MAX, INT32_MIN
-from dmlgraph.runtime import OnnxRunner, numpy_dtype
+from dmlgraph.band import BandPattern, analyze_band, diagonal_use_mask
+from dmlgraph.dtypes import INT32_MAX, INT32_MIN, bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.onnx_io import infer_shapes, onnx_node_proto
 from dmlgraph.ops import bind_range
 from dmlgraph.rewrite import Match, Options, Rule
+from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from passes.common import const_value, lowering_reason
 
 SHAPE_OPS = {"Shape", "Size"}
@@ -87,13 +87,8 @@ def band_of(arr: np.ndarray) -> BandPattern | None:
         return None
     h, w = arr.shape[-2:]
     b, e = bind_range(*_bounds(p), 0, h, w)
-    use = _use_mask(h, w, b, e)
+    use = diagonal_use_mask(h, w, b, e)
     return p if use.any() and not use.all() else None
-
-
-def _use_mask(h, w, begin, end) -> np.ndarray:
-    top_x = np.arange(w)[None, :] - np.arange(h)[:, None]
-    return (end >= begin) ^ (top_x >= begin) ^ (top_x < end)
 
 
 def _node_bytes(node: DmlNode) -> int:
@@ -412,18 +407,9 @@ def _same_pattern_everywhere(p: BandPattern, samples: list[np.ndarray]) -> bool:
         b, e = bind_range(begin, end, 0, h, w)
         other = np.broadcast_to(np.asarray(p.other, arr.dtype), arr.shape)
         expected = kernels.diagonal_matrix1(arr.shape, arr.dtype, p.value, b, e, input=other)
-        if not _bitwise_equal(expected, arr):
+        if not bitwise_equal(expected, arr):
             return False
     return True
-
-
-def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.shape != b.shape:
-        return False
-    if a.dtype.kind == "f":
-        u = np.dtype(f"u{a.dtype.itemsize}")
-        return np.array_equal(np.ascontiguousarray(a).view(u), np.ascontiguousarray(b).view(u))
-    return np.array_equal(a, b)
 
 
 def _dim_sources(samples, dim_sets, inputs) -> list | None:

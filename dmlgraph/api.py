@@ -12,7 +12,7 @@ from dmlgraph.dtypes import bitwise_equal  # noqa: F401 - part of the api
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
-from dmlgraph.modelfile import load_model, save_model, tensor_nbytes
+from dmlgraph.modelfile import atomic_writer, load_model, save_model, tensor_nbytes
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
 
@@ -251,35 +251,9 @@ def save_outputs(outputs: dict[str, np.ndarray], path: str, model_path: str | No
     On any failure nothing is left behind and an existing file at `path` is untouched. Refuses a
     missing folder, a directory, and the model file itself.
     """
-    import tempfile
     check_output_path(path, model_path)
-    out = os.path.abspath(path)
-    folder = os.path.dirname(out)
-    from dmlgraph.modelfile import _default_mode
-    try:
-        mode = os.stat(out).st_mode & 0o777
-    except OSError:
-        mode = _default_mode()
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(out)}.", suffix=".tmp")
-    except OSError as e:
-        raise DmlgraphError(f"cannot write {path}: {e.strerror or e}", hint="check permissions") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)  # mkstemp makes 0600; give it the mode a plain write would
-            np.savez(f, **outputs)  # a file object: numpy appends no .npz suffix
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise DmlgraphError(f"cannot write {path}: {e.strerror or e}",
-                                hint="check free space and permissions") from None
-        raise
+    with atomic_writer(path) as f:
+        np.savez(f, **outputs)  # a file object: numpy appends no .npz suffix
 
 
 # Float outputs downstream of a rewrite may differ in the last bits: onnxruntime's reductions

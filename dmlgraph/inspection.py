@@ -32,6 +32,7 @@ from onnx import TensorProto
 
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
 from dmlgraph.errors import DmlgraphError
+from dmlgraph.modelfile import atomic_writer, tensor_nbytes
 from dmlgraph.ops import FeatureLevel, bind_range
 
 SCHEMA = "dmlgraph.inspect/1"
@@ -145,7 +146,6 @@ def _is_external(t: TensorProto) -> bool:
 
 
 def _initializer_row(t: TensorProto) -> dict:
-    from dmlgraph.modelfile import tensor_nbytes
     row = {"name": t.name, "shape": [int(d) for d in t.dims], "type": onnx_type_name(t.data_type),
            "bytes": int(tensor_nbytes(t)), "storage": "external" if _is_external(t) else "inline",
            "location": None}
@@ -375,13 +375,11 @@ def _snapshot(g) -> dict:
 
 
 def _init_sizes(g) -> dict[str, int]:
-    from dmlgraph.modelfile import tensor_nbytes
     return {name: int(tensor_nbytes(v.initializer)) if v.initializer is not None else int(np.asarray(v.array).nbytes)
             for name, v in g.initializers.items()}
 
 
 def _model_stats(model: onnx.ModelProto) -> dict:
-    from dmlgraph.modelfile import tensor_nbytes
     mg = model.graph
     ops = collections.Counter(n.op_type for n in mg.node)
     init_bytes = sum(int(tensor_nbytes(t)) for t in mg.initializer)
@@ -810,13 +808,8 @@ def _write_text(path: str, text: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise DmlgraphError(f"cannot write {path}: the folder {folder} does not exist")
-    tmp = f"{path}.partial"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise DmlgraphError(f"cannot write {path}: {e.strerror or e}") from None
+    with atomic_writer(path) as f:
+        f.write(text.encode("utf-8"))
 
 
 # ---- CLI entry ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ Dependencies: onnx, numpy and the standard library only.
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -641,6 +642,29 @@ class _TempFile:
                 os.unlink(self.path)
             except OSError:
                 pass
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str):
+    """A binary file that becomes `path` only if the block completes (temp file + fsync + rename).
+
+    On any failure nothing is left behind and an existing file at `path` is untouched; an OSError
+    becomes a ModelError naming the path.
+    """
+    try:
+        tmp = _TempFile(os.path.abspath(path))
+    except OSError as e:
+        raise ModelError(f"cannot write {path}: {e.strerror or e}", hint="check the folder and permissions") from None
+    try:
+        yield tmp.file
+        tmp.finish()
+        tmp.commit()
+    except OSError as e:
+        tmp.discard()
+        raise ModelError(f"cannot write {path}: {e.strerror or e}", hint="check free space and permissions") from None
+    except BaseException:
+        tmp.discard()
+        raise
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -100,7 +100,11 @@ def cmd_demo(args) -> int:
     from dmlgraph import api
     from dmlgraph.report import optimize_text, validate_text
     model = args.model or DEMO_MODEL
-    out = args.output or os.path.join(tempfile.mkdtemp(prefix="dmlgraph-demo-"), "lowered.onnx")
+    if args.output is None:  # a throwaway output, removed afterwards
+        with tempfile.TemporaryDirectory(prefix="dmlgraph-demo-") as folder:
+            args.output = os.path.join(folder, "lowered.onnx")
+            return cmd_demo(args)
+    out = args.output
     print(f"$ dmlgraph optimize {os.path.relpath(model)} -o {out}")
     result = api.optimize(model, _options(args))
     api.write(result, out, model)

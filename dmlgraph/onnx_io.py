@@ -216,7 +216,7 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
         if isinstance(n, OnnxNode):
             nodes.append(onnx_node_proto(n))
         elif target == "dml":
-            nodes.append(_dml_node_proto(n))
+            nodes.append(dml_node_proto(n))
             uses_dml = True
         else:
             nodes.extend(_portable_nodes(g, n, opsets.get("", 0)))
@@ -273,7 +273,7 @@ def _trim(names: list[str]) -> list[str]:
     return names
 
 
-def _dml_node_proto(n: DmlNode) -> onnx.NodeProto:
+def dml_node_proto(n: DmlNode) -> onnx.NodeProto:
     ins = [_name(v) for v in n.inputs]
     common = {}
     if n.static_shape is not None:

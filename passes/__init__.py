@@ -16,5 +16,6 @@ ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, masks.STORED_MASK, trilu.RULE, eye
 
 
 def default_rules(options: Options | None = None) -> list[Rule]:
-    """Every rule; with `exact_only`, those whose rewrite is not bit-exact decline with that reason."""
+    """Every rule, in order. Options don't remove rules: each rule reads them itself (a rule that is
+    not bit-exact declines under `exact_only`, with that reason, so `inspect` can say so)."""
     return list(ALL_RULES)

@@ -36,7 +36,7 @@ from dmlgraph import kernels
 from dmlgraph.band import BandPattern, analyze_band, diagonal_use_mask
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
-from dmlgraph.onnx_io import infer_shapes, onnx_node_proto
+from dmlgraph.onnx_io import dml_node_proto, infer_shapes, onnx_node_proto
 from dmlgraph.ops import bind_range
 from dmlgraph.rewrite import Match, Options, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
@@ -92,8 +92,7 @@ def band_of(arr: np.ndarray) -> BandPattern | None:
 
 
 def _node_bytes(node: DmlNode) -> int:
-    from dmlgraph.onnx_io import _dml_node_proto
-    return len(_dml_node_proto(node).SerializeToString())
+    return len(dml_node_proto(node).SerializeToString())
 
 
 # ---- stored masks ----------------------------------------------------------------------------------

@@ -11,11 +11,13 @@ import struct
 import numpy as np
 from onnx import helper
 
+from dmlgraph import kernels
 from dmlgraph.dtypes import DmlDataType, ScalarUnion
+from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import DmlNode
 from dmlgraph.ops import (DIAGONAL_MATRIX_SUPPORT, DiagonalMatrix1Desc, DiagonalMatrixDesc, FeatureLevel,
                           bind_range)
-from dmlgraph.tensor import BufferTensorDesc, DescError, packed_strides
+from dmlgraph.tensor import BufferTensorDesc, DescError, packed_strides, view
 
 
 def broadcast_strides(x_shape, out_shape) -> tuple[int, ...]:
@@ -123,3 +125,37 @@ def _decline_reason(node: DmlNode, rank: int | None, level: FeatureLevel,
     except DescError as e:
         return str(e)
     return None
+
+
+def run_desc(desc, output_buffer: np.ndarray, input_buffer: np.ndarray | None = None) -> np.ndarray:
+    """Run a DiagonalMatrix1Desc or DiagonalMatrixDesc on flat (C-contiguous) buffers.
+
+    The buffers are seen through the descs' sizes and strides (`dmlgraph.tensor.view`), so a
+    zero-stride input broadcasts and a padded output keeps its padding bytes untouched.
+    Returns the output view.
+    """
+    if isinstance(desc, DiagonalMatrixDesc):
+        desc.validate()
+        if input_buffer is not None:
+            raise DmlgraphError("DIAGONAL_MATRIX has no input tensor, but an input buffer was given")
+        o = _output_view(output_buffer, desc.output)
+        return kernels.diagonal_matrix(desc.output.sizes, o.dtype, desc.offset, desc.value, out=o)
+    if not isinstance(desc, DiagonalMatrix1Desc):
+        raise DmlgraphError(f"run_desc runs DIAGONAL_MATRIX1 or DIAGONAL_MATRIX descs, not {type(desc).__name__}")
+    desc.validate()
+    if (desc.input is None) != (input_buffer is None):
+        raise DmlgraphError("DIAGONAL_MATRIX1 input buffer given without an InputTensor desc"
+                            if desc.input is None else
+                            "DIAGONAL_MATRIX1 desc has an InputTensor but no input buffer was given")
+    o = _output_view(output_buffer, desc.output)
+    s = None if desc.input is None else view(input_buffer, desc.input)
+    return kernels.diagonal_matrix1(desc.output.sizes, o.dtype, desc.value.numpy_value, desc.begin, desc.end,
+                            input=s, out=o)
+
+
+def _output_view(buffer: np.ndarray, desc) -> np.ndarray:
+    o = view(buffer, desc)
+    if not o.flags.writeable:
+        raise DmlgraphError(f"OutputTensor strides {list(desc.effective_strides)} alias elements "
+                            "(a zero stride): an output cannot broadcast")
+    return o

@@ -62,7 +62,6 @@ __all__ = [
     "diagonal_matrix1_reference",
     "diagonal_matrix",
     "diagonal_matrix_value",
-    "run_desc",
 ]
 
 TINY_ELEMENTS = 1024  # at most this many elements: flat-index path
@@ -552,42 +551,3 @@ def diagonal_matrix(shape, dtype, offset, value=1.0, out=None) -> np.ndarray:
     offset = operator.index(offset)
     return diagonal_matrix1(shape, dtype, diagonal_matrix_value(value, dtype), offset, offset + 1,
                             out=out)
-
-
-def run_desc(desc, output_buffer: np.ndarray, input_buffer: np.ndarray | None = None) -> np.ndarray:
-    """Run a DiagonalMatrix1Desc or DiagonalMatrixDesc on flat (C-contiguous) buffers.
-
-    The buffers are seen through the descs' sizes and strides (`dmlgraph.tensor.view`), so a
-    zero-stride input broadcasts and a padded output keeps its padding bytes untouched.
-    Returns the output view.
-    """
-    from dmlgraph.ops import DiagonalMatrix1Desc, DiagonalMatrixDesc
-    from dmlgraph.tensor import view
-
-    if isinstance(desc, DiagonalMatrixDesc):
-        desc.validate()
-        if input_buffer is not None:
-            raise DmlgraphError("DIAGONAL_MATRIX has no input tensor, but an input buffer was given")
-        o = _output_view(output_buffer, desc.output)
-        return diagonal_matrix(desc.output.sizes, o.dtype, desc.offset, desc.value, out=o)
-    if not isinstance(desc, DiagonalMatrix1Desc):
-        raise DmlgraphError(f"run_desc runs DIAGONAL_MATRIX1 or DIAGONAL_MATRIX descs, not {type(desc).__name__}")
-    desc.validate()
-    if (desc.input is None) != (input_buffer is None):
-        raise DmlgraphError("DIAGONAL_MATRIX1 input buffer given without an InputTensor desc"
-                            if desc.input is None else
-                            "DIAGONAL_MATRIX1 desc has an InputTensor but no input buffer was given")
-    o = _output_view(output_buffer, desc.output)
-    s = None if desc.input is None else view(input_buffer, desc.input)
-    return diagonal_matrix1(desc.output.sizes, o.dtype, desc.value.numpy_value, desc.begin, desc.end,
-                            input=s, out=o)
-
-
-def _output_view(buffer: np.ndarray, desc) -> np.ndarray:
-    from dmlgraph.tensor import view
-
-    o = view(buffer, desc)
-    if not o.flags.writeable:
-        raise DmlgraphError(f"OutputTensor strides {list(desc.effective_strides)} alias elements "
-                            "(a zero stride): an output cannot broadcast")
-    return o

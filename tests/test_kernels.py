@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dmlgraph import kernels
+from dmlgraph import binding, kernels
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, ScalarUnion
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.ops import DiagonalMatrix1Desc, DiagonalMatrixDesc
@@ -354,7 +354,7 @@ def test_run_desc_broadcast_input_by_zero_strides():
     in_buf = np.zeros(in_desc.total_bytes, np.uint8)
     in_buf.view(np.float32)[0] = 1.0
     out_buf = np.zeros(out_desc.total_bytes, np.uint8)
-    got = kernels.run_desc(desc, out_buf, in_buf)
+    got = binding.run_desc(desc, out_buf, in_buf)
     want = pseudocode((2, 5, 6), np.float32, -10000.0, 1, INT32_MAX, input=np.float32(1))
     assert_bits_equal(got, want)
     assert_bits_equal(out_buf.view(np.float32).reshape(2, 5, 6), want)
@@ -371,7 +371,7 @@ def test_run_desc_padded_output_rows_keep_padding(dtype):
     in_buf = np.frombuffer(x.tobytes().ljust(in_desc.total_bytes, b"\0"), np.uint8).copy()
     out_buf = np.full(out_desc.total_bytes, 0xAB, np.uint8)
     desc = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(1, dtype), INT32_MIN, 0, in_desc)
-    got = kernels.run_desc(desc, out_buf, in_buf)
+    got = binding.run_desc(desc, out_buf, in_buf)
     assert_bits_equal(got, pseudocode(sizes, npt, 1, INT32_MIN, 0, input=x))
     touched = np.zeros(out_buf.size, bool)
     item = npt.itemsize
@@ -386,7 +386,7 @@ def test_run_desc_diagonal_matrix():
     out_desc = BufferTensorDesc(DmlDataType.INT32, (1, 1, 3, 4), (0, 0, 6, 1))
     desc = DiagonalMatrixDesc(out_desc, -1, 10.6)
     out_buf = np.full(out_desc.total_bytes, 0xCD, np.uint8)
-    got = kernels.run_desc(desc, out_buf)
+    got = binding.run_desc(desc, out_buf)
     assert_bits_equal(got, (np.eye(3, 4, -1) * 10).astype(np.int32).reshape(1, 1, 3, 4))
     for y in range(2):  # elements 4 and 5 of rows 0 and 1 are padding
         assert (out_buf[y * 24 + 16: y * 24 + 24] == 0xCD).all()
@@ -396,18 +396,18 @@ def test_run_desc_errors():
     out_desc = BufferTensorDesc.packed(DmlDataType.FLOAT32, (3, 3))
     desc = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(1, DmlDataType.FLOAT32), 0, 1)
     with pytest.raises(DmlgraphError, match="input buffer"):
-        kernels.run_desc(desc, np.zeros(64, np.uint8), np.zeros(64, np.uint8))
+        binding.run_desc(desc, np.zeros(64, np.uint8), np.zeros(64, np.uint8))
     with_input = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(1, DmlDataType.FLOAT32), 0, 1, out_desc)
     with pytest.raises(DmlgraphError, match="no input buffer"):
-        kernels.run_desc(with_input, np.zeros(64, np.uint8))
+        binding.run_desc(with_input, np.zeros(64, np.uint8))
     bad = DiagonalMatrix1Desc(out_desc, ScalarUnion.of(1, DmlDataType.INT32), 0, 1)
     with pytest.raises(DmlgraphError, match="ValueDataType"):
-        kernels.run_desc(bad, np.zeros(64, np.uint8))
+        binding.run_desc(bad, np.zeros(64, np.uint8))
     with pytest.raises(DmlgraphError, match="TotalTensorSizeInBytes"):
-        kernels.run_desc(desc, np.zeros(8, np.uint8))
+        binding.run_desc(desc, np.zeros(8, np.uint8))
     bcast_out = BufferTensorDesc.broadcast_scalar(DmlDataType.FLOAT32, (3, 3))
     with pytest.raises(DmlgraphError, match="alias"):
-        kernels.run_desc(DiagonalMatrix1Desc(bcast_out, ScalarUnion.of(1, DmlDataType.FLOAT32), 0, 1),
+        binding.run_desc(DiagonalMatrix1Desc(bcast_out, ScalarUnion.of(1, DmlDataType.FLOAT32), 0, 1),
                          np.zeros(64, np.uint8))
 
 

@@ -71,8 +71,7 @@ def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: V
     """The DmlNode producing pattern `p`; a nonzero 'else' value becomes a scalar input."""
     x = None
     if not _is_zero(p.other):
-        x = graph.add_initializer(graph.fresh_value(f"{output.name}__else"),
-                                  np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()))
+        x = _constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()))
     begin, end = _bounds(p)
     return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,
                    static_shape=static_shape)
@@ -580,29 +579,53 @@ def _finish(graph, m, target, p, arr, sources, options) -> Match:
     return m
 
 
+def _constant(graph: Graph, name: str, arr: np.ndarray) -> Value:
+    """The initializer `name` if it already holds exactly `arr`, else a new one."""
+    v = graph.initializers.get(name)
+    if v is not None and v.name not in graph.overridable_inputs:
+        old = const_value(graph, v)
+        if old is not None and bitwise_equal(np.asarray(old), arr):
+            return v
+    return graph.add_initializer(graph.fresh_value(name), arr)
+
+
+def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None) -> Value | None:
+    """The output of a node already computing op_type(inputs) (axis attribute as given), if any.
+
+    Reusing it keeps shared size plumbing shared, and makes optimizing a portable export again
+    reproduce the same graph instead of a renamed copy.
+    """
+    for n in inputs[0].consumers:
+        if isinstance(n, OnnxNode) and n.op_type == op_type and n.domain in ("", "ai.onnx") \
+                and n.inputs == inputs and len(n.outputs) == 1 and n.id in graph.nodes \
+                and [(a.name, a.i) for a in n.attributes] == ([] if axis is None else [("axis", axis)]):
+            return n.outputs[0]
+    return None
+
+
 def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:
-    """ONNX nodes computing the output sizes at run time from the inputs' shapes."""
-    new, parts, shapes, dims = [], [], {}, {}
+    """ONNX nodes computing the output sizes at run time from the inputs' shapes (reusing any the
+    graph already has)."""
+    new, parts = [], []
+
+    def node(op_type, inputs, name_hint, axis=None, shape=None) -> Value:
+        found = _existing(graph, op_type, inputs, axis)
+        if found is not None:
+            return found
+        out = graph.fresh_value(name_hint, TensorProto.INT64, shape)
+        attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
+        new.append(graph.add_node(OnnxNode(graph.fresh_name(op_type), op_type, inputs, [out], attrs)))
+        return out
+
     for src in sources:
         if src[0] == "const":
-            v = graph.add_initializer(graph.fresh_value(f"{hint}__dim"), np.array([src[1]], np.int64))
-        elif (src[1].name, src[2]) in dims:
-            v = dims[src[1].name, src[2]]
-        else:
-            _, inp, axis = src
-            if inp.name not in shapes:
-                sv = graph.fresh_value(f"{inp.name}__shape", TensorProto.INT64, (len(inp.shape),))
-                new.append(graph.add_node(OnnxNode(graph.fresh_name("Shape"), "Shape", [inp], [sv])))
-                shapes[inp.name] = sv
-            idx = graph.add_initializer(graph.fresh_value(f"{hint}__axis"), np.array([axis], np.int64))
-            v = dims[inp.name, axis] = graph.fresh_value(f"{hint}__d", TensorProto.INT64, (1,))
-            new.append(graph.add_node(OnnxNode(graph.fresh_name("Gather"), "Gather", [shapes[inp.name], idx], [v],
-                                               [helper.make_attribute("axis", 0)])))
-        parts.append(v)
-    out = graph.fresh_value(f"{hint}__sizes", TensorProto.INT64, (len(parts),))
-    new.append(graph.add_node(OnnxNode(graph.fresh_name("Concat"), "Concat", parts, [out],
-                                       [helper.make_attribute("axis", 0)])))
-    return out, new
+            parts.append(_constant(graph, f"{hint}__dim", np.array([src[1]], np.int64)))
+            continue
+        _, inp, axis = src
+        shape = node("Shape", [inp], f"{inp.name}__shape", shape=(len(inp.shape),))
+        idx = _constant(graph, f"{hint}__axis", np.array([axis], np.int64))
+        parts.append(node("Gather", [shape, idx], f"{hint}__d", axis=0, shape=(1,)))
+    return node("Concat", parts, f"{hint}__sizes", axis=0, shape=(len(parts),)), new
 
 
 def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:

@@ -232,8 +232,10 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
             initializers.append(numpy_helper.from_array(np.asarray(v.array), v.name))
     initializers += extra_init
     keep_info = g.value_info_names
+    # A custom DML node has no shape inference, so its output's type and shape are written down;
+    # the portable form is standard ops that onnx infers itself.
     infos = [value_info(v) for v in g.values.values()
-                  if (v.name in keep_info or (v.producer is not None and isinstance(v.producer, DmlNode)))
+                  if (v.name in keep_info or (target == "dml" and isinstance(v.producer, DmlNode)))
                   and v.producer is not None and v.producer.id in g.nodes and v.elem_type
                   and not g.is_graph_output(v)]
     graph = helper.make_graph(nodes, g.info.graph_name, [value_info(v) for v in g.inputs],
@@ -260,7 +262,11 @@ def onnx_node_proto(n: OnnxNode) -> onnx.NodeProto:
 
 
 def value_info(v: Value) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(v.name, v.elem_type or 0, None if v.shape is None else list(v.shape))
+    """The ValueInfo of `v`. Shape inference's invented `unk__N` dim names are written as unknown
+    dims: they are numbered per run, so keeping them would make the same graph export differently."""
+    shape = None if v.shape is None else [None if isinstance(d, str) and d.startswith("unk__") else d
+                                          for d in v.shape]
+    return helper.make_tensor_value_info(v.name, v.elem_type or 0, shape)
 
 
 def _name(v: Value | None) -> str:

@@ -614,17 +614,17 @@ def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:
             return found
         out = graph.fresh_value(name_hint, TensorProto.INT64, shape)
         attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
-        new.append(graph.add_node(OnnxNode(graph.fresh_name(op_type), op_type, inputs, [out], attrs)))
+        new.append(graph.add_node(OnnxNode(out.name, op_type, inputs, [out], attrs)))  # named by what it makes
         return out
 
     for src in sources:
         if src[0] == "const":
-            parts.append(_constant(graph, f"{hint}__dim", np.array([src[1]], np.int64)))
+            parts.append(_constant(graph, f"{hint}__size{src[1]}", np.array([src[1]], np.int64)))
             continue
         _, inp, axis = src
         shape = node("Shape", [inp], f"{inp.name}__shape", shape=(len(inp.shape),))
-        idx = _constant(graph, f"{hint}__axis", np.array([axis], np.int64))
-        parts.append(node("Gather", [shape, idx], f"{hint}__d", axis=0, shape=(1,)))
+        idx = _constant(graph, f"{hint}__axis{axis}", np.array([axis], np.int64))
+        parts.append(node("Gather", [shape, idx], f"{hint}__dim{axis}", axis=0, shape=(1,)))
     return node("Concat", parts, f"{hint}__sizes", axis=0, shape=(len(parts),)), new
 
 
@@ -636,6 +636,8 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
         shape, new = _shape_value(graph, m.captures["sources"], target.name)
         # What we proved about the sizes beats what shape inference guessed (often unk__N names).
         target.shape = tuple(s[1] if s[0] == "const" else s[1].shape[s[2]] for s in m.captures["sources"])
+    elif proto.static_shape is not None:
+        target.shape = proto.static_shape
     graph.remove_node(target.producer)
     node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, shape, proto.static_shape)
     graph.add_node(node)

@@ -617,11 +617,6 @@ def _models():
     return [os.path.relpath(p, ROOT) for p in found]
 
 
-def _ops(path) -> collections.Counter:
-    m = onnx.load(str(path))
-    return collections.Counter((n.domain, n.op_type) for n in m.graph.node)
-
-
 @pytest.mark.parametrize("target", ["dml", "onnx"])
 @pytest.mark.parametrize("rel", _models())
 def test_optimize_is_deterministic_and_idempotent(rel, target, tmp_path, capsys):
@@ -638,23 +633,10 @@ def test_optimize_is_deterministic_and_idempotent(rel, target, tmp_path, capsys)
     assert_ok(code, o, e)
     if target == "dml":
         assert sum(json.loads(o)["rewrites"].values()) == 0, "optimizing an optimized model rewrote it"
-        assert (tmp_path / "c.onnx").read_bytes() == outs[0], "optimizing an optimized model changed it"
-    else:
-        # The portable target writes standard ops (a Trilu, or the pseudocode form) that the rules
-        # rightly find again. Known gap (README, Reliability): for some models the second round
-        # picks another standard-op form. What must hold: a valid model that does not grow.
-        c = tmp_path / "c.onnx"
-        onnx.checker.check_model(onnx.load(str(c)))
-        assert c.stat().st_size <= len(outs[0]) + 256, "re-optimizing a portable model grew it"
-        assert _ops(c)[("", "Expand")] <= _ops(tmp_path / "a.onnx")[("", "Expand")]
-
-
-def test_portable_reoptimize_is_byte_identical(tmp_path, capsys):
-    """Re-lowering a portable model reuses the size plumbing it finds (it used to mint fresh names,
-    eye__axis -> eye__axis__1). Holds for 19 of the 27 bundled models; see README for the rest."""
-    run_cli(["optimize", CAUSAL, "-o", tmp_path / "a.onnx", "--target", "onnx"], capsys)
-    run_cli(["optimize", tmp_path / "a.onnx", "-o", tmp_path / "c.onnx", "--target", "onnx"], capsys)
-    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "c.onnx").read_bytes()
+    # The portable target writes standard ops that the rules rightly find and lower again; the
+    # rewrite reuses the size plumbing it finds and names what it makes after its output, so the
+    # second round writes the same bytes.
+    assert (tmp_path / "c.onnx").read_bytes() == outs[0], "optimizing an optimized model changed it"
 
 
 # ---- fuzz ----------------------------------------------------------------------------------------

@@ -255,25 +255,31 @@ def _ancestors(value: Value) -> tuple[list[Node], list[Value]]:
     return nodes, inputs
 
 
+def _max_small_int(arr: np.ndarray | None) -> int:
+    """The largest |value| of a small integer constant below 2^31 (larger ones mean 'to the end')."""
+    if arr is None or arr.dtype.kind not in "iu" or not arr.size or arr.size > SMALL_CONSTANT:
+        return 0
+    return int(np.abs(arr[np.abs(arr.astype(np.float64)) < 2**31].astype(np.int64)).max(initial=0))
+
+
 def _int_constants(graph: Graph, nodes: list[Node]) -> int:
-    """The largest |integer constant| a subgraph uses (constants >= 2^31 are 'to the end' markers)."""
+    """The largest |integer constant| a subgraph uses: the thresholds the samples must pass.
+
+    A slice of a stored band of size N also clamps at N; samples above N then give sizes that are
+    not the input's, and the match is declined. So a lowered slice is proven for every size up to
+    N, every size the original model can run at.
+    """
     biggest = 0
     for n in nodes:
         for v in n.inputs:
             if v is not None and v.producer is None:
-                arr = const_value(graph, v)
-                if arr is not None and arr.dtype.kind in "iu" and arr.size and arr.size <= 4096:
-                    small = np.abs(arr[np.abs(arr.astype(np.float64)) < 2**31].astype(np.int64))
-                    biggest = max(biggest, int(small.max(initial=0)))
+                biggest = max(biggest, _max_small_int(const_value(graph, v)))
         if isinstance(n, OnnxNode):
             for a in n.attributes:
                 if a.type == onnx.AttributeProto.INT and abs(a.i) < 2**31:
                     biggest = max(biggest, abs(a.i))
                 elif a.type == onnx.AttributeProto.TENSOR:
-                    arr = onnx.numpy_helper.to_array(a.t)
-                    if arr.dtype.kind in "iu" and arr.size and arr.size <= 4096:
-                        small = np.abs(arr[np.abs(arr.astype(np.float64)) < 2**31].astype(np.int64))
-                        biggest = max(biggest, int(small.max(initial=0)))
+                    biggest = max(biggest, _max_small_int(onnx.numpy_helper.to_array(a.t)))
     return biggest
 
 

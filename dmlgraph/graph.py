@@ -65,10 +65,6 @@ class Value:
         return f"Value({self.name!r})"
 
     @property
-    def is_initializer(self) -> bool:
-        return self.initializer is not None or self.array is not None
-
-    @property
     def static_shape(self) -> tuple[int, ...] | None:
         if self.shape is None or not all(isinstance(d, int) for d in self.shape):
             return None

@@ -56,7 +56,7 @@ class Value:
         self.elem_type = elem_type
         self.shape = shape
         self.producer: Node | None = None
-        self.uses: list[tuple[Node, int]] = []
+        self.uses: dict[tuple[Node, int], None] = {}  # (node, input index); a dict: O(1) removal, in order
         self.initializer: onnx.TensorProto | None = None
         self.array: np.ndarray | None = None
         self.base_dir: str | None = None
@@ -207,7 +207,7 @@ class Graph:
         self.nodes[node.id] = node
         for i, v in enumerate(node.inputs):
             if v is not None:
-                v.uses.append((node, i))
+                v.uses[node, i] = None
         for v in node.outputs:
             if v.producer is not None and v.producer is not node:
                 raise ModelError(f"value {v.name!r} is produced by two nodes "
@@ -220,7 +220,7 @@ class Graph:
         del self.nodes[node.id]
         for i, v in enumerate(node.inputs):
             if v is not None:
-                v.uses.remove((node, i))
+                del v.uses[node, i]
         for v in node.outputs:
             if v.producer is node:
                 v.producer = None
@@ -230,7 +230,7 @@ class Graph:
         """Point every use of `old` (and graph outputs) at `new`."""
         for node, i in list(old.uses):
             node.inputs[i] = new
-            new.uses.append((node, i))
+            new.uses[node, i] = None
             self.changes.append(node)
         old.uses.clear()
         for i, out in enumerate(self.outputs):

@@ -61,6 +61,11 @@ _PACKED_BITS = {
     TensorProto.FLOAT6E3M2: 6,
 }
 _KNOWN_TYPES = frozenset(v for _, v in TensorProto.DataType.items()) - {TensorProto.UNDEFINED}
+# Types whose raw_data is exactly numpy's little-endian bytes: decoded without onnx's generic path.
+_PLAIN_NUMPY = {t: np.dtype(helper.tensor_dtype_to_np_dtype(t)).newbyteorder("<") for t in (
+    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT8,
+    TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16,
+    TensorProto.UINT32, TensorProto.UINT64)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,6 +321,11 @@ def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
     if tensor.HasField("segment"):
         raise ModelError(f"{label} is stored in segments, which is not supported")
     if not _uses_external(tensor):
+        dtype = _PLAIN_NUMPY.get(tensor.data_type)
+        if dtype is not None and tensor.HasField("raw_data"):  # the common case, ~10x faster than to_array
+            raw, shape = tensor.raw_data, tuple(tensor.dims)
+            if len(raw) == dtype.itemsize * _num_elements(tensor, label):
+                return np.frombuffer(raw, dtype).reshape(shape).astype(dtype.newbyteorder("="))
         _check_inline_data(tensor, label)
         try:
             return numpy_helper.to_array(tensor)
@@ -573,8 +583,13 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     _check_utf8(model, p)
     _check_value_types(model.graph, p)
     if check:
-        _check_structure(model.graph, set())
-        _run_checker(model, p, has_external)
+        try:
+            _run_checker(model, p, has_external)
+        except ModelError:
+            # The checker reports dangling inputs, cycles and misordering alike; tell them apart
+            # (a walk over every node in Python, so only once something is known to be wrong).
+            _check_structure(model.graph, set())
+            raise
     if load_external_data and has_external:
         for tensor, label, _ in _iter_tensors(model):
             if _uses_external(tensor):

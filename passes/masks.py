@@ -361,7 +361,7 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
     """
     position = {n.id: i for i, n in enumerate(nodes)}
     input_index = {id(v): i for i, v in enumerate(inputs)}
-    digests: dict[str, str] = {}
+    digests: dict[str, tuple] = {}
 
     def ref(v: Value | None):
         if v is None:
@@ -369,8 +369,9 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
         p = v.producer
         made = (position[p.id], p.outputs.index(v)) if p is not None and p.id in position else None
         if v.name in graph.initializers and v.name not in digests:
-            proto = onnx.numpy_helper.from_array(np.asarray(const_value(graph, v)))
-            digests[v.name] = hashlib.sha256(proto.SerializeToString()).hexdigest()
+            arr = np.asarray(const_value(graph, v))
+            data = onnx.numpy_helper.from_array(arr).SerializeToString() if arr.dtype == object else arr.tobytes()
+            digests[v.name] = (arr.dtype.str, arr.shape, hashlib.sha256(data).hexdigest())
         return made, input_index.get(id(v)), digests.get(v.name)
 
     node_part = tuple((n.op_type, n.domain, tuple(a.SerializeToString(deterministic=True) for a in n.attributes),
@@ -595,18 +596,34 @@ def _constant(graph: Graph, name: str, arr: np.ndarray) -> Value:
     return graph.add_initializer(graph.fresh_value(name), arr)
 
 
+_PLUMBING_OPS = ("Shape", "Gather", "Concat")
+
+
+def _plumbing_key(op_type: str, inputs, attributes) -> tuple:
+    return op_type, tuple(id(v) for v in inputs), tuple((a.name, a.i) for a in attributes)
+
+
 def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None) -> Value | None:
     """The output of a node already computing op_type(inputs) (axis attribute as given), if any.
 
     Reusing it keeps shared size plumbing shared, and makes optimizing a portable export again
-    reproduce the same graph instead of a renamed copy.
+    reproduce the same graph instead of a renamed copy. The lookup is a hash of the graph's size
+    plumbing, built once per optimizer run (scanning the input's consumers instead is quadratic
+    when thousands of blocks read the same input's shape).
     """
-    for n in inputs[0].consumers:
-        if isinstance(n, OnnxNode) and n.op_type == op_type and n.domain in ("", "ai.onnx") \
-                and n.inputs == inputs and len(n.outputs) == 1 and n.id in graph.nodes \
-                and [(a.name, a.i) for a in n.attributes] == ([] if axis is None else [("axis", axis)]):
-            return n.outputs[0]
-    return None
+    index = graph.scratch.get("size_plumbing")
+    if index is None:
+        index = graph.scratch["size_plumbing"] = {}
+        for n in graph.nodes.values():
+            if isinstance(n, OnnxNode) and n.op_type in _PLUMBING_OPS and n.domain in ("", "ai.onnx") \
+                    and len(n.outputs) == 1 and None not in n.inputs:
+                index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)
+    key = _plumbing_key(op_type, inputs, [] if axis is None else [helper.make_attribute("axis", axis)])
+    n = index.get(key)
+    # Re-checked on a hit: the node may since have been removed or rewired (replace_uses).
+    if n is None or n.id not in graph.nodes or n.inputs != inputs or _plumbing_key(n.op_type, n.inputs, n.attributes) != key:
+        return None
+    return n.outputs[0]
 
 
 def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:
@@ -620,17 +637,19 @@ def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:
             return found
         out = graph.fresh_value(name_hint, TensorProto.INT64, shape)
         attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
-        new.append(graph.add_node(OnnxNode(out.name, op_type, inputs, [out], attrs)))  # named by what it makes
+        made = graph.add_node(OnnxNode(out.name, op_type, inputs, [out], attrs))  # named by what it makes
+        graph.scratch["size_plumbing"][_plumbing_key(op_type, inputs, attrs)] = made
+        new.append(made)
         return out
 
     for src in sources:
         if src[0] == "const":
-            parts.append(_constant(graph, f"{hint}__size{src[1]}", np.array([src[1]], np.int64)))
+            parts.append(_constant(graph, f"dmlgraph__size{src[1]}", np.array([src[1]], np.int64)))
             continue
         _, inp, axis = src
         shape = node("Shape", [inp], f"{inp.name}__shape", shape=(len(inp.shape),))
-        idx = _constant(graph, f"{hint}__axis{axis}", np.array([axis], np.int64))
-        parts.append(node("Gather", [shape, idx], f"{hint}__dim{axis}", axis=0, shape=(1,)))
+        idx = _constant(graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64))
+        parts.append(node("Gather", [shape, idx], f"{inp.name}__dim{axis}", axis=0, shape=(1,)))
     return node("Concat", parts, f"{hint}__sizes", axis=0, shape=(len(parts),)), new
 
 

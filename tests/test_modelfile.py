@@ -533,3 +533,48 @@ def test_fuzz_external_model_mutants_never_crash(tmp_path):
             outcomes["ModelError"] += 1
     assert sum(outcomes.values()) == n_mutants
     print(f"fuzz (external model, check=False, read_tensor): {n_mutants} mutants -> {outcomes}")
+
+
+# ---- UTF-8 of string fields: the proto3 twin (fast) and the walk (which names the field) agree ----
+def _marked_model() -> onnx.ModelProto:
+    """Strings marked ZZZ<i> in every kind of place: names, op/domain, dim_param, doc strings,
+    metadata, and a node inside an If branch."""
+    branch = h.make_graph([h.make_node("Relu", ["x"], ["t"], name="ZZZ1")], "ZZZ2", [],
+                          [h.make_tensor_value_info("t", T.FLOAT, ["ZZZ3", 3])])
+    nodes = [h.make_node("Constant", [], ["c"], value=h.make_tensor("ZZZ4", T.BOOL, [], [True])),
+             h.make_node("If", ["c"], ["y"], name="ZZZ5", then_branch=branch, else_branch=branch,
+                         doc_string="ZZZ6")]
+    m = make_model(nodes, [], [h.make_tensor_value_info("x", T.FLOAT, ["ZZZ7", 3])],
+                   [h.make_tensor_value_info("y", T.FLOAT, ["ZZZ8", 3])])
+    h.set_model_props(m, {"ZZZ9": "value"})
+    m.producer_name = "ZZZA"
+    return m
+
+
+@pytest.mark.parametrize("marker", [f"ZZZ{c}" for c in "123456789A"])
+def test_bad_utf8_anywhere_is_refused_by_the_twin_and_named_by_the_walk(tmp_path, marker):
+    data = _marked_model().SerializeToString()
+    assert data.count(marker.encode()) >= 1
+    bad = data.replace(marker.encode(), b"\xff\xfe" + marker.encode()[2:])
+    parsed = onnx.ModelProto.FromString(bad)  # proto2 parses it
+    with pytest.raises(Exception):
+        modelfile._utf8_twin().FromString(bad)
+    with pytest.raises(ModelError, match="not valid UTF-8"):
+        modelfile._check_utf8(parsed, "m.onnx")  # the walk alone
+    with pytest.raises(ModelError, match="not valid UTF-8"):
+        load_model(write_bytes(tmp_path / "m.onnx", bad))
+
+
+def write_bytes(path, data: bytes) -> str:
+    with open(path, "wb") as f:
+        f.write(data)
+    return str(path)
+
+
+def test_the_twin_accepts_every_corpus_model():
+    import glob
+    paths = glob.glob(os.path.join(os.path.dirname(__file__), "..", "models", "**", "*.onnx"), recursive=True)
+    assert len(paths) >= 20
+    for p in paths:
+        with open(p, "rb") as f:
+            modelfile._utf8_twin().FromString(f.read())

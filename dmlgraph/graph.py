@@ -99,12 +99,16 @@ class Node:
 class OnnxNode(Node):
     """An ONNX node passed through unchanged (attributes kept as protos, subgraphs included)."""
 
-    def __init__(self, name, op_type, inputs, outputs, attributes=(), domain="", doc_string=""):
+    def __init__(self, name, op_type, inputs, outputs, attributes=(), domain="", doc_string="",
+                 source: onnx.NodeProto | None = None):
         super().__init__(name, inputs, outputs)
         self.op_type = op_type
         self.domain = domain
         self.attributes: list[onnx.AttributeProto] = list(attributes)
         self.doc_string = doc_string
+        # The proto it was read from, reused by export while it still describes the node: rules change
+        # an ONNX node only by rewiring its inputs (`Graph.replace_uses`, which drops it).
+        self.source = source
 
     def attr(self, name: str, default=None):
         for a in self.attributes:
@@ -230,6 +234,8 @@ class Graph:
         """Point every use of `old` (and graph outputs) at `new`."""
         for node, i in list(old.uses):
             node.inputs[i] = new
+            if isinstance(node, OnnxNode):
+                node.source = None
             new.uses[node, i] = None
             self.changes.append(node)
         old.uses.clear()

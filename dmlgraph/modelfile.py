@@ -146,7 +146,13 @@ def _bits_per_element(dt: int) -> int | None:
         return None
     if dt in _PACKED_BITS:
         return _PACKED_BITS[dt]
-    return np.dtype(helper.tensor_dtype_to_np_dtype(dt)).itemsize * 8
+    bits = _BITS.get(dt)
+    if bits is None:
+        bits = _BITS[dt] = np.dtype(helper.tensor_dtype_to_np_dtype(dt)).itemsize * 8
+    return bits
+
+
+_BITS: dict[int, int] = {}
 
 
 def _expected_nbytes(tensor: TensorProto, label: str) -> int | None:
@@ -204,8 +210,6 @@ def tensor_nbytes(tensor: TensorProto) -> int:
     the stored `length` is used when present; otherwise the size follows from dims and dtype
     (STRING: the sum of the encoded string lengths).
     """
-    if tensor.HasField("raw_data") and not _uses_external(tensor):  # load_model checked its length
-        return len(tensor.raw_data)
     label = f"tensor '{tensor.name}'"
     if _uses_external(tensor):
         entries = _external_entries(tensor, label)

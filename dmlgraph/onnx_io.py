@@ -110,7 +110,8 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         if n.domain == DOMAIN:
             g.add_node(_import_dml(n, ins, outs))
         else:
-            g.add_node(OnnxNode(n.name, n.op_type, ins, outs, n.attribute, n.domain, n.doc_string))
+            source = n if "" not in n.output else None  # (an unused output gets a name here)
+            g.add_node(OnnxNode(n.name, n.op_type, ins, outs, n.attribute, n.domain, n.doc_string, source))
     g.outputs = [g.value(o.name) for o in mg.output]
     _check_defined(g)
     return g
@@ -255,6 +256,8 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
 
 
 def onnx_node_proto(n: OnnxNode) -> onnx.NodeProto:
+    if n.source is not None:
+        return n.source  # unchanged since import: the proto as read (helper.make_node costs ~4x more)
     proto = helper.make_node(n.op_type, [_name(v) for v in n.inputs], [v.name for v in n.outputs],
                              name=n.name or None, domain=n.domain or None, doc_string=n.doc_string or None)
     proto.attribute.extend(n.attributes)

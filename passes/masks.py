@@ -217,6 +217,8 @@ class DataFree:
     def update(self) -> None:
         """Catch up with the graph's changes since the last call."""
         changes = self.graph.changes
+        if len(changes) == self.seen:
+            return
         work = [v for n in changes[self.seen:] for v in n.outputs]
         self.seen = len(changes)
         while work:
@@ -270,10 +272,14 @@ def _int_constants(graph: Graph, nodes: list[Node]) -> int:
     N, every size the original model can run at.
     """
     biggest = 0
+    cache = graph.scratch.setdefault("max_small_ints", {})  # per initializer (its proto: replaced = stale)
     for n in nodes:
         for v in n.inputs:
             if v is not None and v.producer is None:
-                biggest = max(biggest, _max_small_int(const_value(graph, v)))
+                hit = cache.get(v.name)
+                if hit is None or hit[0] is not v.initializer:
+                    hit = cache[v.name] = (v.initializer, _max_small_int(const_value(graph, v)))
+                biggest = max(biggest, hit[1])
         if isinstance(n, OnnxNode):
             for a in n.attributes:
                 if a.type == onnx.AttributeProto.INT and abs(a.i) < 2**31:
@@ -382,7 +388,7 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
     return node_part, input_part, (ref(target), target.elem_type or 0), opsets, graph.info.ir_version
 
 
-def _evaluate_shared(graph: Graph, signature: tuple, symbolic: list[str], nodes: list[Node], inputs: list[Value],
+def _evaluate_shared(graph: Graph, signature: int, symbolic: list[str], nodes: list[Node], inputs: list[Value],
                      target: Value, dims: dict[str, int]) -> np.ndarray:
     """`_evaluate`, once per (signature, sizes) in this graph: later copies get the same (read-only)
     array, or the same exception."""
@@ -515,10 +521,12 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     dim_sets += [{d: big + 2 * i for i, d in enumerate(symbolic)}, {d: big + 1 + 3 * i for i, d in enumerate(symbolic)}]
     computed: list[tuple] = []
 
-    def signature() -> tuple:
-        """`_signature`, computed at most once and only when a step needs it."""
+    def signature() -> int:
+        """`_signature` as a small int (equal signatures, equal ints), computed at most once and only
+        when a step needs it; the caches below key on it, hashing the signature only here."""
         if not computed:
-            computed.append(_signature(graph, nodes, inputs, target, symbolic))
+            interned = graph.scratch.setdefault("mask_signatures", {})
+            computed.append(interned.setdefault(_signature(graph, nodes, inputs, target, symbolic), len(interned)))
         return computed[0]
 
     too_big = _too_big_to_evaluate(graph, nodes, inputs, target, dim_sets[-1], signature, symbolic)
@@ -551,7 +559,7 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     return _finish(graph, m, target, p, samples[-1], sources, options)
 
 
-def _analyze_shared(graph: Graph, signature: tuple, symbolic: list[str], dim_sets: list[dict], samples,
+def _analyze_shared(graph: Graph, signature: int, symbolic: list[str], dim_sets: list[dict], samples,
                     inputs: list[Value]) -> tuple:
     """(band of the last sample, same band in every sample, output dim sources), once per
     (signature, sizes) in this graph.
@@ -600,7 +608,8 @@ _PLUMBING_OPS = ("Shape", "Gather", "Concat")
 
 
 def _plumbing_key(op_type: str, inputs, attributes) -> tuple:
-    return op_type, tuple(id(v) for v in inputs), tuple((a.name, a.i) for a in attributes)
+    """attributes: AttributeProtos, or (name, int) pairs."""
+    return op_type, tuple(id(v) for v in inputs), tuple(a if isinstance(a, tuple) else (a.name, a.i) for a in attributes)
 
 
 def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None) -> Value | None:
@@ -618,7 +627,7 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
             if isinstance(n, OnnxNode) and n.op_type in _PLUMBING_OPS and n.domain in ("", "ai.onnx") \
                     and len(n.outputs) == 1 and None not in n.inputs:
                 index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)
-    key = _plumbing_key(op_type, inputs, [] if axis is None else [helper.make_attribute("axis", axis)])
+    key = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
     n = index.get(key)
     # Re-checked on a hit: the node may since have been removed or rewired (replace_uses).
     if n is None or n.id not in graph.nodes or n.inputs != inputs or _plumbing_key(n.op_type, n.inputs, n.attributes) != key:

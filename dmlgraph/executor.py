@@ -6,11 +6,25 @@ its consumers allow), and all ONNX nodes of one stage form one region.
 No path leaves a stage and comes back to it (it would have to cross a DML node, which raises the
 stage), so every region runs as one session, created once and cached. Where onnxruntime has no
 kernel for a region (e.g. Trilu on int8), `onnx.reference` runs it instead.
+
+The fast path (on by default; `Executor(..., fast=False)` keeps only the simple one). Some values
+depend only on the *shapes* (and dtypes) of the graph inputs, never on their contents: what Shape
+and Size read, arithmetic on those, and the DML generators sized by them (a causal mask, an
+identity). `shape_constants` finds them with a conservative per-op analysis (an op not in its
+tables never yields one). The first run at a given set of input shapes and dtypes takes the simple
+path; the shape constants a later step reads are then kept for those shapes (an LRU of
+CACHE_ENTRIES sets, CACHE_BYTES at most), and later runs at the same shapes skip every step whose
+outputs are all shape constants (a region of shape arithmetic, a DML generator) and run the other
+DML nodes through kernels prepared once for those shapes. The regions and their sessions are the
+simple path's own, so the two paths run the same onnxruntime sessions on the same inputs and agree
+bit for bit. A skipped node never raises: bad *values* that only reach a Shape can fail the first
+run at some shapes and not later ones (onnxruntime's own optimizer drops such nodes too).
 """
 from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +40,26 @@ from dmlgraph.runtime import OnnxRunner, initializer_array, numpy_dtype  # noqa:
 
 
 MAX_ELEMENTS = 2**32 - 1  # DML_BUFFER_TENSOR_DESC's limit; a bigger DML output is refused, not allocated
+CACHE_ENTRIES = 8  # input-shape sets whose shape constants are kept (least recently used dropped)
+CACHE_BYTES = 256 * 1024 * 1024  # at most this many bytes of kept constants over all entries
+
+# ONNX ops (default domain, no subgraph) whose outputs are a deterministic function of their inputs,
+# grouped by what their output *shapes* depend on. Anything else is never a shape constant.
+_SHAPE_FROM_SHAPES = frozenset("""
+    Abs Acos Acosh Add And Asin Asinh Atan Atanh BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor
+    Cast CastLike Ceil Celu Clip Cos Cosh Div Elu Equal Erf Exp Floor Gelu Greater GreaterOrEqual
+    HardSigmoid HardSwish Identity IsInf IsNaN LeakyRelu Less LessOrEqual Log Max Mean Min Mish Mod
+    Mul Neg Not Or PRelu Pow Reciprocal Relu Round Selu Sigmoid Sign Sin Sinh Softplus Softsign Sqrt
+    Sub Sum Tan Tanh ThresholdedRelu Where Xor
+    Softmax LogSoftmax Hardmax Trilu EyeLike LayerNormalization
+    Concat Gather GatherElements GatherND Transpose MatMul Gemm Flatten Einsum
+""".split())  # output shapes follow from the input shapes (and attributes)
+_SHAPE_FROM_FIRST = frozenset("""
+    Reshape Expand Unsqueeze Squeeze Slice Tile Pad Split CumSum TopK OneHot ArgMax ArgMin
+    ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum
+    ReduceSumSquare
+""".split())  # ... from the first input's shape and the other inputs' values
+_PURE = _SHAPE_FROM_SHAPES | _SHAPE_FROM_FIRST | {"Constant", "ConstantOfShape", "Range", "Shape", "Size"}
 
 
 @dataclass
@@ -37,19 +71,85 @@ class Region:
     outputs: list[str] = field(default_factory=list)
 
 
-class Executor:
-    """Runs a Graph on concrete inputs; `timings` keeps the last run's seconds per backend."""
+def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
+    """Names of the values that depend only on the shapes and dtypes of the graph inputs.
 
-    def __init__(self, graph: Graph, threads: int | None = None, optimize: bool = True):
+    Initializers (not overridable ones) are constants; Shape/Size of a value whose shape depends
+    only on input shapes is one; so is the output of a deterministic op (`_PURE`, or a DML node)
+    whose inputs all are. Which output shapes depend only on input shapes is tracked alongside:
+    the op tables above say, per op, whether that needs the input shapes or also the values of
+    the inputs after the first; a DML node's output shape is its shape input's value, else x's.
+    """
+    overridable = set(g.overridable_inputs)
+    const = {name for name in g.initializers if name not in overridable}
+    shaped = set(g.initializers) | {v.name for v in g.inputs}  # values whose shape is known from input shapes
+    for n in order if order is not None else g.topological_order():
+        ins = [v.name for v in n.inputs if v is not None]
+        outs = [v.name for v in n.outputs]
+        if isinstance(n, DmlNode):
+            x, shape, _ = n.inputs
+            if all(name in const for name in ins):
+                const.update(outs)
+                shaped.update(outs)
+            elif (shape is None or shape.name in const) and (x is None or x.name in shaped):
+                shaped.update(outs)
+            continue
+        if n.domain not in ("", "ai.onnx") or n.op_type not in _PURE or _has_subgraph(n):
+            continue
+        if n.op_type in ("Shape", "Size"):
+            if ins and ins[0] in shaped:
+                const.update(outs)
+                shaped.update(outs)
+        elif all(name in const for name in ins):
+            const.update(outs)
+            shaped.update(outs)
+        elif n.op_type in _SHAPE_FROM_SHAPES:
+            if all(name in shaped for name in ins):
+                shaped.update(outs)
+        elif n.op_type in _SHAPE_FROM_FIRST:
+            first = n.inputs[0]
+            if first is not None and first.name in shaped and all(name in const for name in ins[1:]):
+                shaped.update(outs)
+    return const
+
+
+def _has_subgraph(n: Node) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in getattr(n, "attributes", ()))
+
+
+@dataclass
+class _Entry:
+    """What the fast path keeps for one set of input shapes."""
+    consts: dict[str, np.ndarray]  # outputs of skipped steps that later steps or the caller read
+    nbytes: int
+    bound: dict[int, object] = field(default_factory=dict)  # DML node id -> (x shape, prepared kernel)
+
+
+class Executor:
+    """Runs a Graph on concrete inputs; `timings` keeps the last run's seconds per backend.
+
+    timings: "onnx" and "dml" (seconds in onnxruntime sessions and in DML kernels), "total" (the
+    whole run), "skipped" (steps the fast path did not run: their outputs were shape constants).
+    `last_path` says which path ran: "fast" or "simple".
+    """
+
+    def __init__(self, graph: Graph, threads: int | None = None, optimize: bool = True, fast: bool = True):
         self.graph = graph
         self.threads = threads
         self.optimize = optimize
-        self.steps = self._plan()
+        self.fast = fast
+        order = graph.topological_order()
+        self.steps = self._plan(order)
         self.timings: dict[str, float] = {}
+        self.last_path = ""
+        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._cache_bytes = 0
+        if fast:
+            self._plan_fast(order)
 
-    def _plan(self) -> list[Region | DmlNode]:
+    def _plan(self, order: list[Node]) -> list[Region | DmlNode]:
         g = self.graph
-        order = g.topological_order()
         stage: dict[int, int] = {}
         for n in order:
             s = 0
@@ -124,6 +224,20 @@ class Executor:
         return region.runner
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        key = self._key(feeds) if self.fast else None
+        if key is not None:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
+                return self._run_fast(entry, feeds)
+        out, env = self._run_simple(feeds)
+        if key is not None:
+            self._remember(key, env)
+        return out
+
+    def _run_simple(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
+        """Every step, every time: the reference the fast path is checked against."""
+        t_start = time.perf_counter()
         g = self.graph
         missing = [v.name for v in g.inputs if v.name not in feeds]
         if missing:
@@ -141,13 +255,125 @@ class Executor:
                 results = runner.run({k: env[k] for k in runner.input_names})
                 env.update(zip(runner.output_names, results))
                 t_ort += time.perf_counter() - t0
-        self.timings = {"onnx": t_ort, "dml": t_dml}
         out = {}
         for v in g.outputs:
             if v.name not in env and v.name in g.initializers:
                 env[v.name] = initializer_array(g.initializers[v.name])
             out[v.name] = env[v.name]
+        self.timings = {"onnx": t_ort, "dml": t_dml, "total": time.perf_counter() - t_start, "skipped": 0}
+        self.last_path = "simple"
+        return out, env
+
+    # ---- the fast path ------------------------------------------------------------------------
+    def _plan_fast(self, order: list[Node]) -> None:
+        g = self.graph
+        const = shape_constants(g, order)
+        skipped = [s for s in self.steps if (s.outputs[0].name in const if isinstance(s, DmlNode)
+                                              else all(name in const for name in s.outputs))]
+        skip_ids = {id(s) for s in skipped}
+        self._fast_steps = [s for s in self.steps if id(s) not in skip_ids]
+        self._skipped = len(skipped)
+        made = {name for s in skipped for name in ([s.outputs[0].name] if isinstance(s, DmlNode) else s.outputs)}
+        read: set[str] = {v.name for v in g.outputs}
+        for s in self._fast_steps:
+            if isinstance(s, DmlNode):
+                read.update(v.name for v in s.inputs if v is not None)
+            else:
+                read.update(s.inputs)
+        self._keep = sorted(made & read)  # what the fast path reads from the cache
+        outputs = {v.name for v in g.outputs}
+        self._const_outputs = outputs & made  # handed out as copies: the cached array stays intact
+        produced = {v.name for n in order for v in n.outputs} | {v.name for v in g.inputs}
+        self._outputs = [(v.name, 1 if v.name in self._const_outputs else
+                          0 if v.name in produced or v.name not in g.initializers else 2) for v in g.outputs]
+        self._input_names = [v.name for v in g.inputs]
+        # DML nodes run through a kernel prepared per input-shape set when only x varies
+        self._bindable = {s.id for s in self._fast_steps if isinstance(s, DmlNode) and s.kind == "DiagonalMatrix1"
+                          and s.inputs[0] is not None and all(v is None or v.name in const for v in s.inputs[1:])}
+
+    def _key(self, feeds) -> tuple | None:
+        """The input shapes and dtypes, when the fast path may serve these feeds (plain arrays, no extras)."""
+        if len(feeds) != len(self._input_names):
+            return None
+        key = []
+        for name in self._input_names:
+            x = feeds.get(name)
+            if type(x) is not np.ndarray:
+                return None
+            key.append(x.shape)
+            key.append(x.dtype)
+        return tuple(key)
+
+    def _remember(self, key: tuple, env: dict) -> None:
+        consts = {}
+        for name in self._keep:
+            a = env[name]
+            if type(a) is not np.ndarray:
+                return
+            if name in self._const_outputs:
+                a = a.copy()  # the caller holds the array the simple path returned
+            a.setflags(write=False)
+            consts[name] = a
+        nbytes = sum(a.nbytes for a in consts.values())
+        if nbytes > CACHE_BYTES:
+            return
+        self._cache[key] = _Entry(consts, nbytes)
+        self._cache_bytes += nbytes
+        while len(self._cache) > CACHE_ENTRIES or self._cache_bytes > CACHE_BYTES:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= old.nbytes
+
+    def _run_fast(self, entry: _Entry, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        perf = time.perf_counter
+        t_start = perf()
+        env = dict(feeds)
+        env.update(entry.consts)
+        t_ort = t_dml = 0.0
+        bound_all = entry.bound
+        for step in self._fast_steps:
+            t0 = perf()
+            if step.__class__ is Region:
+                runner = step.runner or self._runner(step)
+                env.update(zip(runner.output_names, runner.run_exact({k: env[k] for k in runner.input_names})))
+                t_ort += perf() - t0
+                continue
+            bound = bound_all.get(step.id)
+            if bound is None:
+                bound = bound_all[step.id] = self._bind_dml(step, env)
+            if bound:
+                x = env.get(bound[0])
+                if x.__class__ is np.ndarray and x.shape == bound[1]:
+                    env[bound[2]] = bound[3](x)
+                    t_dml += perf() - t0
+                    continue
+            env[step.outputs[0].name] = self._run_dml(step, env)
+            t_dml += perf() - t0
+        out = {}
+        for name, const in self._outputs:
+            if const == 0:
+                out[name] = env[name]
+            elif const == 1:  # a kept shape constant: the caller gets its own copy
+                out[name] = env[name].copy()
+            else:  # an initializer
+                out[name] = initializer_array(self.graph.initializers[name])
+        self.timings = {"onnx": t_ort, "dml": t_dml, "total": perf() - t_start, "skipped": self._skipped}
+        self.last_path = "fast"
         return out
+
+    def _bind_dml(self, node: DmlNode, env) -> tuple:
+        """(x's name, x's shape, the output's name, prepared kernel) for a node whose shape and k
+        are constants at these input shapes, when x has the output's shape; () otherwise (the node
+        then takes `_run_dml`, as it does whenever x comes with another shape)."""
+        if node.id not in self._bindable:
+            return ()
+        x = env.get(node.inputs[0].name)
+        if type(x) is not np.ndarray:
+            return ()
+        shape, dtype, _, bound = self._dml_checked(node, env)
+        if x.shape != shape or not bound:  # broadcast, a zero-size output: the general path
+            return ()
+        return (node.inputs[0].name, x.shape, node.outputs[0].name,
+                kernels.prepare_diagonal_matrix1(shape, dtype, node.value, *bound))
 
     def _value(self, v: Value, env) -> np.ndarray:
         if v.name in env:
@@ -155,6 +381,16 @@ class Executor:
         return initializer_array(self.graph.initializers[v.name])
 
     def _run_dml(self, node: DmlNode, env) -> np.ndarray:
+        shape, dtype, x, bound = self._dml_checked(node, env)
+        if 0 in shape:
+            return np.zeros(shape, dtype)
+        if node.kind == "DiagonalMatrix":
+            return kernels.diagonal_matrix(shape, dtype, node.begin, float(node.value))
+        return kernels.diagonal_matrix1(shape, dtype, node.value, *bound, input=x)
+
+    def _dml_checked(self, node: DmlNode, env) -> tuple:
+        """(shape, dtype, x broadcast to shape, (begin, end)) with every check `run` makes; the
+        range is () for a zero-size output and for DIAGONAL_MATRIX (which has none)."""
         x_v, shape_v, k_v = node.inputs
         x = None if x_v is None else np.asarray(self._value(x_v, env))
         if shape_v is not None:
@@ -185,9 +421,6 @@ class Executor:
                 raise DmlgraphError(f"{label}: input shape {list(x.shape)} does not broadcast to the output shape "
                                     f"{list(shape)}", hint="the lowered model is inconsistent; re-optimize the "
                                     "original model") from None
-        if 0 in shape:
-            return np.zeros(shape, dtype)
-        if node.kind == "DiagonalMatrix":
-            return kernels.diagonal_matrix(shape, dtype, node.begin, float(node.value))
-        begin, end = bind_range(node.begin, node.end, k, shape[-2], shape[-1])
-        return kernels.diagonal_matrix1(shape, dtype, node.value, begin, end, input=x)
+        if 0 in shape or node.kind == "DiagonalMatrix":
+            return shape, dtype, x, ()
+        return shape, dtype, x, bind_range(node.begin, node.end, k, shape[-2], shape[-1])

@@ -59,6 +59,7 @@ from dmlgraph.errors import DmlgraphError
 
 __all__ = [
     "diagonal_matrix1",
+    "prepare_diagonal_matrix1",
     "diagonal_matrix1_reference",
     "diagonal_matrix",
     "diagonal_matrix_value",
@@ -447,6 +448,8 @@ def _as3d(a: np.ndarray) -> np.ndarray | None:
         return a
     if a.ndim == 2:
         return a[None]
+    if a.flags.c_contiguous:  # a plain reshape is a view here, and far cheaper than as_strided
+        return a.reshape((-1,) + a.shape[-2:])
     shape, strides = a.shape, a.strides
     lead = [(n, s) for n, s in zip(shape[:-2], strides[:-2]) if n != 1]
     for (n0, s0), (n1, s1) in zip(lead, lead[1:]):
@@ -512,6 +515,78 @@ def diagonal_matrix1(shape, dtype, value, begin, end, input=None, out=None) -> n
         for idx in np.ndindex(*shape[:-2]):
             _run3(o[idx][None], None if s is None else s[idx][None], vv, plan)
     return out
+
+
+def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
+    """`diagonal_matrix1` with everything that depends only on its arguments done once.
+
+    Returns ``run(input=None) -> new array``, equal bit for bit to
+    ``diagonal_matrix1(shape, dtype, value, begin, end, input=input)`` for every input: the
+    prepared paths (tiny tensors: a cached flat index; small matrices: the cached templates)
+    take a C-contiguous ndarray of exactly `shape` and `dtype` (or no input), anything else goes
+    through `diagonal_matrix1` itself. For an executor that runs one node at one shape many times.
+    """
+    shape = tuple(operator.index(s) for s in shape)
+    dtype = np.dtype(dtype)
+    begin = operator.index(begin)
+    end = operator.index(end)
+    _check_dtype(dtype)
+    if len(shape) < 2:
+        raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
+    if any(d < 0 for d in shape):
+        raise DmlgraphError(f"DIAGONAL_MATRIX1 shape {list(shape)} has a negative size")
+    v = np.array(value, dtype)
+
+    def generic(input=None):
+        return diagonal_matrix1(shape, dtype, value, begin, end, input=input)
+
+    size = math.prod(shape)
+    h, w = shape[-2], shape[-1]
+    if size == 0:
+        return generic
+    if size <= TINY_ELEMENTS:
+        idx = _tiny_index(shape, begin, end)
+
+        def run_tiny(input=None):
+            if input is not None and (type(input) is not np.ndarray or input.shape != shape
+                                      or input.dtype != dtype):
+                return generic(input)
+            out = np.empty(shape, dtype)
+            if input is None:
+                out.fill(0)
+            else:
+                np.copyto(out, input)
+            if idx.size:
+                out.flat[idx] = v
+            return out
+        return run_tiny
+    vv = v.view(np.uint8) if dtype == np.bool_ else v
+    plan = _plan(h, w, begin, end)
+    if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
+        return generic  # one region everywhere, or big matrices: the block writers (planning is cheap there)
+    keep, value_bits = _templates(plan, vv)
+    u = keep.dtype
+    b3 = (size // (h * w), h, w)
+    step = max(1, BLOCK_BYTES // keep.nbytes)
+    zero = u.type(0)
+
+    def run_templates(input=None):
+        out = np.empty(shape, dtype)
+        ou = out.view(u).reshape(b3)
+        if input is None:
+            np.copyto(ou, value_bits if value_bits is not None else zero)
+            return out
+        if (type(input) is not np.ndarray or input.shape != shape or input.dtype != dtype
+                or not input.flags.c_contiguous):
+            return generic(input)
+        su = input.view(u).reshape(b3)
+        for b0 in range(0, b3[0], step):  # as _run_templates: a block of matrices at a time
+            ob = ou[b0:b0 + step]
+            np.bitwise_and(su[b0:b0 + step], keep, out=ob)
+            if value_bits is not None:
+                np.bitwise_or(ob, value_bits, out=ob)
+        return out
+    return run_templates
 
 
 def diagonal_matrix1_reference(shape, dtype, value, begin, end, input=None) -> np.ndarray:

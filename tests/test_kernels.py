@@ -342,6 +342,39 @@ def test_property_fast_path_matches_reference(dtype, h, w, batch, begin, end, wi
     assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp))
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(TYPES + ["bool"]), st.lists(st.integers(1, 3), max_size=2),
+       st.sampled_from([1, 3, 7, 20, 33, 64, 130]), st.sampled_from([1, 4, 7, 20, 33, 64, 130]),
+       st.integers(-140, 140), st.integers(-140, 140),
+       st.sampled_from(["none", "full", "broadcast", "strided", "other_dtype", "list"]),
+       st.integers(0, 2**32 - 1), st.sampled_from([None, 4096]))
+def test_prepared_kernel_equals_the_plain_call(dtype, lead, h, w, begin, end, input_kind, seed, block_bytes):
+    """prepare_diagonal_matrix1 (tiny index, templates, or the plain call) is the plain call, bit for bit,
+    for every input it is given, including the ones it hands back to the plain call."""
+    shape = tuple(lead) + (h, w)
+    rng = np.random.default_rng(seed)
+    value = np.array(True) if dtype == "bool" else np.array(rng.integers(0, 100), dtype)
+    full = (rng.integers(0, 2, shape).astype(bool) if dtype == "bool" else _random_input(shape, dtype, seed))
+    inp = {"none": None, "full": full, "broadcast": np.broadcast_to(full[..., :1, :], shape),
+           "strided": np.repeat(full, 2, axis=-1)[..., ::2], "other_dtype": (full != 0).astype(np.int16),
+           "list": None if full.size > 4096 else full.tolist()}[input_kind]
+    with patch.object(kernels, "BLOCK_BYTES", block_bytes or kernels.BLOCK_BYTES):
+        run = kernels.prepare_diagonal_matrix1(shape, dtype, value, begin, end)
+        for _ in range(2):  # the prepared state is reused, never written
+            got = run(inp)
+            want = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
+            assert_bits_equal(got, want)
+    assert got.flags.c_contiguous and got.flags.writeable
+
+
+def test_prepared_kernel_refuses_what_the_plain_call_refuses():
+    with pytest.raises(DmlgraphError):
+        kernels.prepare_diagonal_matrix1((4,), np.float32, 1, 0, 1)
+    with pytest.raises(DmlgraphError):
+        kernels.prepare_diagonal_matrix1((4, 4), np.complex64, 1, 0, 1)
+    assert kernels.prepare_diagonal_matrix1((0, 3), np.float32, 1, 0, 1)().shape == (0, 3)
+
+
 # ------------------------------------------------------------------------------------------
 # desc-level entry point: strided buffers
 

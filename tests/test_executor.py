@@ -1,0 +1,202 @@
+"""The executor's fast path (shape constants kept per input-shape set, DML kernels prepared once)
+against its simple path: bit for bit on the corpus, correct when shapes change, never fooled by a
+shape that depends on input values."""
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+from dmlgraph import api, executor
+from dmlgraph.executor import Executor, shape_constants
+from dmlgraph.graph import DmlNode
+from dmlgraph.onnx_io import import_model
+from dmlgraph.rewrite import Options
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = sorted(glob.glob(os.path.join(ROOT, "models", "*.onnx"))) + \
+    [os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")]
+
+
+def same_bits(a, b) -> bool:
+    return api.bitwise_equal(np.asarray(a), np.asarray(b))
+
+
+def lowered(model):
+    g = import_model(model)
+    api.optimize_graph(g, Options())
+    return g
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    g = h.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def _feeds(g, size: int, seed: int):
+    dims = {d: size for v in g.inputs for d in (v.shape or ()) if isinstance(d, str)}
+    dims.update({d: 2 for d in dims if "batch" in d.lower()})
+    return api.make_inputs(g, dims, seed=seed)
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "models")))
+def test_fast_path_is_bit_exact_with_the_simple_path_on_the_corpus(path):
+    g = api.optimize(path).graph
+    fast, simple = Executor(g), Executor(g, fast=False)
+    runs = [(5, 0), (5, 1), (9, 2), (5, 3), (9, 4), (9, 5)]  # a new shape, then back: the cache per shape
+    seen = set()
+    for size, seed in runs:
+        feeds = _feeds(g, size, seed)
+        shapes = tuple((k, v.shape, v.dtype.str) for k, v in sorted(feeds.items()))
+        got, want = fast.run(feeds), simple.run(feeds)
+        assert simple.last_path == "simple"
+        assert fast.last_path == ("fast" if shapes in seen else "simple"), size
+        seen.add(shapes)
+        assert list(got) == list(want)
+        for name in want:
+            assert same_bits(got[name], want[name]), (name, size, seed)
+    assert len(fast._cache) == len(seen)
+
+
+def test_the_demo_skips_the_generator_and_times_the_applied_mask():
+    g = api.optimize(CORPUS[-1]).graph
+    ex = Executor(g, 1)
+    feeds = _feeds(g, 16, 0)
+    ex.run(feeds)
+    assert ex.timings["skipped"] == 0 and ex.timings["dml"] > 0
+    ex.run(feeds)
+    # eye (a generator sized by Shape(q)) and the Shape/Gather/Concat feeding it are shape
+    # constants; the -inf mask applied to the scores still runs on its kernel, every time
+    assert ex.last_path == "fast" and ex.timings["skipped"] == 1 and ex.timings["dml"] > 0
+    assert 0 < ex.timings["dml"] + ex.timings["onnx"] <= ex.timings["total"]
+    kinds = [type(s).__name__ for s in ex._fast_steps]
+    assert kinds == ["Region", "DmlNode", "Region"]
+
+
+def test_gpt2_runs_one_session_at_steady_state():
+    path = os.path.join(ROOT, "models", "gpt2_dynamo.onnx")
+    g = api.optimize(path).graph
+    ex = Executor(g, 1)
+    feeds = _feeds(g, 8, 0)
+    want = Executor(g, fast=False).run(feeds)
+    ex.run(feeds)
+    got = ex.run(feeds)
+    assert [type(s).__name__ for s in ex._fast_steps] == ["Region"]
+    assert ex.timings["dml"] == 0 and ex.timings["skipped"] == 2
+    assert all(same_bits(got[k], want[k]) for k in want)
+
+
+def _reshaped_mask_model():
+    """The mask's size comes from Reshape(x, s): same input shapes, different sizes per values of s."""
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, [12]), h.make_tensor_value_info("s", T.INT64, [2])]
+    nodes = [
+        h.make_node("Reshape", ["x", "s"], ["y"]),
+        h.make_node("Shape", ["y"], ["ys"]),
+        h.make_node("ConstantOfShape", ["ys"], ["ones"], value=numpy_helper.from_array(np.array([1.0], np.float32))),
+        h.make_node("Trilu", ["ones"], ["mask"], upper=1),  # a generator sized at run time
+        h.make_node("Trilu", ["y"], ["upper"], upper=1),  # applied to data of a value-dependent shape
+        h.make_node("EyeLike", ["y"], ["eye"]),
+    ]
+    outputs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("mask", "upper", "eye")]
+    return _model(nodes, inputs, outputs)
+
+
+def test_a_shape_that_depends_on_input_values_is_never_kept():
+    g = lowered(_reshaped_mask_model())
+    assert len([n for n in g.nodes.values() if isinstance(n, DmlNode)]) == 3
+    assert not {"ys", "mask", "upper", "eye"} & shape_constants(g)
+    ex = Executor(g)
+    x = np.arange(12, dtype=np.float32) + 1
+    for s in ([3, 4], [3, 4], [4, 3], [2, 6], [4, 3], [12, 1], [3, 4]):
+        got = ex.run({"x": x, "s": np.array(s, np.int64)})
+        y = x.reshape(s)
+        assert same_bits(got["upper"], np.triu(y)), s
+        assert same_bits(got["mask"], np.triu(np.ones(s, np.float32))), s
+        assert same_bits(got["eye"], np.eye(*s, dtype=np.float32)), s
+    assert ex.last_path == "fast"
+
+
+def _eye_of_input_model():
+    """Outputs that are shape constants only: an identity sized by x, and the size itself."""
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, ["n", "m"])]
+    nodes = [h.make_node("EyeLike", ["x"], ["eye"], k=1), h.make_node("Shape", ["x"], ["xs"]),
+             h.make_node("Identity", ["x"], ["same"])]
+    outputs = [h.make_tensor_value_info("eye", T.FLOAT, ["n", "m"]), h.make_tensor_value_info("xs", T.INT64, [2]),
+               h.make_tensor_value_info("same", T.FLOAT, ["n", "m"])]
+    return _model(nodes, inputs, outputs)
+
+
+def test_kept_outputs_are_handed_out_as_copies():
+    g = lowered(_eye_of_input_model())
+    assert {"eye", "xs"} <= shape_constants(g) and "same" not in shape_constants(g)
+    ex = Executor(g)
+    x = np.ones((3, 5), np.float32)
+    first = ex.run({"x": x})
+    first["eye"][...] = 7  # the caller owns what it gets
+    for _ in range(3):
+        got = ex.run({"x": x})
+        got["eye"][...] = 7
+        got["xs"][...] = 0
+    got = ex.run({"x": x})
+    assert ex.last_path == "fast"
+    assert same_bits(got["eye"], np.eye(3, 5, 1, dtype=np.float32))
+    assert got["xs"].tolist() == [3, 5] and got["eye"].flags.writeable
+
+
+def test_new_shapes_and_eviction_stay_correct(monkeypatch):
+    monkeypatch.setattr(executor, "CACHE_ENTRIES", 3)
+    g = lowered(_eye_of_input_model())
+    ex = Executor(g)
+    for n, m in [(2, 3), (4, 4), (2, 3), (5, 1), (6, 2), (7, 3), (2, 3), (4, 4), (4, 4)]:
+        got = ex.run({"x": np.zeros((n, m), np.float32)})
+        assert same_bits(got["eye"], np.eye(n, m, 1, dtype=np.float32)) and got["xs"].tolist() == [n, m]
+        assert len(ex._cache) <= 3
+    assert ex.last_path == "fast"
+
+
+def test_kept_bytes_are_bounded(monkeypatch):
+    monkeypatch.setattr(executor, "CACHE_BYTES", 100)
+    g = lowered(_eye_of_input_model())
+    ex = Executor(g)
+    for n in (3, 3, 4, 4, 20, 20):  # 20 x 20 float32 is over the budget: never kept
+        got = ex.run({"x": np.zeros((n, n), np.float32)})
+        assert same_bits(got["eye"], np.eye(n, n, 1, dtype=np.float32))
+    assert ex.last_path == "simple" and ex._cache_bytes <= 100
+
+
+def test_feeds_the_fast_path_does_not_take():
+    g = lowered(_eye_of_input_model())
+    ex = Executor(g)
+    x = np.zeros((2, 2), np.float32)
+    ex.run({"x": x})
+    ex.run({"x": x.tolist()})  # not an ndarray: the simple path converts it as before
+    assert ex.last_path == "simple"
+    ex.run({"x": x, "unused": x})  # an extra name: the simple path
+    assert ex.last_path == "simple"
+    ex.run({"x": x})
+    assert ex.last_path == "fast"
+
+
+def test_random_ops_are_never_constants():
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, [3, 3])]
+    nodes = [h.make_node("Shape", ["x"], ["xs"]),
+             h.make_node("RandomUniformLike", ["x"], ["r"]),
+             h.make_node("Shape", ["r"], ["rs"]),  # its shape is x's: a constant
+             h.make_node("Add", ["r", "x"], ["y"])]
+    g = import_model(_model(nodes, inputs, [h.make_tensor_value_info("y", T.FLOAT, None),
+                                            h.make_tensor_value_info("rs", T.INT64, None)]))
+    const = shape_constants(g)
+    assert "xs" in const and "r" not in const and "y" not in const and "rs" not in const
+
+
+def test_a_feed_of_the_wrong_shape_still_gets_the_simple_paths_error():
+    g = lowered(_eye_of_input_model())
+    ex = Executor(g)
+    ex.run({"x": np.zeros((2, 2), np.float32)})
+    with pytest.raises(Exception):
+        ex.run({"y": np.zeros((2, 2), np.float32)})

@@ -109,6 +109,14 @@ class OnnxNode(Node):
         # The proto it was read from, reused by export while it still describes the node: rules change
         # an ONNX node only by rewiring its inputs (`Graph.replace_uses`, which drops it).
         self.source = source
+        self._outer: frozenset[str] | None = None
+
+    @property
+    def subgraph_reads(self) -> frozenset[str]:
+        """`outer_names(self)`, computed once (attributes never change after construction)."""
+        if self._outer is None:
+            self._outer = frozenset(outer_names(self)) if self.attributes else frozenset()
+        return self._outer
 
     def attr(self, name: str, default=None):
         for a in self.attributes:
@@ -301,6 +309,7 @@ class Graph:
     def remove_dead(self) -> int:
         """Remove nodes whose outputs reach no graph output, and unused initializers."""
         live: set[int] = set()
+        read_by_subgraphs: set[str] = set()
         stack = [v.producer for v in self.outputs if v.producer is not None]
         while stack:
             n = stack.pop()
@@ -310,19 +319,17 @@ class Graph:
             stack.extend(v.producer for v in n.inputs if v is not None and v.producer is not None)
             # ONNX subgraph attributes may read outer values by name: keep their producers alive.
             if isinstance(n, OnnxNode) and n.attributes:  # (no attributes: no subgraphs)
-                for name in outer_names(n):
+                for name in n.subgraph_reads:
+                    read_by_subgraphs.add(name)
                     v = self.values.get(name)
                     if v is not None and v.producer is not None:
                         stack.append(v.producer)
         dead = [n for n in self.nodes.values() if n.id not in live]
         for n in dead:
             self.remove_node(n)
-        used = {v.name for v in self.outputs}
-        for n in self.nodes.values():
-            used.update([v.name for v in n.inputs if v is not None])
-            if isinstance(n, OnnxNode) and n.attributes:
-                used.update(outer_names(n))
-        for name in [k for k in self.initializers if k not in used]:
+        outputs = {v.name for v in self.outputs}
+        for name in [k for k, v in self.initializers.items()
+                     if not v.uses and k not in outputs and k not in read_by_subgraphs]:
             del self.initializers[name]
         return len(dead)
 

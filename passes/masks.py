@@ -191,20 +191,22 @@ class DataFree:
 
     def _index_constant(self, v: Value) -> bool:
         if v.name not in self._constants:  # checked once per initializer
-            arr = const_value(self.graph, v)
-            self._constants[v.name] = arr is not None and (arr.size <= SMALL_CONSTANT or band_of(arr) is not None)
+            if v.shape is not None and math.prod(v.shape) <= SMALL_CONSTANT and v.name not in self.graph.overridable_inputs:
+                self._constants[v.name] = True  # small: no need to read it
+            else:
+                arr = const_value(self.graph, v)
+                self._constants[v.name] = arr is not None and (arr.size <= SMALL_CONSTANT or band_of(arr) is not None)
         return self._constants[v.name]
 
     def _recompute(self, v: Value) -> bool:
         """Set `v`'s status from its producer and its inputs' statuses; True if it changed."""
         p = v.producer
         new = None  # not free
-        if p is not None and p.id in self.graph.nodes and _eligible(p):
+        if p is not None and p.id in self.graph.nodes:
             ins = [x for x in p.inputs if x is not None]
-            if p.op_type in SHAPE_OPS:
-                new = True
-            elif all(self.is_free(x) for x in ins):
-                new = p.op_type in INDEX_OPS and all(self.index_only(x) for x in ins)
+            shape_op = p.op_type in SHAPE_OPS
+            if (shape_op or all(self.is_free(x) for x in ins)) and _eligible(p):  # (cheapest test first)
+                new = shape_op or (p.op_type in INDEX_OPS and all(self.index_only(x) for x in ins))
         old = self.status.get(v.name)
         if new == old:
             return False

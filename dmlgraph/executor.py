@@ -312,8 +312,7 @@ class Executor:
                 return
             if name in self._const_outputs:
                 a = a.copy()  # the caller holds the array the simple path returned
-            a.setflags(write=False)
-            consts[name] = a
+            consts[name] = a  # else only onnxruntime and the DML kernels read it, never writing
         nbytes = sum(a.nbytes for a in consts.values())
         if nbytes > CACHE_BYTES:
             return

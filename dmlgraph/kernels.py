@@ -568,6 +568,11 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
     u = keep.dtype
     b3 = (size // (h * w), h, w)
     step = max(1, BLOCK_BYTES // keep.nbytes)
+    if 1 < b3[0] <= step:
+        # the whole batch in one block: templates as big as the output (numpy's loops over
+        # same-shape operands run about twice as fast as over one broadcast along the batch)
+        keep = np.ascontiguousarray(np.broadcast_to(keep, b3))
+        value_bits = None if value_bits is None else np.ascontiguousarray(np.broadcast_to(value_bits, b3))
     zero = u.type(0)
 
     def run_templates(input=None):

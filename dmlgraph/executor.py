@@ -17,8 +17,9 @@ CACHE_ENTRIES sets, CACHE_BYTES at most), and later runs at the same shapes skip
 outputs are all shape constants (a region of shape arithmetic, a DML generator) and run the other
 DML nodes through kernels prepared once for those shapes. The regions and their sessions are the
 simple path's own, so the two paths run the same onnxruntime sessions on the same inputs and agree
-bit for bit. A skipped node never raises: bad *values* that only reach a Shape can fail the first
-run at some shapes and not later ones (onnxruntime's own optimizer drops such nodes too).
+bit for bit. A skipped step does not run, so it cannot raise either: a node whose output only
+reaches a Shape inside a skipped region (a Gather whose indices are out of range, say) fails the
+first run at those shapes and not the later ones.
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ class _Entry:
     """What the fast path keeps for one set of input shapes."""
     consts: dict[str, np.ndarray]  # outputs of skipped steps that later steps or the caller read
     nbytes: int
-    bound: dict[int, object] = field(default_factory=dict)  # DML node id -> (x shape, prepared kernel)
+    bound: dict[int, tuple] = field(default_factory=dict)  # DML node id -> `_bind_dml`'s answer
 
 
 class Executor:
@@ -131,7 +132,9 @@ class Executor:
 
     timings: "onnx" and "dml" (seconds in onnxruntime sessions and in DML kernels), "total" (the
     whole run), "skipped" (steps the fast path did not run: their outputs were shape constants).
-    `last_path` says which path ran: "fast" or "simple".
+    A DML generator sized by input shapes runs its kernel on the first run at those shapes only;
+    after that it is skipped and adds nothing to "dml". `last_path` says which path ran: "fast"
+    or "simple".
     """
 
     def __init__(self, graph: Graph, threads: int | None = None, optimize: bool = True, fast: bool = True):

@@ -91,10 +91,11 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     mg = model.graph
     inferred = infer_shapes(model)
     # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest.
+    types: dict[bytes, tuple] = {}  # most values share a few types: decode each once
     for vi in list(inferred.graph.value_info) + list(mg.value_info):
-        _annotate(g.value(vi.name), vi, override=False)
+        _annotate(g.value(vi.name), vi, False, types)
     for vi in list(mg.input) + list(mg.output):
-        _annotate(g.value(vi.name), vi, override=True)
+        _annotate(g.value(vi.name), vi, True, types)
     g.value_info_names = {vi.name for vi in mg.value_info}
     for t in mg.initializer:
         v = g.value(t.name)
@@ -117,8 +118,13 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     return g
 
 
-def _annotate(v: Value, vi: onnx.ValueInfoProto, override: bool) -> None:
-    et, shape = _type_shape(vi.type)
+def _annotate(v: Value, vi: onnx.ValueInfoProto, override: bool, types: dict[bytes, tuple]) -> None:
+    tp = vi.type
+    key = tp.SerializeToString()
+    decoded = types.get(key)
+    if decoded is None:
+        decoded = types[key] = _type_shape(tp)
+    et, shape = decoded
     v.elem_type = et or v.elem_type
     if shape is not None and (override or v.shape is None):
         v.shape = shape

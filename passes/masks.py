@@ -263,6 +263,8 @@ def _max_small_int(arr: np.ndarray | None) -> int:
     """The largest |value| of a small integer constant below 2^31 (larger ones mean 'to the end')."""
     if arr is None or arr.dtype.kind not in "iu" or not arr.size or arr.size > SMALL_CONSTANT:
         return 0
+    if arr.size <= 16:  # the usual index constant: plain ints beat five numpy calls
+        return max((m for m in map(abs, arr.reshape(-1).tolist()) if m < 2**31), default=0)
     return int(np.abs(arr[np.abs(arr.astype(np.float64)) < 2**31].astype(np.int64)).max(initial=0))
 
 

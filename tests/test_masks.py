@@ -338,3 +338,32 @@ def test_initializer_that_is_also_an_input_is_not_a_constant():
     g, result = lower(model)
     assert not any(result.counts.values())
     assert [i.name for i in export_model(g).graph.input] == ["x", "m"]
+
+
+# ---- fast paths against their simple oracles --------------------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+import hypothesis.extra.numpy as hnp  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(st.sampled_from([np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64]),
+                  hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=6)))
+def test_max_small_int_plain_ints_path_equals_numpy_path(arr):
+    from passes.masks import _max_small_int
+    oracle = int(np.abs(arr[np.abs(arr.astype(np.float64)) < 2**31].astype(np.int64)).max(initial=0))
+    assert _max_small_int(arr) == oracle
+
+
+def test_export_reuses_the_imported_proto_until_a_rewire():
+    """Export hands back a node's proto as read while it is unchanged, and rebuilds it once a rule
+    rewired its inputs (else the written model would read the old value)."""
+    m = h.make_model(h.make_graph(
+        [h.make_node("Relu", ["x"], ["a"], name="r1"), h.make_node("Neg", ["x"], ["b"], name="n"),
+         h.make_node("Relu", ["a"], ["y"], name="r2")], "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [2])], [h.make_tensor_value_info("y", T.FLOAT, [2])]),
+        opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    g = import_model(m)
+    g.replace_uses(g.values["a"], g.values["b"])
+    out = export_model(g)
+    assert [list(n.input) for n in out.graph.node if n.name == "r2"] == [["b"]]
+    assert [list(n.input) for n in out.graph.node if n.name == "r1"] == [["x"]]

@@ -11,7 +11,8 @@ Cases (each row: case, ours, baseline, ratio, target, met; medians of repeated r
    the same file (skipped, with a note, when onnxscript is not installed: it is not a dependency).
 2. Executor overhead. The lowered model run by `Executor` vs onnxruntime running the original
    (same inputs, same thread count, steady state after warm-up). Target: within 1.2x. The row
-   also reports the share of our time spent in the DML kernels.
+   also reports the share of our time spent in the DML kernels, and the simple path's time (every
+   step every run, no values kept from an earlier run at the same shapes) for comparison.
 3. Memory (skipped with --quick). A model whose initializers are external data totalling >= 2 GB,
    written by the benchmark in chunks through numpy memmaps; `optimize` + `write` (and `inspect`
    when dmlgraph.inspection exists) each run in a fresh subprocess that reports its peak RSS
@@ -214,27 +215,39 @@ def bench_executor(paths: list[str], runs: int, threads: int = 1, seq: int = 64)
         session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         ex = Executor(result.graph, threads)
+        simple = Executor(result.graph, threads, fast=False)  # every step every run: for the note
         for _ in range(max(5, runs // 10)):  # warm-up: sessions created, caches hot
             session.run(names, feeds)
             ex.run(feeds)
-        theirs, ours, dml = [], [], []
-        for _ in range(runs):  # interleaved, so drift in the machine's speed hits both alike
+            simple.run(feeds)
+        theirs, ours, dml, plain, plain_dml = [], [], [], [], []
+        for _ in range(runs):  # interleaved, so drift in the machine's speed hits all alike
             t0 = time.perf_counter()
             session.run(names, feeds)
             t1 = time.perf_counter()
             ex.run(feeds)
             t2 = time.perf_counter()
+            simple.run(feeds)
+            t3 = time.perf_counter()
             theirs.append(t1 - t0)
             ours.append(t2 - t1)
+            plain.append(t3 - t2)
             dml.append(ex.timings["dml"] / (t2 - t1))
-        ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+            plain_dml.append(simple.timings["dml"] / (t3 - t2))
+        ours_s, theirs_s, plain_s = statistics.median(ours), statistics.median(theirs), statistics.median(plain)
         sessions = sum(not hasattr(s, "kind") for s in ex.steps)
+        skipped = ex.timings.get("skipped", 0)
         rows.append(Row(f"run {os.path.relpath(path, ROOT)} ({', '.join(f'{k}={v}' for k, v in dims.items())})",
                         ours_s * 1e6, theirs_s * 1e6, ours_s / theirs_s, "us/run", "ratio <= 1.2",
                         ours_s / theirs_s <= 1.2,
-                        note=f"DML kernel share {statistics.median(dml):.0%}; {sessions} onnxruntime sessions, "
+                        note=f"DML kernel share {statistics.median(dml):.0%} ({skipped} of {len(ex.steps)} steps "
+                             f"were shape constants, kept from the first run at these shapes); every step every "
+                             f"run (fast=False): {plain_s * 1e6:.1f} us, ratio {plain_s / theirs_s:.2f}, DML "
+                             f"share {statistics.median(plain_dml):.0%}; {sessions} onnxruntime sessions, "
                              f"{len(ex.steps) - sessions} DML nodes; {threads} thread(s)",
-                        extra={"dml_share": statistics.median(dml), "sessions": sessions,
+                        extra={"dml_share": statistics.median(dml), "sessions": sessions, "skipped_steps": skipped,
+                               "simple_us": plain_s * 1e6, "simple_ratio": plain_s / theirs_s,
+                               "simple_dml_share": statistics.median(plain_dml),
                                "rewrites": result.passes.counts}))
     return rows
 

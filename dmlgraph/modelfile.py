@@ -108,6 +108,8 @@ def _iter_tensors(model: onnx.ModelProto) -> Iterator[tuple[TensorProto, str, bo
             yield sp.values, f"sparse initializer '{sp.values.name}' values{where}", False
             yield sp.indices, f"sparse initializer '{sp.values.name}' indices{where}", False
         for i, node in enumerate(graph.node):
+            if not node.attribute:  # most nodes
+                continue
             for attr in node.attribute:
                 if attr.HasField("t"):
                     yield attr.t, f"attribute '{attr.name}' of {_node_label(node, i)}{where}", False
@@ -545,16 +547,14 @@ _TENSOR_TYPES = frozenset(v for _, v in onnx.TensorProto.DataType.items())  # UN
 
 def _check_value_types(graph: onnx.GraphProto, path: str) -> None:
     """Declared element types of inputs, outputs and value_info must be ONNX types (the checker lets
-    e.g. -1 through)."""
-    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
-        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
-        if tt is not None and tt.elem_type not in _TENSOR_TYPES:
-            raise ModelError(f"{path}: value '{vi.name}' declares element type {tt.elem_type}, which is not "
-                             "an ONNX tensor type", hint="the model is corrupt; re-export it")
-    for node in graph.node:
-        for a in node.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                _check_value_types(sub, path)
+    e.g. -1 through), in the graph and every subgraph."""
+    for g, _ in _iter_graphs(graph):
+        for infos in (g.input, g.output, g.value_info):
+            for vi in infos:
+                tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+                if tt is not None and tt.elem_type not in _TENSOR_TYPES:
+                    raise ModelError(f"{path}: value '{vi.name}' declares element type {tt.elem_type}, which "
+                                     "is not an ONNX tensor type", hint="the model is corrupt; re-export it")
 
 
 def _check_opsets(model: onnx.ModelProto, path: str) -> None:

@@ -142,15 +142,18 @@ def _long_int_vector(model: onnx.ModelProto) -> bool:
     def graphs(g):
         yield g
         for n in g.node:
-            for a in n.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    yield from graphs(sub)
+            if n.attribute:  # (most nodes have none, so no subgraph)
+                for a in n.attribute:
+                    for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                        yield from graphs(sub)
     for g in graphs(model.graph):
-        for vi in list(g.input) + list(g.output) + list(g.value_info):
-            tt = vi.type.tensor_type
-            if tt.elem_type in _INT_TYPES and len(tt.shape.dim) == 1 \
-                    and tt.shape.dim[0].dim_value > MAX_DATA_PROP_LENGTH:
-                return True
+        for infos in (g.input, g.output, g.value_info):
+            for vi in infos:
+                tt = vi.type.tensor_type
+                if tt.elem_type in _INT_TYPES:
+                    dims = tt.shape.dim
+                    if len(dims) == 1 and dims[0].dim_value > MAX_DATA_PROP_LENGTH:
+                        return True
     return False
 
 

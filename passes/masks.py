@@ -360,7 +360,8 @@ def _predicted_elements(graph: Graph, nodes, inputs, target, dims) -> int | None
 
 
 def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str]) -> tuple:
-    """Everything `_evaluate` depends on, with value names replaced by positions.
+    """Everything `_verdict` depends on, with value names replaced by positions (the target's
+    inferred shape aside: it only says whether evaluating is affordable, the same for copies).
 
     Two copies of one mask subgraph (as exporters emit per layer) get the same signature, so the
     evaluations of one serve the other. It holds: each node's op type, domain, attributes (Constant
@@ -390,25 +391,6 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
                        for v in inputs)
     opsets = tuple(sorted((d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")))
     return node_part, input_part, (ref(target), target.elem_type or 0), opsets, graph.info.ir_version
-
-
-def _evaluate_shared(graph: Graph, signature: int, symbolic: list[str], nodes: list[Node], inputs: list[Value],
-                     target: Value, dims: dict[str, int]) -> np.ndarray:
-    """`_evaluate`, once per (signature, sizes) in this graph: later copies get the same (read-only)
-    array, or the same exception."""
-    cache = graph.scratch.setdefault("mask_evaluations", {})
-    key = (signature, tuple(dims[d] for d in symbolic))
-    if key not in cache:
-        try:
-            arr = _evaluate(graph, nodes, inputs, target, dims)
-            arr.setflags(write=False)
-            cache[key] = arr
-        except Exception as e:  # noqa: BLE001 - remembered and raised again for every copy
-            cache[key] = e
-    result = cache[key]
-    if isinstance(result, Exception):
-        raise result
-    return result
 
 
 def _same_pattern_everywhere(p: BandPattern, samples: list[np.ndarray]) -> bool:
@@ -464,7 +446,7 @@ MAX_EVAL_ELEMENTS = 8192 * 8192
 
 
 def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
-                         largest: dict[str, int], signature=None, symbolic: list[str] = ()) -> str | None:
+                         largest: dict[str, int]) -> str | None:
     """Why evaluating this mask subgraph would allocate too much (None: evaluate it).
 
     The inputs fed and the output are bounded by MAX_EVAL_ELEMENTS: from the output's dims when
@@ -482,14 +464,7 @@ def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], t
             return (f"its output {list(target.shape)} is too large to evaluate to prove it "
                     f"(limit {MAX_EVAL_ELEMENTS} elements)")
         return None
-    if signature is None:
-        n = _predicted_elements(graph, nodes, inputs, target, largest)
-    else:  # once per (signature, sizes): inference reads the same model `_evaluate` would run
-        cache = graph.scratch.setdefault("mask_predictions", {})
-        key = (signature(), tuple(largest[d] for d in symbolic))
-        if key not in cache:
-            cache[key] = _predicted_elements(graph, nodes, inputs, target, largest)
-        n = cache[key]
+    n = _predicted_elements(graph, nodes, inputs, target, largest)
     if n is not None and n > MAX_EVAL_ELEMENTS:
         return f"its output would hold {n} elements, too many to evaluate it (limit {MAX_EVAL_ELEMENTS})"
     return None  # size unknown: the evaluation runs under an address-space cap
@@ -516,75 +491,58 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if any(v.shape is None or None in v.shape for v in inputs):
         m.reason = "an input feeding the mask has an unknown shape"
         return m
+    # Copies of one subgraph (exporters emit one per layer) share a signature, and so a verdict.
+    verdicts = graph.scratch.setdefault("mask_verdicts", {})
+    signature = _signature(graph, nodes, inputs, target, symbolic)
+    verdict = verdicts.get(signature)
+    if verdict is None:
+        verdict = verdicts[signature] = _verdict(graph, nodes, inputs, target, symbolic, df)
+    if verdict[0] == "none":
+        return None
+    if verdict[0] == "decline":
+        m.reason = verdict[1]
+        return m
+    _, p, sample, positions = verdict
+    sources = None if positions is None else \
+        [s if s[0] == "const" else ("dim", inputs[s[1]], s[2]) for s in positions]
+    return _finish(graph, m, target, p, sample, sources, options)
+
+
+def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str],
+             df: DataFree) -> tuple:
+    """What evaluating the subgraph proves: ("band", pattern, the last sample, output dim sources
+    with inputs as positions in `inputs`, None when the shape is static), ("decline", reason) or
+    ("none",) (not a mask). Everything it reads is in the subgraph's `_signature`."""
     c = _int_constants(graph, nodes) if symbolic else 0
     if c > MAX_THRESHOLD:
-        m.reason = f"its integer constants (up to {c}) are too large to verify the band at every size"
-        return m
+        return "decline", f"its integer constants (up to {c}) are too large to verify the band at every size"
     big = 2 * c + 3
     dim_sets = [{d: size + i for i, d in enumerate(symbolic)} for size in SMALL_SIZES]
     dim_sets += [{d: big + 2 * i for i, d in enumerate(symbolic)}, {d: big + 1 + 3 * i for i, d in enumerate(symbolic)}]
-    computed: list[tuple] = []
-
-    def signature() -> int:
-        """`_signature` as a small int (equal signatures, equal ints), computed at most once and only
-        when a step needs it; the caches below key on it, hashing the signature only here."""
-        if not computed:
-            interned = graph.scratch.setdefault("mask_signatures", {})
-            computed.append(interned.setdefault(_signature(graph, nodes, inputs, target, symbolic), len(interned)))
-        return computed[0]
-
-    too_big = _too_big_to_evaluate(graph, nodes, inputs, target, dim_sets[-1], signature, symbolic)
+    too_big = _too_big_to_evaluate(graph, nodes, inputs, target, dim_sets[-1])
     if too_big:
-        m.reason = too_big
-        return m
+        return "decline", too_big
     if symbolic and not df.index_only(target):
-        return None  # data-free but not an index computation: cannot prove it for every size
+        return ("none",)  # data-free but not an index computation: cannot prove it for every size
     try:
-        samples = [_evaluate_shared(graph, signature(), symbolic, nodes, inputs, target, dims)
-                   for dims in (dim_sets if symbolic else [{}])]
+        samples = [_evaluate(graph, nodes, inputs, target, dims) for dims in (dim_sets if symbolic else [{}])]
     except Exception as e:  # noqa: BLE001 - a subgraph that cannot run at some size is not a mask we can prove
         if isinstance(e, MemoryError) or "alloc" in str(e).lower():
-            m.reason = (f"evaluating it to prove the band needs more than {EVAL_HEADROOM >> 30} GiB "
-                        "(a static dim of the inputs feeding it is too large)")
-            return m
-        return None
-    if not symbolic:
-        p = band_of(samples[0])
-        return None if p is None else _finish(graph, m, target, p, samples[0], None, options)
-    p, same, sources = _analyze_shared(graph, signature(), symbolic, dim_sets, samples, inputs)
+            return "decline", (f"evaluating it to prove the band needs more than {EVAL_HEADROOM >> 30} GiB "
+                               "(a static dim of the inputs feeding it is too large)")
+        return ("none",)
+    samples[-1].setflags(write=False)  # kept in the verdict, shared by every copy
+    p = band_of(samples[-1])
     if p is None:
-        return None
-    if not same:
-        m.reason = "a band at some sizes but not at all sizes tried"
-        return m
+        return ("none",)
+    if not symbolic:
+        return "band", p, samples[0], None
+    if not _same_pattern_everywhere(p, samples):
+        return "decline", "a band at some sizes but not at all sizes tried"
+    sources = _dim_sources(samples, dim_sets, inputs)
     if sources is None:
-        m.reason = "its output sizes are not the input's dims or constants"
-        return m
-    return _finish(graph, m, target, p, samples[-1], sources, options)
-
-
-def _analyze_shared(graph: Graph, signature: int, symbolic: list[str], dim_sets: list[dict], samples,
-                    inputs: list[Value]) -> tuple:
-    """(band of the last sample, same band in every sample, output dim sources), once per
-    (signature, sizes) in this graph.
-
-    These read only the samples (shared per signature by `_evaluate_shared`), the sizes, and the
-    inputs' shapes, which the signature holds (a symbolic dim as its rank in `symbolic`, the rank
-    `dim_sets` sizes it by); so later copies reuse them, with a source's input kept as its position
-    in `inputs` and mapped back to this copy's inputs.
-    """
-    cache = graph.scratch.setdefault("mask_analyses", {})
-    key = (signature, tuple(tuple(dims[d] for d in symbolic) for dims in dim_sets))
-    if key not in cache:
-        p = band_of(samples[-1])
-        same = p is not None and _same_pattern_everywhere(p, samples)
-        sources = _dim_sources(samples, dim_sets, inputs) if same else None
-        cache[key] = (p, same, None if sources is None else
-                      [s if s[0] == "const" else ("dim", inputs.index(s[1]), s[2]) for s in sources])
-    p, same, positions = cache[key]
-    sources = None if positions is None else \
-        [s if s[0] == "const" else ("dim", inputs[s[1]], s[2]) for s in positions]
-    return p, same, sources
+        return "decline", "its output sizes are not the input's dims or constants"
+    return "band", p, samples[-1], [s if s[0] == "const" else ("dim", inputs.index(s[1]), s[2]) for s in sources]
 
 
 def _finish(graph, m, target, p, arr, sources, options) -> Match:

@@ -55,7 +55,7 @@ def test_blocks_model_is_valid_and_fully_lowered(tmp_path):
     assert api.validate(str(path), dims={"batch": 2, "seq": 7})["ok"]
 
 
-# ---- the mask-subgraph evaluation cache --------------------------------------------------------
+# ---- the mask-subgraph verdict cache --------------------------------------------------------
 def _count_evaluations(monkeypatch) -> list:
     calls = []
     real = masks._evaluate
@@ -99,12 +99,13 @@ def test_copies_differing_in_a_constant_do_not_share(monkeypatch):
 
 
 @pytest.mark.parametrize("k", [0, 1])
-def test_cached_evaluations_give_what_evaluating_each_copy_gives(monkeypatch, k):
+def test_shared_verdicts_give_what_proving_each_copy_gives(monkeypatch, k):
     model = _set_trilu_k(bench_pipeline.blocks_model(4), 2, k)
     cached = import_model(model)
     api.optimize_graph(cached, Options())
-    monkeypatch.setattr(masks, "_evaluate_shared",
-                        lambda graph, signature, symbolic, *args: masks._evaluate(graph, *args))
+    fresh = iter(range(10**9))  # every subgraph its own signature: nothing shared, each copy proven
+    real = masks._signature
+    monkeypatch.setattr(masks, "_signature", lambda *args: (real(*args), next(fresh)))
     oracle = import_model(model)
     api.optimize_graph(oracle, Options())
     assert _lowered(cached) == _lowered(oracle)

@@ -12,7 +12,7 @@ from dmlgraph.dtypes import bitwise_equal  # noqa: F401 - part of the api
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
-from dmlgraph.modelfile import atomic_writer, load_model, save_model, tensor_nbytes
+from dmlgraph.modelfile import atomic_writer, data_nbytes, load_model, save_model, tensor_nbytes
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
 
@@ -30,14 +30,21 @@ def load(path: str) -> tuple[onnx.ModelProto, Graph]:
 def graph_stats(g: Graph) -> dict:
     """Node count, op histogram and initializer bytes: the numbers of a before/after table."""
     ops = collections.Counter(n.op_type for n in g.nodes.values())
-    init_bytes = sum(tensor_nbytes(v.initializer) if v.initializer is not None else int(v.array.nbytes)
-                     for v in g.initializers.values())
+    init_bytes = sum(_value_nbytes(v) for v in g.initializers.values())
     # Constant nodes store tensors too (TorchScript exports put masks there).
     const_bytes = sum(tensor_nbytes(a.t) for n in g.nodes.values() if n.op_type == "Constant"
                       for a in getattr(n, "attributes", ()) if a.name == "value")
     return {"nodes": len(g.nodes), "ops": dict(sorted(ops.items())), "initializers": len(g.initializers),
             "initializer_bytes": init_bytes, "constant_bytes": init_bytes + const_bytes,
             "dml_nodes": sum(isinstance(n, DmlNode) for n in g.nodes.values())}
+
+
+def _value_nbytes(v) -> int:
+    """An initializer's bytes from its type and shape (which load_model checked against its data)."""
+    if v.initializer is None:
+        return int(v.array.nbytes)
+    n = data_nbytes(v.elem_type, v.shape)
+    return tensor_nbytes(v.initializer) if n is None else n
 
 
 def node_label(n) -> dict:

@@ -22,6 +22,7 @@ Dependencies: onnx, numpy and the standard library only.
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import re
@@ -35,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import ModelError
 
-__all__ = ["load_model", "read_tensor", "tensor_nbytes", "save_model"]
+__all__ = ["load_model", "read_tensor", "tensor_nbytes", "data_nbytes", "save_model"]
 
 # protobuf cannot parse or serialize a message of 2 GiB or more.
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -203,6 +204,12 @@ def _check_inline_data(tensor: TensorProto, label: str) -> None:
         raise ModelError(
             f"{label}: {field} holds {got} values but its shape {shape} of type {_type_name(dt)} "
             f"needs {want}", hint="the file is truncated or corrupt; re-export the model")
+
+
+def data_nbytes(data_type: int, dims) -> int | None:
+    """Bytes of a tensor of this type and shape (None for STRING: its size is in its strings)."""
+    bits = _bits_per_element(data_type)
+    return None if bits is None else (math.prod(dims) * bits + 7) // 8
 
 
 def tensor_nbytes(tensor: TensorProto) -> int:

@@ -578,3 +578,17 @@ def test_the_twin_accepts_every_corpus_model():
     for p in paths:
         with open(p, "rb") as f:
             modelfile._utf8_twin().FromString(f.read())
+
+
+def test_data_nbytes_agrees_with_tensor_nbytes_on_every_corpus_initializer():
+    """The stats read sizes from type and shape; tensor_nbytes reads the tensor (the oracle)."""
+    import glob
+    checked = 0
+    for p in glob.glob(os.path.join(os.path.dirname(__file__), "..", "models", "**", "*.onnx"), recursive=True):
+        for t in load_model(p).graph.initializer:
+            if t.data_type != T.STRING:
+                assert modelfile.data_nbytes(t.data_type, t.dims) == tensor_nbytes(t), (p, t.name)
+                checked += 1
+    assert checked > 100
+    for dt, dims, want in [(T.INT4, [5], 3), (T.BOOL, [2, 3], 6), (T.FLOAT16, [], 2), (T.DOUBLE, [0, 4], 0)]:
+        assert modelfile.data_nbytes(dt, dims) == want

@@ -96,13 +96,14 @@ def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx
             yield from _iter_graphs(sub, f" (in subgraph '{attr_name}' of {_node_label(node, i)}{where})")
 
 
-def _iter_tensors(model: onnx.ModelProto) -> Iterator[tuple[TensorProto, str, bool]]:
+def _iter_tensors(model: onnx.ModelProto, graphs=None) -> Iterator[tuple[TensorProto, str, bool]]:
     """Every TensorProto in the model as (tensor, label, is_initializer).
 
     Covers initializers, sparse initializers and tensor-valued node attributes (Constant) in the
     main graph and all subgraphs: any of them may carry data or point at external data.
+    `graphs`: `_iter_graphs(model.graph)` when the caller already has it.
     """
-    for graph, where in _iter_graphs(model.graph):
+    for graph, where in (graphs if graphs is not None else _iter_graphs(model.graph)):
         for t in graph.initializer:
             yield t, f"initializer '{t.name}'{where}", True
         for sp in graph.sparse_initializer:
@@ -123,8 +124,14 @@ def _iter_tensors(model: onnx.ModelProto) -> Iterator[tuple[TensorProto, str, bo
 
 
 def _num_elements(tensor: TensorProto, label: str) -> int:
+    dims = tensor.dims
+    if not dims:
+        return 1
+    n = math.prod(dims)
+    if 0 < n <= _MAX_ELEMENTS and min(dims) > 0:  # every partial product is <= n: nothing to report
+        return n
     n = 1
-    for d in tensor.dims:
+    for d in dims:
         if d < 0:
             raise ModelError(f"{label} has a negative dimension in shape {list(tensor.dims)}",
                              hint="the model is corrupt; re-export it")
@@ -552,10 +559,10 @@ def _check_utf8(model: onnx.ModelProto, path: str, data: bytes | None = None) ->
 _TENSOR_TYPES = frozenset(v for _, v in onnx.TensorProto.DataType.items())  # UNDEFINED (0): type unknown
 
 
-def _check_value_types(graph: onnx.GraphProto, path: str) -> None:
+def _check_value_types(graphs, path: str) -> None:
     """Declared element types of inputs, outputs and value_info must be ONNX types (the checker lets
-    e.g. -1 through), in the graph and every subgraph."""
-    for g, _ in _iter_graphs(graph):
+    e.g. -1 through), in every graph of `graphs` (`_iter_graphs`)."""
+    for g, _ in graphs:
         for infos in (g.input, g.output, g.value_info):
             for vi in infos:
                 tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
@@ -630,7 +637,8 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
                          "is the file complete?")
     base_dir = os.path.dirname(os.path.abspath(p))
     has_external = False
-    for tensor, label, _ in _iter_tensors(model):
+    graphs = list(_iter_graphs(model.graph))  # walked once, read twice
+    for tensor, label, _ in _iter_tensors(model, graphs):
         if tensor.HasField("segment"):
             raise ModelError(f"{label} is stored in segments, which is not supported")
         if _uses_external(tensor):
@@ -641,7 +649,7 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     _check_opsets(model, p)
     _check_utf8(model, p, data)
     del data
-    _check_value_types(model.graph, p)
+    _check_value_types(graphs, p)
     if check:
         try:
             _run_checker(model, p, has_external)

@@ -592,3 +592,29 @@ def test_data_nbytes_agrees_with_tensor_nbytes_on_every_corpus_initializer():
     assert checked > 100
     for dt, dims, want in [(T.INT4, [5], 3), (T.BOOL, [2, 3], 6), (T.FLOAT16, [], 2), (T.DOUBLE, [0, 4], 0)]:
         assert modelfile.data_nbytes(dt, dims) == want
+
+
+def _num_elements_oracle(dims):
+    n = 1
+    for d in dims:
+        if d < 0:
+            return "negative"
+        n *= d
+        if n > 2**40:
+            return "absurd"
+    return n
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.integers(-3, 70), st.sampled_from([0, 2**20, 2**21, 2**40, 2**41, 2**62])), max_size=5))
+def test_num_elements_fast_path_matches_the_checked_loop(dims):
+    t = T(name="t", data_type=T.FLOAT, dims=dims)
+    want = _num_elements_oracle(dims)
+    if isinstance(want, str):
+        with pytest.raises(ModelError, match=want):
+            modelfile._num_elements(t, "t")
+    else:
+        assert modelfile._num_elements(t, "t") == want

@@ -176,16 +176,16 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _check_defined(g: Graph) -> None:
-    produced = {v.name for v in g.inputs} | set(g.initializers)
-    for n in g.nodes.values():
-        produced.update(v.name for v in n.outputs)
-    for n in g.nodes.values():
-        for v in n.inputs:
-            if v is not None and v.name not in produced:
-                raise ModelError(f"node {n.name or n.op_type!r} reads {v.name!r}, which no node, graph input "
-                                 "or initializer defines", hint="the graph is incomplete; re-export it")
-    for v in g.outputs:
-        if v.name not in produced:
+    """Every value read is produced by a node, or is a graph input or an initializer."""
+    inputs = {v.name for v in g.inputs}
+    for v in g.values.values():
+        if v.producer is not None or v.name in g.initializers or v.name in inputs:
+            continue
+        if v.uses:
+            n = min((n for n, _ in v.uses), key=lambda n: n.id)  # the first reader in file order
+            raise ModelError(f"node {n.name or n.op_type!r} reads {v.name!r}, which no node, graph input "
+                             "or initializer defines", hint="the graph is incomplete; re-export it")
+        if g.is_graph_output(v):
             raise ModelError(f"graph output {v.name!r} is not produced by anything")
 
 

@@ -341,6 +341,18 @@ def _address_space_headroom(extra: int):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def _digest(graph: Graph, v: Value) -> tuple:
+    """Equal digests, equal constants. Inline raw data is hashed as stored (type, dims, bytes: no
+    decoding); anything else as its decoded array."""
+    t = v.initializer
+    if t is not None and v.array is None and t.HasField("raw_data") and v.name not in graph.overridable_inputs \
+            and t.data_location != onnx.TensorProto.EXTERNAL:
+        return "raw", t.data_type, tuple(t.dims), hashlib.sha256(t.raw_data).hexdigest()
+    arr = np.asarray(const_value(graph, v))
+    data = onnx.numpy_helper.from_array(arr).SerializeToString() if arr.dtype == object else arr.tobytes()
+    return "array", arr.dtype.str, arr.shape, hashlib.sha256(data).hexdigest()
+
+
 def _evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
               dims: dict[str, int]) -> np.ndarray:
     model = _mask_model(graph, nodes, inputs, target, dims)
@@ -380,9 +392,7 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
         p = v.producer
         made = (position[p.id], p.outputs.index(v)) if p is not None and p.id in position else None
         if v.name in graph.initializers and v.name not in digests:
-            arr = np.asarray(const_value(graph, v))
-            data = onnx.numpy_helper.from_array(arr).SerializeToString() if arr.dtype == object else arr.tobytes()
-            digests[v.name] = (arr.dtype.str, arr.shape, hashlib.sha256(data).hexdigest())
+            digests[v.name] = _digest(graph, v)
         return made, input_index.get(id(v)), digests.get(v.name)
 
     node_part = tuple((n.op_type, n.domain, tuple(a.SerializeToString(deterministic=True) for a in n.attributes),

@@ -183,3 +183,23 @@ def test_topological_order_matches_networkx(seed):
     assert g.topological_order() == _nx_order(g)
     api.optimize_graph(g, Options())  # rewrites append nodes whose consumers came earlier
     assert g.topological_order() == _nx_order(g)
+
+
+def test_constant_digests_tell_types_dims_and_storage_apart():
+    """Equal digests must mean equal constants: raw bytes alone are not enough (type and dims
+    count), and a typed-field tensor is hashed by value."""
+    from onnx import helper as oh
+    g = import_model(bench_pipeline.blocks_model(1))
+    tensors = [numpy_helper.from_array(np.array([1, 0], np.int32), "a"),
+               numpy_helper.from_array(np.array([1], np.int64), "b"),           # same 8 bytes, other type
+               numpy_helper.from_array(np.array([[1, 0]], np.int32), "c"),      # same bytes, other dims
+               oh.make_tensor("d", onnx.TensorProto.INT32, [2], [1, 0]),        # same value, typed field
+               numpy_helper.from_array(np.array([1, 0], np.int32), "e")]        # same as "a"
+    digests = {}
+    for t in tensors:
+        v = g.value(t.name)
+        v.initializer, v.elem_type, v.shape = t, t.data_type, tuple(t.dims)
+        g.initializers[t.name] = v
+        digests[t.name] = masks._digest(g, v)
+    assert len({digests[n] for n in "abcd"}) == 4
+    assert digests["a"] == digests["e"]

@@ -92,8 +92,9 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     inferred = infer_shapes(model)
     # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest.
     types: dict[bytes, tuple] = {}  # most values share a few types: decode each once
+    value = g.value
     for vi in list(inferred.graph.value_info) + list(mg.value_info):
-        _annotate(g.value(vi.name), vi, False, types)
+        _annotate(value(vi.name), vi, False, types)
     for vi in list(mg.input) + list(mg.output):
         _annotate(g.value(vi.name), vi, True, types)
     g.value_info_names = {vi.name for vi in mg.value_info}
@@ -105,15 +106,17 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     init_names = set(g.initializers)
     g.inputs = [g.value(i.name) for i in mg.input if i.name not in init_names]
     g.overridable_inputs = [i.name for i in mg.input if i.name in init_names]
-    for i, n in enumerate(mg.node):
-        ins = [g.value(x) if x else None for x in n.input]
-        outs = [g.value(x) if x else g.fresh_value(f"{n.name or n.op_type}__unused{i}") for x in n.output]
-        if n.domain == DOMAIN:
+    for i, n in enumerate(mg.node):  # (the hottest loop of a load: each proto field is read once)
+        ins = [value(x) if x else None for x in n.input]
+        out_names = list(n.output)
+        outs = [value(x) if x else g.fresh_value(f"{n.name or n.op_type}__unused{i}") for x in out_names]
+        domain = n.domain
+        if domain == DOMAIN:
             g.add_node(_import_dml(n, ins, outs))
         else:
-            source = n if "" not in n.output else None  # (an unused output gets a name here)
-            g.add_node(OnnxNode(n.name, n.op_type, ins, outs, n.attribute, n.domain, n.doc_string, source))
-    g.outputs = [g.value(o.name) for o in mg.output]
+            source = n if "" not in out_names else None  # (an unused output gets a name here)
+            g.add_node(OnnxNode(n.name, n.op_type, ins, outs, n.attribute, domain, n.doc_string, source))
+    g.outputs = [value(o.name) for o in mg.output]
     _check_defined(g)
     return g
 

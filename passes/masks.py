@@ -596,15 +596,30 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
     if index is None:
         index = graph.scratch["size_plumbing"] = {}
         for n in graph.nodes.values():
-            if isinstance(n, OnnxNode) and n.op_type in _PLUMBING_OPS and n.domain in ("", "ai.onnx") \
-                    and len(n.outputs) == 1 and None not in n.inputs:
+            if _plumbing(n):
                 index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)
     key = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
     n = index.get(key)
-    # Re-checked on a hit: the node may since have been removed or rewired (replace_uses).
-    if n is None or n.id not in graph.nodes or n.inputs != inputs or _plumbing_key(n.op_type, n.inputs, n.attributes) != key:
+    if n is None:
         return None
+    if not _computes(graph, n, inputs, key):
+        # Removed or rewired (replace_uses) since it was indexed; a live twin may remain.
+        n = next((c for c in inputs[0].consumers if _computes(graph, c, inputs, key)), None)
+        if n is None:
+            del index[key]
+            return None
+        index[key] = n
     return n.outputs[0]
+
+
+def _computes(graph: Graph, n: Node, inputs: list[Value], key: tuple) -> bool:
+    return n.id in graph.nodes and _plumbing(n) and n.inputs == inputs \
+        and _plumbing_key(n.op_type, n.inputs, n.attributes) == key
+
+
+def _plumbing(n: Node) -> bool:
+    return isinstance(n, OnnxNode) and n.op_type in _PLUMBING_OPS and n.domain in ("", "ai.onnx") \
+        and len(n.outputs) == 1 and None not in n.inputs
 
 
 def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:

@@ -367,3 +367,20 @@ def test_export_reuses_the_imported_proto_until_a_rewire():
     out = export_model(g)
     assert [list(n.input) for n in out.graph.node if n.name == "r2"] == [["b"]]
     assert [list(n.input) for n in out.graph.node if n.name == "r1"] == [["x"]]
+
+
+def test_size_plumbing_lookup_finds_a_live_twin_after_the_indexed_node_is_removed():
+    from passes import masks
+    m = h.make_model(h.make_graph(
+        [h.make_node("Shape", ["x"], ["s1"], name="a"), h.make_node("Shape", ["x"], ["s2"], name="b")], "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+        [h.make_tensor_value_info("s1", T.INT64, [2]), h.make_tensor_value_info("s2", T.INT64, [2])]),
+        opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    g = import_model(m)
+    x = g.values["x"]
+    assert masks._existing(g, "Shape", [x], None) is g.values["s1"]  # the first one, indexed
+    g.remove_node(g.values["s1"].producer)
+    assert masks._existing(g, "Shape", [x], None) is g.values["s2"]  # its live twin
+    g.remove_node(g.values["s2"].producer)
+    assert masks._existing(g, "Shape", [x], None) is None
+    assert masks._existing(g, "Gather", [x], 0) is None

@@ -852,19 +852,19 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
             raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with "
                              "the output's external data", hint="choose a different output path")
 
-    # Work on a copy so the caller's model is untouched (tensors in the copy are visited in the
-    # same order as in the original, which is the order of `sources`).
-    result = onnx.ModelProto()
-    result.CopyFrom(model)
+    # A single-file save of a model without external data leaves every tensor as it is: the
+    # per-tensor pass over a copy is needed only for external data (in the source or the save).
+    placing = use_external or any(span is not None for span in sources)
+    result = model
+    if placing:  # work on a copy so the caller's model is untouched (tensors in the copy are
+        result = onnx.ModelProto()  # visited in the same order as in the original: `sources`)
+        result.CopyFrom(model)
     temps: list[_TempFile] = []
     try:
         data_tmp = _TempFile(data_path) if use_external else None
         if data_tmp is not None:
             temps.append(data_tmp)
         offset = 0
-        # A single-file save of a model without external data leaves every tensor as it is: the
-        # per-tensor pass over the copy is needed only for external data (in the source or the save).
-        placing = use_external or any(span is not None for span in sources)
         for span, (tensor, label, is_init) in zip(sources, _iter_tensors(result), strict=True) if placing else ():
             if not use_external:
                 if span is not None:

@@ -36,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import ModelError
 
-__all__ = ["load_model", "read_tensor", "tensor_nbytes", "data_nbytes", "save_model"]
+__all__ = ["load_model", "read_tensor", "tensor_nbytes", "data_nbytes", "save_model", "without_weights"]
 
 # protobuf cannot parse or serialize a message of 2 GiB or more.
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -457,35 +457,87 @@ def _diagnose(graph: onnx.GraphProto, idx: int, name: str, producer: dict[str, i
                      hint="re-export the model or sort its nodes topologically")
 
 
-def _checker_view(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` in which every external tensor is an empty tensor of the same name and type.
+_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+STRIP_BYTES = 1 << 16  # tensors this big carry weights, not the shapes and indices inference reads
 
-    The ONNX checker resolves external locations against the working directory in proto form and
-    refuses every symlink in path form; `load_model` has already validated external data more
-    strictly than either (inside the folder, regular file, offset/length/shape consistent), so
-    the checker gets a view without it. With full_check=False the checker does not use the
-    shapes of initializers, so this changes nothing else it checks.
+
+def _copy_fields(dst, src, skip: str = "") -> None:
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def _strip(tensor: TensorProto, keep_dims: bool) -> None:
+    for name in _DATA_FIELDS:
+        tensor.ClearField(name)
+    if keep_dims:  # a stand-in that says "stored elsewhere": nothing reads it
+        if not _uses_external(tensor):
+            tensor.data_location = TensorProto.EXTERNAL
+            tensor.external_data.add(key="location", value="(data not needed for shapes)")
+    else:  # an empty tensor of the same name and type
+        del tensor.external_data[:]
+        tensor.ClearField("data_location")
+        del tensor.dims[:]
+        tensor.dims.append(0)
+
+
+def _big(tensor: TensorProto, min_bytes: int) -> bool:
+    if _uses_external(tensor):
+        return True
+    n = data_nbytes(tensor.data_type, tensor.dims) if tensor.data_type in _KNOWN_TYPES else None
+    return n is not None and n >= min_bytes
+
+
+def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int = STRIP_BYTES) -> onnx.ModelProto:
+    """A copy of `model` whose external tensors, and inline ones of `min_bytes` or more, carry no data
+    (`model` itself when there is none); for the ONNX checker and shape inference, which would
+    otherwise serialize, copy and parse every weight, twice over for inference.
+
+    keep_dims=True keeps each such tensor's dims, marked as external data (shape inference reads
+    only the dims and type of a big tensor; the values it reads are small index vectors).
+    keep_dims=False makes it an empty tensor (the checker, which with full_check=False does not
+    use initializer shapes, but would resolve external locations against the working directory);
+    `load_model` has checked every tensor's data against its shape already.
+    The main graph's big initializers are never copied; big Constant or subgraph tensors are copied,
+    then stripped.
     """
+    mg = model.graph
+    if not any(_big(t, min_bytes) for t, _, _ in _iter_tensors(model)):
+        return model
     view = onnx.ModelProto()
-    view.CopyFrom(model)  # small: external tensors carry no data
-    for tensor, _, _ in _iter_tensors(view):
-        if _uses_external(tensor):
-            del tensor.external_data[:]
-            tensor.ClearField("data_location")
-            del tensor.dims[:]
-            tensor.dims.append(0)
+    _copy_fields(view, model, skip="graph")
+    _copy_fields(view.graph, mg, skip="initializer")
+    for t in mg.initializer:
+        if _big(t, min_bytes):
+            stub = view.graph.initializer.add()
+            _copy_fields(stub, t, skip="raw_data")
+            _strip(stub, keep_dims)
+        else:
+            view.graph.initializer.add().CopyFrom(t)
+    for g, _ in _iter_graphs(view.graph):  # Constant values, subgraph initializers
+        dense = list(g.initializer) if g is not view.graph else []
+        for n in g.node:
+            for a in n.attribute if n.attribute else ():
+                dense += ([a.t] if a.HasField("t") else []) + list(a.tensors)
+        for t in dense:
+            if _big(t, min_bytes):
+                _strip(t, keep_dims)
+        if not keep_dims:  # a sparse part keeps its data (its dims must match), unless external
+            for t in [p for sp in g.sparse_initializer for p in (sp.values, sp.indices)]:
+                if _uses_external(t):
+                    _strip(t, keep_dims)
     return view
 
 
-def _run_checker(model: onnx.ModelProto, path: str, has_external: bool) -> None:
-    if has_external:
-        target: onnx.ModelProto | str = _checker_view(model)
-    elif model.ByteSize() > _EXTERNAL_THRESHOLD:
-        target = path  # proto form would serialize a second copy close to the 2 GiB limit
-    else:
-        target = model
+def _run_checker(model: onnx.ModelProto, path: str) -> None:
     try:
-        onnx.checker.check_model(target, full_check=False)
+        onnx.checker.check_model(without_weights(model, keep_dims=False), full_check=False)
     except Exception as e:  # noqa: BLE001 - checker raises ValidationError and others; all mean "invalid"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"{path} failed the ONNX checker: {first}",
@@ -652,7 +704,7 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     _check_value_types(graphs, p)
     if check:
         try:
-            _run_checker(model, p, has_external)
+            _run_checker(model, p)
         except ModelError:
             # The checker reports dangling inputs, cycles and misordering alike; tell them apart
             # (a walk over every node in Python, so only once something is known to be wrong).
@@ -837,7 +889,15 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
             span = _external_span(tensor, base_dir, label)
         sources.append(span)
     external_bytes = sum(span[2] for span in sources if span is not None)
-    total = model.ByteSize() + external_bytes
+    serialized = None  # a model without external data is serialized once, here: its size decides
+    if external_bytes == 0 and external_data is not True:  # (ByteSize would cost one more pass)
+        try:
+            serialized = model.SerializeToString(deterministic=True)
+        except Exception:  # noqa: BLE001 - over protobuf's limit: external data or an error below
+            pass
+        total = len(serialized) if serialized is not None else _PROTOBUF_LIMIT + 1
+    else:
+        total = model.ByteSize() + external_bytes
     if external_data is None:
         use_external = total > _EXTERNAL_THRESHOLD
     elif not external_data and total > _EXTERNAL_THRESHOLD:
@@ -845,6 +905,8 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                          "over protobuf's 2 GiB limit", hint="write it with external data")
     else:
         use_external = bool(external_data)
+    if use_external or total > _EXTERNAL_THRESHOLD:
+        serialized = None
     if use_external:
         if os.path.isdir(data_path):
             raise ModelError(f"cannot write external data {data_path}: it is a directory")
@@ -895,7 +957,8 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
             _set_external(tensor, data_name, offset, length)
             offset += length
         try:
-            serialized = result.SerializeToString(deterministic=True)
+            if serialized is None or placing:
+                serialized = result.SerializeToString(deterministic=True)
         except Exception as e:  # noqa: BLE001 - protobuf raises various types for oversized messages
             raise ModelError(f"cannot serialize the model for {out}: {e}",
                              hint="a model over 2 GiB must be written with external data") from None

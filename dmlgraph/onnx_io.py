@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dmlgraph.dtypes import DmlDataType
 from dmlgraph.errors import ModelError, UnsupportedError
 from dmlgraph.graph import DmlNode, Graph, ModelInfo, OnnxNode, Value, gc_paused
+from dmlgraph.modelfile import without_weights
 
 DOMAIN = "com.dmlgraph"
 DOMAIN_VERSION = 1
@@ -164,8 +165,10 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference on a copy; a model it cannot handle simply has fewer known shapes.
 
     First without data propagation (linear in the graph), then with it unless that pass found a
-    long integer vector (see MAX_DATA_PROP_LENGTH).
+    long integer vector (see MAX_DATA_PROP_LENGTH). Weights are left out (`without_weights`):
+    inference reads their dims and types, and copying them in and out would cost more than it.
     """
+    model = without_weights(model, keep_dims=True)
     try:
         plain = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=False)
     except Exception:  # inference is a help, never a reason to refuse a model

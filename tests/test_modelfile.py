@@ -618,3 +618,44 @@ def test_num_elements_fast_path_matches_the_checked_loop(dims):
             modelfile._num_elements(t, "t")
     else:
         assert modelfile._num_elements(t, "t") == want
+
+
+# ---- weightless views for the checker and shape inference -----------------------------------
+def _weighty_model(bad_op: bool = False) -> onnx.ModelProto:
+    """A big float weight (256 KiB), a Constant weight, a small int shape read by Reshape."""
+    w = numpy_helper.from_array(np.arange(256 * 256, dtype=np.float32).reshape(256, 256), "w")
+    shape = numpy_helper.from_array(np.array([2, -1], np.int64), "shape")
+    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]),
+             h.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.ones((256, 256), np.float32))),
+             h.make_node("Add", ["a", "c"], ["b"]),
+             h.make_node("Reshape" if not bad_op else "NoSuchOp", ["b", "shape"], ["r"]),
+             h.make_node("Relu", ["r"], ["y"])]
+    return make_model(nodes, [w, shape], [h.make_tensor_value_info("x", T.FLOAT, [256, 256])],
+                      [h.make_tensor_value_info("y", T.FLOAT, [2, 32768])])
+
+
+def test_without_weights_keeps_shapes_and_leaves_the_model_alone():
+    from dmlgraph.onnx_io import infer_shapes
+    m = _weighty_model()
+    before = m.SerializeToString()
+    view = modelfile.without_weights(m, keep_dims=True)
+    assert m.SerializeToString() == before
+    big = {t.name: t for t in view.graph.initializer}
+    assert not big["w"].HasField("raw_data") and list(big["w"].dims) == [256, 256]
+    assert big["shape"].HasField("raw_data")  # small index vectors keep their values
+    const = view.graph.node[1].attribute[0].t
+    assert not const.HasField("raw_data") and list(const.dims) == [256, 256]
+    full = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    shapes = lambda model: {vi.name: vi.type.SerializeToString()  # noqa: E731
+                            for vi in list(model.graph.value_info) + list(model.graph.output)}
+    assert shapes(infer_shapes(m)) == shapes(full)
+    r = [vi for vi in infer_shapes(m).graph.value_info if vi.name == "r"][0]
+    assert [d.dim_value for d in r.type.tensor_type.shape.dim] == [2, 32768]  # from the kept int constant
+    small = make_model()
+    assert modelfile.without_weights(small, keep_dims=True) is small  # nothing to leave out: no copy
+
+
+def test_checker_sees_a_weightless_view_and_still_catches_errors(tmp_path):
+    load_model(write(_weighty_model(), tmp_path / "ok.onnx"))
+    with pytest.raises(ModelError, match="ONNX checker"):
+        load_model(write(_weighty_model(bad_op=True), tmp_path / "bad.onnx"))

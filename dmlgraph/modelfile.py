@@ -494,7 +494,16 @@ def _big(tensor: TensorProto, min_bytes: int) -> bool:
     return n is not None and n >= min_bytes
 
 
-def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int = STRIP_BYTES) -> onnx.ModelProto:
+def _may_hold_big(model: onnx.ModelProto, min_bytes: int) -> bool:
+    """False only when no inline tensor has `min_bytes` or more: read from encoded sizes, which a
+    tensor's data cannot exceed (about 10x cheaper than visiting every tensor)."""
+    mg = model.graph
+    return any(t.ByteSize() >= min_bytes for t in mg.initializer) or \
+        any(n.ByteSize() >= min_bytes for n in mg.node if n.attribute)
+
+
+def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int = STRIP_BYTES,
+                    has_external: bool = False) -> onnx.ModelProto:
     """A copy of `model` whose external tensors, and inline ones of `min_bytes` or more, carry no data
     (`model` itself when there is none); for the ONNX checker and shape inference, which would
     otherwise serialize, copy and parse every weight, twice over for inference.
@@ -503,12 +512,13 @@ def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int =
     only the dims and type of a big tensor; the values it reads are small index vectors).
     keep_dims=False makes it an empty tensor (the checker, which with full_check=False does not
     use initializer shapes, but would resolve external locations against the working directory);
-    `load_model` has checked every tensor's data against its shape already.
+    `load_model` has checked every tensor's data against its shape already. `has_external`: the
+    model has external tensors (they carry no data, but the checker must not see their locations).
     The main graph's big initializers are never copied; big Constant or subgraph tensors are copied,
     then stripped.
     """
     mg = model.graph
-    if not any(_big(t, min_bytes) for t, _, _ in _iter_tensors(model)):
+    if not (has_external and not keep_dims) and not _may_hold_big(model, min_bytes):
         return model
     view = onnx.ModelProto()
     _copy_fields(view, model, skip="graph")
@@ -535,9 +545,10 @@ def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int =
     return view
 
 
-def _run_checker(model: onnx.ModelProto, path: str) -> None:
+def _run_checker(model: onnx.ModelProto, path: str, has_external: bool) -> None:
     try:
-        onnx.checker.check_model(without_weights(model, keep_dims=False), full_check=False)
+        onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external),
+                                 full_check=False)
     except Exception as e:  # noqa: BLE001 - checker raises ValidationError and others; all mean "invalid"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"{path} failed the ONNX checker: {first}",
@@ -704,7 +715,7 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     _check_value_types(graphs, p)
     if check:
         try:
-            _run_checker(model, p)
+            _run_checker(model, p, has_external)
         except ModelError:
             # The checker reports dangling inputs, cycles and misordering alike; tell them apart
             # (a walk over every node in Python, so only once something is known to be wrong).

@@ -14,6 +14,7 @@ from dmlgraph import __version__
 from dmlgraph.errors import DmlgraphError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader went away
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMO_MODEL = os.path.join(os.path.dirname(HERE), "models", "synthetic", "causal_attention.onnx")
 
@@ -238,6 +239,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("dmlgraph: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`... --json | head`): stop quietly, as Unix tools do. Output files
+        # are already complete or cleaned up; the interpreter's last flush now goes nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
     except Exception as e:  # noqa: BLE001 - the last line of defence: no bare tracebacks for users
         if args.debug:
             raise

@@ -711,3 +711,14 @@ def test_fuzz_mutated_models(tmp_path, capsys):
     assert os.listdir(tmp_path) == []  # nothing left behind (no temp files)
     # The fuzz must exercise both outcomes, or it is testing nothing.
     assert outcomes[("optimize", 0)] > 20 and outcomes[("optimize", 2)] > 20
+
+
+def test_a_closed_pipe_ends_quietly_with_141(tmp_path):
+    """`dmlgraph inspect --json | head -c 0`: no 'internal error', the shell's SIGPIPE code."""
+    model = os.path.join(os.path.dirname(__file__), "..", "models", "gpt2_ts.onnx")
+    proc = subprocess.Popen([sys.executable, "-m", "dmlgraph", "inspect", model, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader goes away before the JSON is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "internal error" not in err and "Traceback" not in err

@@ -106,9 +106,12 @@ class OnnxNode(Node):
         self.domain = domain
         self.attributes: list[onnx.AttributeProto] = list(attributes)
         self.doc_string = doc_string
-        # The proto it was read from, reused by export while it still describes the node: rules change
-        # an ONNX node only by rewiring its inputs (`Graph.replace_uses`, which drops it).
+        # The proto it was read from: export writes it back as read (with fields this class does not
+        # model: metadata_props, overload), with the current value names once they differ from it
+        # (`rewired`: by `Graph.replace_uses`, the only change rules make to an ONNX node, or by
+        # import naming an unused output).
         self.source = source
+        self.rewired = False
         self._outer: frozenset[str] | None = None
 
     @property
@@ -243,7 +246,7 @@ class Graph:
         for node, i in list(old.uses):
             node.inputs[i] = new
             if isinstance(node, OnnxNode):
-                node.source = None
+                node.rewired = True
             new.uses[node, i] = None
             self.changes.append(node)
         old.uses.clear()

@@ -115,8 +115,8 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         if domain == DOMAIN:
             g.add_node(_import_dml(n, ins, outs))
         else:
-            source = n if "" not in out_names else None  # (an unused output gets a name here)
-            g.add_node(OnnxNode(n.name, n.op_type, ins, outs, n.attribute, domain, n.doc_string, source))
+            node = g.add_node(OnnxNode(n.name, n.op_type, ins, outs, n.attribute, domain, n.doc_string, n))
+            node.rewired = "" in out_names  # an unused output got a name above
     g.outputs = [value(o.name) for o in mg.output]
     _check_defined(g)
     return g
@@ -254,16 +254,24 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
                   if (v.name in keep_info or (target == "dml" and isinstance(v.producer, DmlNode)))
                   and v.producer is not None and v.producer.id in g.nodes and v.elem_type
                   and not g.is_graph_output(v)]
-    graph = helper.make_graph(nodes, g.info.graph_name, [value_info(v) for v in g.inputs],
-                              [value_info(v) for v in g.outputs], initializers,
-                              doc_string=g.info.graph_doc_string or None, value_info=infos)
-    overridable = g.overridable_inputs
-    if overridable:
-        graph.input.extend(value_info(g.initializers[name]) for name in overridable if name in g.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets.items())],
-                              ir_version=g.info.ir_version, producer_name=g.info.producer_name or "dmlgraph",
-                              producer_version=g.info.producer_version, domain=g.info.domain,
-                              model_version=g.info.model_version, doc_string=g.info.doc_string)
+    # Filled in place, as helper.make_graph + make_model would: make_model copies the graph, which
+    # for inline weights is one more copy of all of them.
+    model = onnx.ModelProto()
+    graph = model.graph
+    graph.node.extend(nodes)
+    graph.name = g.info.graph_name
+    graph.input.extend(value_info(v) for v in g.inputs)
+    graph.input.extend(value_info(g.initializers[name]) for name in g.overridable_inputs if name in g.initializers)
+    graph.output.extend(value_info(v) for v in g.outputs)
+    graph.initializer.extend(initializers)
+    graph.value_info.extend(infos)
+    if g.info.graph_doc_string:
+        graph.doc_string = g.info.graph_doc_string
+    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
+    for field, value in (("ir_version", g.info.ir_version), ("producer_name", g.info.producer_name or "dmlgraph"),
+                         ("producer_version", g.info.producer_version), ("domain", g.info.domain),
+                         ("model_version", g.info.model_version), ("doc_string", g.info.doc_string)):
+        setattr(model, field, value)
     for k, v in g.info.metadata_props:
         model.metadata_props.add(key=k, value=v)
     model.functions.extend(g.info.functions)
@@ -271,8 +279,15 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
 
 
 def onnx_node_proto(n: OnnxNode) -> onnx.NodeProto:
-    if n.source is not None:
-        return n.source  # unchanged since import: the proto as read (helper.make_node costs ~4x more)
+    if n.source is not None:  # as read, fields dmlgraph does not model included
+        if not n.rewired:
+            return n.source  # (and ~4x cheaper than helper.make_node)
+        proto = onnx.NodeProto()
+        proto.CopyFrom(n.source)
+        del proto.input[:], proto.output[:]
+        proto.input.extend(_name(v) for v in n.inputs)
+        proto.output.extend(v.name for v in n.outputs)
+        return proto
     proto = helper.make_node(n.op_type, [_name(v) for v in n.inputs], [v.name for v in n.outputs],
                              name=n.name or None, domain=n.domain or None, doc_string=n.doc_string or None)
     proto.attribute.extend(n.attributes)

@@ -352,19 +352,25 @@ def test_max_small_int_plain_ints_path_equals_numpy_path(arr):
     assert _max_small_int(arr) == oracle
 
 
-def test_export_reuses_the_imported_proto_until_a_rewire():
-    """Export hands back a node's proto as read while it is unchanged, and rebuilds it once a rule
-    rewired its inputs (else the written model would read the old value)."""
-    m = h.make_model(h.make_graph(
-        [h.make_node("Relu", ["x"], ["a"], name="r1"), h.make_node("Neg", ["x"], ["b"], name="n"),
-         h.make_node("Relu", ["a"], ["y"], name="r2")], "g",
-        [h.make_tensor_value_info("x", T.FLOAT, [2])], [h.make_tensor_value_info("y", T.FLOAT, [2])]),
-        opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+def test_export_writes_nodes_as_read_with_their_current_value_names():
+    """A node's proto goes out as read (node metadata included: exporters put namespaces and stack
+    traces there), with the new input names once a rule rewired it, and with the names import gave
+    unused outputs (else the written model would read the old value)."""
+    nodes = [h.make_node("Relu", ["x"], ["a"], name="r1"), h.make_node("Neg", ["x"], ["b"], name="n"),
+             h.make_node("Relu", ["a"], ["y"], name="r2"),
+             h.make_node("Dropout", ["x"], ["d", ""], name="drop")]
+    for n in nodes:
+        n.metadata_props.add(key="namespace", value=f"block/{n.name}")
+    m = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2])],
+                                  [h.make_tensor_value_info("y", T.FLOAT, [2]), h.make_tensor_value_info("d", T.FLOAT, [2])]),
+                     opset_imports=[h.make_opsetid("", 17)], ir_version=10)
     g = import_model(m)
     g.replace_uses(g.values["a"], g.values["b"])
-    out = export_model(g)
-    assert [list(n.input) for n in out.graph.node if n.name == "r2"] == [["b"]]
-    assert [list(n.input) for n in out.graph.node if n.name == "r1"] == [["x"]]
+    out = {n.name: n for n in export_model(g).graph.node}
+    assert list(out["r2"].input) == ["b"] and list(out["r1"].input) == ["x"]
+    assert out["drop"].output[0] == "d" and out["drop"].output[1] in g.values
+    assert {n: [(p.key, p.value) for p in out[n].metadata_props] for n in out} == \
+        {n.name: [("namespace", f"block/{n.name}")] for n in nodes}
 
 
 def test_size_plumbing_lookup_finds_a_live_twin_after_the_indexed_node_is_removed():

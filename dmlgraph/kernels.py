@@ -492,14 +492,7 @@ def diagonal_matrix1(shape, dtype, value, begin, end, input=None, out=None) -> n
             raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
         if out.size == 0:
             return out
-        idx = _tiny_index(shape, begin, end)
-        if input is None:
-            out.fill(0)
-        else:
-            np.copyto(out, input)
-        if idx.size:
-            out.flat[idx] = v
-        return out
+        return _fill_tiny(out, input, _tiny_index(shape, begin, end), v)
     if len(shape) < 2:
         raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
     if dtype == np.bool_:
@@ -514,6 +507,17 @@ def diagonal_matrix1(shape, dtype, value, begin, end, input=None, out=None) -> n
     else:  # leading axes that cannot be collapsed into one batch axis: one matrix at a time
         for idx in np.ndindex(*shape[:-2]):
             _run3(o[idx][None], None if s is None else s[idx][None], vv, plan)
+    return out
+
+
+def _fill_tiny(out: np.ndarray, input, idx: np.ndarray, v) -> np.ndarray:
+    """A tiny output: the input (or zeros), then Value at the flat positions `idx`."""
+    if input is None:
+        out.fill(0)
+    else:
+        np.copyto(out, input)
+    if idx.size:
+        out.flat[idx] = v
     return out
 
 
@@ -551,14 +555,7 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
             if input is not None and (type(input) is not np.ndarray or input.shape != shape
                                       or input.dtype != dtype):
                 return generic(input)
-            out = np.empty(shape, dtype)
-            if input is None:
-                out.fill(0)
-            else:
-                np.copyto(out, input)
-            if idx.size:
-                out.flat[idx] = v
-            return out
+            return _fill_tiny(np.empty(shape, dtype), input, idx, v)
         return run_tiny
     vv = v.view(np.uint8) if dtype == np.bool_ else v
     plan = _plan(h, w, begin, end)

@@ -88,6 +88,7 @@ class Node:
         self.inputs: list[Value | None] = list(inputs)
         self.outputs: list[Value] = list(outputs)
         self.rule: str | None = None  # the rule that created this node
+        self.added = -1  # set by Graph.add_node: orders nodes as `Graph.nodes` does
 
     def input(self, i: int) -> Value | None:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -181,6 +182,8 @@ class Graph:
         self.info = info or ModelInfo()
         self.values: dict[str, Value] = {}
         self.nodes: dict[int, Node] = {}  # insertion-ordered: original order first
+        self.by_op: dict[str, dict[int, Node]] = {}  # op type -> its nodes, each in `nodes` order
+        self._added = itertools.count()  # Node.added: the position in `nodes` order
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.initializers: dict[str, Value] = {}
@@ -220,6 +223,8 @@ class Graph:
     # ---- nodes ----------------------------------------------------------------------------
     def add_node(self, node: Node) -> Node:
         self.nodes[node.id] = node
+        self.by_op.setdefault(node.op_type, {})[node.id] = node
+        node.added = next(self._added)
         for i, v in enumerate(node.inputs):
             if v is not None:
                 v.uses[node, i] = None
@@ -233,6 +238,7 @@ class Graph:
 
     def remove_node(self, node: Node) -> None:
         del self.nodes[node.id]
+        del self.by_op[node.op_type][node.id]
         for i, v in enumerate(node.inputs):
             if v is not None:
                 del v.uses[node, i]

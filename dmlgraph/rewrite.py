@@ -111,8 +111,12 @@ class PassManager:
         if "Initializer" in by_anchor:
             candidates += [(v, by_anchor["Initializer"]) for v in graph.initializers.values()]
         every = by_anchor.get("*", [])
+        if every:
+            nodes = graph.iter_nodes()
+        else:  # only the anchors' op types, in graph order
+            nodes = sorted((n for op in by_anchor for n in graph.by_op.get(op, {}).values()), key=lambda n: n.added)
         per_op: dict[str, list[Rule]] = {}  # one list per op type, not one per node
-        for n in graph.iter_nodes():
+        for n in nodes:
             item_rules = per_op.get(n.op_type)
             if item_rules is None:
                 item_rules = per_op[n.op_type] = by_anchor.get(n.op_type, []) + every

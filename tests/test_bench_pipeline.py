@@ -203,3 +203,15 @@ def test_constant_digests_tell_types_dims_and_storage_apart():
         digests[t.name] = masks._digest(g, v)
     assert len({digests[n] for n in "abcd"}) == 4
     assert digests["a"] == digests["e"]
+
+
+@pytest.mark.parametrize("path", MODELS, ids=os.path.basename)
+def test_op_index_follows_the_graph_through_every_rewrite(path):
+    """Graph.by_op (which the pass manager reads its candidates from) names exactly the live nodes
+    of each op type, in the graph's order."""
+    _, g = api.load(path)
+    api.optimize_graph(g, Options())
+    g.remove_dead()
+    for op, nodes in g.by_op.items():
+        assert list(nodes.values()) == [n for n in g.nodes.values() if n.op_type == op], op
+    assert sum(len(d) for d in g.by_op.values()) == len(g.nodes)

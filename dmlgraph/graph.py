@@ -78,6 +78,7 @@ class Value:
 class Node:
     """Common part of ONNX and DML nodes: inputs (None = absent optional) and outputs."""
 
+    __slots__ = ("id", "name", "inputs", "outputs", "rule", "added")
     _ids = itertools.count()
     op_type: str = ""
     domain: str = ""
@@ -99,6 +100,8 @@ class Node:
 
 class OnnxNode(Node):
     """An ONNX node passed through unchanged (attributes kept as protos, subgraphs included)."""
+
+    __slots__ = ("op_type", "domain", "attributes", "doc_string", "source", "rewired", "_outer")
 
     def __init__(self, name, op_type, inputs, outputs, attributes=(), domain="", doc_string="",
                  source: onnx.NodeProto | None = None):
@@ -140,6 +143,7 @@ class DmlNode(Node):
     matrix ([-H, W]) only when bound to a concrete shape, so a huge k never wraps. `exact` says whether the rewrite that made it is bit-exact for every input.
     """
 
+    __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind")
     domain = "com.dmlgraph"
 
     def __init__(self, name, x, shape, k, output, *, elem_type: int, value, begin: int | None, end: int | None,

@@ -34,7 +34,7 @@ from onnx import helper
 
 from dmlgraph import kernels
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value, outer_names
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.onnx_io import DOMAIN, onnx_node_proto, value_info
 from dmlgraph.ops import bind_range
 from dmlgraph.runtime import OnnxRunner, initializer_array, numpy_dtype  # noqa: F401 - re-exported
@@ -95,7 +95,7 @@ def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
             elif (shape is None or shape.name in const) and (x is None or x.name in shaped):
                 shaped.update(outs)
             continue
-        if n.domain not in ("", "ai.onnx") or n.op_type not in _PURE or _has_subgraph(n):
+        if n.domain not in ("", "ai.onnx") or n.op_type not in _PURE or n.has_subgraph:
             continue
         if n.op_type in ("Shape", "Size"):
             if ins and ins[0] in shaped:
@@ -112,11 +112,6 @@ def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
             if first is not None and first.name in shaped and all(name in const for name in ins[1:]):
                 shaped.update(outs)
     return const
-
-
-def _has_subgraph(n: Node) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-               for a in getattr(n, "attributes", ()))
 
 
 @dataclass
@@ -165,7 +160,7 @@ class Executor:
         # data path beside a mask, weights behind Identity nodes) runs in their region instead of
         # crossing a session boundary. Edges still never go to an earlier stage, so the invariant
         # above holds. Values read by name from subgraph bodies keep their producers in place.
-        read_by_name = set().union(*(outer_names(n) for n in order if isinstance(n, OnnxNode)))
+        read_by_name = set().union(*(n.subgraph_reads for n in order if isinstance(n, OnnxNode)))
         for n in reversed(order):
             if isinstance(n, DmlNode) or any(v.name in read_by_name for v in n.outputs):
                 continue
@@ -194,7 +189,7 @@ class Executor:
         for n in region.nodes:
             names = [v.name for v in n.inputs if v is not None]
             if isinstance(n, OnnxNode):
-                names += sorted(outer_names(n))
+                names += sorted(n.subgraph_reads)
             for name in names:
                 if name not in produced and name not in needed:
                     needed.append(name)

@@ -119,6 +119,11 @@ class OnnxNode(Node):
         self._outer: frozenset[str] | None = None
 
     @property
+    def has_subgraph(self) -> bool:
+        """An If/Loop/Scan-style node: a graph-valued attribute."""
+        return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in self.attributes)
+
+    @property
     def subgraph_reads(self) -> frozenset[str]:
         """`outer_names(self)`, computed once (attributes never change after construction)."""
         if self._outer is None:

@@ -337,7 +337,8 @@ def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
     External data is memory-mapped read-only (an `np.memmap`), after the same location checks as
     `load_model`, so a huge initializer is paged in on demand instead of read into memory. Sub-byte
     packed types cannot be mapped and are read (they are small by construction). Inline data is
-    size-checked and converted with `onnx.numpy_helper.to_array`.
+    size-checked and converted: raw bytes of a plain numpy type directly, anything else (or a size
+    mismatch, which `_check_inline_data` then reports) with `onnx.numpy_helper.to_array`.
     """
     label = f"tensor '{tensor.name}'"
     if tensor.HasField("segment"):

@@ -92,20 +92,20 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     mg = model.graph
     inferred = infer_shapes(model)
     # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest.
-    types: dict[bytes, tuple] = {}  # most values share a few types: decode each once
     value = g.value
+    types: dict[bytes, tuple] = {}  # most values share a few types: decode each once
     for vi in list(inferred.graph.value_info) + list(mg.value_info):
         _annotate(value(vi.name), vi, False, types)
     for vi in list(mg.input) + list(mg.output):
-        _annotate(g.value(vi.name), vi, True, types)
+        _annotate(value(vi.name), vi, True, types)
     g.value_info_names = {vi.name for vi in mg.value_info}
     for t in mg.initializer:
-        v = g.value(t.name)
+        v = value(t.name)
         v.initializer, v.base_dir = t, base_dir
         v.elem_type, v.shape = t.data_type, tuple(t.dims)
         g.initializers[t.name] = v
     init_names = set(g.initializers)
-    g.inputs = [g.value(i.name) for i in mg.input if i.name not in init_names]
+    g.inputs = [value(i.name) for i in mg.input if i.name not in init_names]
     g.overridable_inputs = [i.name for i in mg.input if i.name in init_names]
     for i, n in enumerate(mg.node):  # (the hottest loop of a load: each proto field is read once)
         ins = [value(x) if x else None for x in n.input]

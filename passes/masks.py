@@ -153,7 +153,7 @@ SMALL_CONSTANT = 4096  # elements: a constant vector of sizes/indices, not data
 def _eligible(n: Node) -> bool:
     """A node whose outputs can be data-free: a deterministic standard ONNX op without subgraphs."""
     return isinstance(n, OnnxNode) and n.domain in ("", "ai.onnx") and n.op_type not in NONDETERMINISTIC \
-        and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attributes)
+        and not n.has_subgraph
 
 
 class DataFree:

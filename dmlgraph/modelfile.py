@@ -96,27 +96,30 @@ def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx
             yield from _iter_graphs(sub, f" (in subgraph '{attr_name}' of {_node_label(node, i)}{where})")
 
 
-def _iter_tensors(model: onnx.ModelProto, graphs=None) -> Iterator[tuple[TensorProto, str, bool]]:
+def _iter_tensors(model: onnx.ModelProto, graphs=None, skip=None) -> Iterator[tuple[TensorProto, str, bool]]:
     """Every TensorProto in the model as (tensor, label, is_initializer).
 
     Covers initializers, sparse initializers and tensor-valued node attributes (Constant) in the
     main graph and all subgraphs: any of them may carry data or point at external data.
-    `graphs`: `_iter_graphs(model.graph)` when the caller already has it.
+    `graphs`: `_iter_graphs(model.graph)` when the caller already has it. `skip(tensor)`: tensors it
+    accepts are left out before their labels are built (most of a model's tensors, on hot paths).
     """
+    keep = (lambda t: True) if skip is None else (lambda t: not skip(t))
     for graph, where in (graphs if graphs is not None else _iter_graphs(model.graph)):
         for t in graph.initializer:
-            yield t, f"initializer '{t.name}'{where}", True
+            if keep(t):
+                yield t, f"initializer '{t.name}'{where}", True
         for sp in graph.sparse_initializer:
-            yield sp.values, f"sparse initializer '{sp.values.name}' values{where}", False
-            yield sp.indices, f"sparse initializer '{sp.values.name}' indices{where}", False
+            for part, t in (("values", sp.values), ("indices", sp.indices)):
+                if keep(t):
+                    yield t, f"sparse initializer '{sp.values.name}' {part}{where}", False
         for i, node in enumerate(graph.node):
             if not node.attribute:  # most nodes
                 continue
             for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t, f"attribute '{attr.name}' of {_node_label(node, i)}{where}", False
-                for t in attr.tensors:
-                    yield t, f"attribute '{attr.name}' of {_node_label(node, i)}{where}", False
+                for t in ([attr.t] if attr.HasField("t") else []) + list(attr.tensors):
+                    if keep(t):
+                        yield t, f"attribute '{attr.name}' of {_node_label(node, i)}{where}", False
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,8 +180,31 @@ def _uses_external(tensor: TensorProto) -> bool:
     return tensor.HasField("data_location") and tensor.data_location == TensorProto.EXTERNAL
 
 
+def _inline(tensor: TensorProto) -> bool:
+    return not _uses_external(tensor)
+
+
 def _type_name(dt: int) -> str:
     return TensorProto.DataType.Name(dt)
+
+
+# Bits per element of the types whose raw_data length follows from the shape alone.
+_RAW_BITS = {t: d.itemsize * 8 for t, d in _PLAIN_NUMPY.items()}
+_EXTERNAL = TensorProto.EXTERNAL
+
+
+def _plain_inline(tensor: TensorProto) -> bool:
+    """True for the common tensor that every load check passes: inline, unsegmented raw_data of a
+    plain numeric type, non-empty, whose length is what its positive dims call for. (Anything else,
+    including every failure, takes the checks that name the problem.)"""
+    raw = tensor.raw_data
+    bits = _RAW_BITS.get(tensor.data_type)
+    if not raw or bits is None:
+        return False
+    dims = tensor.dims
+    n = math.prod(dims)
+    return len(raw) * 8 == n * bits and n <= _MAX_ELEMENTS and (not dims or min(dims) > 0) \
+        and tensor.data_location != _EXTERNAL and not tensor.HasField("segment")
 
 
 def _check_inline_data(tensor: TensorProto, label: str) -> None:
@@ -702,7 +728,7 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     base_dir = os.path.dirname(os.path.abspath(p))
     has_external = False
     graphs = list(_iter_graphs(model.graph))  # walked once, read twice
-    for tensor, label, _ in _iter_tensors(model, graphs):
+    for tensor, label, _ in _iter_tensors(model, graphs, skip=_plain_inline):
         if tensor.HasField("segment"):
             raise ModelError(f"{label} is stored in segments, which is not supported")
         if _uses_external(tensor):
@@ -891,15 +917,17 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
 
     # Spans of tensors that are external in the source, validated before anything is written.
     # One entry per tensor in `_iter_tensors` order (None: not external).
+    # (Most models have none: a first walk skips the rest without labelling every tensor.)
     sources: list[tuple[str, int, int] | None] = []
-    for tensor, label, _ in _iter_tensors(model):
-        span = None
-        if _uses_external(tensor):
-            if base_dir is None:
-                raise ModelError(f"{label} is stored as external data, but the source model's folder "
-                                 "is unknown", hint="pass base_dir (the input model's folder)")
-            span = _external_span(tensor, base_dir, label)
-        sources.append(span)
+    if next(_iter_tensors(model, skip=_inline), None) is not None:
+        for tensor, label, _ in _iter_tensors(model):
+            span = None
+            if _uses_external(tensor):
+                if base_dir is None:
+                    raise ModelError(f"{label} is stored as external data, but the source model's folder "
+                                     "is unknown", hint="pass base_dir (the input model's folder)")
+                span = _external_span(tensor, base_dir, label)
+            sources.append(span)
     external_bytes = sum(span[2] for span in sources if span is not None)
     serialized = None  # a model without external data is serialized once, here: its size decides
     if external_bytes == 0 and external_data is not True:  # (ByteSize would cost one more pass)
@@ -928,7 +956,9 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
 
     # A single-file save of a model without external data leaves every tensor as it is: the
     # per-tensor pass over a copy is needed only for external data (in the source or the save).
-    placing = use_external or any(span is not None for span in sources)
+    placing = use_external or external_bytes > 0 or any(span is not None for span in sources)
+    if placing and not sources:
+        sources = [None] * sum(1 for _ in _iter_tensors(model))
     result = model
     if placing:  # work on a copy so the caller's model is untouched (tensors in the copy are
         result = onnx.ModelProto()  # visited in the same order as in the original: `sources`)

@@ -297,9 +297,18 @@ def onnx_node_proto(n: OnnxNode) -> onnx.NodeProto:
 def value_info(v: Value) -> onnx.ValueInfoProto:
     """The ValueInfo of `v`. Shape inference's invented `unk__N` dim names are written as unknown
     dims: they are numbered per run, so keeping them would make the same graph export differently."""
-    shape = None if v.shape is None else [None if isinstance(d, str) and d.startswith("unk__") else d
-                                          for d in v.shape]
-    return helper.make_tensor_value_info(v.name, v.elem_type or 0, shape)
+    key = (v.elem_type or 0, None if v.shape is None else tuple(v.shape))
+    tp = _TYPES.get(key)
+    if tp is None:  # (most values of a model share a few types: each is built once)
+        if len(_TYPES) > 4096:
+            _TYPES.clear()
+        shape = None if v.shape is None else [None if isinstance(d, str) and d.startswith("unk__") else d
+                                              for d in v.shape]
+        tp = _TYPES[key] = helper.make_tensor_type_proto(v.elem_type or 0, shape)
+    return onnx.ValueInfoProto(name=v.name, type=tp)
+
+
+_TYPES: dict[tuple, onnx.TypeProto] = {}
 
 
 def _name(v: Value | None) -> str:
@@ -313,21 +322,41 @@ def _trim(names: list[str]) -> list[str]:
 
 
 def dml_node_proto(n: DmlNode) -> onnx.NodeProto:
-    ins = [_name(v) for v in n.inputs]
+    ins = _trim([_name(v) for v in (n.inputs[1:] if n.kind == "DiagonalMatrix" else n.inputs)])
+    proto = onnx.NodeProto(op_type=n.kind, domain=DOMAIN, input=ins, output=[n.outputs[0].name])
+    if n.name:
+        proto.name = n.name
+    # A model's DML nodes share a few attribute sets (one per mask kind): each is built once. The
+    # value's repr tells apart values that compare equal but are stored differently (-0.0, 0.0).
+    key = (n.kind, n.elem_type, repr(n.value), n.begin, n.end, n.static_shape, n.rule, n.exact)
+    attributes = _DML_ATTRIBUTES.get(key)
+    if attributes is None:
+        if len(_DML_ATTRIBUTES) > 256:
+            _DML_ATTRIBUTES.clear()
+        attributes = _DML_ATTRIBUTES[key] = _dml_attributes(n)
+    proto.attribute.extend(attributes)
+    return proto
+
+
+_DML_ATTRIBUTES: dict[tuple, tuple] = {}
+
+
+def _dml_attributes(n: DmlNode) -> tuple[onnx.AttributeProto, ...]:
+    """A DML node's attributes, in the order `helper.make_node` writes them (by name)."""
     common = {}
     if n.static_shape is not None:
         common["output_shape"] = list(n.static_shape)
     if n.rule:
         common["rule"] = n.rule
     if n.kind == "DiagonalMatrix":
-        return helper.make_node("DiagonalMatrix", _trim(ins[1:]), [n.outputs[0].name], name=n.name or None,
-                                domain=DOMAIN, offset=n.begin, value=float(n.value), dtype=n.elem_type, **common)
-    value = numpy_helper.from_array(np.array([n.value], dtype=helper.tensor_dtype_to_np_dtype(n.elem_type)))
-    value.data_type = n.elem_type
-    bounds = {k: v for k, v in (("begin", n.begin), ("end", n.end)) if v is not None}
-    return helper.make_node("DiagonalMatrix1", _trim(ins), [n.outputs[0].name], name=n.name or None,
-                            domain=DOMAIN, value=value, **bounds,
-                            value_data_type=int(DmlDataType.from_onnx(n.elem_type)), exact=int(n.exact), **common)
+        node = helper.make_node(n.kind, [], [], offset=n.begin, value=float(n.value), dtype=n.elem_type, **common)
+    else:
+        value = numpy_helper.from_array(np.array([n.value], dtype=helper.tensor_dtype_to_np_dtype(n.elem_type)))
+        value.data_type = n.elem_type
+        bounds = {k: v for k, v in (("begin", n.begin), ("end", n.end)) if v is not None}
+        node = helper.make_node(n.kind, [], [], value=value, **bounds,
+                                value_data_type=int(DmlDataType.from_onnx(n.elem_type)), exact=int(n.exact), **common)
+    return tuple(node.attribute)
 
 
 def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:

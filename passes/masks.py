@@ -164,7 +164,7 @@ class DataFree:
     constants, shapes, and stored constants that are themselves bands (slicing a band keeps it a band
     function of the indices).
 
-    Built by one walk in topological order, then kept exact by `update`, which replays the graph's
+    Built by one walk over the nodes, then kept exact by `update`, which replays the graph's
     change log: the outputs of every node added, removed or rewired since are recomputed from their
     current producer, and their consumers are revisited while statuses change. On a DAG that reaches
     the one consistent assignment, the one a fresh walk computes (the tests compare the two), at a
@@ -175,14 +175,24 @@ class DataFree:
         self.graph = graph
         self.status: dict[str, bool] = {}  # a free node output -> whether it is index_only
         self._constants: dict[str, bool] = {}  # an initializer -> whether it is index_only
-        for n in graph.topological_order():
+        # One walk in insertion order (for an imported graph, its file order: a dependency order);
+        # a node read before its producer was visited is settled afterwards, as `update` does.
+        visited: set[int] = set()
+        late: list[Value] = []
+        for n in graph.nodes.values():
+            visited.add(n.id)
             for v in n.outputs:
                 self._recompute(v)
+            for x in n.inputs:
+                if x is not None and x.producer is not None and x.producer.id not in visited:
+                    late.extend(n.outputs)
+                    break
         self.seen = len(graph.changes)
+        self._settle(late)
 
     def is_free(self, v: Value) -> bool:
         g = self.graph
-        return (v.name in g.initializers and v.name not in g.overridable_inputs) or v.name in self.status
+        return v.name in self.status or (v.name in g.initializers and v.name not in g.overridable_inputs)
 
     def index_only(self, v: Value) -> bool:
         if v.name in self.status:
@@ -200,20 +210,26 @@ class DataFree:
 
     def _recompute(self, v: Value) -> bool:
         """Set `v`'s status from its producer and its inputs' statuses; True if it changed."""
-        p = v.producer
+        p, g, status = v.producer, self.graph, self.status
         new = None  # not free
-        if p is not None and p.id in self.graph.nodes:
-            ins = [x for x in p.inputs if x is not None]
-            shape_op = p.op_type in SHAPE_OPS
-            if (shape_op or all(self.is_free(x) for x in ins)) and _eligible(p):  # (cheapest test first)
-                new = shape_op or (p.op_type in INDEX_OPS and all(self.index_only(x) for x in ins))
-        old = self.status.get(v.name)
+        if p is not None and p.id in g.nodes:
+            if p.op_type in SHAPE_OPS:
+                new = True if _eligible(p) else None
+            else:  # (the hottest loop of the analysis: is_free inlined, cheapest test first)
+                for x in p.inputs:
+                    if x is not None and x.name not in status and \
+                            (x.name not in g.initializers or x.name in g.overridable_inputs):
+                        break
+                else:
+                    if _eligible(p):
+                        new = p.op_type in INDEX_OPS and all(x is None or self.index_only(x) for x in p.inputs)
+        old = status.get(v.name)
         if new == old:
             return False
         if new is None:
-            del self.status[v.name]
+            del status[v.name]
         else:
-            self.status[v.name] = new
+            status[v.name] = new
         return True
 
     def update(self) -> None:
@@ -223,6 +239,10 @@ class DataFree:
             return
         work = [v for n in changes[self.seen:] for v in n.outputs]
         self.seen = len(changes)
+        self._settle(work)
+
+    def _settle(self, work: list[Value]) -> None:
+        """Recompute `work`, and the consumers of every value whose status changes, to a fixed point."""
         while work:
             v = work.pop()
             if self._recompute(v):
@@ -347,7 +367,8 @@ def _digest(graph: Graph, v: Value) -> tuple:
     t = v.initializer
     if t is not None and v.array is None and t.HasField("raw_data") and v.name not in graph.overridable_inputs \
             and t.data_location != onnx.TensorProto.EXTERNAL:
-        return "raw", t.data_type, tuple(t.dims), hashlib.sha256(t.raw_data).hexdigest()
+        raw = t.raw_data  # (a small index constant is its own digest)
+        return "raw", t.data_type, tuple(t.dims), raw if len(raw) <= 64 else hashlib.sha256(raw).hexdigest()
     arr = np.asarray(const_value(graph, v))
     data = onnx.numpy_helper.from_array(arr).SerializeToString() if arr.dtype == object else arr.tobytes()
     return "array", arr.dtype.str, arr.shape, hashlib.sha256(data).hexdigest()
@@ -568,12 +589,22 @@ def _finish(graph, m, target, p, arr, sources, options) -> Match:
 
 def _constant(graph: Graph, name: str, arr: np.ndarray) -> Value:
     """The initializer `name` if it already holds exactly `arr`, else a new one."""
+    found = graph.scratch.setdefault("constants", {})  # each rewrite asks again for the same few
+    key = (name, arr.dtype.str, arr.shape, arr.tobytes())
+    hit = found.get(key)
+    if hit is not None:
+        v, tensor, array = hit
+        if graph.initializers.get(v.name) is v and v.initializer is tensor and v.array is array:
+            return v  # (still that initializer, holding what it held)
     v = graph.initializers.get(name)
-    if v is not None and v.name not in graph.overridable_inputs:
+    if v is None or v.name in graph.overridable_inputs:
+        v = graph.add_initializer(graph.fresh_value(name), arr)
+    else:
         old = const_value(graph, v)
-        if old is not None and bitwise_equal(np.asarray(old), arr):
-            return v
-    return graph.add_initializer(graph.fresh_value(name), arr)
+        if old is None or not bitwise_equal(np.asarray(old), arr):
+            v = graph.add_initializer(graph.fresh_value(name), arr)
+    found[key] = (v, v.initializer, v.array)
+    return v
 
 
 _PLUMBING_OPS = ("Shape", "Gather", "Concat")
@@ -602,7 +633,8 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
     n = index.get(key)
     if n is None:
         return None
-    if not _computes(graph, n, inputs, key):
+    # (A node's op type and attributes never change after it is made: its inputs may.)
+    if n.id not in graph.nodes or n.inputs != inputs:
         # Removed or rewired (replace_uses) since it was indexed; a live twin may remain.
         n = next((c for c in inputs[0].consumers if _computes(graph, c, inputs, key)), None)
         if n is None:

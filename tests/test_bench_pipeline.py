@@ -127,11 +127,47 @@ def test_signature_sees_dims_types_and_wiring():
 
 
 # ---- incremental data-freeness vs a fresh walk ---------------------------------------------------
+def _reference_free(g) -> dict[str, bool]:
+    """The definition, walked in dependency order: free value -> index_only (the oracle for both
+    DataFree's own walk, which goes in insertion order, and its incremental updates)."""
+    status = {}
+    over = set(g.overridable_inputs)
+    const = {name: masks.DataFree(g).index_only(v) for name, v in g.initializers.items() if name not in over}
+    for n in g.topological_order():
+        ins = [x for x in n.inputs if x is not None]
+        if not masks._eligible(n):
+            continue
+        if n.op_type in masks.SHAPE_OPS:
+            status.update((v.name, True) for v in n.outputs)
+        elif all(x.name in status or x.name in const for x in ins):
+            index = n.op_type in masks.INDEX_OPS and all(status.get(x.name, const.get(x.name)) for x in ins)
+            status.update((v.name, index) for v in n.outputs)
+    return status
+
+
 def _fresh_equals(g, df) -> None:
     fresh = masks.DataFree(g)
+    reference = _reference_free(g)
     for v in g.values.values():
-        assert df.is_free(v) == fresh.is_free(v), v.name
+        assert df.is_free(v) == fresh.is_free(v) == (v.name in reference or v.name in g.initializers and
+                                                     v.name not in g.overridable_inputs), v.name
         assert df.index_only(v) == fresh.index_only(v), v.name
+        if v.name in reference:
+            assert df.index_only(v) == reference[v.name], v.name
+
+
+def test_data_free_walk_settles_nodes_read_before_their_producer():
+    """DataFree walks in insertion order; a producer moved after its readers (as rewrites leave a
+    graph) must still make them free."""
+    g = import_model(bench_pipeline.blocks_model(3))
+    for name in ("b1_shape", "b2_shape"):  # Shape(x): every mask node of the block reads it
+        node = g.values[name].producer
+        g.remove_node(node)
+        g.add_node(node)
+    assert list(g.nodes.values())[-1].op_type == "Shape"
+    df = masks.DataFree(g)
+    _fresh_equals(g, df)
+    assert df.index_only(g.values["b1_mask"]) and df.index_only(g.values["b2_mask"])
 
 
 MODELS = [os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")] + \

@@ -78,22 +78,35 @@ def _node_label(node: onnx.NodeProto, index: int) -> str:
     return f"node {name} ({node.op_type})"
 
 
+# Attribute types that cannot hold a graph (an UNDEFINED type is looked at: old files omit it).
+_SCALAR_ATTRIBUTES = frozenset({onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT, onnx.AttributeProto.STRING,
+                                onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS, onnx.AttributeProto.STRINGS,
+                                onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS})
+
+
+def _subgraphs_of(attr: onnx.AttributeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+    if attr.HasField("g"):
+        yield attr.name, attr.g
+    for g in attr.graphs:
+        yield attr.name, g
+
+
 def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
     for attr in node.attribute:
-        if attr.HasField("g"):
-            yield attr.name, attr.g
-        for g in attr.graphs:
-            yield attr.name, g
+        yield from _subgraphs_of(attr)
 
 
 def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.GraphProto, str]]:
     """The graph and every subgraph (If/Loop/Scan bodies), each with a suffix saying where it is."""
     yield graph, where
     for i, node in enumerate(graph.node):
-        if not node.attribute:  # most nodes: no attribute, so no subgraph (and no generator to start)
+        if not node.attribute:  # most nodes: no attribute, so no subgraph
             continue
-        for attr_name, sub in _subgraphs(node):
-            yield from _iter_graphs(sub, f" (in subgraph '{attr_name}' of {_node_label(node, i)}{where})")
+        for attr in node.attribute:
+            if attr.type in _SCALAR_ATTRIBUTES:  # (most attributes: no subgraph, no generator to start)
+                continue
+            for attr_name, sub in _subgraphs_of(attr):
+                yield from _iter_graphs(sub, f" (in subgraph '{attr_name}' of {_node_label(node, i)}{where})")
 
 
 def _iter_tensors(model: onnx.ModelProto, graphs=None, skip=None) -> Iterator[tuple[TensorProto, str, bool]]:
@@ -180,8 +193,24 @@ def _uses_external(tensor: TensorProto) -> bool:
     return tensor.HasField("data_location") and tensor.data_location == TensorProto.EXTERNAL
 
 
-def _inline(tensor: TensorProto) -> bool:
-    return not _uses_external(tensor)
+_NO_TENSORS = frozenset({onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT, onnx.AttributeProto.STRING,
+                         onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS, onnx.AttributeProto.STRINGS})
+
+
+def _any_external(graph: onnx.GraphProto) -> bool:
+    """Whether a tensor of `graph` or its subgraphs is external data: `_iter_tensors`' walk in one
+    pass over the nodes, without labels (a save asks this of every model; most say no)."""
+    if any(t.data_location == _EXTERNAL for t in graph.initializer) or \
+            any(_uses_external(sp.values) or _uses_external(sp.indices) for sp in graph.sparse_initializer):
+        return True
+    for node in graph.node:
+        for attr in node.attribute if node.attribute else ():
+            if attr.type in _NO_TENSORS:
+                continue
+            if (attr.HasField("t") and _uses_external(attr.t)) or any(map(_uses_external, attr.tensors)) or \
+                    any(_any_external(sub) for _, sub in _subgraphs_of(attr)):
+                return True
+    return False
 
 
 def _type_name(dt: int) -> str:
@@ -429,7 +458,7 @@ def _check_structure(graph: onnx.GraphProto, outer: set[str], where: str = "") -
         for name in node.input:
             if name and name not in available:
                 _diagnose(graph, idx, name, producer, where)
-        for attr_name, sub in (_subgraphs(node) if node.attribute else ()):
+        for attr_name, sub in _subgraphs(node):
             _check_structure(sub, available,
                              f" (in subgraph '{attr_name}' of {_node_label(node, idx)}{where})")
         available.update(o for o in node.output if o)
@@ -919,7 +948,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     # One entry per tensor in `_iter_tensors` order (None: not external).
     # (Most models have none: a first walk skips the rest without labelling every tensor.)
     sources: list[tuple[str, int, int] | None] = []
-    if next(_iter_tensors(model, skip=_inline), None) is not None:
+    if _any_external(model.graph):
         for tensor, label, _ in _iter_tensors(model):
             span = None
             if _uses_external(tensor):

@@ -659,3 +659,37 @@ def test_checker_sees_a_weightless_view_and_still_catches_errors(tmp_path):
     load_model(write(_weighty_model(), tmp_path / "ok.onnx"))
     with pytest.raises(ModelError, match="ONNX checker"):
         load_model(write(_weighty_model(bad_op=True), tmp_path / "bad.onnx"))
+
+
+@pytest.mark.parametrize("where", ["none", "initializer", "sparse values", "Constant value", "Constant tensors",
+                                   "subgraph initializer", "subgraph Constant", "nested subgraph"])
+def test_any_external_agrees_with_the_labelled_walk(where):
+    """save_model asks `_any_external` (one pass, no labels) before walking `_iter_tensors` (the oracle)."""
+    ext = external_tensor("k", [2, 3], T.FLOAT, "w.bin", 0, 24)
+    inline = numpy_helper.from_array(np.ones((2, 3), np.float32), "k")
+    t = ext if where != "none" else inline
+    inits, sparse, body_inits, body_nodes = [], [], [], [h.make_node("Identity", ["x"], ["t"])]
+    if where in ("initializer", "none"):
+        inits = [t]
+    elif where == "sparse values":
+        sparse = [h.make_sparse_tensor(external_tensor("sv", [1], T.FLOAT, "w.bin", 0, 4),
+                                       numpy_helper.from_array(np.array([0], np.int64), "si"), [2, 3])]
+    elif where == "subgraph initializer":
+        body_inits = [t]
+    elif where in ("subgraph Constant", "nested subgraph"):
+        body_nodes = [h.make_node("Constant", [], ["t"], value=t)]
+    nodes = [h.make_node("Constant", [], ["c"], value=h.make_tensor("cv", T.BOOL, [], [True]))]
+    if where == "Constant value":
+        nodes.append(h.make_node("Constant", [], ["u"], value=t))
+    elif where == "Constant tensors":  # a tensor list attribute, as a custom op may have
+        nodes.append(h.make_node("Custom", [], ["u"], domain="x", tables=[inline, t]))
+    body = h.make_graph(body_nodes, "then", [], [h.make_tensor_value_info("t", T.FLOAT, [2, 3])], body_inits)
+    if where == "nested subgraph":
+        body = h.make_graph([h.make_node("If", ["c"], ["t"], then_branch=body, else_branch=body)], "outer", [],
+                            [h.make_tensor_value_info("t", T.FLOAT, [2, 3])])
+    nodes.append(h.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body))
+    m = make_model(nodes=nodes, inits=inits, inputs=[h.make_tensor_value_info("x", T.FLOAT, [2, 3])])
+    m.graph.sparse_initializer.extend(sparse)
+    walked = any(modelfile._uses_external(t) for t, _, _ in modelfile._iter_tensors(m))
+    assert walked == (where != "none")
+    assert modelfile._any_external(m.graph) == walked

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dmlgraph.dtypes import DmlDataType
 from dmlgraph.errors import ModelError, UnsupportedError
 from dmlgraph.graph import DmlNode, Graph, ModelInfo, OnnxNode, Value, gc_paused
-from dmlgraph.modelfile import without_weights
+from dmlgraph.modelfile import _iter_graphs, without_weights
 
 DOMAIN = "com.dmlgraph"
 DOMAIN_VERSION = 1
@@ -143,14 +143,7 @@ _INT_TYPES = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorPro
 
 
 def _long_int_vector(model: onnx.ModelProto) -> bool:
-    def graphs(g):
-        yield g
-        for n in g.node:
-            if n.attribute:  # (most nodes have none, so no subgraph)
-                for a in n.attribute:
-                    for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                        yield from graphs(sub)
-    for g in graphs(model.graph):
+    for g, _ in _iter_graphs(model.graph):
         for infos in (g.input, g.output, g.value_info):
             for vi in infos:
                 tt = vi.type.tensor_type

@@ -1,7 +1,6 @@
 """load -> passes -> export / run / validate, as plain functions (the CLI is a thin face on these)."""
 from __future__ import annotations
 
-import collections
 import os
 from dataclasses import dataclass, field
 
@@ -29,14 +28,14 @@ def load(path: str) -> tuple[onnx.ModelProto, Graph]:
 
 def graph_stats(g: Graph) -> dict:
     """Node count, op histogram and initializer bytes: the numbers of a before/after table."""
-    ops = collections.Counter(n.op_type for n in g.nodes.values())
+    ops = {op: len(nodes) for op, nodes in g.by_op.items() if nodes}  # (the graph's op index)
     init_bytes = sum(_value_nbytes(v) for v in g.initializers.values())
     # Constant nodes store tensors too (TorchScript exports put masks there).
-    const_bytes = sum(tensor_nbytes(a.t) for n in g.nodes.values() if n.op_type == "Constant"
+    const_bytes = sum(tensor_nbytes(a.t) for n in g.by_op.get("Constant", {}).values()
                       for a in getattr(n, "attributes", ()) if a.name == "value")
+    dml = sum(isinstance(n, DmlNode) for op in ("DiagonalMatrix1", "DiagonalMatrix") for n in g.by_op.get(op, {}).values())
     return {"nodes": len(g.nodes), "ops": dict(sorted(ops.items())), "initializers": len(g.initializers),
-            "initializer_bytes": init_bytes, "constant_bytes": init_bytes + const_bytes,
-            "dml_nodes": sum(isinstance(n, DmlNode) for n in g.nodes.values())}
+            "initializer_bytes": init_bytes, "constant_bytes": init_bytes + const_bytes, "dml_nodes": dml}
 
 
 def _value_nbytes(v) -> int:

@@ -339,20 +339,25 @@ def test_mask_too_large_to_evaluate_is_declined_fast(tmp_path, capsys):
     assert time.perf_counter() - t0 < 60  # a hang guard, not a speed test (the bench measures speed)
 
 
-@pytest.mark.parametrize("kind", ["range_1e9", "declared_2^62"])
+@pytest.mark.parametrize("kind", ["range_1e9", "declared_2^62", "declared_float_2^40"])
 def test_shape_inference_data_propagation_cannot_hang(kind, tmp_path, capsys):
-    """onnx's data propagation is linear in a 1-D int value's length: Range(0, 10^9) -> Cast, or a
-    shape vector declared [2^62], never returned (found by the fuzz); such models skip it."""
+    """onnx's data propagation is linear in a 1-D value's length, whatever its type: Range(0, 10^9)
+    -> Cast, or a shape vector declared [2^62] (both found by the fuzz), or a float vector declared
+    [2^40], never returned; such models skip it."""
     c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)  # noqa: E731
     if kind == "range_1e9":
         m = model([h.make_node("Range", ["z", "n", "o"], ["r"]), h.make_node("Cast", ["r"], ["c"], to=T.FLOAT),
                    h.make_node("Add", ["x", "c"], ["y"])], [vi("x", [1])], [vi("y", ["m"])],
                   [c("z", np.int64(0)), c("n", np.int64(10**9)), c("o", np.int64(1))])
-    else:
+    elif kind == "declared_2^62":
         m = model([h.make_node("Shape", ["x"], ["s"]), h.make_node("Unsqueeze", ["s", "ax"], ["u"]),
                    h.make_node("Cast", ["u"], ["y"], to=T.FLOAT)], [vi("x", ["a", "b"])], [vi("y", [1, "k"])],
                   [c("ax", np.array([0], np.int64))])
         m.graph.value_info.append(vi("s", [2**62], T.INT64))
+    else:
+        m = model([h.make_node("Identity", ["x"], ["s"]), h.make_node("Cast", ["s"], ["y"], to=T.DOUBLE)],
+                  [vi("x", ["k"])], [vi("y", ["k"], T.DOUBLE)], [])
+        m.graph.value_info.append(vi("s", [2**40]))
     path = save(m, tmp_path / "m.onnx")
     t0 = time.perf_counter()
     for argv in (["optimize", path, "-o", tmp_path / "out.onnx"], ["inspect", path]):

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dmlgraph.dtypes import DmlDataType
 from dmlgraph.errors import ModelError, UnsupportedError
 from dmlgraph.graph import DmlNode, Graph, ModelInfo, OnnxNode, Value, gc_paused
-from dmlgraph.modelfile import _iter_graphs, without_weights
+from dmlgraph.shape_inference import infer_shapes
 
 DOMAIN = "com.dmlgraph"
 DOMAIN_VERSION = 1
@@ -132,43 +132,6 @@ def _annotate(v: Value, vi: onnx.ValueInfoProto, override: bool, types: dict[byt
     v.elem_type = et or v.elem_type
     if shape is not None and (override or v.shape is None):
         v.shape = shape
-
-
-# onnx's data propagation turns a 1-D value of static length N into N dims, in time and memory
-# linear in N, even when it knows none of the values and whatever its element type: Range(0, 10^9)
-# -> Cast, or a declared [2^62] vector, never returns (10^7 takes seconds). Data propagation is
-# skipped when such a value exists (2^18 dims cost it tens of milliseconds).
-MAX_DATA_PROP_LENGTH = 1 << 18
-
-
-def _long_vector(model: onnx.ModelProto) -> bool:
-    for g, _ in _iter_graphs(model.graph):
-        for infos in (g.input, g.output, g.value_info):
-            for vi in infos:
-                dims = vi.type.tensor_type.shape.dim
-                if len(dims) == 1 and dims[0].dim_value > MAX_DATA_PROP_LENGTH:
-                    return True
-    return False
-
-
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference on a copy; a model it cannot handle simply has fewer known shapes.
-
-    First without data propagation (linear in the graph), then with it unless that pass found a
-    long vector (see MAX_DATA_PROP_LENGTH). Weights are left out (`without_weights`):
-    inference reads their dims and types, and copying them in and out would cost more than it.
-    """
-    model = without_weights(model, keep_dims=True)
-    try:
-        plain = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=False)
-    except Exception:  # inference is a help, never a reason to refuse a model
-        return model
-    if _long_vector(plain):
-        return plain
-    try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001
-        return plain
 
 
 def _check_defined(g: Graph) -> None:

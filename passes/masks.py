@@ -36,7 +36,8 @@ from dmlgraph import kernels
 from dmlgraph.band import BandPattern, analyze_band, diagonal_use_mask
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
-from dmlgraph.onnx_io import dml_node_proto, infer_shapes, onnx_node_proto
+from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
+from dmlgraph.shape_inference import infer_shapes
 from dmlgraph.ops import bind_range
 from dmlgraph.rewrite import Match, Options, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype

@@ -635,7 +635,7 @@ def _weighty_model(bad_op: bool = False) -> onnx.ModelProto:
 
 
 def test_without_weights_keeps_shapes_and_leaves_the_model_alone():
-    from dmlgraph.onnx_io import infer_shapes
+    from dmlgraph.shape_inference import infer_shapes
     m = _weighty_model()
     before = m.SerializeToString()
     view = modelfile.without_weights(m, keep_dims=True)

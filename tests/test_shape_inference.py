@@ -1,0 +1,87 @@
+"""Shape inference: the forked data-propagation child gives what onnx gives in-process, and a
+runaway data propagation costs a bounded wait instead of a hang."""
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T, helper as h, numpy_helper
+
+from dmlgraph import bench_pipeline, shape_inference
+from dmlgraph.modelfile import load_model, without_weights
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_child = pytest.mark.skipif(not shape_inference.USE_CHILD, reason="the child runs where the process can fork")
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, bytes]:
+    return {vi.name: vi.type.SerializeToString() for vi in list(model.graph.value_info) + list(model.graph.output)}
+
+
+def _models():
+    paths = sorted(glob.glob(os.path.join(ROOT, "models", "**", "*.onnx"), recursive=True))
+    return [(os.path.relpath(p, ROOT), load_model(p)) for p in paths] + [("blocks(40)", bench_pipeline.blocks_model(40))]
+
+
+@pytest.mark.parametrize("use_child", [True, False], ids=["child", "in-process"])
+def test_both_paths_give_what_onnx_gives(use_child, monkeypatch):
+    if use_child and not shape_inference.USE_CHILD:
+        pytest.skip("the child runs where the process can fork")
+    monkeypatch.setattr(shape_inference, "USE_CHILD", use_child)
+    models = _models()
+    assert len(models) >= 20
+    for name, m in models:
+        view = without_weights(m, keep_dims=True)
+        want = onnx.shape_inference.infer_shapes(view, data_prop=not shape_inference._long_vector(
+            onnx.shape_inference.infer_shapes(view)))
+        assert _shapes(shape_inference.infer_shapes(m)) == _shapes(want), name
+
+
+def _product_of_dims_model() -> onnx.ModelProto:
+    """A 1-D length only data propagation computes (50000 * 50000 from Shape -> Gather -> Mul):
+    the plain pass sees nothing long, and data propagation would make 2.5e9 dims."""
+    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)  # noqa: E731
+    nodes = [h.make_node("Shape", ["x"], ["s"]),
+             h.make_node("Gather", ["s", "i0"], ["a"], axis=0), h.make_node("Gather", ["s", "i1"], ["b"], axis=0),
+             h.make_node("Mul", ["a", "b"], ["p"]), h.make_node("ConstantOfShape", ["p"], ["z"]),
+             h.make_node("Cast", ["z"], ["y"], to=T.DOUBLE)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [50000, 50000])],
+                     [h.make_tensor_value_info("y", T.DOUBLE, ["n"])],
+                     [c("i0", np.array([0], np.int64)), c("i1", np.array([1], np.int64))])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+@needs_child
+@pytest.mark.parametrize("limit", ["memory", "deadline"])
+def test_runaway_data_propagation_is_stopped(limit, monkeypatch):
+    m = _product_of_dims_model()
+    if limit == "memory":
+        monkeypatch.setattr(shape_inference, "CHILD_MEMORY", 256 << 20)
+    else:  # (the memory cap, raised out of the way, would otherwise end it first)
+        monkeypatch.setattr(shape_inference, "CHILD_MEMORY", 64 << 30)
+        monkeypatch.setattr(shape_inference, "CHILD_SECONDS", 0.5)
+    t0 = time.perf_counter()
+    got = shape_inference.infer_shapes(m)
+    assert time.perf_counter() - t0 < 30  # a hang guard, not a speed test
+    assert _shapes(got) == _shapes(onnx.shape_inference.infer_shapes(m))  # the plain pass's shapes
+
+
+@needs_child
+def test_a_failing_child_leaves_the_plain_shapes(monkeypatch):
+    real = shape_inference._cpp
+
+    class Failing:  # data propagation raises, as onnx's C++ does on some models
+        @staticmethod
+        def infer_shapes(data, check_type, strict_mode, data_prop):
+            if data_prop:
+                raise RuntimeError("inference failed")
+            return real.infer_shapes(data, check_type, strict_mode, data_prop)
+
+    monkeypatch.setattr(shape_inference, "_cpp", Failing)
+    m = bench_pipeline.blocks_model(3)
+    assert _shapes(shape_inference.infer_shapes(m)) == _shapes(onnx.shape_inference.infer_shapes(m))
+    assert _shapes(onnx.shape_inference.infer_shapes(m, data_prop=True)) != _shapes(onnx.shape_inference.infer_shapes(m))

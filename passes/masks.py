@@ -109,6 +109,8 @@ def _match_stored(graph: Graph, item, options: Options) -> Match | None:
         m = Match("stored_mask", [item])
     if graph.is_graph_output(value) and not value.uses:
         return None  # a constant output is data, not a mask; keep it as is
+    if isinstance(item, Value) and _first_row_varies(item):
+        return None  # (most initializers are weights: turned away before they are decoded)
     arr = const_value(graph, value)
     if arr is None or arr.ndim < 2:
         return None
@@ -124,6 +126,27 @@ def _match_stored(graph: Graph, item, options: Options) -> Match | None:
     if m.reason is None and arr.nbytes <= threshold:
         m.reason = f"the constant ({arr.nbytes} bytes) is not bigger than the node replacing it ({threshold} bytes)"
     return m
+
+
+_ITEMSIZE = {t: helper.tensor_dtype_to_np_dtype(t).itemsize for t in (
+    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT8, TensorProto.INT16,
+    TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64)}
+
+
+def _first_row_varies(v: Value, head: int = 16) -> bool:
+    """True when the first row of an inline initializer's first matrix changes value more than
+    twice in its first `head` elements, read from its raw bytes: no band does that (`analyze_band`
+    makes the same test, bit for bit, after decoding)."""
+    t = v.initializer
+    size = _ITEMSIZE.get(t.data_type) if t is not None and v.array is None else None
+    if size is None or not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL:
+        return False
+    n = min(v.shape[-1], head)
+    row = t.raw_data[:n * size]
+    if len(row) < n * size:
+        return False  # (load_model refuses short data; left to the full read)
+    items = [row[i:i + size] for i in range(0, n * size, size)]
+    return sum(a != b for a, b in zip(items, items[1:])) > 2
 
 
 def _rewrite_stored(graph: Graph, m: Match, options: Options) -> list[Node]:

@@ -388,3 +388,33 @@ def test_size_plumbing_lookup_finds_a_live_twin_after_the_indexed_node_is_remove
     g.remove_node(g.values["s2"].producer)
     assert masks._existing(g, "Shape", [x], None) is None
     assert masks._existing(g, "Gather", [x], 0) is None
+
+
+# ---- the stored-mask pre-filter never turns away a band ----------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from dmlgraph.band import analyze_band, diagonal_use_mask  # noqa: E402
+from dmlgraph.graph import Value  # noqa: E402
+from passes import masks  # noqa: E402
+
+_DTYPES = [np.float32, np.float16, np.float64, np.bool_, np.int8, np.int32, np.int64, np.uint8, np.uint16]
+
+
+@settings(max_examples=300, deadline=None)
+@given(h=st.integers(1, 24), w=st.integers(1, 40), batch=st.integers(1, 3), dtype=st.sampled_from(_DTYPES),
+       begin=st.integers(-30, 30), width=st.integers(0, 40), band=st.booleans(),
+       values=st.lists(st.integers(0, 3), min_size=2, max_size=2), seed=st.integers(0, 2**16))
+def test_first_row_prefilter_agrees_with_band_analysis(h, w, batch, dtype, begin, width, band, values, seed):
+    if band:
+        use = diagonal_use_mask(h, w, begin, begin + width)
+        arr = np.where(use, dtype(values[0]), dtype(values[1])).astype(dtype)
+    else:  # weights, or small-integer noise that is sometimes banded by chance
+        rng = np.random.default_rng(seed)
+        arr = rng.integers(-2, 3, (h, w)).astype(dtype) if seed % 2 else rng.standard_normal((h, w)).astype(dtype)
+    arr = np.broadcast_to(arr, (batch, h, w)).copy()
+    v = Value("w", shape=arr.shape)
+    v.initializer = numpy_helper.from_array(arr, "w")
+    if masks._first_row_varies(v):
+        assert analyze_band(arr) is None
+    if band:
+        assert not masks._first_row_varies(v)

@@ -46,9 +46,11 @@ class Rule:
     """pattern + check (inside `match`) + rewrite.
 
     `anchors` are the op types worth trying; "*" tries every node and "Initializer" offers each
-    stored constant (a Value) instead of a node. Rules run in ascending `phase`, each phase to its
-    own fixed point, so a rule that wants to see a whole subgraph runs before rules that rewrite
-    its parts.
+    stored constant (a Value) instead of a node. `candidates`, when set, replaces the anchors: it
+    returns the nodes worth trying in this sweep (an analysis may know them all at once, where
+    offering every node would call `match` on each), tried after the anchored items of the sweep.
+    Rules run in ascending `phase`, each phase to its own fixed point, so a rule that wants to see
+    a whole subgraph runs before rules that rewrite its parts.
     """
 
     name: str
@@ -58,6 +60,7 @@ class Rule:
     exact: str = "bit-exact"  # or e.g. "equal for finite inputs"
     description: str = ""
     phase: int = 0
+    candidates: Callable[[Graph], list[Node]] | None = None
 
 
 @dataclass
@@ -104,7 +107,7 @@ class PassManager:
     def _sweep(self, graph, rules, counts, declined, applied) -> bool:
         by_anchor: dict[str, list[Rule]] = {}
         for r in rules:
-            for a in r.anchors:
+            for a in (r.anchors if r.candidates is None else ()):
                 by_anchor.setdefault(a, []).append(r)
         changed = False
         candidates: list[tuple[Any, list[Rule]]] = []
@@ -122,6 +125,7 @@ class PassManager:
                 item_rules = per_op[n.op_type] = by_anchor.get(n.op_type, []) + every
             if item_rules:  # most nodes have no rule in a given phase
                 candidates.append((n, item_rules))
+        candidates += [(n, [r]) for r in rules if r.candidates is not None for n in r.candidates(graph)]
         for item, item_rules in candidates:
             for rule in item_rules:
                 if isinstance(item, Node) and item.id not in graph.nodes:

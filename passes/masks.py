@@ -256,6 +256,22 @@ class DataFree:
             status[v.name] = new
         return True
 
+    def frontier(self) -> list[Node]:
+        """Nodes whose first output is free and meets data (a consumer that is not a free ONNX
+        node, or a graph output), in graph order: the only nodes `_match_subgraph` looks further at."""
+        g, status = self.graph, self.status
+        found = []
+        for name in status:
+            v = g.values.get(name)
+            p = v.producer if v is not None else None
+            if p is None or p.id not in g.nodes or not p.outputs or p.outputs[0] is not v:
+                continue
+            if g.is_graph_output(v) or not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode)
+                                               for c in v.consumers):
+                found.append(p)
+        found.sort(key=lambda n: n.added)
+        return found
+
     def update(self) -> None:
         """Catch up with the graph's changes since the last call."""
         changes = self.graph.changes
@@ -723,4 +739,5 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
 
 
 MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,
+                     candidates=lambda graph: _data_free(graph).frontier(),
                      description="shape-only mask subgraph -> one DIAGONAL_MATRIX1 generator")

@@ -156,6 +156,21 @@ def _fresh_equals(g, df) -> None:
             assert df.index_only(v) == reference[v.name], v.name
 
 
+@pytest.mark.parametrize("path", ["blocks"] + [os.path.join(ROOT, "models", f) for f in
+                                  sorted(os.listdir(os.path.join(ROOT, "models"))) if f.endswith(".onnx")],
+                         ids=os.path.basename)
+def test_mask_subgraph_candidates_hold_every_node_it_matches(path):
+    """The rule is offered only DataFree's frontier; offering every node (its anchor "*") must find
+    nothing more."""
+    g = import_model(bench_pipeline.blocks_model(6)) if path == "blocks" else api.load(path)[1]
+    frontier = set(masks.MASK_SUBGRAPH.candidates(g))
+    matched = {n for n in list(g.nodes.values()) if masks._match_subgraph(g, n, Options()) is not None}
+    assert matched <= frontier
+    assert len(frontier) < len(g.nodes)
+    if path == "blocks":
+        assert len(matched) == 6  # one mask per block
+
+
 def test_data_free_walk_settles_nodes_read_before_their_producer():
     """DataFree walks in insertion order; a producer moved after its readers (as rewrites leave a
     graph) must still make them free."""

@@ -202,6 +202,7 @@ class Graph:
         # Every node added, removed or rewired (replace_uses), oldest first: an analysis that read
         # the graph at len(changes) == i can update itself from changes[i:] instead of starting over.
         self.changes: list[Node] = []
+        self._clean: tuple | None = None  # the graph's state after remove_dead last ran
         self._names = itertools.count()
 
     # ---- values ---------------------------------------------------------------------------
@@ -325,7 +326,19 @@ class Graph:
         return order
 
     def remove_dead(self) -> int:
-        """Remove nodes whose outputs reach no graph output, and unused initializers."""
+        """Remove nodes whose outputs reach no graph output, and unused initializers.
+
+        Nothing new can be dead while no node, initializer or graph output changed since the last
+        call (the pass manager calls it after each sweep that rewrote something, then the caller):
+        that call returns at once."""
+        state = (len(self.changes), tuple(self.initializers), tuple(map(id, self.outputs)))
+        if state == self._clean:
+            return 0
+        removed = self._remove_dead()
+        self._clean = (len(self.changes), tuple(self.initializers), tuple(map(id, self.outputs)))
+        return removed
+
+    def _remove_dead(self) -> int:
         live: set[int] = set()
         read_by_subgraphs: set[str] = set()
         stack = [v.producer for v in self.outputs if v.producer is not None]

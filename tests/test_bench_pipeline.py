@@ -266,3 +266,15 @@ def test_op_index_follows_the_graph_through_every_rewrite(path):
     for op, nodes in g.by_op.items():
         assert list(nodes.values()) == [n for n in g.nodes.values() if n.op_type == op], op
     assert sum(len(d) for d in g.by_op.values()) == len(g.nodes)
+
+
+def test_remove_dead_returns_at_once_only_when_nothing_changed():
+    g = import_model(bench_pipeline.blocks_model(2))
+    api.optimize_graph(g, Options())  # (its sweeps remove what they leave dead)
+    assert g.remove_dead() == 0 and g._remove_dead() == 0  # the quick answer is the full walk's
+    last = g.outputs[0].producer
+    g.outputs = [last.inputs[0]]  # the last Add no longer reaches an output
+    assert g.remove_dead() >= 1 and last.id not in g.nodes
+    g.add_initializer(g.fresh_value("unused"), np.zeros(2, np.float32))
+    assert g.remove_dead() == 0 and "unused" not in g.initializers
+    assert g.remove_dead() == 0 and g._remove_dead() == 0

@@ -601,10 +601,12 @@ def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int =
     return view
 
 
-def _run_checker(model: onnx.ModelProto, path: str, has_external: bool) -> None:
+def _run_checker(model: onnx.ModelProto, path: str, has_external: bool, data: bytes | None = None) -> None:
+    """onnx's checker on the model without its weights; `data`: the file's bytes, which it checks
+    as they are when nothing is left out (instead of serializing the model again)."""
+    view = without_weights(model, keep_dims=False, has_external=has_external)
     try:
-        onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external),
-                                 full_check=False)
+        onnx.checker.check_model(data if view is model and data is not None else view, full_check=False)
     except Exception as e:  # noqa: BLE001 - checker raises ValidationError and others; all mean "invalid"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"{path} failed the ONNX checker: {first}",
@@ -767,16 +769,16 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
             _check_inline_data(tensor, label)
     _check_opsets(model, p)
     _check_utf8(model, p, data)
-    del data
     _check_value_types(graphs, p)
     if check:
         try:
-            _run_checker(model, p, has_external)
+            _run_checker(model, p, has_external, data)
         except ModelError:
             # The checker reports dangling inputs, cycles and misordering alike; tell them apart
             # (a walk over every node in Python, so only once something is known to be wrong).
             _check_structure(model.graph, set())
             raise
+    del data
     if load_external_data and has_external:
         for tensor, label, _ in _iter_tensors(model):
             if _uses_external(tensor):

@@ -338,7 +338,9 @@ def _peak_rss_child(command: str, path: str, out: str) -> None:
     seconds = time.perf_counter() - t0
     done.set()
     sampler.join()
-    print(json.dumps({"baseline": baseline, "peak": _vm_hwm(), "seconds": seconds,
+    import resource  # the shape-inference child (dmlgraph.shape_inference) is a process of its own
+    child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    print(json.dumps({"baseline": baseline, "peak": _vm_hwm(), "seconds": seconds, "child_peak": child_peak,
                       "peak_anon_above_baseline": peaks["RssAnon"] - base_parts["RssAnon"],
                       "peak_file_above_baseline": peaks["RssFile"] - base_parts["RssFile"], **detail}))
 
@@ -388,6 +390,9 @@ def bench_memory(tmp: str) -> list[Row]:
             note = (f"{got['seconds']:.1f}s; sampled peaks above baseline: anonymous "
                     f"{got['peak_anon_above_baseline'] / MB:.0f} MiB, mapped file pages "
                     f"{got['peak_file_above_baseline'] / MB:.0f} MiB")
+            if got.get("child_peak"):
+                note += (f"; the shape-inference child peaked at {got['child_peak'] / MB:.0f} MiB RSS "
+                         "(pages shared with this process included)")
             if command == "optimize":
                 note += f"; wrote {got['written_bytes'] / 2**30:.2f} GiB (model + external data, streamed)"
             rows.append(Row(f"{command} peak RSS, {data_bytes / 2**30:.1f} GiB external data", peak, 500.0,

@@ -342,12 +342,16 @@ class Graph:
         live: set[int] = set()
         read_by_subgraphs: set[str] = set()
         stack = [v.producer for v in self.outputs if v.producer is not None]
-        while stack:
+        while stack:  # (the hottest loop of a sweep's clean-up: kept plain)
             n = stack.pop()
             if n.id in live:
                 continue
             live.add(n.id)
-            stack.extend(v.producer for v in n.inputs if v is not None and v.producer is not None)
+            for v in n.inputs:
+                if v is not None:
+                    p = v.producer
+                    if p is not None and p.id not in live:
+                        stack.append(p)
             # ONNX subgraph attributes may read outer values by name: keep their producers alive.
             if isinstance(n, OnnxNode) and n.attributes:  # (no attributes: no subgraphs)
                 for name in n.subgraph_reads:

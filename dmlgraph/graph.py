@@ -196,7 +196,7 @@ class Graph:
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.initializers: dict[str, Value] = {}
-        self.value_info_names: set[str] = set()  # values the source model annotated (kept on export)
+        self.value_info_names: dict[str, None] = {}  # values the source model annotated, in its order (kept on export)
         self.overridable_inputs: list[str] = []  # initializers the source also listed as graph inputs
         self.scratch: dict = {}  # rules' caches for one PassManager.run (cleared at its end)
         # Every node added, removed or rewired (replace_uses), oldest first: an analysis that read

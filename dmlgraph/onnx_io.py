@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dmlgraph.dtypes import DmlDataType
 from dmlgraph.errors import ModelError, UnsupportedError
 from dmlgraph.graph import DmlNode, Graph, ModelInfo, OnnxNode, Value, gc_paused
-from dmlgraph.shape_inference import infer_shapes
+from dmlgraph import shape_inference
 
 DOMAIN = "com.dmlgraph"
 DOMAIN_VERSION = 1
@@ -89,16 +89,18 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         graph_name=model.graph.name or "graph", graph_doc_string=model.graph.doc_string,
         functions=list(model.functions))
     g = Graph(info)
+    shapes = shape_inference.start(model)  # (where it can, a child infers while the graph is built)
+    try:
+        return _build(g, model, shapes, base_dir)
+    finally:
+        shapes.close()
+
+
+def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShapes, base_dir: str | None) -> Graph:
+    """The values and nodes of `model`, then their inferred types and shapes (`shapes.result()`)."""
     mg = model.graph
-    inferred = infer_shapes(model)
-    # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest.
     value = g.value
-    types: dict[bytes, tuple] = {}  # most values share a few types: decode each once
-    for vi in list(inferred.graph.value_info) + list(mg.value_info):
-        _annotate(value(vi.name), vi, False, types)
-    for vi in list(mg.input) + list(mg.output):
-        _annotate(value(vi.name), vi, True, types)
-    g.value_info_names = {vi.name for vi in mg.value_info}
+    g.value_info_names = dict.fromkeys(vi.name for vi in mg.value_info)
     for t in mg.initializer:
         v = value(t.name)
         v.initializer, v.base_dir = t, base_dir
@@ -107,19 +109,38 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     init_names = set(g.initializers)
     g.inputs = [value(i.name) for i in mg.input if i.name not in init_names]
     g.overridable_inputs = [i.name for i in mg.input if i.name in init_names]
+    unnamed: list[tuple[Value, str]] = []  # unused outputs: named once every name in the graph is known
     for i, n in enumerate(mg.node):  # (the hottest loop of a load: each proto field is read once)
         ins = [value(x) if x else None for x in n.input]
         out_names = list(n.output)
-        outs = [value(x) if x else g.fresh_value(f"{n.name or n.op_type}__unused{i}") for x in out_names]
+        outs = [value(x) if x else _unnamed(unnamed, f"{n.name or n.op_type}__unused{i}") for x in out_names]
         domain = n.domain
         if domain == DOMAIN:
             g.add_node(_import_dml(n, ins, outs))
         else:
             node = g.add_node(OnnxNode(n.name, n.op_type, ins, outs, n.attribute, domain, n.doc_string, n))
             node.rewired = "" in out_names  # an unused output got a name above
+    for v, hint in unnamed:
+        v.name = g.fresh_value(hint).name  # (a free name: the unused output takes its place)
+        g.values[v.name] = v
     g.outputs = [value(o.name) for o in mg.output]
+    # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest; an
+    # initializer's own type and dims win over both.
+    inferred = shapes.result()
+    types: dict[bytes, tuple] = {}  # most values share a few types: decode each once
+    for vi in list(inferred.graph.value_info) + list(mg.value_info):
+        _annotate(value(vi.name), vi, False, types)
+    for vi in list(mg.input) + list(mg.output):
+        if vi.name not in g.initializers:
+            _annotate(value(vi.name), vi, True, types)
     _check_defined(g)
     return g
+
+
+def _unnamed(unnamed: list, hint: str) -> Value:
+    v = Value("")
+    unnamed.append((v, hint))
+    return v
 
 
 def _annotate(v: Value, vi: onnx.ValueInfoProto, override: bool, types: dict[bytes, tuple]) -> None:
@@ -180,16 +201,16 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     nodes: list[onnx.NodeProto] = []
     extra_init: list[onnx.TensorProto] = []
     opsets = dict(g.info.opset_imports)
-    uses_dml = False
+    dml_outputs: list[Value] = []
     for n in g.topological_order():
         if isinstance(n, OnnxNode):
             nodes.append(onnx_node_proto(n))
         elif target == "dml":
             nodes.append(dml_node_proto(n))
-            uses_dml = True
+            dml_outputs.append(n.outputs[0])
         else:
             nodes.extend(_portable_nodes(g, n, opsets.get("", 0)))
-    if uses_dml:
+    if dml_outputs:
         opsets[DOMAIN] = DOMAIN_VERSION
     elif target == "onnx":
         opsets.pop(DOMAIN, None)
@@ -200,13 +221,14 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
         else:
             initializers.append(numpy_helper.from_array(np.asarray(v.array), v.name))
     initializers += extra_init
-    keep_info = g.value_info_names
-    # A custom DML node has no shape inference, so its output's type and shape are written down;
-    # the portable form is standard ops that onnx infers itself.
-    infos = [value_info(v) for v in g.values.values()
-                  if (v.name in keep_info or (target == "dml" and isinstance(v.producer, DmlNode)))
-                  and v.producer is not None and v.producer.id in g.nodes and v.elem_type
-                  and not g.is_graph_output(v)]
+    # The source's value_info (in its order), then each DML node's output: a custom DML node has no
+    # shape inference, so its output's type and shape are written down (the portable form is
+    # standard ops that onnx infers itself). Optimizing the output again writes the same list.
+    annotated = [g.values.get(name) for name in g.value_info_names]
+    annotated += [v for v in dml_outputs if v.name not in g.value_info_names]
+    infos = [value_info(v) for v in annotated
+             if v is not None and v.producer is not None and v.producer.id in g.nodes and v.elem_type
+             and not g.is_graph_output(v)]
     # Filled in place, as helper.make_graph + make_model would: make_model copies the graph, which
     # for inline weights is one more copy of all of them.
     model = onnx.ModelProto()

@@ -1,4 +1,4 @@
-"""onnx's shape inference, made safe to run on any model, and the data-propagation pass overlapped.
+"""onnx's shape inference, made safe to run on any model, and run beside the import where it can.
 
 Shapes come from onnx's C++ inference, first plain (linear in the graph), then with data
 propagation, which resolves shapes computed from shapes (Reshape(x, Concat(Shape(y)...))) and
@@ -8,14 +8,14 @@ Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
 
 * the plain pass looks for 1-D values longer than MAX_DATA_PROP_LENGTH, and data propagation is
   skipped when one exists;
-* where the process can fork (Linux), data propagation runs in a child started before the plain
-  pass, under a memory cap and a deadline. A length that only data propagation computes (Shape ->
-  Mul -> ConstantOfShape of a [50000, 50000] input) then costs a killed child, not a hang, and on
-  a machine with a second core the two passes overlap (about 0.15 s of 1.4 s on 31,000 nodes).
-  Elsewhere both passes run in-process, one after the other, and only the first guard holds.
+* where the process can fork (Linux), two children run the passes side by side while the caller
+  goes on (the import builds the graph meanwhile), and data propagation runs under a memory cap
+  and a deadline. A length that only data propagation computes (Shape -> Mul -> ConstantOfShape
+  of a [50000, 50000] input) then costs a killed child, not a hang. Elsewhere both passes run
+  in-process when the result is asked for, and only the first guard holds.
 
-Either way the result is the same model `onnx.shape_inference.infer_shapes` returns (the tests
-compare the two paths), or the plain pass's when data propagation is skipped, fails or runs out of
+Either way the result is the model `onnx.shape_inference.infer_shapes` returns (the tests compare
+the two paths with it), or the plain pass's when data propagation is skipped, fails or runs out of
 time or memory. Inference is a help, never a reason to refuse a model: a model it cannot handle
 simply has fewer known shapes.
 """
@@ -25,6 +25,7 @@ import contextlib
 import os
 import select
 import signal
+import struct
 import sys
 import time
 import warnings
@@ -35,32 +36,79 @@ from onnx.onnx_cpp2py_export import shape_inference as _cpp
 from dmlgraph.modelfile import _iter_graphs, without_weights
 
 MAX_DATA_PROP_LENGTH = 1 << 18  # dims data propagation may make of one value (tens of milliseconds)
-CHILD_MEMORY = 2 << 30  # bytes of address space the child may add to what it inherits
-CHILD_SECONDS = 10.0  # the child's deadline: this, or 20x the plain pass's time if longer
+CHILD_MEMORY = 2 << 30  # bytes of address space data propagation may add to what the child inherits
+CHILD_SECONDS = 10.0  # data propagation's deadline: this, or 20x the time to the plain pass if longer
 USE_CHILD = sys.platform.startswith("linux") and hasattr(os, "fork")  # (macOS: fork without exec is unsafe)
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (a copy of it) with every shape onnx can infer. Weights are left out
-    (`without_weights`): inference reads their dims and types, and copying them in and out would
-    cost more than inference itself."""
-    data = without_weights(model, keep_dims=True).SerializeToString()
-    child = _DataPropChild.start(data) if USE_CHILD else None
-    try:
-        t0 = time.perf_counter()
-        plain = _run(data, data_prop=False)
-        if plain is None:
-            return onnx.ModelProto.FromString(data)
-        if _long_vector(plain):
-            return plain
-        if child is None:
-            return _run(data, data_prop=True) or plain
-        # Normally the child is about as fast as the plain pass; the deadline only ends a runaway.
-        return child.result(deadline=time.perf_counter() + max(CHILD_SECONDS, 20 * (time.perf_counter() - t0))) \
-            or plain
-    finally:
-        if child is not None:
-            child.stop()
+    """`model` (a copy of it) with every shape onnx can infer."""
+    return start(model).result()
+
+
+def start(model: onnx.ModelProto) -> "PendingShapes":
+    """Begin inferring `model`'s shapes; `.result()` gives them. `model` must not change meanwhile."""
+    pending = PendingShapes(model)
+    if USE_CHILD:
+        pending.plain = _Child.start(lambda send: _plain_job(model, send))
+        pending.data_prop = _Child.start(lambda send: _data_prop_job(model, send)) if pending.plain else None
+    return pending
+
+
+class PendingShapes:
+    """Shapes being inferred (by children) or to be inferred in-process when asked for."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.plain: _Child | None = None
+        self.data_prop: _Child | None = None
+
+    def result(self) -> onnx.ModelProto:
+        try:
+            if self.plain is not None:
+                got = self._from_children()
+                if got is not None:
+                    return got
+            return _in_process(self.model)  # (no children, or one died before its answer)
+        finally:
+            self.close()
+
+    def _from_children(self) -> onnx.ModelProto | None:
+        kind, plain = self.plain.read(deadline=None)  # (linear in the graph, as in-process)
+        if kind in (_FAILED, _NO_DATA_PROP) or (kind == _PLAIN and self.data_prop is None):
+            return onnx.ModelProto.FromString(plain)  # (_FAILED: the model without weights, uninferred)
+        if kind != _PLAIN:
+            return None
+        # Normally data propagation takes about as long as the plain pass; the deadline ends a runaway.
+        elapsed = time.perf_counter() - self.plain.started
+        kind, payload = self.data_prop.read(deadline=time.perf_counter() + max(CHILD_SECONDS, 20 * elapsed))
+        if kind == _DATA_PROP:
+            with contextlib.suppress(Exception):  # (cut short by a dying child: the plain pass's is whole)
+                return onnx.ModelProto.FromString(payload)
+        return onnx.ModelProto.FromString(plain)
+
+    def close(self) -> None:
+        """Stop the children, if any (the caller no longer wants the shapes)."""
+        for child in (self.plain, self.data_prop):
+            if child is not None:
+                child.stop()
+        self.plain = self.data_prop = None
+
+
+def _view(model: onnx.ModelProto) -> bytes:
+    """The model without its weights, serialized: inference reads their dims and types, and copying
+    them in and out would cost more than inference itself."""
+    return without_weights(model, keep_dims=True).SerializeToString()
+
+
+def _in_process(model: onnx.ModelProto) -> onnx.ModelProto:
+    data = _view(model)
+    plain = _run(data, data_prop=False)
+    if plain is None:
+        return onnx.ModelProto.FromString(data)
+    if _long_vector(plain):
+        return plain
+    return _run(data, data_prop=True) or plain
 
 
 def _run(data: bytes, data_prop: bool) -> onnx.ModelProto | None:
@@ -81,20 +129,42 @@ def _long_vector(model: onnx.ModelProto) -> bool:
     return False
 
 
-class _DataPropChild:
-    """A forked child running data propagation on serialized `data`, its result read from a pipe."""
+# A child's answer: a kind byte and a length, then that many bytes.
+_PLAIN, _DATA_PROP, _NO_DATA_PROP, _FAILED = b"P", b"D", b"N", b"F"
+_HEADER = struct.Struct("<cQ")
+
+
+def _plain_job(model: onnx.ModelProto, send) -> None:
+    """The plain pass, and the guard: _NO_DATA_PROP with its model when a vector is too long."""
+    data = _view(model)
+    try:
+        plain = _cpp.infer_shapes(data, False, False, False)
+    except Exception:  # noqa: BLE001
+        send(_FAILED, data)
+        return
+    send(_NO_DATA_PROP if _long_vector(onnx.ModelProto.FromString(plain)) else _PLAIN, plain)
+
+
+def _data_prop_job(model: onnx.ModelProto, send) -> None:
+    data = _view(model)
+    _cap_address_space(CHILD_MEMORY)
+    send(_DATA_PROP, _cpp.infer_shapes(data, False, False, True))
+
+
+class _Child:
+    """A forked child running `job(send)`; `send(kind, payload)` writes its answer to a pipe."""
 
     def __init__(self, pid: int, fd: int):
-        self.pid, self.fd = pid, fd
+        self.pid, self.fd, self.started = pid, fd, time.perf_counter()
 
     @classmethod
-    def start(cls, data: bytes) -> "_DataPropChild | None":
+    def start(cls, job) -> "_Child | None":
         try:
             r, w = os.pipe()
         except OSError:
             return None
         try:
-            with warnings.catch_warnings():  # (3.12+ warns when threads exist: the child runs no Python of theirs)
+            with warnings.catch_warnings():  # (3.12+ warns when threads exist: the child runs none of their code)
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
         except OSError:  # no fork allowed here (process limits, memory): in-process instead
@@ -105,43 +175,46 @@ class _DataPropChild:
             code = 1
             try:
                 os.close(r)
-                _cap_address_space(CHILD_MEMORY)
-                view = memoryview(_cpp.infer_shapes(data, False, False, True))
-                while view:
-                    view = view[os.write(w, view):]
+
+                def send(kind: bytes, payload: bytes) -> None:
+                    view = memoryview(_HEADER.pack(kind, len(payload)) + payload)
+                    while view:
+                        view = view[os.write(w, view):]
+
+                job(send)
                 code = 0
             finally:
                 os._exit(code)
         os.close(w)
         return cls(pid, r)
 
-    def result(self, deadline: float) -> onnx.ModelProto | None:
-        """The child's model, or None if it failed, or did not finish by `deadline`."""
-        chunks = []
-        while True:
-            left = deadline - time.perf_counter()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+    def read(self, deadline: float | None) -> tuple[bytes | None, bytes]:
+        """The child's answer, or (None, b"") if it died first or `deadline` passed."""
+        head = self._read_exactly(_HEADER.size, deadline)
+        if head is None:
+            return None, b""
+        kind, size = _HEADER.unpack(head)
+        body = self._read_exactly(size, deadline)
+        return (kind, body) if body is not None else (None, b"")
+
+    def _read_exactly(self, n: int, deadline: float | None) -> bytes | None:
+        chunks, left = [], n
+        while left:
+            wait = None if deadline is None else deadline - time.perf_counter()
+            if wait is not None and (wait <= 0 or not select.select([self.fd], [], [], wait)[0]):
                 return None
-            chunk = os.read(self.fd, 1 << 20)
-            if not chunk:
-                break
+            chunk = os.read(self.fd, min(left, 1 << 20))
+            if not chunk:  # the child is gone
+                return None
             chunks.append(chunk)
-        _, status = os.waitpid(self.pid, 0)
-        self.pid = None
-        if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
-            return None
-        try:
-            return onnx.ModelProto.FromString(b"".join(chunks))
-        except Exception:  # noqa: BLE001 - a child that died mid-write: its partial output is no model
-            return None
+            left -= len(chunk)
+        return b"".join(chunks)
 
     def stop(self) -> None:
         os.close(self.fd)
-        if self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-            self.pid = None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
 
 
 def _cap_address_space(extra: int) -> None:

@@ -697,17 +697,24 @@ def _plumbing(n: Node) -> bool:
 def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:
     """ONNX nodes computing the output sizes at run time from the inputs' shapes (reusing any the
     graph already has)."""
-    new, parts = [], []
+    # The copies of one mask ask for the same sizes: the nodes found or made for them are kept,
+    # and reused while each is alive and reads what it read then (the inputs keep ids unique).
+    done = graph.scratch.setdefault("shape_values", {})
+    key = tuple(s if s[0] == "const" else ("dim", id(s[1]), s[2]) for s in sources)
+    hit = done.get(key)
+    if hit is not None and all(n.id in graph.nodes and n.inputs == ins for n, ins in hit[1]):
+        return hit[0], []
+    new, parts, chain = [], [], []
 
     def node(op_type, inputs, name_hint, axis=None, shape=None) -> Value:
-        found = _existing(graph, op_type, inputs, axis)
-        if found is not None:
-            return found
-        out = graph.fresh_value(name_hint, TensorProto.INT64, shape)
-        attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
-        made = graph.add_node(OnnxNode(out.name, op_type, inputs, [out], attrs))  # named by what it makes
-        graph.scratch["size_plumbing"][_plumbing_key(op_type, inputs, attrs)] = made
-        new.append(made)
+        out = _existing(graph, op_type, inputs, axis)
+        if out is None:
+            out = graph.fresh_value(name_hint, TensorProto.INT64, shape)
+            attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
+            made = graph.add_node(OnnxNode(out.name, op_type, inputs, [out], attrs))  # named by what it makes
+            graph.scratch["size_plumbing"][_plumbing_key(op_type, inputs, attrs)] = made
+            new.append(made)
+        chain.append((out.producer, list(out.producer.inputs)))
         return out
 
     for src in sources:
@@ -718,7 +725,9 @@ def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:
         shape = node("Shape", [inp], f"{inp.name}__shape", shape=(len(inp.shape),))
         idx = _constant(graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64))
         parts.append(node("Gather", [shape, idx], f"{inp.name}__dim{axis}", axis=0, shape=(1,)))
-    return node("Concat", parts, f"{hint}__sizes", axis=0, shape=(len(parts),)), new
+    out = node("Concat", parts, f"{hint}__sizes", axis=0, shape=(len(parts),))
+    done[key] = (out, chain)
+    return out, new
 
 
 def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:

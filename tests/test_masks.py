@@ -390,6 +390,25 @@ def test_size_plumbing_lookup_finds_a_live_twin_after_the_indexed_node_is_remove
     assert masks._existing(g, "Gather", [x], 0) is None
 
 
+def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
+    from passes import masks
+    m = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+                                  [h.make_tensor_value_info("x", T.FLOAT, ["a", "b"])],
+                                  [h.make_tensor_value_info("y", T.FLOAT, ["a", "b"])]),
+                     opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    g = import_model(m)
+    x = g.values["x"]
+    sources = [("dim", x, 1), ("dim", x, 1)]
+    sizes, new = masks._shape_value(g, sources, "m1")
+    assert [n.op_type for n in new] == ["Shape", "Gather", "Concat"]
+    again, new = masks._shape_value(g, sources, "m2")
+    assert again is sizes and new == []  # the copies of a mask share them
+    g.remove_node(sizes.producer)  # (as remove_dead does once nothing reads it)
+    remade, new = masks._shape_value(g, sources, "m3")
+    assert remade is not sizes and [n.op_type for n in new] == ["Concat"]  # Shape and Gather still live
+    assert remade.producer.inputs[0].producer.op_type == "Gather"
+
+
 # ---- the stored-mask pre-filter never turns away a band ----------------------------------------
 from hypothesis import given, settings, strategies as st  # noqa: E402
 

@@ -68,16 +68,6 @@ _register_schemas()
 
 
 # ---- import ----------------------------------------------------------------------------------
-def _type_shape(tp: onnx.TypeProto):
-    if not tp.HasField("tensor_type"):
-        return None, None
-    tt = tp.tensor_type
-    if not tt.HasField("shape"):
-        return tt.elem_type or None, None
-    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-    return tt.elem_type or None, dims
-
-
 @gc_paused
 def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     """Build a Graph from a loaded model (external data stays unread: `base_dir` locates it)."""
@@ -97,7 +87,7 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
 
 
 def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShapes, base_dir: str | None) -> Graph:
-    """The values and nodes of `model`, then their inferred types and shapes (`shapes.result()`)."""
+    """The values and nodes of `model`, then their inferred types and shapes (`shapes.value_types()`)."""
     mg = model.graph
     value = g.value
     g.value_info_names = dict.fromkeys(vi.name for vi in mg.value_info)
@@ -126,9 +116,13 @@ def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShap
     g.outputs = [value(o.name) for o in mg.output]
     # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest; an
     # initializer's own type and dims win over both.
-    inferred = shapes.result()
+    for name, et, shape in shapes.value_types():
+        v = value(name)
+        v.elem_type = et or v.elem_type
+        if shape is not None and v.shape is None:
+            v.shape = shape
     types: dict[bytes, tuple] = {}  # most values share a few types: decode each once
-    for vi in list(inferred.graph.value_info) + list(mg.value_info):
+    for vi in mg.value_info:
         _annotate(value(vi.name), vi, False, types)
     for vi in list(mg.input) + list(mg.output):
         if vi.name not in g.initializers:
@@ -144,12 +138,7 @@ def _unnamed(unnamed: list, hint: str) -> Value:
 
 
 def _annotate(v: Value, vi: onnx.ValueInfoProto, override: bool, types: dict[bytes, tuple]) -> None:
-    tp = vi.type
-    key = tp.SerializeToString()
-    decoded = types.get(key)
-    if decoded is None:
-        decoded = types[key] = _type_shape(tp)
-    et, shape = decoded
+    et, shape = shape_inference.type_shape(vi.type, types)
     v.elem_type = et or v.elem_type
     if shape is not None and (override or v.shape is None):
         v.shape = shape

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import select
 import signal
 import struct
@@ -42,12 +43,47 @@ USE_CHILD = sys.platform.startswith("linux") and hasattr(os, "fork")  # (macOS: 
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (a copy of it) with every shape onnx can infer."""
-    return start(model).result()
+    """`model` (a copy of it) with every shape onnx can infer, in-process (for small models; the
+    import uses `start`)."""
+    data = _view(model)
+    plain = _run(data, data_prop=False)
+    if plain is None:
+        return onnx.ModelProto.FromString(data)
+    if _long_vector(plain):
+        return plain
+    return _run(data, data_prop=True) or plain
+
+
+ValueType = tuple[str, "int | None", "tuple | None"]  # name, element type, shape (None: unknown)
+
+
+def value_types(model: onnx.ModelProto) -> list[ValueType]:
+    """What `model`'s main graph's value_info says about each value."""
+    cache: dict[bytes, tuple] = {}
+    return [(vi.name, *type_shape(vi.type, cache)) for vi in model.graph.value_info]
+
+
+def type_shape(tp: onnx.TypeProto, cache: dict[bytes, tuple] | None = None) -> tuple:
+    """(element type, shape) of a TypeProto; None where unknown. `cache`: decoded types by their
+    bytes (the values of a model share a few types)."""
+    key = tp.SerializeToString() if cache is not None else None
+    if key is not None and key in cache:
+        return cache[key]
+    if not tp.HasField("tensor_type"):
+        decoded = None, None
+    elif not tp.tensor_type.HasField("shape"):
+        decoded = tp.tensor_type.elem_type or None, None
+    else:
+        tt = tp.tensor_type
+        decoded = tt.elem_type or None, tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                              for d in tt.shape.dim)
+    if key is not None:
+        cache[key] = decoded
+    return decoded
 
 
 def start(model: onnx.ModelProto) -> "PendingShapes":
-    """Begin inferring `model`'s shapes; `.result()` gives them. `model` must not change meanwhile."""
+    """Begin inferring `model`'s shapes; `.value_types()` gives them. `model` must not change meanwhile."""
     pending = PendingShapes(model)
     if USE_CHILD:
         pending.plain = _Child.start(lambda send: _plain_job(model, send))
@@ -56,36 +92,34 @@ def start(model: onnx.ModelProto) -> "PendingShapes":
 
 
 class PendingShapes:
-    """Shapes being inferred (by children) or to be inferred in-process when asked for."""
+    """Shapes being inferred (by children, which send them decoded) or to be inferred in-process."""
 
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.plain: _Child | None = None
         self.data_prop: _Child | None = None
 
-    def result(self) -> onnx.ModelProto:
+    def value_types(self) -> list[ValueType]:
+        """`value_types` of the inferred model."""
         try:
             if self.plain is not None:
                 got = self._from_children()
                 if got is not None:
                     return got
-            return _in_process(self.model)  # (no children, or one died before its answer)
+            return value_types(infer_shapes(self.model))  # (no children, or one died before its answer)
         finally:
             self.close()
 
-    def _from_children(self) -> onnx.ModelProto | None:
+    def _from_children(self) -> list[ValueType] | None:
         kind, plain = self.plain.read(deadline=None)  # (linear in the graph, as in-process)
         if kind in (_FAILED, _NO_DATA_PROP) or (kind == _PLAIN and self.data_prop is None):
-            return onnx.ModelProto.FromString(plain)  # (_FAILED: the model without weights, uninferred)
+            return pickle.loads(plain)
         if kind != _PLAIN:
             return None
         # Normally data propagation takes about as long as the plain pass; the deadline ends a runaway.
         elapsed = time.perf_counter() - self.plain.started
         kind, payload = self.data_prop.read(deadline=time.perf_counter() + max(CHILD_SECONDS, 20 * elapsed))
-        if kind == _DATA_PROP:
-            with contextlib.suppress(Exception):  # (cut short by a dying child: the plain pass's is whole)
-                return onnx.ModelProto.FromString(payload)
-        return onnx.ModelProto.FromString(plain)
+        return pickle.loads(payload if kind == _DATA_PROP else plain)
 
     def close(self) -> None:
         """Stop the children, if any (the caller no longer wants the shapes)."""
@@ -99,16 +133,6 @@ def _view(model: onnx.ModelProto) -> bytes:
     """The model without its weights, serialized: inference reads their dims and types, and copying
     them in and out would cost more than inference itself."""
     return without_weights(model, keep_dims=True).SerializeToString()
-
-
-def _in_process(model: onnx.ModelProto) -> onnx.ModelProto:
-    data = _view(model)
-    plain = _run(data, data_prop=False)
-    if plain is None:
-        return onnx.ModelProto.FromString(data)
-    if _long_vector(plain):
-        return plain
-    return _run(data, data_prop=True) or plain
 
 
 def _run(data: bytes, data_prop: bool) -> onnx.ModelProto | None:
@@ -129,26 +153,26 @@ def _long_vector(model: onnx.ModelProto) -> bool:
     return False
 
 
-# A child's answer: a kind byte and a length, then that many bytes.
+# A child's answer: a kind byte and a length, then that many bytes (pickled `value_types`).
 _PLAIN, _DATA_PROP, _NO_DATA_PROP, _FAILED = b"P", b"D", b"N", b"F"
 _HEADER = struct.Struct("<cQ")
 
 
 def _plain_job(model: onnx.ModelProto, send) -> None:
-    """The plain pass, and the guard: _NO_DATA_PROP with its model when a vector is too long."""
+    """The plain pass and the guard: _NO_DATA_PROP with its types when a vector is too long
+    (_FAILED with the declared ones when inference fails)."""
     data = _view(model)
-    try:
-        plain = _cpp.infer_shapes(data, False, False, False)
-    except Exception:  # noqa: BLE001
-        send(_FAILED, data)
+    plain = _run(data, data_prop=False)
+    if plain is None:
+        send(_FAILED, pickle.dumps(value_types(onnx.ModelProto.FromString(data))))
         return
-    send(_NO_DATA_PROP if _long_vector(onnx.ModelProto.FromString(plain)) else _PLAIN, plain)
+    send(_NO_DATA_PROP if _long_vector(plain) else _PLAIN, pickle.dumps(value_types(plain)))
 
 
 def _data_prop_job(model: onnx.ModelProto, send) -> None:
     data = _view(model)
     _cap_address_space(CHILD_MEMORY)
-    send(_DATA_PROP, _cpp.infer_shapes(data, False, False, True))
+    send(_DATA_PROP, pickle.dumps(value_types(onnx.ModelProto.FromString(_cpp.infer_shapes(data, False, False, True)))))
 
 
 class _Child:

@@ -18,8 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_child = pytest.mark.skipif(not shape_inference.USE_CHILD, reason="the child runs where the process can fork")
 
 
-def _shapes(model: onnx.ModelProto) -> dict[str, bytes]:
-    return {vi.name: vi.type.SerializeToString() for vi in list(model.graph.value_info) + list(model.graph.output)}
+def _types(model: onnx.ModelProto) -> list:
+    return shape_inference.value_types(model)
 
 
 def _models():
@@ -38,7 +38,8 @@ def test_both_paths_give_what_onnx_gives(use_child, monkeypatch):
         view = without_weights(m, keep_dims=True)
         want = onnx.shape_inference.infer_shapes(view, data_prop=not shape_inference._long_vector(
             onnx.shape_inference.infer_shapes(view)))
-        assert _shapes(shape_inference.infer_shapes(m)) == _shapes(want), name
+        assert shape_inference.start(m).value_types() == _types(want), name
+        assert _types(shape_inference.infer_shapes(m)) == _types(want), name  # (the in-process function)
 
 
 def _product_of_dims_model() -> onnx.ModelProto:
@@ -65,23 +66,28 @@ def test_runaway_data_propagation_is_stopped(limit, monkeypatch):
         monkeypatch.setattr(shape_inference, "CHILD_MEMORY", 64 << 30)
         monkeypatch.setattr(shape_inference, "CHILD_SECONDS", 0.5)
     t0 = time.perf_counter()
-    got = shape_inference.infer_shapes(m)
+    got = shape_inference.start(m).value_types()
     assert time.perf_counter() - t0 < 30  # a hang guard, not a speed test
-    assert _shapes(got) == _shapes(onnx.shape_inference.infer_shapes(m))  # the plain pass's shapes
+    assert got == _types(onnx.shape_inference.infer_shapes(m))  # the plain pass's shapes
 
 
-@needs_child
-def test_a_failing_child_leaves_the_plain_shapes(monkeypatch):
+@pytest.mark.parametrize("use_child", [True, False], ids=["child", "in-process"])
+@pytest.mark.parametrize("failing", ["data propagation", "both passes"])
+def test_failing_inference_leaves_what_is_known(use_child, failing, monkeypatch):
+    if use_child and not shape_inference.USE_CHILD:
+        pytest.skip("the child runs where the process can fork")
+    monkeypatch.setattr(shape_inference, "USE_CHILD", use_child)
     real = shape_inference._cpp
 
-    class Failing:  # data propagation raises, as onnx's C++ does on some models
+    class Failing:  # inference raises, as onnx's C++ does on some models
         @staticmethod
         def infer_shapes(data, check_type, strict_mode, data_prop):
-            if data_prop:
+            if data_prop or failing == "both passes":
                 raise RuntimeError("inference failed")
             return real.infer_shapes(data, check_type, strict_mode, data_prop)
 
     monkeypatch.setattr(shape_inference, "_cpp", Failing)
     m = bench_pipeline.blocks_model(3)
-    assert _shapes(shape_inference.infer_shapes(m)) == _shapes(onnx.shape_inference.infer_shapes(m))
-    assert _shapes(onnx.shape_inference.infer_shapes(m, data_prop=True)) != _shapes(onnx.shape_inference.infer_shapes(m))
+    want = onnx.shape_inference.infer_shapes(m) if failing == "data propagation" else m  # plain, or as declared
+    assert shape_inference.start(m).value_types() == _types(want)
+    assert _types(onnx.shape_inference.infer_shapes(m, data_prop=True)) != _types(want)

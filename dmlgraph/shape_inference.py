@@ -199,6 +199,7 @@ class _Child:
             code = 1
             try:
                 os.close(r)
+                _die_with_parent()
 
                 def send(kind: bytes, payload: bytes) -> None:
                     view = memoryview(_HEADER.pack(kind, len(payload)) + payload)
@@ -239,6 +240,13 @@ class _Child:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         os.waitpid(self.pid, 0)
+
+
+def _die_with_parent() -> None:
+    """Have the kernel kill this child if the parent dies first (prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _cap_address_space(extra: int) -> None:

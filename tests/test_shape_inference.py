@@ -15,7 +15,8 @@ from dmlgraph import bench_pipeline, shape_inference
 from dmlgraph.modelfile import load_model, without_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-needs_child = pytest.mark.skipif(not shape_inference.USE_CHILD, reason="the child runs where the process can fork")
+needs_child = pytest.mark.skipif(not shape_inference.children_available(),
+                                 reason="children run where the process can fork and has a second CPU")
 
 
 def _types(model: onnx.ModelProto) -> list:
@@ -29,8 +30,8 @@ def _models():
 
 @pytest.mark.parametrize("use_child", [True, False], ids=["child", "in-process"])
 def test_both_paths_give_what_onnx_gives(use_child, monkeypatch):
-    if use_child and not shape_inference.USE_CHILD:
-        pytest.skip("the child runs where the process can fork")
+    if use_child and not shape_inference.children_available():
+        pytest.skip("children run where the process can fork and has a second CPU")
     monkeypatch.setattr(shape_inference, "USE_CHILD", use_child)
     models = _models()
     assert len(models) >= 20
@@ -74,8 +75,8 @@ def test_runaway_data_propagation_is_stopped(limit, monkeypatch):
 @pytest.mark.parametrize("use_child", [True, False], ids=["child", "in-process"])
 @pytest.mark.parametrize("failing", ["data propagation", "both passes"])
 def test_failing_inference_leaves_what_is_known(use_child, failing, monkeypatch):
-    if use_child and not shape_inference.USE_CHILD:
-        pytest.skip("the child runs where the process can fork")
+    if use_child and not shape_inference.children_available():
+        pytest.skip("children run where the process can fork and has a second CPU")
     monkeypatch.setattr(shape_inference, "USE_CHILD", use_child)
     real = shape_inference._cpp
 

@@ -298,9 +298,18 @@ class Graph:
         """
         nodes = list(self.nodes.values())
         position = {n.id: i for i, n in enumerate(nodes)}
-        preds = [{position[v.producer.id] for v in n.inputs
-                  if v is not None and v.producer is not None and v.producer.id in position} for n in nodes]
-        if all(p < i for i, ps in enumerate(preds) for p in ps):
+        preds: list[list[int]] = []  # (a producer read twice is listed twice: counted and released twice)
+        in_order = True
+        for i, n in enumerate(nodes):  # (plain loops: this runs on every export)
+            ps = []
+            for v in n.inputs:
+                if v is not None and v.producer is not None:
+                    j = position.get(v.producer.id)
+                    if j is not None:
+                        ps.append(j)
+                        in_order = in_order and j < i
+            preds.append(ps)
+        if in_order:
             return nodes
         # Kahn's algorithm, always taking the ready node that came first.
         succs: list[list[int]] = [[] for _ in nodes]

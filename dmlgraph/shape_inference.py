@@ -39,6 +39,7 @@ from dmlgraph.modelfile import _iter_graphs, without_weights
 MAX_DATA_PROP_LENGTH = 1 << 18  # dims data propagation may make of one value (tens of milliseconds)
 CHILD_MEMORY = 2 << 30  # bytes of address space data propagation may add to what the child inherits
 CHILD_SECONDS = 10.0  # data propagation's deadline: this, or 20x the time to the plain pass if longer
+SIDE_BY_SIDE_NODES = 2000  # from this many nodes, the two passes run in two children at once
 USE_CHILD = sys.platform.startswith("linux") and hasattr(os, "fork")  # (macOS: fork without exec is unsafe)
 
 
@@ -91,9 +92,14 @@ def children_available() -> bool:
 def start(model: onnx.ModelProto) -> "PendingShapes":
     """Begin inferring `model`'s shapes; `.value_types()` gives them. `model` must not change meanwhile."""
     pending = PendingShapes(model)
-    if children_available():
+    if not children_available():
+        return pending
+    if len(model.graph.node) >= SIDE_BY_SIDE_NODES:
         pending.plain = _Child.start(lambda send: _plain_job(model, send))
         pending.data_prop = _Child.start(lambda send: _data_prop_job(model, send)) if pending.plain else None
+    else:  # a small model: one child, both passes in turn (a fork costs more than the overlap saves)
+        pending.plain = pending.data_prop = _Child.start(
+            lambda send: _plain_job(model, send) and _data_prop_job(model, send))
     return pending
 
 
@@ -129,9 +135,8 @@ class PendingShapes:
 
     def close(self) -> None:
         """Stop the children, if any (the caller no longer wants the shapes)."""
-        for child in (self.plain, self.data_prop):
-            if child is not None:
-                child.stop()
+        for child in {id(c): c for c in (self.plain, self.data_prop) if c is not None}.values():
+            child.stop()
         self.plain = self.data_prop = None
 
 
@@ -164,15 +169,17 @@ _PLAIN, _DATA_PROP, _NO_DATA_PROP, _FAILED = b"P", b"D", b"N", b"F"
 _HEADER = struct.Struct("<cQ")
 
 
-def _plain_job(model: onnx.ModelProto, send) -> None:
+def _plain_job(model: onnx.ModelProto, send) -> bool:
     """The plain pass and the guard: _NO_DATA_PROP with its types when a vector is too long
-    (_FAILED with the declared ones when inference fails)."""
+    (_FAILED with the declared ones when inference fails). True when data propagation may run."""
     data = _view(model)
     plain = _run(data, data_prop=False)
     if plain is None:
         send(_FAILED, pickle.dumps(value_types(onnx.ModelProto.FromString(data))))
-        return
-    send(_NO_DATA_PROP if _long_vector(plain) else _PLAIN, pickle.dumps(value_types(plain)))
+        return False
+    long = _long_vector(plain)
+    send(_NO_DATA_PROP if long else _PLAIN, pickle.dumps(value_types(plain)))
+    return not long
 
 
 def _data_prop_job(model: onnx.ModelProto, send) -> None:

@@ -8,11 +8,13 @@ Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
 
 * the plain pass looks for 1-D values longer than MAX_DATA_PROP_LENGTH, and data propagation is
   skipped when one exists;
-* where the process can fork (Linux) and has a second CPU, two children run the passes side by
-  side while the caller goes on (the import builds the graph meanwhile), and data propagation runs
-  under a memory cap and a deadline. A length that only data propagation computes (Shape -> Mul ->
-  ConstantOfShape of a [50000, 50000] input) then costs a killed child, not a hang. Elsewhere both
-  passes run in-process when the result is asked for, and only the first guard holds.
+* where the process can fork (Linux) and has a second CPU, data propagation runs in a child,
+  under a memory cap and a deadline, while the caller goes on (the import builds the graph
+  meanwhile, then runs the plain pass and the guard itself). A length that only data propagation
+  computes (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a killed child,
+  not a hang. Elsewhere both passes run in-process when the result is asked for, and only the
+  first guard holds. (Two children, one per pass, measured slower on two CPUs: three processes
+  share them.)
 
 Either way the result is the model `onnx.shape_inference.infer_shapes` returns (the tests compare
 the two paths with it), or the plain pass's when data propagation is skipped, fails or runs out of
@@ -39,7 +41,6 @@ from dmlgraph.modelfile import _iter_graphs, without_weights
 MAX_DATA_PROP_LENGTH = 1 << 18  # dims data propagation may make of one value (tens of milliseconds)
 CHILD_MEMORY = 2 << 30  # bytes of address space data propagation may add to what the child inherits
 CHILD_SECONDS = 10.0  # data propagation's deadline: this, or 20x the time to the plain pass if longer
-SIDE_BY_SIDE_NODES = 2000  # from this many nodes, the two passes run in two children at once
 USE_CHILD = sys.platform.startswith("linux") and hasattr(os, "fork")  # (macOS: fork without exec is unsafe)
 
 
@@ -92,52 +93,43 @@ def children_available() -> bool:
 def start(model: onnx.ModelProto) -> "PendingShapes":
     """Begin inferring `model`'s shapes; `.value_types()` gives them. `model` must not change meanwhile."""
     pending = PendingShapes(model)
-    if not children_available():
-        return pending
-    if len(model.graph.node) >= SIDE_BY_SIDE_NODES:
-        pending.plain = _Child.start(lambda send: _plain_job(model, send))
-        pending.data_prop = _Child.start(lambda send: _data_prop_job(model, send)) if pending.plain else None
-    else:  # a small model: one child, both passes in turn (a fork costs more than the overlap saves)
-        pending.plain = pending.data_prop = _Child.start(
-            lambda send: _plain_job(model, send) and _data_prop_job(model, send))
+    if children_available():
+        pending.child = _Child.start(lambda send: _data_prop_job(model, send))
     return pending
 
 
 class PendingShapes:
-    """Shapes being inferred (by children, which send them decoded) or to be inferred in-process."""
+    """Shapes being inferred: data propagation by a child (which sends them decoded) while the
+    caller goes on; the plain pass and the guard in-process when the result is asked for."""
 
     def __init__(self, model: onnx.ModelProto):
         self.model = model
-        self.plain: _Child | None = None
-        self.data_prop: _Child | None = None
+        self.child: _Child | None = None
 
     def value_types(self) -> list[ValueType]:
         """`value_types` of the inferred model."""
         try:
-            if self.plain is not None:
-                got = self._from_children()
-                if got is not None:
-                    return got
-            return value_types(infer_shapes(self.model))  # (no children, or one died before its answer)
+            if self.child is None:
+                return value_types(infer_shapes(self.model))
+            t0 = time.perf_counter()
+            data = _view(self.model)
+            plain = _run(data, data_prop=False)
+            if plain is None:
+                return value_types(onnx.ModelProto.FromString(data))
+            if _long_vector(plain):
+                return value_types(plain)
+            # Normally data propagation takes about as long as the plain pass; the deadline ends a runaway.
+            now = time.perf_counter()
+            kind, payload = self.child.read(deadline=now + max(CHILD_SECONDS, 20 * (now - t0)))
+            return pickle.loads(payload) if kind == _DATA_PROP else value_types(plain)
         finally:
             self.close()
 
-    def _from_children(self) -> list[ValueType] | None:
-        kind, plain = self.plain.read(deadline=None)  # (linear in the graph, as in-process)
-        if kind in (_FAILED, _NO_DATA_PROP) or (kind == _PLAIN and self.data_prop is None):
-            return pickle.loads(plain)
-        if kind != _PLAIN:
-            return None
-        # Normally data propagation takes about as long as the plain pass; the deadline ends a runaway.
-        elapsed = time.perf_counter() - self.plain.started
-        kind, payload = self.data_prop.read(deadline=time.perf_counter() + max(CHILD_SECONDS, 20 * elapsed))
-        return pickle.loads(payload if kind == _DATA_PROP else plain)
-
     def close(self) -> None:
-        """Stop the children, if any (the caller no longer wants the shapes)."""
-        for child in {id(c): c for c in (self.plain, self.data_prop) if c is not None}.values():
-            child.stop()
-        self.plain = self.data_prop = None
+        """Stop the child, if any (the caller no longer wants the shapes)."""
+        if self.child is not None:
+            self.child.stop()
+            self.child = None
 
 
 def _view(model: onnx.ModelProto) -> bytes:
@@ -164,22 +156,9 @@ def _long_vector(model: onnx.ModelProto) -> bool:
     return False
 
 
-# A child's answer: a kind byte and a length, then that many bytes (pickled `value_types`).
-_PLAIN, _DATA_PROP, _NO_DATA_PROP, _FAILED = b"P", b"D", b"N", b"F"
+# The child's answer: a kind byte and a length, then that many bytes (pickled `value_types`).
+_DATA_PROP = b"D"
 _HEADER = struct.Struct("<cQ")
-
-
-def _plain_job(model: onnx.ModelProto, send) -> bool:
-    """The plain pass and the guard: _NO_DATA_PROP with its types when a vector is too long
-    (_FAILED with the declared ones when inference fails). True when data propagation may run."""
-    data = _view(model)
-    plain = _run(data, data_prop=False)
-    if plain is None:
-        send(_FAILED, pickle.dumps(value_types(onnx.ModelProto.FromString(data))))
-        return False
-    long = _long_vector(plain)
-    send(_NO_DATA_PROP if long else _PLAIN, pickle.dumps(value_types(plain)))
-    return not long
 
 
 def _data_prop_job(model: onnx.ModelProto, send) -> None:
@@ -192,7 +171,7 @@ class _Child:
     """A forked child running `job(send)`; `send(kind, payload)` writes its answer to a pipe."""
 
     def __init__(self, pid: int, fd: int):
-        self.pid, self.fd, self.started = pid, fd, time.perf_counter()
+        self.pid, self.fd = pid, fd
 
     @classmethod
     def start(cls, job) -> "_Child | None":

@@ -116,12 +116,21 @@ class PendingShapes:
             plain = _run(data, data_prop=False)
             if plain is None:
                 return value_types(onnx.ModelProto.FromString(data))
-            if _long_vector(plain):
+            # The guard decides on the plain pass's shapes. Data propagation only adds to them, so
+            # when the child found no long vector in its own, there is none in the plain pass's
+            # either; the walk is made here only when the child has not answered (or found one).
+            answered = select.select([self.child.fd], [], [], 0)[0]
+            if not answered and _long_vector(plain):
                 return value_types(plain)
             # Normally data propagation takes about as long as the plain pass; the deadline ends a runaway.
             now = time.perf_counter()
             kind, payload = self.child.read(deadline=now + max(CHILD_SECONDS, 20 * (now - t0)))
-            return pickle.loads(payload) if kind == _DATA_PROP else value_types(plain)
+            if kind != _DATA_PROP:
+                return value_types(plain)
+            long, types = pickle.loads(payload)
+            if answered and long and _long_vector(plain):  # (the walk skipped above)
+                return value_types(plain)
+            return types
         finally:
             self.close()
 
@@ -156,15 +165,17 @@ def _long_vector(model: onnx.ModelProto) -> bool:
     return False
 
 
-# The child's answer: a kind byte and a length, then that many bytes (pickled `value_types`).
+# The child's answer: a kind byte and a length, then that many bytes (pickled).
 _DATA_PROP = b"D"
 _HEADER = struct.Struct("<cQ")
 
 
 def _data_prop_job(model: onnx.ModelProto, send) -> None:
+    """Data propagation; the answer: whether its shapes hold a long vector, and their value types."""
     data = _view(model)
     _cap_address_space(CHILD_MEMORY)
-    send(_DATA_PROP, pickle.dumps(value_types(onnx.ModelProto.FromString(_cpp.infer_shapes(data, False, False, True)))))
+    inferred = onnx.ModelProto.FromString(_cpp.infer_shapes(data, False, False, True))
+    send(_DATA_PROP, pickle.dumps((_long_vector(inferred), value_types(inferred))))
 
 
 class _Child:

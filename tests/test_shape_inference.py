@@ -23,9 +23,22 @@ def _types(model: onnx.ModelProto) -> list:
     return shape_inference.value_types(model)
 
 
+def _long_vector_model() -> onnx.ModelProto:
+    """A 1-D value just over the guard's limit that data propagation still gets through: the guard
+    must pick the plain pass's shapes whichever answer comes first."""
+    n = shape_inference.MAX_DATA_PROP_LENGTH + 1
+    nodes = [h.make_node("Identity", ["x"], ["s"]), h.make_node("Cast", ["s"], ["c"], to=T.DOUBLE),
+             h.make_node("Shape", ["c"], ["k"]), h.make_node("ConstantOfShape", ["k"], ["z"]),
+             h.make_node("Relu", ["z"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["n"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], value_info=[h.make_tensor_value_info("s", T.FLOAT, [n])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
 def _models():
     paths = sorted(glob.glob(os.path.join(ROOT, "models", "**", "*.onnx"), recursive=True))
-    return [(os.path.relpath(p, ROOT), load_model(p)) for p in paths] + [("blocks(40)", bench_pipeline.blocks_model(40))]
+    return [(os.path.relpath(p, ROOT), load_model(p)) for p in paths] + \
+        [("blocks(40)", bench_pipeline.blocks_model(40)), ("long vector", _long_vector_model())]
 
 
 @pytest.mark.parametrize("use_child", [True, False], ids=["child", "in-process"])
@@ -35,6 +48,8 @@ def test_both_paths_give_what_onnx_gives(use_child, monkeypatch):
     monkeypatch.setattr(shape_inference, "USE_CHILD", use_child)
     models = _models()
     assert len(models) >= 20
+    plain, full = (onnx.shape_inference.infer_shapes(models[-1][1], data_prop=d) for d in (False, True))
+    assert _types(plain) != _types(full)  # (the long-vector model: the guard's choice shows)
     for name, m in models:
         view = without_weights(m, keep_dims=True)
         want = onnx.shape_inference.infer_shapes(view, data_prop=not shape_inference._long_vector(
@@ -92,3 +107,18 @@ def test_failing_inference_leaves_what_is_known(use_child, failing, monkeypatch)
     want = onnx.shape_inference.infer_shapes(m) if failing == "data propagation" else m  # plain, or as declared
     assert shape_inference.start(m).value_types() == _types(want)
     assert _types(onnx.shape_inference.infer_shapes(m, data_prop=True)) != _types(want)
+
+
+@needs_child
+@pytest.mark.parametrize("answered", [True, False], ids=["child first", "plain pass first"])
+def test_the_guard_picks_the_plain_shapes_whichever_answer_comes_first(answered, monkeypatch):
+    real = shape_inference.select.select
+
+    def select(r, w, x, timeout=None):
+        if timeout == 0:  # the look after the plain pass: has the child answered?
+            return real(r, w, x, None) if answered else ([], [], [])
+        return real(r, w, x, timeout)
+
+    monkeypatch.setattr(shape_inference.select, "select", select)
+    m = _long_vector_model()
+    assert shape_inference.start(m).value_types() == _types(onnx.shape_inference.infer_shapes(m))

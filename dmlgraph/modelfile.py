@@ -78,10 +78,11 @@ def _node_label(node: onnx.NodeProto, index: int) -> str:
     return f"node {name} ({node.op_type})"
 
 
-# Attribute types that cannot hold a graph (an UNDEFINED type is looked at: old files omit it).
-_SCALAR_ATTRIBUTES = frozenset({onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT, onnx.AttributeProto.STRING,
-                                onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS, onnx.AttributeProto.STRINGS,
-                                onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS})
+# Attribute types that hold no tensor and no graph, and that hold no graph (an UNDEFINED type is
+# looked at: old files omit it).
+_A = onnx.AttributeProto
+_PLAIN_ATTRIBUTES = frozenset({_A.INT, _A.FLOAT, _A.STRING, _A.INTS, _A.FLOATS, _A.STRINGS})
+_GRAPHLESS_ATTRIBUTES = _PLAIN_ATTRIBUTES | {_A.TENSOR, _A.TENSORS}
 
 
 def _subgraphs_of(attr: onnx.AttributeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
@@ -103,7 +104,7 @@ def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx
         if not node.attribute:  # most nodes: no attribute, so no subgraph
             continue
         for attr in node.attribute:
-            if attr.type in _SCALAR_ATTRIBUTES:  # (most attributes: no subgraph, no generator to start)
+            if attr.type in _GRAPHLESS_ATTRIBUTES:  # (most attributes: no subgraph, no generator to start)
                 continue
             for attr_name, sub in _subgraphs_of(attr):
                 yield from _iter_graphs(sub, f" (in subgraph '{attr_name}' of {_node_label(node, i)}{where})")
@@ -189,12 +190,11 @@ def _expected_nbytes(tensor: TensorProto, label: str) -> int | None:
     return None if bits is None else (n * bits + 7) // 8
 
 
+_EXTERNAL = TensorProto.EXTERNAL
+
+
 def _uses_external(tensor: TensorProto) -> bool:
     return tensor.HasField("data_location") and tensor.data_location == TensorProto.EXTERNAL
-
-
-_NO_TENSORS = frozenset({onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT, onnx.AttributeProto.STRING,
-                         onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS, onnx.AttributeProto.STRINGS})
 
 
 def _any_external(graph: onnx.GraphProto) -> bool:
@@ -205,7 +205,7 @@ def _any_external(graph: onnx.GraphProto) -> bool:
         return True
     for node in graph.node:
         for attr in node.attribute if node.attribute else ():
-            if attr.type in _NO_TENSORS:
+            if attr.type in _PLAIN_ATTRIBUTES:
                 continue
             if (attr.HasField("t") and _uses_external(attr.t)) or any(map(_uses_external, attr.tensors)) or \
                     any(_any_external(sub) for _, sub in _subgraphs_of(attr)):
@@ -219,7 +219,6 @@ def _type_name(dt: int) -> str:
 
 # Bits per element of the types whose raw_data length follows from the shape alone.
 _RAW_BITS = {t: d.itemsize * 8 for t, d in _PLAIN_NUMPY.items()}
-_EXTERNAL = TensorProto.EXTERNAL
 
 
 def _plain_inline(tensor: TensorProto) -> bool:
@@ -987,7 +986,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
 
     # A single-file save of a model without external data leaves every tensor as it is: the
     # per-tensor pass over a copy is needed only for external data (in the source or the save).
-    placing = use_external or external_bytes > 0 or any(span is not None for span in sources)
+    placing = use_external or any(span is not None for span in sources)
     if placing and not sources:
         sources = [None] * sum(1 for _ in _iter_tensors(model))
     result = model

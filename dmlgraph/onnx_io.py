@@ -13,14 +13,16 @@ constant is stored.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from dmlgraph import shape_inference
 from dmlgraph.dtypes import DmlDataType
 from dmlgraph.errors import ModelError, UnsupportedError
 from dmlgraph.graph import DmlNode, Graph, ModelInfo, OnnxNode, Value, gc_paused
-from dmlgraph import shape_inference
 
 DOMAIN = "com.dmlgraph"
 DOMAIN_VERSION = 1
@@ -261,18 +263,15 @@ def onnx_node_proto(n: OnnxNode) -> onnx.NodeProto:
 def value_info(v: Value) -> onnx.ValueInfoProto:
     """The ValueInfo of `v`. Shape inference's invented `unk__N` dim names are written as unknown
     dims: they are numbered per run, so keeping them would make the same graph export differently."""
-    key = (v.elem_type or 0, None if v.shape is None else tuple(v.shape))
-    tp = _TYPES.get(key)
-    if tp is None:  # (most values of a model share a few types: each is built once)
-        if len(_TYPES) > 4096:
-            _TYPES.clear()
-        shape = None if v.shape is None else [None if isinstance(d, str) and d.startswith("unk__") else d
-                                              for d in v.shape]
-        tp = _TYPES[key] = helper.make_tensor_type_proto(v.elem_type or 0, shape)
-    return onnx.ValueInfoProto(name=v.name, type=tp)
+    return onnx.ValueInfoProto(name=v.name, type=_type_proto(v.elem_type or 0,
+                                                             None if v.shape is None else tuple(v.shape)))
 
 
-_TYPES: dict[tuple, onnx.TypeProto] = {}
+@functools.lru_cache(maxsize=4096)  # most values of a model share a few types: each is built once
+def _type_proto(elem_type: int, shape: tuple | None) -> onnx.TypeProto:
+    """(Shared: callers copy it, never change it.)"""
+    dims = None if shape is None else [None if isinstance(d, str) and d.startswith("unk__") else d for d in shape]
+    return helper.make_tensor_type_proto(elem_type, dims)
 
 
 def _name(v: Value | None) -> str:

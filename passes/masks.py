@@ -37,10 +37,10 @@ from dmlgraph.band import BandPattern, analyze_band, diagonal_use_mask
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
-from dmlgraph.shape_inference import infer_shapes
 from dmlgraph.ops import bind_range
 from dmlgraph.rewrite import Match, Options, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
+from dmlgraph.shape_inference import infer_shapes
 from passes.common import const_value, lowering_reason
 
 SHAPE_OPS = {"Shape", "Size"}

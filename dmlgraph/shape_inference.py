@@ -253,13 +253,15 @@ def _die_with_parent() -> None:
 
 
 def _cap_address_space(extra: int) -> None:
-    """Limit this process's address space to its current size + `extra` (never above a set limit)."""
+    """Limit this process's address space to its current size + `extra` (never above a set limit).
+    Where a sandbox refuses it, the child runs on under the deadline alone."""
     import resource
-    with open("/proc/self/statm") as f:
-        current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = current + extra
-    for cap in (soft, hard):
-        if cap != resource.RLIM_INFINITY:
-            limit = min(limit, cap)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = current + extra
+        for cap in (soft, hard):
+            if cap != resource.RLIM_INFINITY:
+                limit = min(limit, cap)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

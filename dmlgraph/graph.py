@@ -340,12 +340,14 @@ class Graph:
         Nothing new can be dead while no node, initializer or graph output changed since the last
         call (the pass manager calls it after each sweep that rewrote something, then the caller):
         that call returns at once."""
-        state = (len(self.changes), tuple(self.initializers), tuple(map(id, self.outputs)))
-        if state == self._clean:
+        if self._dead_state() == self._clean:
             return 0
         removed = self._remove_dead()
-        self._clean = (len(self.changes), tuple(self.initializers), tuple(map(id, self.outputs)))
+        self._clean = self._dead_state()
         return removed
+
+    def _dead_state(self) -> tuple:
+        return len(self.changes), tuple(self.initializers), tuple(map(id, self.outputs))
 
     def _remove_dead(self) -> int:
         live: set[int] = set()

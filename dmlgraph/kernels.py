@@ -419,13 +419,18 @@ def _run_templates(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _
     every matrix. Bitwise on same-size unsigned views, so exact for every type and value."""
     keep, value = _templates(plan, v)
     u = keep.dtype
-    ou = o3.view(u)
-    if s3 is None:
-        np.copyto(ou, value if value is not None else u.type(0))
+    _apply_templates(o3.view(u), None if s3 is None else s3.view(u), keep, value,
+                     max(1, BLOCK_BYTES // keep.nbytes))
+
+
+def _apply_templates(ou: np.ndarray, su: np.ndarray | None, keep: np.ndarray, value: np.ndarray | None,
+                     step: int) -> None:
+    """ou = (su & keep) | value on (batch, H, W) unsigned views, `step` matrices at a time (the
+    templates broadcast along the batch, or are as big as it); no source: value, or zeros."""
+    if su is None:
+        np.copyto(ou, value if value is not None else keep.dtype.type(0))
         return
-    su = s3.view(u)
-    step = max(1, BLOCK_BYTES // keep.nbytes)
-    for b0 in range(0, o3.shape[0], step):
+    for b0 in range(0, ou.shape[0], step):
         ob = ou[b0:b0 + step]
         np.bitwise_and(su[b0:b0 + step], keep, out=ob)
         if value is not None:
@@ -570,23 +575,14 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
         # same-shape operands run about twice as fast as over one broadcast along the batch)
         keep = np.ascontiguousarray(np.broadcast_to(keep, b3))
         value_bits = None if value_bits is None else np.ascontiguousarray(np.broadcast_to(value_bits, b3))
-    zero = u.type(0)
 
     def run_templates(input=None):
-        out = np.empty(shape, dtype)
-        ou = out.view(u).reshape(b3)
-        if input is None:
-            np.copyto(ou, value_bits if value_bits is not None else zero)
-            return out
-        if (type(input) is not np.ndarray or input.shape != shape or input.dtype != dtype
-                or not input.flags.c_contiguous):
+        if input is not None and (type(input) is not np.ndarray or input.shape != shape or input.dtype != dtype
+                                  or not input.flags.c_contiguous):
             return generic(input)
-        su = input.view(u).reshape(b3)
-        for b0 in range(0, b3[0], step):  # as _run_templates: a block of matrices at a time
-            ob = ou[b0:b0 + step]
-            np.bitwise_and(su[b0:b0 + step], keep, out=ob)
-            if value_bits is not None:
-                np.bitwise_or(ob, value_bits, out=ob)
+        out = np.empty(shape, dtype)
+        _apply_templates(out.view(u).reshape(b3), None if input is None else input.view(u).reshape(b3),
+                         keep, value_bits, step)
         return out
     return run_templates
 

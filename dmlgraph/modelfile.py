@@ -36,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import ModelError
 
-__all__ = ["load_model", "read_tensor", "tensor_nbytes", "data_nbytes", "save_model", "without_weights"]
+__all__ = ["load_model", "read_tensor", "tensor_nbytes", "data_nbytes", "save_model", "without_weights", "RAW_ITEMSIZE"]
 
 # protobuf cannot parse or serialize a message of 2 GiB or more.
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -217,8 +217,8 @@ def _type_name(dt: int) -> str:
     return TensorProto.DataType.Name(dt)
 
 
-# Bits per element of the types whose raw_data length follows from the shape alone.
-_RAW_BITS = {t: d.itemsize * 8 for t, d in _PLAIN_NUMPY.items()}
+# Bytes per element of the types whose raw_data is numpy's bytes (its length follows from the shape).
+RAW_ITEMSIZE = {t: d.itemsize for t, d in _PLAIN_NUMPY.items()}
 
 
 def _plain_inline(tensor: TensorProto) -> bool:
@@ -226,12 +226,12 @@ def _plain_inline(tensor: TensorProto) -> bool:
     plain numeric type, non-empty, whose length is what its positive dims call for. (Anything else,
     including every failure, takes the checks that name the problem.)"""
     raw = tensor.raw_data
-    bits = _RAW_BITS.get(tensor.data_type)
-    if not raw or bits is None:
+    size = RAW_ITEMSIZE.get(tensor.data_type)
+    if not raw or size is None:
         return False
     dims = tensor.dims
     n = math.prod(dims)
-    return len(raw) * 8 == n * bits and n <= _MAX_ELEMENTS and (not dims or min(dims) > 0) \
+    return len(raw) == n * size and n <= _MAX_ELEMENTS and (not dims or min(dims) > 0) \
         and tensor.data_location != _EXTERNAL and not tensor.HasField("segment")
 
 

@@ -36,6 +36,7 @@ from dmlgraph import kernels
 from dmlgraph.band import BandPattern, analyze_band, diagonal_use_mask
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.modelfile import RAW_ITEMSIZE
 from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
 from dmlgraph.ops import bind_range
 from dmlgraph.rewrite import Match, Options, Rule
@@ -128,17 +129,12 @@ def _match_stored(graph: Graph, item, options: Options) -> Match | None:
     return m
 
 
-_ITEMSIZE = {t: helper.tensor_dtype_to_np_dtype(t).itemsize for t in (
-    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT8, TensorProto.INT16,
-    TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64)}
-
-
 def _first_row_varies(v: Value, head: int = 16) -> bool:
     """True when the first row of an inline initializer's first matrix changes value more than
     twice in its first `head` elements, read from its raw bytes: no band does that (`analyze_band`
     makes the same test, bit for bit, after decoding)."""
     t = v.initializer
-    size = _ITEMSIZE.get(t.data_type) if t is not None and v.array is None else None
+    size = RAW_ITEMSIZE.get(t.data_type) if t is not None and v.array is None else None
     if size is None or not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL:
         return False
     n = min(v.shape[-1], head)

@@ -35,8 +35,8 @@ from dmlgraph.rewrite import Match, Options, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
 from passes.common import const_value, lowering_reason
-from passes.sizes import SizeBuilder, constant
-from passes.symbolic import DIM_MAX, Analysis, Band, Lin, NotAMask, SizedFill, Unprovable, render_dim, sized_fill
+from passes.sizes import SizeBuilder, constant, locate
+from passes.symbolic import DIM_MAX, Analysis, Band, Lin, NotAMask, Opaque, SizedFill, Unprovable, render_dim, sized_fill
 from passes.symbolic_ops import evaluate
 
 SHAPE_OPS = {"Shape", "Size"}
@@ -413,7 +413,7 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
 
     node_part = tuple((n.op_type, n.domain, tuple(a.SerializeToString(deterministic=True) for a in n.attributes),
                        tuple(ref(v) for v in n.inputs), len(n.outputs)) for n in nodes)
-    input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", symbolic.index(d)) for d in v.shape))
+    input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", d) for d in v.shape))
                        for v in inputs)
     opsets = tuple(sorted((d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")))
     return node_part, input_part, (ref(target), target.elem_type or 0), opsets, graph.info.ir_version
@@ -483,7 +483,7 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         m.reason = verdict[1]
         return m
     if verdict[0] == "symbolic":
-        return _finish_sized(m, target, verdict[1], inputs, options)
+        return _finish_sized(graph, m, target, verdict[1], inputs, options)
     _, p, sample, _ = verdict
     return _finish(graph, m, target, p, sample, None, options)
 
@@ -523,6 +523,8 @@ def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], targ
         return ("none",)
     except Unprovable as e:
         return "decline", f"not proved a band at every size: {e}"
+    if isinstance(value, Opaque) and value.why:
+        return "decline", f"not proved a band at every size: {value.why}"
     if not isinstance(value, Band) or len(value.values) < 2 or len(value.shape) < 2:
         return ("none",)
     fill = sized_fill(value)
@@ -542,7 +544,8 @@ def _finish(graph, m, target, p, arr, sources, options) -> Match:
     return m
 
 
-def _finish_sized(m: Match, target: Value, fill: SizedFill, inputs: list[Value], options: Options) -> Match:
+def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs: list[Value],
+                  options: Options) -> Match:
     elem_type = target.elem_type or helper.np_dtype_to_tensor_dtype(fill.dtype)
     if numpy_dtype(elem_type) != fill.dtype:
         m.reason = f"the proved mask is {fill.dtype} but the value is typed {numpy_dtype(elem_type)}"
@@ -551,18 +554,13 @@ def _finish_sized(m: Match, target: Value, fill: SizedFill, inputs: list[Value],
     static = tuple(dims) if None not in dims else None
     dml = DmlNode(f"{target.name}__gen", None, None, None, target, elem_type=elem_type, value=fill.value,
                   begin=fill.begin, end=fill.end, static_shape=static)
-    m.captures.update(dml=dml, fill=fill, inputs=inputs, bounds=fill.bound_text(_symbol_namer(inputs)))
+    m.captures.update(dml=dml, fill=fill, inputs=inputs, bounds=fill.bound_text(str))
+    unread = sorted({s for e in fill.sizes() for s, _ in e.terms if locate(graph, inputs, s) is None})
+    if unread:
+        m.reason = f"its sizes use {', '.join(unread)}, which no input of the model has as a dim to read at run time"
+        return m
     m.reason = lowering_reason(dml, static if static else (None,) * len(dims), options)
     return m
-
-
-def _symbol_namer(inputs: list[Value]):
-    """Names a symbol (input position, axis) by the model's dim name, else `input.shape[axis]`."""
-    def name(sym: tuple[int, int]) -> str:
-        v = inputs[sym[0]]
-        d = v.shape[sym[1]] if v.shape is not None else None
-        return d if isinstance(d, str) and d else f"{v.name}.shape[{sym[1]}]"
-    return name
 
 
 def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
@@ -580,8 +578,7 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
     shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
     k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
     # What we proved about the sizes beats what shape inference guessed (often unk__N names).
-    names = _symbol_namer(m.captures["inputs"])
-    target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, names) for d in fill.shape)
+    target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
     x = None if _is_zero(fill.other) else \
         constant(graph, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()))
     node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value, begin=fill.begin,

@@ -86,10 +86,20 @@ def _plumbing(n: Node) -> bool:
         and len(n.outputs) == 1 and None not in n.inputs
 
 
-class SizeBuilder:
-    """Makes (or finds) the nodes computing size expressions over the shapes of `inputs`.
+def locate(graph: Graph, inputs: Sequence[Value], name: Symbol) -> tuple[Value, int] | None:
+    """A value and axis whose size is the dim named `name` (the mask's own inputs first, then the
+    graph's inputs), so the lowered mask reads it where the model has it."""
+    for v in list(inputs) + graph.inputs:
+        for axis, d in enumerate(v.shape or ()):
+            if d == name:
+                return v, axis
+    return None
 
-    Symbols are (position in `inputs`, axis). `made` collects the nodes added to the graph.
+
+class SizeBuilder:
+    """Makes (or finds) the nodes computing size expressions over the shapes of the graph's values.
+
+    Symbols are dim names, read from `inputs` (or the graph's inputs). `made` collects the nodes added.
     """
 
     def __init__(self, graph: Graph, inputs: Sequence[Value]):
@@ -139,10 +149,12 @@ class SizeBuilder:
         return acc
 
     def _symbol(self, sym: Symbol, chain: list) -> Value:
-        v = self.inputs[sym[0]]
+        found = locate(self.graph, self.inputs, sym)
+        assert found is not None, f"no input has a dim named {sym!r} (checked when matched)"
+        v, axis = found
         shape = self._node("Shape", [v], f"{v.name}__shape", chain, shape=(len(v.shape or ()),))
-        idx = constant(self.graph, f"dmlgraph__axis{sym[1]}", np.array([sym[1]], np.int64))
-        return self._node("Gather", [shape, idx], f"{v.name}__dim{sym[1]}", chain, axis=0, shape=(1,))
+        idx = constant(self.graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64))
+        return self._node("Gather", [shape, idx], f"{v.name}__dim{axis}", chain, axis=0, shape=(1,))
 
     def _const(self, c: int) -> Value:
         return constant(self.graph, f"dmlgraph__size{c}" if c >= 0 else f"dmlgraph__size_neg{-c}",
@@ -150,7 +162,7 @@ class SizeBuilder:
 
     def _key(self, d: Dim) -> tuple:
         def lin(e: Lin) -> tuple:
-            return tuple((id(self.inputs[s[0]]), s[1], c) for s, c in e.terms), e.const
+            return tuple((id(locate(self.graph, self.inputs, s)[0]), s, c) for s, c in e.terms), e.const  # type: ignore[index]
         return ("clamp", lin(d.inner), d.lo, d.hi) if isinstance(d, Clamp) else ("lin", lin(d))
 
     def _cached(self, key: tuple, make) -> Value:

@@ -16,11 +16,13 @@ The proof covers every assignment of the symbolic dims in [0, max_dim] (default 
 DML fill bound can address). Every operation checks what it needs for the whole range: integer
 results fit their type (no wrap), a float holds each integer it carries exactly, breakpoints are in
 a provable order, broadcast dims are provably equal. What cannot be shown raises `Unprovable`
-naming the node; nothing is guessed. Symbols are (position of the shape-read input, axis), so one
-analysis serves every copy of a cone (exporters emit one per layer).
+naming the node; nothing is guessed. Symbols are the dims' names: ONNX gives dims that share a
+dim_param one size, and a dim_param that is an affine expression of names (the dynamo exporter's
+`past_sequence + sequence`) is read as that expression.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import math
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from typing import Callable, Sequence, Union
 
 import numpy as np
 
-Symbol = tuple[int, int]  # (position of the input whose shape is read, axis)
+Symbol = str  # a dim's name: the dim_param the model (or shape inference) gives it
 DIM_MAX = 2**31 - 1
 INT64 = np.dtype(np.int64)
 BOOL = np.dtype(np.bool_)
@@ -156,10 +158,12 @@ def as_lin(d: Dim, what: str) -> Lin:
 # ---- abstract tensors -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Opaque:
-    """A tensor whose data is unknown: only its shape may be read."""
+    """A tensor whose data is unknown: only its shape may be read. `why` says what made its data
+    unknown inside the cone (None for the cone's inputs), so a later use of the data can say so."""
 
     dtype: np.dtype
     shape: tuple[Dim, ...]
+    why: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +242,10 @@ class Analysis:
         if lo == hi == 0:
             return 0
         return None
+
+    def nonneg(self, e: Lin) -> bool:
+        """e >= 0 at every size."""
+        return e.bounds(self.max_dim)[0] >= 0
 
     def upper(self, d: Dim) -> int:
         return d.bounds(self.max_dim)[1]
@@ -481,7 +489,36 @@ def _bool_const(b: bool, shape: tuple[Dim, ...]) -> Band:
 
 
 def _plain(s: Symbol) -> str:
-    return f"dim{s[0]}_{s[1]}"
+    return s
+
+
+def parse_dim(text: str) -> Lin:
+    """A dim_param as an integer affine expression of names (`past + seq`, `2*n - 1`); a name that is
+    not such an expression is one symbol of its own."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+        return _lin_of_ast(tree)
+    except (SyntaxError, ValueError, RecursionError):
+        return Lin.sym(text)
+
+
+def _lin_of_ast(t: ast.AST) -> Lin:
+    if isinstance(t, ast.Name):
+        return Lin.sym(t.id)
+    if isinstance(t, ast.Constant) and type(t.value) is int:
+        return Lin.of(t.value)
+    if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.USub):
+        return -_lin_of_ast(t.operand)
+    if isinstance(t, ast.BinOp) and isinstance(t.op, (ast.Add, ast.Sub)):
+        a, b = _lin_of_ast(t.left), _lin_of_ast(t.right)
+        return a + b if isinstance(t.op, ast.Add) else a - b
+    if isinstance(t, ast.BinOp) and isinstance(t.op, ast.Mult):
+        a, b = _lin_of_ast(t.left), _lin_of_ast(t.right)
+        if a.is_const:
+            return b.scale(a.const)
+        if b.is_const:
+            return a.scale(b.const)
+    raise ValueError("not an affine expression")
 
 
 def render_dim(d: Dim, names: Callable[[Symbol], str]) -> str:
@@ -564,6 +601,11 @@ class SizedFill:
     shift: Lin
     value: np.generic
     other: np.generic
+
+    def sizes(self) -> list[Lin]:
+        """Every expression the node reads at run time: its dims and its shift."""
+        dims = [d.inner if isinstance(d, Clamp) else d for d in self.shape]
+        return dims + [self.shift]
 
     def bound_text(self, names: Callable[[Symbol], str]) -> tuple[str, str]:
         """Begin and End as text in the dims' names (MIN / MAX when unbounded)."""

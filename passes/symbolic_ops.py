@@ -18,7 +18,7 @@ from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.graph import Node, OnnxNode, Value
 from passes.symbolic import (
     BOOL, INT64, SMALL_ELEMENTS, AbsOf, AbstractValue, Affine, Analysis, Band, Dim, Elems, Lin, NotAMask, Opaque,
-    Unprovable, _int_of, _scalar, as_lin, make_clamp, shape_of,
+    Unprovable, _int_of, _scalar, as_lin, make_clamp, parse_dim, shape_of,
 )
 
 Handler = Callable[[Analysis, OnnxNode, list], list]
@@ -39,9 +39,9 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
     """The symbolic value of `target`, computed from `nodes` (its cone) and the shapes of `inputs`."""
     env: dict[str, AbstractValue] = {}
     produced = {v.name for n in nodes for v in n.outputs}
-    for pos, v in enumerate(inputs):
+    for v in inputs:
         if v.name not in produced:
-            dims = tuple(Lin.of(d) if isinstance(d, int) else Lin.sym((pos, axis)) for axis, d in enumerate(v.shape))
+            dims = tuple(Lin.of(d) if isinstance(d, int) else parse_dim(d) for d in v.shape)
             env[v.name] = Opaque(_dtype(v.elem_type), dims)
 
     def value_of(v: Value | None) -> AbstractValue | None:
@@ -60,17 +60,43 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
         fn = HANDLERS.get(n.op_type)
         if fn is None or n.domain not in ("", "ai.onnx"):
             raise Unprovable(f"node {n.name or n.outputs[0].name!r} ({n.op_type}) is not an op the analysis knows")
+        ins = [value_of(v) for v in n.inputs]
+        label = f"node {n.name or n.outputs[0].name!r} ({n.op_type})"
         try:
-            outs = fn(an, n, [value_of(v) for v in n.inputs])
-        except Unprovable as e:
-            raise type(e)(f"node {n.name or n.outputs[0].name!r} ({n.op_type}): {e}") from None
-        except (ValueError, IndexError, TypeError, OverflowError) as e:
-            raise Unprovable(f"node {n.name or n.outputs[0].name!r} ({n.op_type}) cannot be analysed: {e}") from None
+            outs = fn(an, n, ins)
+        except (Unprovable, ValueError, IndexError, TypeError, OverflowError) as e:
+            upstream = next((x.why for x in ins if isinstance(x, Opaque) and x.why), None)
+            if upstream is not None:
+                raise Unprovable(upstream) from None  # the node that first lost the values
+            why = f"{label}: {e}" if isinstance(e, Unprovable) else f"{label} cannot be analysed: {e}"
+            if isinstance(e, NotAMask):
+                raise NotAMask(why) from None
+            # An elementwise result whose values are beyond the analysis still has a known shape
+            # (exporters compute broadcast shapes as Shape(Max(a, b))): only its data is unknown.
+            outs = [_shape_only(an, n, ins, why)] if n.op_type in ELEMENTWISE else None
+            if outs is None or outs[0] is None:
+                raise Unprovable(why) from None
         for v, out in zip(n.outputs, outs):
             env[v.name] = out
     if target.name not in env:
         raise Unprovable(f"value {target.name!r} is not computed by its cone")
     return env[target.name]
+
+
+ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Min", "Max", "Neg", "Abs", "Sign", "Clip", "Cast", "CastLike", "Less",
+               "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Xor", "Not", "Where"}
+
+
+def _shape_only(an: Analysis, n: OnnxNode, ins: list, why: str) -> Opaque | None:
+    """The output of an elementwise node as a tensor of known shape and unknown data (None if even
+    its shape is not known)."""
+    try:
+        shapes = [shape_of(x) for x in ins if x is not None]
+        if n.op_type == "Clip":
+            shapes = shapes[:1]
+        return Opaque(_dtype(n.outputs[0].elem_type), an.broadcast(*shapes), why)
+    except Unprovable:
+        return None
 
 
 def _topological(nodes: Sequence[Node]) -> list[Node]:
@@ -187,7 +213,7 @@ def _dims_from(an: Analysis, v: AbstractValue | None, what: str) -> tuple[Dim, .
         if isinstance(x, Lin):
             lo, _ = x.bounds(an.max_dim)
             if lo < 0:
-                raise Unprovable(f"{what} holds {x.render(lambda s: f'dim{s}')}, which may be negative")
+                raise Unprovable(f"{what} holds {x.render(str)}, which may be negative")
         dims.append(x)
     return tuple(dims)
 
@@ -422,7 +448,7 @@ def _div(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
                 raise Unprovable("a float division with a fractional result")
             base = Lin.of(q)
         else:
-            raise Unprovable(f"{x.base.render(lambda s: f'dim{s}')} / {k} is not exact at every size")
+            raise Unprovable(f"{x.base.render(str)} / {k} is not exact at every size")
     shape = an.broadcast(x.shape, y.shape)
     z = an.expand_affine(Affine(x.dtype, x.shape, tuple(c // k for c in x.coef), base), shape)
     return an.check_fits(z, "the quotient")
@@ -878,7 +904,7 @@ def _gather(an: Analysis, n: OnnxNode, ins: list) -> list:
     size = as_lin(dshape[axis], "the gathered axis")
     lo, _ = an.affine_bounds(ix)
     top = ix.base + sum((as_lin(d, "an index size") - 1).scale(c) for c, d in zip(ix.coef, ix.shape) if c > 0)
-    if lo < 0 or an.sign(size - 1 - top) not in (0, 1):
+    if lo < 0 or not an.nonneg(size - 1 - top):
         raise Unprovable("the indices are not provably within [0, size): a negative or clamped index is not affine")
     new_shape = dshape[:axis] + ix.shape + dshape[axis + 1:]
     if x is None:
@@ -911,9 +937,9 @@ def _slice_bound(an: Analysis, b: Lin, size: Lin) -> Lin:
     """An ONNX Slice start/end clamped to [0, size], as a Lin when the clamp is provably a no-op."""
     if b.is_const and b.const < 0:
         b = size + b
-    if an.sign(b) not in (0, 1):
+    if not an.nonneg(b):
         raise Unprovable("a slice bound that may be negative")
-    if an.sign(size - b) not in (0, 1):
+    if not an.nonneg(size - b):
         if size.is_const:
             raise Unprovable("a slice bound beyond a fixed size")
         raise Unprovable("a slice bound that may pass the end")

@@ -122,7 +122,10 @@ def test_signature_sees_dims_types_and_wiring():
     assert sig[1] == sig[3]
     target = g.values["b1_mask"]
     nodes, inputs = masks._ancestors(target)
-    assert masks._signature(g, nodes, inputs, target, ["seq", "batch"]) != sig[1]  # dims get other sizes
+    renamed = list(inputs[0].shape)
+    inputs[0].shape = ("seq2",) + tuple(renamed[1:])
+    assert masks._signature(g, nodes, inputs, target, ["batch", "seq"]) != sig[1]  # the proof names its dims
+    inputs[0].shape = tuple(renamed)
     inputs[0].elem_type = onnx.TensorProto.DOUBLE
     assert masks._signature(g, nodes, inputs, target, ["batch", "seq"]) != sig[1]
 

@@ -392,7 +392,7 @@ def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
                      opset_imports=[h.make_opsetid("", 17)], ir_version=10)
     g = import_model(m)
     x = g.values["x"]
-    dims = [Lin.sym((0, 1)), Lin.sym((0, 1))]
+    dims = [Lin.sym("b"), Lin.sym("b")]
 
     def build(hint):
         b = SizeBuilder(g, [x])

@@ -199,8 +199,8 @@ def test_a_row_predicate_is_not_a_band():
 
 # ---- units ------------------------------------------------------------------------------------
 def test_sized_fill_prefers_a_zero_else_value_and_keeps_one_shift():
-    p = Lin.sym((0, 2))
-    b = Band(np.dtype(bool), (Lin.sym((1, 1)), Lin.sym((1, 1)) + p), (p - 3, p + 1),
+    p = Lin.sym("past")
+    b = Band(np.dtype(bool), (Lin.sym("seq"), Lin.sym("seq") + p), (p - 3, p + 1),
              (np.bool_(False), np.bool_(True), np.bool_(False)))
     f = sized_fill(b)
     assert (f.begin, f.end, f.shift, bool(f.value), bool(f.other)) == (-3, 1, p, True, False)
@@ -210,7 +210,7 @@ def test_sized_fill_prefers_a_zero_else_value_and_keeps_one_shift():
 
 def test_order_is_proved_over_every_size_or_refused():
     an = Analysis()
-    s = Lin.sym((0, 0))
+    s = Lin.sym("S")
     assert an.order(s + 1, s) == 1
     with pytest.raises(Unprovable):
         an.order(s, Lin.of(64))  # S < 64 for some sizes, not others

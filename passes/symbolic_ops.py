@@ -64,7 +64,7 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
         label = f"node {n.name or n.outputs[0].name!r} ({n.op_type})"
         try:
             outs = fn(an, n, ins)
-        except (Unprovable, ValueError, IndexError, TypeError, OverflowError) as e:
+        except (Unprovable, ValueError, IndexError, KeyError, TypeError, OverflowError) as e:
             upstream = next((x.why for x in ins if isinstance(x, Opaque) and x.why), None)
             if upstream is not None:
                 raise Unprovable(upstream) from None  # the node that first lost the values

@@ -44,7 +44,7 @@ INDEX_OPS = SHAPE_OPS | {
     "Constant", "ConstantOfShape", "Identity", "Range", "Gather", "Slice", "Squeeze", "Unsqueeze",
     "Reshape", "Concat", "Expand", "Cast", "CastLike", "Add", "Sub", "Neg", "Abs", "Min", "Max", "Mul",
     "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor", "Where",
-    "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten",
+    "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten", "Div", "Split",
 }
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}
@@ -515,6 +515,15 @@ def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value
     return "band", p, sample, None
 
 
+INDEX_READERS = {"Gather": 1, "GatherND": 1, "GatherElements": 1, "ScatterND": 1, "ScatterElements": 1}
+
+
+def _only_indices(v: Value) -> bool:
+    """Every use of v's data is as the indices of a gather or scatter (its shape may be read too)."""
+    data_uses = [(n, i) for n, i in v.uses if n.op_type not in SHAPE_OPS]
+    return bool(data_uses) and all(INDEX_READERS.get(n.op_type) == i for n, i in data_uses)
+
+
 def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, max_dim: int) -> tuple:
     an = Analysis(max_dim)
     try:
@@ -522,6 +531,8 @@ def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], targ
     except NotAMask:
         return ("none",)
     except Unprovable as e:
+        if _only_indices(target):
+            return ("none",)  # positions to gather data by (a padding lookup), not a mask
         return "decline", f"not proved a band at every size: {e}"
     if isinstance(value, Opaque) and value.why:
         return "decline", f"not proved a band at every size: {value.why}"

@@ -83,12 +83,13 @@ class Lin:
             return Lin.of(0)
         return Lin(tuple((s, c * k) for s, c in self.terms), self.const * k)
 
-    def bounds(self, max_dim: int) -> tuple[int, int]:
-        """The least and greatest value over every dim in [0, max_dim]."""
+    def bounds(self, max_dim: int, lows: dict[Symbol, int] | None = None) -> tuple[int, int]:
+        """The least and greatest value over every dim in [0, max_dim] (or [lows[dim], max_dim])."""
         lo = hi = self.const
-        for _, c in self.terms:
-            lo += min(0, c * max_dim)
-            hi += max(0, c * max_dim)
+        for s, c in self.terms:
+            least = lows.get(s, 0) if lows else 0
+            lo += min(c * least, c * max_dim)
+            hi += max(c * least, c * max_dim)
         return lo, hi
 
     def divide(self, k: int) -> "Lin | None":
@@ -418,19 +419,14 @@ class Analysis:
             raise Unprovable(f"{what} compares a batch index, not a diagonal")
         ci, cj = (diff.coef[-2], diff.coef[-1]) if rank >= 2 else (0, diff.coef[-1] if rank else 0)
         base = diff.base
-        if ci == 0 and cj == 0:
-            s = self.sign(base)
-            if s is None:
+        if ci != -cj or (ci == 0 and cj == 0):
+            # Sizes, or one index against a bound: a band only if it holds everywhere or nowhere. The
+            # comparison is linear in the index, so its extremes are at the corners of the index box.
+            verdicts = {_decide(self._corner_bounds(diff, ci, cj, corner), op) for corner in range(4)}
+            if verdicts == {True} or verdicts == {False}:
+                return _bool_const(verdicts.pop(), diff.shape)
+            if ci == 0 and cj == 0:
                 raise Unprovable(f"{what} compares sizes whose order depends on the sizes")
-            return _bool_const(_holds(s, op), diff.shape)
-        if ci != -cj:
-            # One index against a bound: a band only if it holds everywhere or nowhere.
-            signs = {self._corner_sign(diff, ci, cj, corner) for corner in range(4)}
-            if None in signs:
-                raise Unprovable(f"{what} compares a row or column index with a bound, not a diagonal")
-            results = {_holds(s, op) for s in signs}
-            if len(results) == 1:
-                return _bool_const(results.pop(), diff.shape)
             raise Unprovable(f"{what} compares a row or column index with a bound, not a diagonal")
         # diff = a * (j - i) + base, a = cj
         a = cj
@@ -466,22 +462,30 @@ class Analysis:
             return Lin.of(-((-e.const) // a) if ceil else e.const // a)
         raise Unprovable(f"a diagonal bound {e.render(_plain)} / {a} is not an integer expression")
 
-    def _corner_sign(self, diff: Affine, ci: int, cj: int, corner: int) -> int | None:
-        """The sign of diff at one corner of the index box (i, j each at 0 or size - 1)."""
+    def _corner_bounds(self, diff: Affine, ci: int, cj: int, corner: int) -> tuple[int, int]:
+        """The range of diff at one corner of the index box (i, j each at 0 or size - 1), at every size
+        where that corner exists (a size `n + k` has a last index only when n >= 1 - k)."""
         e = diff.base
         rank = len(diff.shape)
+        lows: dict[Symbol, int] = {}
         for c, axis, at_end in ((ci, rank - 2, corner & 1), (cj, rank - 1, corner & 2)):
             if c and at_end:
                 size = as_lin(diff.shape[axis], "an index bound")
                 e = e + (size - 1).scale(c)
-        return self.sign(e)
+                if len(size.terms) == 1 and size.terms[0][1] == 1:
+                    lows[size.terms[0][0]] = max(lows.get(size.terms[0][0], 0), 1 - size.const)
+        return e.bounds(self.max_dim, lows)
 
 # ---- helpers -------------------------------------------------------------------------------------
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "=="}
 
 
-def _holds(sign: int, op: str) -> bool:
-    return {"<": sign < 0, "<=": sign <= 0, ">": sign > 0, ">=": sign >= 0, "==": sign == 0}[op]
+def _decide(bounds: tuple[int, int], op: str) -> bool | None:
+    """Whether `x OP 0` holds for every x in [lo, hi] (True), for none (False), or varies (None)."""
+    lo, hi = bounds
+    every = {"<": hi < 0, "<=": hi <= 0, ">": lo > 0, ">=": lo >= 0, "==": lo == hi == 0}[op]
+    never = {"<": lo >= 0, "<=": lo > 0, ">": hi <= 0, ">=": hi < 0, "==": hi < 0 or lo > 0}[op]
+    return True if every else False if never else None
 
 
 def _bool_const(b: bool, shape: tuple[Dim, ...]) -> Band:

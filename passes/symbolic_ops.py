@@ -18,7 +18,7 @@ from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.graph import Node, OnnxNode, Value
 from passes.symbolic import (
     BOOL, INT64, SMALL_ELEMENTS, AbsOf, AbstractValue, Affine, Analysis, Band, Dim, Elems, Lin, NotAMask, Opaque,
-    Unprovable, _int_of, _scalar, as_lin, make_clamp, parse_dim, shape_of,
+    Unprovable, _int_of, _same, _scalar, as_lin, make_clamp, parse_dim, shape_of,
 )
 
 Handler = Callable[[Analysis, OnnxNode, list], list]
@@ -295,7 +295,7 @@ def _cast_scalar(x: object, dtype: np.dtype) -> object:
 
 def cast(an: Analysis, v: AbstractValue, dtype: np.dtype) -> AbstractValue:
     if isinstance(v, Opaque):
-        return Opaque(dtype, v.shape)
+        return Opaque(dtype, v.shape, v.why)
     if isinstance(v, Band):
         values = tuple(_cast_scalar(x, dtype) for x in v.values)
         return Analysis.simplify(Band(dtype, v.shape, v.breaks, values))  # type: ignore[arg-type]
@@ -739,7 +739,7 @@ def _eyelike(an: Analysis, n: OnnxNode, ins: list) -> list:
 def _relayout(an: Analysis, v: AbstractValue, new_shape: tuple[Dim, ...], old_to_new: dict[int, int]) -> AbstractValue:
     """v with its axes moved: old axis a -> new axis old_to_new[a]; other new axes have size 1."""
     if isinstance(v, Opaque):
-        return Opaque(v.dtype, new_shape)
+        return Opaque(v.dtype, new_shape, v.why)
     if isinstance(v, Elems):
         if not all(isinstance(d, Lin) and d.is_const for d in new_shape):
             raise Unprovable("a small tensor reshaped to a size-dependent shape")
@@ -856,7 +856,7 @@ def _expand(an: Analysis, n: OnnxNode, ins: list) -> list:
     if isinstance(v, Affine):
         return [an.expand_affine(v, shape)]
     if isinstance(v, Opaque):
-        return [Opaque(v.dtype, shape)]
+        return [Opaque(v.dtype, shape, v.why)]
     if isinstance(v, Elems) and an.uniform(v) is None:
         return [an.expand_affine(an.affine(v, "the expanded value"), shape)]
     return [an.band_at(v, shape)]
@@ -975,7 +975,7 @@ def _slice(an: Analysis, n: OnnxNode, ins: list) -> list:
         offsets[a] = start
     new_shape = tuple(shape)
     if isinstance(v, Opaque):
-        return [Opaque(v.dtype, new_shape)]
+        return [Opaque(v.dtype, new_shape, v.why)]
     if isinstance(v, Affine):
         base = v.base
         for c, off in zip(v.coef, offsets):
@@ -1000,7 +1000,75 @@ def _concat(an: Analysis, n: OnnxNode, ins: list) -> list:
         arrays = [_objs(v) for v in vs]
         out = np.concatenate(arrays, axis=axis)
         return [_from_objs(vs[0].dtype, out)]
-    raise Unprovable("concatenating index grids or bands is not analysed")
+    rank = len(shape_of(vs[0]))
+    axis = axis + rank if axis < 0 else axis
+    offsets, total = [], Lin.of(0)
+    for v in vs:
+        offsets.append(total)
+        total = total + as_lin(shape_of(v)[axis], "a concatenated size")
+    shape = list(shape_of(vs[0]))
+    shape[axis] = total
+    for v in vs[1:]:
+        for a, (d, e) in enumerate(zip(shape_of(v), shape)):
+            if a != axis and not an.dims_equal(d, e):
+                raise Unprovable("concatenated pieces whose other sizes are not provably equal")
+    if any(isinstance(v, Band) and len(v.values) > 1 for v in vs) or any(_is_piecewise(an, v) for v in vs):
+        return [_concat_bands(an, [an.band_at(v, shape_of(v)) for v in vs], offsets, axis, tuple(shape))]
+    return [_concat_grids(an, [an.affine(v, "a concatenated piece") for v in vs], offsets, axis, tuple(shape))]
+
+
+def _concat_grids(an: Analysis, parts: list[Affine], offsets: list[Lin], axis: int, shape: tuple[Dim, ...]
+                  ) -> Affine:
+    """Pieces that continue one another: the same coefficients, and piece k starting where the grid
+    of piece 0 would be at its offset."""
+    first = parts[0]
+    for p, off in zip(parts[1:], offsets[1:]):
+        if p.coef != first.coef or p.dtype != first.dtype or \
+                an.sign(p.base - (first.base + off.scale(first.coef[axis]))) != 0:
+            raise Unprovable("concatenated index grids that do not continue one another")
+    return Affine(first.dtype, shape, first.coef, first.base)
+
+
+def _concat_bands(an: Analysis, parts: list[Band], offsets: list[Lin], axis: int, shape: tuple[Dim, ...]) -> Band:
+    """Bands side by side (or stacked) are one band when each piece is the whole band seen from its
+    offset: piece k holds f_k(x) at local diagonal x, the whole holds F(x + shift_k), and the two must
+    agree on every diagonal the piece has."""
+    rank = len(shape)
+    if axis < rank - 2:
+        if any(p.breaks != parts[0].breaks or not all(_same(a, b) for a, b in zip(p.values, parts[0].values))
+               for p in parts):
+            raise Unprovable("batch slices holding different bands")
+        return Band(parts[0].dtype, shape, parts[0].breaks, parts[0].values)
+    # columns: local x = d - offset; rows: local x = d + offset
+    sign = -1 if axis == rank - 1 else 1
+    for ref, (ref_part, ref_off) in enumerate(zip(parts, offsets)):
+        # F(d) = f_ref(d + sign * ref_off)
+        whole = Band(ref_part.dtype, shape, tuple(x - ref_off.scale(sign) for x in ref_part.breaks), ref_part.values)
+        try:
+            for k, (p, off) in enumerate(zip(parts, offsets)):
+                if k != ref:
+                    _agree_on_piece(an, p, whole, off.scale(sign), axis, rank)
+        except Unprovable:
+            continue
+        return whole
+    raise Unprovable("concatenated bands that are not one band")
+
+
+def _agree_on_piece(an: Analysis, piece: Band, whole: Band, shift: Lin, axis: int, rank: int) -> None:
+    """piece(x) == whole(x - shift) for every diagonal x of the piece, or Unprovable."""
+    rows, cols = as_lin(piece.shape[-2], "a row count"), as_lin(piece.shape[-1], "a column count")
+    lo, hi = Lin.of(1) - rows, cols  # the piece's diagonals: [1 - rows, cols)
+    moved = Band(whole.dtype, piece.shape, tuple(x + shift for x in whole.breaks), whole.values)
+    both = an.merge([piece, moved], lambda a, b: np.bool_(_same(a, b)), BOOL, piece.shape)
+    edges = (None,) + both.breaks + (None,)
+    for k, same in enumerate(both.values):
+        if bool(same):
+            continue
+        a, b = edges[k], edges[k + 1]
+        # a run of disagreement [a, b) must miss [lo, hi): b <= lo or a >= hi, provably
+        misses = (b is not None and an.nonneg(lo - b)) or (a is not None and an.nonneg(a - hi))
+        if not misses:
+            raise Unprovable("a concatenated piece differs from the band on its diagonals")
 
 
 @handles("Split")

@@ -941,8 +941,9 @@ def _slice_bound(an: Analysis, b: Lin, size: Lin) -> Lin:
         raise Unprovable("a slice bound that may be negative")
     if not an.nonneg(size - b):
         if size.is_const:
-            raise Unprovable("a slice bound beyond a fixed size")
-        raise Unprovable("a slice bound that may pass the end")
+            raise Unprovable(f"the slice bound {b.render(str)} may pass the fixed size {size.const}, where the "
+                             "slice clamps (its sizes and diagonal would follow min(bound, size))")
+        raise Unprovable(f"the slice bound {b.render(str)} may pass the end {size.render(str)}")
     return b
 
 
@@ -960,6 +961,12 @@ def _slice(an: Analysis, n: OnnxNode, ins: list) -> list:
             index[a] = slice(s.const, None if e is None else e.const, st)
         picked = items[tuple(index)]
         return [_from_objs(v.dtype, picked)]
+    return [slice_value(an, v, args)]
+
+
+def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin | None, int]]) -> AbstractValue:
+    """v[start:end] along each (axis, start, end or None for 'to the end', step) of args."""
+    shape = list(shape_of(v))
     offsets = [Lin.of(0)] * len(shape)
     for a, s, e, st in args:
         if st != 1:
@@ -975,19 +982,20 @@ def _slice(an: Analysis, n: OnnxNode, ins: list) -> list:
         offsets[a] = start
     new_shape = tuple(shape)
     if isinstance(v, Opaque):
-        return [Opaque(v.dtype, new_shape, v.why)]
+        return Opaque(v.dtype, new_shape, v.why)
     if isinstance(v, Affine):
         base = v.base
         for c, off in zip(v.coef, offsets):
             base = base + off.scale(c)
-        return [Affine(v.dtype, new_shape, v.coef, base)]
-    assert isinstance(v, Band)
+        return Affine(v.dtype, new_shape, v.coef, base)
+    if not isinstance(v, Band):
+        raise Unprovable(f"slicing a {type(v).__name__}")
     r = len(shape)
     if len(v.values) == 1 or r < 2:
-        return [Band(v.dtype, new_shape, v.breaks, v.values)]
+        return Band(v.dtype, new_shape, v.breaks, v.values)
     # element (i, j) of the slice is (i + s, j + t) of v: diagonal d is d + t - s of v
     shift = offsets[r - 1] - offsets[r - 2]
-    return [Band(v.dtype, new_shape, tuple(x - shift for x in v.breaks), v.values)]
+    return Band(v.dtype, new_shape, tuple(x - shift for x in v.breaks), v.values)
 
 
 @handles("Concat")
@@ -1074,20 +1082,28 @@ def _agree_on_piece(an: Analysis, piece: Band, whole: Band, shift: Lin, axis: in
 @handles("Split")
 def _split(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
-    if not isinstance(v, Elems):
-        raise Unprovable("splitting an index grid or a band is not analysed")
+    shape = shape_of(v)
     axis = int(_attr(n, "axis", 0))  # type: ignore[call-overload]
-    axis = axis + len(v.shape) if axis < 0 else axis
+    axis = axis + len(shape) if axis < 0 else axis
     if len(ins) > 1 and ins[1] is not None:
-        sizes = _const_ints(an, ins[1], "split")
+        sizes = [as_lin(x, "a split size") for x in _ints(an, ins[1], "split")]
     elif _attr(n, "split") is not None:
-        sizes = list(_attr(n, "split"))  # type: ignore[call-overload]
-    else:
+        sizes = [Lin.of(x) for x in _attr(n, "split")]  # type: ignore[union-attr]
+    else:  # equal parts: ceil(size / n) each, the last one what is left
         parts = len(n.outputs)
-        total = v.shape[axis]
-        sizes = [-(-total // parts)] * (parts - 1)
-        sizes.append(total - sum(sizes))
-    items = _objs(v)
-    out = np.split(items, np.cumsum(sizes)[:-1], axis=axis)
-    return [_from_objs(v.dtype, p) for p in out]
+        total = as_lin(shape[axis], "the split size")
+        if not total.is_const:
+            raise Unprovable("an equal split of a size-dependent axis")
+        sizes = [Lin.of(-(-total.const // parts))] * (parts - 1)
+        sizes.append(total - sum(x.const for x in sizes))
+    if isinstance(v, Elems):
+        if not all(x.is_const for x in sizes):
+            raise Unprovable("a size-dependent split of a small tensor")
+        out = np.split(_objs(v), np.cumsum([x.const for x in sizes])[:-1], axis=axis)
+        return [_from_objs(v.dtype, p) for p in out]
+    pieces, start = [], Lin.of(0)
+    for size in sizes:
+        pieces.append(slice_value(an, v, [(axis, start, start + size, 1)]))
+        start = start + size
+    return pieces
 

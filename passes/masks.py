@@ -450,6 +450,12 @@ def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], t
     return None  # size unknown: the evaluation runs under an address-space cap
 
 
+def _reads_stored_matrix(graph: Graph, nodes: list[Node]) -> bool:
+    """Some node of the subgraph reads a stored constant of 2+ dims (a mask buffer sliced or split)."""
+    return any(v is not None and v.producer is None and v.name in graph.initializers and len(v.shape or ()) >= 2
+               for n in nodes for v in n.inputs)
+
+
 def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if not isinstance(node, OnnxNode) or node.op_type in SHAPE_OPS or node.op_type == "Constant":
         return None
@@ -464,8 +470,9 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if target.shape is not None and len(target.shape) < 2:
         return None
     nodes, inputs = _ancestors(target)
-    if any(isinstance(n, DmlNode) for n in nodes) or not any(n.op_type in MASK_OPS for n in nodes):
-        return None  # already lowered, or no mask-making op: not worth evaluating (weights, reshapes)
+    if any(isinstance(n, DmlNode) for n in nodes) or not (any(n.op_type in MASK_OPS for n in nodes) or
+                                                           _reads_stored_matrix(graph, nodes)):
+        return None  # already lowered, or no mask-making op nor stored matrix: not a mask (weights, reshapes)
     m = Match("mask_subgraph", nodes)
     symbolic = sorted({d for v in inputs for d in (v.shape or ()) if not isinstance(d, int)}, key=str)
     if any(v.shape is None or None in v.shape for v in inputs):
@@ -538,7 +545,7 @@ def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], targ
         return "decline", f"not proved a band at every size: {value.why}"
     if not isinstance(value, Band) or len(value.values) < 2 or len(value.shape) < 2:
         return ("none",)
-    fill = sized_fill(value)
+    fill = sized_fill(value, an.derived)
     if isinstance(fill, str):
         return "decline", fill
     return "symbolic", fill
@@ -566,7 +573,9 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
     dml = DmlNode(f"{target.name}__gen", None, None, None, target, elem_type=elem_type, value=fill.value,
                   begin=fill.begin, end=fill.end, static_shape=static)
     m.captures.update(dml=dml, fill=fill, inputs=inputs, bounds=fill.bound_text(str))
-    unread = sorted({s for e in fill.sizes() for s, _ in e.terms if locate(graph, inputs, s) is None})
+    derived = {n: e for n, e, _ in fill.derived}
+    unread = sorted({s for e in fill.sizes() + list(derived.values()) for s, _ in e.terms
+                     if s not in derived and locate(graph, inputs, s) is None})
     if unread:
         m.reason = f"its sizes use {', '.join(unread)}, which no input of the model has as a dim to read at run time"
         return m
@@ -585,7 +594,7 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
         graph.add_node(node)
         m.captures["dml"] = node
         return [node]
-    sizes = SizeBuilder(graph, m.captures["inputs"])
+    sizes = SizeBuilder(graph, m.captures["inputs"], {n: (e, k) for n, e, k in fill.derived})
     shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
     k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
     # What we proved about the sizes beats what shape inference guessed (often unk__N names).

@@ -102,9 +102,10 @@ class SizeBuilder:
     Symbols are dim names, read from `inputs` (or the graph's inputs). `made` collects the nodes added.
     """
 
-    def __init__(self, graph: Graph, inputs: Sequence[Value]):
+    def __init__(self, graph: Graph, inputs: Sequence[Value], derived: dict[Symbol, tuple[Lin, int]] | None = None):
         self.graph = graph
         self.inputs = list(inputs)
+        self.derived = derived or {}  # symbols standing for e // k
         self.made: list[Node] = []
 
     def vector(self, dims: Sequence[Dim], hint: str) -> Value:
@@ -149,6 +150,10 @@ class SizeBuilder:
         return acc
 
     def _symbol(self, sym: Symbol, chain: list) -> Value:
+        if sym in self.derived:  # e // k: ONNX's integer Div truncates, which is floor for e >= 0
+            e, k = self.derived[sym]
+            x = self.dim(e, chain)
+            return self._node("Div", [x, self._const(k)], f"{x.name}__div{k}", chain, shape=(1,))
         found = locate(self.graph, self.inputs, sym)
         assert found is not None, f"no input has a dim named {sym!r} (checked when matched)"
         v, axis = found
@@ -162,8 +167,16 @@ class SizeBuilder:
 
     def _key(self, d: Dim) -> tuple:
         def lin(e: Lin) -> tuple:
-            return tuple((id(locate(self.graph, self.inputs, s)[0]), s, c) for s, c in e.terms), e.const  # type: ignore[index]
+            return tuple((self._source(s), s, c) for s, c in e.terms), e.const
         return ("clamp", lin(d.inner), d.lo, d.hi) if isinstance(d, Clamp) else ("lin", lin(d))
+
+    def _source(self, sym: Symbol) -> object:
+        """What a symbol is read from: an input's identity, or a derived symbol's definition."""
+        if sym in self.derived:
+            e, k = self.derived[sym]
+            return ("div", self._key(e), k)
+        found = locate(self.graph, self.inputs, sym)
+        return id(found[0]) if found is not None else sym
 
     def _cached(self, key: tuple, make) -> Value:
         """The value made for `key` before, while every node of it is alive and reads what it read."""

@@ -83,14 +83,23 @@ class Lin:
             return Lin.of(0)
         return Lin(tuple((s, c * k) for s, c in self.terms), self.const * k)
 
-    def bounds(self, max_dim: int, lows: dict[Symbol, int] | None = None) -> tuple[int, int]:
-        """The least and greatest value over every dim in [0, max_dim] (or [lows[dim], max_dim])."""
+    def bounds(self, max_dim: int, lows: dict[Symbol, int] | None = None,
+               highs: dict[Symbol, int] | None = None) -> tuple[int, int]:
+        """The least and greatest value over every dim in [0, max_dim] (or [lows[dim], highs[dim]])."""
         lo = hi = self.const
         for s, c in self.terms:
             least = lows.get(s, 0) if lows else 0
-            lo += min(c * least, c * max_dim)
-            hi += max(c * least, c * max_dim)
+            most = highs.get(s, max_dim) if highs else max_dim
+            lo += min(c * least, c * most)
+            hi += max(c * least, c * most)
         return lo, hi
+
+    def substitute(self, s: Symbol, e: "Lin") -> "Lin":
+        """self with symbol s replaced by e."""
+        c = dict(self.terms).get(s, 0)
+        if not c:
+            return self
+        return Lin(tuple(t for t in self.terms if t[0] != s), self.const) + e.scale(c)
 
     def divide(self, k: int) -> "Lin | None":
         """self / k when every coefficient divides exactly, else None."""
@@ -132,9 +141,9 @@ class Clamp:
 Dim = Union[Lin, Clamp]  # a size: exact, or clamped
 
 
-def make_clamp(inner: Lin, lo: int | None, hi: int | None, max_dim: int) -> Dim:
+def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> Dim:
     """The clamp, dropped where the range of `inner` makes it a no-op."""
-    a, b = inner.bounds(max_dim)
+    a, b = an.bounds(inner)
     if lo is not None and a >= lo:
         lo = None
     if hi is not None and b <= hi:
@@ -231,11 +240,31 @@ class Analysis:
 
     def __init__(self, max_dim: int = DIM_MAX):
         self.max_dim = max_dim
+        self.derived: dict[Symbol, tuple[Lin, int]] = {}  # a symbol standing for e // k
+
+    def floor_div(self, e: Lin, k: int) -> Symbol:
+        """A new symbol q for e // k (e >= 0, k > 0). When e is one size n (+ c), bounds read n as
+        k*q + r - c with r in [0, k-1], which relates q to n (n - q >= 0 for k >= 2); otherwise q is
+        a size of its own in [0, max_dim]. Either way a proof covers every real size, and more."""
+        name = f"({e.render(str)}) // {k}"
+        self.derived[name] = (e, k)
+        return name
+
+    def bounds(self, e: Lin, lows: dict[Symbol, int] | None = None) -> tuple[int, int]:
+        """The range of e over every size, with what floor divisions tell about the sizes they divide."""
+        highs: dict[Symbol, int] = {}
+        for q, (d, k) in self.derived.items():
+            if len(d.terms) == 1 and d.terms[0][1] == 1 and d.terms[0][0] in dict(e.terms):
+                n = d.terms[0][0]
+                r = f"{q} remainder"
+                e = e.substitute(n, Lin.sym(q).scale(k) + Lin.sym(r) - d.const)
+                highs[r] = k - 1
+        return e.bounds(self.max_dim, lows, highs)
 
     # -- proofs over the box --
     def sign(self, e: Lin) -> int | None:
         """-1, 0 or 1 when e has that sign at every size; None when it depends on the sizes."""
-        lo, hi = e.bounds(self.max_dim)
+        lo, hi = self.bounds(e)
         if lo > 0:
             return 1
         if hi < 0:
@@ -246,7 +275,7 @@ class Analysis:
 
     def nonneg(self, e: Lin) -> bool:
         """e >= 0 at every size."""
-        return e.bounds(self.max_dim)[0] >= 0
+        return self.bounds(e)[0] >= 0
 
     def upper(self, d: Dim) -> int:
         return d.bounds(self.max_dim)[1]
@@ -267,7 +296,7 @@ class Analysis:
         return False
 
     def affine_bounds(self, a: Affine) -> tuple[int, int]:
-        lo, hi = a.base.bounds(self.max_dim)
+        lo, hi = self.bounds(a.base)
         for c, d in zip(a.coef, a.shape):
             if c:
                 top = max(self.upper(d) - 1, 0)
@@ -474,7 +503,7 @@ class Analysis:
                 e = e + (size - 1).scale(c)
                 if len(size.terms) == 1 and size.terms[0][1] == 1:
                     lows[size.terms[0][0]] = max(lows.get(size.terms[0][0], 0), 1 - size.const)
-        return e.bounds(self.max_dim, lows)
+        return self.bounds(e, lows)
 
 # ---- helpers -------------------------------------------------------------------------------------
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "=="}
@@ -605,6 +634,7 @@ class SizedFill:
     shift: Lin
     value: np.generic
     other: np.generic
+    derived: tuple[tuple[Symbol, Lin, int], ...] = ()  # symbols standing for e // k, as (name, e, k)
 
     def sizes(self) -> list[Lin]:
         """Every expression the node reads at run time: its dims and its shift."""
@@ -622,7 +652,7 @@ def _is_plus_zero(x: np.generic) -> bool:
     return not np.asarray(x).tobytes().strip(b"\0")
 
 
-def sized_fill(b: Band) -> SizedFill | str:
+def sized_fill(b: Band, derived: dict[Symbol, tuple[Lin, int]] | None = None) -> SizedFill | str:
     """b as one DIAGONAL_MATRIX1 fill (preferring the form whose else-value is +0, which needs no
     input), or the reason it is not one."""
     v, x = b.values, b.breaks
@@ -639,4 +669,4 @@ def sized_fill(b: Band) -> SizedFill | str:
         return "its Begin and End move with different sizes (one run-time shift cannot carry both)"
     shift = moving.pop() if moving else Lin.of(0)
     return SizedFill(b.dtype, b.shape, None if begin is None else begin.const, None if end is None else end.const,
-                     shift, value, other)
+                     shift, value, other, tuple((n, e, k) for n, (e, k) in (derived or {}).items()))

@@ -6,6 +6,7 @@ cannot show. `evaluate` runs a cone and names the node where a proof broke.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -181,10 +182,10 @@ def _ints(an: Analysis, v: AbstractValue | None, what: str) -> list:
     """A small integer tensor's elements (Lin or clamped dims)."""
     if isinstance(v, Elems) and v.dtype.kind in "iu":
         return list(v.items)
-    if isinstance(v, Affine) and v.shape and all(isinstance(d, Lin) and d.is_const for d in v.shape):
-        n = math.prod(d.const for d in v.shape)  # type: ignore[union-attr]
-        if n <= SMALL_ELEMENTS and len(v.shape) == 1:
-            return [v.base + v.coef[0] * k for k in range(n)]
+    if isinstance(v, Affine) and v.dtype.kind in "iu" and all(isinstance(d, Lin) and d.is_const for d in v.shape):
+        sizes = [d.const for d in v.shape]  # type: ignore[union-attr]
+        if math.prod(sizes) <= SMALL_ELEMENTS:
+            return [v.base + sum(c * i for c, i in zip(v.coef, idx)) for idx in itertools.product(*map(range, sizes))]
     raise Unprovable(f"{what} is not a known integer vector")
 
 
@@ -211,7 +212,7 @@ def _dims_from(an: Analysis, v: AbstractValue | None, what: str) -> tuple[Dim, .
     dims = []
     for x in _ints(an, v, what):
         if isinstance(x, Lin):
-            lo, _ = x.bounds(an.max_dim)
+            lo, _ = an.bounds(x)
             if lo < 0:
                 raise Unprovable(f"{what} holds {x.render(str)}, which may be negative")
         dims.append(x)
@@ -309,7 +310,7 @@ def cast(an: Analysis, v: AbstractValue, dtype: np.dtype) -> AbstractValue:
                         raise Unprovable("a size cast to bool: whether it is 0 depends on the sizes")
                     items.append(np.bool_(s != 0))
                     continue
-                lo, hi = x.bounds(an.max_dim)
+                lo, hi = an.bounds(x)
                 if not an.fits(lo, hi, dtype):
                     raise Unprovable(f"casting a value in [{lo}, {hi}] to {dtype} is not exact at every size")
                 items.append(x)
@@ -370,7 +371,7 @@ def _elems_op(an: Analysis, a: Elems, b: Elems, fn: Callable[[object, object], o
     items = tuple(fn(x, y) for x, y in zip(ia.reshape(-1), ib.reshape(-1)))
     for x in items:
         if isinstance(x, Lin):
-            lo, hi = x.bounds(an.max_dim)
+            lo, hi = an.bounds(x)
             if not an.fits(lo, hi, dtype):
                 raise Unprovable(f"the result ranges over [{lo}, {hi}], which {dtype} does not hold")
     return Elems(dtype, tuple(shape), items)
@@ -447,6 +448,8 @@ def _div(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
             if x.dtype.kind == "f":
                 raise Unprovable("a float division with a fractional result")
             base = Lin.of(q)
+        elif not any(x.coef) and x.dtype.kind in "iu" and k > 0 and an.nonneg(x.base):
+            base = Lin.sym(an.floor_div(x.base, k))  # a size halved: a size of its own
         else:
             raise Unprovable(f"{x.base.render(str)} / {k} is not exact at every size")
     shape = an.broadcast(x.shape, y.shape)
@@ -490,13 +493,13 @@ def _min_max(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> Abstr
         if s is None:
             # min/max of a size and a constant: a clamp, usable as a size
             if y.is_const and op == "Min":
-                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(x, None, y.const, an.max_dim),))
+                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(x, None, y.const, an),))
             if x.is_const and op == "Min":
-                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(y, None, x.const, an.max_dim),))
+                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(y, None, x.const, an),))
             if y.is_const and op == "Max":
-                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(x, y.const, None, an.max_dim),))
+                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(x, y.const, None, an),))
             if x.is_const and op == "Max":
-                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(y, x.const, None, an.max_dim),))
+                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(y, x.const, None, an),))
             raise Unprovable(f"{op} of two sizes whose order depends on the sizes")
         pick_a = (s <= 0) == (op == "Min")
         return a if pick_a else b
@@ -682,7 +685,7 @@ def _range(an: Analysis, n: OnnxNode, ins: list) -> list:
         if not span.is_const:
             raise Unprovable("the length ceil((limit - start) / step) is not exact at every size")
         size = Lin.of(-(-span.const // abs(step)))
-    dim = make_clamp(size, 0, None, an.max_dim)
+    dim = make_clamp(size, 0, None, an)
     return [an.check_fits(Affine(ins[0].dtype, (dim,), (step,), start), "the range")]
 
 
@@ -973,12 +976,12 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
             raise Unprovable("a slice with a step other than 1")
         size = shape[a]
         if isinstance(size, Lin) and size.is_const and e is not None and not e.is_const and s == Lin.of(0):
-            shape[a] = make_clamp(e, 0, size.const, an.max_dim)  # [:e] of a fixed size: min(e, size)
+            shape[a] = make_clamp(e, 0, size.const, an)  # [:e] of a fixed size: min(e, size)
             continue
         size_lin = as_lin(size, "a sliced size")
         start = _slice_bound(an, s, size_lin)
         end = size_lin if e is None else _slice_bound(an, e, size_lin)
-        shape[a] = make_clamp(end - start, 0, None, an.max_dim)
+        shape[a] = make_clamp(end - start, 0, None, an)
         offsets[a] = start
     new_shape = tuple(shape)
     if isinstance(v, Opaque):

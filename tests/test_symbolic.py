@@ -312,3 +312,75 @@ def test_whatever_is_lowered_equals_onnxruntime_at_every_threshold(case):
             continue
         got = ex.run(feeds)["y"]
         assert api.bitwise_equal(got, expected), (s, t, [m.captures.get("bounds") for m in result.applied])
+
+
+# ---- masks reached through Split / Concat / Slice / floor division ---------------------------------
+def _check_sizes(model, sizes, feeds_of, rule_counts):
+    g, result = lower(model)
+    for k, v in rule_counts.items():
+        assert result.counts[k] == v, (k, result.counts, [m.reason for m in result.declined])
+    for size in sizes:
+        expected, got, portable = run_both(model, g, feeds_of(size))
+        for e, x, p in zip(expected, got, portable):
+            assert api.bitwise_equal(x, e) and api.bitwise_equal(p, e), size
+
+
+def _scores(s, t=None, seed=0):
+    return {"x": np.random.default_rng(seed).standard_normal((1, 2, s, s if t is None else t)).astype(np.float32)}
+
+
+def test_causal_halves_concatenated_at_sequence_floor_half():
+    """rows [0, S//2) and [S//2, S) built apart and stacked: one causal mask at every S, odd or even."""
+    def build(nodes, inits):
+        inits.append(c("k2", np.int64(2)))
+        nodes += [h.make_node("Div", ["S", "k2"], ["half"]),
+                  h.make_node("Range", ["zero", "half", "one"], ["top_i"]),
+                  h.make_node("Range", ["half", "S", "one"], ["bottom_i"]),
+                  h.make_node("Unsqueeze", ["top_i", "ax1"], ["top"]),
+                  h.make_node("Unsqueeze", ["bottom_i", "ax1"], ["bottom"]),
+                  h.make_node("LessOrEqual", ["cols", "top"], ["m_top"]),
+                  h.make_node("LessOrEqual", ["cols", "bottom"], ["m_bottom"]),
+                  h.make_node("Concat", ["m_top", "m_bottom"], ["m"], axis=0)]
+        return "m"
+    _check_sizes(threshold_mask_model(build), range(1, 10), _scores, {"mask_subgraph": 1})
+
+
+def test_stored_tril_split_and_concatenated_back():
+    tril = np.tril(np.ones((16, 16), bool))
+    def build(nodes, inits):
+        inits += [c("tril", tril), c("halves", np.array([8, 8]))]
+        nodes += [h.make_node("Split", ["tril", "halves"], ["a", "b"], axis=1),
+                  h.make_node("Concat", ["a", "b"], ["full"], axis=1),
+                  h.make_node("Unsqueeze", ["S", "ax0"], ["S1"]),
+                  h.make_node("Slice", ["full", "zero1", "S1", "ax0"], ["top_rows"]),
+                  h.make_node("Slice", ["top_rows", "zero1", "S1", "ax1"], ["m"])]
+        inits.append(c("zero1", np.array([0])))
+        return "m"
+    model = threshold_mask_model(build)
+    _check_sizes(model, [1, 2, 7, 15, 16], _scores, {"mask_subgraph": 1})
+
+
+def test_zeros_for_the_past_concatenated_with_a_causal_block():
+    """transformers 4.3x: cat([zeros(S, past), causal(S, S)], -1): End = past + 1."""
+    nodes = [h.make_node("Shape", ["past_key"], ["pks"]), h.make_node("Gather", ["pks", "two"], ["P"], axis=0),
+             h.make_node("Shape", ["x"], ["xs"]), h.make_node("Gather", ["xs", "one_i"], ["S"], axis=0),
+             h.make_node("Unsqueeze", ["S", "ax0"], ["S1"]), h.make_node("Unsqueeze", ["P", "ax0"], ["P1"]),
+             h.make_node("Concat", ["S1", "P1"], ["zshape"], axis=0),
+             h.make_node("ConstantOfShape", ["zshape"], ["zeros"], value=c("v", np.array([True]))),
+             h.make_node("Range", ["zero", "S", "one"], ["i"]),
+             h.make_node("Unsqueeze", ["i", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["i", "ax1"], ["rows"]),
+             h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+             h.make_node("Concat", ["zeros", "causal"], ["allowed"], axis=1),
+             h.make_node("Where", ["allowed", "scores", "neg"], ["y"])]
+    inits = [c("two", np.int64(2)), c("one_i", np.int64(1)), c("zero", np.int64(0)), c("one", np.int64(1)),
+             c("ax0", np.array([0])), c("ax1", np.array([1])), c("neg", np.float32(-np.inf))]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, ["B", "S", 4]),
+              h.make_tensor_value_info("past_key", T.FLOAT, ["B", 2, "past", 3]),
+              h.make_tensor_value_info("scores", T.FLOAT, ["B", 2, "S", "T"])]
+    model = model_of(nodes, inputs, [h.make_tensor_value_info("y", T.FLOAT, ["B", 2, "S", "T"])], inits)
+    g, result = lower(model)
+    (m,) = [m for m in result.applied if m.rule == "mask_subgraph"]
+    assert m.captures["bounds"] == ("MIN", "past + 1")
+    for past, seq in KV_SIZES:
+        expected, got, portable = run_both(model, g, kv_feeds(past, seq))
+        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), (past, seq)

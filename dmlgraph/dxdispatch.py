@@ -30,12 +30,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dmlgraph import api
 from dmlgraph.binding import node_desc
 from dmlgraph.dtypes import DmlDataType, ScalarUnion, bitwise_equal
 from dmlgraph.errors import DmlgraphError, UnsupportedError
 from dmlgraph.executor import DmlCall, Executor
 from dmlgraph.graph import DmlNode, Graph
 from dmlgraph.ops import DiagonalMatrix1Desc, DiagonalMatrixDesc, FeatureLevel
+from dmlgraph.rewrite import Options
 from dmlgraph.tensor import BufferTensorDesc, DescError, packed_strides
 
 MODEL_FILE = "model.json"
@@ -261,7 +263,7 @@ def write(exp: Export, out_dir: str, force: bool = False, model_path: str | None
 
 
 # ---- checking what DxDispatch wrote ----------------------------------------------------------
-def _binding_name(binding) -> str:
+def _binding_name(binding: object) -> str:
     return binding if isinstance(binding, str) else binding.get("name", "") if isinstance(binding, dict) else ""
 
 
@@ -329,10 +331,9 @@ def check(out_dir: str) -> dict:
 
 # ---- the command's two halves as plain functions ---------------------------------------------
 def export(model_path: str, out_dir: str, feeds: dict[str, np.ndarray] | None = None,
-           dims: dict[str, int] | None = None, seed: int = 0, options=None, force: bool = False) -> dict:
+           dims: dict[str, int] | None = None, seed: int = 0, options: Options | None = None,
+           force: bool = False) -> dict:
     """Lower MODEL if it has no DML node yet, run it on `feeds` (else generated inputs), write DIR."""
-    from dmlgraph import api
-    from dmlgraph.rewrite import Options
     options = options or Options()
     check_target(out_dir, force, model_path)  # fail before the run, not after
     _, g = api.load(model_path)
@@ -360,6 +361,7 @@ def export(model_path: str, out_dir: str, feeds: dict[str, np.ndarray] | None = 
 
 
 def export_text(r: dict) -> str:
+    """The export report as text: one line per operator, then where to go next."""
     lines = [f"{'lowered and ' if r['lowered_here'] else ''}exported {len(r['operators'])} operator(s) "
              f"from {r['model']} (feature level {r['feature_level']})"]
     for op in r["operators"]:
@@ -378,6 +380,7 @@ def export_text(r: dict) -> str:
 
 
 def check_text(r: dict) -> str:
+    """The check report as a table: one row per operator."""
     w = max([len(row["dispatchable"]) for row in r["operators"]] + [12])
     lines = [f"{'dispatchable':{w}}  result"]
     lines += [f"{row['dispatchable']:{w}}  {'ok  ' if row['match'] else 'FAIL'} {row['detail']}"

@@ -376,3 +376,23 @@ def test_the_schema_accepts_dxdispatchs_own_examples_and_rejects_a_bare_infinity
                  "Value": "-inf", "DiagonalFillBegin": 0, "DiagonalFillEnd": 1}}}}
     with pytest.raises(jsonschema.ValidationError):
         VALIDATOR.validate(bad)
+
+
+def test_a_node_bound_to_a_zero_size_shape_is_not_exported(tmp_path):
+    _, model, _ = ONE_OP[0]
+    with pytest.raises(DmlgraphError, match="zero-size"):
+        export(_save(model, tmp_path), tmp_path / "dx", feeds={"x": np.zeros((2, 0, 7), np.float32)})
+    assert not (tmp_path / "dx").exists()
+
+
+def test_run_traced_returns_the_runs_outputs_and_each_nodes_raw_operands(tmp_path):
+    from dmlgraph.executor import Executor
+    path = os.path.join(ROOT, "models", "trilu_offsets_dynamo.onnx")
+    g = api.optimize(path).graph
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, 7)).astype(np.float32)}
+    out, calls = Executor(g).run_traced(feeds)
+    plain = Executor(g, fast=False).run(feeds)
+    assert all(api.bitwise_equal(out[k], plain[k]) for k in plain)
+    assert len(calls) == 4
+    for c in calls:
+        assert c.output.shape == c.shape and (c.x is None or c.x.shape == (2, 5, 7))

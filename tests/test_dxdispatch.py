@@ -12,10 +12,12 @@ import glob
 import io
 import json
 import os
+import pathlib
 import shutil
 
 import jsonschema
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
@@ -45,12 +47,12 @@ _NP = {"FLOAT32": np.float32, "FLOAT16": np.float16, "FLOAT64": np.float64, "UIN
 _WORDS = {"inf": np.inf, "-inf": -np.inf, "nan": np.nan}
 
 
-def _float(v, dtype):
+def _float(v: float | int | str, dtype: type) -> np.generic:
     """ParseFloatingPointNumber: a JSON number, or inf/-inf/nan; the double is then narrowed."""
     return np.array(_WORDS[v.lower()] if isinstance(v, str) else v, np.float64).astype(dtype)[()]
 
 
-def _scalar_union(v, dtype):
+def _scalar_union(v: float | int | dict, dtype: type) -> np.generic:
     """ParseDmlScalarUnion: a number converted to the type, or {"Member": value}."""
     if isinstance(v, dict):
         ((member, inner),) = v.items()
@@ -65,7 +67,7 @@ def _scalar_union(v, dtype):
     return np.array(v, dtype)[()]
 
 
-def _packed(sizes):
+def _packed(sizes: list[int]) -> list[int]:
     return [int(np.prod(sizes[i + 1:])) for i in range(len(sizes))]
 
 
@@ -155,19 +157,19 @@ def simulate_dxdispatch(folder: str) -> None:
 
 
 # ---- models ----------------------------------------------------------------------------------
-def _model(nodes, inputs, outputs, inits=(), opset=17):
+def _model(nodes: list, inputs: list, outputs: list, inits: tuple = (), opset: int = 17) -> onnx.ModelProto:
     g = h.make_graph(nodes, "g", inputs, outputs, list(inits))
     return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=10)
 
 
-def _save(model, tmp_path, name="m.onnx") -> str:
+def _save(model: onnx.ModelProto, tmp_path: pathlib.Path, name: str = "m.onnx") -> str:
     path = str(tmp_path / name)
     with open(path, "wb") as f:
         f.write(model.SerializeToString())
     return path
 
 
-def one_op_models():
+def one_op_models() -> list[tuple[str, onnx.ModelProto, dict]]:
     """(id, model, feeds): models whose one computation lowers to one DML node."""
     rng = np.random.default_rng(1)
     x32 = rng.standard_normal((2, 5, 7)).astype(np.float32)
@@ -208,7 +210,7 @@ def one_op_models():
 ONE_OP = one_op_models()
 
 
-def export(path, out, **kw) -> dict:
+def export(path: str, out: pathlib.Path, **kw) -> dict:
     return dxdispatch.export(path, str(out), **kw)
 
 
@@ -307,7 +309,7 @@ def test_an_already_lowered_model_is_exported_as_it_is(tmp_path):
 
 
 # ---- the command line ------------------------------------------------------------------------
-def _cli(*args) -> int:
+def _cli(*args: object) -> int:
     return cli.main([str(a) for a in args])
 
 

@@ -38,7 +38,8 @@ class LowerToDiagonalMatrix(ir.passes.FunctionalPass):
     `PassResult.modified` says whether the graph changed.
     """
 
-    def __init__(self, target: str = "dml", exact: bool = False, feature_level: str | FeatureLevel = "5_1"):
+    def __init__(self, target: str = "dml", exact: bool = False,
+                 feature_level: str | FeatureLevel = "5_1") -> None:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
         self.target = target

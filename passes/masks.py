@@ -491,6 +491,11 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         return m
     if verdict[0] == "symbolic":
         return _finish_sized(graph, m, target, verdict[1], inputs, options)
+    if verdict[0] == "inner":
+        pos, i, fill = verdict[1][0]
+        inner = nodes[pos].outputs[i]
+        inner_nodes, inner_inputs = _ancestors(inner)
+        return _finish_sized(graph, Match("mask_subgraph", inner_nodes), inner, fill, inner_inputs, options)
     _, p, sample, _ = verdict
     return _finish(graph, m, target, p, sample, None, options)
 
@@ -502,9 +507,10 @@ def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value
     size by `passes.symbolic`), ("decline", reason) or ("none",) (not a mask). Everything it reads
     is in the subgraph's `_signature`."""
     if symbolic:
-        if not df.index_only(target):
-            return ("none",)  # data-free but not an index computation (weights reshaped by sizes...)
-        return _symbolic_verdict(graph, nodes, inputs, target, max_dim)
+        verdict = _symbolic_verdict(graph, nodes, inputs, target, max_dim)
+        if not df.index_only(target) and verdict[0] != "inner":
+            return ("none",)  # data-free, not an index computation (weights reshaped by sizes...), no band inside
+        return verdict
     too_big = _too_big_to_evaluate(graph, nodes, inputs, target)
     if too_big:
         return "decline", too_big
@@ -533,22 +539,43 @@ def _only_indices(v: Value) -> bool:
 
 def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, max_dim: int) -> tuple:
     an = Analysis(max_dim)
+    env: dict = {}
     try:
-        value = evaluate(an, nodes, inputs, target, lambda v: const_value(graph, v))
+        value = evaluate(an, nodes, inputs, target, lambda v: const_value(graph, v), env)
     except NotAMask:
-        return ("none",)
+        return _inner_bands(an, nodes, env) or ("none",)
     except Unprovable as e:
         if _only_indices(target):
-            return ("none",)  # positions to gather data by (a padding lookup), not a mask
-        return "decline", f"not proved a band at every size: {e}"
+            return _inner_bands(an, nodes, env) or ("none",)  # a padding lookup's positions, not a mask
+        return _inner_bands(an, nodes, env) or ("decline", f"not proved a band at every size: {e}")
     if isinstance(value, Opaque) and value.why:
-        return "decline", f"not proved a band at every size: {value.why}"
+        return _inner_bands(an, nodes, env) or ("decline", f"not proved a band at every size: {value.why}")
     if not isinstance(value, Band) or len(value.values) < 2 or len(value.shape) < 2:
-        return ("none",)
+        return _inner_bands(an, nodes, env) or ("none",)
     fill = sized_fill(value, an.derived)
     if isinstance(fill, str):
         return "decline", fill
     return "symbolic", fill
+
+
+def _inner_bands(an: Analysis, nodes: list[Node], env: dict) -> tuple | None:
+    """("inner", [(node position, output index, fill)]) for the bands inside a cone that is not one
+    (T5 compares relative positions into a band, then buckets them): each band whose consumers stop
+    being bands, so it is lowered on its own and the rest of the cone reads it."""
+    found = []
+    for pos, n in enumerate(nodes):
+        for i, v in enumerate(n.outputs):
+            b = env.get(v.name)
+            if not isinstance(b, Band) or len(b.values) < 2 or len(b.shape) < 2:
+                continue
+            readers = [c for c in v.consumers if c in nodes]
+            if readers and all(isinstance(env.get(c.outputs[0].name), Band) and
+                               len(env[c.outputs[0].name].values) > 1 for c in readers):
+                continue  # a step inside a bigger band
+            fill = sized_fill(b, an.derived)
+            if not isinstance(fill, str):
+                found.append((pos, i, fill))
+    return ("inner", found) if found else None
 
 
 def _finish(graph, m, target, p, arr, sources, options) -> Match:

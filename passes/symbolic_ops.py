@@ -36,9 +36,11 @@ def handles(*ops: str) -> Callable[[Handler], Handler]:
 
 
 def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], target: Value,
-             constant: Callable[[Value], np.ndarray | None]) -> AbstractValue:
-    """The symbolic value of `target`, computed from `nodes` (its cone) and the shapes of `inputs`."""
-    env: dict[str, AbstractValue] = {}
+             constant: Callable[[Value], np.ndarray | None],
+             env: dict[str, AbstractValue] | None = None) -> AbstractValue:
+    """The symbolic value of `target`, computed from `nodes` (its cone) and the shapes of `inputs`.
+    `env` (when given) receives every value computed, also when the proof breaks before the target."""
+    env = {} if env is None else env
     produced = {v.name for n in nodes for v in n.outputs}
     for v in inputs:
         if v.name not in produced:
@@ -60,7 +62,13 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
         assert isinstance(n, OnnxNode)
         fn = HANDLERS.get(n.op_type)
         if fn is None or n.domain not in ("", "ai.onnx"):
-            raise Unprovable(f"node {n.name or n.outputs[0].name!r} ({n.op_type}) is not an op the analysis knows")
+            why = f"node {n.name or n.outputs[0].name!r} ({n.op_type}) is not an op the analysis knows"
+            if any(v.shape is None or v.elem_type is None for v in n.outputs):
+                raise Unprovable(why)
+            for v in n.outputs:  # its data is unknown; its shape is what shape inference says
+                env[v.name] = Opaque(_dtype(v.elem_type), tuple(
+                    Lin.of(d) if isinstance(d, int) else parse_dim(d) for d in v.shape), why)  # type: ignore[union-attr]
+            continue
         ins = [value_of(v) for v in n.inputs]
         label = f"node {n.name or n.outputs[0].name!r} ({n.op_type})"
         try:

@@ -384,3 +384,25 @@ def test_zeros_for_the_past_concatenated_with_a_causal_block():
     for past, seq in KV_SIZES:
         expected, got, portable = run_both(model, g, kv_feeds(past, seq))
         assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), (past, seq)
+
+
+def test_a_band_inside_a_cone_that_is_not_a_mask_is_lowered_on_its_own():
+    """A position bias built from a causal band and a log of positions (T5 buckets alike): the cone
+    is no band, the band inside it is."""
+    def build(nodes, inits):
+        inits += [c("onef", np.float32(1.0))]
+        nodes += [h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+                  h.make_node("Cast", ["rows"], ["rf"], to=T.FLOAT),
+                  h.make_node("Add", ["rf", "onef"], ["rf1"]),
+                  h.make_node("Log", ["rf1"], ["logr"]),
+                  h.make_node("Cast", ["cols"], ["cf"], to=T.FLOAT),
+                  h.make_node("Where", ["causal", "cf", "logr"], ["bias"]),
+                  h.make_node("Less", ["bias", "onef"], ["m"])]
+        return "m"
+    model = threshold_mask_model(build)
+    g, result = lower(model)
+    (m,) = [m for m in result.applied if m.rule == "mask_subgraph"]
+    assert m.captures["bounds"] == ("MIN", "1")
+    for s in (1, 2, 5, 17):
+        expected, got, portable = run_both(model, g, _scores(s))
+        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), s

@@ -31,11 +31,11 @@ from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.modelfile import RAW_ITEMSIZE
 from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
 from dmlgraph.ops import bind_range
-from dmlgraph.rewrite import Match, Options, Rule
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
-from passes.common import const_value, lowering_reason
-from passes.sizes import SizeBuilder, constant, locate
+from passes.common import const_value, lowering_reason, standin
+from passes.sizes import Made, SizeBuilder, constant, locate
 from passes.symbolic import DIM_MAX, Analysis, Band, Lin, NotAMask, Opaque, SizedFill, Unprovable, render_dim, sized_fill
 from passes.symbolic_ops import evaluate
 
@@ -62,11 +62,13 @@ def _is_zero(v) -> bool:
 
 
 def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: Value,
-              shape: Value | None, static_shape) -> DmlNode:
-    """The DmlNode producing pattern `p`; a nonzero 'else' value becomes a scalar input."""
+              shape: Value | None, static_shape, made: Made) -> DmlNode:
+    """The DmlNode producing pattern `p` into `output` (detached); a nonzero 'else' value becomes a
+    scalar input (a constant the graph holds, or one added to `made`)."""
     x = None
     if not _is_zero(p.other):
-        x = constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()))
+        x = constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()),
+                     made)
     begin, end = _bounds(p)
     return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,
                    static_shape=static_shape)
@@ -112,7 +114,7 @@ def _match_stored(graph: Graph, item, options: Options) -> Match | None:
     if p is None:
         return None
     elem_type = value.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
-    dml = DmlNode(f"{value.name}__gen", None, None, None, value, elem_type=elem_type, value=p.value,
+    dml = DmlNode(f"{value.name}__gen", None, None, None, standin(value, elem_type), elem_type=elem_type, value=p.value,
                   begin=_bounds(p)[0], end=_bounds(p)[1], static_shape=arr.shape)
     m.captures.update(dml=dml, pattern=p, nbytes=int(arr.nbytes))
     m.reason = lowering_reason(dml, arr.shape, options)
@@ -138,18 +140,15 @@ def _first_row_varies(v: Value, head: int = 16) -> bool:
     return sum(a != b for a, b in zip(items, items[1:])) > 2
 
 
-def _rewrite_stored(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_stored(graph: Graph, m: Match, options: Options) -> Replacement:
     proto: DmlNode = m.captures["dml"]
     value = proto.outputs[0]
-    if m.initializers:
-        del graph.initializers[value.name]
-        value.initializer = value.array = None
-    else:
-        graph.remove_node(m.nodes[0])
-    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None, proto.static_shape)
-    graph.add_node(node)
-    m.captures["dml"] = node
-    return [node]
+    made = Made()
+    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None,
+                     proto.static_shape, made)
+    old = graph.initializers[value.name] if m.initializers else m.nodes[0].outputs[0]
+    return Replacement(nodes=[node], initializers=made.initializers, replaces=[(old, node.outputs[0])],
+                       removes=list(m.nodes))
 
 
 STORED_MASK = Rule("stored_mask", ("Initializer", "Constant"), _match_stored, _rewrite_stored,
@@ -582,7 +581,7 @@ def _finish(graph, m, target, p, arr, sources, options) -> Match:
     elem_type = target.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
     static = arr.shape if sources is None or all(s[0] == "const" for s in sources) else None
     begin, end = _bounds(p)
-    dml = DmlNode(f"{target.name}__gen", None, None, None, target, elem_type=elem_type, value=p.value,
+    dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type, value=p.value,
                   begin=begin, end=end, static_shape=static)
     m.captures.update(dml=dml, pattern=p, sources=sources if static is None else None)
     m.reason = lowering_reason(dml, tuple(arr.shape) if static else (None,) * arr.ndim, options)
@@ -597,8 +596,8 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
         return m
     dims = [d.const if isinstance(d, Lin) and d.is_const else None for d in fill.shape]
     static = tuple(dims) if None not in dims else None
-    dml = DmlNode(f"{target.name}__gen", None, None, None, target, elem_type=elem_type, value=fill.value,
-                  begin=fill.begin, end=fill.end, static_shape=static)
+    dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type,
+                  value=fill.value, begin=fill.begin, end=fill.end, static_shape=static)
     m.captures.update(dml=dml, fill=fill, inputs=inputs, bounds=fill.bound_text(str))
     derived = {n: e for n, e, _ in fill.derived}
     unread = sorted({s for e in fill.sizes() + list(derived.values()) for s, _ in e.terms
@@ -610,29 +609,28 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
     return m
 
 
-def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
     proto: DmlNode = m.captures["dml"]
     target = proto.outputs[0]
     fill: SizedFill | None = m.captures.get("fill")
-    graph.remove_node(target.producer)
+    made = Made()
+    old = graph.values[target.name]
     if fill is None:  # evaluated at its one static size
-        target.shape = proto.static_shape
-        node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, None, proto.static_shape)
-        graph.add_node(node)
-        m.captures["dml"] = node
-        return [node]
-    sizes = SizeBuilder(graph, m.captures["inputs"], {n: (e, k) for n, e, k in fill.derived})
-    shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
-    k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
-    # What we proved about the sizes beats what shape inference guessed (often unk__N names).
-    target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
-    x = None if _is_zero(fill.other) else \
-        constant(graph, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()))
-    node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value, begin=fill.begin,
-                   end=fill.end, static_shape=proto.static_shape)
-    graph.add_node(node)
-    m.captures["dml"] = node
-    return [node] + sizes.made
+        target.shape = proto.static_shape  # (`target` is the match's detached stand-in, not the graph's value)
+        node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, None,
+                         proto.static_shape, made)
+    else:
+        sizes = SizeBuilder(graph, m.captures["inputs"], made, {n: (e, k) for n, e, k in fill.derived})
+        shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
+        k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
+        # What we proved about the sizes beats what shape inference guessed (often unk__N names).
+        target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
+        x = None if _is_zero(fill.other) else constant(
+            graph, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()), made)
+        node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value,
+                       begin=fill.begin, end=fill.end, static_shape=proto.static_shape)
+    return Replacement(nodes=[*made.nodes, node], initializers=made.initializers,
+                       replaces=[(old, node.outputs[0])], removes=[old.producer])
 
 
 MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,

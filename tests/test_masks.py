@@ -14,7 +14,7 @@ from dmlgraph import api
 from dmlgraph.executor import Executor
 from dmlgraph.graph import DmlNode
 from dmlgraph.onnx_io import export_model, import_model
-from dmlgraph.rewrite import Options
+from dmlgraph.rewrite import Options, Replacement, Rewriter
 from passes.apply import complement, union
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
@@ -342,7 +342,6 @@ def test_initializer_that_is_also_an_input_is_not_a_constant():
 
 # ---- fast paths against their simple oracles --------------------------------------------------
 from hypothesis import given, settings, strategies as st  # noqa: E402
-import hypothesis.extra.numpy as hnp  # noqa: E402
 
 
 def test_export_writes_nodes_as_read_with_their_current_value_names():
@@ -384,7 +383,7 @@ def test_size_plumbing_lookup_finds_a_live_twin_after_the_indexed_node_is_remove
 
 
 def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
-    from passes.sizes import SizeBuilder
+    from passes.sizes import Made, SizeBuilder
     from passes.symbolic import Lin
     m = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
                                   [h.make_tensor_value_info("x", T.FLOAT, ["a", "b"])],
@@ -393,23 +392,25 @@ def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
     g = import_model(m)
     x = g.values["x"]
     dims = [Lin.sym("b"), Lin.sym("b")]
+    rewriter = Rewriter(g)
 
-    def build(hint):
-        b = SizeBuilder(g, [x])
-        return b.vector(dims, hint), b.made
+    def sizes_for(hint):
+        made = Made()
+        out = SizeBuilder(g, [x], made).vector(dims, hint)
+        rewriter.apply(Replacement(nodes=made.nodes, initializers=made.initializers))
+        return out, made.nodes
 
-    sizes, new = build("m1")
-    assert [n.op_type for n in new] == ["Shape", "Gather", "Concat"]
-    again, new = build("m2")
+    sizes, new = sizes_for("m1")
+    assert [n.op_type for n in new] == ["Shape", "Gather", "Concat"]  # the second dim b reuses the first
+    again, new = sizes_for("m2")
     assert again is sizes and new == []  # the copies of a mask share them
     g.remove_node(sizes.producer)  # (as remove_dead does once nothing reads it)
-    remade, new = build("m3")
+    remade, new = sizes_for("m3")
     assert remade is not sizes and [n.op_type for n in new] == ["Concat"]  # Shape and Gather still live
     assert remade.producer.inputs[0].producer.op_type == "Gather"
 
 
 # ---- the stored-mask pre-filter never turns away a band ----------------------------------------
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from dmlgraph.band import analyze_band, diagonal_use_mask  # noqa: E402
 from dmlgraph.graph import Value  # noqa: E402

@@ -1,26 +1,41 @@
 """Masks applied to data become one DIAGONAL_MATRIX1 with that data as its input.
 
-A generator G (a DmlNode with no input, or a scalar constant input) is `value` on a diagonal
-region R and `other` elsewhere. Then, with X the data:
-  Where(G, X, c) / Where(G, c, X)  -> DIAGONAL_MATRIX1(X, Value c, R or its complement)  bit-exact
-  Mul(X, G) with G in {0, 1}       -> DIAGONAL_MATRIX1(X, Value 0, where G is 0)         equal for finite X
-  Add(X, G) with G in {0, -inf}    -> DIAGONAL_MATRIX1(X, Value -inf, where G is -inf)    equal for finite X
-and a DIAGONAL_MATRIX1 whose input is another one with the same value and k fuses into one node
+A DIAGONAL_MATRIX1 node D is `Value` on a diagonal region R and its input x (0 without one)
+elsewhere. An elementwise node f(D, ...) therefore computes f(Value, ...) on R and f(x, ...)
+elsewhere; when one of those two parts is a single constant c, the node is
+    DIAGONAL_MATRIX1(input: the other part, Value c, region R or its complement).
+Each op family says what its parts reduce to (`Evaluator`): `Where` here, `And`/`Or`/`Not`/`Cast` in
+`apply_bool`, `Add`/`Mul` in `apply_arith`; a part that does not reduce becomes a new ONNX node
+(`Where(P, X, c)`, `Add(X, P)`) reading the data. Every part says whether it is bit-exact; a rule
+whose parts are not declines under `--exact`.
+
+Shapes: the new node has the replaced node's output shape (the broadcast of its operands, built at
+run time by `passes.broadcast` when the input alone does not carry it), and that output's last two
+dims must be D's own (shape inference proves it): a band broadcast along a matrix axis is no band.
+
+`chain`: a DIAGONAL_MATRIX1 whose input is another one with the same value and k fuses into one node
 whose region is the union (tril(triu(x, a), b) is one inverted-range node), when the union is one
 (possibly inverted) interval.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, Union
 
 import numpy as np
+import onnx
 
 from dmlgraph.dtypes import bitwise_equal
-from dmlgraph.graph import DmlNode, Graph, Node, Value
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.rewrite import Match, Options, Rule
+from dmlgraph.runtime import numpy_dtype
+from passes.broadcast import (ShapeSource, broadcast_dims, build_broadcast, build_matrix_of, keeps_matrix, needed,
+                              same_dims, shape_source, static_broadcast)
 from passes.common import const_value, lowering_reason, replace_node
 
 INF = math.inf
+Region = tuple[Union[int, None], Union[int, None]]
 
 
 # ---- regions: sets of diagonals as (begin, end) with None = unbounded --------------------------
@@ -31,13 +46,14 @@ def _pieces(begin, end) -> list[tuple[float, float]]:
     return [(lo, hi)] if lo < hi else []
 
 
-def _from_pieces(pieces) -> tuple[int | None, int | None] | None:
+def _from_pieces(pieces) -> Region | None:
     merged: list[list[float]] = []
     for lo, hi in sorted(p for p in pieces if p[0] < p[1]):
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)
         else:
             merged.append([lo, hi])
+
     def b(x):
         return None if math.isinf(x) else int(x)
     if not merged:
@@ -49,11 +65,11 @@ def _from_pieces(pieces) -> tuple[int | None, int | None] | None:
     return None
 
 
-def union(r1, r2):
+def union(r1: Region, r2: Region) -> Region | None:
     return _from_pieces(_pieces(*r1) + _pieces(*r2))
 
 
-def complement(r):
+def complement(r: Region) -> Region | None:
     cuts = [-INF]
     for lo, hi in _pieces(*r):
         cuts += [lo, hi]
@@ -61,109 +77,281 @@ def complement(r):
     return _from_pieces([(cuts[i], cuts[i + 1]) for i in range(0, len(cuts), 2)])
 
 
-# ---- generators ----------------------------------------------------------------------------------
+# ---- operands and parts ---------------------------------------------------------------------------
+Operand = Union[np.ndarray, Value]  # a 0-d constant (every element of the operand), or a value
+
+
+def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
+    """The one value every element of `v` provably holds (0-d, bits kept), else None.
+
+    A constant whose elements are bitwise equal, `ConstantOfShape(any shape)`, and `Expand` of such
+    a value qualify: shape-only fills like `ConstantOfShape(Shape(X))`.
+    """
+    if v is None:
+        return None
+    arr = const_value(graph, v)
+    if arr is not None:
+        arr = np.asarray(arr)
+        if arr.size == 0 or arr.dtype.kind not in "biuf":
+            return None
+        first = arr.reshape(-1)[:1].reshape(())
+        return first.copy() if bitwise_equal(np.broadcast_to(first, arr.shape), arr) else None
+    p = v.producer
+    if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
+        return None
+    if p.op_type == "ConstantOfShape":
+        t = p.attr("value")
+        return np.zeros((), np.float32) if t is None else onnx.numpy_helper.to_array(t).reshape(-1)[:1].reshape(())
+    if p.op_type in ("Expand", "Identity"):
+        return uniform_constant(graph, p.inputs[0])
+    return None
+
+
+@dataclass
+class Part:
+    """What the node computes on one side of the band: a constant, an operand as is, or a new node."""
+
+    const: np.ndarray | None = None
+    value: Value | None = None
+    op: tuple[str, list[Operand]] | None = None  # a new ONNX node of the replaced node's op type
+    exact: bool = True
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+
+Evaluator = Callable[[OnnxNode, list[Operand], np.dtype], Union[Part, str]]
+
+
+def _operand(graph: Graph, v: Value | None) -> Operand | None:
+    u = uniform_constant(graph, v)
+    return u if u is not None else v
+
+
+def band_operands(graph: Graph, node: OnnxNode, band_inputs: tuple[int, ...]) -> list[int]:
+    """Positions among `band_inputs` whose value a DIAGONAL_MATRIX1 node makes."""
+    return [i for i in band_inputs if isinstance(node.input(i), Value) and isinstance(node.input(i).producer, DmlNode)
+            and node.input(i).producer.kind == "DiagonalMatrix1"]
+
+
+def _outside(graph: Graph, d: DmlNode) -> Operand:
+    """D's elements off its region: its input (a one-element constant as a 0-d array), else 0."""
+    x = d.inputs[0]
+    if x is None:
+        return np.zeros((), numpy_dtype(d.elem_type))
+    arr = const_value(graph, x) if x.name in graph.initializers else None
+    return np.asarray(arr).reshape(()) if arr is not None and arr.size == 1 else x
+
+
+@dataclass
+class Plan:
+    """The replacement a match decided on; `build` makes it (the only graph edits)."""
+
+    node: OnnxNode
+    band: DmlNode
+    value: np.ndarray
+    region: Region
+    x: Part
+    exact: bool
+    shape: list[ShapeSource] | None = None  # run-time sizes to broadcast (None: x or static carries them)
+    static_shape: tuple[int, ...] | None = None
+    guarded: bool = False  # the matrix is the band's by construction, not by proof (see plan_application)
+    matrix: ShapeSource | None = None  # the band's sizes, when guarded
+
+
+def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator, rule: str,
+                     options: Options) -> Match | None:
+    """The Match replacing `node`, whose input `d_index` a DIAGONAL_MATRIX1 makes (None: no band)."""
+    d_value = node.inputs[d_index]
+    d: DmlNode = d_value.producer
+    out = node.outputs[0]
+    m = Match(rule, [node])
+    if out.elem_type is None:
+        m.reason = "the output type is unknown"
+        return m
+    dtype = numpy_dtype(out.elem_type)
+    operands = [_operand(graph, v) for v in node.inputs]
+    inside = evaluate(node, [np.asarray(d.value) if i == d_index else o for i, o in enumerate(operands)], dtype)
+    outside = evaluate(node, [_outside(graph, d) if i == d_index else o for i, o in enumerate(operands)], dtype)
+    for part in (inside, outside):
+        if isinstance(part, str):
+            m.reason = part
+            return m
+    region = (d.begin, d.end)
+    if inside.is_const:
+        value, x = inside.const, outside
+    elif outside.is_const:
+        value, x, region = outside.const, inside, complement(region)
+    else:
+        m.reason = (f"neither the band's region nor the rest of {node.op_type} {node.name!r} is one constant "
+                    "(both depend on the data)")
+        return m
+    if region is None:
+        m.reason = "the region is not one diagonal interval"
+        return m
+    exact = inside.exact and outside.exact
+    if not exact and options.exact_only:
+        m.reason = f"not bit-exact ({RULE_EXACTNESS.get(rule, 'equal for finite inputs')}); --exact is on"
+        return m
+    if out.shape is None or len(out.shape) < 2 or d_value.shape is None or len(d_value.shape) < 2:
+        m.reason = f"the rank of {node.op_type} {node.name!r} or of its band is unknown"
+        return m
+    plan = Plan(node, d, np.asarray(value, dtype).reshape(()), region, x, exact)
+    others = [v for i, v in enumerate(node.inputs) if v is not None and i != d_index]
+    if not same_dims(out.shape[-2:], d_value.shape[-2:]) and \
+            not all(keeps_matrix(v.shape, d_value.shape) for v in others):
+        # Not proved by shape inference. Data flowing into the new node's input is checked when it
+        # runs (the node takes the band's matrix; wider data fails to broadcast); the rest must be proved.
+        into_x = _part_values(x)
+        unproved = [v for v in others if v not in into_x and not keeps_matrix(v.shape, d_value.shape)]
+        if unproved:
+            m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix: operand "
+                        f"{unproved[0].name!r} {list(unproved[0].shape or ['?'])} may widen "
+                        f"{list(d_value.shape[-2:])}")
+            return m
+        plan.guarded = True
+    x_shape = _part_shape(x)
+    if plan.guarded or x_shape is None or not same_dims(x_shape, out.shape):
+        if out.static_shape is not None and not plan.guarded:
+            plan.static_shape = out.static_shape
+        else:
+            sources = [shape_source(graph, v) for v in node.inputs if v is not None]
+            if any(s is None for s in sources):
+                m.reason = f"an operand of {node.op_type} {node.name!r} has an unknown rank"
+                return m
+            sources = needed(sources)
+            static = static_broadcast(sources)
+            if static is not None and plan.guarded and not _static_matrix(static, d_value):
+                m.reason = (f"{node.op_type} {node.name!r} broadcasts the band's matrix {list(d_value.shape[-2:])} "
+                            f"to {list(static[-2:])}: a band repeated along an axis is no band")
+                return m
+            if static is not None:
+                plan.static_shape = static
+            else:
+                plan.shape = sources
+                plan.matrix = shape_source(graph, d_value) if plan.guarded else None
+    preview = DmlNode(node.name, None if x.is_const and _is_plus_zero(x.const) else Value("pending"), None,
+                      d.inputs[2], out, elem_type=out.elem_type, value=dtype.type(plan.value),
+                      begin=region[0], end=region[1], exact=exact)
+    m.captures["plan"] = plan
+    m.captures["dml"] = preview
+    m.reason = lowering_reason(preview, out.shape, options)
+    return m
+
+
+def _is_plus_zero(c: np.ndarray) -> bool:
+    return bool(c == 0) and not (c.dtype.kind == "f" and np.signbit(c))
+
+
+def _part_values(p: Part) -> list[Value]:
+    if p.value is not None:
+        return [p.value]
+    return [o for o in p.op[1] if isinstance(o, Value)] if p.op is not None else []
+
+
+def _static_matrix(static: tuple[int, ...], band: Value) -> bool:
+    return band.shape is not None and tuple(band.shape[-2:]) == tuple(static[-2:])
+
+
+def _part_shape(p: Part):
+    if p.value is not None:
+        return p.value.shape
+    if p.op is not None:
+        shapes = [o.shape for o in p.op[1] if isinstance(o, Value)]
+        if any(s is None for s in shapes) or not shapes:
+            return None
+        return broadcast_dims(shapes)
+    return None
+
+
+def build(graph: Graph, plan: Plan) -> list[Node]:
+    """Make the planned DIAGONAL_MATRIX1 (and the helper nodes its input and sizes need)."""
+    node, out = plan.node, plan.node.outputs[0]
+    made: list[Node] = []
+    hint = out.name
+    x = plan.x
+    if x.is_const:
+        xv = None if _is_plus_zero(x.const) else \
+            graph.add_initializer(graph.fresh_value(f"{hint}__else"), np.asarray(x.const, plan.value.dtype).reshape(()))
+    elif x.value is not None:
+        xv = x.value
+    else:
+        op_type, operands = x.op
+        ins = [o if isinstance(o, Value) else
+               graph.add_initializer(graph.fresh_value(f"{hint}__c"), np.asarray(o)) for o in operands]
+        xv = graph.fresh_value(f"{hint}__input", out.elem_type, _part_shape(x))
+        made.append(graph.add_node(OnnxNode(xv.name, op_type, ins, [xv], node.attributes)))
+    shape = None
+    if plan.shape is not None:
+        shape, nodes = build_broadcast(graph, plan.shape, hint)
+        made += nodes
+        if plan.matrix is not None:
+            shape, nodes = build_matrix_of(graph, shape, plan.matrix, hint)
+            made += nodes
+    dml = DmlNode(node.name or graph.fresh_name(node.op_type), xv, shape, plan.band.inputs[2], out,
+                  elem_type=out.elem_type, value=plan.value.dtype.type(plan.value), begin=plan.region[0],
+                  end=plan.region[1], static_shape=plan.static_shape, exact=plan.exact)
+    return [replace_node(graph, node, dml)] + made
+
+
+def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
+                     exact: str, description: str) -> Rule:
+    """A phase-3 rule applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`."""
+    RULE_EXACTNESS[name] = exact
+
+    def match(graph: Graph, node: Node, options: Options) -> Match | None:
+        if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+            return None
+        declined = None
+        for i in band_operands(graph, node, band_inputs):
+            m = plan_application(graph, node, i, evaluate, name, options)
+            if m is not None and not m.declined:
+                return m
+            declined = declined or m
+        return declined
+
+    def rewrite(graph: Graph, m: Match, options: Options) -> list[Node]:
+        made = build(graph, m.captures["plan"])
+        m.captures["dml"] = made[0]
+        return made
+
+    return Rule(name, op_types, match, rewrite, exact=exact, phase=3, description=description)
+
+
+RULE_EXACTNESS: dict[str, str] = {}
+
+
+# ---- Where ------------------------------------------------------------------------------------------
+def evaluate_where(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    """Where(c, A, B) with the condition one constant is A or B as they are: bit-exact."""
+    cond, a, b = operands
+    if isinstance(cond, np.ndarray):
+        chosen = a if bool(cond) else b
+        if isinstance(chosen, np.ndarray):
+            return Part(const=np.asarray(chosen, dtype))
+        return Part(value=chosen)
+    return Part(op=("Where", operands))
+
+
+MASK_WHERE = application_rule(
+    "mask_where", ("Where",), (0,), evaluate_where, "bit-exact",
+    "Where(band, X, c) / Where(band, c, X), c any one-valued constant -> DIAGONAL_MATRIX1(X, Value c)")
+
+
+# ---- generators (for readers that want a band's two values) ------------------------------------------
 def generator_values(graph: Graph, v: Value | None):
     """(node, value, other) when `v` is made by a generator: no input, or a scalar constant one."""
     n = v.producer if v is not None else None
     if not isinstance(n, DmlNode) or n.kind != "DiagonalMatrix1":
         return None
-    x = n.inputs[0]
-    if x is None:
-        return n, np.asarray(n.value), np.zeros((), np.asarray(n.value).dtype)
-    arr = const_value(graph, x) if x.name in graph.initializers else None
-    if arr is None or arr.size != 1:
+    other = _outside(graph, n)
+    if isinstance(other, Value):
         return None
-    return n, np.asarray(n.value), np.asarray(arr).reshape(())
+    return n, np.asarray(n.value), other
 
 
-def _scalar(graph: Graph, v: Value):
-    """A one-element constant, keeping its rank (a [1, 1, 1] constant still broadcasts)."""
-    arr = const_value(graph, v)
-    return None if arr is None or arr.size != 1 else np.asarray(arr)
-
-
-def _covers(mask_shape, x_shape) -> bool:
-    """The mask's matrix is X's matrix (the last two dims equal: a [1, W] mask is not a band of an
-    [H, W] X) and its batch dims broadcast into X's without growing them."""
-    if mask_shape is None or x_shape is None or len(mask_shape) < 2 or len(mask_shape) > len(x_shape):
-        return False
-    if any(m is None or m != x for m, x in zip(mask_shape[-2:], x_shape[-2:])):
-        return False
-    return all(m == 1 or (m is not None and m == x) for m, x in zip(reversed(mask_shape[:-2]), reversed(x_shape[:-2])))
-
-
-def _apply(graph, node, gen, x, value, region, exact: bool, rule: str, options: Options) -> Match:
-    m = Match(rule, [node])
-    if x.elem_type != node.outputs[0].elem_type and node.outputs[0].elem_type is not None:
-        m.reason = "the mask's value type differs from the data's"
-        return m
-    if not _covers(gen.outputs[0].shape, x.shape) or np.ndim(value) > len(x.shape):
-        m.reason = "cannot prove the result has the data's shape (the mask or the constant may broadcast it)"
-        return m
-    if region is None:
-        m.reason = "the region is not one diagonal interval"
-        return m
-    dt = np.asarray(value).dtype
-    value = np.asarray(value).reshape(())
-    dml = DmlNode(node.name or graph.fresh_name(rule), x, None, gen.inputs[2], node.outputs[0], elem_type=x.elem_type,
-                  value=dt.type(value), begin=region[0], end=region[1], exact=exact)
-    m.captures["dml"] = dml
-    m.reason = lowering_reason(dml, x.shape, options)
-    return m
-
-
-def _match_where(graph: Graph, node: Node, options: Options) -> Match | None:
-    cond, a, b = node.input(0), node.input(1), node.input(2)
-    g = generator_values(graph, cond)
-    if g is None:
-        return None
-    gen, value, other = g
-    true_region = (gen.begin, gen.end) if bool(value) else complement((gen.begin, gen.end))
-    if bool(value) == bool(other):
-        return None  # a constant condition; nothing diagonal about it
-    ca, cb = _scalar(graph, a), _scalar(graph, b)
-    if ca is not None and cb is None:       # c where cond, X elsewhere
-        return _apply(graph, node, gen, b, ca, true_region, True, "mask_where", options)
-    if cb is not None and ca is None:       # X where cond, c elsewhere
-        return _apply(graph, node, gen, a, cb, complement(true_region), True, "mask_where", options)
-    return None
-
-
-def _match_arith(graph: Graph, node: Node, options: Options) -> Match | None:
-    for gi in (0, 1):
-        g = generator_values(graph, node.input(gi))
-        if g is None:
-            continue
-        gen, value, other = g
-        x = node.input(1 - gi)
-        if x is None or _scalar(graph, x) is not None or value.dtype.kind != "f":
-            return None
-        region = (gen.begin, gen.end)
-        # Which part is the identity (1 for Mul, 0 for Add) and which the absorbing fill.
-        ident = 1 if node.op_type == "Mul" else 0
-        if value == ident and other != ident:
-            fill, fill_region = other, complement(region)
-        elif other == ident and value != ident:
-            fill, fill_region = value, region
-        else:
-            return None
-        if node.op_type == "Mul" and fill != 0:
-            return None
-        if node.op_type == "Add" and not np.isneginf(fill):
-            # X + c is c only for c = -inf (finite X). Not for -10000, nor for the lowest finite
-            # value (float16: 65504 + 20 rounds to -65472), so such masks stay generators.
-            return None
-        if options.exact_only:
-            m = Match("mask_arith", [node], reason="not bit-exact (equal for finite inputs); --exact is on")
-            return m
-        return _apply(graph, node, gen, x, np.asarray(fill, value.dtype), fill_region, False, "mask_arith", options)
-    return None
-
-
-def _rewrite_apply(graph: Graph, m: Match, options: Options) -> list[Node]:
-    return [replace_node(graph, m.nodes[0], m.captures["dml"])]
-
-
+# ---- chain --------------------------------------------------------------------------------------
 def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
     if not isinstance(node, DmlNode) or node.kind != "DiagonalMatrix1":
         return None
@@ -192,9 +380,5 @@ def _rewrite_chain(graph: Graph, m: Match, options: Options) -> list[Node]:
     return [new]
 
 
-MASK_WHERE = Rule("mask_where", ("Where",), _match_where, _rewrite_apply, exact="bit-exact", phase=3,
-                  description="Where(band, X, c) / Where(band, c, X) -> DIAGONAL_MATRIX1(X, Value c)")
-MASK_ARITH = Rule("mask_arith", ("Mul", "Add"), _match_arith, _rewrite_apply, exact="equal for finite inputs",
-                  phase=3, description="Mul(X, 0/1 band), Add(X, 0/-inf band) -> DIAGONAL_MATRIX1(X, fill)")
 CHAIN = Rule("chain", ("DiagonalMatrix1",), _match_chain, _rewrite_chain, exact="bit-exact", phase=4,
              description="DIAGONAL_MATRIX1 of a DIAGONAL_MATRIX1 with the same value -> one node (region union)")

@@ -1,0 +1,155 @@
+"""Batch-axis views of a band: `Expand` and `Unsqueeze` of a DIAGONAL_MATRIX1 output are that node
+at the new shape.
+
+DIAGONAL_MATRIX1 fills by (row, column) of the last two axes only, so repeating or adding leading
+(batch) axes gives the same node with other sizes: `Expand` only changes the run-time sizes (its
+input still broadcasts to them), `Unsqueeze` also unsqueezes the input. Both are bit-exact. Neither
+may touch the matrix: an `Expand` whose output's last two dims are not provably the band's (a [1, T]
+row repeated down S rows is no band) and an `Unsqueeze` of one of the last two axes are declined.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.rewrite import Match, Options, Rule
+from passes.apply import band_operands
+from passes.broadcast import ShapeSource, build_broadcast, same_dims, shape_source, static_broadcast
+from passes.common import const_value, lowering_reason, replace_node
+
+
+def _axes(graph: Graph, node: OnnxNode) -> list[int] | None:
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        arr = const_value(graph, node.inputs[1])
+        return None if arr is None else [int(a) for a in np.asarray(arr).reshape(-1)]
+    axes = node.attr("axes")
+    return None if axes is None else [int(a) for a in axes]
+
+
+def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
+    if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or not band_operands(graph, node, (0,)):
+        return None
+    d_value, out = node.inputs[0], node.outputs[0]
+    d: DmlNode = d_value.producer
+    m = Match("mask_view", [node])
+    if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
+            not same_dims(out.shape[-2:], d_value.shape[-2:]):
+        m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix (output's last two dims "
+                    f"{list(out.shape or ())[-2:]}, band's {list(d_value.shape or ())[-2:]})")
+        return m
+    source = shape_source(graph, d_value)
+    if node.op_type == "Expand":
+        t = node.inputs[1]
+        t_arr = const_value(graph, t)
+        if t_arr is not None:
+            target = ShapeSource(len(t_arr), static=tuple(int(s) for s in t_arr))
+        elif t.shape is not None and len(t.shape) == 1 and isinstance(t.shape[0], int):
+            target = ShapeSource(t.shape[0], vector=t)
+        else:
+            m.reason = f"the target shape of Expand {node.name!r} has an unknown length"
+            return m
+        plan = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target]}
+    else:
+        axes = _axes(graph, node)
+        rank = len(out.shape)
+        if axes is None:
+            m.reason = f"the axes of Unsqueeze {node.name!r} are not constant"
+            return m
+        axes = sorted(a % rank for a in axes)
+        if any(a >= rank - 2 for a in axes):
+            m.reason = f"Unsqueeze {node.name!r} adds an axis among the last two: the matrix changes"
+            return m
+        plan = {"x": d.inputs[0], "unsqueeze": axes, "sources": [source]}
+    if source is None:
+        m.reason = f"the band feeding {node.op_type} {node.name!r} has an unknown rank"
+        return m
+    plan["static"] = out.static_shape
+    m.captures["plan"] = plan
+    m.captures["dml"] = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], out, elem_type=d.elem_type,
+                                          value=d.value, begin=d.begin, end=d.end, exact=d.exact)
+    m.reason = lowering_reason(preview, out.shape, options)
+    return m
+
+
+def _rewrite_view(graph: Graph, m: Match, options: Options) -> list[Node]:
+    node: OnnxNode = m.nodes[0]
+    d: DmlNode = node.inputs[0].producer
+    plan, out = m.captures["plan"], node.outputs[0]
+    made: list[Node] = []
+    x = plan["x"]
+    axes = plan["unsqueeze"]
+    sources = plan["sources"]
+    if axes is not None:
+        x, nodes = _unsqueezed_input(graph, x, len(node.inputs[0].shape), axes, out.name)
+        made += nodes
+        sources = [_unsqueezed_source(graph, sources[0], axes, out.name, made)]
+    shape, static = None, plan["static"]
+    if static is None:
+        static = static_broadcast(sources)
+    if static is None and not (x is not None and same_dims(x.shape, out.shape)):
+        shape, nodes = build_broadcast(graph, sources, out.name)
+        made += nodes
+    dml = DmlNode(node.name or graph.fresh_name("view"), x, shape, d.inputs[2], out, elem_type=d.elem_type,
+                  value=d.value, begin=d.begin, end=d.end, static_shape=static, exact=d.exact)
+    new = replace_node(graph, node, dml)
+    m.captures["dml"] = new
+    return [new] + made
+
+
+def _add(graph: Graph, op_type: str, inputs: list[Value], hint: str, elem_type: int, shape=None) -> tuple[Value, Node]:
+    out = graph.fresh_value(hint, elem_type, shape)
+    return out, graph.add_node(OnnxNode(out.name, op_type, inputs, [out]))
+
+
+def _unsqueezed_input(graph: Graph, x: Value | None, band_rank: int, axes: list[int], hint: str):
+    """x aligned to the band's rank, then unsqueezed like the band (a one-element x broadcasts as is)."""
+    if x is None or (x.shape is not None and all(d == 1 for d in x.shape) and len(x.shape) <= band_rank):
+        return x, []
+    made = []
+    lead = band_rank - len(x.shape)
+    if lead:  # right-align x to the band first
+        pad = graph.add_initializer(graph.fresh_value(f"{hint}__pad_axes"), np.arange(lead, dtype=np.int64))
+        x, n = _add(graph, "Unsqueeze", [x, pad], f"{hint}__aligned", x.elem_type, (1,) * lead + tuple(x.shape))
+        made.append(n)
+    dims = list(x.shape)
+    for a in axes:
+        dims.insert(a, 1)
+    ax = graph.add_initializer(graph.fresh_value(f"{hint}__axes"), np.array(axes, np.int64))
+    x, n = _add(graph, "Unsqueeze", [x, ax], f"{hint}__input", x.elem_type, tuple(dims))
+    return x, made + [n]
+
+
+def _unsqueezed_source(graph: Graph, s: ShapeSource, axes: list[int], hint: str, made: list[Node]) -> ShapeSource:
+    """The band's sizes with 1s inserted at `axes` (of the output)."""
+    rank = s.rank + len(axes)
+    if s.static is not None:
+        dims = list(s.static)
+        for a in axes:
+            dims.insert(a, 1)
+        return ShapeSource(rank, static=tuple(dims))
+    vec = s.vector
+    if vec is None:
+        vec, n = _add(graph, "Shape", [s.of], f"{hint}__band_shape", TensorProto.INT64, (s.rank,))
+        made.append(n)
+    # Output axis a is a 1; the others take the band's dims in order.
+    pieces, taken, start = [], 0, 0
+    for a in axes + [rank]:
+        count = a - start  # band dims before this inserted axis
+        if count:
+            lo = graph.add_initializer(graph.fresh_value(f"{hint}__lo"), np.array([taken], np.int64))
+            hi = graph.add_initializer(graph.fresh_value(f"{hint}__hi"), np.array([taken + count], np.int64))
+            piece, n = _add(graph, "Slice", [vec, lo, hi], f"{hint}__dims", TensorProto.INT64, (count,))
+            pieces.append(piece)
+            made.append(n)
+            taken += count
+        if a < rank:
+            pieces.append(graph.add_initializer(graph.fresh_value(f"{hint}__one"), np.array([1], np.int64)))
+        start = a + 1
+    out = graph.fresh_value(f"{hint}__sizes", TensorProto.INT64, (rank,))
+    made.append(graph.add_node(OnnxNode(out.name, "Concat", pieces, [out], [helper.make_attribute("axis", 0)])))
+    return ShapeSource(rank, vector=out)
+
+
+MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze"), _match_view, _rewrite_view, exact="bit-exact", phase=3,
+                 description="Expand / Unsqueeze of a DIAGONAL_MATRIX1 on its batch axes -> that node at the new shape")

@@ -36,7 +36,7 @@ from dmlgraph.errors import DmlgraphError
 from dmlgraph.modelfile import atomic_writer, tensor_nbytes
 from dmlgraph.ops import FeatureLevel, bind_range
 
-SCHEMA = "dmlgraph.inspect/1"
+SCHEMA = "dmlgraph.inspect/2"
 PICTURE_MAX = 8           # the picture shows at most the top-left 8x8 corner of one slice
 REPRESENTATIVE_DIM = 8    # symbolic dims take this size in a representative desc / picture
 

@@ -161,8 +161,9 @@ class Plan:
 
 
 def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator, rule: str,
-                     options: Options) -> Match | None:
-    """The Match replacing `node`, whose input `d_index` a DIAGONAL_MATRIX1 makes (None: no band)."""
+                     options: Options, output_is_mask: bool = True) -> Match | None:
+    """The Match replacing `node`, whose input `d_index` a DIAGONAL_MATRIX1 makes (None: not an
+    application: both parts are data and the output is data too, e.g. `Add(X, eye)`)."""
     d_value = node.inputs[d_index]
     d: DmlNode = d_value.producer
     out = node.outputs[0]
@@ -184,6 +185,8 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
     elif outside.is_const:
         value, x, region = outside.const, inside, complement(region)
     else:
+        if not output_is_mask:
+            return None
         m.reason = (f"neither the band's region nor the rest of {node.op_type} {node.name!r} is one constant "
                     "(both depend on the data)")
         return m
@@ -296,8 +299,12 @@ def build(graph: Graph, plan: Plan) -> list[Node]:
 
 
 def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
-                     exact: str, description: str) -> Rule:
-    """A phase-3 rule applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`."""
+                     exact: str, description: str, output_is_mask: bool = True) -> Rule:
+    """A phase-3 rule applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
+
+    `output_is_mask`: the op's output is itself a mask (And, Not, Cast), so a band it cannot take is
+    declined with the reason; an application whose output is data (Where, Add) that is no mask
+    application at all (`X + eye`) is simply not matched."""
     RULE_EXACTNESS[name] = exact
 
     def match(graph: Graph, node: Node, options: Options) -> Match | None:
@@ -305,7 +312,7 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
             return None
         declined = None
         for i in band_operands(graph, node, band_inputs):
-            m = plan_application(graph, node, i, evaluate, name, options)
+            m = plan_application(graph, node, i, evaluate, name, options, output_is_mask)
             if m is not None and not m.declined:
                 return m
             declined = declined or m
@@ -336,7 +343,8 @@ def evaluate_where(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
 
 MASK_WHERE = application_rule(
     "mask_where", ("Where",), (0,), evaluate_where, "bit-exact",
-    "Where(band, X, c) / Where(band, c, X), c any one-valued constant -> DIAGONAL_MATRIX1(X, Value c)")
+    "Where(band, X, c) / Where(band, c, X), c any one-valued constant -> DIAGONAL_MATRIX1(X, Value c)",
+    output_is_mask=False)
 
 
 # ---- generators (for readers that want a band's two values) ------------------------------------------

@@ -86,4 +86,5 @@ def evaluate_arith(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
 
 MASK_ARITH = application_rule(
     "mask_arith", ("Add", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
-    "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band) -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)")
+    "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band) -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
+    output_is_mask=False)

@@ -30,7 +30,8 @@ from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.rewrite import Match, Options, Rule
 from dmlgraph.runtime import numpy_dtype
-from passes.broadcast import (ShapeSource, broadcast_dims, build_broadcast, build_matrix_of, keeps_matrix, needed,
+from passes.broadcast import (ShapeSource, broadcast_dims, build_broadcast, build_matrix_of, keeps_matrix, matrix_dims,
+                              needed,
                               same_dims, shape_source, static_broadcast)
 from passes.common import const_value, lowering_reason, replace_node
 
@@ -202,12 +203,13 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
         return m
     plan = Plan(node, d, np.asarray(value, dtype).reshape(()), region, x, exact)
     others = [v for i, v in enumerate(node.inputs) if v is not None and i != d_index]
-    if not same_dims(out.shape[-2:], d_value.shape[-2:]) and \
-            not all(keeps_matrix(v.shape, d_value.shape) for v in others):
+    band = matrix_dims(graph, d_value)
+    if not same_dims(out.shape[-2:], d_value.shape[-2:]) and not all(keeps_matrix(v.shape, band) for v in others):
         # Not proved by shape inference. Data flowing into the new node's input is checked when it
-        # runs (the node takes the band's matrix; wider data fails to broadcast); the rest must be proved.
+        # runs (the node takes the band's matrix; wider data fails to broadcast); the rest must be
+        # proved, and so must a matrix side of 1 (a band row or column repeated is the data's shape).
         into_x = _part_values(x)
-        unproved = [v for v in others if v not in into_x and not keeps_matrix(v.shape, d_value.shape)]
+        unproved = [v for v in others if (v not in into_x or 1 in (band or (1,))) and not keeps_matrix(v.shape, band)]
         if unproved:
             m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix: operand "
                         f"{unproved[0].name!r} {list(unproved[0].shape or ['?'])} may widen "

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.rewrite import Match, Options, Rule
 from passes.apply import band_operands
-from passes.broadcast import ShapeSource, build_broadcast, same_dims, shape_source, static_broadcast
+from passes.broadcast import (ShapeSource, build_broadcast, keeps_matrix, matrix_dims, same_dims, shape_source,
+                              static_broadcast, vector_dims)
 from passes.common import const_value, lowering_reason, replace_node
 
 
@@ -33,10 +34,12 @@ def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
     d_value, out = node.inputs[0], node.outputs[0]
     d: DmlNode = d_value.producer
     m = Match("mask_view", [node])
+    band = matrix_dims(graph, d_value)
+    target_dims = vector_dims(graph, node.inputs[1]) if node.op_type == "Expand" else []
     if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
-            not same_dims(out.shape[-2:], d_value.shape[-2:]):
+            not (same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
         m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix (output's last two dims "
-                    f"{list(out.shape or ())[-2:]}, band's {list(d_value.shape or ())[-2:]})")
+                    f"{list(out.shape or ())[-2:]}, band's {list(band or ())})")
         return m
     source = shape_source(graph, d_value)
     if node.op_type == "Expand":

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper
 
 from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
@@ -70,9 +71,10 @@ def same_dims(a: tuple[Dim, ...] | None, b: tuple[Dim, ...] | None) -> bool:
     return all(x is not None and x == y for x, y in zip(a, b))
 
 
-def keeps_matrix(operand: tuple[Dim, ...] | None, band: tuple[Dim, ...] | None) -> bool:
-    """Broadcasting `operand` against the band cannot change the band's last two dims: each of the
-    operand's is absent, a static 1, or provably the band's."""
+def keeps_matrix(operand: tuple[Dim, ...] | list[Dim] | None, band: tuple[Dim, ...] | None) -> bool:
+    """Broadcasting `operand` (a shape) against the band (its last two dims: `matrix_dims`) cannot
+    change the band's matrix: each of the operand's last two dims is absent, a static 1, or provably
+    the band's."""
     if operand is None or band is None or len(band) < 2:
         return False
     tail = (None,) * max(0, 2 - len(operand)) + tuple(operand[-2:])
@@ -169,3 +171,97 @@ def build_broadcast(graph: Graph, sources: list[ShapeSource], hint: str) -> tupl
             out = add("Where", [is_one, v, out], "sizes")
             out.shape = (rank,)
     return out, new
+
+
+# ---- what a shape vector holds ------------------------------------------------------------------------
+def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | None:
+    """The dims a 1-D int64 shape vector holds, as ints and inferred dim names (None: an entry not
+    known; the whole result None: not even the length).
+
+    Follows the plumbing exporters and this package write: constants, `Shape` (with start/end),
+    `Gather`/`Slice` by constants, `Concat`, `Unsqueeze`/`Squeeze`/`Reshape`/`Cast`/`Identity`, and
+    `Where(Equal(v, -1), ones, v)` (TorchScript's "-1 means keep" of `expand`) and this module's
+    `Where(Equal(a, 1), b, a)`. A dim name is a size >= 0, so it never equals a negative constant.
+    """
+    if v is None or depth > 32:
+        return None
+    arr = const_value(graph, v)
+    if arr is not None:
+        return [int(d) for d in np.asarray(arr).reshape(-1)] if np.asarray(arr).dtype.kind in "iu" else None
+    p = v.producer
+    if isinstance(p, DmlNode) or not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
+        return None
+    op, ins = p.op_type, p.inputs
+
+    def sub(i: int) -> list[Dim] | None:
+        return vector_dims(graph, ins[i] if i < len(ins) else None, depth + 1)
+
+    if op == "Shape":
+        x = ins[0]
+        if x.shape is None:
+            return None
+        dims = list(x.shape)
+        return dims[slice(p.attr("start", 0), p.attr("end", None))]
+    if op in ("Unsqueeze", "Squeeze", "Reshape", "Cast", "Identity", "Flatten"):
+        return sub(0)
+    if op == "Concat":
+        parts = [vector_dims(graph, x, depth + 1) for x in ins]
+        return None if any(q is None for q in parts) else [d for q in parts for d in q]
+    if op in ("Gather", "Slice"):
+        dims = sub(0)
+        if dims is None:
+            return None
+        if op == "Gather":
+            idx = const_value(graph, ins[1])
+            return None if idx is None else [dims[int(i)] for i in np.asarray(idx).reshape(-1)]
+        bounds = [const_value(graph, x) for x in ins[1:]]
+        if any(b is None for b in bounds) or (len(bounds) > 2 and list(np.asarray(bounds[2]).reshape(-1)) != [0]):
+            return None
+        step = int(np.asarray(bounds[3]).reshape(-1)[0]) if len(bounds) > 3 else 1
+        return dims[int(np.asarray(bounds[0]).reshape(-1)[0]):int(np.asarray(bounds[1]).reshape(-1)[0]):step]
+    if op == "ConstantOfShape":
+        n, t = sub(0), p.attr("value")
+        fill = 0 if t is None else int(onnx.numpy_helper.to_array(t).reshape(-1)[0])
+        return None if n is None or len(n) != 1 or not isinstance(n[0], int) else [fill] * n[0]
+    if op == "Mul":
+        a, b = sub(0), sub(1)
+        if a is None or b is None or not all(isinstance(d, int) for d in a + b):
+            return None
+        return [int(d) for d in np.broadcast_to(np.multiply(a, b), np.broadcast_shapes((len(a),), (len(b),)))]
+    if op == "Where":
+        cond = p.inputs[0].producer
+        if not (isinstance(cond, OnnxNode) and cond.op_type == "Equal"):
+            return None
+        x, c, a, b = (vector_dims(graph, cond.inputs[0], depth + 1), const_value(graph, cond.inputs[1]),
+                      sub(1), sub(2))
+        if x is None or c is None or a is None or b is None or np.asarray(c).size != 1 or not len(x) == len(a) == len(b):
+            return None
+        c = int(np.asarray(c).reshape(-1)[0])
+        out: list[Dim] = []
+        for xi, ai, bi in zip(x, a, b):
+            if isinstance(xi, int):
+                out.append(ai if xi == c else bi)
+            elif xi is not None and c < 0:
+                out.append(bi)  # a dim name is never negative
+            elif ai is not None and ai == bi:
+                out.append(ai)  # both branches agree
+            elif ai == c and bi is not None and bi == xi:
+                out.append(xi)  # Where(x == c, c, x) is x (the broadcast of a dim with a 1)
+            else:
+                out.append(None)
+        return out
+    return None
+
+
+def matrix_dims(graph: Graph, v: Value) -> tuple[Dim, Dim] | None:
+    """The last two dims of `v`: for a DIAGONAL_MATRIX1 output, read from its own sizes (the sizes a
+    generator was proved to have can name input dims that shape inference could not see)."""
+    p = v.producer
+    if isinstance(p, DmlNode):
+        if p.inputs[1] is not None:
+            dims = vector_dims(graph, p.inputs[1])
+            if dims is not None and len(dims) >= 2 and None not in dims[-2:]:
+                return tuple(dims[-2:])
+        elif p.static_shape is not None:
+            return tuple(p.static_shape[-2:])
+    return None if v.shape is None or len(v.shape) < 2 else tuple(v.shape[-2:])

@@ -232,13 +232,14 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
         cond = p.inputs[0].producer
         if not (isinstance(cond, OnnxNode) and cond.op_type == "Equal"):
             return None
-        x, c, a, b = (vector_dims(graph, cond.inputs[0], depth + 1), const_value(graph, cond.inputs[1]),
-                      sub(1), sub(2))
-        if x is None or c is None or a is None or b is None or np.asarray(c).size != 1 or not len(x) == len(a) == len(b):
+        x, cs, a, b = (vector_dims(graph, cond.inputs[0], depth + 1), vector_dims(graph, cond.inputs[1], depth + 1),
+                       sub(1), sub(2))
+        if x is None or cs is None or a is None or b is None or not len(x) == len(a) == len(b) \
+                or len(cs) not in (1, len(x)) or not all(isinstance(ci, int) for ci in cs):
             return None
-        c = int(np.asarray(c).reshape(-1)[0])
+        cs = cs * len(x) if len(cs) == 1 else cs
         out: list[Dim] = []
-        for xi, ai, bi in zip(x, a, b):
+        for xi, c, ai, bi in zip(x, cs, a, b):
             if isinstance(xi, int):
                 out.append(ai if xi == c else bi)
             elif xi is not None and c < 0:

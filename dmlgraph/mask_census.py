@@ -2,9 +2,10 @@
 
 A tensor is mask-like when it has two or more dims and is built over an index grid: an index value
 comes from `Range` or `CumSum` (and keeps being one through reshapes, gathers, arithmetic and
-casts), a comparison of an index value (`Less(j, i)`, `Equal`, ...) is a mask, and so are `Trilu`,
-`EyeLike`, two-valued stored constants, and every boolean combination, selection between constants,
-cast or reshape of a mask. Data combined with a mask by `And`/`Or` stays a mask (the padding-and-
+casts), a comparison of an index value (`Less(j, i)`, `Equal`, ...) is a mask, and so are `EyeLike`,
+`Trilu` of a tensor that holds no data (constants, shapes: `Trilu(x)` of data is an application),
+two-valued stored constants, and every boolean combination, selection between constants, cast or
+reshape of a mask. Data combined with a mask by `And`/`Or` stays a mask (the padding-and-
 causal mask); data selected or added by it (`Where(mask, X, c)`, `Add(X, mask)`) is an application,
 whose output is data.
 
@@ -28,7 +29,6 @@ GRID_OPS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose",
             "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Min", "Max", "Clip", "Gather", "GatherND", "GatherElements",
             "Slice", "Concat", "Tile", "Mod"}
 COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"}
-MASK_SOURCES = {"Trilu", "EyeLike"}
 MASK_VIEWS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Identity", "Cast", "CastLike",
               "Not", "Slice", "Gather", "GatherND", "GatherElements", "Concat", "Tile", "Split"}
 MASK_COMBINE = {"And", "Or", "Xor"}
@@ -79,6 +79,7 @@ def take(graph: Graph) -> list[MaskSite]:
     grid: set[str] = set()
     mask: dict[str, MaskSite] = {}
     constant: set[str] = set(graph.initializers) - set(graph.overridable_inputs)
+    shape_only: set[str] = set()  # computed from shapes and constants only
     sites: list[MaskSite] = []
 
     def add(v: Value, n: Node | None, found: str, parents: list[str]) -> None:
@@ -105,16 +106,21 @@ def take(graph: Graph) -> list[MaskSite]:
         if op == "Constant" and n.outputs and _two_valued_matrix(_const(graph, n.outputs[0])):
             add(n.outputs[0], n, "a stored two-valued matrix (Constant)", [])
             continue
-        if op == "Constant" or (ins and all(x in constant for x in names)):
+        if op == "Constant":
             constant.update(v.name for v in n.outputs)
             continue
+        if ins and all(x in constant for x in names):  # folds to a constant; may still be a mask
+            constant.update(v.name for v in n.outputs)
+        if op in ("Shape", "Size") or (ins and all(x in constant or x in shape_only for x in names)):
+            shape_only.update(v.name for v in n.outputs)
         parents = [x for x in names if x in mask]
         grids = [x for x in names if x in grid]
         out = n.outputs[0] if n.outputs else None
         if out is None:
             continue
-        if op in MASK_SOURCES:
-            add(out, n, f"{op} over its input's last two axes", parents)
+        if op == "EyeLike" or (op == "Trilu" and (names[0] in shape_only or names[0] in constant or parents
+                                                   or names[0] in grid)):
+            add(out, n, f"{op} of a tensor that holds no data", parents)
         elif op in COMPARISONS and grids:
             add(out, n, f"{op} of index grid {grids[0]!r}", parents)
         elif op in COMPARISONS and parents:

@@ -155,6 +155,7 @@ def classify(sites: list[MaskSite], graph: Graph, result) -> list[dict]:
             declined.setdefault(name, (m.rule, name, m.reason))
     rows: list[dict] = []
     status: dict[str, dict] = {}
+    roots: dict[str, tuple[str, str]] = {}  # a mask declined through its parents -> the declined root and why
     for s in sites:
         v = graph.values.get(s.value)
         p = v.producer if v is not None else None
@@ -173,8 +174,9 @@ def classify(sites: list[MaskSite], graph: Graph, result) -> list[dict]:
         else:
             upstream = next((status[x] for x in s.parents if status.get(x, {}).get("status") == "declined"), None)
             if upstream is not None:
-                row.update(status="declined", rule=upstream["rule"],
-                           reason=f"built from {upstream['value']!r}, declined: {upstream['reason']}")
+                root, why = roots.get(upstream["value"], (upstream["value"], upstream["reason"]))
+                roots[s.value] = (root, why)
+                row.update(status="declined", rule=upstream["rule"], reason=f"built from {root!r}, declined: {why}")
             else:
                 row.update(status="missed", reason="no rule lowered or declined it")
         status[s.value] = row

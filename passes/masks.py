@@ -565,7 +565,8 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if verdict is None:
         verdict = verdicts[signature] = _verdict(graph, nodes, inputs, target, symbolic, df)
     if verdict[0] == "none":
-        return None
+        m.reason = _no_band_reason(nodes, target)
+        return m if m.reason else None
     if verdict[0] == "decline":
         m.reason = verdict[1]
         return m
@@ -573,6 +574,23 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     sources = None if positions is None else \
         [s if s[0] == "const" else ("dim", inputs[s[1]], s[2]) for s in positions]
     return _finish(graph, m, target, p, sample, sources, options)
+
+
+COMPARING_OPS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Trilu", "EyeLike"}
+
+
+def _no_band_reason(nodes: list[Node], target: Value) -> str | None:
+    """Why a shape-only mask (a comparison, Trilu or EyeLike in its cone) is not lowered, so that
+    `inspect` lists it as declined instead of passing over it; None for other shape-only values
+    (rotary tables, position ids), which are no masks."""
+    if not any(n.op_type in COMPARING_OPS and (n.outputs[0].shape is None or len(n.outputs[0].shape) >= 2)
+               for n in nodes):
+        return None  # (a 1-D Equal is shape plumbing: TorchScript's "-1 means keep" of expand)
+    outside = next((n for n in nodes if n.op_type not in INDEX_OPS), None)
+    if outside is not None:
+        return (f"its cone uses {outside.op_type} {outside.name!r}, which the size analysis does not cover, so no "
+                "band can be proved for every size")
+    return "evaluated, it is not one band (one value everywhere, or not diagonal at the sizes tried)"
 
 
 def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str],

@@ -78,17 +78,18 @@ def cumsum_gathernd_mask_model() -> onnx.ModelProto:
     return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
 
 
-def checkerboard_model() -> onnx.ModelProto:
-    """A mask over an index grid that no rule handles: Equal(Mod(j - i, 2), 0) is no band."""
+def length_mask_model() -> onnx.ModelProto:
+    """A mask over an index grid that no rule handles: columns compared with per-row lengths read
+    from an input's values (Less(j, lengths[b])), so it is neither shape-only nor a band application."""
     n = h.make_node
     nodes = [n("Shape", ["x"], ["shp"]), n("Gather", ["shp", "i2"], ["seq"], axis=0),
-             n("Range", ["i0", "seq", "i1"], ["idx"]), n("Unsqueeze", ["idx", "a0"], ["cols"]),
-             n("Unsqueeze", ["idx", "a1"], ["rows"]), n("Sub", ["cols", "rows"], ["d"]),
-             n("Mod", ["d", "i2"], ["parity"]), n("Equal", ["parity", "i0"], ["even"]),
-             n("Where", ["even", "x", "neg"], ["y"])]
-    inits = [c("i0", np.int64(0)), c("i1", np.int64(1)), c("i2", np.int64(2)), c("a0", np.array([0])),
-             c("a1", np.array([1])), c("neg", np.float32(-1e9))]
-    g = h.make_graph(nodes, "checkerboard", [h.make_tensor_value_info("x", T.FLOAT, ["B", "S", "S"])],
+             n("Range", ["i0", "seq", "i1"], ["idx"]), n("Unsqueeze", ["idx", "a01"], ["cols"]),  # [1, 1, T]
+             n("Unsqueeze", ["lengths", "a12"], ["len3"]),                                        # [B, 1, 1]
+             n("Less", ["cols", "len3"], ["valid"]), n("Where", ["valid", "x", "neg"], ["y"])]
+    inits = [c("i0", np.int64(0)), c("i1", np.int64(1)), c("i2", np.int64(2)), c("a01", np.array([0, 1])),
+             c("a12", np.array([1, 2])), c("neg", np.float32(-1e9))]
+    g = h.make_graph(nodes, "lengths", [h.make_tensor_value_info("x", T.FLOAT, ["B", "S", "S"]),
+                                        h.make_tensor_value_info("lengths", T.INT64, ["B"])],
                      [h.make_tensor_value_info("y", T.FLOAT, ["B", "S", "S"])], inits)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
 
@@ -119,14 +120,20 @@ def test_cumsum_gathernd_cone_is_listed_never_absent(tmp_path):
 
 
 def test_fail_on_missed_exits_1_on_an_unhandled_mask(tmp_path, capsys):
-    path = save(tmp_path, checkerboard_model(), "checkerboard.onnx")
+    path = save(tmp_path, length_mask_model(), "lengths.onnx")
     assert main(["inspect", path, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [m["value"] for m in report["missed"]] == ["even"]
-    assert "Equal of index grid" in report["missed"][0]["found"]
+    assert [m["value"] for m in report["missed"]] == ["valid"]
+    assert "Less of index grid 'cols'" in report["missed"][0]["found"]
     assert main(["inspect", path, "--fail-on-missed"]) == 1
     captured = capsys.readouterr()
-    assert "MISSED 'even'" in captured.out and "--fail-on-missed" in captured.err
+    assert "MISSED 'valid'" in captured.out and "--fail-on-missed" in captured.err
+
+
+def test_cumsum_gathernd_cone_is_declined_naming_the_node(tmp_path):
+    r = inspection.inspect_model(save(tmp_path, cumsum_gathernd_mask_model(), "cg.onnx"))
+    assert not r["missed"]
+    assert any("GatherND" in d["reason"] for d in r["declined"])
 
 
 def test_fail_on_missed_passes_when_every_mask_lowers(capsys):

@@ -2,6 +2,8 @@
 (and the exact bound that makes it equal), views, each checked against onnxruntime on the original."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -270,3 +272,25 @@ def test_band_broadcast_along_its_rows_is_declined():
     g, result = lower(model)
     assert not result.counts["mask_where"]
     check(model, g, [{"x": np.ones((1, 1, s, s), np.float32)} for s in (2, 5)])
+
+
+# ---- the corpus: causal-and-padding masks of the transformers exports -----------------------------------
+MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
+TRANSFORMERS = [f"{m}_{e}.onnx" for m in ("llama", "gpt2", "mistral_sw4") for e in ("ts", "dynamo")]
+
+
+@pytest.mark.parametrize("exact_only", [False, True])
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_transformers_masks_lower_and_validate_with_left_padding(name, exact_only):
+    path = os.path.join(MODELS, name)
+    _, g = api.load(path)
+    for s in (1, 4, 9):
+        feeds = api.make_inputs(g, {"batch": 2, "sequence": s}, seed=s)
+        am = np.ones((2, s), np.int64)
+        am[0, :min(2, s)] = 0  # left padding: the first positions of row 0 are padding
+        feeds["attention_mask"] = am
+        r = api.validate(path, Options(exact_only=exact_only), feeds=feeds)
+        assert r["ok"], (s, r["tensors"], r["outputs"])
+        assert r["rewrites"]["mask_bool"] == 1 and r["rewrites"]["mask_where"] == 1
+        assert r["rewrites"]["mask_arith"] == (0 if exact_only else 2)  # one Add(scores, mask) per layer
+        assert all(t["detail"] == "bit-exact" for t in r["tensors"]), r["tensors"]

@@ -1,9 +1,10 @@
-"""Batch-axis views of a band: `Expand` and `Unsqueeze` of a DIAGONAL_MATRIX1 output are that node
-at the new shape.
+"""Batch-axis views of a band: `Expand`, `Unsqueeze` and `Reshape` of a DIAGONAL_MATRIX1 output are
+that node at the new shape.
 
 DIAGONAL_MATRIX1 fills by (row, column) of the last two axes only, so repeating or adding leading
 (batch) axes gives the same node with other sizes: `Expand` only changes the run-time sizes (its
-input still broadcasts to them), `Unsqueeze` also unsqueezes the input. Both are bit-exact. Neither
+input still broadcasts to them), `Unsqueeze` also unsqueezes the input, `Reshape` regroups the
+batch axes (and its input's alike). All are bit-exact. Neither
 may touch the matrix: an `Expand` whose output's last two dims are not provably the band's (a [1, T]
 row repeated down S rows is no band) and an `Unsqueeze` of one of the last two axes are declined.
 """
@@ -35,7 +36,9 @@ def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
     d: DmlNode = d_value.producer
     m = Match("mask_view", [node])
     band = matrix_dims(graph, d_value)
-    target_dims = vector_dims(graph, node.inputs[1]) if node.op_type == "Expand" else []
+    target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []
+    if node.op_type == "Reshape":
+        return _match_reshape(graph, node, d, band, target_dims, m, options)
     if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
             not (same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
         m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix (output's last two dims "
@@ -75,10 +78,50 @@ def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
     return m
 
 
+def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band, target: list | None, m: Match,
+                   options: Options) -> Match:
+    """Reshape regrouping the batch axes of a band: the same node at the target sizes, its input
+    (when it has data) reshaped alike. The target must keep the band's matrix as its last two entries and hold no 0 or
+    -1 (whose meaning needs the element count); a band with data would need its input reshaped
+    too, which a broadcast input cannot always be."""
+    x = d.inputs[0]
+    d_shape = node.inputs[0].shape
+    reshape_x = x is not None and not (x.shape is not None and all(s == 1 for s in x.shape))
+    if reshape_x and (x.shape is None or d_shape is None or len(x.shape) != len(d_shape)
+                      or not same_dims(x.shape[:-2], d_shape[:-2])):
+        m.reason = (f"Reshape {node.name!r} of a band whose input {x.name!r} {list(x.shape or ['?'])} is broadcast "
+                    "along batch axes: the input cannot take the same reshape")
+        return m
+    if target is None or len(target) < 2 or band is None or None in band or \
+            any(t is None or (isinstance(t, int) and t <= 0) for t in target) or \
+            (node.attr("allowzero", 0) == 0 and any(not isinstance(t, int) for t in target)
+             and len(target) != len(node.inputs[0].shape or ())) or \
+            tuple(target[-2:]) != tuple(band):
+        m.reason = (f"cannot prove Reshape {node.name!r} only regroups the band's batch axes (target "
+                    f"{target}, band matrix {list(band or ())})")
+        return m
+    static = tuple(target) if all(isinstance(t, int) for t in target) else None
+    m.captures["plan"] = {"reshape": node.inputs[1], "static": static, "reshape_x": reshape_x,
+                          "lead": len(target) - 2}
+    m.captures["dml"] = preview = DmlNode(node.name, x, None, d.inputs[2], node.outputs[0], elem_type=d.elem_type,
+                                          value=d.value, begin=d.begin, end=d.end, exact=d.exact)
+    m.reason = lowering_reason(preview, node.outputs[0].shape or (None,) * len(target), options)
+    return m
+
+
 def _rewrite_view(graph: Graph, m: Match, options: Options) -> list[Node]:
     node: OnnxNode = m.nodes[0]
     d: DmlNode = node.inputs[0].producer
     plan, out = m.captures["plan"], node.outputs[0]
+    if "reshape" in plan:
+        x, made = d.inputs[0], []
+        if plan["reshape_x"]:
+            x, made = _reshaped_input(graph, x, plan["reshape"], plan["lead"], out.name)
+        dml = DmlNode(node.name or graph.fresh_name("view"), x, None if plan["static"] else plan["reshape"],
+                      d.inputs[2], out, elem_type=d.elem_type, value=d.value, begin=d.begin, end=d.end,
+                      static_shape=plan["static"], exact=d.exact)
+        m.captures["dml"] = new = replace_node(graph, node, dml)
+        return [new] + made
     made: list[Node] = []
     x = plan["x"]
     axes = plan["unsqueeze"]
@@ -98,6 +141,31 @@ def _rewrite_view(graph: Graph, m: Match, options: Options) -> list[Node]:
     new = replace_node(graph, node, dml)
     m.captures["dml"] = new
     return [new] + made
+
+
+def _reshaped_input(graph: Graph, x: Value, target: Value, lead: int, hint: str) -> tuple[Value, list[Node]]:
+    """x (with the band's batch axes) regrouped like the band: the target's batch sizes, then x's own
+    last two dims (a broadcast 1 stays a 1)."""
+    def const(arr) -> Value:
+        return graph.add_initializer(graph.fresh_value(f"{hint}__c"), np.asarray(arr, np.int64))
+    made = []
+    batch, n = _add(graph, "Slice", [target, const([0]), const([lead])], f"{hint}__batch", TensorProto.INT64, (lead,))
+    made.append(n)
+    xs, n = _add(graph, "Shape", [x], f"{hint}__xshape", TensorProto.INT64, (len(x.shape),))
+    made.append(n)
+    mat, n = _add(graph, "Slice", [xs, const([-2]), const([len(x.shape)])], f"{hint}__xmatrix", TensorProto.INT64, (2,))
+    made.append(n)
+    sizes = graph.fresh_value(f"{hint}__xsizes", TensorProto.INT64, (lead + 2,))
+    made.append(graph.add_node(OnnxNode(sizes.name, "Concat", [batch, mat], [sizes], [helper.make_attribute("axis", 0)])))
+    shape = None if x.shape is None else tuple(list(_target_batch_dims(graph, target, lead)) + list(x.shape[-2:]))
+    out, n = _add(graph, "Reshape", [x, sizes], f"{hint}__input", x.elem_type, shape)
+    made.append(n)
+    return out, made
+
+
+def _target_batch_dims(graph: Graph, target: Value, lead: int) -> list:
+    dims = vector_dims(graph, target)
+    return dims[:lead] if dims is not None else [None] * lead
 
 
 def _add(graph: Graph, op_type: str, inputs: list[Value], hint: str, elem_type: int, shape=None) -> tuple[Value, Node]:
@@ -154,5 +222,6 @@ def _unsqueezed_source(graph: Graph, s: ShapeSource, axes: list[int], hint: str,
     return ShapeSource(rank, vector=out)
 
 
-MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze"), _match_view, _rewrite_view, exact="bit-exact", phase=3,
-                 description="Expand / Unsqueeze of a DIAGONAL_MATRIX1 on its batch axes -> that node at the new shape")
+MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape"), _match_view, _rewrite_view, exact="bit-exact",
+                 phase=3, description="Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
+                                      "node at the new shape")

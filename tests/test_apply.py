@@ -262,6 +262,37 @@ def test_unsqueeze_and_expand_of_a_band_lower_with_it():
     check(model, g, [left_padded(b, 3, s) for b, s in ((1, 1), (2, 4), (2, 7))])
 
 
+@pytest.mark.parametrize("target", ["sizes", "minus_one"])
+def test_reshape_of_a_band_with_padding_regroups_its_batch_axes(target):
+    """And(band, padding [B, 1, 1, S]) is [B, 1, S, S]; Reshape to [B, S, S] regroups its batch axes."""
+    nodes, inits = causal_nodes()
+    nodes += [h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL), h.make_node("Unsqueeze", ["padb", "ax12"], ["p"]),
+              h.make_node("And", ["band", "p"], ["keep"]),
+              h.make_node("Shape", ["x3"], ["xs"]), h.make_node("Slice", ["xs", "s1", "s3"], ["st"]),
+              h.make_node("Shape", ["pad"], ["ps"]), h.make_node("Slice", ["ps", "s0", "s1"], ["b"]),
+              h.make_node("Concat", ["b" if target == "sizes" else "minus1", "st"], ["tgt"], axis=0),
+              h.make_node("Reshape", ["keep", "tgt"], ["keep3"], allowzero=1),
+              h.make_node("Where", ["keep3", "x3", "neg"], ["y"])]
+    inits += [c("ax12", np.array([1, 2])), c("s0", np.array([0])), c("s1", np.array([1])), c("s3", np.array([3])),
+              c("minus1", np.array([-1])), c("neg", np.float32(-7))]
+    x3 = h.make_tensor_value_info("x3", T.FLOAT, ["B", "S", "S"])
+    model = model_of(nodes, [X, x3, PAD], [h.make_tensor_value_info("y", T.FLOAT, ["B", "S", "S"])], inits)
+    g, result = lower(model)
+    if target == "minus_one":  # -1 needs the element count: declined, named
+        assert not result.counts["mask_view"]
+        assert any("Reshape" in m.reason for m in result.declined)
+    else:
+        assert result.counts["mask_view"] == 1 and result.counts["mask_where"] == 1, [m.reason for m in result.declined]
+        assert sum(isinstance(n, DmlNode) for n in g.nodes.values()) == 1
+    rng = np.random.default_rng(6)
+    feeds = []
+    for b, s in ((1, 1), (2, 5)):
+        f = left_padded(b, 1, s)
+        feeds.append({"x": np.zeros((b, 1, s, s), np.float32), "pad": f["pad"],
+                      "x3": rng.standard_normal((b, s, s)).astype(np.float32)})
+    check(model, g, feeds)
+
+
 def test_band_broadcast_along_its_rows_is_declined():
     """A [1, T] row of a band repeated down S rows is no band."""
     nodes, inits = causal_nodes()

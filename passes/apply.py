@@ -55,7 +55,7 @@ def _from_pieces(pieces) -> Region | None:
         else:
             merged.append([lo, hi])
 
-    def b(x):
+    def b(x: float) -> int | None:
         return None if math.isinf(x) else int(x)
     if not merged:
         return 0, 0  # the empty region
@@ -80,6 +80,7 @@ def complement(r: Region) -> Region | None:
 
 # ---- operands and parts ---------------------------------------------------------------------------
 Operand = Union[np.ndarray, Value]  # a 0-d constant (every element of the operand), or a value
+MAX_UNIFORM_CHECK = 1 << 20  # elements of a stored constant read to see whether it is one value
 
 
 def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
@@ -90,6 +91,8 @@ def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
     """
     if v is None:
         return None
+    if v.name in graph.initializers and v.shape is not None and math.prod(v.shape) > MAX_UNIFORM_CHECK:
+        return None  # a weight, not a fill: treated as data (still correct, just not simplified)
     arr = const_value(graph, v)
     if arr is not None:
         arr = np.asarray(arr)
@@ -161,47 +164,70 @@ class Plan:
     matrix: ShapeSource | None = None  # the band's sizes, when guarded
 
 
-def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator, rule: str,
+def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator, rule: str, exactness: str,
                      options: Options, output_is_mask: bool = True) -> Match | None:
     """The Match replacing `node`, whose input `d_index` a DIAGONAL_MATRIX1 makes (None: not an
     application: both parts are data and the output is data too, e.g. `Add(X, eye)`)."""
-    d_value = node.inputs[d_index]
+    d_value, out = node.inputs[d_index], node.outputs[0]
     d: DmlNode = d_value.producer
-    out = node.outputs[0]
     m = Match(rule, [node])
     if out.elem_type is None:
         m.reason = "the output type is unknown"
         return m
     dtype = numpy_dtype(out.elem_type)
+    chosen = _choose_parts(graph, node, d_index, evaluate, dtype)
+    if isinstance(chosen, str) or chosen is None:
+        if chosen is None and not output_is_mask:
+            return None
+        m.reason = chosen or (f"neither the band's region nor the rest of {node.op_type} {node.name!r} is one "
+                              "constant (both depend on the data)")
+        return m
+    value, x, region = chosen
+    exact = x.exact and value[1]
+    if region is None:
+        m.reason = "the region is not one diagonal interval"
+        return m
+    if not exact and options.exact_only:
+        m.reason = f"not bit-exact ({exactness}); --exact is on"
+        return m
+    if out.shape is None or len(out.shape) < 2 or d_value.shape is None or len(d_value.shape) < 2:
+        m.reason = f"the rank of {node.op_type} {node.name!r} or of its band is unknown"
+        return m
+    plan = Plan(node, d, np.asarray(value[0], dtype).reshape(()), region, x, exact)
+    m.reason = _plan_sizes(graph, plan, d_index)
+    if m.reason:
+        return m
+    preview = DmlNode(node.name, None if x.is_const and _is_plus_zero(x.const) else Value("pending"), None,
+                      d.inputs[2], out, elem_type=out.elem_type, value=dtype.type(plan.value),
+                      begin=region[0], end=region[1], exact=exact)
+    m.captures.update(plan=plan, dml=preview)
+    m.reason = lowering_reason(preview, out.shape, options)
+    return m
+
+
+def _choose_parts(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator,
+                  dtype: np.dtype) -> tuple[tuple[np.ndarray, bool], Part, Region | None] | str | None:
+    """((Value, exact), the input Part, region) when one of the node's two parts is one constant;
+    a reason string when a part cannot be evaluated; None when both parts are data."""
+    d: DmlNode = node.inputs[d_index].producer
     operands = [_operand(graph, v) for v in node.inputs]
     inside = evaluate(node, [np.asarray(d.value) if i == d_index else o for i, o in enumerate(operands)], dtype)
     outside = evaluate(node, [_outside(graph, d) if i == d_index else o for i, o in enumerate(operands)], dtype)
     for part in (inside, outside):
         if isinstance(part, str):
-            m.reason = part
-            return m
-    region = (d.begin, d.end)
+            return part
     if inside.is_const:
-        value, x = inside.const, outside
-    elif outside.is_const:
-        value, x, region = outside.const, inside, complement(region)
-    else:
-        if not output_is_mask:
-            return None
-        m.reason = (f"neither the band's region nor the rest of {node.op_type} {node.name!r} is one constant "
-                    "(both depend on the data)")
-        return m
-    if region is None:
-        m.reason = "the region is not one diagonal interval"
-        return m
-    exact = inside.exact and outside.exact
-    if not exact and options.exact_only:
-        m.reason = f"not bit-exact ({RULE_EXACTNESS.get(rule, 'equal for finite inputs')}); --exact is on"
-        return m
-    if out.shape is None or len(out.shape) < 2 or d_value.shape is None or len(d_value.shape) < 2:
-        m.reason = f"the rank of {node.op_type} {node.name!r} or of its band is unknown"
-        return m
-    plan = Plan(node, d, np.asarray(value, dtype).reshape(()), region, x, exact)
+        return (inside.const, inside.exact), outside, (d.begin, d.end)
+    if outside.is_const:
+        return (outside.const, outside.exact), inside, complement((d.begin, d.end))
+    return None
+
+
+def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
+    """Decide the output sizes of `plan` (static, carried by the input, or built at run time) and
+    check the band's matrix is the output's; the reason when it cannot be proved."""
+    node, out, x = plan.node, plan.node.outputs[0], plan.x
+    d_value = node.inputs[d_index]
     others = [v for i, v in enumerate(node.inputs) if v is not None and i != d_index]
     band = matrix_dims(graph, d_value)
     if not same_dims(out.shape[-2:], d_value.shape[-2:]) and not all(keeps_matrix(v.shape, band) for v in others):
@@ -211,38 +237,29 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
         into_x = _part_values(x)
         unproved = [v for v in others if (v not in into_x or 1 in (band or (1,))) and not keeps_matrix(v.shape, band)]
         if unproved:
-            m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix: operand "
-                        f"{unproved[0].name!r} {list(unproved[0].shape or ['?'])} may widen "
-                        f"{list(d_value.shape[-2:])}")
-            return m
+            return (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix: operand "
+                    f"{unproved[0].name!r} {list(unproved[0].shape or ['?'])} may widen {list(d_value.shape[-2:])}")
         plan.guarded = True
     x_shape = _part_shape(x)
-    if plan.guarded or x_shape is None or not same_dims(x_shape, out.shape):
-        if out.static_shape is not None and not plan.guarded:
-            plan.static_shape = out.static_shape
-        else:
-            sources = [shape_source(graph, v) for v in node.inputs if v is not None]
-            if any(s is None for s in sources):
-                m.reason = f"an operand of {node.op_type} {node.name!r} has an unknown rank"
-                return m
-            sources = needed(sources)
-            static = static_broadcast(sources)
-            if static is not None and plan.guarded and not _static_matrix(static, d_value):
-                m.reason = (f"{node.op_type} {node.name!r} broadcasts the band's matrix {list(d_value.shape[-2:])} "
-                            f"to {list(static[-2:])}: a band repeated along an axis is no band")
-                return m
-            if static is not None:
-                plan.static_shape = static
-            else:
-                plan.shape = sources
-                plan.matrix = shape_source(graph, d_value) if plan.guarded else None
-    preview = DmlNode(node.name, None if x.is_const and _is_plus_zero(x.const) else Value("pending"), None,
-                      d.inputs[2], out, elem_type=out.elem_type, value=dtype.type(plan.value),
-                      begin=region[0], end=region[1], exact=exact)
-    m.captures["plan"] = plan
-    m.captures["dml"] = preview
-    m.reason = lowering_reason(preview, out.shape, options)
-    return m
+    if not plan.guarded and x_shape is not None and same_dims(x_shape, out.shape):
+        return None  # the input carries the sizes
+    if not plan.guarded and out.static_shape is not None:
+        plan.static_shape = out.static_shape
+        return None
+    sources = [shape_source(graph, v) for v in node.inputs if v is not None]
+    if any(s is None for s in sources):
+        return f"an operand of {node.op_type} {node.name!r} has an unknown rank"
+    sources = needed(sources)
+    static = static_broadcast(sources)
+    if static is not None and plan.guarded and not _static_matrix(static, d_value):
+        return (f"{node.op_type} {node.name!r} broadcasts the band's matrix {list(d_value.shape[-2:])} to "
+                f"{list(static[-2:])}: a band repeated along an axis is no band")
+    if static is not None:
+        plan.static_shape = static
+    else:
+        plan.shape = sources
+        plan.matrix = shape_source(graph, d_value) if plan.guarded else None
+    return None
 
 
 def _is_plus_zero(c: np.ndarray) -> bool:
@@ -259,7 +276,8 @@ def _static_matrix(static: tuple[int, ...], band: Value) -> bool:
     return band.shape is not None and tuple(band.shape[-2:]) == tuple(static[-2:])
 
 
-def _part_shape(p: Part):
+def _part_shape(p: Part) -> tuple | None:
+    """The input's inferred shape (a new node's: the broadcast of its operands')."""
     if p.value is not None:
         return p.value.shape
     if p.op is not None:
@@ -307,14 +325,12 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
     `output_is_mask`: the op's output is itself a mask (And, Not, Cast), so a band it cannot take is
     declined with the reason; an application whose output is data (Where, Add) that is no mask
     application at all (`X + eye`) is simply not matched."""
-    RULE_EXACTNESS[name] = exact
-
     def match(graph: Graph, node: Node, options: Options) -> Match | None:
         if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
             return None
         declined = None
         for i in band_operands(graph, node, band_inputs):
-            m = plan_application(graph, node, i, evaluate, name, options, output_is_mask)
+            m = plan_application(graph, node, i, evaluate, name, exact, options, output_is_mask)
             if m is not None and not m.declined:
                 return m
             declined = declined or m
@@ -326,9 +342,6 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
         return made
 
     return Rule(name, op_types, match, rewrite, exact=exact, phase=3, description=description)
-
-
-RULE_EXACTNESS: dict[str, str] = {}
 
 
 # ---- Where ------------------------------------------------------------------------------------------
@@ -347,18 +360,6 @@ MASK_WHERE = application_rule(
     "mask_where", ("Where",), (0,), evaluate_where, "bit-exact",
     "Where(band, X, c) / Where(band, c, X), c any one-valued constant -> DIAGONAL_MATRIX1(X, Value c)",
     output_is_mask=False)
-
-
-# ---- generators (for readers that want a band's two values) ------------------------------------------
-def generator_values(graph: Graph, v: Value | None):
-    """(node, value, other) when `v` is made by a generator: no input, or a scalar constant one."""
-    n = v.producer if v is not None else None
-    if not isinstance(n, DmlNode) or n.kind != "DiagonalMatrix1":
-        return None
-    other = _outside(graph, n)
-    if isinstance(other, Value):
-        return None
-    return n, np.asarray(n.value), other
 
 
 # ---- chain --------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ def absorbing_bound(dtype: np.dtype) -> float:
     return top_spacing / 2
 
 
-def _const_other(operands: list[Operand]):
+def _const_other(operands: list[Operand]) -> tuple[np.ndarray | None, Operand | None]:
+    """(the constant, the other) of two operands when exactly one is a constant."""
     a, b = operands
     if isinstance(a, np.ndarray) and not isinstance(b, np.ndarray):
         return a, b

@@ -78,7 +78,7 @@ def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
     return m
 
 
-def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band, target: list | None, m: Match,
+def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None, target: list | None, m: Match,
                    options: Options) -> Match:
     """Reshape regrouping the batch axes of a band: the same node at the target sizes, its input
     (when it has data) reshaped alike. The target must keep the band's matrix as its last two entries and hold no 0 or
@@ -164,6 +164,7 @@ def _reshaped_input(graph: Graph, x: Value, target: Value, lead: int, hint: str)
 
 
 def _target_batch_dims(graph: Graph, target: Value, lead: int) -> list:
+    """The batch sizes a Reshape target holds, as far as they can be read."""
     dims = vector_dims(graph, target)
     return dims[:lead] if dims is not None else [None] * lead
 
@@ -173,7 +174,8 @@ def _add(graph: Graph, op_type: str, inputs: list[Value], hint: str, elem_type: 
     return out, graph.add_node(OnnxNode(out.name, op_type, inputs, [out]))
 
 
-def _unsqueezed_input(graph: Graph, x: Value | None, band_rank: int, axes: list[int], hint: str):
+def _unsqueezed_input(graph: Graph, x: Value | None, band_rank: int, axes: list[int],
+                      hint: str) -> tuple[Value | None, list[Node]]:
     """x aligned to the band's rank, then unsqueezed like the band (a one-element x broadcasts as is)."""
     if x is None or (x.shape is not None and all(d == 1 for d in x.shape) and len(x.shape) <= band_rank):
         return x, []

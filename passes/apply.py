@@ -30,7 +30,8 @@ from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.rewrite import Match, Options, Rule
 from dmlgraph.runtime import numpy_dtype
-from passes.broadcast import (ShapeSource, broadcast_dims, build_broadcast, build_matrix_of, keeps_matrix, matrix_dims,
+from passes.broadcast import (ShapeSource, broadcast_dims, build_broadcast, build_matrix_of, fits_into, keeps_matrix,
+                              matrix_dims, vector_dims,
                               needed,
                               same_dims, shape_source, static_broadcast)
 from passes.common import const_value, lowering_reason, replace_node
@@ -162,6 +163,7 @@ class Plan:
     static_shape: tuple[int, ...] | None = None
     guarded: bool = False  # the matrix is the band's by construction, not by proof (see plan_application)
     matrix: ShapeSource | None = None  # the band's sizes, when guarded
+    sizes: Value | None = None  # the output sizes as they are (an absorbed Expand's target)
 
 
 def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator, rule: str, exactness: str,
@@ -230,6 +232,8 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
     d_value = node.inputs[d_index]
     others = [v for i, v in enumerate(node.inputs) if v is not None and i != d_index]
     band = matrix_dims(graph, d_value)
+    if _absorb_expand(graph, plan, d_index, band):
+        return None
     if not same_dims(out.shape[-2:], d_value.shape[-2:]) and not all(keeps_matrix(v.shape, band) for v in others):
         # Not proved by shape inference. Data flowing into the new node's input is checked when it
         # runs (the node takes the band's matrix; wider data fails to broadcast); the rest must be
@@ -241,7 +245,8 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
                     f"{unproved[0].name!r} {list(unproved[0].shape or ['?'])} may widen {list(d_value.shape[-2:])}")
         plan.guarded = True
     x_shape = _part_shape(x)
-    if not plan.guarded and x_shape is not None and same_dims(x_shape, out.shape):
+    if not plan.guarded and x_shape is not None and (
+            same_dims(x_shape, out.shape) or all(fits_into(v.shape, x_shape) for v in node.inputs if v is not None)):
         return None  # the input carries the sizes
     if not plan.guarded and out.static_shape is not None:
         plan.static_shape = out.static_shape
@@ -260,6 +265,35 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
         plan.shape = sources
         plan.matrix = shape_source(graph, d_value) if plan.guarded else None
     return None
+
+
+def _absorb_expand(graph: Graph, plan: Plan, d_index: int, band: tuple | None) -> bool:
+    """Input data that is `Expand(x0, t)` to the whole output: the node reads x0 with sizes t.
+
+    Taken when t's entries provably hold the output: its last two are the band's matrix and every
+    other operand fits into t. x0 itself broadcasts into t when it ran through the Expand, unless
+    it widened t (a 1 in t against a larger dim of x0): then x0 fails to broadcast when the node
+    runs, an error rather than a different result. This is also what the portable target writes
+    for an input with run-time sizes, so optimizing its output again reaches the same graph.
+    """
+    x, node = plan.x, plan.node
+    p = x.value.producer if x.value is not None else None
+    if not (isinstance(p, OnnxNode) and p.op_type == "Expand" and p.domain in ("", "ai.onnx")):
+        return False
+    t = p.inputs[1]
+    t_dims = vector_dims(graph, t)
+    if t_dims is None or len(t_dims) != len(node.outputs[0].shape) or not keeps_matrix(t_dims, band) \
+            or len(t_dims) < 2 or tuple(t_dims[-2:]) != tuple(band or ()):
+        return False
+    x0 = p.inputs[0]
+    if x0.shape is not None and any(isinstance(a, int) and a > 1 and b == 1 for a, b in
+                                    zip(reversed(x0.shape), reversed(t_dims))):
+        return False
+    if not all(fits_into(v.shape, tuple(t_dims)) for i, v in enumerate(node.inputs)
+               if v is not None and v is not x.value):
+        return False
+    plan.x, plan.sizes = Part(value=x0, exact=x.exact), t
+    return True
 
 
 def _is_plus_zero(c: np.ndarray) -> bool:
@@ -305,7 +339,7 @@ def build(graph: Graph, plan: Plan) -> list[Node]:
                graph.add_initializer(graph.fresh_value(f"{hint}__c"), np.asarray(o)) for o in operands]
         xv = graph.fresh_value(f"{hint}__input", out.elem_type, _part_shape(x))
         made.append(graph.add_node(OnnxNode(xv.name, op_type, ins, [xv], node.attributes)))
-    shape = None
+    shape = plan.sizes
     if plan.shape is not None:
         shape, nodes = build_broadcast(graph, plan.shape, hint)
         made += nodes
@@ -319,17 +353,21 @@ def build(graph: Graph, plan: Plan) -> list[Node]:
 
 
 def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
-                     exact: str, description: str, output_is_mask: bool = True) -> Rule:
+                     exact: str, description: str, output_is_mask: bool = True, two_valued: bool = False) -> Rule:
     """A phase-3 rule applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
 
     `output_is_mask`: the op's output is itself a mask (And, Not, Cast), so a band it cannot take is
     declined with the reason; an application whose output is data (Where, Add) that is no mask
-    application at all (`X + eye`) is simply not matched."""
+    application at all (`X + eye`) is simply not matched. `two_valued`: only bands without a data
+    input (a generator: two values), for rewrites that would otherwise move per-use work onto a mask
+    computed once (each layer's `Add(scores, mask)` of a padded mask stays one Add of the shared mask)."""
     def match(graph: Graph, node: Node, options: Options) -> Match | None:
         if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
             return None
         declined = None
         for i in band_operands(graph, node, band_inputs):
+            if two_valued and isinstance(_outside(graph, node.inputs[i].producer), Value):
+                continue
             m = plan_application(graph, node, i, evaluate, name, exact, options, output_is_mask)
             if m is not None and not m.declined:
                 return m

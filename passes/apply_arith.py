@@ -1,6 +1,8 @@
 """Additive and multiplicative masks: `Add(X, band)` with a 0 / lowest (or -inf) band, `Mul(X, 0/1 band)`.
 
-Neither is bit-exact, so the rule states when it is equal and declines under `--exact`.
+Neither is bit-exact, so the rule states when it is equal and declines under `--exact`. The band
+must be two-valued (a generator): a mask that also carries the padding is computed once and read by
+every layer's Add, which stays (moving the Add into one DIAGONAL_MATRIX1 per layer would cost more).
 
 `X + lowest == lowest` (round to nearest, ties to even). The spacing of floats at lowest's binade is
 u = 2^(emax - p + 1) (2^104 in float32, 2^971 in float64, 32 in float16). For |X| < u / 2 the exact sum
@@ -88,4 +90,4 @@ def evaluate_arith(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
 MASK_ARITH = application_rule(
     "mask_arith", ("Add", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
     "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band) -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
-    output_is_mask=False)
+    output_is_mask=False, two_valued=True)

@@ -71,6 +71,14 @@ def same_dims(a: tuple[Dim, ...] | None, b: tuple[Dim, ...] | None) -> bool:
     return all(x is not None and x == y for x, y in zip(a, b))
 
 
+def fits_into(operand: tuple[Dim, ...] | None, target: tuple[Dim, ...] | None) -> bool:
+    """Broadcasting `operand` against `target` provably gives `target`'s shape: no more dims, each a
+    static 1 or provably the target's."""
+    if operand is None or target is None or len(operand) > len(target):
+        return False
+    return all(o == 1 or (o is not None and o == t) for o, t in zip(reversed(operand), reversed(target)))
+
+
 def keeps_matrix(operand: tuple[Dim, ...] | list[Dim] | None, band: tuple[Dim, ...] | None) -> bool:
     """Broadcasting `operand` (a shape) against the band (its last two dims: `matrix_dims`) cannot
     change the band's matrix: each of the operand's last two dims is absent, a static 1, or provably

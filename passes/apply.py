@@ -28,13 +28,13 @@ import onnx
 
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
-from dmlgraph.rewrite import Match, Options, Rule
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
 from dmlgraph.runtime import numpy_dtype
-from passes.broadcast import (ShapeSource, broadcast_dims, build_broadcast, build_matrix_of, fits_into, keeps_matrix,
+from passes.broadcast import (Built, ShapeSource, broadcast_dims, build_broadcast, build_matrix_of, fits_into, keeps_matrix,
                               matrix_dims, vector_dims,
                               needed,
                               same_dims, shape_source, static_broadcast)
-from passes.common import const_value, lowering_reason, replace_node
+from passes.common import const_value, lowering_reason, replace_node, standin
 
 INF = math.inf
 Region = tuple[Union[int, None], Union[int, None]]
@@ -200,7 +200,7 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
     if m.reason:
         return m
     preview = DmlNode(node.name, None if x.is_const and _is_plus_zero(x.const) else Value("pending"), None,
-                      d.inputs[2], out, elem_type=out.elem_type, value=dtype.type(plan.value),
+                      d.inputs[2], standin(out), elem_type=out.elem_type, value=dtype.type(plan.value),
                       begin=region[0], end=region[1], exact=exact)
     m.captures.update(plan=plan, dml=preview)
     m.reason = lowering_reason(preview, out.shape, options)
@@ -322,34 +322,31 @@ def _part_shape(p: Part) -> tuple | None:
     return None
 
 
-def build(graph: Graph, plan: Plan) -> list[Node]:
-    """Make the planned DIAGONAL_MATRIX1 (and the helper nodes its input and sizes need)."""
-    node, out = plan.node, plan.node.outputs[0]
-    made: list[Node] = []
-    hint = out.name
-    x = plan.x
+def build(plan: Plan) -> Replacement:
+    """The planned DIAGONAL_MATRIX1 in place of the node (with the helper nodes its input and
+    sizes need), as a Replacement: nothing here touches the graph."""
+    node, out, x = plan.node, plan.node.outputs[0], plan.x
+    built, hint = Built(), out.name
     if x.is_const:
         xv = None if _is_plus_zero(x.const) else \
-            graph.add_initializer(graph.fresh_value(f"{hint}__else"), np.asarray(x.const, plan.value.dtype).reshape(()))
+            built.constant(f"{hint}__else", np.asarray(x.const, plan.value.dtype).reshape(()))
     elif x.value is not None:
         xv = x.value
     else:
         op_type, operands = x.op
-        ins = [o if isinstance(o, Value) else
-               graph.add_initializer(graph.fresh_value(f"{hint}__c"), np.asarray(o)) for o in operands]
-        xv = graph.fresh_value(f"{hint}__input", out.elem_type, _part_shape(x))
-        made.append(graph.add_node(OnnxNode(xv.name, op_type, ins, [xv], node.attributes)))
+        ins = [o if isinstance(o, Value) else built.constant(f"{hint}__c", np.asarray(o)) for o in operands]
+        xv = built.node(op_type, ins, f"{hint}__input", out.elem_type, _part_shape(x), attributes=node.attributes)
     shape = plan.sizes
     if plan.shape is not None:
-        shape, nodes = build_broadcast(graph, plan.shape, hint)
-        made += nodes
+        shape = build_broadcast(plan.shape, hint, built)
         if plan.matrix is not None:
-            shape, nodes = build_matrix_of(graph, shape, plan.matrix, hint)
-            made += nodes
-    dml = DmlNode(node.name or graph.fresh_name(node.op_type), xv, shape, plan.band.inputs[2], out,
+            shape = build_matrix_of(shape, plan.matrix, hint, built)
+    dml = DmlNode(node.name, xv, shape, plan.band.inputs[2], standin(out, out.elem_type),
                   elem_type=out.elem_type, value=plan.value.dtype.type(plan.value), begin=plan.region[0],
                   end=plan.region[1], static_shape=plan.static_shape, exact=plan.exact)
-    return [replace_node(graph, node, dml)] + made
+    r = replace_node(node, dml, *built.nodes)
+    r.initializers = built.initializers
+    return r
 
 
 def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
@@ -374,10 +371,8 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
             declined = declined or m
         return declined
 
-    def rewrite(graph: Graph, m: Match, options: Options) -> list[Node]:
-        made = build(graph, m.captures["plan"])
-        m.captures["dml"] = made[0]
-        return made
+    def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+        return build(m.captures["plan"])
 
     return Rule(name, op_types, match, rewrite, exact=exact, phase=3, description=description)
 
@@ -417,16 +412,16 @@ def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
     region = union((inner.begin, inner.end), (node.begin, node.end))
     if region is None:
         return None
-    dml = DmlNode(node.name, inner.inputs[0], None, node.inputs[2], node.outputs[0], elem_type=node.elem_type,
+    dml = DmlNode(node.name, inner.inputs[0], None, node.inputs[2], standin(node.outputs[0]), elem_type=node.elem_type,
                   value=node.value, begin=region[0], end=region[1], exact=node.exact and inner.exact)
     return Match("chain", [inner, node], {"dml": dml})
 
 
-def _rewrite_chain(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_chain(graph: Graph, m: Match, options: Options) -> Replacement:
     inner, outer = m.nodes
-    new = replace_node(graph, outer, m.captures["dml"])
-    graph.remove_node(inner)
-    return [new]
+    r = replace_node(outer, m.captures["dml"])
+    r.removes.append(inner)  # (read only by `outer`: the match checked)
+    return r
 
 
 CHAIN = Rule("chain", ("DiagonalMatrix1",), _match_chain, _rewrite_chain, exact="bit-exact", phase=4,

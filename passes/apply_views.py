@@ -11,14 +11,13 @@ row repeated down S rows is no band) and an `Unsqueeze` of one of the last two a
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper
 
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
-from dmlgraph.rewrite import Match, Options, Rule
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
 from passes.apply import band_operands
-from passes.broadcast import (ShapeSource, build_broadcast, keeps_matrix, matrix_dims, same_dims, shape_source,
+from passes.broadcast import (Built, ShapeSource, build_broadcast, keeps_matrix, matrix_dims, same_dims, shape_source,
                               static_broadcast, vector_dims)
-from passes.common import const_value, lowering_reason, replace_node
+from passes.common import const_value, lowering_reason, replace_node, standin
 
 
 def _axes(graph: Graph, node: OnnxNode) -> list[int] | None:
@@ -72,7 +71,7 @@ def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
         return m
     plan["static"] = out.static_shape
     m.captures["plan"] = plan
-    m.captures["dml"] = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], out, elem_type=d.elem_type,
+    m.captures["dml"] = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], standin(out), elem_type=d.elem_type,
                                           value=d.value, begin=d.begin, end=d.end, exact=d.exact)
     m.reason = lowering_reason(preview, out.shape, options)
     return m
@@ -103,97 +102,68 @@ def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None,
     static = tuple(target) if all(isinstance(t, int) for t in target) else None
     m.captures["plan"] = {"reshape": node.inputs[1], "static": static, "reshape_x": reshape_x,
                           "lead": len(target) - 2}
-    m.captures["dml"] = preview = DmlNode(node.name, x, None, d.inputs[2], node.outputs[0], elem_type=d.elem_type,
+    m.captures["dml"] = preview = DmlNode(node.name, x, None, d.inputs[2], standin(node.outputs[0]), elem_type=d.elem_type,
                                           value=d.value, begin=d.begin, end=d.end, exact=d.exact)
     m.reason = lowering_reason(preview, node.outputs[0].shape or (None,) * len(target), options)
     return m
 
 
-def _rewrite_view(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_view(graph: Graph, m: Match, options: Options) -> Replacement:
     node: OnnxNode = m.nodes[0]
     d: DmlNode = node.inputs[0].producer
     plan, out = m.captures["plan"], node.outputs[0]
+    built, x, shape = Built(), d.inputs[0], None
+    static = plan["static"]
     if "reshape" in plan:
-        x, made = d.inputs[0], []
         if plan["reshape_x"]:
-            x, made = _reshaped_input(graph, x, plan["reshape"], plan["lead"], out.name)
-        dml = DmlNode(node.name or graph.fresh_name("view"), x, None if plan["static"] else plan["reshape"],
-                      d.inputs[2], out, elem_type=d.elem_type, value=d.value, begin=d.begin, end=d.end,
-                      static_shape=plan["static"], exact=d.exact)
-        m.captures["dml"] = new = replace_node(graph, node, dml)
-        return [new] + made
-    made: list[Node] = []
-    x = plan["x"]
-    axes = plan["unsqueeze"]
-    sources = plan["sources"]
-    if axes is not None:
-        x, nodes = _unsqueezed_input(graph, x, len(node.inputs[0].shape), axes, out.name)
-        made += nodes
-        sources = [_unsqueezed_source(graph, sources[0], axes, out.name, made)]
-    shape, static = None, plan["static"]
-    if static is None:
-        static = static_broadcast(sources)
-    if static is None and not (x is not None and same_dims(x.shape, out.shape)):
-        shape, nodes = build_broadcast(graph, sources, out.name)
-        made += nodes
-    dml = DmlNode(node.name or graph.fresh_name("view"), x, shape, d.inputs[2], out, elem_type=d.elem_type,
+            x = _reshaped_input(graph, x, plan["reshape"], plan["lead"], out.name, built)
+        shape = None if static else plan["reshape"]
+    else:
+        sources = plan["sources"]
+        if plan["unsqueeze"] is not None:
+            x = _unsqueezed_input(x, len(node.inputs[0].shape), plan["unsqueeze"], out.name, built)
+            sources = [_unsqueezed_source(sources[0], plan["unsqueeze"], out.name, built)]
+        if static is None:
+            static = static_broadcast(sources)
+        if static is None and not (x is not None and same_dims(x.shape, out.shape)):
+            shape = build_broadcast(sources, out.name, built)
+    dml = DmlNode(node.name, x, shape, d.inputs[2], standin(out, d.elem_type), elem_type=d.elem_type,
                   value=d.value, begin=d.begin, end=d.end, static_shape=static, exact=d.exact)
-    new = replace_node(graph, node, dml)
-    m.captures["dml"] = new
-    return [new] + made
+    r = replace_node(node, dml, *built.nodes)
+    r.initializers = built.initializers
+    return r
 
 
-def _reshaped_input(graph: Graph, x: Value, target: Value, lead: int, hint: str) -> tuple[Value, list[Node]]:
+def _reshaped_input(graph: Graph, x: Value, target: Value, lead: int, hint: str, built: Built) -> Value:
     """x (with the band's batch axes) regrouped like the band: the target's batch sizes, then x's own
     last two dims (a broadcast 1 stays a 1)."""
-    def const(arr) -> Value:
-        return graph.add_initializer(graph.fresh_value(f"{hint}__c"), np.asarray(arr, np.int64))
-    made = []
-    batch, n = _add(graph, "Slice", [target, const([0]), const([lead])], f"{hint}__batch", TensorProto.INT64, (lead,))
-    made.append(n)
-    xs, n = _add(graph, "Shape", [x], f"{hint}__xshape", TensorProto.INT64, (len(x.shape),))
-    made.append(n)
-    mat, n = _add(graph, "Slice", [xs, const([-2]), const([len(x.shape)])], f"{hint}__xmatrix", TensorProto.INT64, (2,))
-    made.append(n)
-    sizes = graph.fresh_value(f"{hint}__xsizes", TensorProto.INT64, (lead + 2,))
-    made.append(graph.add_node(OnnxNode(sizes.name, "Concat", [batch, mat], [sizes], [helper.make_attribute("axis", 0)])))
-    shape = None if x.shape is None else tuple(list(_target_batch_dims(graph, target, lead)) + list(x.shape[-2:]))
-    out, n = _add(graph, "Reshape", [x, sizes], f"{hint}__input", x.elem_type, shape)
-    made.append(n)
-    return out, made
-
-
-def _target_batch_dims(graph: Graph, target: Value, lead: int) -> list:
-    """The batch sizes a Reshape target holds, as far as they can be read."""
+    batch = built.node("Slice", [target, built.constant(f"{hint}__c", np.array([0])),
+                                 built.constant(f"{hint}__c", np.array([lead]))], f"{hint}__batch", shape=(lead,))
+    xs = built.node("Shape", [x], f"{hint}__xshape", shape=(len(x.shape),))
+    mat = built.node("Slice", [xs, built.constant(f"{hint}__c", np.array([-2])),
+                               built.constant(f"{hint}__c", np.array([len(x.shape)]))], f"{hint}__xmatrix", shape=(2,))
+    sizes = built.node("Concat", [batch, mat], f"{hint}__xsizes", shape=(lead + 2,), axis=0)
     dims = vector_dims(graph, target)
-    return dims[:lead] if dims is not None else [None] * lead
+    shape = tuple((dims[:lead] if dims is not None else [None] * lead) + list(x.shape[-2:]))
+    return built.node("Reshape", [x, sizes], f"{hint}__input", x.elem_type, shape)
 
 
-def _add(graph: Graph, op_type: str, inputs: list[Value], hint: str, elem_type: int, shape=None) -> tuple[Value, Node]:
-    out = graph.fresh_value(hint, elem_type, shape)
-    return out, graph.add_node(OnnxNode(out.name, op_type, inputs, [out]))
-
-
-def _unsqueezed_input(graph: Graph, x: Value | None, band_rank: int, axes: list[int],
-                      hint: str) -> tuple[Value | None, list[Node]]:
+def _unsqueezed_input(x: Value | None, band_rank: int, axes: list[int], hint: str, built: Built) -> Value | None:
     """x aligned to the band's rank, then unsqueezed like the band (a one-element x broadcasts as is)."""
     if x is None or (x.shape is not None and all(d == 1 for d in x.shape) and len(x.shape) <= band_rank):
-        return x, []
-    made = []
+        return x
     lead = band_rank - len(x.shape)
     if lead:  # right-align x to the band first
-        pad = graph.add_initializer(graph.fresh_value(f"{hint}__pad_axes"), np.arange(lead, dtype=np.int64))
-        x, n = _add(graph, "Unsqueeze", [x, pad], f"{hint}__aligned", x.elem_type, (1,) * lead + tuple(x.shape))
-        made.append(n)
+        pad = built.constant(f"{hint}__pad_axes", np.arange(lead, dtype=np.int64))
+        x = built.node("Unsqueeze", [x, pad], f"{hint}__aligned", x.elem_type, (1,) * lead + tuple(x.shape))
     dims = list(x.shape)
     for a in axes:
         dims.insert(a, 1)
-    ax = graph.add_initializer(graph.fresh_value(f"{hint}__axes"), np.array(axes, np.int64))
-    x, n = _add(graph, "Unsqueeze", [x, ax], f"{hint}__input", x.elem_type, tuple(dims))
-    return x, made + [n]
+    ax = built.constant(f"{hint}__axes", np.array(axes, np.int64))
+    return built.node("Unsqueeze", [x, ax], f"{hint}__input", x.elem_type, tuple(dims))
 
 
-def _unsqueezed_source(graph: Graph, s: ShapeSource, axes: list[int], hint: str, made: list[Node]) -> ShapeSource:
+def _unsqueezed_source(s: ShapeSource, axes: list[int], hint: str, built: Built) -> ShapeSource:
     """The band's sizes with 1s inserted at `axes` (of the output)."""
     rank = s.rank + len(axes)
     if s.static is not None:
@@ -201,27 +171,20 @@ def _unsqueezed_source(graph: Graph, s: ShapeSource, axes: list[int], hint: str,
         for a in axes:
             dims.insert(a, 1)
         return ShapeSource(rank, static=tuple(dims))
-    vec = s.vector
-    if vec is None:
-        vec, n = _add(graph, "Shape", [s.of], f"{hint}__band_shape", TensorProto.INT64, (s.rank,))
-        made.append(n)
+    vec = s.vector if s.vector is not None else built.node("Shape", [s.of], f"{hint}__band_shape", shape=(s.rank,))
     # Output axis a is a 1; the others take the band's dims in order.
     pieces, taken, start = [], 0, 0
     for a in axes + [rank]:
         count = a - start  # band dims before this inserted axis
         if count:
-            lo = graph.add_initializer(graph.fresh_value(f"{hint}__lo"), np.array([taken], np.int64))
-            hi = graph.add_initializer(graph.fresh_value(f"{hint}__hi"), np.array([taken + count], np.int64))
-            piece, n = _add(graph, "Slice", [vec, lo, hi], f"{hint}__dims", TensorProto.INT64, (count,))
-            pieces.append(piece)
-            made.append(n)
+            lo = built.constant(f"{hint}__lo", np.array([taken], np.int64))
+            hi = built.constant(f"{hint}__hi", np.array([taken + count], np.int64))
+            pieces.append(built.node("Slice", [vec, lo, hi], f"{hint}__dims", shape=(count,)))
             taken += count
         if a < rank:
-            pieces.append(graph.add_initializer(graph.fresh_value(f"{hint}__one"), np.array([1], np.int64)))
+            pieces.append(built.constant(f"{hint}__one", np.array([1], np.int64)))
         start = a + 1
-    out = graph.fresh_value(f"{hint}__sizes", TensorProto.INT64, (rank,))
-    made.append(graph.add_node(OnnxNode(out.name, "Concat", pieces, [out], [helper.make_attribute("axis", 0)])))
-    return ShapeSource(rank, vector=out)
+    return ShapeSource(rank, vector=built.node("Concat", pieces, f"{hint}__sizes", shape=(rank,), axis=0))
 
 
 MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape"), _match_view, _rewrite_view, exact="bit-exact",

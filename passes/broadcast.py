@@ -10,14 +10,39 @@ pair that broadcasts: a dim of 1 takes the other side, including 0).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.rewrite import detached, detached_constant
 from passes.common import const_value
+
+
+@dataclass
+class Built:
+    """The new nodes and constants of one replacement, detached (the rewriter adds them), in
+    dependency order."""
+
+    nodes: list[Node] = field(default_factory=list)
+    initializers: list[Value] = field(default_factory=list)
+
+    def constant(self, name: str, arr) -> Value:
+        v = detached_constant(name, np.asarray(arr))
+        self.initializers.append(v)
+        return v
+
+    def node(self, op_type: str, inputs: list[Value], name: str, elem_type: int | None = TensorProto.INT64,
+             shape: tuple[Dim, ...] | None = None, attributes: list[onnx.AttributeProto] | None = None,
+             **attrs) -> Value:
+        out = detached(name, elem_type, shape)
+        attributes = list(attributes or []) + [helper.make_attribute(k, v) for k, v in attrs.items()]
+        # Unnamed: the rewriter makes the output's name unique, not the node's, and onnxruntime
+        # refuses two nodes of one name (any number may have none).
+        self.nodes.append(OnnxNode("", op_type, inputs, [out], attributes))
+        return out
 
 
 @dataclass(frozen=True)
@@ -90,31 +115,20 @@ def keeps_matrix(operand: tuple[Dim, ...] | list[Dim] | None, band: tuple[Dim, .
                for i, (o, b) in enumerate(zip(tail, band[-2:])))
 
 
-def build_matrix_of(graph: Graph, sizes: Value, band: ShapeSource, hint: str) -> tuple[Value, list[Node]]:
+def build_matrix_of(sizes: Value, band: ShapeSource, hint: str, built: Built) -> Value:
     """`sizes` with its last two entries replaced by the band's (leading dims broadcast, matrix the
     band's): the output sizes of an application whose data could not be proved to keep the band's
     matrix. Data that would widen it then fails to broadcast into these sizes when the node runs:
     an error, never a different mask."""
-    new: list[Node] = []
-
-    def add(op_type: str, inputs: list[Value], name: str, **attrs) -> Value:
-        out = graph.fresh_value(f"{hint}__{name}", TensorProto.INT64)
-        new.append(graph.add_node(OnnxNode(out.name, op_type, inputs, [out],
-                                           [helper.make_attribute(k, v) for k, v in attrs.items()])))
-        return out
-
-    def constant(arr) -> Value:
-        return graph.add_initializer(graph.fresh_value(f"{hint}__c"), np.asarray(arr, np.int64))
-
-    lead = add("Slice", [sizes, constant([0]), constant([-2])], "lead")
+    lead = built.node("Slice", [sizes, built.constant(f"{hint}__c", [0]), built.constant(f"{hint}__c", [-2])],
+                      f"{hint}__lead")
     if band.static is not None:
-        tail = constant(list(band.static[-2:]))
+        tail = built.constant(f"{hint}__matrix", np.array(band.static[-2:], np.int64))
     else:
-        vec = band.vector if band.vector is not None else add("Shape", [band.of], "band_shape")
-        tail = add("Slice", [vec, constant([-2]), constant([band.rank])], "matrix")
-    out = add("Concat", [lead, tail], "sizes", axis=0)
-    out.shape = sizes.shape
-    return out, new
+        vec = band.vector if band.vector is not None else built.node("Shape", [band.of], f"{hint}__band_shape")
+        tail = built.node("Slice", [vec, built.constant(f"{hint}__c", [-2]), built.constant(f"{hint}__c", [band.rank])],
+                          f"{hint}__matrix")
+    return built.node("Concat", [lead, tail], f"{hint}__sizes", shape=sizes.shape, axis=0)
 
 
 def broadcast_dims(shapes: list[tuple[Dim, ...]]) -> tuple[Dim, ...] | None:
@@ -145,40 +159,26 @@ def static_broadcast(sources: list[ShapeSource]) -> tuple[int, ...] | None:
         return None
 
 
-def build_broadcast(graph: Graph, sources: list[ShapeSource], hint: str) -> tuple[Value, list[Node]]:
-    """ONNX nodes computing the broadcast of `sources` (1-D int64), and the nodes added."""
-    new: list[Node] = []
-
-    def add(op_type: str, inputs: list[Value], name: str, **attrs) -> Value:
-        out = graph.fresh_value(f"{hint}__{name}", TensorProto.INT64)
-        node = OnnxNode(out.name, op_type, inputs, [out], [helper.make_attribute(k, v) for k, v in attrs.items()])
-        new.append(graph.add_node(node))
-        return out
-
-    def constant(arr: np.ndarray, name: str) -> Value:
-        return graph.add_initializer(graph.fresh_value(f"{hint}__{name}"), arr)
-
+def build_broadcast(sources: list[ShapeSource], hint: str, built: Built) -> Value:
+    """The broadcast of `sources` (a 1-D int64 value), computed by nodes added to `built`."""
     rank = max(s.rank for s in sources)
     vectors: list[Value] = []
     for s in sources:
         if s.static is not None:
-            v = constant(np.array((1,) * (rank - s.rank) + s.static, np.int64), "sizes")
+            v = built.constant(f"{hint}__sizes", np.array((1,) * (rank - s.rank) + s.static, np.int64))
         else:
-            v = s.vector if s.vector is not None else add("Shape", [s.of], "shape")
+            v = s.vector if s.vector is not None else built.node("Shape", [s.of], f"{hint}__shape", shape=(s.rank,))
             if s.rank < rank:
-                v = add("Concat", [constant(np.ones(rank - s.rank, np.int64), "ones"), v], "padded", axis=0)
-        if v.shape is None:
-            v.shape = (rank,)
+                ones = built.constant(f"{hint}__ones", np.ones(rank - s.rank, np.int64))
+                v = built.node("Concat", [ones, v], f"{hint}__padded", shape=(rank,), axis=0)
         vectors.append(v)
     out = vectors[0]
     if len(vectors) > 1:
-        one = constant(np.array(1, np.int64), "one")
+        one = built.constant(f"{hint}__one", np.array(1, np.int64))
         for v in vectors[1:]:
-            is_one = add("Equal", [out, one], "is_one")
-            is_one.elem_type = TensorProto.BOOL
-            out = add("Where", [is_one, v, out], "sizes")
-            out.shape = (rank,)
-    return out, new
+            is_one = built.node("Equal", [out, one], f"{hint}__is_one", TensorProto.BOOL, (rank,))
+            out = built.node("Where", [is_one, v, out], f"{hint}__sizes", shape=(rank,))
+    return out
 
 
 # ---- what a shape vector holds ------------------------------------------------------------------------

@@ -384,7 +384,9 @@ def evaluate_where(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
     if isinstance(cond, np.ndarray):
         chosen = a if bool(cond) else b
         if isinstance(chosen, np.ndarray):
-            return Part(const=np.asarray(chosen, dtype))
+            if chosen.dtype != dtype:
+                return f"Where {node.name!r}: a branch of type {chosen.dtype} in an output of type {dtype}"
+            return Part(const=chosen)
         return Part(value=chosen)
     return Part(op=("Where", operands))
 

@@ -46,6 +46,8 @@ def _const_other(operands: list[Operand]) -> tuple[np.ndarray | None, Operand | 
 
 
 def evaluate_add(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    if any(isinstance(o, np.ndarray) and o.dtype != dtype for o in operands):
+        return f"Add {node.name!r}: an operand's type is not the output's {dtype}"
     if all(isinstance(o, np.ndarray) for o in operands):
         with np.errstate(all="ignore"):
             return Part(const=np.asarray(np.add(*operands, dtype=dtype), dtype))
@@ -69,6 +71,8 @@ def evaluate_add(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Pa
 
 
 def evaluate_mul(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    if any(isinstance(o, np.ndarray) and o.dtype != dtype for o in operands):
+        return f"Mul {node.name!r}: an operand's type is not the output's {dtype}"
     if all(isinstance(o, np.ndarray) for o in operands):
         with np.errstate(all="ignore"):
             return Part(const=np.asarray(np.multiply(*operands, dtype=dtype), dtype))

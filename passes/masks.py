@@ -45,6 +45,7 @@ INDEX_OPS = SHAPE_OPS | {
     "Reshape", "Concat", "Expand", "Cast", "CastLike", "Add", "Sub", "Neg", "Abs", "Min", "Max", "Mul",
     "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor", "Where",
     "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten", "Div", "Split",
+    "DiagonalMatrix1", "GatherND",
 }
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}
@@ -163,7 +164,10 @@ SMALL_CONSTANT = 4096  # elements: a constant vector of sizes/indices, not data
 
 
 def _eligible(n: Node) -> bool:
-    """A node whose outputs can be data-free: a deterministic standard ONNX op without subgraphs."""
+    """A node whose outputs can be data-free: a deterministic standard ONNX op without subgraphs, or a
+    mask lowered already (a band inside a bigger shape-only cone: the cone stays analysable)."""
+    if isinstance(n, DmlNode):
+        return n.kind == "DiagonalMatrix1"
     return isinstance(n, OnnxNode) and n.domain in ("", "ai.onnx") and n.op_type not in NONDETERMINISTIC \
         and not n.has_subgraph
 
@@ -410,12 +414,20 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
             digests[v.name] = _digest(graph, v)
         return made, input_index.get(id(v)), digests.get(v.name)
 
-    node_part = tuple((n.op_type, n.domain, tuple(a.SerializeToString(deterministic=True) for a in n.attributes),
-                       tuple(ref(v) for v in n.inputs), len(n.outputs)) for n in nodes)
+    node_part = tuple((n.op_type, n.domain, _node_attributes(n), tuple(ref(v) for v in n.inputs), len(n.outputs))
+                      for n in nodes)
     input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", d) for d in v.shape))
                        for v in inputs)
     opsets = tuple(sorted((d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")))
     return node_part, input_part, (ref(target), target.elem_type or 0), opsets, graph.info.ir_version
+
+
+def _node_attributes(n: Node) -> tuple:
+    """What a node computes besides its inputs: an ONNX node's attributes, a DML node's fill."""
+    if isinstance(n, DmlNode):
+        return (n.kind, n.elem_type, np.asarray(n.value).tobytes(), n.begin, n.end, n.static_shape)
+    assert isinstance(n, OnnxNode)
+    return tuple(a.SerializeToString(deterministic=True) for a in n.attributes)
 
 
 # A mask subgraph is proven by evaluating it, which materializes the mask (and onnxruntime's int64
@@ -469,9 +481,9 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if target.shape is not None and len(target.shape) < 2:
         return None
     nodes, inputs = _ancestors(target)
-    if any(isinstance(n, DmlNode) for n in nodes) or not (any(n.op_type in MASK_OPS for n in nodes) or
-                                                           _reads_stored_matrix(graph, nodes)):
-        return None  # already lowered, or no mask-making op nor stored matrix: not a mask (weights, reshapes)
+    if not (any(n.op_type in MASK_OPS or isinstance(n, DmlNode) for n in nodes) or
+            _reads_stored_matrix(graph, nodes)):
+        return None  # no mask-making op, lowered mask nor stored matrix: not a mask (weights, reshapes)
     m = Match("mask_subgraph", nodes)
     symbolic = sorted({d for v in inputs for d in (v.shape or ()) if not isinstance(d, int)}, key=str)
     if any(v.shape is None or None in v.shape for v in inputs):
@@ -484,7 +496,8 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if verdict is None:
         verdict = verdicts[signature] = _verdict(graph, nodes, inputs, target, symbolic, df)
     if verdict[0] == "none":
-        return None
+        m.reason = _no_band_reason(nodes, target)
+        return m if m.reason else None
     if verdict[0] == "decline":
         m.reason = verdict[1]
         return m
@@ -499,6 +512,28 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     return _finish(graph, m, target, p, sample, None, options)
 
 
+COMPARING_OPS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Trilu", "EyeLike"}
+
+
+def _makes_mask(n: Node) -> bool:
+    """A comparison, Trilu or EyeLike over a matrix, or a mask lowered already."""
+    return isinstance(n, DmlNode) or (n.op_type in COMPARING_OPS and (n.outputs[0].shape is None or
+                                                                     len(n.outputs[0].shape) >= 2))
+
+
+def _no_band_reason(nodes: list[Node], target: Value) -> str | None:
+    """Why a shape-only mask (a comparison, Trilu or EyeLike in its cone) is not lowered, so that
+    `inspect` lists it as declined instead of passing over it; None for other shape-only values
+    (rotary tables, position ids), which are no masks."""
+    if not any(_makes_mask(n) for n in nodes):
+        return None  # (a 1-D Equal is shape plumbing: TorchScript's "-1 means keep" of expand)
+    outside = next((n for n in nodes if n.op_type not in INDEX_OPS), None)
+    if outside is not None:
+        return (f"its cone uses {outside.op_type} {outside.name!r}, which the size analysis does not cover, so no "
+                "band can be proved for every size")
+    return "it is not one band: one value everywhere, or not one diagonal fill"
+
+
 def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str],
              df: DataFree, max_dim: int = DIM_MAX) -> tuple:
     """What the subgraph is: ("band", pattern, the evaluated array, None) at static sizes (evaluated
@@ -507,9 +542,10 @@ def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value
     is in the subgraph's `_signature`."""
     if symbolic:
         verdict = _symbolic_verdict(graph, nodes, inputs, target, max_dim)
-        if not df.index_only(target) and verdict[0] != "inner":
-            return ("none",)  # data-free, not an index computation (weights reshaped by sizes...), no band inside
-        return verdict
+        if df.index_only(target) or verdict[0] == "inner" or \
+                (verdict[0] == "decline" and any(_makes_mask(n) for n in nodes)):
+            return verdict
+        return ("none",)  # data-free, not an index computation (weights reshaped by sizes...), no band inside
     too_big = _too_big_to_evaluate(graph, nodes, inputs, target)
     if too_big:
         return "decline", too_big
@@ -563,6 +599,8 @@ def _inner_bands(an: Analysis, nodes: list[Node], env: dict) -> tuple | None:
     being bands, so it is lowered on its own and the rest of the cone reads it."""
     found = []
     for pos, n in enumerate(nodes):
+        if isinstance(n, DmlNode):
+            continue  # lowered already
         for i, v in enumerate(n.outputs):
             b = env.get(v.name)
             if not isinstance(b, Band) or len(b.values) < 2 or len(b.shape) < 2:

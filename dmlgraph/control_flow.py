@@ -146,14 +146,14 @@ class HostStep:
         return state + self._stacked(scans, len(self.node.outputs) - len(state), "body", 1 + len(state))
 
     def _stacked(self, scans, count: int, attr: str, first: int, axes=None, reverse=None) -> list[np.ndarray]:
-        """Per-iteration outputs stacked along their axis; with no iteration, empty arrays of the
-        body's output types (0 on that axis, the declared per-iteration sizes when static)."""
+        """Per-iteration outputs stacked along their axis. With no iteration, as onnxruntime: empty
+        arrays of the body output's type and rank, 0 on that axis and for every dim not static."""
         axes = axes or [0] * count
         if scans is None:
             _, ex = self._executor(attr)
             result = []
             for v, axis in zip(ex.graph.outputs[first:first + count], axes):
-                shape = list(v.static_shape or ())
+                shape = [d if isinstance(d, int) else 0 for d in v.shape or ()]
                 shape.insert(axis + len(shape) + 1 if axis < 0 else axis, 0)
                 result.append(np.zeros(shape, numpy_dtype(v.elem_type or onnx.TensorProto.FLOAT)))
             return result

@@ -7,8 +7,9 @@ for the time of its lowering:
   Loop: iteration number, condition, loop-carried values; Scan: state values, then one slice of
   each scanned input); a function's inputs get the types all of its call sites agree on;
 * what a body reads from enclosing scopes by name becomes an extra input typed from the enclosing
-  graph, except an enclosing constant (an initializer, a Constant node's tensor), which becomes a
-  constant of the body: a Trilu's k or a stored mask read from outside is then seen as one;
+  graph, except an enclosing constant (an initializer, a Constant node's tensor, a DML generator
+  of static sizes), which becomes a constant of the body: a Trilu's k or a stored mask read from
+  outside is then seen as one;
 * after the passes the body is exported (DML nodes as `com.dmlgraph` nodes, as in a `dml` model)
   and written back under the same attribute: the formal inputs exactly as they were, no extra
   inputs (they are outer-scope reads again), no enclosing constant copied in. New values never
@@ -349,7 +350,7 @@ def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
         return formal
     inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input, formal)]
     outer = sorted(free_names(proto))
-    borrowed: dict[str, Value | np.ndarray] = {}
+    borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
     for name in outer:
         v = parent.values.get(name)
         if v is None:
@@ -369,11 +370,15 @@ def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
     return Body(g, frozenset(outer))
 
 
-def _constant(g: Graph, v: Value) -> Value | np.ndarray | None:
-    """An enclosing constant: the initializer (shared, not copied) or a Constant node's tensor."""
+def _constant(g: Graph, v: Value) -> Value | np.ndarray | DmlNode | None:
+    """An enclosing constant: the initializer (shared, not copied), a Constant node's tensor, or a
+    DML generator of static sizes (a stored mask the enclosing graph lowered: the body gets a copy,
+    so its rules can fuse it with what applies it there)."""
     if v.name in g.initializers and v.name not in g.overridable_inputs:
         return g.initializers[v.name]
     p = v.producer
+    if isinstance(p, DmlNode) and all(x is None for x in p.inputs) and p.static_shape is not None:
+        return p
     if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in STANDARD:
         for a in p.attributes:
             if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
@@ -381,9 +386,17 @@ def _constant(g: Graph, v: Value) -> Value | np.ndarray | None:
     return None
 
 
-def _borrow(g: Graph, v: Value, const: Value | np.ndarray) -> None:
-    """Make the extra input `v` a constant of the body (export leaves it out again)."""
+def _borrow(g: Graph, v: Value, const: Value | np.ndarray | DmlNode) -> None:
+    """Make the extra input `v` a constant of the body (`write_back` leaves it out again)."""
     g.inputs = [x for x in g.inputs if x is not v]
+    if isinstance(const, DmlNode):
+        copy = DmlNode(const.name, None, None, None, v, elem_type=const.elem_type, value=const.value,
+                       begin=const.begin, end=const.end, static_shape=const.static_shape, exact=const.exact,
+                       kind=const.kind)
+        copy.rule = const.rule
+        v.elem_type, v.shape = const.outputs[0].elem_type, const.static_shape
+        g.add_node(copy)
+        return
     if isinstance(const, Value):
         v.initializer, v.array, v.base_dir = const.initializer, const.array, const.base_dir
         v.elem_type, v.shape = const.elem_type, const.shape
@@ -404,6 +417,7 @@ def _import(info: ModelInfo, proto: onnx.GraphProto, inputs: list[onnx.ValueInfo
     mg.node.extend(proto.node)
     mg.initializer.extend(proto.initializer)
     mg.value_info.extend(proto.value_info)
+    opsets = opsets | {DOMAIN: DOMAIN_VERSION}  # (a lowered body's DML nodes: their schemas type them)
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
     model.functions.extend(info.functions)
     try:
@@ -423,7 +437,7 @@ def write_back(body: Body, proto: onnx.GraphProto) -> onnx.GraphProto:
     new.initializer.extend(t for t in exported.initializer if t.name not in body.outer)
     new.sparse_initializer.extend(proto.sparse_initializer)
     new.value_info.extend(vi for vi in exported.value_info if vi.name not in body.outer)
-    new.node.extend(exported.node)
+    new.node.extend(n for n in exported.node if not all(o in body.outer for o in n.output))  # (copied generators)
     new.quantization_annotation.extend(proto.quantization_annotation)
     new.metadata_props.extend(proto.metadata_props)
     return new

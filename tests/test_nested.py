@@ -1,0 +1,395 @@
+"""Masks inside If/Loop/Scan bodies and model-local functions: found, lowered in place, run, validated.
+
+Each model is built with onnx.helper. For each: both targets are written and pass onnx.checker's
+full check, the written model runs (the `onnx` target in plain onnxruntime, the `dml` target in
+dmlgraph's executor, which runs the bodies holding DML nodes itself) and gives onnxruntime's
+outputs on the original model bit for bit, `validate` agrees, and `inspect` lists the nested
+candidates with the path of the body they are in.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+from dmlgraph import api, cli, inspection
+from dmlgraph.onnx_io import DOMAIN, import_model
+
+OPSET = 17
+
+
+def _model(nodes, inputs, outputs, inits=(), functions=()) -> onnx.ModelProto:
+    g = h.make_graph(nodes, "m", inputs, outputs, list(inits))
+    opsets = [h.make_opsetid("", OPSET)] + [h.make_opsetid(d, 1) for d in sorted({f.domain for f in functions})]
+    m = h.make_model(g, opset_imports=opsets, ir_version=10, functions=list(functions))
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def _const(name: str, value, dtype=np.int64) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(value, dtype), name)
+
+
+def _vi(name: str, elem=T.FLOAT, shape=None) -> onnx.ValueInfoProto:
+    return h.make_tensor_value_info(name, elem, shape)
+
+
+def _causal_nodes(p: str, source: str, out: str) -> list[onnx.NodeProto]:
+    """A causal (lower-triangular, diagonal included) bool mask [S, S] from Shape(source)'s last dim,
+    built the way exporters do: Range, Unsqueeze, LessOrEqual. Reads p+'zero', p+'one', p+'ax'."""
+    return [h.make_node("Shape", [source], [p + "shape"], start=-1),
+            h.make_node("Squeeze", [p + "shape"], [p + "n"]),
+            h.make_node("Range", [p + "zero", p + "n", p + "one"], [p + "r"]),
+            h.make_node("Unsqueeze", [p + "r", p + "ax"], [p + "rows"]),
+            h.make_node("LessOrEqual", [p + "r", p + "rows"], [out])]
+
+
+def _causal_consts(p: str) -> list[onnx.TensorProto]:
+    return [_const(p + "zero", 0), _const(p + "one", 1), _const(p + "ax", [1])]
+
+
+# ---- the models ------------------------------------------------------------------------------------
+def if_model() -> onnx.ModelProto:
+    """If: the then branch is a Trilu of the outer X, the else branch a Range/LessOrEqual causal mask
+    sized by Shape(X) applied to X with Where."""
+    then = h.make_graph([h.make_node("Trilu", ["X"], ["t_out"], upper=0, name="then_trilu")], "then", [],
+                        [_vi("t_out", shape=["B", "S", "S"])])
+    els = h.make_graph(_causal_nodes("e_", "X", "e_mask") + [h.make_node("Where", ["e_mask", "X", "e_ninf"], ["e_out"])],
+                       "else", [], [_vi("e_out", shape=["B", "S", "S"])],
+                       _causal_consts("e_") + [_const("e_ninf", -np.inf, np.float32)])
+    return _model([h.make_node("If", ["c"], ["Y"], then_branch=then, else_branch=els, name="If_3")],
+                  [_vi("X", shape=["B", "S", "S"]), _vi("c", T.BOOL, [])], [_vi("Y", shape=["B", "S", "S"])])
+
+
+def loop_model() -> onnx.ModelProto:
+    """Loop: the body shifts X by the iteration number, applies a causal mask sized by the outer
+    Shape(X) (scan output, one per iteration) and accumulates a Trilu of it (loop-carried); it stops
+    early when the iteration number reaches `stop`."""
+    body = h.make_graph(
+        [h.make_node("Cast", ["i"], ["i_f"], to=T.FLOAT),
+         h.make_node("Add", ["X", "i_f"], ["xs"])]
+        + _causal_nodes("l_", "X", "l_mask")
+        + [h.make_node("Where", ["l_mask", "xs", "l_ninf"], ["y"], name="apply_mask"),
+           h.make_node("Trilu", ["xs"], ["t"], upper=1, name="loop_trilu"),
+           h.make_node("Add", ["acc", "t"], ["acc_out"]),
+           h.make_node("Less", ["i", "stop"], ["cond_out"])],
+        "loop_body", [_vi("i", T.INT64, []), _vi("cond", T.BOOL, []), _vi("acc", shape=["B", "S", "S"])],
+        [_vi("cond_out", T.BOOL, []), _vi("acc_out", shape=["B", "S", "S"]), _vi("y", shape=["B", "S", "S"])],
+        _causal_consts("l_") + [_const("l_ninf", -np.inf, np.float32)])
+    return _model([h.make_node("Shape", ["X"], ["x_shape"]),
+                   h.make_node("ConstantOfShape", ["x_shape"], ["acc0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
+                   h.make_node("Loop", ["trip", "", "acc0"], ["acc_final", "ys"], body=body, name="Loop_1")],
+                  [_vi("X", shape=["B", "S", "S"]), _vi("trip", T.INT64, []), _vi("stop", T.INT64, [])],
+                  [_vi("acc_final", shape=["B", "S", "S"]), _vi("ys", shape=["T", "B", "S", "S"])])
+
+
+def scan_model() -> onnx.ModelProto:
+    """Scan over X's first axis in reverse: each [S, S] slice is masked causally (mask from the
+    slice's own Shape) and summed into the state; a Trilu of the slice plus an outer bias is a scan
+    output stacked along axis 1, in reverse order."""
+    body = h.make_graph(
+        _causal_nodes("s_", "x", "s_mask")
+        + [h.make_node("Where", ["s_mask", "x", "s_zero_f"], ["masked"]),
+           h.make_node("Add", ["state", "masked"], ["state_out"]),
+           h.make_node("Trilu", ["x", "k"], ["tr"], upper=0, name="scan_trilu"),
+           h.make_node("Add", ["tr", "bias"], ["y"])],
+        "scan_body", [_vi("state", shape=["S", "S"]), _vi("x", shape=["S", "S"])],
+        [_vi("state_out", shape=["S", "S"]), _vi("y", shape=["S", "S"])],
+        _causal_consts("s_") + [_const("s_zero_f", 0.0, np.float32)])
+    scan = h.make_node("Scan", ["state0", "X"], ["state_final", "ys"], body=body, num_scan_inputs=1,
+                       scan_input_directions=[1], scan_output_axes=[1], scan_output_directions=[1], name="Scan_2")
+    return _model([h.make_node("ReduceSum", ["X", "axes0"], ["state0"], keepdims=0), scan],
+                  [_vi("X", shape=["B", "S", "S"]), _vi("bias", shape=["S", "S"])],
+                  [_vi("state_final", shape=["S", "S"]), _vi("ys", shape=["S", "B", "S"])],
+                  [_const("k", -1), _const("axes0", [0])])
+
+
+def function_model() -> onnx.ModelProto:
+    """A local function holding a Trilu (k from a Constant), called twice with different sizes."""
+    f = h.make_function("local", "MaskFn", ["x"], ["y"],
+                        [h.make_node("Constant", [], ["kk"], value=_const("kk", 1)),
+                         h.make_node("Trilu", ["x", "kk"], ["y"], upper=0, name="fn_trilu")],
+                        [h.make_opsetid("", OPSET)])
+    return _model([h.make_node("MaskFn", ["X"], ["Y1"], domain="local", name="call_1"),
+                   h.make_node("MaskFn", ["Z"], ["Y2"], domain="local", name="call_2")],
+                  [_vi("X", shape=["S", "S"]), _vi("Z", shape=[4, 6])],
+                  [_vi("Y1", shape=["S", "S"]), _vi("Y2", shape=[4, 6])], functions=[f])
+
+
+def nested_model() -> onnx.ModelProto:
+    """If inside a Loop body: on even iterations a Trilu of the main graph's X (two scopes up), on
+    odd ones X masked causally (mask from Shape(X)); the result is the scan output."""
+    then = h.make_graph([h.make_node("Trilu", ["X"], ["t_out"], upper=1, name="inner_trilu")], "then", [],
+                        [_vi("t_out", shape=["S", "S"])])
+    els = h.make_graph(_causal_nodes("n_", "X", "n_mask") + [h.make_node("Where", ["n_mask", "X", "n_ninf"], ["e_out"])],
+                       "else", [], [_vi("e_out", shape=["S", "S"])],
+                       _causal_consts("n_") + [_const("n_ninf", -np.inf, np.float32)])
+    body = h.make_graph(
+        [h.make_node("Mod", ["i", "two"], ["r"]),
+         h.make_node("Equal", ["r", "zero"], ["even"]),
+         h.make_node("If", ["even"], ["y"], then_branch=then, else_branch=els, name="If_2"),
+         h.make_node("Identity", ["cond"], ["cond_out"])],
+        "loop_body", [_vi("i", T.INT64, []), _vi("cond", T.BOOL, [])],
+        [_vi("cond_out", T.BOOL, []), _vi("y", shape=["S", "S"])],
+        [_const("two", 2), _const("zero", 0)])
+    return _model([h.make_node("Loop", ["trip", ""], ["ys"], body=body, name="Loop_1")],
+                  [_vi("X", shape=["S", "S"]), _vi("trip", T.INT64, [])], [_vi("ys", shape=["T", "S", "S"])])
+
+
+def varying_model() -> onnx.ModelProto:
+    """A Loop whose body builds an n x n causal mask from the loop-carried count n (its value, not a
+    shape): not lowerable, and reported. The body's Trilu of the outer X still lowers."""
+    body = h.make_graph(
+        [h.make_node("Range", ["zero", "n", "one"], ["r"]),
+         h.make_node("Unsqueeze", ["r", "ax"], ["rows"]),
+         h.make_node("LessOrEqual", ["r", "rows"], ["mask"], name="varying_mask"),
+         h.make_node("Cast", ["mask"], ["mask_f"], to=T.FLOAT),
+         h.make_node("ReduceSum", ["mask_f"], ["count"], keepdims=0),
+         h.make_node("Trilu", ["X"], ["t"], upper=0, name="fixed_trilu"),
+         h.make_node("ReduceSum", ["t"], ["t_sum"], keepdims=0),
+         h.make_node("Add", ["count", "t_sum"], ["step"]),
+         h.make_node("Add", ["total", "step"], ["total_out"]),
+         h.make_node("Add", ["n", "one"], ["n_out"]),
+         h.make_node("Identity", ["cond"], ["cond_out"])],
+        "loop_body", [_vi("i", T.INT64, []), _vi("cond", T.BOOL, []), _vi("n", T.INT64, []), _vi("total", T.FLOAT, [])],
+        [_vi("cond_out", T.BOOL, []), _vi("n_out", T.INT64, []), _vi("total_out", T.FLOAT, [])],
+        [_const("zero", 0), _const("one", 1), _const("ax", [1])])
+    return _model([h.make_node("Loop", ["trip", "", "n0", "total0"], ["n_final", "total_final"], body=body, name="Loop_1")],
+                  [_vi("X", shape=["S", "S"]), _vi("trip", T.INT64, []), _vi("n0", T.INT64, []), _vi("total0", T.FLOAT, [])],
+                  [_vi("n_final", T.INT64, []), _vi("total_final", T.FLOAT, [])])
+
+
+def _x(shape, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# Per model: input sets (several sizes, both If branches, early and late loop ends, zero iterations)
+# and the (scope, rule) pairs that must be lowered.
+CASES = {
+    "if": (if_model, [{"X": _x((2, 5, 5)), "c": np.array(True)}, {"X": _x((1, 7, 7), 1), "c": np.array(False)}],
+           {("If_3/then_branch", "trilu"), ("If_3/else_branch", "mask_subgraph"), ("If_3/else_branch", "mask_where")}),
+    "loop": (loop_model, [{"X": _x((2, 4, 4)), "trip": np.array(5, np.int64), "stop": np.array(2, np.int64)},
+                          {"X": _x((1, 6, 6), 2), "trip": np.array(3, np.int64), "stop": np.array(9, np.int64)},
+                          {"X": _x((1, 3, 3), 3), "trip": np.array(0, np.int64), "stop": np.array(9, np.int64)}],
+             {("Loop_1/body", "trilu"), ("Loop_1/body", "mask_subgraph"), ("Loop_1/body", "mask_where")}),
+    "scan": (scan_model, [{"X": _x((3, 4, 4)), "bias": _x((4, 4), 4)}, {"X": _x((2, 6, 6), 5), "bias": _x((6, 6), 6)}],
+             {("Scan_2/body", "trilu"), ("Scan_2/body", "mask_subgraph"), ("Scan_2/body", "mask_where")}),
+    "function": (function_model, [{"X": _x((5, 5)), "Z": _x((4, 6), 7)}, {"X": _x((3, 3), 8), "Z": _x((4, 6), 9)}],
+                 {("local::MaskFn", "trilu")}),
+    "nested": (nested_model, [{"X": _x((5, 5)), "trip": np.array(3, np.int64)}, {"X": _x((2, 2), 1), "trip": np.array(4, np.int64)}],
+               {("Loop_1/body/If_2/then_branch", "trilu"), ("Loop_1/body/If_2/else_branch", "mask_subgraph"),
+                ("Loop_1/body/If_2/else_branch", "mask_where")}),
+    "varying": (varying_model, [{"X": _x((4, 4)), "trip": np.array(3, np.int64), "n0": np.array(2, np.int64),
+                                 "total0": np.array(0.5, np.float32)}],
+                {("Loop_1/body", "trilu")}),
+}
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """Each case's source model, and its optimize result and written file per target."""
+    folder = tmp_path_factory.mktemp("nested")
+    out = {}
+    for name, (build, _, _) in CASES.items():
+        src = str(folder / f"{name}.onnx")
+        onnx.save(build(), src)
+        for target in ("dml", "onnx"):
+            result = api.optimize(src, target=target)
+            path = str(folder / f"{name}_{target}.onnx")
+            api.write(result, path, src)
+            out[name, target] = (src, result, path)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_lowered_in_place_and_equal_to_onnxruntime(case, target, written):
+    _, feed_sets, expected = CASES[case]
+    src, result, path = written[case, target]
+    lowered = {(m.captures.get("scope"), m.rule) for m in result.passes.applied}
+    assert expected <= lowered
+    model = onnx.load(path)
+    onnx.checker.check_model(model, full_check=True)
+    original = onnx.load(src)
+    # No extra formal inputs: every body keeps exactly its inputs; functions their signatures.
+    assert _bodies_inputs(model) == _bodies_inputs(original)
+    assert [(f.name, list(f.input), len(f.output)) for f in model.functions] == \
+        [(f.name, list(f.input), len(f.output)) for f in original.functions]
+    dml_nodes = _count_dml(model)
+    if target == "dml":
+        assert dml_nodes >= 1
+    else:
+        assert dml_nodes == 0 and all(o.domain != DOMAIN for o in model.opset_import)
+    for feeds in feed_sets:
+        want = _ort(original, feeds)
+        got = _ort(model, feeds) if target == "onnx" else \
+            [api.run_graph(import_model(model), feeds)[o.name] for o in model.graph.output]
+        assert all(_same(w, g) for w, g in zip(want, got)), case
+
+
+def _bodies_inputs(model: onnx.ModelProto) -> list:
+    found = []
+
+    def walk(nodes, where):
+        for n in nodes:
+            for a in n.attribute:
+                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+                    found.append((where, n.name, a.name, [vi.name for vi in g.input]))
+                    walk(g.node, f"{where}/{n.name}")
+    walk(model.graph.node, "")
+    for f in model.functions:
+        walk(f.node, f.name)
+    return found
+
+
+def _count_dml(model: onnx.ModelProto) -> int:
+    count = 0
+
+    def walk(nodes):
+        nonlocal count
+        for n in nodes:
+            count += n.domain == DOMAIN
+            for a in n.attribute:
+                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+                    walk(g.node)
+    walk(model.graph.node)
+    for f in model.functions:
+        walk(f.node)
+    return count
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_validate_is_bit_exact(case, written):
+    _, feed_sets, _ = CASES[case]
+    src = written[case, "dml"][0]
+    for feeds in feed_sets:
+        r = api.validate(src, feeds=feeds)
+        assert r["ok"] and r["exact"], r
+        assert all(o["detail"] == "bit-exact" for o in r["outputs"]), r["outputs"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_inspect_lists_nested_candidates_with_paths(case, written, capsys):
+    _, _, expected = CASES[case]
+    src = written[case, "dml"][0]
+    assert cli.main(["inspect", src, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["schema"] == inspection.SCHEMA
+    found = {(c["scope"], c["rule"]) for c in r["candidates"]}
+    assert expected <= found
+    for c in r["candidates"]:
+        assert c["scope"] and all(n["name"].startswith(c["scope"] + "/") and n["index"] is None for n in c["nodes"])
+        assert c["lowers_to"] is not None
+    assert all(c["in_lowered_graph"] for c in r["candidates"] if c["superseded_by"] is None)
+    assert cli.main(["inspect", src]) == 0
+    text = capsys.readouterr().out
+    for scope, rule in expected:
+        assert f"{rule} in {scope}:" in text
+
+
+def test_mask_of_a_loop_carried_value_is_declined_with_the_reason(written):
+    _, result, _ = written["varying", "dml"]
+    declined = [m for m in result.passes.declined if m.captures.get("scope") == "Loop_1/body"]
+    assert len(declined) == 1
+    m = declined[0]
+    assert m.rule == "mask_subgraph" and "varying_mask" in {n.name for n in m.nodes}
+    assert "a loop-carried value 'n'" in m.reason and "changes per iteration" in m.reason
+    # ... and it stays as it was: only the Trilu of the outer X became a DML node.
+    assert _count_dml(onnx.load(written["varying", "dml"][2])) == 1
+
+
+def test_function_typed_by_its_calls_and_declined_when_they_disagree(tmp_path):
+    f = h.make_function("local", "MaskFn", ["x"], ["y"], [h.make_node("Trilu", ["x"], ["y"], upper=1)],
+                        [h.make_opsetid("", OPSET)])
+    model = _model([h.make_node("MaskFn", ["X"], ["Y1"], domain="local"),
+                    h.make_node("MaskFn", ["Z"], ["Y2"], domain="local")],
+                   [_vi("X", shape=[3, 3]), _vi("Z", T.DOUBLE, [3, 3])], [_vi("Y1", shape=[3, 3]), _vi("Y2", T.DOUBLE, [3, 3])],
+                   functions=[f])
+    src = str(tmp_path / "m.onnx")
+    onnx.save(model, src)
+    result = api.optimize(src)
+    assert not result.passes.applied
+    [m] = [m for m in result.passes.declined if m.rule == "local_function"]
+    assert "local::MaskFn" in m.reason and "different element types" in m.reason
+    assert list(result.model.functions) == list(model.functions)  # left exactly as it was
+
+
+def test_function_reading_attributes_is_declined(tmp_path):
+    f = h.make_function("local", "Band", ["x"], ["y"], [h.make_node("EyeLike", ["x"], ["y"])],
+                        [h.make_opsetid("", OPSET)], attributes=["kk"])
+    f.node[0].attribute.append(onnx.AttributeProto(name="k", ref_attr_name="kk", type=onnx.AttributeProto.INT))
+    model = _model([h.make_node("Band", ["X"], ["Y"], domain="local", kk=1)], [_vi("X", shape=[3, 3])],
+                   [_vi("Y", shape=[3, 3])], functions=[f])
+    src = str(tmp_path / "m.onnx")
+    onnx.save(model, src)
+    [m] = [m for m in api.optimize(src).passes.declined if m.rule == "local_function"]
+    assert "caller's attributes (kk)" in m.reason
+
+
+def test_outer_constant_is_seen_as_a_constant_and_not_copied_in(tmp_path):
+    """A stored causal mask of the main graph applied inside an If branch: the main graph lowers it
+    to a generator, the branch gets a copy of that generator and fuses it with its Where, and the
+    main graph drops the constant, its now unread generator and the fill value."""
+    mask = np.tril(np.ones((64, 64), bool))
+    then = h.make_graph([h.make_node("Where", ["M", "X", "fill"], ["t_out"])], "then", [], [_vi("t_out", shape=[64, 64])])
+    els = h.make_graph([h.make_node("Identity", ["X"], ["e_out"])], "else", [], [_vi("e_out", shape=[64, 64])])
+    model = _model([h.make_node("If", ["c"], ["Y"], then_branch=then, else_branch=els, name="If_0")],
+                   [_vi("X", shape=[64, 64]), _vi("c", T.BOOL, [])], [_vi("Y", shape=[64, 64])],
+                   [numpy_helper.from_array(mask, "M"), _const("fill", -1.0, np.float32)])
+    src = str(tmp_path / "m.onnx")
+    onnx.save(model, src)
+    result = api.optimize(src)
+    assert {(m.captures.get("scope"), m.rule) for m in result.passes.applied} == \
+        {(None, "stored_mask"), ("If_0/then_branch", "mask_where")}
+    out = result.model
+    onnx.checker.check_model(out, full_check=True)
+    assert [n.op_type for n in out.graph.node] == ["If"] and not out.graph.initializer
+    body = out.graph.node[0].attribute[1].g
+    assert body.name == "then" and not body.initializer and not body.input
+    assert [(n.domain, n.input) for n in body.node] == [(DOMAIN, ["X"])]
+    for c in (True, False):
+        feeds = {"X": _x((64, 64)), "c": np.array(c)}
+        assert _same(_ort(model, feeds)[0], api.run_graph(import_model(out), feeds)["Y"])
+
+
+def test_new_names_never_clash_with_enclosing_scopes(written):
+    """Rules in the main graph and in bodies both make helper values (sizes, axes): each body's new
+    names differ from every name its enclosing scopes define (onnx.checker checks this too)."""
+    model = onnx.load(written["nested", "dml"][2])
+    seen = set()
+
+    def walk(g: onnx.GraphProto, outer: set[str]):
+        defined = {vi.name for vi in g.input} | {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
+        assert not defined & outer
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g, outer | defined)
+        seen.update(defined)
+    walk(model.graph, set())
+    assert seen
+
+
+def test_graphs_without_bodies_are_untouched(tmp_path):
+    """The nested driver is not in the way of a plain model: the same result as before."""
+    model = _model([h.make_node("Trilu", ["X"], ["Y"], upper=1)], [_vi("X", shape=[3, 4])], [_vi("Y", shape=[3, 4])])
+    src = str(tmp_path / "m.onnx")
+    onnx.save(model, src)
+    r = api.optimize(src)
+    assert [(m.rule, "scope" in m.captures) for m in r.passes.applied] == [("trilu", False)]

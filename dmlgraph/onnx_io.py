@@ -291,15 +291,19 @@ def _portable_protos(nodes, opset: int) -> list[onnx.NodeProto]:
 
 
 def portable_node(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
-    """An If/Loop/Scan node whose bodies hold DML nodes, with those written as standard ops."""
+    """An If/Loop/Scan node whose bodies hold DML nodes, with those written as standard ops (whose
+    outputs, as in the main graph's portable export, onnx's inference types: no value_info)."""
     proto = onnx.NodeProto()
     proto.CopyFrom(node)
     for a in proto.attribute:
         for body in _graphs_of([a]):
             if has_dml_nodes(body.node):
+                made = {o for n in body.node if n.domain == DOMAIN for o in n.output}
                 nodes = _portable_protos(body.node, opset)
-                del body.node[:]
+                infos = [vi for vi in body.value_info if vi.name not in made]
+                del body.node[:], body.value_info[:]
                 body.node.extend(nodes)
+                body.value_info.extend(infos)
     return proto
 
 
@@ -307,8 +311,10 @@ def portable_function(f: onnx.FunctionProto, opset: int) -> onnx.FunctionProto:
     """A model-local function with its DML nodes written as standard ops (and no DML opset)."""
     proto = onnx.FunctionProto()
     proto.CopyFrom(f)
-    del proto.node[:]
+    made = {o for n in f.node if n.domain == DOMAIN for o in n.output}
+    del proto.node[:], proto.value_info[:]
     proto.node.extend(_portable_protos(f.node, opset))
+    proto.value_info.extend(vi for vi in f.value_info if vi.name not in made)
     imports = [o for o in proto.opset_import if o.domain != DOMAIN]
     if not any(o.domain in ("", "ai.onnx") for o in imports):
         imports.append(helper.make_opsetid("", opset))

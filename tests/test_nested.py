@@ -393,3 +393,15 @@ def test_graphs_without_bodies_are_untouched(tmp_path):
     onnx.save(model, src)
     r = api.optimize(src)
     assert [(m.rule, "scope" in m.captures) for m in r.passes.applied] == [("trilu", False)]
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_deterministic_and_idempotent(target, written, tmp_path):
+    """The same model gives the same bytes; optimizing the written model again gives them again."""
+    for case in sorted(CASES):
+        src, first, path = written[case, target]
+        again = api.optimize(src, target=target).model.SerializeToString()
+        second = api.optimize(path, target=target)
+        assert again == first.model.SerializeToString() == second.model.SerializeToString(), case
+        if target == "dml":
+            assert not second.passes.applied, case  # nothing left to lower

@@ -20,6 +20,11 @@ simple path's own, so the two paths run the same onnxruntime sessions on the sam
 bit for bit. A skipped step does not run, so it cannot raise either: a node whose output only
 reaches a Shape inside a skipped region (a Gather whose indices are out of range, say) fails the
 first run at those shapes and not the later ones.
+
+An If/Loop/Scan node or local-function call whose body holds DML nodes cannot run in a session:
+it is a step of its own, like a DML node (`control_flow.HostStep`, each body run by a sub-executor),
+and a graph with such a step takes the simple path on every run. Graphs without one are planned
+and run exactly as above.
 """
 from __future__ import annotations
 

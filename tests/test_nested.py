@@ -405,3 +405,60 @@ def test_deterministic_and_idempotent(target, written, tmp_path):
         assert again == first.model.SerializeToString() == second.model.SerializeToString(), case
         if target == "dml":
             assert not second.passes.applied, case  # nothing left to lower
+
+
+def growing_model() -> onnx.ModelProto:
+    """A Loop whose carried row vector grows by one element per iteration; the body masks the
+    outer product of it causally, the mask sized by the carried value's own shape."""
+    body = h.make_graph(
+        [h.make_node("Slice", ["s", "minus1", "big", "one_ax"], ["last"]),
+         h.make_node("Concat", ["s", "last"], ["s_out"], axis=1),
+         h.make_node("Transpose", ["s"], ["s_t"]),
+         h.make_node("MatMul", ["s_t", "s"], ["outer"])]
+        + _causal_nodes("g_", "s", "g_mask")
+        + [h.make_node("Where", ["g_mask", "outer", "g_zero_f"], ["masked"]),
+           h.make_node("ReduceSum", ["masked"], ["part"], keepdims=0),
+           h.make_node("Add", ["total", "part"], ["total_out"]),
+           h.make_node("Identity", ["cond"], ["cond_out"])],
+        "loop_body", [_vi("i", T.INT64, []), _vi("cond", T.BOOL, []), _vi("s", shape=[1, "n"]), _vi("total", T.FLOAT, [])],
+        [_vi("cond_out", T.BOOL, []), _vi("s_out", shape=[1, None]), _vi("total_out", T.FLOAT, [])],
+        _causal_consts("g_") + [_const("minus1", [-1]), _const("big", [2**40]), _const("one_ax", [1]),
+                                _const("g_zero_f", 0.0, np.float32)])
+    return _model([h.make_node("Loop", ["trip", "", "s0", "total0"], ["s_final", "total_final"], body=body, name="Loop_1")],
+                  [_vi("s0", shape=[1, "n"]), _vi("trip", T.INT64, []), _vi("total0", T.FLOAT, [])],
+                  [_vi("s_final", shape=[1, None]), _vi("total_final", T.FLOAT, [])])
+
+
+def test_mask_sized_by_a_carried_value_that_grows(tmp_path):
+    """The carried value's sizes differ between iterations: its dims are fresh (any size) in the
+    body, the mask is proved for every size, and each iteration's mask has that iteration's size."""
+    src = str(tmp_path / "grow.onnx")
+    model = growing_model()
+    onnx.save(model, src)
+    feeds = {"s0": _x((1, 3)), "trip": np.array(4, np.int64), "total0": np.array(0.25, np.float32)}
+    want = _ort(model, feeds)
+    for target in ("dml", "onnx"):
+        result = api.optimize(src, target=target)
+        assert {("Loop_1/body", "mask_subgraph"), ("Loop_1/body", "mask_where")} <= \
+            {(m.captures.get("scope"), m.rule) for m in result.passes.applied}
+        onnx.checker.check_model(result.model, full_check=True)
+        got = _ort(result.model, feeds) if target == "onnx" else \
+            [api.run_graph(import_model(result.model), feeds)[o.name] for o in model.graph.output]
+        assert all(_same(w, g) for w, g in zip(want, got))
+    assert api.validate(src, feeds=feeds)["ok"]
+
+
+def test_body_reading_a_value_of_unknown_type_is_declined(tmp_path):
+    """An If branch reading the output of an op nothing types: the body cannot be typed, and says so."""
+    then = h.make_graph([h.make_node("Trilu", ["V"], ["t_out"])], "then", [], [_vi("t_out", shape=[3, 3])])
+    els = h.make_graph([h.make_node("Identity", ["V"], ["e_out"])], "else", [], [_vi("e_out", shape=[3, 3])])
+    g = h.make_graph([h.make_node("Mystery", ["X"], ["V"], domain="custom"),
+                      h.make_node("If", ["c"], ["Y"], then_branch=then, else_branch=els, name="If_9")],
+                     "m", [_vi("X", shape=[3, 3]), _vi("c", T.BOOL, [])], [_vi("Y", shape=[3, 3])])
+    src = str(tmp_path / "m.onnx")
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", OPSET), h.make_opsetid("custom", 1)], ir_version=10), src)
+    declined = [m for m in api.optimize(src).passes.declined if m.rule == "nested_body"]
+    assert {m.reason for m in declined} == {
+        "its then_branch is not lowered: the enclosing value 'V' it reads has no known tensor type",
+        "its else_branch is not lowered: the enclosing value 'V' it reads has no known tensor type"}
+    assert all(m.nodes[0].name == "If_9" and "scope" not in m.captures for m in declined)

@@ -68,7 +68,7 @@ def _calls_any(n: OnnxNode, keys: set) -> bool:
 class HostStep:
     """One node run here; `inputs` / `outputs` are value names, as a Region's."""
 
-    def __init__(self, graph: Graph, node: OnnxNode, make_executor: MakeExecutor):
+    def __init__(self, graph: Graph, node: OnnxNode, make_executor: MakeExecutor) -> None:
         self.graph, self.node, self._make = graph, node, make_executor
         self.inputs = list(dict.fromkeys(v.name for v in graph.reads(node) if v is not None))
         self.outputs = [v.name for v in node.outputs]
@@ -145,7 +145,8 @@ class HostStep:
             i += 1
         return state + self._stacked(scans, len(self.node.outputs) - len(state), "body", 1 + len(state))
 
-    def _stacked(self, scans, count: int, attr: str, first: int, axes=None, reverse=None) -> list[np.ndarray]:
+    def _stacked(self, scans: list[list[np.ndarray]] | None, count: int, attr: str, first: int,
+                 axes: list[int] | None = None, reverse: list[int] | None = None) -> list[np.ndarray]:
         """Per-iteration outputs stacked along their axis. With no iteration, as onnxruntime: empty
         arrays of the body output's type and rank, 0 on that axis and for every dim not static."""
         axes = axes or [0] * count

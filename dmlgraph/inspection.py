@@ -33,7 +33,7 @@ from onnx import TensorProto
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.modelfile import atomic_writer, tensor_nbytes
-from dmlgraph.nested import SCOPE, in_lowered_graph, qualified_name
+from dmlgraph.nested import SCOPE, in_lowered_graph, nested_dml_nodes, qualified_name
 from dmlgraph.ops import FeatureLevel, bind_range
 
 SCHEMA = "dmlgraph.inspect/2"
@@ -515,6 +515,7 @@ def analyze(path: str, options=None, top: int = 10, target: str = "dml", progres
         "nodes_removed": len(removed),
         "nodes_added": exported["nodes"] - kept,
         "dml_nodes_added": sum(1 for n in dml_now if n.id not in original_dml),
+        "nested_dml_nodes": len(nested_dml_nodes(result)),
         "initializers_removed": len(gone_inits),
         "initializer_bytes_removed": sum(sizes[name] for name in gone_inits),
         "initializers_added": len(new_inits),
@@ -677,6 +678,9 @@ def format_text(r: dict) -> str:
     if t["initializers_added"]:
         adds += (f", and {_plural(t['initializers_added'], 'initializer')} "
                  f"({_bytes(t['initializer_bytes_added'])})")
+    if t["nested_dml_nodes"]:
+        adds += (f"; and {_plural(t['nested_dml_nodes'], 'DML node')} inside bodies and functions"
+                 + ("" if t["target"] == "dml" else ", written as standard ONNX nodes"))
     L.append(f"totals (target {t['target']}): optimize would remove {_plural(t['nodes_removed'], 'node')} and "
              f"{_plural(t['initializers_removed'], 'initializer')} ({_bytes(t['initializer_bytes_removed'])}), "
              f"{adds}")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import networkx as nx
 import numpy as np
@@ -92,7 +92,8 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain) -> PassResult:
 class _Driver:
     """One optimize's walk over the bodies and functions, and what it reports."""
 
-    def __init__(self, flat: FlatPasses, explain: Explain, main: PassResult, functions: list[onnx.FunctionProto]):
+    def __init__(self, flat: FlatPasses, explain: Explain, main: PassResult,
+                 functions: list[onnx.FunctionProto]) -> None:
         self.flat, self.explain = flat, explain
         self.counts = dict(main.counts)
         self.applied, self.declined = list(main.applied), list(main.declined)
@@ -238,7 +239,7 @@ def function_path(f: onnx.FunctionProto) -> str:
 class FreshDims:
     """Symbolic dims that name nothing else: `unk__dmlgraph_N` (export writes `unk__` dims as unknown)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._n = itertools.count()
 
     def new(self) -> str:
@@ -466,7 +467,7 @@ def call_key(n: OnnxNode) -> FunctionKey:
 class _CallSites:
     """The input types each local function is called with, and why some calls have none."""
 
-    def __init__(self, functions: list[onnx.FunctionProto], dims: FreshDims):
+    def __init__(self, functions: list[onnx.FunctionProto], dims: FreshDims) -> None:
         self.keys = {function_key(f) for f in functions}
         self.dims = dims
         self.sites: dict[FunctionKey, list[list[TypeSpec | None]]] = {}
@@ -535,7 +536,7 @@ def _call_order(functions: list[onnx.FunctionProto]) -> list[int] | str:
         return "the model's local functions call each other in a cycle, which ONNX does not allow"
 
 
-def all_nodes(nodes):
+def all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """NodeProtos and the nodes of their bodies, at any depth."""
     for n in nodes:
         yield n

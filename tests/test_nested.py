@@ -297,6 +297,7 @@ def test_inspect_lists_nested_candidates_with_paths(case, written, capsys):
         assert c["scope"] and all(n["name"].startswith(c["scope"] + "/") and n["index"] is None for n in c["nodes"])
         assert c["lowers_to"] is not None
     assert all(c["in_lowered_graph"] for c in r["candidates"] if c["superseded_by"] is None)
+    assert r["totals"]["nested_dml_nodes"] == sum(c["in_lowered_graph"] for c in r["candidates"]) >= 1
     assert cli.main(["inspect", src]) == 0
     text = capsys.readouterr().out
     for scope, rule in expected:

@@ -67,10 +67,11 @@ def if_model() -> onnx.ModelProto:
                   [_vi("X", shape=["B", "S", "S"]), _vi("c", T.BOOL, [])], [_vi("Y", shape=["B", "S", "S"])])
 
 
-def loop_model() -> onnx.ModelProto:
+def loop_model(trip_count: bool = True) -> onnx.ModelProto:
     """Loop: the body shifts X by the iteration number, applies a causal mask sized by the outer
     Shape(X) (scan output, one per iteration) and accumulates a Trilu of it (loop-carried); it stops
-    early when the iteration number reaches `stop`."""
+    early when the iteration number reaches `stop`. Without `trip_count`, no M: the condition
+    (given as an input) alone ends it."""
     body = h.make_graph(
         [h.make_node("Cast", ["i"], ["i_f"], to=T.FLOAT),
          h.make_node("Add", ["X", "i_f"], ["xs"])]
@@ -84,15 +85,18 @@ def loop_model() -> onnx.ModelProto:
         _causal_consts("l_") + [_const("l_ninf", -np.inf, np.float32)])
     return _model([h.make_node("Shape", ["X"], ["x_shape"]),
                    h.make_node("ConstantOfShape", ["x_shape"], ["acc0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
-                   h.make_node("Loop", ["trip", "", "acc0"], ["acc_final", "ys"], body=body, name="Loop_1")],
-                  [_vi("X", shape=["B", "S", "S"]), _vi("trip", T.INT64, []), _vi("stop", T.INT64, [])],
+                   h.make_node("Loop", ["trip" if trip_count else "", "" if trip_count else "go", "acc0"],
+                               ["acc_final", "ys"], body=body, name="Loop_1")],
+                  [_vi("X", shape=["B", "S", "S"]), _vi("trip" if trip_count else "go", T.INT64 if trip_count else T.BOOL, []),
+                   _vi("stop", T.INT64, [])],
                   [_vi("acc_final", shape=["B", "S", "S"]), _vi("ys", shape=["T", "B", "S", "S"])])
 
 
-def scan_model() -> onnx.ModelProto:
-    """Scan over X's first axis in reverse: each [S, S] slice is masked causally (mask from the
-    slice's own Shape) and summed into the state; a Trilu of the slice plus an outer bias is a scan
-    output stacked along axis 1, in reverse order."""
+def scan_model(axis: int = 0) -> onnx.ModelProto:
+    """Scan over X's axis `axis` (0, or -1 for X laid out [S, S, B]) in reverse: each [S, S] slice
+    is masked causally (mask from the slice's own Shape) and summed into the state; a Trilu of the
+    slice plus an outer bias is a scan output stacked along axis 1 (axis 0 for `axis` -1), in
+    reverse order."""
     body = h.make_graph(
         _causal_nodes("s_", "x", "s_mask")
         + [h.make_node("Where", ["s_mask", "x", "s_zero_f"], ["masked"]),
@@ -103,11 +107,13 @@ def scan_model() -> onnx.ModelProto:
         [_vi("state_out", shape=["S", "S"]), _vi("y", shape=["S", "S"])],
         _causal_consts("s_") + [_const("s_zero_f", 0.0, np.float32)])
     scan = h.make_node("Scan", ["state0", "X"], ["state_final", "ys"], body=body, num_scan_inputs=1,
-                       scan_input_directions=[1], scan_output_axes=[1], scan_output_directions=[1], name="Scan_2")
+                       scan_input_axes=[axis], scan_input_directions=[1], scan_output_axes=[1 if axis == 0 else 0],
+                       scan_output_directions=[1], name="Scan_2")
+    x_shape = ["B", "S", "S"] if axis == 0 else ["S", "S", "B"]
     return _model([h.make_node("ReduceSum", ["X", "axes0"], ["state0"], keepdims=0), scan],
-                  [_vi("X", shape=["B", "S", "S"]), _vi("bias", shape=["S", "S"])],
-                  [_vi("state_final", shape=["S", "S"]), _vi("ys", shape=["S", "B", "S"])],
-                  [_const("k", -1), _const("axes0", [0])])
+                  [_vi("X", shape=x_shape), _vi("bias", shape=["S", "S"])],
+                  [_vi("state_final", shape=["S", "S"]), _vi("ys", shape=["S", "B", "S"] if axis == 0 else ["B", "S", "S"])],
+                  [_const("k", -1), _const("axes0", [axis])])
 
 
 def function_model() -> onnx.ModelProto:
@@ -178,6 +184,12 @@ CASES = {
                           {"X": _x((1, 6, 6), 2), "trip": np.array(3, np.int64), "stop": np.array(9, np.int64)},
                           {"X": _x((1, 3, 3), 3), "trip": np.array(0, np.int64), "stop": np.array(9, np.int64)}],
              {("Loop_1/body", "trilu"), ("Loop_1/body", "mask_subgraph"), ("Loop_1/body", "mask_where")}),
+    "loop_cond": (lambda: loop_model(trip_count=False),
+                  [{"X": _x((2, 4, 4)), "go": np.array(True), "stop": np.array(3, np.int64)},
+                   {"X": _x((1, 5, 5), 1), "go": np.array(False), "stop": np.array(3, np.int64)}],
+                  {("Loop_1/body", "trilu"), ("Loop_1/body", "mask_subgraph"), ("Loop_1/body", "mask_where")}),
+    "scan_last_axis": (lambda: scan_model(axis=-1), [{"X": _x((4, 4, 3)), "bias": _x((4, 4), 4)}],
+                       {("Scan_2/body", "trilu"), ("Scan_2/body", "mask_subgraph"), ("Scan_2/body", "mask_where")}),
     "scan": (scan_model, [{"X": _x((3, 4, 4)), "bias": _x((4, 4), 4)}, {"X": _x((2, 6, 6), 5), "bias": _x((6, 6), 6)}],
              {("Scan_2/body", "trilu"), ("Scan_2/body", "mask_subgraph"), ("Scan_2/body", "mask_where")}),
     "function": (function_model, [{"X": _x((5, 5)), "Z": _x((4, 6), 7)}, {"X": _x((3, 3), 8), "Z": _x((4, 6), 9)}],

@@ -381,10 +381,34 @@ def test_outer_constant_is_seen_as_a_constant_and_not_copied_in(tmp_path):
         assert _same(_ort(model, feeds)[0], api.run_graph(import_model(out), feeds)["Y"])
 
 
-def test_new_names_never_clash_with_enclosing_scopes(written):
-    """Rules in the main graph and in bodies both make helper values (sizes, axes): each body's new
-    names differ from every name its enclosing scopes define (onnx.checker checks this too)."""
-    model = onnx.load(written["nested", "dml"][2])
+def shared_helpers_model() -> onnx.ModelProto:
+    """The same causal mask of X built in the main graph and in an If branch, each multiplied with X
+    as a matrix (MatMul: nothing absorbs it), so each stays a generator reading its sizes from
+    Shape(X) at run time: the rules make the same helper names (X's shape, an axis constant) in
+    both scopes."""
+    then = h.make_graph(_causal_nodes("b_", "X", "b_mask") + [h.make_node("Cast", ["b_mask"], ["b_f"], to=T.FLOAT),
+                                                              h.make_node("MatMul", ["b_f", "X"], ["t_out"])],
+                        "then", [], [_vi("t_out", shape=["S", "S"])], _causal_consts("b_"))
+    els = h.make_graph([h.make_node("Neg", ["X"], ["e_out"])], "else", [], [_vi("e_out", shape=["S", "S"])])
+    return _model(_causal_nodes("m_", "X", "m_mask")
+                  + [h.make_node("Cast", ["m_mask"], ["m_f"], to=T.FLOAT),
+                     h.make_node("MatMul", ["m_f", "X"], ["Y1"]),
+                     h.make_node("If", ["c"], ["Y2"], then_branch=then, else_branch=els, name="If_1")],
+                  [_vi("X", shape=["S", "S"]), _vi("c", T.BOOL, [])], [_vi("Y1", shape=["S", "S"]), _vi("Y2", shape=["S", "S"])],
+                  _causal_consts("m_"))
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_new_names_never_clash_with_enclosing_scopes(target, tmp_path):
+    """Rules in the main graph and in a body both make helper values (sizes, axes): the body's new
+    names differ from every name its enclosing scopes define."""
+    src = str(tmp_path / "m.onnx")
+    onnx.save(shared_helpers_model(), src)
+    result = api.optimize(src, target=target)
+    assert {(m.captures.get("scope"), m.rule) for m in result.passes.applied} == \
+        {(None, "mask_subgraph"), ("If_1/then_branch", "mask_subgraph")}
+    model = result.model
+    onnx.checker.check_model(model, full_check=True)
     seen = set()
 
     def walk(g: onnx.GraphProto, outer: set[str]):
@@ -396,7 +420,13 @@ def test_new_names_never_clash_with_enclosing_scopes(written):
                     walk(a.g, outer | defined)
         seen.update(defined)
     walk(model.graph, set())
-    assert seen
+    body = next(n for n in model.graph.node if n.op_type == "If").attribute[1].g
+    assert body.name == "then" and {o for n in body.node for o in n.output} & {o for n in model.graph.node for o in n.output} == set()
+    for c in (True, False):
+        feeds = {"X": _x((5, 5)), "c": np.array(c)}
+        got = _ort(model, feeds) if target == "onnx" else \
+            [api.run_graph(import_model(model), feeds)[o.name] for o in model.graph.output]
+        assert all(_same(w, g) for w, g in zip(_ort(shared_helpers_model(), feeds), got))
 
 
 def test_graphs_without_bodies_are_untouched(tmp_path):

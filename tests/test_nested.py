@@ -505,3 +505,29 @@ def test_body_reading_a_value_of_unknown_type_is_declined(tmp_path):
         "its then_branch is not lowered: the enclosing value 'V' it reads has no known tensor type",
         "its else_branch is not lowered: the enclosing value 'V' it reads has no known tensor type"}
     assert all(m.nodes[0].name == "If_9" and "scope" not in m.captures for m in declined)
+
+
+@pytest.mark.parametrize("level", ["4_0", "5_1"])
+def test_feature_level_applies_in_bodies(level, tmp_path, capsys):
+    """Below 5_1 an EyeLike in a branch becomes DIAGONAL_MATRIX and the Trilu in the other is declined
+    for the level; `dmlgraph run` runs the written model's If itself."""
+    then = h.make_graph([h.make_node("EyeLike", ["X"], ["t_out"], k=1)], "then", [], [_vi("t_out", shape=["S", "S"])])
+    els = h.make_graph([h.make_node("Trilu", ["X"], ["e_out"])], "else", [], [_vi("e_out", shape=["S", "S"])])
+    model = _model([h.make_node("If", ["c"], ["Y"], then_branch=then, else_branch=els, name="If_0")],
+                   [_vi("X", shape=["S", "S"]), _vi("c", T.BOOL, [])], [_vi("Y", shape=["S", "S"])])
+    src, out = str(tmp_path / "m.onnx"), str(tmp_path / "out.onnx")
+    onnx.save(model, src)
+    assert cli.main(["optimize", src, "-o", out, "--feature-level", level, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ops = {d["nodes"][0]["name"]: d["dml"]["op"] for d in report["lowered"]}
+    if level == "4_0":
+        assert ops == {"If_0/then_branch/EyeLike": "DiagonalMatrix"}
+        assert [d["reason"] for d in report["declined"]] == ["DIAGONAL_MATRIX1 needs feature level 5_1; the target is 4_0"]
+    else:
+        assert ops == {"If_0/then_branch/EyeLike": "DiagonalMatrix1", "If_0/else_branch/Trilu": "DiagonalMatrix1"}
+    for c in (True, False):
+        feeds = {"X": _x((4, 4)), "c": np.array(c)}
+        np.savez(tmp_path / "in.npz", **feeds)
+        assert cli.main(["run", out, "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "y.npz")]) == 0
+        with np.load(tmp_path / "y.npz") as got:
+            assert _same(got["Y"], _ort(model, feeds)[0])

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.graph import Graph, OnnxNode
-from dmlgraph.nested import CONTROL_FLOW, STANDARD, Body, all_nodes, call_key, execution_body, execution_function, function_key
+from dmlgraph.graph import CONTROL_FLOW, Graph, OnnxNode
+from dmlgraph.nested import STANDARD, Body, all_nodes, call_key, execution_body, execution_function, function_key
 from dmlgraph.onnx_io import has_dml, has_dml_nodes
 from dmlgraph.runtime import numpy_dtype
 

@@ -20,6 +20,7 @@ import onnx
 from dmlgraph.errors import ModelError
 
 Dim = int | str | None  # static size, symbolic name, or unknown
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard ops with graph attributes
 
 
 def gc_paused(fn):
@@ -291,6 +292,15 @@ class Graph:
 
     def is_graph_output(self, v: Value) -> bool:
         return any(o is v for o in self.outputs)
+
+    def body_reads(self) -> set[str]:
+        """The names the bodies of this graph's If/Loop/Scan nodes read from it (a value read there
+        meets data as an output does)."""
+        names: set[str] = set()
+        for op in CONTROL_FLOW:
+            for n in self.by_op.get(op, {}).values():
+                names |= n.subgraph_reads
+        return names
 
     # ---- analysis -------------------------------------------------------------------------
     def to_networkx(self) -> nx.DiGraph:

@@ -38,7 +38,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.graph import DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
+from dmlgraph.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
 from dmlgraph.modelfile import _iter_graphs
 from dmlgraph.onnx_io import DOMAIN, DOMAIN_VERSION, export_model, has_dml_nodes, import_model
 from dmlgraph.rewrite import Match, PassResult
@@ -49,7 +49,6 @@ FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
 Explain = Callable[[Graph, dict[str, str]], list[Match]]  # declines for masks reading varying values
 
 STANDARD = ("", "ai.onnx")
-CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard ops with graph attributes
 SCOPE, LOWERED = "scope", "lowered"  # the captures this module adds to the matches it reports
 
 

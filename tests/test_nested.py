@@ -531,3 +531,27 @@ def test_feature_level_applies_in_bodies(level, tmp_path, capsys):
         assert cli.main(["run", out, "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "y.npz")]) == 0
         with np.load(tmp_path / "y.npz") as got:
             assert _same(got["Y"], _ort(model, feeds)[0])
+
+
+def test_body_left_to_onnxruntime_reads_a_main_graph_generator(tmp_path):
+    """The main graph's mask becomes a generator sized at run time; an If branch reads it by name in
+    a MatMul (nothing to lower there), so the If stays in onnxruntime: the generator must run before
+    the session holding the If (implicit reads are dependencies when ordering and staging)."""
+    then = h.make_graph([h.make_node("MatMul", ["m_f", "X"], ["t_out"])], "then", [], [_vi("t_out", shape=["S", "S"])])
+    els = h.make_graph([h.make_node("Neg", ["X"], ["e_out"])], "else", [], [_vi("e_out", shape=["S", "S"])])
+    model = _model(_causal_nodes("m_", "X", "m_mask") + [h.make_node("Cast", ["m_mask"], ["m_f"], to=T.FLOAT),
+                                                         h.make_node("If", ["c"], ["Y"], then_branch=then, else_branch=els,
+                                                                     name="If_1")],
+                   [_vi("X", shape=["S", "S"]), _vi("c", T.BOOL, [])], [_vi("Y", shape=["S", "S"])], _causal_consts("m_"))
+    src = str(tmp_path / "m.onnx")
+    onnx.save(model, src)
+    result = api.optimize(src)
+    assert [(m.captures.get("scope"), m.rule) for m in result.passes.applied] == [(None, "mask_subgraph")]
+    out = result.model
+    onnx.checker.check_model(out, full_check=True)
+    order = [n.op_type for n in out.graph.node]
+    assert order.index("DiagonalMatrix1") < order.index("If")
+    for c in (True, False):
+        feeds = {"X": _x((5, 5)), "c": np.array(c)}
+        assert _same(api.run_graph(import_model(out), feeds)["Y"], _ort(model, feeds)[0])
+        assert api.validate(src, feeds=feeds)["ok"]

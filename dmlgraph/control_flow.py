@@ -24,8 +24,8 @@ import onnx
 
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import CONTROL_FLOW, Graph, OnnxNode
-from dmlgraph.nested import STANDARD, Body, all_nodes, call_key, execution_body, execution_function, function_key
-from dmlgraph.onnx_io import has_dml, has_dml_nodes
+from dmlgraph.nested import STANDARD, Body, all_nodes, call_key, execution_body, execution_function
+from dmlgraph.onnx_io import dml_function_keys, has_dml
 from dmlgraph.runtime import numpy_dtype
 
 Read = Callable[[str], np.ndarray]  # an enclosing value by name
@@ -34,16 +34,7 @@ MakeExecutor = Callable[[Graph], Any]  # an Executor for a body's Graph
 
 def dml_functions(g: Graph) -> set[tuple[str, str, str]]:
     """The local functions that hold DML nodes, or call one that does."""
-    functions = {function_key(f): f for f in g.info.functions}
-    found = {k for k, f in functions.items() if has_dml_nodes(f.node)}
-    grew = bool(found)
-    while grew:  # callers of those, to a fixed point
-        grew = False
-        for k, f in functions.items():
-            if k not in found and any((n.domain, n.op_type, n.overload) in found for n in f.node):
-                found.add(k)
-                grew = True
-    return found
+    return dml_function_keys(g.info.functions)
 
 
 def host_nodes(g: Graph) -> dict[int, OnnxNode]:

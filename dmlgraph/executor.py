@@ -224,7 +224,10 @@ class Executor:
         region.outputs = [v.name for n in region.nodes for v in n.outputs
                           if v.name in graph_out or any(c.id not in inside for c in v.consumers)]
 
-    def _runner(self, region: Region) -> OnnxRunner:
+    def _runner(self, region: Region, env: dict | None = None) -> OnnxRunner:
+        """The region's session, made at its first run. A value nothing typed (the output of a
+        function call whose body holds DML nodes, which onnx's inference cannot see into) is
+        declared as an input with the type it has in `env` this run, and as an output untyped."""
         if region.runner is None:
             g = self.graph
             inits, external, inputs = [], {}, []
@@ -237,10 +240,15 @@ class Executor:
                         inits.append(v.initializer)
                         if v.initializer.data_location == onnx.TensorProto.EXTERNAL:
                             external[name] = initializer_array(v)  # memory-mapped, not read
+                elif not v.elem_type and env is not None and name in env:
+                    inputs.append(helper.make_tensor_value_info(
+                        name, helper.np_dtype_to_tensor_dtype(np.asarray(env[name]).dtype), None))
                 else:
                     inputs.append(value_info(v))
+            outputs = [value_info(g.values[o]) if g.values[o].elem_type else onnx.ValueInfoProto(name=o)
+                       for o in region.outputs]
             proto = helper.make_graph([onnx_node_proto(n) for n in region.nodes], f"stage{region.stage}",
-                                      inputs, [value_info(g.values[o]) for o in region.outputs], inits)
+                                      inputs, outputs, inits)
             opsets = [helper.make_opsetid(d, v) for d, v in g.info.opset_imports.items() if d != DOMAIN]
             model = helper.make_model(proto, opset_imports=opsets, ir_version=g.info.ir_version)
             hosted = control_flow.dml_functions(g) if self._hosts else set()  # (run here, never in a session)
@@ -291,7 +299,7 @@ class Executor:
                 env.update(step.run(lambda name: self._value(g.values[name], env)))
                 t_dml += time.perf_counter() - t0
             else:
-                runner = self._runner(step)
+                runner = self._runner(step, env)
                 results = runner.run({k: env[k] for k in runner.input_names})
                 env.update(zip(runner.output_names, results))
                 t_ort += time.perf_counter() - t0

@@ -194,6 +194,9 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     opsets = dict(g.info.opset_imports)
     dml_outputs: list[Value] = []
     nested_dml = False  # a DML node inside an If/Loop/Scan body (or a function) needs the domain too
+    # Calls of functions holding DML nodes: onnx's inference cannot type their outputs (as a DML
+    # node's), so those are written down too.
+    hosted = dml_function_keys(g.info.functions) if target == "dml" and g.info.functions else set()
     for n in g.topological_order():
         if isinstance(n, OnnxNode):
             proto = onnx_node_proto(n)
@@ -201,6 +204,8 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
                 nested_dml = True
                 if target == "onnx":
                     proto = portable_node(proto, opsets.get("", 0))
+            elif hosted and (proto.domain, proto.op_type, proto.overload) in hosted:
+                dml_outputs.extend(n.outputs)
             nodes.append(proto)
         elif target == "dml":
             nodes.append(dml_node_proto(n))
@@ -269,6 +274,31 @@ def _graphs_of(attributes) -> list[onnx.GraphProto]:
 def has_dml_nodes(nodes) -> bool:
     """Whether these NodeProtos, or the bodies of their If/Loop/Scan nodes, hold a DML node."""
     return any(n.domain == DOMAIN or (n.attribute and has_dml(n.attribute)) for n in nodes)
+
+
+def dml_function_keys(functions: list[onnx.FunctionProto]) -> set[tuple[str, str, str]]:
+    """(domain, name, overload) of the local functions that hold DML nodes, or call one that does."""
+    found = {(f.domain, f.name, f.overload) for f in functions if has_dml_nodes(f.node)}
+    grew = bool(found)
+    while grew:  # their callers, to a fixed point
+        grew = False
+        for f in functions:
+            key = (f.domain, f.name, f.overload)
+            if key not in found and any((n.domain, n.op_type, n.overload) in found for n in _all_protos(f.node)):
+                found.add(key)
+                grew = True
+    return found
+
+
+def _all_protos(nodes) -> list[onnx.NodeProto]:
+    """NodeProtos and those of their bodies, at any depth."""
+    out = []
+    for n in nodes:
+        out.append(n)
+        if n.attribute:
+            for body in _graphs_of(n.attribute):
+                out.extend(_all_protos(body.node))
+    return out
 
 
 def has_dml(attributes) -> bool:

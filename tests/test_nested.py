@@ -128,6 +128,22 @@ def function_model() -> onnx.ModelProto:
                   [_vi("Y1", shape=["S", "S"]), _vi("Y2", shape=[4, 6])], functions=[f])
 
 
+def call_in_loop_model() -> onnx.ModelProto:
+    """A Loop body calling a local function (a Trilu) on the outer X: the function is typed by that
+    call inside the body, and the Loop runs it."""
+    f = h.make_function("local", "Upper", ["x"], ["y"], [h.make_node("Trilu", ["x"], ["y"], upper=1, name="fn_triu")],
+                        [h.make_opsetid("", OPSET)])
+    body = h.make_graph([h.make_node("Upper", ["X"], ["u"], domain="local", name="inner_call"),
+                         h.make_node("Cast", ["i"], ["i_f"], to=T.FLOAT),
+                         h.make_node("Mul", ["u", "i_f"], ["y"]),
+                         h.make_node("Identity", ["cond"], ["cond_out"])],
+                        "loop_body", [_vi("i", T.INT64, []), _vi("cond", T.BOOL, [])],
+                        [_vi("cond_out", T.BOOL, []), _vi("y", shape=["S", "S"])])
+    return _model([h.make_node("Loop", ["trip", ""], ["ys"], body=body, name="Loop_1")],
+                  [_vi("X", shape=["S", "S"]), _vi("trip", T.INT64, [])], [_vi("ys", shape=["T", "S", "S"])],
+                  functions=[f])
+
+
 def nested_model() -> onnx.ModelProto:
     """If inside a Loop body: on even iterations a Trilu of the main graph's X (two scopes up), on
     odd ones X masked causally (mask from Shape(X)); the result is the scan output."""
@@ -192,6 +208,8 @@ CASES = {
                        {("Scan_2/body", "trilu"), ("Scan_2/body", "mask_subgraph"), ("Scan_2/body", "mask_where")}),
     "scan": (scan_model, [{"X": _x((3, 4, 4)), "bias": _x((4, 4), 4)}, {"X": _x((2, 6, 6), 5), "bias": _x((6, 6), 6)}],
              {("Scan_2/body", "trilu"), ("Scan_2/body", "mask_subgraph"), ("Scan_2/body", "mask_where")}),
+    "call_in_loop": (call_in_loop_model, [{"X": _x((4, 4)), "trip": np.array(3, np.int64)}],
+                     {("local::Upper", "trilu")}),
     "function": (function_model, [{"X": _x((5, 5)), "Z": _x((4, 6), 7)}, {"X": _x((3, 3), 8), "Z": _x((4, 6), 9)}],
                  {("local::MaskFn", "trilu")}),
     "nested": (nested_model, [{"X": _x((5, 5)), "trip": np.array(3, np.int64)}, {"X": _x((2, 2), 1), "trip": np.array(4, np.int64)}],

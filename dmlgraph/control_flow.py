@@ -24,7 +24,7 @@ import onnx
 
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import CONTROL_FLOW, Graph, OnnxNode
-from dmlgraph.nested import STANDARD, Body, all_nodes, call_key, execution_body, execution_function
+from dmlgraph.nested import STANDARD, all_nodes, call_key, execution_body, execution_function
 from dmlgraph.onnx_io import dml_function_keys, has_dml
 from dmlgraph.runtime import numpy_dtype
 
@@ -63,7 +63,7 @@ class HostStep:
         self.graph, self.node, self._make = graph, node, make_executor
         self.inputs = list(dict.fromkeys(v.name for v in graph.reads(node) if v is not None))
         self.outputs = [v.name for v in node.outputs]
-        self._bodies: dict[str, tuple[Body | None, Any]] = {}
+        self._bodies: dict[str, Any] = {}  # attribute name -> sub-executor
 
     def run(self, read: Read) -> dict[str, np.ndarray]:
         n = self.node
@@ -84,20 +84,21 @@ class HostStep:
         return {v.name: r for v, r in zip(n.outputs, results) if v.name}
 
     # -- bodies
-    def _executor(self, attr: str) -> tuple[Body | None, Any]:
-        hit = self._bodies.get(attr)
-        if hit is None:
-            if attr == "":  # a function call
-                body, g = None, execution_function(self.graph, self.node)
+    def _executor(self, attr: str) -> Any:
+        """The sub-executor of the body under `attr` ('' for the called function), made once."""
+        ex = self._bodies.get(attr)
+        if ex is None:
+            if attr == "":
+                g = execution_function(self.graph, self.node)
             else:
                 proto = next(a.g for a in self.node.attributes if a.name == attr)
-                body = execution_body(self.graph, self.node, attr, proto)
-                g = body.graph
-            hit = self._bodies[attr] = (body, self._make(g))
-        return hit
+                g = execution_body(self.graph, self.node, attr, proto).graph
+            ex = self._bodies[attr] = self._make(g)
+        return ex
 
     def _run_body(self, attr: str, formal: list[np.ndarray], read: Read) -> list[np.ndarray]:
-        body, ex = self._executor(attr)
+        """The body's outputs for these formal inputs (the enclosing values it reads by `read`)."""
+        ex = self._executor(attr)
         g = ex.graph
         feeds = dict(zip((v.name for v in g.inputs), formal))
         for v in g.inputs[len(formal):]:  # the enclosing values the body reads
@@ -142,7 +143,7 @@ class HostStep:
         arrays of the body output's type and rank, 0 on that axis and for every dim not static."""
         axes = axes or [0] * count
         if scans is None:
-            _, ex = self._executor(attr)
+            ex = self._executor(attr)
             result = []
             for v, axis in zip(ex.graph.outputs[first:first + count], axes):
                 shape = [d if isinstance(d, int) else 0 for d in v.shape or ()]

@@ -17,8 +17,8 @@ import numpy as np
 
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, Value
-from dmlgraph.rewrite import Match, Options, Rule
-from passes.common import const_value, lowering_reason, replace_node
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from passes.common import const_value, lowering_reason, replace_node, standin
 
 INF = math.inf
 
@@ -105,7 +105,7 @@ def _apply(graph, node, gen, x, value, region, exact: bool, rule: str, options: 
         return m
     dt = np.asarray(value).dtype
     value = np.asarray(value).reshape(())
-    dml = DmlNode(node.name or graph.fresh_name(rule), x, None, gen.inputs[2], node.outputs[0], elem_type=x.elem_type,
+    dml = DmlNode(node.name or rule, x, None, gen.inputs[2], standin(node.outputs[0], x.elem_type), elem_type=x.elem_type,
                   value=dt.type(value), begin=region[0], end=region[1], exact=exact)
     m.captures["dml"] = dml
     m.reason = lowering_reason(dml, x.shape, options)
@@ -160,8 +160,8 @@ def _match_arith(graph: Graph, node: Node, options: Options) -> Match | None:
     return None
 
 
-def _rewrite_apply(graph: Graph, m: Match, options: Options) -> list[Node]:
-    return [replace_node(graph, m.nodes[0], m.captures["dml"])]
+def _rewrite_apply(graph: Graph, m: Match, options: Options) -> Replacement:
+    return replace_node(m.nodes[0], m.captures["dml"])
 
 
 def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
@@ -180,16 +180,16 @@ def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
     region = union((inner.begin, inner.end), (node.begin, node.end))
     if region is None:
         return None
-    dml = DmlNode(node.name, inner.inputs[0], None, node.inputs[2], node.outputs[0], elem_type=node.elem_type,
+    dml = DmlNode(node.name, inner.inputs[0], None, node.inputs[2], standin(node.outputs[0]), elem_type=node.elem_type,
                   value=node.value, begin=region[0], end=region[1], exact=node.exact and inner.exact)
     return Match("chain", [inner, node], {"dml": dml})
 
 
-def _rewrite_chain(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_chain(graph: Graph, m: Match, options: Options) -> Replacement:
     inner, outer = m.nodes
-    new = replace_node(graph, outer, m.captures["dml"])
-    graph.remove_node(inner)
-    return [new]
+    r = replace_node(outer, m.captures["dml"])
+    r.removes.append(inner)  # (read only by `outer`: the match checked)
+    return r
 
 
 MASK_WHERE = Rule("mask_where", ("Where",), _match_where, _rewrite_apply, exact="bit-exact", phase=3,

@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import math
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -39,10 +40,10 @@ from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.modelfile import RAW_ITEMSIZE
 from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
 from dmlgraph.ops import bind_range
-from dmlgraph.rewrite import Match, Options, Rule
+from dmlgraph.rewrite import Match, Options, Replacement, Rule, detached, detached_constant
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
-from passes.common import const_value, lowering_reason
+from passes.common import const_value, lowering_reason, standin
 
 SHAPE_OPS = {"Shape", "Size"}
 INDEX_OPS = SHAPE_OPS | {
@@ -69,11 +70,13 @@ def _is_zero(v) -> bool:
 
 
 def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: Value,
-              shape: Value | None, static_shape) -> DmlNode:
-    """The DmlNode producing pattern `p`; a nonzero 'else' value becomes a scalar input."""
+              shape: Value | None, static_shape, made: _Made) -> DmlNode:
+    """The DmlNode producing pattern `p` into `output` (detached); a nonzero 'else' value becomes a
+    scalar input (a constant the graph holds, or one added to `made`)."""
     x = None
     if not _is_zero(p.other):
-        x = _constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()))
+        x = _constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()),
+                      made)
     begin, end = _bounds(p)
     return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,
                    static_shape=static_shape)
@@ -119,7 +122,7 @@ def _match_stored(graph: Graph, item, options: Options) -> Match | None:
     if p is None:
         return None
     elem_type = value.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
-    dml = DmlNode(f"{value.name}__gen", None, None, None, value, elem_type=elem_type, value=p.value,
+    dml = DmlNode(f"{value.name}__gen", None, None, None, standin(value, elem_type), elem_type=elem_type, value=p.value,
                   begin=_bounds(p)[0], end=_bounds(p)[1], static_shape=arr.shape)
     m.captures.update(dml=dml, pattern=p, nbytes=int(arr.nbytes))
     m.reason = lowering_reason(dml, arr.shape, options)
@@ -145,18 +148,15 @@ def _first_row_varies(v: Value, head: int = 16) -> bool:
     return sum(a != b for a, b in zip(items, items[1:])) > 2
 
 
-def _rewrite_stored(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_stored(graph: Graph, m: Match, options: Options) -> Replacement:
     proto: DmlNode = m.captures["dml"]
     value = proto.outputs[0]
-    if m.initializers:
-        del graph.initializers[value.name]
-        value.initializer = value.array = None
-    else:
-        graph.remove_node(m.nodes[0])
-    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None, proto.static_shape)
-    graph.add_node(node)
-    m.captures["dml"] = node
-    return [node]
+    made = _Made()
+    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None,
+                     proto.static_shape, made)
+    old = graph.initializers[value.name] if m.initializers else m.nodes[0].outputs[0]
+    return Replacement(nodes=[node], initializers=made.initializers, replaces=[(old, node.outputs[0])],
+                       removes=list(m.nodes))
 
 
 STORED_MASK = Rule("stored_mask", ("Initializer", "Constant"), _match_stored, _rewrite_stored,
@@ -618,17 +618,30 @@ def _finish(graph, m, target, p, arr, sources, options) -> Match:
     elem_type = target.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
     static = arr.shape if sources is None or all(s[0] == "const" for s in sources) else None
     begin, end = _bounds(p)
-    dml = DmlNode(f"{target.name}__gen", None, None, None, target, elem_type=elem_type, value=p.value,
+    dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type, value=p.value,
                   begin=begin, end=end, static_shape=static)
     m.captures.update(dml=dml, pattern=p, sources=sources if static is None else None)
     m.reason = lowering_reason(dml, tuple(arr.shape) if static else (None,) * arr.ndim, options)
     return m
 
 
-def _constant(graph: Graph, name: str, arr: np.ndarray) -> Value:
-    """The initializer `name` if it already holds exactly `arr`, else a new one."""
+@dataclass
+class _Made:
+    """What one replacement creates besides its generator: new constants and size nodes, each
+    made once (a second request in the same replacement finds the first)."""
+
+    initializers: list[Value] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    constants: dict[tuple, Value] = field(default_factory=dict)
+    plumbing: dict[tuple, Node] = field(default_factory=dict)
+
+
+def _constant(graph: Graph, name: str, arr: np.ndarray, made: _Made) -> Value:
+    """The initializer `name` if it already holds exactly `arr`, else a new one (added to `made`)."""
     found = graph.scratch.setdefault("constants", {})  # each rewrite asks again for the same few
     key = (name, arr.dtype.str, arr.shape, arr.tobytes())
+    if key in made.constants:
+        return made.constants[key]
     hit = found.get(key)
     if hit is not None:
         v, tensor, array = hit
@@ -636,12 +649,19 @@ def _constant(graph: Graph, name: str, arr: np.ndarray) -> Value:
             return v  # (still that initializer, holding what it held)
     v = graph.initializers.get(name)
     if v is None or v.name in graph.overridable_inputs:
-        v = graph.add_initializer(graph.fresh_value(name), arr)
+        v = _new_constant(name, arr, made)
     else:
         old = const_value(graph, v)
         if old is None or not bitwise_equal(np.asarray(old), arr):
-            v = graph.add_initializer(graph.fresh_value(name), arr)
+            v = _new_constant(name, arr, made)
+    made.constants[key] = v
     found[key] = (v, v.initializer, v.array)
+    return v
+
+
+def _new_constant(name: str, arr: np.ndarray, made: _Made) -> Value:
+    v = detached_constant(name, arr)
+    made.initializers.append(v)
     return v
 
 
@@ -692,57 +712,62 @@ def _plumbing(n: Node) -> bool:
         and len(n.outputs) == 1 and None not in n.inputs
 
 
-def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:
-    """ONNX nodes computing the output sizes at run time from the inputs' shapes (reusing any the
-    graph already has)."""
+def _shape_value(graph: Graph, sources, hint: str, made: _Made) -> Value:
+    """The output sizes computed at run time from the inputs' shapes: ONNX nodes the graph already
+    has, or new ones (added to `made`, in dependency order)."""
     # The copies of one mask ask for the same sizes: the nodes found or made for them are kept,
     # and reused while each is alive and reads what it read then (the inputs keep ids unique).
     done = graph.scratch.setdefault("shape_values", {})
     key = tuple(s if s[0] == "const" else ("dim", id(s[1]), s[2]) for s in sources)
     hit = done.get(key)
     if hit is not None and all(n.id in graph.nodes and n.inputs == ins for n, ins in hit[1]):
-        return hit[0], []
-    new, parts, chain = [], [], []
+        return hit[0]
+    parts, chain = [], []
 
     def node(op_type, inputs, name_hint, axis=None, shape=None) -> Value:
-        out = _existing(graph, op_type, inputs, axis)
+        pkey = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
+        n = made.plumbing.get(pkey)
+        out = n.outputs[0] if n is not None else _existing(graph, op_type, inputs, axis)
         if out is None:
-            out = graph.fresh_value(name_hint, TensorProto.INT64, shape)
+            out = detached(name_hint, TensorProto.INT64, shape)
             attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
-            made = graph.add_node(OnnxNode(out.name, op_type, inputs, [out], attrs))  # named by what it makes
-            graph.scratch["size_plumbing"][_plumbing_key(op_type, inputs, attrs)] = made
-            new.append(made)
-        chain.append((out.producer, list(out.producer.inputs)))
+            n = OnnxNode(name_hint, op_type, inputs, [out], attrs)  # named by what it makes
+            graph.scratch["size_plumbing"][pkey] = made.plumbing[pkey] = n
+            made.nodes.append(n)
+        n = n if n is not None else out.producer
+        chain.append((n, list(n.inputs)))
         return out
 
     for src in sources:
         if src[0] == "const":
-            parts.append(_constant(graph, f"dmlgraph__size{src[1]}", np.array([src[1]], np.int64)))
+            parts.append(_constant(graph, f"dmlgraph__size{src[1]}", np.array([src[1]], np.int64), made))
             continue
         _, inp, axis = src
         shape = node("Shape", [inp], f"{inp.name}__shape", shape=(len(inp.shape),))
-        idx = _constant(graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64))
+        idx = _constant(graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64), made)
         parts.append(node("Gather", [shape, idx], f"{inp.name}__dim{axis}", axis=0, shape=(1,)))
     out = node("Concat", parts, f"{hint}__sizes", axis=0, shape=(len(parts),))
     done[key] = (out, chain)
-    return out, new
+    return out
 
 
-def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
     proto: DmlNode = m.captures["dml"]
     target = proto.outputs[0]
-    shape, new = None, []
+    made = _Made()
+    shape, proven = None, None
     if m.captures.get("sources"):
-        shape, new = _shape_value(graph, m.captures["sources"], target.name)
+        shape = _shape_value(graph, m.captures["sources"], target.name, made)
         # What we proved about the sizes beats what shape inference guessed (often unk__N names).
-        target.shape = tuple(s[1] if s[0] == "const" else s[1].shape[s[2]] for s in m.captures["sources"])
+        proven = tuple(s[1] if s[0] == "const" else s[1].shape[s[2]] for s in m.captures["sources"])
     elif proto.static_shape is not None:
-        target.shape = proto.static_shape
-    graph.remove_node(target.producer)
-    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, shape, proto.static_shape)
-    graph.add_node(node)
-    m.captures["dml"] = node
-    return [node] + new
+        proven = proto.static_shape
+    old = graph.values[target.name]
+    target.shape = proven  # (`target` is the match's detached stand-in, not the graph's value)
+    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, shape,
+                     proto.static_shape, made)
+    return Replacement(nodes=[*made.nodes, node], initializers=made.initializers,
+                       replaces=[(old, node.outputs[0])], removes=[old.producer])
 
 
 MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,

@@ -14,7 +14,7 @@ from dmlgraph import api
 from dmlgraph.executor import Executor
 from dmlgraph.graph import DmlNode
 from dmlgraph.onnx_io import export_model, import_model
-from dmlgraph.rewrite import Options
+from dmlgraph.rewrite import Options, Replacement, Rewriter
 from passes.apply import complement, union
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
@@ -399,12 +399,20 @@ def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
     g = import_model(m)
     x = g.values["x"]
     sources = [("dim", x, 1), ("dim", x, 1)]
-    sizes, new = masks._shape_value(g, sources, "m1")
-    assert [n.op_type for n in new] == ["Shape", "Gather", "Concat"]
-    again, new = masks._shape_value(g, sources, "m2")
+    rewriter = Rewriter(g)
+
+    def sizes_for(hint):
+        made = masks._Made()
+        out = masks._shape_value(g, sources, hint, made)
+        rewriter.apply(Replacement(nodes=made.nodes, initializers=made.initializers))
+        return out, made.nodes
+
+    sizes, new = sizes_for("m1")
+    assert [n.op_type for n in new] == ["Shape", "Gather", "Concat"]  # the second dim 1 reuses the first
+    again, new = sizes_for("m2")
     assert again is sizes and new == []  # the copies of a mask share them
     g.remove_node(sizes.producer)  # (as remove_dead does once nothing reads it)
-    remade, new = masks._shape_value(g, sources, "m3")
+    remade, new = sizes_for("m3")
     assert remade is not sizes and [n.op_type for n in new] == ["Concat"]  # Shape and Gather still live
     assert remade.producer.inputs[0].producer.op_type == "Gather"
 

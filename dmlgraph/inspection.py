@@ -490,7 +490,8 @@ def analyze(path: str, options=None, top: int = 10, target: str = "dml", progres
         }
         candidates.append(cand)
     report["candidates"] = candidates
-    report["declined"] = [{"rule": m.rule, "scope": m.captures.get(SCOPE), "nodes": [_node_row(n, index, m) for n in m.nodes],
+    report["declined"] = [{"rule": m.rule, "scope": m.captures.get(SCOPE),
+                           "nodes": [_node_row(n, index, m) for n in m.nodes],
                            "initializers": [{"name": name, "bytes": sizes.get(name, 0),
                                              "shape": shapes.get(name, (None, None))[0],
                                              "type": shapes.get(name, (None, None))[1]} for name in m.initializers],

@@ -138,7 +138,8 @@ class _Driver:
                     continue
                 new = [self._lower_body(parent, node, a.name, label, body, scope) for label, body in bodies]
                 if any(b is not None for b in new):
-                    attributes[i] = _graph_attribute(a, [b if b is not None else old for b, (_, old) in zip(new, bodies)])
+                    kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
+                    attributes[i] = _graph_attribute(a, kept)
                     touched = True
             if touched:
                 node.set_attributes(attributes)
@@ -274,7 +275,8 @@ def _state_type(outer: Value | None, declared_in: onnx.ValueInfoProto, declared_
                                   for a, d in enumerate(outer.shape))
 
 
-def formal_types(parent: Graph, node: OnnxNode, attr: str, body: onnx.GraphProto, dims: FreshDims) -> list[TypeSpec] | str:
+def formal_types(parent: Graph, node: OnnxNode, attr: str, body: onnx.GraphProto,
+                 dims: FreshDims) -> list[TypeSpec] | str:
     """The types of a body's formal inputs, from the node that runs it; a reason when they cannot
     be known (or the op's bodies are not lowered)."""
     op = node.op_type if node.domain in STANDARD else f"{node.domain}::{node.op_type}"

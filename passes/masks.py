@@ -264,8 +264,8 @@ class DataFree:
             p = v.producer if v is not None else None
             if p is None or p.id not in g.nodes or not p.outputs or p.outputs[0] is not v:
                 continue
-            if g.is_graph_output(v) or name in read_by_bodies or not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode)
-                                               for c in v.consumers):
+            if g.is_graph_output(v) or name in read_by_bodies or \
+                    not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c in v.consumers):
                 found.append(p)
         found.sort(key=lambda n: n.added)
         return found

@@ -84,10 +84,12 @@ def loop_model(trip_count: bool = True) -> onnx.ModelProto:
         [_vi("cond_out", T.BOOL, []), _vi("acc_out", shape=["B", "S", "S"]), _vi("y", shape=["B", "S", "S"])],
         _causal_consts("l_") + [_const("l_ninf", -np.inf, np.float32)])
     return _model([h.make_node("Shape", ["X"], ["x_shape"]),
-                   h.make_node("ConstantOfShape", ["x_shape"], ["acc0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
+                   h.make_node("ConstantOfShape", ["x_shape"], ["acc0"],
+                               value=numpy_helper.from_array(np.zeros(1, np.float32))),
                    h.make_node("Loop", ["trip" if trip_count else "", "" if trip_count else "go", "acc0"],
                                ["acc_final", "ys"], body=body, name="Loop_1")],
-                  [_vi("X", shape=["B", "S", "S"]), _vi("trip" if trip_count else "go", T.INT64 if trip_count else T.BOOL, []),
+                  [_vi("X", shape=["B", "S", "S"]),
+                   _vi("trip" if trip_count else "go", T.INT64 if trip_count else T.BOOL, []),
                    _vi("stop", T.INT64, [])],
                   [_vi("acc_final", shape=["B", "S", "S"]), _vi("ys", shape=["T", "B", "S", "S"])])
 
@@ -112,7 +114,8 @@ def scan_model(axis: int = 0) -> onnx.ModelProto:
     x_shape = ["B", "S", "S"] if axis == 0 else ["S", "S", "B"]
     return _model([h.make_node("ReduceSum", ["X", "axes0"], ["state0"], keepdims=0), scan],
                   [_vi("X", shape=x_shape), _vi("bias", shape=["S", "S"])],
-                  [_vi("state_final", shape=["S", "S"]), _vi("ys", shape=["S", "B", "S"] if axis == 0 else ["B", "S", "S"])],
+                  [_vi("state_final", shape=["S", "S"]),
+                   _vi("ys", shape=["S", "B", "S"] if axis == 0 else ["B", "S", "S"])],
                   [_const("k", -1), _const("axes0", [axis])])
 
 
@@ -183,7 +186,8 @@ def varying_model() -> onnx.ModelProto:
         [_vi("cond_out", T.BOOL, []), _vi("n_out", T.INT64, []), _vi("total_out", T.FLOAT, [])],
         [_const("zero", 0), _const("one", 1), _const("ax", [1])])
     return _model([h.make_node("Loop", ["trip", "", "n0", "total0"], ["n_final", "total_final"], body=body, name="Loop_1")],
-                  [_vi("X", shape=["S", "S"]), _vi("trip", T.INT64, []), _vi("n0", T.INT64, []), _vi("total0", T.FLOAT, [])],
+                  [_vi("X", shape=["S", "S"]), _vi("trip", T.INT64, []), _vi("n0", T.INT64, []),
+                   _vi("total0", T.FLOAT, [])],
                   [_vi("n_final", T.INT64, []), _vi("total_final", T.FLOAT, [])])
 
 
@@ -212,7 +216,8 @@ CASES = {
                      {("local::Upper", "trilu")}),
     "function": (function_model, [{"X": _x((5, 5)), "Z": _x((4, 6), 7)}, {"X": _x((3, 3), 8), "Z": _x((4, 6), 9)}],
                  {("local::MaskFn", "trilu")}),
-    "nested": (nested_model, [{"X": _x((5, 5)), "trip": np.array(3, np.int64)}, {"X": _x((2, 2), 1), "trip": np.array(4, np.int64)}],
+    "nested": (nested_model, [{"X": _x((5, 5)), "trip": np.array(3, np.int64)},
+                              {"X": _x((2, 2), 1), "trip": np.array(4, np.int64)}],
                {("Loop_1/body/If_2/then_branch", "trilu"), ("Loop_1/body/If_2/else_branch", "mask_subgraph"),
                 ("Loop_1/body/If_2/else_branch", "mask_where")}),
     "varying": (varying_model, [{"X": _x((4, 4)), "trip": np.array(3, np.int64), "n0": np.array(2, np.int64),
@@ -350,7 +355,8 @@ def test_function_typed_by_its_calls_and_declined_when_they_disagree(tmp_path):
                         [h.make_opsetid("", OPSET)])
     model = _model([h.make_node("MaskFn", ["X"], ["Y1"], domain="local"),
                     h.make_node("MaskFn", ["Z"], ["Y2"], domain="local")],
-                   [_vi("X", shape=[3, 3]), _vi("Z", T.DOUBLE, [3, 3])], [_vi("Y1", shape=[3, 3]), _vi("Y2", T.DOUBLE, [3, 3])],
+                   [_vi("X", shape=[3, 3]), _vi("Z", T.DOUBLE, [3, 3])],
+                   [_vi("Y1", shape=[3, 3]), _vi("Y2", T.DOUBLE, [3, 3])],
                    functions=[f])
     src = str(tmp_path / "m.onnx")
     onnx.save(model, src)
@@ -412,7 +418,8 @@ def shared_helpers_model() -> onnx.ModelProto:
                   + [h.make_node("Cast", ["m_mask"], ["m_f"], to=T.FLOAT),
                      h.make_node("MatMul", ["m_f", "X"], ["Y1"]),
                      h.make_node("If", ["c"], ["Y2"], then_branch=then, else_branch=els, name="If_1")],
-                  [_vi("X", shape=["S", "S"]), _vi("c", T.BOOL, [])], [_vi("Y1", shape=["S", "S"]), _vi("Y2", shape=["S", "S"])],
+                  [_vi("X", shape=["S", "S"]), _vi("c", T.BOOL, [])],
+                  [_vi("Y1", shape=["S", "S"]), _vi("Y2", shape=["S", "S"])],
                   _causal_consts("m_"))
 
 
@@ -439,7 +446,8 @@ def test_new_names_never_clash_with_enclosing_scopes(target, tmp_path):
         seen.update(defined)
     walk(model.graph, set())
     body = next(n for n in model.graph.node if n.op_type == "If").attribute[1].g
-    assert body.name == "then" and {o for n in body.node for o in n.output} & {o for n in model.graph.node for o in n.output} == set()
+    assert body.name == "then"
+    assert not {o for n in body.node for o in n.output} & {o for n in model.graph.node for o in n.output}
     for c in (True, False):
         feeds = {"X": _x((5, 5)), "c": np.array(c)}
         got = _ort(model, feeds) if target == "onnx" else \

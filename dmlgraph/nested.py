@@ -122,9 +122,10 @@ class _Driver:
         self.declined.append(m)
 
     # -- If/Loop/Scan bodies
-    def lower_bodies(self, parent: Graph, scope: str) -> bool:
+    def lower_bodies(self, parent: Graph, scope: str, varying: dict[str, str] | None = None) -> bool:
         """Lower every body of `parent`'s nodes (`scope`: `parent`'s own path, '' for the main
-        graph); True if any body was written back."""
+        graph; `varying`: `parent`'s values that change per iteration of an enclosing Loop/Scan);
+        True if any body was written back."""
         changed = False
         for node in _holders(parent):
             attributes = list(node.attributes)
@@ -136,7 +137,8 @@ class _Driver:
                     bodies = [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]
                 else:
                     continue
-                new = [self._lower_body(parent, node, a.name, label, body, scope) for label, body in bodies]
+                new = [self._lower_body(parent, node, a.name, label, body, scope, varying or {})
+                       for label, body in bodies]
                 if any(b is not None for b in new):
                     kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
                     attributes[i] = _graph_attribute(a, kept)
@@ -148,7 +150,7 @@ class _Driver:
         return changed
 
     def _lower_body(self, parent: Graph, node: OnnxNode, attr: str, label: str, proto: onnx.GraphProto,
-                    scope: str) -> onnx.GraphProto | None:
+                    scope: str, outer_varying: dict[str, str]) -> onnx.GraphProto | None:
         """The lowered body, or None when nothing in it (or in its own bodies) changed."""
         path = f"{scope}{node.name or node.op_type}/{label}"
         body = build_body(parent, node, attr, proto, self.dims)
@@ -160,13 +162,16 @@ class _Driver:
         result = self.flat(g)
         g.remove_dead()
         self._add(path, result, g)
-        varying = _varying(node, attr, proto)
+        # What changes per iteration here: this Loop/Scan body's formal inputs, and what it reads of
+        # an enclosing body's (an If inside a Loop reading the loop-carried value).
+        varying = {name: what for name, what in outer_varying.items() if name in body.outer}
+        varying |= _varying(node, attr, proto)
         if varying:
             for m in self.explain(g, varying):
                 m.captures[SCOPE] = path
                 self.declined.append(m)
         self.calls.record(g)
-        changed = self.lower_bodies(g, path + "/")
+        changed = self.lower_bodies(g, path + "/", varying)
         if not result.applied and not changed:
             return None
         g.remove_dead()
@@ -353,6 +358,7 @@ def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
     inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input, formal)]
     outer = sorted(free_names(proto))
     borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
+    constants: list[onnx.TensorProto] = []  # small enclosing constants, which shape inference reads
     for name in outer:
         v = parent.values.get(name)
         if v is None:
@@ -362,8 +368,12 @@ def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
         const = _constant(parent, v)
         if const is not None:
             borrowed[name] = const
+            small = _small_tensor(name, const)
+            if small is not None:
+                constants.append(small)
+                continue
         inputs.append(_value_info(name, (v.elem_type, dims.fill(v.shape))))
-    g = _import(parent.info, proto, inputs, dict(parent.info.opset_imports))
+    g = _import(parent.info, proto, inputs, dict(parent.info.opset_imports), constants)
     if isinstance(g, str):
         return g
     for name, const in borrowed.items():
@@ -388,8 +398,26 @@ def _constant(g: Graph, v: Value) -> Value | np.ndarray | DmlNode | None:
     return None
 
 
+SMALL_CONSTANT = 4096  # elements: an index constant (an axis, a k, a size), not weights
+
+
+def _small_tensor(name: str, const: Value | np.ndarray | DmlNode) -> onnx.TensorProto | None:
+    """An enclosing constant small enough to copy into the model shape inference sees (whose
+    Unsqueeze axes or Reshape sizes it then reads), as a TensorProto; None for anything else."""
+    if isinstance(const, np.ndarray):
+        return numpy_helper.from_array(const, name) if const.size <= SMALL_CONSTANT else None
+    if isinstance(const, Value) and const.shape is not None and all(isinstance(d, int) for d in const.shape) \
+            and int(np.prod(const.shape)) <= SMALL_CONSTANT:
+        if const.array is not None:
+            return numpy_helper.from_array(np.asarray(const.array), name)
+        if const.initializer is not None and const.initializer.data_location != TensorProto.EXTERNAL:
+            return const.initializer
+    return None
+
+
 def _borrow(g: Graph, v: Value, const: Value | np.ndarray | DmlNode) -> None:
-    """Make the extra input `v` a constant of the body (`write_back` leaves it out again)."""
+    """Make `v` (an extra input, or a copied small constant) the enclosing constant itself in the
+    body (`write_back` leaves it out again)."""
     g.inputs = [x for x in g.inputs if x is not v]
     if isinstance(const, DmlNode):
         copy = DmlNode(const.name, None, None, None, v, elem_type=const.elem_type, value=const.value,
@@ -403,14 +431,14 @@ def _borrow(g: Graph, v: Value, const: Value | np.ndarray | DmlNode) -> None:
         v.initializer, v.array, v.base_dir = const.initializer, const.array, const.base_dir
         v.elem_type, v.shape = const.elem_type, const.shape
     else:
-        v.array = const
-        v.shape = tuple(const.shape)
+        v.initializer, v.array, v.shape = None, const, tuple(const.shape)
     g.initializers[v.name] = v
 
 
 def _import(info: ModelInfo, proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto],
-            opsets: dict[str, int]) -> Graph | str:
-    """A model whose graph is `proto` with these inputs, imported (shape inference included)."""
+            opsets: dict[str, int], constants: list[onnx.TensorProto] = ()) -> Graph | str:
+    """A model whose graph is `proto` with these inputs and extra constants, imported (shape
+    inference included)."""
     model = onnx.ModelProto(ir_version=info.ir_version)
     mg = model.graph
     mg.name = proto.name or "body"
@@ -418,6 +446,7 @@ def _import(info: ModelInfo, proto: onnx.GraphProto, inputs: list[onnx.ValueInfo
     mg.output.extend(proto.output)
     mg.node.extend(proto.node)
     mg.initializer.extend(proto.initializer)
+    mg.initializer.extend(constants)
     mg.value_info.extend(proto.value_info)
     opsets = opsets | {DOMAIN: DOMAIN_VERSION}  # (a lowered body's DML nodes: their schemas type them)
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))

@@ -55,9 +55,9 @@ def _cone(top: Node, inputs: set[str]) -> tuple[list[Node], list[Value]] | None:
 
 
 def varying_masks(g: Graph, varying: dict[str, str]) -> list[Match]:
-    """Declines for the masks of `g` (a Loop/Scan body) whose cone reads the value of an input in
-    `varying` (name -> what it is, e.g. "a loop-carried value") that holds indices (integers or
-    bool, at most one axis)."""
+    """Declines for the masks of `g` (a Loop/Scan body, or a body inside one) whose cone reads the
+    value of an input in `varying` (name -> what it is, e.g. "a loop-carried value") that holds
+    indices (integers or bool, at most one axis)."""
     inputs = {v.name for v in g.inputs}
     found: list[Match] = []
     covered: set[int] = set()

@@ -350,6 +350,34 @@ def test_mask_of_a_loop_carried_value_is_declined_with_the_reason(written):
     assert _count_dml(onnx.load(written["varying", "dml"][2])) == 1
 
 
+def test_mask_of_a_loop_carried_value_in_an_inner_if_is_declined(tmp_path):
+    """The same varying mask one level down, in an If inside the Loop body: still named, with its path."""
+    then = h.make_graph([h.make_node("Range", ["zero", "n", "one"], ["r"]),
+                         h.make_node("Unsqueeze", ["r", "ax"], ["rows"]),
+                         h.make_node("Less", ["r", "rows"], ["mask"], name="inner_mask"),
+                         h.make_node("Cast", ["mask"], ["mask_f"], to=T.FLOAT),
+                         h.make_node("ReduceSum", ["mask_f"], ["t_out"], keepdims=0)],
+                        "then", [], [_vi("t_out", T.FLOAT, [])])
+    els = h.make_graph([h.make_node("Identity", ["total"], ["e_out"])], "else", [], [_vi("e_out", T.FLOAT, [])])
+    body = h.make_graph([h.make_node("If", ["cond"], ["step"], then_branch=then, else_branch=els, name="If_2"),
+                         h.make_node("Add", ["total", "step"], ["total_out"]),
+                         h.make_node("Add", ["n", "one"], ["n_out"]),
+                         h.make_node("Identity", ["cond"], ["cond_out"])],
+                        "loop_body", [_vi("i", T.INT64, []), _vi("cond", T.BOOL, []), _vi("n", T.INT64, []),
+                                      _vi("total", T.FLOAT, [])],
+                        [_vi("cond_out", T.BOOL, []), _vi("n_out", T.INT64, []), _vi("total_out", T.FLOAT, [])])
+    model = _model([h.make_node("Loop", ["trip", "", "n0", "total0"], ["n_final", "total_final"], body=body,
+                                name="Loop_1")],
+                   [_vi("trip", T.INT64, []), _vi("n0", T.INT64, []), _vi("total0", T.FLOAT, [])],
+                   [_vi("n_final", T.INT64, []), _vi("total_final", T.FLOAT, [])],
+                   [_const("zero", 0), _const("one", 1), _const("ax", [1])])
+    src = str(tmp_path / "m.onnx")
+    onnx.save(model, src)
+    [m] = [m for m in api.optimize(src).passes.declined if m.rule == "mask_subgraph"]
+    assert m.captures["scope"] == "Loop_1/body/If_2/then_branch"
+    assert "inner_mask" in {n.name for n in m.nodes} and "a loop-carried value 'n'" in m.reason
+
+
 def test_function_typed_by_its_calls_and_declined_when_they_disagree(tmp_path):
     f = h.make_function("local", "MaskFn", ["x"], ["y"], [h.make_node("Trilu", ["x"], ["y"], upper=1)],
                         [h.make_opsetid("", OPSET)])

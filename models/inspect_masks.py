@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -658,7 +659,7 @@ def discover_symbolic(path: str) -> list[dict]:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
 
-    def fit_all(fit, *names) -> dict | None:
+    def fit_all(fit: Callable[..., dict | None], *names: str) -> dict | None:
         fits = []
         for r in runs + [padded]:
             if any(n not in r for n in names):

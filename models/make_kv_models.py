@@ -94,7 +94,8 @@ class DecoderWithPast(nn.Module):
         self.model = model
         self.layers = layers
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *past: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from transformers import DynamicCache
         cache = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(self.layers)])
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
@@ -112,7 +113,7 @@ class Seq2SeqDecoderWithPast(nn.Module):
         self.layers = layers
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                encoder_attention_mask: torch.Tensor, *past: torch.Tensor):
+                encoder_attention_mask: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from transformers import DynamicCache, EncoderDecoderCache
         cache = EncoderDecoderCache(DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(self.layers)]),
                                     DynamicCache())
@@ -122,7 +123,8 @@ class Seq2SeqDecoderWithPast(nn.Module):
         return (out.logits, *_flat_present(out.past_key_values.self_attention_cache, self.layers))
 
 
-def _flat_present(cache, layers: int) -> list[torch.Tensor]:
+def _flat_present(cache: object, layers: int) -> list[torch.Tensor]:
+    """present.{i}.key/value in export order (the cache objects themselves cannot be outputs)."""
     flat = []
     for i in range(layers):
         flat += [cache.layers[i].keys, cache.layers[i].values]
@@ -178,10 +180,9 @@ def phi3() -> nn.Module:
 
 def gemma2_sw4() -> nn.Module:
     from transformers import Gemma2Config, Gemma2ForCausalLM
-    cfg = dict(_SMALL)
     return Gemma2ForCausalLM(Gemma2Config(num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
                                           sliding_window=4, pad_token_id=0, bos_token_id=0, eos_token_id=0,
-                                          **cfg))
+                                          **_SMALL))
 
 
 def gpt_neox() -> nn.Module:
@@ -286,7 +287,7 @@ class StoredTrilWithPast(nn.Module):
         self.register_buffer("bias", torch.tril(torch.ones(block, block, dtype=torch.bool)).view(1, 1, block, block))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key: torch.Tensor,
-                past_value: torch.Tensor):
+                past_value: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = self.emb(input_ids)
         q, k, v = self.qkv(x).split(self.d, dim=-1)
         q, k, v = q[:, None], torch.cat([past_key, k[:, None]], dim=2), torch.cat([past_value, v[:, None]], dim=2)
@@ -390,9 +391,9 @@ def prepare(spec: Spec) -> nn.Module:
 
 def _dynamo_shapes(spec: Spec) -> dict:
     """torch.export dynamic shapes mirroring ts_axes; the total length is its own (derived) dim."""
-    dims: dict[str, object] = {}
+    dims: dict[str, object] = {}  # torch.export.Dim per name, shared by every input that uses it
 
-    def dim(name: str):
+    def dim(name: str) -> object:
         if name == TOTAL:
             return torch.export.Dim.DYNAMIC
         if name not in dims:
@@ -426,6 +427,7 @@ def _rename_total(model: onnx.ModelProto) -> None:
 
 
 def export(spec: Spec, module: nn.Module, exporter: str, name: str) -> str:
+    """Export at the prefill-with-past sizes (every dim > 1, so none is specialized) to models/NAME.onnx."""
     path = os.path.join(HERE, name + ".onnx")
     if os.path.exists(path):
         os.remove(path)
@@ -484,6 +486,7 @@ def verify(spec: Spec, module: nn.Module, path: str) -> dict:
 
 
 def save_inputs(spec: Spec, name: str) -> None:
+    """models/inputs/NAME/SET.npz: the exact feeds the export was verified with."""
     folder = os.path.join(INPUTS, name)
     os.makedirs(folder, exist_ok=True)
     for set_name, feeds in spec.sets.items():
@@ -524,6 +527,7 @@ def specs() -> list[Spec]:
 
 
 def main(argv: list[str]) -> int:
+    """Export, verify and log every spec (or those whose name contains an argument)."""
     want = argv[1:]
     log = json.load(open(LOG)) if os.path.exists(LOG) else []
     for spec in specs():

@@ -811,6 +811,9 @@ SYMBOLIC_NOTES = {
     "split_concat_tril": "Stored 64x64 bool tril Split in row halves, Concat, Sliced to [:T, :T].",
     "concat_causal_halves": "Two row blocks of the causal mask (Range/LessOrEqual each) Concatenated.",
     "stored_tril_past": "Stored 1x1x64x64 bool tril Sliced [past:past+seq, :past+seq] (GPT-2 4.x style).",
+    "concat_past_zeros": "transformers 4.3x _make_causal_mask: Concat(zeros [seq, past], finfo.min/0 causal square "
+                         "from Range/Less/Where), Added to the scores (x + finfo.min == finfo.min for these x).",
+    "trilu_past": "Trilu(full([seq, past+seq], finfo.min), k = past + 1): k computed from the shapes; Added.",
 }
 
 

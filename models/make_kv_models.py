@@ -274,30 +274,65 @@ class ConcatCausalHalves(_Attention):
         return self.attend(x, torch.cat([top, bottom], dim=0))
 
 
-class StoredTrilWithPast(nn.Module):
-    """GPT-2 (transformers 4.x) style: a stored 64x64 tril buffer sliced to rows
-    [past, past + seq) and columns [0, past + seq), with a flat key/value cache."""
+class _TinyKV(nn.Module):
+    """One-head attention with a flat key/value cache; subclasses add the causal mask to the scores
+    the way a generation of transformers did it by hand."""
 
-    def __init__(self, d: int = 16, block: int = 64) -> None:
+    def __init__(self, d: int = 16) -> None:
         super().__init__()
         self.emb = nn.Embedding(VOCAB, d)
         self.qkv = nn.Linear(d, 3 * d)
         self.head = nn.Linear(d, VOCAB)
         self.d = d
-        self.register_buffer("bias", torch.tril(torch.ones(block, block, dtype=torch.bool)).view(1, 1, block, block))
+
+    def masked(self, att: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+        """The scores [batch, 1, q_len, k_len] with the causal mask applied (each subclass's idiom)."""
+        raise NotImplementedError(f"{type(self).__name__} must define masked()")
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key: torch.Tensor,
                 past_value: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = self.emb(input_ids)
         q, k, v = self.qkv(x).split(self.d, dim=-1)
         q, k, v = q[:, None], torch.cat([past_key, k[:, None]], dim=2), torch.cat([past_value, v[:, None]], dim=2)
-        q_len, k_len = q.shape[-2], k.shape[-2]
-        causal = self.bias[:, :, k_len - q_len:k_len, :k_len]
-        att = q @ k.transpose(-2, -1) / self.d ** 0.5
-        att = torch.where(causal, att, torch.tensor(torch.finfo(att.dtype).min, dtype=att.dtype))
+        att = self.masked(q @ k.transpose(-2, -1) / self.d ** 0.5, q.shape[-2], k.shape[-2])
         att = att + (1.0 - attention_mask[:, None, None, :].to(att.dtype)) * torch.finfo(att.dtype).min
         y = att.softmax(-1) @ v
         return self.head(y[:, 0]), k, v
+
+
+class StoredTrilWithPast(_TinyKV):
+    """GPT-2 (transformers 4.x) style: a stored 64x64 tril buffer sliced to rows
+    [past, past + seq) and columns [0, past + seq), applied with Where."""
+
+    def __init__(self, d: int = 16, block: int = 64) -> None:
+        super().__init__(d)
+        self.register_buffer("bias", torch.tril(torch.ones(block, block, dtype=torch.bool)).view(1, 1, block, block))
+
+    def masked(self, att: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+        causal = self.bias[:, :, k_len - q_len:k_len, :k_len]
+        return torch.where(causal, att, torch.tensor(torch.finfo(att.dtype).min, dtype=att.dtype))
+
+
+class ConcatPastZeros(_TinyKV):
+    """transformers 4.3x `_make_causal_mask`: a [seq, seq] finfo.min/0 causal square made with
+    masked_fill(arange < arange + 1), Concatenated after a [seq, past] block of zeros, added."""
+
+    def masked(self, att: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+        low = torch.finfo(att.dtype).min
+        mask = torch.full((q_len, q_len), low, dtype=att.dtype)
+        cond = torch.arange(q_len)
+        mask = mask.masked_fill(cond < (cond + 1).view(q_len, 1), 0.0)
+        mask = torch.cat([torch.zeros(q_len, k_len - q_len, dtype=att.dtype), mask], dim=-1)
+        return att + mask
+
+
+class TriluPast(_TinyKV):
+    """torch.triu(full(finfo.min), diagonal=past + 1) over [seq, past + seq]: a Trilu whose k comes
+    from the shapes, added to the scores."""
+
+    def masked(self, att: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+        full = torch.full((q_len, k_len), torch.finfo(att.dtype).min, dtype=att.dtype)
+        return att + torch.triu(full, diagonal=k_len - q_len + 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,7 +346,7 @@ class Spec:
     base: str
     source: str
     build: Callable[[], nn.Module]
-    kind: str  # "decoder", "seq2seq", "encoder", "plain", "stored_kv"
+    kind: str  # "decoder", "seq2seq", "encoder", "plain", "stored_kv" (a _TinyKV)
     sets: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
@@ -523,6 +558,11 @@ def specs() -> list[Spec]:
              "masked_fill(-inf)", ConcatCausalHalves, "plain"),
         Spec("stored_tril_past", "GPT-2 4.x style: stored 64x64 bool tril sliced [past:past+seq, :past+seq], "
              "Where(causal, scores, finfo.min) + padding, flat key/value cache", StoredTrilWithPast, "stored_kv"),
+        Spec("concat_past_zeros", "transformers 4.3x _make_causal_mask: Concat(zeros [seq, past], causal "
+             "square finfo.min/0 from masked_fill), Add to scores, + padding, flat key/value cache",
+             ConcatPastZeros, "stored_kv"),
+        Spec("trilu_past", "triu(full([seq, past+seq], finfo.min), diagonal=past+1) added to the scores, "
+             "+ padding, flat key/value cache", TriluPast, "stored_kv"),
     ]
 
 

@@ -370,10 +370,10 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
     w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
     rows = op("Unsqueeze", [op("Range", [zero, h, one], "rows"), const("ax1", [1])], "rows_col")
     top_x = op("Sub", [op("Range", [zero, w, one], "cols"), rows], "topx")
-    true = const("true", np.array(True))
     # useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End); an unbounded end is always true.
     begin = None if n.begin is None else shift(n.begin, "begin")
     end = None if n.end is None else shift(n.end, "end")
+    true = const("true", np.array(True)) if begin is None or end is None else None  # (unused otherwise)
     ge = true if begin is None else op("Not", [op("Less", [top_x, begin], "lt_begin")], "ge_begin")
     lt = true if end is None else op("Less", [top_x, end], "lt_end")
     ordered = true if begin is None or end is None else op("Not", [op("Less", [end, begin], "end_lt_begin")],

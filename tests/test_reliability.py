@@ -623,23 +623,12 @@ def _models():
     return [os.path.relpath(p, ROOT) for p in found]
 
 
-# Known bug: re-optimizing the portable output of a Trilu whose k is computed from the shapes makes
-# '<out>__dm_k' twice ("produced by two nodes"). Strict: this fails loudly once it is fixed.
-_RUNTIME_K_REOPTIMIZE = {os.path.join("models", f"trilu_past_{e}.onnx") for e in ("ts", "dynamo")}
-# Known bug: re-optimizing the portable output of a lowered KV-cache mask (End = past_sequence + 1)
-# writes the same graph with the size plumbing renamed ('..__add' -> '..__add__0'), not the same bytes.
-_KV_REOPTIMIZE = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "models", "*_kv_*.onnx"))} | \
-    {os.path.join("models", f"concat_past_zeros_{e}.onnx") for e in ("ts", "dynamo")}
 
 
 @pytest.mark.parametrize("target", ["dml", "onnx"])
 @pytest.mark.parametrize("rel", _models())
-def test_optimize_is_deterministic_and_idempotent(rel, target, tmp_path, capsys, request):
+def test_optimize_is_deterministic_and_idempotent(rel, target, tmp_path, capsys):
     import json
-    if target == "onnx" and rel in _RUNTIME_K_REOPTIMIZE:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="runtime-k Trilu: re-optimize names a value twice"))
-    elif target == "onnx" and rel in _KV_REOPTIMIZE:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="KV mask: re-optimize renames the size plumbing"))
     path = os.path.join(ROOT, rel)
     outs = []
     for name in ("a.onnx", "b.onnx"):

@@ -401,13 +401,15 @@ class Analysis:
             if base is None:
                 raise Unprovable(f"{what} is a non-integer value")
             return Affine(v.dtype, tuple(Lin.of(d) for d in v.shape), (0,) * len(v.shape), base)
-        if isinstance(v, Elems) and v.dtype.kind in "iuf" and len(v.shape) == 1 and len(v.items) > 1:
-            # [c, c + s, c + 2s, ...]: an arithmetic progression is an index grid
+        long_axes = [a for a, d in enumerate(v.shape) if d != 1] if isinstance(v, Elems) else []
+        if isinstance(v, Elems) and v.dtype.kind in "iuf" and len(long_axes) == 1:
+            # [c, c + s, c + 2s, ...] along one axis: an arithmetic progression is an index grid
             items = [x if isinstance(x, Lin) else _int_of(x) for x in v.items]
             if all(isinstance(x, Lin) and x.is_const for x in items):
-                step = items[1].const - items[0].const
-                if all(items[k].const == items[0].const + k * step for k in range(len(items))):
-                    return Affine(v.dtype, (Lin.of(v.shape[0]),), (step,), items[0])
+                step = items[1].const - items[0].const  # type: ignore[union-attr]
+                if all(items[k].const == items[0].const + k * step for k in range(len(items))):  # type: ignore[union-attr]
+                    coef = tuple(step if a == long_axes[0] else 0 for a in range(len(v.shape)))
+                    return Affine(v.dtype, tuple(Lin.of(d) for d in v.shape), coef, items[0])  # type: ignore[arg-type]
         u = self.uniform(v)
         if u is not None and u.dtype.kind in "iuf":
             base = _int_of(u)

@@ -995,12 +995,13 @@ def _slice(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = list(shape_of(v))
     args = _slice_args(an, n, ins, len(shape))
+    if isinstance(v, Elems) and any(not s.is_const or (e is not None and not e.is_const) for _, s, e, _ in args):
+        # a size-dependent slice of a stored arange (position ids): slice it as an index grid
+        return [slice_value(an, an.affine(v, "a small tensor sliced by a size"), args)]
     if isinstance(v, Elems):
         items = _objs(v)
         index = [slice(None)] * len(v.shape)
         for a, s, e, st in args:
-            if not s.is_const or (e is not None and not e.is_const):
-                raise Unprovable("a size-dependent slice of a small tensor")
             index[a] = slice(s.const, None if e is None else e.const, st)
         picked = items[tuple(index)]
         return [_from_objs(v.dtype, picked)]

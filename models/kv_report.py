@@ -11,6 +11,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import sys
 
 from dmlgraph import api, inspection
@@ -33,8 +34,10 @@ def measure(entry: dict) -> dict:
     for name, rel in sorted(entry.get("input_sets", {}).items()):
         report = api.validate(path, Options(exact_only=True), feeds=api.load_inputs(os.path.join(HERE, rel)))
         sets[name] = report["ok"]
+    # min(x, N): the clamp a stored N-row buffer's slice adds, equal to x wherever the model runs
+    same = [tuple(re.sub(r"^min\((.*), \d+\)$", r"\1", t) for t in b) for b in lowered]
     return {"model": entry["file"], "sites": len(wanted), "lowered": [f"[{b}, {e})" for b, e in lowered],
-            "lowered_sites": sum(1 for w in wanted if w in lowered), "declined": declined,
+            "lowered_sites": sum(1 for w in wanted if w in same), "declined": declined,
             "census": dict(census), "validate": sets}
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Union
 
 import numpy as np
 import onnx
@@ -11,19 +12,33 @@ from dmlgraph.dtypes import bitwise_equal  # noqa: F401 - part of the api
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
-from dmlgraph.modelfile import atomic_writer, data_nbytes, load_model, save_model, tensor_nbytes
+from dmlgraph.modelfile import (atomic_writer, check_model_proto, data_nbytes, load_model, save_model,
+                                tensor_nbytes)
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
 
 
-@gc_paused
-def load(path: str) -> tuple[onnx.ModelProto, Graph]:
-    """Read a model safely (external data stays on disk) and import it.
+ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
+IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelProto
 
-    Like every whole-model step, with the cyclic collector paused (see `gc_paused`): its full
-    passes over the proto walk and the new graph find nothing to free."""
-    model = load_model(path)
-    return model, import_model(model, os.path.dirname(os.path.abspath(path)))
+
+@gc_paused
+def load(model: ModelLike) -> tuple[onnx.ModelProto, Graph]:
+    """Read a model safely (external data stays on disk) and import it; a ModelProto is checked
+    as a file would be, and only read.
+
+    Like every whole-model step, with the cyclic collector paused where allowed (see `gc_paused`):
+    its full passes over the proto walk and the new graph find nothing to free."""
+    if isinstance(model, onnx.ModelProto):
+        check_model_proto(model, IN_MEMORY, None)
+        return model, import_model(model)
+    path = os.fspath(model)
+    proto = load_model(path)
+    return proto, import_model(proto, os.path.dirname(os.path.abspath(path)))
+
+
+def model_label(model: ModelLike) -> str:
+    return IN_MEMORY if isinstance(model, onnx.ModelProto) else os.fspath(model)
 
 
 def graph_stats(g: Graph) -> dict:
@@ -70,12 +85,13 @@ class OptimizeResult:
     after: dict
     model: onnx.ModelProto | None = None
     report: dict = field(default_factory=dict)
+    source_model: onnx.ModelProto | None = None  # the model as loaded (not modified)
 
 
 @gc_paused
-def optimize(path: str, options: Options | None = None, target: str = "dml", progress=None) -> OptimizeResult:
+def optimize(model: ModelLike, options: Options | None = None, target: str = "dml", progress=None) -> OptimizeResult:
     options = options or Options()
-    _, g = load(path)
+    source, g = load(model)
     before = graph_stats(g)
     result = optimize_graph(g, options, progress)
     g.remove_dead()
@@ -83,14 +99,14 @@ def optimize(path: str, options: Options | None = None, target: str = "dml", pro
     # The numbers describe the file written: the portable target expands each DML node.
     after = graph_stats(g) if target == "dml" else graph_stats(import_model(model))
     report = {
-        "model": path, "target": target, "feature_level": options.feature_level.label,
+        "model": model_label(model), "target": target, "feature_level": options.feature_level.label,
         "exact_only": options.exact_only,
         "rewrites": result.counts,
         "lowered": [match_record(m) | {"dml": _dml_summary(m)} for m in result.applied],
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
     }
-    return OptimizeResult(g, result, before, after, model, report)
+    return OptimizeResult(g, result, before, after, model, report, source)
 
 
 def _dml_summary(m) -> dict | None:
@@ -303,9 +319,23 @@ def validate(path: str, options: Options | None = None, feeds: dict | None = Non
         feeds = make_inputs(original, dims, seed)
     _, lowered = load(path)
     result = optimize_graph(lowered, options)
+    tensors, outputs, exact = compare_graphs(original, lowered, feeds)
+    return {"model": path, "inputs": {k: list(v.shape) for k, v in feeds.items()},
+            "rewrites": result.counts, "exact": exact, "tensors": tensors, "outputs": outputs,
+            "ok": all(r["match"] for r in tensors + outputs)}
+
+
+def compare_graphs(original: Graph, lowered: Graph, feeds: dict) -> tuple[list[dict], list[dict], bool]:
+    """Run both graphs on `feeds` and compare (rows for the rewritten tensors, rows for the model
+    outputs, whether every rewrite was bit-exact). Both graphs get the rewritten tensors as extra
+    outputs: use graphs made for this call."""
     dml = [n for n in lowered.nodes.values() if isinstance(n, DmlNode)]
     rewritten = [n.outputs[0].name for n in dml if n.outputs[0].name in original.values]
     output_names = [v.name for v in original.outputs]
+    missing = [name for name in output_names if name not in lowered.values]
+    if missing:
+        raise DmlgraphError(f"the lowered model has no output {missing[0]!r} of the original",
+                            hint="compare a model with the model it was lowered from")
     for g in (original, lowered):  # expose the rewritten tensors as extra outputs on both sides
         g.outputs = g.outputs + [g.values[name] for name in rewritten if not g.is_graph_output(g.values[name])]
     expected = Executor(original, optimize=False).run(feeds)
@@ -313,6 +343,4 @@ def validate(path: str, options: Options | None = None, feeds: dict | None = Non
     exact = {n.outputs[0].name: n.exact for n in dml}
     tensors = [_compare_one(name, expected[name], got.get(name), exact[name], False) for name in rewritten]
     outputs = [_compare_one(name, expected[name], got.get(name), all(exact.values()), True) for name in output_names]
-    return {"model": path, "inputs": {k: list(v.shape) for k, v in feeds.items()},
-            "rewrites": result.counts, "exact": all(exact.values()), "tensors": tensors, "outputs": outputs,
-            "ok": all(r["match"] for r in tensors + outputs)}
+    return tensors, outputs, all(exact.values())

@@ -41,6 +41,9 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
+from dmlgraph.process import process_wide
+from dmlgraph.resources import DEMO_MODEL, bundled_model, models_dir
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1024 * 1024
 
@@ -191,8 +194,8 @@ def bench_optimizer(tmp: str, sizes: tuple[int, int], repeats: tuple[int, int]) 
 
 # ---- 2. executor overhead ----------------------------------------------------------------------
 def executor_models() -> list[str]:
-    found = sorted(glob.glob(os.path.join(ROOT, "models", "gpt2_*.onnx")))
-    return found + [os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")]
+    found = sorted(glob.glob(os.path.join(models_dir(), "gpt2_*.onnx")))
+    return found + [bundled_model(DEMO_MODEL)]
 
 
 def bench_executor(paths: list[str], runs: int, threads: int = 1, seq: int = 64) -> list[Row]:
@@ -237,7 +240,7 @@ def bench_executor(paths: list[str], runs: int, threads: int = 1, seq: int = 64)
         ours_s, theirs_s, plain_s = statistics.median(ours), statistics.median(theirs), statistics.median(plain)
         sessions = sum(not hasattr(s, "kind") for s in ex.steps)
         skipped = ex.timings.get("skipped", 0)
-        rows.append(Row(f"run {os.path.relpath(path, ROOT)} ({', '.join(f'{k}={v}' for k, v in dims.items())})",
+        rows.append(Row(f"run {os.path.relpath(path, models_dir())} ({', '.join(f'{k}={v}' for k, v in dims.items())})",
                         ours_s * 1e6, theirs_s * 1e6, ours_s / theirs_s, "us/run", "ratio <= 1.2",
                         ours_s / theirs_s <= 1.2,
                         note=f"DML kernel share {statistics.median(dml):.0%} ({skipped} of {len(ex.steps)} steps "
@@ -460,10 +463,11 @@ def main(args=None) -> int:
         p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
         p.add_argument("--child", nargs=3, metavar=("COMMAND", "MODEL", "OUT"), help=argparse.SUPPRESS)
         args = p.parse_args(args)
-        if args.child:
+    with process_wide():  # measured as the command line runs (gc paused, inference child)
+        if getattr(args, "child", None):
             _peak_rss_child(*args.child)
             return 0
-    run(quick=bool(args.quick), json_out=args.json_out)
+        run(quick=bool(args.quick), json_out=args.json_out)
     return 0
 
 

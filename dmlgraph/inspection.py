@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from dmlgraph.api import IN_MEMORY, ModelLike
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.modelfile import atomic_writer, tensor_nbytes
@@ -154,7 +155,8 @@ def _initializer_row(t: TensorProto) -> dict:
     return row
 
 
-def _header(path: str, model: onnx.ModelProto, top: int) -> dict:
+def _header(path: str | None, model: onnx.ModelProto, top: int) -> dict:
+    """`path`: None for a model given in memory (its size is then its serialized size)."""
     mg = model.graph
     inits = [_initializer_row(t) for t in mg.initializer]
     ext = [r for r in inits if r["storage"] == "external"]
@@ -165,7 +167,9 @@ def _header(path: str, model: onnx.ModelProto, top: int) -> dict:
     top_rows = sorted(inits, key=lambda r: (-r["bytes"], r["name"]))[:max(0, top)]
     return {
         "model": {
-            "path": path, "file_bytes": os.path.getsize(path), "ir_version": int(model.ir_version),
+            "path": path if path is not None else IN_MEMORY,
+            "file_bytes": os.path.getsize(path) if path is not None else model.ByteSize(),
+            "ir_version": int(model.ir_version),
             "opset_imports": dict(sorted(opsets.items())), "producer_name": model.producer_name,
             "producer_version": model.producer_version, "graph_name": mg.name, "nodes": len(mg.node),
             "external_data_files": sorted({r["location"] for r in ext if r["location"]}),
@@ -401,8 +405,9 @@ def _rule_table(options) -> dict:
     return table
 
 
-def analyze(path: str, options=None, top: int = 10, target: str = "dml", progress=None) -> Inspection:
-    """Everything `inspect` reports, plus the graph snapshot for DOT output."""
+def analyze(source: ModelLike, options=None, top: int = 10, target: str = "dml", progress=None) -> Inspection:
+    """Everything `inspect` reports, plus the graph snapshot for DOT output (`source`: a path or
+    a ModelProto, which is only read)."""
     from dmlgraph import api
     from dmlgraph.graph import DmlNode
     from dmlgraph.onnx_io import export_model
@@ -414,8 +419,9 @@ def analyze(path: str, options=None, top: int = 10, target: str = "dml", progres
     if top < 0:
         raise DmlgraphError(f"--top {top} is negative", hint="pass --top 0 to list no initializers")
     say = progress or (lambda msg: None)
-    say(f"loading {path}")
-    model, g = api.load(path)
+    path = None if isinstance(source, onnx.ModelProto) else os.fspath(source)
+    say(f"loading {path or IN_MEMORY}")
+    model, g = api.load(source)
     report = _header(path, model, top)
     report["schema"] = SCHEMA
     report["options"] = {"feature_level": options.feature_level.label, "target": target,

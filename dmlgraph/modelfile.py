@@ -703,6 +703,44 @@ def _check_opsets(model: onnx.ModelProto, path: str) -> None:
                              hint="re-export the model for a released opset, or upgrade onnx")
 
 
+def check_model_proto(model: onnx.ModelProto, label: str, base_dir: str | None, *, check: bool = True,
+                      data: bytes | None = None) -> bool:
+    """Validate a parsed model as `load_model` does (ModelError naming `label` on any failure);
+    returns whether it stores tensors as external data. `base_dir` locates external data (None:
+    a model holding external data is refused). `data`: the serialized model, when at hand."""
+    missing = [what for what, bad in (("graph", not model.HasField("graph")),
+                                      ("opset_import", len(model.opset_import) == 0),
+                                      ("ir_version", model.ir_version <= 0)) if bad]
+    if missing:
+        raise ModelError(f"{label} is not a valid ONNX model (it parses, but has no {', '.join(missing)}); "
+                         "is the file complete?")
+    has_external = False
+    graphs = list(_iter_graphs(model.graph))  # walked once, read twice
+    for tensor, where, _ in _iter_tensors(model, graphs, skip=_plain_inline):
+        if tensor.HasField("segment"):
+            raise ModelError(f"{where} is stored in segments, which is not supported")
+        if _uses_external(tensor):
+            has_external = True
+            if base_dir is None:
+                raise ModelError(f"{label}: {where} is stored as external data, and an in-memory model has "
+                                 "no folder to find it in", hint="pass the model's path instead")
+            _external_span(tensor, base_dir, where)
+        else:
+            _check_inline_data(tensor, where)
+    _check_opsets(model, label)
+    _check_utf8(model, label, data)
+    _check_value_types(graphs, label)
+    if check:
+        try:
+            _run_checker(model, label, has_external, data)
+        except ModelError:
+            # The checker reports dangling inputs, cycles and misordering alike; tell them apart
+            # (a walk over every node in Python, so only once something is known to be wrong).
+            _check_structure(model.graph, set())
+            raise
+    return has_external
+
+
 def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
                check: bool = True) -> onnx.ModelProto:
     """Read and validate an ONNX model file; every failure is a ModelError naming the path.
@@ -749,34 +787,8 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
         raise ModelError(f"{p} is not a valid ONNX model (protobuf parse failed: {e}); "
                          "is the file complete?") from None
     data = data if len(data) <= _UTF8_TWIN_MAX_BYTES else None  # kept for _check_utf8 only when small
-    missing = [what for what, bad in (("graph", not model.HasField("graph")),
-                                      ("opset_import", len(model.opset_import) == 0),
-                                      ("ir_version", model.ir_version <= 0)) if bad]
-    if missing:
-        raise ModelError(f"{p} is not a valid ONNX model (it parses, but has no {', '.join(missing)}); "
-                         "is the file complete?")
     base_dir = os.path.dirname(os.path.abspath(p))
-    has_external = False
-    graphs = list(_iter_graphs(model.graph))  # walked once, read twice
-    for tensor, label, _ in _iter_tensors(model, graphs, skip=_plain_inline):
-        if tensor.HasField("segment"):
-            raise ModelError(f"{label} is stored in segments, which is not supported")
-        if _uses_external(tensor):
-            has_external = True
-            _external_span(tensor, base_dir, label)
-        else:
-            _check_inline_data(tensor, label)
-    _check_opsets(model, p)
-    _check_utf8(model, p, data)
-    _check_value_types(graphs, p)
-    if check:
-        try:
-            _run_checker(model, p, has_external, data)
-        except ModelError:
-            # The checker reports dangling inputs, cycles and misordering alike; tell them apart
-            # (a walk over every node in Python, so only once something is known to be wrong).
-            _check_structure(model.graph, set())
-            raise
+    has_external = check_model_proto(model, p, base_dir, check=check, data=data)
     del data
     if load_external_data and has_external:
         for tensor, label, _ in _iter_tensors(model):

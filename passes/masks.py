@@ -40,6 +40,7 @@ from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.modelfile import RAW_ITEMSIZE
 from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
 from dmlgraph.ops import bind_range
+from dmlgraph.process import policy
 from dmlgraph.rewrite import Match, Options, Replacement, Rule, detached, detached_constant
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
@@ -377,7 +378,11 @@ def _address_space_headroom(extra: int):
 
     Evaluating a subgraph whose sizes shape inference could not bound (a corrupt 2^40 dim, or a
     static side we cannot see) then fails with an allocation error instead of exhausting memory.
+    Only where the process owner allowed it (`dmlgraph.process.process_wide`).
     """
+    if not policy().memory_caps:
+        yield
+        return
     try:
         import resource
         with open("/proc/self/statm") as f:

@@ -533,7 +533,7 @@ def test_optimize_serialization_failure_leaves_nothing(tmp_path, capsys, monkeyp
         with monkeypatch.context() as m:
             m.setattr(onnx.ModelProto, "SerializeToString", boom)
             return real_save(*a, **k)
-    monkeypatch.setattr(api, "save_model", save_with_broken_serializer)
+    monkeypatch.setattr(modelfile, "save_model", save_with_broken_serializer)
     code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx"], capsys)
     assert_clean_error(code, o, e, "cannot serialize", "serialization exploded")
     assert tree_digest(tmp_path) == before

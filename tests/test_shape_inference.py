@@ -13,10 +13,19 @@ from onnx import TensorProto as T, helper as h, numpy_helper
 
 from dmlgraph import bench_pipeline, shape_inference
 from dmlgraph.modelfile import load_model, without_weights
+from dmlgraph.process import process_wide
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-needs_child = pytest.mark.skipif(not shape_inference.children_available(),
-                                 reason="children run where the process can fork and has a second CPU")
+with process_wide():
+    needs_child = pytest.mark.skipif(not shape_inference.children_available(),
+                                     reason="children run where the process can fork and has a second CPU")
+
+
+@pytest.fixture(autouse=True)
+def _children_allowed():
+    """These tests are about the child: run them as the CLI runs (children allowed)."""
+    with process_wide():
+        yield
 
 
 def _types(model: onnx.ModelProto) -> list:

@@ -1,4 +1,4 @@
-"""The `dmlgraph` command line: optimize, run, validate, inspect, bench, demo.
+"""The `dmlgraph` command line: optimize, run, validate, inspect, dxdispatch, bench, demo.
 
 Exit codes: 0 success; 1 the check failed (validate found a mismatch); 2 bad input or usage
 (a message says what is wrong and what to do); 3 an internal error (a bug: rerun with --debug).
@@ -109,6 +109,24 @@ def cmd_bench(args) -> int:
     return bench_pipeline.main(args) or EXIT_OK
 
 
+def cmd_dxdispatch(args) -> int:
+    from dmlgraph import api, dxdispatch
+    if (args.model is None) == (args.check is None):
+        raise DmlgraphError("give either MODEL (to export) or --check DIR (to compare DxDispatch's output)",
+                            hint="dmlgraph dxdispatch MODEL --inputs IN.npz -o DIR, or dmlgraph dxdispatch --check DIR")
+    if args.check is not None:
+        report = dxdispatch.check(args.check)
+        _emit(args, report, dxdispatch.check_text(report))
+        return EXIT_OK if report["ok"] else EXIT_MISMATCH
+    if args.output is None:
+        raise DmlgraphError("-o DIR is required to export", hint="dmlgraph dxdispatch MODEL -o DIR")
+    feeds = api.load_inputs(args.inputs) if args.inputs else None
+    report = dxdispatch.export(args.model, args.output, feeds, api.parse_dims(args.dim), args.seed,
+                               _options(args), args.force)
+    _emit(args, report, dxdispatch.export_text(report))
+    return EXIT_OK
+
+
 def cmd_demo(args) -> int:
     """Optimize the bundled causal-attention model, then validate it against onnxruntime."""
     import tempfile
@@ -217,6 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--svg", metavar="FILE", help="render the DOT graph to SVG (needs `dot`)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_inspect)
+
+    sp = sub.add_parser("dxdispatch", help="export DML operators to a DxDispatch model, or check its output",
+                        description="Export: lower MODEL (unless it is lowered already), run it, and write "
+                        "DIR/model.json with one dispatch per DML node, its real inputs as .npy and the "
+                        "expected outputs. Check: compare what DxDispatch wrote with DIR/expected, bit for bit.")
+    sp.add_argument("model", nargs="?")
+    sp.add_argument("-o", "--output", metavar="DIR", help="folder to write (must be new or empty)")
+    sp.add_argument("--check", metavar="DIR", help="compare DxDispatch's output in DIR with DIR/expected")
+    sp.add_argument("--force", action="store_true", help="replace DIR if it holds a previous export")
+    input_flags(sp)
+    lowering_flags(sp)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_dxdispatch)
 
     sp = sub.add_parser("bench", help="benchmarks: ratios against a baseline in the same process")
     sp.add_argument("suite", choices=["kernels", "pipeline"])

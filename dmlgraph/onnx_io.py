@@ -342,14 +342,17 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
         nodes.append(helper.make_node(op_type, ins, [f"{p}_{name}"], **attrs))
         return f"{p}_{name}"
 
+    clipped_k: list[str] = []  # made once, shared by both bounds
+
     def shift(b: int, name: str) -> str:
         """A bound as an int64 scalar, shifted by the run-time k (clipped: no int64 overflow)."""
         c = const(name, np.array(b, np.int64))
         if k is None:
             return c
-        kc = op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
-                         const("kmax", np.array(2**40, np.int64))], "kc")
-        return op("Add", [c, kc], f"{name}_k")
+        if not clipped_k:
+            clipped_k.append(op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
+                                         const("kmax", np.array(2**40, np.int64))], "kc"))
+        return op("Add", [c, clipped_k[0]], f"{name}_k")
 
     form = _trilu_form(n) if opset >= 14 else None
     if shape is not None:
@@ -370,10 +373,10 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
     w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
     rows = op("Unsqueeze", [op("Range", [zero, h, one], "rows"), const("ax1", [1])], "rows_col")
     top_x = op("Sub", [op("Range", [zero, w, one], "cols"), rows], "topx")
-    true = const("true", np.array(True))
     # useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End); an unbounded end is always true.
     begin = None if n.begin is None else shift(n.begin, "begin")
     end = None if n.end is None else shift(n.end, "end")
+    true = const("true", np.array(True)) if begin is None or end is None else None  # (unused otherwise)
     ge = true if begin is None else op("Not", [op("Less", [top_x, begin], "lt_begin")], "ge_begin")
     lt = true if end is None else op("Less", [top_x, end], "lt_end")
     ordered = true if begin is None or end is None else op("Not", [op("Less", [end, begin], "end_lt_begin")],

@@ -20,8 +20,18 @@ __all__ = ["Decline", "DmlgraphError", "Inspection", "ModelError", "OptimizeResu
 if TYPE_CHECKING:
     from dmlgraph.errors import DmlgraphError, ModelError, UnsupportedError
     from dmlgraph.process import process_wide
-    from dmlgraph.public import (Decline, Inspection, OptimizeResult, Rewrite, TensorCheck, ValidationResult, inspect,
-                                 optimize, run, validate)
+    from dmlgraph.public import (
+        Decline,
+        Inspection,
+        OptimizeResult,
+        Rewrite,
+        TensorCheck,
+        ValidationResult,
+        inspect,
+        optimize,
+        run,
+        validate,
+    )
 
 _HOMES = {"DmlgraphError": "dmlgraph.errors", "ModelError": "dmlgraph.errors", "UnsupportedError": "dmlgraph.errors",
           "process_wide": "dmlgraph.process"}

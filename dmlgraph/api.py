@@ -8,15 +8,13 @@ from typing import Union
 import numpy as np
 import onnx
 
-from dmlgraph.dtypes import bitwise_equal  # noqa: F401 - part of the api
+from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
-from dmlgraph.modelfile import (atomic_writer, check_model_proto, data_nbytes, load_model, save_model,
-                                tensor_nbytes)
+from dmlgraph.modelfile import atomic_writer, check_model_proto, data_nbytes, load_model, save_model, tensor_nbytes
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
-
 
 ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
 IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelProto
@@ -120,6 +118,7 @@ def _dml_summary(m) -> dict | None:
 @gc_paused
 def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = False) -> int:
     """Save atomically; returns the written file's size in bytes."""
+    assert result.model is not None, "optimize always exports a model"
     save_model(result.model, out, input_path=input_path, in_place=in_place,
                base_dir=os.path.dirname(os.path.abspath(input_path)))
     return os.path.getsize(out)
@@ -275,7 +274,7 @@ def save_outputs(outputs: dict[str, np.ndarray], path: str, model_path: str | No
     """
     check_output_path(path, model_path)
     with atomic_writer(path) as f:
-        np.savez(f, **outputs)  # a file object: numpy appends no .npz suffix
+        np.savez(f, **outputs)  # type: ignore[arg-type]  # (numpy's stub misreads **kwds)  # a file object: numpy appends no .npz suffix
 
 
 # Float outputs downstream of a rewrite may differ in the last bits: onnxruntime's reductions

@@ -87,7 +87,7 @@ def _block(i: int, h_in: str, d: int, rng: np.random.Generator, nodes: list, ini
         rows = node("Unsqueeze", [idx, init("ax1", np.array([1], np.int64))], "rows")
         cols = node("Unsqueeze", [idx, init("ax0", np.array([0], np.int64))], "cols")
         mask = node("LessOrEqual", [cols, rows], "mask")
-    w = lambda name, shape: init(name, (rng.standard_normal(shape) / np.sqrt(d)).astype(np.float32))  # noqa: E731
+    w = lambda name, shape: init(name, (rng.standard_normal(shape) / np.sqrt(d)).astype(np.float32))
     q = node("MatMul", [h_in, w("wq", (d, d))], "q")
     k = node("MatMul", [h_in, w("wk", (d, d))], "kp")
     kt = node("Transpose", [k], "kt", perm=[0, 2, 1])
@@ -164,7 +164,7 @@ def bench_optimizer(tmp: str, sizes: tuple[int, int], repeats: tuple[int, int]) 
         onnx.save(blocks_model(n_blocks), path)
         result = _ours(path, out)  # warm-up (imports, onnxruntime's first session), and the counts
         nodes = result.before["nodes"]
-        seconds = _median_time(lambda: _ours(path, out), reps)
+        seconds = _median_time(lambda path=path, out=out: _ours(path, out), reps)
         per_node[n_blocks] = seconds / nodes
         measured[n_blocks] = (path, out, nodes, seconds, result)
     small, large = sizes
@@ -313,9 +313,10 @@ def write_big_model(folder: str) -> tuple[str, int]:
 
 def _peak_rss_child(command: str, path: str, out: str) -> None:
     """Run in a fresh interpreter: print JSON with the peak RSS (VmHWM) above the post-import baseline."""
-    from dmlgraph import api  # noqa: F401 - imports are part of the baseline, not of the work
-    from dmlgraph.executor import Executor  # noqa: F401
     import threading
+
+    from dmlgraph import api
+    from dmlgraph.executor import Executor  # noqa: F401
     baseline, base_parts = _vm_hwm(), _rss_parts()
     peaks = dict(base_parts)
     done = threading.Event()

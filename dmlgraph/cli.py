@@ -295,7 +295,7 @@ def main(argv=None) -> int:
         # are already complete or cleaned up; the interpreter's last flush now goes nowhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_CLOSED_PIPE
-    except Exception as e:  # noqa: BLE001 - the last line of defence: no bare tracebacks for users
+    except Exception as e:
         if args.debug:
             raise
         print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: this is a bug in dmlgraph; "

@@ -150,7 +150,8 @@ class DmlNode(Node):
       shape -- int64 1-D output sizes computed at run time (else `static_shape`, else x's shape)
       k     -- int64 scalar shifting every bounded end of [begin, end) at run time (Trilu's k)
     begin/end are int64-space bounds (None = unbounded, never shifted). They are clamped to the
-    matrix ([-H, W]) only when bound to a concrete shape, so a huge k never wraps. `exact` says whether the rewrite that made it is bit-exact for every input.
+    matrix ([-H, W]) only when bound to a concrete shape, so a huge k never wraps. `exact` says
+    whether the rewrite that made it is bit-exact for every input.
     """
 
     __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind")

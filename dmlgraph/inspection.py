@@ -702,7 +702,7 @@ def to_dot(ins: Inspection) -> str:
     """
     snap, r = ins.snapshot, ins.report
     by_index = {i: n for i, n in enumerate(snap["nodes"])}
-    nid = lambda n: f"n{n['index']}"  # noqa: E731
+    nid = lambda n: f"n{n['index']}"
     owner: dict[str, int] = {}
     cluster_nodes: dict[int, list[str]] = collections.defaultdict(list)
     cluster_inits: dict[int, list[str]] = collections.defaultdict(list)
@@ -759,10 +759,10 @@ def to_dot(ins: Inspection) -> str:
     for n in snap["nodes"]:
         if nid(n) not in owner:
             out.append(node_stmt(n))
-    for i, (name, typ, shape) in enumerate(snap["inputs"]):
+    for name, typ, shape in snap["inputs"]:
         out.append(f"  {_q('in:' + name)} [shape=ellipse, style=filled, fillcolor=\"#e8f0ff\", "
                    f"label={_q(name + chr(10) + typ + ' ' + _shape_text(shape))}];")
-    for i, (name, typ, shape) in enumerate(snap["outputs"]):
+    for name, typ, shape in snap["outputs"]:
         out.append(f"  {_q('out:' + name)} [shape=ellipse, style=filled, fillcolor=\"#e8ffe8\", "
                    f"label={_q(name + chr(10) + typ + ' ' + _shape_text(shape))}];")
     producer = {}

@@ -28,7 +28,7 @@ class ProcessPolicy:
 
 
 _POLICY: contextvars.ContextVar[ProcessPolicy] = contextvars.ContextVar("dmlgraph_process_policy",
-                                                                        default=ProcessPolicy())
+                                                                        default=ProcessPolicy())  # noqa: B039 - frozen
 
 
 def policy() -> ProcessPolicy:

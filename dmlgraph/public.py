@@ -71,7 +71,7 @@ class OptimizeResult:
             raise AssertionError(f"dmlgraph made a model that fails onnx's full check: {failure}")
         try:
             onnx.checker.check_model(without_weights(self.model, keep_dims=False), full_check=False)
-        except Exception as e:  # noqa: BLE001 - every checker failure means the same: we made an invalid model
+        except Exception as e:
             raise AssertionError(f"dmlgraph made a model that fails onnx's checker: {e}") from e
 
     def save(self, path: str | os.PathLike[str], *, in_place: bool = False) -> int:

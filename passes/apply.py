@@ -129,6 +129,8 @@ def _match_where(graph: Graph, node: Node, options: Options) -> Match | None:
     true_region = (gen.begin, gen.end) if bool(value) else complement((gen.begin, gen.end))
     if bool(value) == bool(other):
         return None  # a constant condition; nothing diagonal about it
+    if a is None or b is None:
+        return None
     ca, cb = _scalar(graph, a), _scalar(graph, b)
     if ca is not None and cb is None:       # c where cond, X elsewhere
         return _apply(graph, node, gen, b, ca, true_region, True, "mask_where", options)

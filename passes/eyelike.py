@@ -18,7 +18,7 @@ _TENSOR_TYPES = frozenset(v for _, v in TensorProto.DataType.items()) - {TensorP
 
 
 def _match(graph: Graph, node: Node, options: Options) -> Match | None:
-    if node.domain not in ("", "ai.onnx"):
+    if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx"):
         return None
     x = node.input(0)
     m = Match("eyelike", [node])

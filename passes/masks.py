@@ -37,7 +37,18 @@ from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
 from passes.common import const_value, lowering_reason, standin
 from passes.sizes import SizeBuilder, locate
-from passes.symbolic import DIM_MAX, Analysis, Band, Lin, NotAMask, Opaque, SizedFill, Unprovable, render_dim, sized_fill
+from passes.symbolic import (
+    DIM_MAX,
+    Analysis,
+    Band,
+    Lin,
+    NotAMask,
+    Opaque,
+    SizedFill,
+    Unprovable,
+    render_dim,
+    sized_fill,
+)
 from passes.symbolic_ops import evaluate
 
 SHAPE_OPS = {"Shape", "Size"}

@@ -22,13 +22,14 @@ from passes.symbolic import Clamp, Dim, Lin, Symbol
 
 def constant(graph: Graph, name: str, arr: np.ndarray) -> Value | None:
     """The initializer `name` (or one made earlier under that name) if it holds exactly `arr`."""
-    found = graph.scratch.setdefault("constants", {})  # each rewrite asks again for the same few
+    # Each rewrite asks again for the same few: (initializer, its tensor, its array) by request.
+    found: dict[tuple, tuple[Value, object, object]] = graph.scratch.setdefault("constants", {})
     key = (name, arr.dtype.str, arr.shape, arr.tobytes())
     hit = found.get(key)
     if hit is not None:
-        v, tensor, array = hit
-        if graph.initializers.get(v.name) is v and v.initializer is tensor and v.array is array:
-            return v  # (still that initializer, holding what it held)
+        held, tensor, array = hit
+        if graph.initializers.get(held.name) is held and held.initializer is tensor and held.array is array:
+            return held  # (still that initializer, holding what it held)
     v = graph.initializers.get(name)
     if v is None or v.name in graph.overridable_inputs:
         return None
@@ -58,11 +59,11 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
     index = graph.scratch.get("size_plumbing")
     if index is None:
         index = graph.scratch["size_plumbing"] = {}
-        for n in graph.nodes.values():
-            if _plumbing(n):
-                index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)
+        for node in graph.nodes.values():
+            if isinstance(node, OnnxNode) and _plumbing(node):
+                index.setdefault(_plumbing_key(node.op_type, node.inputs, node.attributes), node)
     key = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
-    n = index.get(key)
+    n: Node | None = index.get(key)
     if n is None:
         return None
     # (A node's op type and attributes never change after it is made: its inputs may.)
@@ -77,7 +78,7 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
 
 
 def _computes(graph: Graph, n: Node, inputs: list[Value], key: tuple) -> bool:
-    return n.id in graph.nodes and _plumbing(n) and n.inputs == inputs \
+    return isinstance(n, OnnxNode) and n.id in graph.nodes and _plumbing(n) and n.inputs == inputs \
         and _plumbing_key(n.op_type, n.inputs, n.attributes) == key
 
 

@@ -18,8 +18,27 @@ from dmlgraph.band import analyze_band
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.graph import Node, OnnxNode, Value
 from passes.symbolic import (
-    BOOL, INT64, SMALL_ELEMENTS, AbsOf, AbstractValue, Affine, Analysis, Band, Dim, Elems, Lin, NotAMask, Opaque,
-    Unprovable, _int_of, _same, _scalar, as_lin, make_clamp, parse_dim, shape_of,
+    BOOL,
+    INT64,
+    SMALL_ELEMENTS,
+    AbsOf,
+    AbstractValue,
+    Affine,
+    Analysis,
+    Band,
+    Dim,
+    Elems,
+    Lin,
+    NotAMask,
+    Opaque,
+    Unprovable,
+    _int_of,
+    _same,
+    _scalar,
+    as_lin,
+    make_clamp,
+    parse_dim,
+    shape_of,
 )
 
 Handler = Callable[[Analysis, OnnxNode, list], list]

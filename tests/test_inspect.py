@@ -18,7 +18,6 @@ from onnx.backend.test.case.node import collect_testcases
 from dmlgraph import inspection
 from dmlgraph.cli import main as cli_main
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.ops import FeatureLevel
 from dmlgraph.rewrite import Options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -341,8 +341,8 @@ def test_initializer_that_is_also_an_input_is_not_a_constant():
 
 
 # ---- fast paths against their simple oracles --------------------------------------------------
-from hypothesis import given, settings, strategies as st  # noqa: E402
-import hypothesis.extra.numpy as hnp  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 
 def test_export_writes_nodes_as_read_with_their_current_value_names():
@@ -412,7 +412,6 @@ def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
 
 
 # ---- the stored-mask pre-filter never turns away a band ----------------------------------------
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from dmlgraph.band import analyze_band, diagonal_use_mask  # noqa: E402
 from dmlgraph.graph import Value  # noqa: E402

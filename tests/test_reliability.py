@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+import fuzz_models
 import numpy as np
 import onnx
 import pytest
@@ -30,7 +31,6 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-import fuzz_models
 from dmlgraph import api, cli, modelfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -318,7 +318,7 @@ def test_eyelike_invalid_dtype_is_declined(tmp_path, capsys):
 # ---- resource limits -----------------------------------------------------------------------------
 def _range_mask(static_side):
     """The exporters' Range/LessOrEqual causal mask, read from dim 2 of x = [1, 2, side, s]."""
-    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)  # noqa: E731
+    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)
     return model([
         h.make_node("Shape", ["x"], ["s"]), h.make_node("Gather", ["s", "i2"], ["n"], axis=0),
         h.make_node("Range", ["zero", "n", "one"], ["r"]), h.make_node("Unsqueeze", ["r", "ax0"], ["row"]),
@@ -345,7 +345,7 @@ def test_shape_inference_data_propagation_cannot_hang(kind, tmp_path, capsys):
     """onnx's data propagation is linear in a 1-D value's length, whatever its type: Range(0, 10^9)
     -> Cast, or a shape vector declared [2^62] (both found by the fuzz), or a float vector declared
     [2^40], never returned; such models skip it."""
-    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)  # noqa: E731
+    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)
     if kind == "range_1e9":
         m = model([h.make_node("Range", ["z", "n", "o"], ["r"]), h.make_node("Cast", ["r"], ["c"], to=T.FLOAT),
                    h.make_node("Add", ["x", "c"], ["y"])], [vi("x", [1])], [vi("y", ["m"])],

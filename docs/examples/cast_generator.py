@@ -1,0 +1,34 @@
+"""Example rule: Cast(generator) -> one generator of the cast type (bit-exact).
+
+A generator is a DIAGONAL_MATRIX1 with no input: `value` on its band, +0 elsewhere. Casting it
+casts both parts, and a cast of +0 is +0 in every type, so the cast folds into the value.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from dmlgraph.graph import DmlNode, Graph, Node
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from passes.common import lowering_reason, replace_node, standin
+
+
+def match(graph: Graph, node: Node, options: Options) -> Match | None:
+    gen = node.inputs[0].producer if node.inputs and node.inputs[0] is not None else None
+    if not isinstance(gen, DmlNode) or gen.kind != "DiagonalMatrix1" or gen.inputs[0] is not None:
+        return None  # not a generator: nothing to fold
+    to = int(node.attr("to"))
+    value = np.asarray(gen.value).astype(onnx.helper.tensor_dtype_to_np_dtype(to))
+    dml = DmlNode(node.name, None, gen.inputs[1], gen.inputs[2], standin(node.outputs[0], to), elem_type=to,
+                  value=value[()], begin=gen.begin, end=gen.end, static_shape=gen.static_shape)
+    m = Match("cast_generator", [node], {"dml": dml})
+    m.reason = lowering_reason(dml, node.outputs[0].shape, options)  # e.g. a type DirectML lacks
+    return m
+
+
+def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+    return replace_node(m.nodes[0], m.captures["dml"])  # the generator dies with its last reader
+
+
+RULE = Rule("cast_generator", ("Cast",), match, rewrite, exact="bit-exact", phase=4,
+            description="Cast(DIAGONAL_MATRIX1 generator) -> DIAGONAL_MATRIX1 generator of the cast type")

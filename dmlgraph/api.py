@@ -71,7 +71,7 @@ def match_record(m, with_reason: bool = False) -> dict:
 
 
 def optimize_graph(g: Graph, options: Options, progress=None) -> PassResult:
-    from passes import default_rules  # the one place where core and passes meet
+    from dmlgraph.passes import default_rules  # the one place where core and passes meet
     return PassManager(default_rules(options), options).run(g, progress)
 
 

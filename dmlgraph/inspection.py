@@ -396,8 +396,8 @@ def _model_stats(model: onnx.ModelProto) -> dict:
 
 
 def _rule_table(options) -> dict:
+    from dmlgraph.passes import default_rules
     from dmlgraph.rewrite import Options
-    from passes import default_rules
     table = {}
     for opts in (Options(feature_level=options.feature_level), options):
         for r in default_rules(opts):

@@ -8,8 +8,8 @@ phase 4  chain           DIAGONAL_MATRIX1 of DIAGONAL_MATRIX1 -> one node
 """
 from __future__ import annotations
 
+from dmlgraph.passes import apply, eyelike, masks, trilu
 from dmlgraph.rewrite import Options, Rule
-from passes import apply, eyelike, masks, trilu
 
 ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, masks.STORED_MASK, trilu.RULE, eyelike.RULE,
                          apply.MASK_WHERE, apply.MASK_ARITH, apply.CHAIN]

@@ -18,8 +18,8 @@ import numpy as np
 
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, Value
+from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
-from passes.common import const_value, lowering_reason, replace_node, standin
 
 INF = math.inf
 

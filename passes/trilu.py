@@ -11,8 +11,8 @@ import numpy as np
 
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
 from dmlgraph.ops import clamp_bound
+from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin, zero_of
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
-from passes.common import const_value, lowering_reason, replace_node, standin, zero_of
 
 
 def _match(graph: Graph, node: Node, options: Options) -> Match | None:

@@ -10,8 +10,8 @@ from onnx import helper as h
 
 import dmlgraph
 from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.passes import default_rules
 from dmlgraph.rewrite import Options, PassManager
-from passes import default_rules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

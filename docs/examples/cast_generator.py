@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 
 from dmlgraph.graph import DmlNode, Graph, Node
+from dmlgraph.passes.common import lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
-from passes.common import lowering_reason, replace_node, standin
 
 
 def match(graph: Graph, node: Node, options: Options) -> Match | None:

@@ -13,6 +13,7 @@ from dmlgraph.errors import DmlgraphError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
 from dmlgraph.modelfile import atomic_writer, check_model_proto, data_nbytes, load_model, save_model, tensor_nbytes
+from dmlgraph.nested import nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
 
@@ -59,20 +60,27 @@ def _value_nbytes(v) -> int:
     return tensor_nbytes(v.initializer) if n is None else n
 
 
-def node_label(n) -> dict:
-    return {"name": n.name, "op_type": n.op_type}
+def node_label(n, m=None) -> dict:
+    """A covered node; a node inside a body or function is named with its path (`If_3/then_branch/x`)."""
+    return {"name": n.name if m is None else qualified_name(m, n), "op_type": n.op_type}
 
 
 def match_record(m, with_reason: bool = False) -> dict:
-    rec = {"rule": m.rule, "nodes": [node_label(n) for n in m.nodes]}
+    rec = {"rule": m.rule, "nodes": [node_label(n, m) for n in m.nodes]}
     if with_reason:
         rec["reason"] = m.reason
     return rec
 
 
 def optimize_graph(g: Graph, options: Options, progress=None) -> PassResult:
+    """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place."""
     from dmlgraph.passes import default_rules  # the one place where core and passes meet
-    return PassManager(default_rules(options), options).run(g, progress)
+    from dmlgraph.passes.scoped import varying_masks
+
+    def flat(graph: Graph) -> PassResult:
+        return PassManager(default_rules(options), options).run(graph, progress if graph is g else None)
+
+    return optimize_nested(g, flat, varying_masks)
 
 
 @dataclass
@@ -186,7 +194,7 @@ def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, def
     feeds = {}
     for name, shape, dt in plan:
         if dt == np.bool_:
-            arr = rng.random(shape) < 0.5
+            arr = np.asarray(rng.random(shape) < 0.5)  # (a 0-d comparison gives a numpy scalar)
         elif np.issubdtype(dt, np.integer):
             arr = rng.integers(0, 4, shape).astype(dt)
         else:
@@ -318,16 +326,19 @@ def validate(path: str, options: Options | None = None, feeds: dict | None = Non
         feeds = make_inputs(original, dims, seed)
     _, lowered = load(path)
     result = optimize_graph(lowered, options)
-    tensors, outputs, exact = compare_graphs(original, lowered, feeds)
+    tensors, outputs, exact = compare_graphs(original, lowered, feeds,
+                                             all(n.exact for n in nested_dml_nodes(result)))
     return {"model": path, "inputs": {k: list(v.shape) for k, v in feeds.items()},
             "rewrites": result.counts, "exact": exact, "tensors": tensors, "outputs": outputs,
             "ok": all(r["match"] for r in tensors + outputs)}
 
 
-def compare_graphs(original: Graph, lowered: Graph, feeds: dict) -> tuple[list[dict], list[dict], bool]:
+def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: bool = True,
+                   ) -> tuple[list[dict], list[dict], bool]:
     """Run both graphs on `feeds` and compare (rows for the rewritten tensors, rows for the model
-    outputs, whether every rewrite was bit-exact). Both graphs get the rewritten tensors as extra
-    outputs: use graphs made for this call."""
+    outputs, whether every rewrite was bit-exact; `nested_exact`: whether the DML nodes inside
+    If/Loop/Scan bodies are). Both graphs get the rewritten tensors as extra outputs: use graphs
+    made for this call."""
     dml = [n for n in lowered.nodes.values() if isinstance(n, DmlNode)]
     rewritten = [n.outputs[0].name for n in dml if n.outputs[0].name in original.values]
     output_names = [v.name for v in original.outputs]
@@ -340,6 +351,8 @@ def compare_graphs(original: Graph, lowered: Graph, feeds: dict) -> tuple[list[d
     expected = Executor(original, optimize=False).run(feeds)
     got = Executor(lowered, optimize=False).run(feeds)
     exact = {n.outputs[0].name: n.exact for n in dml}
+    # (a DML node inside a body is checked through the model outputs it reaches)
+    all_exact = all(exact.values()) and nested_exact
     tensors = [_compare_one(name, expected[name], got.get(name), exact[name], False) for name in rewritten]
-    outputs = [_compare_one(name, expected[name], got.get(name), all(exact.values()), True) for name in output_names]
-    return tensors, outputs, all(exact.values())
+    outputs = [_compare_one(name, expected[name], got.get(name), all_exact, True) for name in output_names]
+    return tensors, outputs, all_exact

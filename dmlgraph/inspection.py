@@ -30,22 +30,25 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from dmlgraph import mask_census
 from dmlgraph.api import IN_MEMORY, ModelLike
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.modelfile import atomic_writer, tensor_nbytes
+from dmlgraph.nested import SCOPE, in_lowered_graph, nested_dml_nodes, qualified_name
 from dmlgraph.ops import FeatureLevel, bind_range
 
-SCHEMA = "dmlgraph.inspect/1"
+SCHEMA = "dmlgraph.inspect/2"
 PICTURE_MAX = 8           # the picture shows at most the top-left 8x8 corner of one slice
 REPRESENTATIVE_DIM = 8    # symbolic dims take this size in a representative desc / picture
 
 # Stable key sets (docs/inspect.md documents each; the tests pin them).
 TOP_KEYS = ("schema", "model", "options", "inputs", "outputs", "ops", "initializers", "candidates",
-            "declined", "totals")
-CANDIDATE_KEYS = ("id", "rule", "description", "nodes", "initializers", "lowers_to", "exact", "saves",
+            "declined", "masks", "missed", "totals")
+MASK_KEYS = ("value", "producer", "op_type", "index", "shape", "found", "status", "rule", "reason")
+CANDIDATE_KEYS = ("id", "rule", "description", "scope", "nodes", "initializers", "lowers_to", "exact", "saves",
                   "picture", "superseded_by", "in_lowered_graph")
-DECLINED_KEYS = ("rule", "nodes", "initializers", "reason")
+DECLINED_KEYS = ("rule", "scope", "nodes", "initializers", "reason")
 
 
 # ---- small helpers -----------------------------------------------------------------------------
@@ -187,9 +190,10 @@ def _header(path: str | None, model: onnx.ModelProto, top: int) -> dict:
 
 
 # ---- one candidate ---------------------------------------------------------------------------
-def _node_row(n, index: dict) -> dict:
-    """A covered node; `index` is its position in the model (None: made by an earlier rewrite)."""
-    return {"name": n.name, "op_type": n.op_type, "index": index.get(n.id)}
+def _node_row(n, index: dict, m) -> dict:
+    """A covered node; `index` is its position in the model (None: made by an earlier rewrite, or
+    inside a body or function, whose nodes are named with their path: `Loop_1/body/Trilu_2`)."""
+    return {"name": qualified_name(m, n), "op_type": n.op_type, "index": index.get(n.id)}
 
 
 def _out_shape(dml):
@@ -432,11 +436,14 @@ def analyze(source: ModelLike, options=None, top: int = 10, target: str = "dml",
     shapes = {name: (_shape(v.shape), onnx_type_name(v.elem_type) if v.elem_type else None)
               for name, v in g.initializers.items()}
     before = api.graph_stats(g)
+    sites = mask_census.take(g)
     original_dml = {n.id for n in g.nodes.values() if isinstance(n, DmlNode)}
     say(f"running rules on {before['nodes']} nodes (feature level {options.feature_level.label})")
     result = api.optimize_graph(g, options, progress)
     g.remove_dead()
     rules = _rule_table(options)
+    report["masks"] = mask_census.classify(sites, g, result)
+    report["missed"] = [r for r in report["masks"] if r["status"] == "missed"]
 
     say(f"describing {len(result.applied)} candidates")
     # What each match covers: its nodes, the constants it names, and the constants its covered nodes
@@ -456,7 +463,7 @@ def analyze(source: ModelLike, options=None, top: int = 10, target: str = "dml",
     node_cover = collections.Counter(n.id for m in result.applied for n in {x.id: x for x in m.nodes}.values())
     init_cover = collections.Counter(name for names in covered_inits for name in names)
     candidates = []
-    made_by: dict[str, int] = {}  # output value name of a candidate's DML node -> candidate id
+    made_by: dict[tuple, int] = {}  # (scope, output value name) of a candidate's DML node -> candidate id
     for i, (m, init_names) in enumerate(zip(result.applied, covered_inits), 1):
         dml = m.captures.get("dml")
         rule = rules.get(m.rule)
@@ -465,18 +472,19 @@ def analyze(source: ModelLike, options=None, top: int = 10, target: str = "dml",
                      for name in init_names]
         removed_nodes = {n.id for n in m.nodes if n.id in index and n.id not in g.nodes}
         # A later rule may absorb the DML node an earlier one made (cover it, or read its output).
+        scope = m.captures.get(SCOPE)  # (a body's names are its own: looked up within it)
         for n in m.nodes:
             reads = [v.name for v in n.inputs if v is not None] + [v.name for v in n.outputs]
             for name in reads:
-                j = made_by.get(name)
+                j = made_by.get((scope, name))
                 if j is not None and j != i and candidates[j - 1]["superseded_by"] is None:
                     candidates[j - 1]["superseded_by"] = i
         if isinstance(dml, DmlNode):
-            made_by[dml.outputs[0].name] = i
+            made_by[scope, dml.outputs[0].name] = i
         gone = [r for r in cov_inits if r["removed"]]
         cand = {
-            "id": i, "rule": m.rule, "description": rule.description if rule else "",
-            "nodes": [_node_row(n, index) for n in m.nodes],
+            "id": i, "rule": m.rule, "description": rule.description if rule else "", "scope": scope,
+            "nodes": [_node_row(n, index, m) for n in m.nodes],
             "initializers": cov_inits,
             "lowers_to": _lowers_to(dml, options.feature_level) if isinstance(dml, DmlNode) else None,
             "exact": {"bit_exact": bool(dml.exact) if isinstance(dml, DmlNode) else None,
@@ -489,11 +497,12 @@ def analyze(source: ModelLike, options=None, top: int = 10, target: str = "dml",
                       "dml_nodes_added": 1 if isinstance(dml, DmlNode) else 0},
             "picture": picture(dml) if isinstance(dml, DmlNode) else None,
             "superseded_by": None,
-            "in_lowered_graph": isinstance(dml, DmlNode) and dml.id in g.nodes,
+            "in_lowered_graph": in_lowered_graph(m, g),
         }
         candidates.append(cand)
     report["candidates"] = candidates
-    report["declined"] = [{"rule": m.rule, "nodes": [_node_row(n, index) for n in m.nodes],
+    report["declined"] = [{"rule": m.rule, "scope": m.captures.get(SCOPE),
+                           "nodes": [_node_row(n, index, m) for n in m.nodes],
                            "initializers": [{"name": name, "bytes": sizes.get(name, 0),
                                              "shape": shapes.get(name, (None, None))[0],
                                              "type": shapes.get(name, (None, None))[1]} for name in m.initializers],
@@ -518,6 +527,7 @@ def analyze(source: ModelLike, options=None, top: int = 10, target: str = "dml",
         "nodes_removed": len(removed),
         "nodes_added": exported["nodes"] - kept,
         "dml_nodes_added": sum(1 for n in dml_now if n.id not in original_dml),
+        "nested_dml_nodes": len(nested_dml_nodes(result)),
         "initializers_removed": len(gone_inits),
         "initializer_bytes_removed": sum(sizes[name] for name in gone_inits),
         "initializers_added": len(new_inits),
@@ -547,10 +557,12 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _nodes_text(nodes, inits=()) -> str:
-    """`Trilu 'name' #7` per node (#: position in the model; none for nodes an earlier rewrite made)."""
+def _nodes_text(nodes, inits=(), scope=None) -> str:
+    """`Trilu 'name' #7` per node (#: position in the model; none for nodes an earlier rewrite made,
+    nor for the nodes of a body or function, named with its path)."""
     parts = [n["op_type"] + (f" {n['name']!r}" if n["name"] else "")
-             + (f" #{n['index']}" if n.get("index") is not None else " (from an earlier rewrite)") for n in nodes]
+             + (f" #{n['index']}" if n.get("index") is not None else "" if scope else " (from an earlier rewrite)")
+             for n in nodes]
     parts += [f"constant {i['name']!r}" for i in inits]
     return ", ".join(parts) or "(none)"
 
@@ -606,8 +618,8 @@ def format_text(r: dict) -> str:
              + (", exact rewrites only" if o["exact_only"] else "")
              + f"): {len(r['candidates'])} lowered, {len(r['declined'])} declined")
     for c in r["candidates"]:
-        L.append(f"[{c['id']}] {c['rule']}: "
-                 + (_nodes_text(c["nodes"]) if c["nodes"] else _nodes_text([], c["initializers"])))
+        L.append(f"[{c['id']}] {c['rule']}" + (f" in {c['scope']}" if c["scope"] else "") + ": "
+                 + (_nodes_text(c["nodes"], (), c["scope"]) if c["nodes"] else _nodes_text([], c["initializers"])))
         if c["initializers"]:
             L.append("    constants: " + ", ".join(f"{i['name']} {_shape_text(i['shape'])} {i['type']} "
                                                    f"{_bytes(i['bytes'])}" for i in c["initializers"]))
@@ -664,7 +676,9 @@ def format_text(r: dict) -> str:
     if r["declined"]:
         L.append("declined:")
         for d in r["declined"]:
-            L.append(f"  {d['rule']}: {_nodes_text(d['nodes'], d['initializers'])}: {d['reason']}")
+            L.append(f"  {d['rule']}" + (f" in {d['scope']}" if d["scope"] else "")
+                     + f": {_nodes_text(d['nodes'], d['initializers'], d['scope'])}: {d['reason']}")
+    L += _census_text(r["masks"])
     t = r["totals"]
     L.append("")
     if t["target"] == "dml":
@@ -677,12 +691,30 @@ def format_text(r: dict) -> str:
     if t["initializers_added"]:
         adds += (f", and {_plural(t['initializers_added'], 'initializer')} "
                  f"({_bytes(t['initializer_bytes_added'])})")
+    if t["nested_dml_nodes"]:
+        adds += (f"; and {_plural(t['nested_dml_nodes'], 'DML node')} inside bodies and functions"
+                 + ("" if t["target"] == "dml" else ", written as standard ONNX nodes"))
     L.append(f"totals (target {t['target']}): optimize would remove {_plural(t['nodes_removed'], 'node')} and "
              f"{_plural(t['initializers_removed'], 'initializer')} ({_bytes(t['initializer_bytes_removed'])}), "
              f"{adds}")
     from dmlgraph.report import before_after_table
     L.append(before_after_table(t["before"], t["after"]))
     return "\n".join(L)
+
+
+def _census_text(masks: list[dict]) -> list[str]:
+    """The mask census: counts per status, then every mask that was declined or missed."""
+    counts = collections.Counter(m["status"] for m in masks)
+    L = [f"mask-like tensors: {len(masks)} ({counts['lowered']} lowered, {counts['declined']} declined, "
+         f"{counts['missed']} missed)"]
+    for m in masks:
+        if m["status"] == "lowered":
+            continue
+        where = f"{m['op_type']} {m['producer']!r}" + (f" #{m['index']}" if m["index"] is not None else "") \
+            if m["producer"] is not None else "constant"
+        L.append(f"  {m['status'].upper()} {m['value']!r} {_shape_text(m['shape'])} from {where}: {m['found']}; "
+                 f"{m['reason']}")
+    return L
 
 
 # ---- DOT ---------------------------------------------------------------------------------------
@@ -847,4 +879,8 @@ def inspect_command(args) -> int:
         text = format_text(ins.report)
         written = [f for f in (dot_file, svg_file) if f]
         print(text + ("\nwrote " + ", ".join(written) if written else ""))
+    if getattr(args, "fail_on_missed", False) and ins.report["missed"]:
+        print(f"dmlgraph: {len(ins.report['missed'])} mask-like tensor(s) neither lowered nor declined "
+              "(--fail-on-missed)", file=sys.stderr)
+        return 1
     return 0

@@ -32,7 +32,7 @@ from dmlgraph.modelfile import RAW_ITEMSIZE
 from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
 from dmlgraph.ops import bind_range
 from dmlgraph.passes.common import const_value, lowering_reason, standin
-from dmlgraph.passes.sizes import SizeBuilder, locate
+from dmlgraph.passes.sizes import Made, SizeBuilder, constant, locate
 from dmlgraph.passes.symbolic import (
     DIM_MAX,
     Analysis,
@@ -46,7 +46,6 @@ from dmlgraph.passes.symbolic import (
     sized_fill,
 )
 from dmlgraph.passes.symbolic_ops import evaluate
-from dmlgraph.process import policy
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
@@ -57,6 +56,7 @@ INDEX_OPS = SHAPE_OPS | {
     "Reshape", "Concat", "Expand", "Cast", "CastLike", "Add", "Sub", "Neg", "Abs", "Min", "Max", "Mul",
     "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor", "Where",
     "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten", "Div", "Split",
+    "DiagonalMatrix1", "GatherND",
 }
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}
@@ -74,12 +74,13 @@ def _is_zero(v) -> bool:
 
 
 def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: Value,
-              shape: Value | None, static_shape, sizes: SizeBuilder) -> DmlNode:
+              shape: Value | None, static_shape, made: Made) -> DmlNode:
     """The DmlNode producing pattern `p` into `output` (detached); a nonzero 'else' value becomes a
-    scalar input (a constant the graph holds, or a new one `sizes` collects)."""
+    scalar input (a constant the graph holds, or one added to `made`)."""
     x = None
     if not _is_zero(p.other):
-        x = sizes.constant(f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()))
+        x = constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()),
+                     made)
     begin, end = _bounds(p)
     return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,
                    static_shape=static_shape)
@@ -154,11 +155,11 @@ def _first_row_varies(v: Value, head: int = 16) -> bool:
 def _rewrite_stored(graph: Graph, m: Match, options: Options) -> Replacement:
     proto: DmlNode = m.captures["dml"]
     value = proto.outputs[0]
-    sizes = SizeBuilder(graph, [])
+    made = Made()
     node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None,
-                     proto.static_shape, sizes)
+                     proto.static_shape, made)
     old = graph.initializers[value.name] if m.initializers else m.nodes[0].outputs[0]
-    return Replacement(nodes=[node], initializers=sizes.initializers, replaces=[(old, node.outputs[0])],
+    return Replacement(nodes=[node], initializers=made.initializers, replaces=[(old, node.outputs[0])],
                        removes=list(m.nodes))
 
 
@@ -174,7 +175,10 @@ SMALL_CONSTANT = 4096  # elements: a constant vector of sizes/indices, not data
 
 
 def _eligible(n: Node) -> bool:
-    """A node whose outputs can be data-free: a deterministic standard ONNX op without subgraphs."""
+    """A node whose outputs can be data-free: a deterministic standard ONNX op without subgraphs, or a
+    mask lowered already (a band inside a bigger shape-only cone: the cone stays analysable)."""
+    if isinstance(n, DmlNode):
+        return n.kind == "DiagonalMatrix1"
     return isinstance(n, OnnxNode) and n.domain in ("", "ai.onnx") and n.op_type not in NONDETERMINISTIC \
         and not n.has_subgraph
 
@@ -257,16 +261,18 @@ class DataFree:
 
     def frontier(self) -> list[Node]:
         """Nodes whose first output is free and meets data (a consumer that is not a free ONNX
-        node, or a graph output), in graph order: the only nodes `_match_subgraph` looks further at."""
+        node, a graph output, or a read by an If/Loop/Scan body), in graph order: the only nodes
+        `_match_subgraph` looks further at."""
         g, status = self.graph, self.status
         found = []
+        read_by_bodies = g.body_reads()
         for name in status:
             v = g.values.get(name)
             p = v.producer if v is not None else None
             if p is None or p.id not in g.nodes or not p.outputs or p.outputs[0] is not v:
                 continue
-            if g.is_graph_output(v) or not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode)
-                                               for c in v.consumers):
+            if g.is_graph_output(v) or name in read_by_bodies or \
+                    not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c in v.consumers):
                 found.append(p)
         found.sort(key=lambda n: n.added)
         return found
@@ -346,11 +352,7 @@ def _address_space_headroom(extra: int):
 
     Evaluating a subgraph whose sizes shape inference could not bound (a corrupt 2^40 dim, or a
     static side we cannot see) then fails with an allocation error instead of exhausting memory.
-    Only where the process owner allowed it (`dmlgraph.process.process_wide`).
     """
-    if not policy().memory_caps:
-        yield
-        return
     try:
         import resource
         with open("/proc/self/statm") as f:
@@ -425,12 +427,20 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
             digests[v.name] = _digest(graph, v)
         return made, input_index.get(id(v)), digests.get(v.name)
 
-    node_part = tuple((n.op_type, n.domain, tuple(a.SerializeToString(deterministic=True) for a in n.attributes),
-                       tuple(ref(v) for v in n.inputs), len(n.outputs)) for n in nodes)
+    node_part = tuple((n.op_type, n.domain, _node_attributes(n), tuple(ref(v) for v in n.inputs), len(n.outputs))
+                      for n in nodes)
     input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", d) for d in v.shape))
                        for v in inputs)
     opsets = tuple(sorted((d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")))
     return node_part, input_part, (ref(target), target.elem_type or 0), opsets, graph.info.ir_version
+
+
+def _node_attributes(n: Node) -> tuple:
+    """What a node computes besides its inputs: an ONNX node's attributes, a DML node's fill."""
+    if isinstance(n, DmlNode):
+        return (n.kind, n.elem_type, np.asarray(n.value).tobytes(), n.begin, n.end, n.static_shape)
+    assert isinstance(n, OnnxNode)
+    return tuple(a.SerializeToString(deterministic=True) for a in n.attributes)
 
 
 # A mask subgraph is proven by evaluating it, which materializes the mask (and onnxruntime's int64
@@ -478,15 +488,15 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         return None
     target = node.outputs[0]
     # Only the frontier: where a data-free value meets data (or leaves the graph).
-    if not graph.is_graph_output(target) and all(c.outputs and df.is_free(c.outputs[0]) and
-                                                 isinstance(c, OnnxNode) for c in target.consumers):
+    if not graph.is_graph_output(target) and target.name not in graph.body_reads() and \
+            all(c.outputs and df.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c in target.consumers):
         return None
     if target.shape is not None and len(target.shape) < 2:
         return None
     nodes, inputs = _ancestors(target)
-    if any(isinstance(n, DmlNode) for n in nodes) or not (any(n.op_type in MASK_OPS for n in nodes) or
-                                                           _reads_stored_matrix(graph, nodes)):
-        return None  # already lowered, or no mask-making op nor stored matrix: not a mask (weights, reshapes)
+    if not (any(n.op_type in MASK_OPS or isinstance(n, DmlNode) for n in nodes) or
+            _reads_stored_matrix(graph, nodes)):
+        return None  # no mask-making op, lowered mask nor stored matrix: not a mask (weights, reshapes)
     m = Match("mask_subgraph", nodes)
     symbolic = sorted({d for v in inputs for d in (v.shape or ()) if not isinstance(d, int)}, key=str)
     if any(v.shape is None or None in v.shape for v in inputs):
@@ -499,14 +509,42 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if verdict is None:
         verdict = verdicts[signature] = _verdict(graph, nodes, inputs, target, symbolic, df)
     if verdict[0] == "none":
-        return None
+        m.reason = _no_band_reason(nodes, target)
+        return m if m.reason else None
     if verdict[0] == "decline":
         m.reason = verdict[1]
         return m
     if verdict[0] == "symbolic":
         return _finish_sized(graph, m, target, verdict[1], inputs, options)
+    if verdict[0] == "inner":
+        pos, i, fill = verdict[1][0]
+        inner = nodes[pos].outputs[i]
+        inner_nodes, inner_inputs = _ancestors(inner)
+        return _finish_sized(graph, Match("mask_subgraph", inner_nodes), inner, fill, inner_inputs, options)
     _, p, sample, _ = verdict
     return _finish(graph, m, target, p, sample, None, options)
+
+
+COMPARING_OPS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Trilu", "EyeLike"}
+
+
+def _makes_mask(n: Node) -> bool:
+    """A comparison, Trilu or EyeLike over a matrix, or a mask lowered already."""
+    return isinstance(n, DmlNode) or (n.op_type in COMPARING_OPS and (n.outputs[0].shape is None or
+                                                                     len(n.outputs[0].shape) >= 2))
+
+
+def _no_band_reason(nodes: list[Node], target: Value) -> str | None:
+    """Why a shape-only mask (a comparison, Trilu or EyeLike in its cone) is not lowered, so that
+    `inspect` lists it as declined instead of passing over it; None for other shape-only values
+    (rotary tables, position ids), which are no masks."""
+    if not any(_makes_mask(n) for n in nodes):
+        return None  # (a 1-D Equal is shape plumbing: TorchScript's "-1 means keep" of expand)
+    outside = next((n for n in nodes if n.op_type not in INDEX_OPS), None)
+    if outside is not None:
+        return (f"its cone uses {outside.op_type} {outside.name!r}, which the size analysis does not cover, so no "
+                "band can be proved for every size")
+    return "it is not one band: one value everywhere, or not one diagonal fill"
 
 
 def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str],
@@ -516,9 +554,11 @@ def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value
     size by `dmlgraph.passes.symbolic`), ("decline", reason) or ("none",) (not a mask). Everything it reads
     is in the subgraph's `_signature`."""
     if symbolic:
-        if not df.index_only(target):
-            return ("none",)  # data-free but not an index computation (weights reshaped by sizes...)
-        return _symbolic_verdict(graph, nodes, inputs, target, max_dim)
+        verdict = _symbolic_verdict(graph, nodes, inputs, target, max_dim)
+        if df.index_only(target) or verdict[0] == "inner" or \
+                (verdict[0] == "decline" and any(_makes_mask(n) for n in nodes)):
+            return verdict
+        return ("none",)  # data-free, not an index computation (weights reshaped by sizes...), no band inside
     too_big = _too_big_to_evaluate(graph, nodes, inputs, target)
     if too_big:
         return "decline", too_big
@@ -547,22 +587,45 @@ def _only_indices(v: Value) -> bool:
 
 def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, max_dim: int) -> tuple:
     an = Analysis(max_dim)
+    env: dict = {}
     try:
-        value = evaluate(an, nodes, inputs, target, lambda v: const_value(graph, v))
+        value = evaluate(an, nodes, inputs, target, lambda v: const_value(graph, v), env)
     except NotAMask:
-        return ("none",)
+        return _inner_bands(an, nodes, env) or ("none",)
     except Unprovable as e:
         if _only_indices(target):
-            return ("none",)  # positions to gather data by (a padding lookup), not a mask
-        return "decline", f"not proved a band at every size: {e}"
+            return _inner_bands(an, nodes, env) or ("none",)  # a padding lookup's positions, not a mask
+        return _inner_bands(an, nodes, env) or ("decline", f"not proved a band at every size: {e}")
     if isinstance(value, Opaque) and value.why:
-        return "decline", f"not proved a band at every size: {value.why}"
+        return _inner_bands(an, nodes, env) or ("decline", f"not proved a band at every size: {value.why}")
     if not isinstance(value, Band) or len(value.values) < 2 or len(value.shape) < 2:
-        return ("none",)
+        return _inner_bands(an, nodes, env) or ("none",)
     fill = sized_fill(value, an.derived)
     if isinstance(fill, str):
         return "decline", fill
     return "symbolic", fill
+
+
+def _inner_bands(an: Analysis, nodes: list[Node], env: dict) -> tuple | None:
+    """("inner", [(node position, output index, fill)]) for the bands inside a cone that is not one
+    (T5 compares relative positions into a band, then buckets them): each band whose consumers stop
+    being bands, so it is lowered on its own and the rest of the cone reads it."""
+    found = []
+    for pos, n in enumerate(nodes):
+        if isinstance(n, DmlNode):
+            continue  # lowered already
+        for i, v in enumerate(n.outputs):
+            b = env.get(v.name)
+            if not isinstance(b, Band) or len(b.values) < 2 or len(b.shape) < 2:
+                continue
+            readers = [c for c in v.consumers if c in nodes]
+            if readers and all(isinstance(env.get(c.outputs[0].name), Band) and
+                               len(env[c.outputs[0].name].values) > 1 for c in readers):
+                continue  # a step inside a bigger band
+            fill = sized_fill(b, an.derived)
+            if not isinstance(fill, str):
+                found.append((pos, i, fill))
+    return ("inner", found) if found else None
 
 
 def _finish(graph, m, target, p, arr, sources, options) -> Match:
@@ -585,8 +648,7 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
     dims = [d.const if isinstance(d, Lin) and d.is_const else None for d in fill.shape]
     static = tuple(dims) if None not in dims else None
     dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type,
-                  value=fill.value,
-                  begin=fill.begin, end=fill.end, static_shape=static)
+                  value=fill.value, begin=fill.begin, end=fill.end, static_shape=static)
     m.captures.update(dml=dml, fill=fill, inputs=inputs, bounds=fill.bound_text(str))
     derived = {n: e for n, e, _ in fill.derived}
     unread = sorted({s for e in fill.sizes() + list(derived.values()) for s, _ in e.terms
@@ -601,24 +663,24 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
 def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
     proto: DmlNode = m.captures["dml"]
     target = proto.outputs[0]
-    old = graph.values[target.name]  # (`target` is the match's detached stand-in for it)
     fill: SizedFill | None = m.captures.get("fill")
+    made = Made()
+    old = graph.values[target.name]
     if fill is None:  # evaluated at its one static size
-        sizes = SizeBuilder(graph, [])
-        target.shape = proto.static_shape
-        node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, None, proto.static_shape,
-                         sizes)
+        target.shape = proto.static_shape  # (`target` is the match's detached stand-in, not the graph's value)
+        node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, None,
+                         proto.static_shape, made)
     else:
-        sizes = SizeBuilder(graph, m.captures["inputs"], {n: (e, k) for n, e, k in fill.derived})
+        sizes = SizeBuilder(graph, m.captures["inputs"], made, {n: (e, k) for n, e, k in fill.derived})
         shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
         k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
         # What we proved about the sizes beats what shape inference guessed (often unk__N names).
         target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
-        x = None if _is_zero(fill.other) else \
-            sizes.constant(f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()))
-        node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value, begin=fill.begin,
-                       end=fill.end, static_shape=proto.static_shape)
-    return Replacement(nodes=[*sizes.made, node], initializers=sizes.initializers,
+        x = None if _is_zero(fill.other) else constant(
+            graph, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()), made)
+        node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value,
+                       begin=fill.begin, end=fill.end, static_shape=proto.static_shape)
+    return Replacement(nodes=[*made.nodes, node], initializers=made.initializers,
                        replaces=[(old, node.outputs[0])], removes=[old.producer])
 
 

@@ -8,6 +8,7 @@ optimizing a portable export again reproduces the same graph.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -20,23 +21,43 @@ from dmlgraph.passes.symbolic import Clamp, Dim, Lin, Symbol
 from dmlgraph.rewrite import detached, detached_constant
 
 
-def constant(graph: Graph, name: str, arr: np.ndarray) -> Value | None:
-    """The initializer `name` (or one made earlier under that name) if it holds exactly `arr`."""
-    # Each rewrite asks again for the same few: (initializer, its tensor, its array) by request.
-    found: dict[tuple, tuple[Value, object, object]] = graph.scratch.setdefault("constants", {})
+@dataclass
+class Made:
+    """What one replacement creates besides its generator: new constants and size nodes (detached:
+    the rewriter adds them), each made once (a second request in the same replacement finds it)."""
+
+    initializers: list[Value] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    constants: dict[tuple, Value] = field(default_factory=dict)
+    plumbing: dict[tuple, Node] = field(default_factory=dict)
+
+
+def constant(graph: Graph, name: str, arr: np.ndarray, made: Made) -> Value:
+    """The initializer `name` if it already holds exactly `arr`, else a new one (added to `made`)."""
+    found = graph.scratch.setdefault("constants", {})  # each rewrite asks again for the same few
     key = (name, arr.dtype.str, arr.shape, arr.tobytes())
+    if key in made.constants:
+        return made.constants[key]
     hit = found.get(key)
     if hit is not None:
-        held, tensor, array = hit
-        if graph.initializers.get(held.name) is held and held.initializer is tensor and held.array is array:
-            return held  # (still that initializer, holding what it held)
+        v, tensor, array = hit
+        if graph.initializers.get(v.name) is v and v.initializer is tensor and v.array is array:
+            return v  # (still that initializer, holding what it held)
     v = graph.initializers.get(name)
     if v is None or v.name in graph.overridable_inputs:
-        return None
-    old = const_value(graph, v)
-    if old is None or not bitwise_equal(np.asarray(old), arr):
-        return None
+        v = _new_constant(name, arr, made)
+    else:
+        old = const_value(graph, v)
+        if old is None or not bitwise_equal(np.asarray(old), arr):
+            v = _new_constant(name, arr, made)
+    made.constants[key] = v
     found[key] = (v, v.initializer, v.array)
+    return v
+
+
+def _new_constant(name: str, arr: np.ndarray, made: Made) -> Value:
+    v = detached_constant(name, arr)
+    made.initializers.append(v)
     return v
 
 
@@ -59,11 +80,11 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
     index = graph.scratch.get("size_plumbing")
     if index is None:
         index = graph.scratch["size_plumbing"] = {}
-        for node in graph.nodes.values():
-            if isinstance(node, OnnxNode) and _plumbing(node):
-                index.setdefault(_plumbing_key(node.op_type, node.inputs, node.attributes), node)
+        for n in graph.nodes.values():
+            if _plumbing(n):
+                index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)
     key = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
-    n: Node | None = index.get(key)
+    n = index.get(key)
     if n is None:
         return None
     # (A node's op type and attributes never change after it is made: its inputs may.)
@@ -78,7 +99,7 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
 
 
 def _computes(graph: Graph, n: Node, inputs: list[Value], key: tuple) -> bool:
-    return isinstance(n, OnnxNode) and n.id in graph.nodes and _plumbing(n) and n.inputs == inputs \
+    return n.id in graph.nodes and _plumbing(n) and n.inputs == inputs \
         and _plumbing_key(n.op_type, n.inputs, n.attributes) == key
 
 
@@ -100,30 +121,16 @@ def locate(graph: Graph, inputs: Sequence[Value], name: Symbol) -> tuple[Value, 
 class SizeBuilder:
     """Makes (or finds) the nodes computing size expressions over the shapes of the graph's values.
 
-    Symbols are dim names, read from `inputs` (or the graph's inputs). It only reads the graph:
-    `made` collects the new nodes (in dependency order) and `initializers` the new constants, for
-    a rule's Replacement; what one builder made it reuses itself.
+    Symbols are dim names, read from `inputs` (or the graph's inputs). New nodes and constants go
+    to `made`, detached: the rewriter adds them with the generator.
     """
 
-    def __init__(self, graph: Graph, inputs: Sequence[Value], derived: dict[Symbol, tuple[Lin, int]] | None = None):
+    def __init__(self, graph: Graph, inputs: Sequence[Value], made: Made,
+                 derived: dict[Symbol, tuple[Lin, int]] | None = None):
         self.graph = graph
         self.inputs = list(inputs)
+        self.made = made
         self.derived = derived or {}  # symbols standing for e // k
-        self.made: list[Node] = []
-        self.initializers: list[Value] = []
-        self._constants: dict[tuple, Value] = {}
-        self._plumbing: dict[tuple, Node] = {}
-
-    def constant(self, name: str, arr: np.ndarray) -> Value:
-        """The initializer `name` if it already holds exactly `arr`, else a new one (collected)."""
-        key = (name, arr.dtype.str, arr.shape, arr.tobytes())
-        v = self._constants.get(key) or constant(self.graph, name, arr)
-        if v is None:
-            v = detached_constant(name, arr)
-            self.initializers.append(v)
-            self.graph.scratch.setdefault("constants", {})[key] = (v, v.initializer, v.array)
-        self._constants[key] = v
-        return v
 
     def vector(self, dims: Sequence[Dim], hint: str) -> Value:
         """A 1-D int64 tensor holding every dim: the output shape."""
@@ -134,7 +141,7 @@ class SizeBuilder:
         """A 0-D int64 tensor holding e: the run-time shift of a mask's bounds."""
         def make(chain: list) -> Value:
             one = self.dim(e, chain)
-            empty = self.constant("dmlgraph__scalar_shape", np.zeros(0, np.int64))
+            empty = constant(self.graph, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
             return self._node("Reshape", [one, empty], f"{hint}__shift", chain, shape=())
         return self._cached(("scalar", self._key(e)), make)
 
@@ -175,11 +182,12 @@ class SizeBuilder:
         assert found is not None, f"no input has a dim named {sym!r} (checked when matched)"
         v, axis = found
         shape = self._node("Shape", [v], f"{v.name}__shape", chain, shape=(len(v.shape or ()),))
-        idx = self.constant(f"dmlgraph__axis{axis}", np.array([axis], np.int64))
+        idx = constant(self.graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64), self.made)
         return self._node("Gather", [shape, idx], f"{v.name}__dim{axis}", chain, axis=0, shape=(1,))
 
     def _const(self, c: int) -> Value:
-        return self.constant(f"dmlgraph__size{c}" if c >= 0 else f"dmlgraph__size_neg{-c}", np.array([c], np.int64))
+        return constant(self.graph, f"dmlgraph__size{c}" if c >= 0 else f"dmlgraph__size_neg{-c}",
+                        np.array([c], np.int64), self.made)
 
     def _key(self, d: Dim) -> tuple:
         def lin(e: Lin) -> tuple:
@@ -207,21 +215,19 @@ class SizeBuilder:
 
     def _node(self, op_type: str, inputs: list[Value], name_hint: str, chain: list, axis: int | None = None,
               shape: tuple | None = None) -> Value:
-        plumbing = op_type in _PLUMBING_OPS
-        pkey = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),)) if plumbing else None
-        n = self._plumbing.get(pkey) if pkey is not None else None
-        if n is None:
-            out = _existing(self.graph, op_type, inputs, axis) if plumbing else None
-            if out is None:
-                out = detached(name_hint, TensorProto.INT64, shape)
-                attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
-                n = OnnxNode(name_hint, op_type, inputs, [out], attrs)  # named by what it makes
-                self.made.append(n)
-                if pkey is not None:
-                    self._plumbing[pkey] = n
-                    self.graph.scratch.setdefault("size_plumbing", {})[pkey] = n
-            else:
-                assert out.producer is not None
-                n = out.producer
+        attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
+        key = _plumbing_key(op_type, inputs, attrs)
+        n = self.made.plumbing.get(key)
+        out = n.outputs[0] if n is not None else \
+            _existing(self.graph, op_type, inputs, axis) if op_type in _PLUMBING_OPS else None
+        if out is None:
+            out = detached(name_hint, TensorProto.INT64, shape)
+            n = OnnxNode(name_hint, op_type, inputs, [out], attrs)  # named by what it makes
+            self.made.plumbing[key] = n
+            if op_type in _PLUMBING_OPS:
+                self.graph.scratch.setdefault("size_plumbing", {})[key] = n
+            self.made.nodes.append(n)
+        n = n if n is not None else out.producer
+        assert n is not None
         chain.append((n, list(n.inputs)))
-        return n.outputs[0]
+        return out

@@ -27,7 +27,7 @@ with warnings.catch_warnings():  # other ops' case generators warn about their o
     CASES = [c for c in collect_testcases(None) if c.name.startswith(("test_tril", "test_triu", "test_eyelike"))]
 
 # The documented key sets (docs/inspect.md). Changing one is a schema change: bump SCHEMA.
-TOP = {"schema", "model", "options", "inputs", "outputs", "ops", "initializers", "candidates", "declined",
+TOP = {"schema", "model", "options", "inputs", "outputs", "ops", "initializers", "candidates", "declined", "masks", "missed",
        "totals"}
 MODEL = {"path", "file_bytes", "ir_version", "opset_imports", "producer_name", "producer_version", "graph_name",
          "nodes", "external_data_files", "external_data_bytes"}
@@ -35,7 +35,7 @@ OPTIONS = {"feature_level", "target", "exact_only", "top"}
 VALUE = {"name", "type", "shape"}
 INITS = {"count", "bytes", "inline_count", "external_count", "external_bytes", "top"}
 INIT_ROW = {"name", "shape", "type", "bytes", "storage", "location"}
-CANDIDATE = {"id", "rule", "description", "nodes", "initializers", "lowers_to", "exact", "saves", "picture",
+CANDIDATE = {"id", "rule", "description", "scope", "nodes", "initializers", "lowers_to", "exact", "saves", "picture",
              "superseded_by", "in_lowered_graph"}
 NODE = {"name", "op_type", "index"}
 COVERED_INIT = {"name", "bytes", "shape", "type", "removed"}
@@ -47,9 +47,10 @@ BUFFER = {"data_type", "flags", "sizes", "strides", "total_bytes", "alignment"}
 EXACT = {"bit_exact", "rule"}
 SAVES = {"nodes", "shared_nodes", "initializers", "initializer_bytes", "shared_initializer_bytes", "dml_nodes_added"}
 PICTURE = {"rows", "height", "width", "of", "representative", "k", "runtime_k", "begin", "end", "legend"}
-DECLINED = {"rule", "nodes", "initializers", "reason"}
+DECLINED = {"rule", "scope", "nodes", "initializers", "reason"}
+MASK = {"value", "producer", "op_type", "index", "shape", "found", "status", "rule", "reason"}
 TOTALS = {"target", "feature_level", "candidates", "declined", "rewrites", "nodes_removed", "nodes_added",
-          "dml_nodes_added", "initializers_removed", "initializer_bytes_removed", "initializers_added",
+          "dml_nodes_added", "nested_dml_nodes", "initializers_removed", "initializer_bytes_removed", "initializers_added",
           "initializer_bytes_added", "before", "after"}
 STATS = {"nodes", "ops", "initializers", "initializer_bytes", "constant_bytes", "file_bytes"}
 
@@ -94,6 +95,8 @@ def check_keys(r: dict) -> None:
         if desc is not None and desc["operator"] == "DIAGONAL_MATRIX1":
             assert set(desc) == DESC1 and set(desc["output"]) == BUFFER
             assert desc["input"] is None or set(desc["input"]) == BUFFER
+    assert all(set(m) == MASK for m in r["masks"])
+    assert r["missed"] == [m for m in r["masks"] if m["status"] == "missed"]
     for d in r["declined"]:
         assert set(d) == DECLINED
         assert all(set(n) == NODE for n in d["nodes"])

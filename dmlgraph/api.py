@@ -12,10 +12,11 @@ from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
-from dmlgraph.modelfile import atomic_writer, check_model_proto, data_nbytes, load_model, save_model, tensor_nbytes
+from dmlgraph.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes
 from dmlgraph.nested import nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
+from dmlgraph.saving import atomic_writer, save_model
 
 ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
 IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelProto

@@ -34,9 +34,10 @@ from dmlgraph import mask_census
 from dmlgraph.api import IN_MEMORY, ModelLike
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.modelfile import atomic_writer, tensor_nbytes
+from dmlgraph.modelfile import tensor_nbytes
 from dmlgraph.nested import SCOPE, in_lowered_graph, nested_dml_nodes, qualified_name
 from dmlgraph.ops import FeatureLevel, bind_range
+from dmlgraph.saving import atomic_writer
 
 SCHEMA = "dmlgraph.inspect/2"
 PICTURE_MAX = 8           # the picture shows at most the top-left 8x8 corner of one slice

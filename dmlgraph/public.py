@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from dmlgraph import api, modelfile
+from dmlgraph import api, saving
 from dmlgraph.api import ModelLike
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.modelfile import without_weights
@@ -83,7 +83,7 @@ class OptimizeResult:
         self.check()
         out = os.fspath(path)
         base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
-        modelfile.save_model(self.model, out, input_path=self.source, in_place=in_place, base_dir=base_dir)
+        saving.save_model(self.model, out, input_path=self.source, in_place=in_place, base_dir=base_dir)
         return os.path.getsize(out)
 
     def to_json(self) -> str:

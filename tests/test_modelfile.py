@@ -11,9 +11,10 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import modelfile
+from dmlgraph import modelfile, saving
 from dmlgraph.errors import ModelError
-from dmlgraph.modelfile import load_model, read_tensor, save_model, tensor_nbytes
+from dmlgraph.modelfile import load_model, read_tensor, tensor_nbytes
+from dmlgraph.saving import save_model
 
 
 def make_model(nodes=None, inits=None, inputs=None, outputs=None, **graph_kw) -> onnx.ModelProto:
@@ -347,7 +348,7 @@ def test_save_failure_mid_write_leaves_prior_output(tmp_path, monkeypatch):
         f.write(data[: len(data) // 2])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(modelfile, "_write_bytes", half_then_fail)
+    monkeypatch.setattr(saving, "_write_bytes", half_then_fail)
     other = make_model(nodes=[h.make_node("Identity", ["x"], ["y"])], inits=[])
     with pytest.raises(ModelError, match="No space left"):
         save_model(other, out)
@@ -443,7 +444,7 @@ def test_in_place_rewrite_of_external_model(tmp_path):
 
 def test_external_data_chosen_by_size(tmp_path, monkeypatch):
     m, w, _ = _big_model()
-    monkeypatch.setattr(modelfile, "_EXTERNAL_THRESHOLD", 1000)
+    monkeypatch.setattr(saving, "_EXTERNAL_THRESHOLD", 1000)
     save_model(m, tmp_path / "auto.onnx")
     assert (tmp_path / "auto.onnx.data").stat().st_size == w.nbytes
     with pytest.raises(ModelError, match="external data"):

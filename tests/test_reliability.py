@@ -31,7 +31,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import api, cli, modelfile
+from dmlgraph import api, cli, saving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAUSAL = os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")
@@ -495,12 +495,12 @@ def test_every_command_leaves_the_input_untouched(tmp_path, capsys):
 
 def _fail_write(monkeypatch, after_bytes=10):
     """Make modelfile's write seam fail after `after_bytes` bytes reached the temp file."""
-    real = modelfile._write_bytes
+    real = saving._write_bytes
 
     def broken(f, data):
         real(f, data[:after_bytes])
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(modelfile, "_write_bytes", broken)
+    monkeypatch.setattr(saving, "_write_bytes", broken)
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["new_output", "existing_output"])
@@ -526,7 +526,7 @@ def test_optimize_serialization_failure_leaves_nothing(tmp_path, capsys, monkeyp
     path = _copy_causal(str(tmp_path))
     (tmp_path / "o.onnx").write_bytes(b"previous output")
     before = tree_digest(tmp_path)
-    real_save = modelfile.save_model
+    real_save = saving.save_model
 
     def save_with_broken_serializer(*a, **k):
         def boom(self, *args, **kwargs):
@@ -534,7 +534,7 @@ def test_optimize_serialization_failure_leaves_nothing(tmp_path, capsys, monkeyp
         with monkeypatch.context() as m:
             m.setattr(onnx.ModelProto, "SerializeToString", boom)
             return real_save(*a, **k)
-    monkeypatch.setattr(modelfile, "save_model", save_with_broken_serializer)
+    monkeypatch.setattr(saving, "save_model", save_with_broken_serializer)
     code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx"], capsys)
     assert_clean_error(code, o, e, "cannot serialize", "serialization exploded")
     assert tree_digest(tmp_path) == before
@@ -547,7 +547,7 @@ def test_optimize_interrupted_mid_write_leaves_nothing(tmp_path, capsys, monkeyp
     def interrupted(f, data):
         f.write(data[:5])
         raise KeyboardInterrupt
-    monkeypatch.setattr(modelfile, "_write_bytes", interrupted)
+    monkeypatch.setattr(saving, "_write_bytes", interrupted)
     code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx"], capsys)
     assert code == 130 and "Traceback" not in o + e
     assert tree_digest(tmp_path) == before

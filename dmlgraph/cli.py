@@ -93,7 +93,7 @@ def cmd_validate(args) -> int:
 
 def cmd_inspect(args) -> int:
     from dmlgraph import api
-    from dmlgraph.inspection import inspect_command
+    from dmlgraph.inspection_render import inspect_command
     for flag, out in (("--dot", args.dot), ("--svg", args.svg)):
         if out:  # `--dot model.onnx` must not replace the model
             api.check_output_path(out, args.model, f"the {flag} output")

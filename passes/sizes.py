@@ -61,7 +61,7 @@ def _new_constant(name: str, arr: np.ndarray, made: Made) -> Value:
     return v
 
 
-_PLUMBING_OPS = ("Shape", "Gather", "Concat")
+_PLUMBING_OPS = ("Shape", "Gather", "Concat", "Reshape", "Add", "Sub", "Mul", "Neg", "Min", "Max", "Div")
 
 
 def _plumbing_key(op_type: str, inputs, attributes) -> tuple:
@@ -142,7 +142,7 @@ class SizeBuilder:
         def make(chain: list) -> Value:
             one = self.dim(e, chain)
             empty = constant(self.graph, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
-            return self._node("Reshape", [one, empty], f"{hint}__shift", chain, shape=())
+            return self._node("Reshape", [one, empty], f"{one.name}__scalar", chain, shape=())
         return self._cached(("scalar", self._key(e)), make)
 
     def dim(self, d: Dim, chain: list) -> Value:

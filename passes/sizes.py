@@ -1,7 +1,7 @@
 """Sizes at run time: ONNX nodes computing a mask's output shape and bound shift from the inputs' shapes.
 
 A lowered mask whose sizes vary reads them where the original did: `Shape(input)[axis]`, combined
-by the integer affine expressions `passes.symbolic` proved (`past + 1`, `min(T, 64)`). Nodes the
+by the integer affine expressions `dmlgraph.passes.symbolic` proved (`past + 1`, `min(T, 64)`). Nodes the
 graph already has (Shape/Gather/Concat of the same values) are reused, and so are the nodes made
 for an earlier copy of the same mask, so a model's per-layer masks share one set of size nodes and
 optimizing a portable export again reproduces the same graph.
@@ -16,9 +16,9 @@ from onnx import TensorProto, helper
 
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import Graph, Node, OnnxNode, Value
+from dmlgraph.passes.common import const_value
+from dmlgraph.passes.symbolic import Clamp, Difference, Dim, Lin, Symbol
 from dmlgraph.rewrite import detached, detached_constant
-from passes.common import const_value
-from passes.symbolic import Clamp, Difference, Dim, Lin, Symbol
 
 
 @dataclass

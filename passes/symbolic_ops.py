@@ -1,4 +1,4 @@
-"""ONNX operator semantics over the exact symbolic values of `passes.symbolic`.
+"""ONNX operator semantics over the exact symbolic values of `dmlgraph.passes.symbolic`.
 
 One function per op family, registered in `HANDLERS` (rules as data): each takes the analysis, the
 node and its input values and returns its output values, or raises `Unprovable` saying what it
@@ -17,10 +17,31 @@ from onnx import helper
 from dmlgraph.band import analyze_band
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.graph import DmlNode, Node, OnnxNode, Value
-from passes.symbolic import (
-    BOOL, INT64, SMALL_ELEMENTS, AbsOf, AbstractValue, Affine, Analysis, Band, Clamp, Difference, Dim, Elems, Lin,
-    NotAMask, Opaque, Stack,
-    Unprovable, _int_of, _same, _scalar, as_lin, make_clamp, parse_dim, shape_of,
+from dmlgraph.passes.symbolic import (
+    BOOL,
+    INT64,
+    SMALL_ELEMENTS,
+    AbsOf,
+    AbstractValue,
+    Affine,
+    Analysis,
+    Band,
+    Clamp,
+    Difference,
+    Dim,
+    Elems,
+    Lin,
+    NotAMask,
+    Opaque,
+    Stack,
+    Unprovable,
+    _int_of,
+    _same,
+    _scalar,
+    as_lin,
+    make_clamp,
+    parse_dim,
+    shape_of,
 )
 
 Handler = Callable[[Analysis, OnnxNode, list], list]

@@ -205,5 +205,5 @@ def test_a_feed_of_the_wrong_shape_still_gets_the_simple_paths_error():
     g = lowered(_eye_of_input_model())
     ex = Executor(g)
     ex.run({"x": np.zeros((2, 2), np.float32)})
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whichever error: the point is it raises
         ex.run({"y": np.zeros((2, 2), np.float32)})

@@ -40,7 +40,9 @@ def _register_schemas() -> None:
     AT = onnx.defs.OpSchema.AttrType
     common_inputs = [P("X", "T", "input (broadcast to the output)", param_option=opt),
                      P("shape", "tensor(int64)", "output sizes, when not static", param_option=opt),
-                     P("k", "tensor(int64)", "run-time shift of the bounded ends", param_option=opt)]
+                     P("k", "tensor(int64)", "one int64 added to each bounded end (begin/end) when the node runs: "
+                       "Trilu's run-time k, or the part of Begin/End that moves with the sizes (a KV-cache "
+                       "mask's past length, computed from shapes with standard ops)", param_option=opt)]
     outputs = [P("Y", "T", "output")]
     types = [("T", _T_ALL, "DML data types; bool is carried as UINT8")]
     onnx.defs.register_schema(onnx.defs.OpSchema(

@@ -155,6 +155,8 @@ class Rewriter:
                     outs[i] = standin[id(out)]
                 else:
                     self._adopt(out)
+            if isinstance(n, OnnxNode) and not n.name:
+                n.name = n.outputs[0].name  # named by what it makes, once its output's name is unique
             n.rule = n.rule or r.rule
             g.add_node(n)
         if not self._dirty:  # (else the next walk finds what became dead all at once: cheaper)

@@ -227,7 +227,7 @@ class SizeBuilder:
             _existing(self.graph, op_type, inputs, axis) if op_type in _PLUMBING_OPS else None
         if out is None:
             out = detached(name_hint, TensorProto.INT64, shape)
-            n = OnnxNode(name_hint, op_type, inputs, [out], attrs)  # named by what it makes
+            n = OnnxNode("", op_type, inputs, [out], attrs)  # the rewriter names it after its output
             self.made.plumbing[key] = n
             if op_type in _PLUMBING_OPS:
                 self.graph.scratch.setdefault("size_plumbing", {})[key] = n

@@ -253,18 +253,16 @@ class Band:
 
 
 @dataclass(frozen=True)
-class AbsOf:
-    """|x| of an index grid that changes sign: only compared with a bound (|j - i| <= w is a band)."""
+class Pieces:
+    """An integer-valued tensor that is a different index grid on each run of diagonals: pieces[k]
+    holds where breaks[k-1] <= j - i < breaks[k]. Min/Max/Abs of grids whose difference runs along
+    the diagonals make it (T5's -min(relative_position, 0); |j - i|), and a comparison of it with a
+    bound is a band again."""
 
-    of: Affine
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.of.dtype
-
-    @property
-    def shape(self) -> tuple[Dim, ...]:
-        return self.of.shape
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+    breaks: tuple[Lin, ...]
+    pieces: tuple[Affine, ...]
 
 
 @dataclass(frozen=True)
@@ -277,7 +275,7 @@ class Stack:
     parts: tuple[Affine, ...]
 
 
-AbstractValue = Union[Opaque, Elems, Affine, Band, AbsOf, Stack]
+AbstractValue = Union[Opaque, Elems, Affine, Band, Pieces, Stack]
 
 
 def shape_of(v: AbstractValue) -> tuple[Dim, ...]:

@@ -21,7 +21,6 @@ from dmlgraph.passes.symbolic import (
     BOOL,
     INT64,
     SMALL_ELEMENTS,
-    AbsOf,
     AbstractValue,
     Affine,
     Analysis,
@@ -33,6 +32,7 @@ from dmlgraph.passes.symbolic import (
     Lin,
     NotAMask,
     Opaque,
+    Pieces,
     Stack,
     Unprovable,
     _int_of,
@@ -356,6 +356,8 @@ def _cast_scalar(x: object, dtype: np.dtype) -> object:
 
 
 def cast(an: Analysis, v: AbstractValue, dtype: np.dtype) -> AbstractValue:
+    if isinstance(v, Pieces) and dtype.kind in "iuf":
+        return _map_pieces(an, v, lambda p: cast(an, p, dtype))
     if isinstance(v, Opaque):
         return Opaque(dtype, v.shape, v.why)
     if isinstance(v, Band):
@@ -542,6 +544,13 @@ def _binary(an: Analysis, n: OnnxNode, ins: list) -> list:
     vs = [v for v in ins if v is not None]
     if any(isinstance(v, Opaque) for v in vs):
         raise Unprovable("arithmetic on data")
+    if any(isinstance(v, Pieces) for v in vs):
+        if len(vs) != 2 or n.op_type not in _AFFINE_BINARY or all(isinstance(v, Pieces) for v in vs):
+            raise Unprovable(f"{n.op_type} of a piecewise index grid")
+        fn = _AFFINE_BINARY[n.op_type]
+        if isinstance(vs[0], Pieces):
+            return [_map_pieces(an, vs[0], lambda p: fn(an, p, vs[1]))]
+        return [_map_pieces(an, vs[1], lambda p: fn(an, vs[0], p))]
     if any(_is_piecewise(an, v) for v in vs):
         fn = _NUMPY_BINARY[n.op_type]
         out = vs[0]
@@ -582,11 +591,20 @@ def _min_max(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> Abstr
         a_larger = lo >= 0
         pick = (y if a_larger else x) if op == "Min" else (x if a_larger else y)
         return an.expand_affine(pick, an.broadcast(x.shape, y.shape))
-    raise Unprovable(f"{op} of two index grids whose order varies: not affine")
+    # Their order changes along the diagonals: x on one side of the crossing, y on the other.
+    shape = an.broadcast(x.shape, y.shape)
+    below = an.compare(diff, "<", f"{op} of two index grids")  # where x < y
+    if len(below.breaks) != 1:
+        raise Unprovable(f"{op} of two index grids whose order varies other than along the diagonals")
+    x, y = an.expand_affine(x, shape), an.expand_affine(y, shape)
+    x_first = bool(below.values[0]) == (op == "Min")  # Min takes x where x < y
+    return Pieces(x.dtype, shape, below.breaks, (x, y) if x_first else (y, x))
 
 
 @handles("Neg")
 def _neg_op(an: Analysis, n: OnnxNode, ins: list) -> list:
+    if isinstance(ins[0], Pieces):
+        return [_map_pieces(an, ins[0], lambda p: _neg(an, p))]
     if _is_piecewise(an, ins[0]):
         return [_piecewise(an, [ins[0]], np.negative)]
     return [_neg(an, ins[0])]
@@ -610,7 +628,7 @@ def _abs_sign(an: Analysis, n: OnnxNode, ins: list) -> list:
         if hi < 0:
             return [Affine(x.dtype, x.shape, (0,) * len(x.shape), Lin.of(-1))]
     if n.op_type == "Abs":
-        return [AbsOf(x)]
+        return [_min_max(an, x, _neg(an, x), "Max")]  # |x| = max(x, -x): two pieces when x is diagonal
     raise Unprovable("Sign of an index grid that changes sign")
 
 
@@ -646,8 +664,8 @@ def _compare(an: Analysis, n: OnnxNode, ins: list) -> list:
     op = _COMPARE[n.op_type]
     if isinstance(a, Opaque) or isinstance(b, Opaque):
         raise Unprovable("a comparison of data")
-    if isinstance(a, AbsOf) or isinstance(b, AbsOf):
-        return [_compare_abs(an, a, b, op)]
+    if isinstance(a, Pieces) or isinstance(b, Pieces):
+        return [_compare_pieces(an, a, b, op)]
     ua, ub = an.uniform(a), an.uniform(b)
     # An integer grid against a fractional or infinite float constant: x < 2.5 is x < 3.
     for grid, const, flipped in ((a, ub, False), (b, ua, True)):
@@ -666,30 +684,35 @@ def _compare(an: Analysis, n: OnnxNode, ins: list) -> list:
 _FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "=="}
 
 
-def _compare_abs(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> AbstractValue:
-    """|x| OP c for a bound c that is the same everywhere: two comparisons of x, combined."""
-    if isinstance(b, AbsOf):
+def _compare_pieces(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> AbstractValue:
+    """Piecewise grids compared piece by piece: each piece's comparison holds on its own diagonals."""
+    if isinstance(b, Pieces):
         a, b, op = b, a, _FLIPPED[op]
-    assert isinstance(a, AbsOf)
-    x = a.of
-    c = an.affine(b, "the bound compared with |x|")
-    if any(c.coef):
-        raise Unprovable("|x| compared with a bound that varies along an index")
-    shape = an.broadcast(x.shape, c.shape)
-    x, c = an.expand_affine(x, shape), an.expand_affine(c, shape)
-    neg_x = _neg_unchecked(an, x)
-    # |x| <= c <=> x <= c and -x <= c;  |x| < c likewise;  |x| == c <=> x == c or -x == c (c >= 0)
-    if op in ("<", "<="):
-        parts = [an.compare(_as_affine(_sub(an, x, c)), op, "|x| vs a bound"),
-                 an.compare(_as_affine(_sub(an, neg_x, c)), op, "|x| vs a bound")]
-        return _piecewise(an, parts, np.logical_and, BOOL)
-    if op in (">", ">="):
-        parts = [an.compare(_as_affine(_sub(an, x, c)), op, "|x| vs a bound"),
-                 an.compare(_as_affine(_sub(an, neg_x, c)), op, "|x| vs a bound")]
-        return _piecewise(an, parts, np.logical_or, BOOL)
-    parts = [an.compare(_as_affine(_sub(an, x, c)), "==", "|x| vs a bound"),
-             an.compare(_as_affine(_sub(an, neg_x, c)), "==", "|x| vs a bound")]
-    return _piecewise(an, parts, np.logical_or, BOOL)
+    assert isinstance(a, Pieces)
+    if isinstance(b, Pieces):
+        raise Unprovable("two piecewise index grids compared")
+    other = an.affine(b, "the value compared with a piecewise grid")
+    shape = an.broadcast(a.shape, other.shape)
+    bands = [an.compare(_as_affine(_sub(an, an.expand_affine(p, shape), an.expand_affine(other, shape))), op,
+                        "a piece of a piecewise grid") for p in a.pieces]
+    return _select_pieces(an, a.breaks, bands, shape)
+
+
+def _select_pieces(an: Analysis, breaks: tuple[Lin, ...], bands: list[Band], shape: tuple[Dim, ...]) -> Band:
+    """The band that is bands[k] on the k-th run of diagonals between `breaks`."""
+    which = Band(INT64, shape, breaks, tuple(np.int64(k) for k in range(len(bands))))
+    return an.merge([which, *bands], lambda k, *vals: vals[int(k)], BOOL, shape)
+
+
+def _map_pieces(an: Analysis, v: Pieces, fn: Callable[[Affine], AbstractValue]) -> Pieces:
+    """fn (an affine map: negation, a constant added or multiplied, a cast) applied to each piece."""
+    out = []
+    for p in v.pieces:
+        q = fn(p)
+        if not isinstance(q, Affine):
+            raise Unprovable("a piecewise grid mapped to something else")
+        out.append(q)
+    return Pieces(out[0].dtype, out[0].shape, v.breaks, tuple(out))
 
 
 def _as_affine(v: AbstractValue) -> Affine:

@@ -21,12 +21,7 @@ with open(os.path.join(MODELS, "expected.json")) as f:
 
 # Sites the analysis declines, with the reason it gives (checked below): the mask is not lost, it
 # stays as the exporter wrote it.
-DECLINED = {
-    # T5's relative-position buckets: `Less(-min(rel, 0), 4)` is a band, but -min(rel, 0) is
-    # piecewise affine along the diagonals, which the analysis does not represent.
-    ("t5_decoder_kv_ts.onnx", "past_sequence - 3", "MAX"): "Min",
-    ("t5_decoder_kv_dynamo.onnx", "past_sequence - 3", "MAX"): "Min",
-}
+DECLINED: dict[tuple[str, str, str], str] = {}  # (file, begin, end) -> the reason's text, for a site declined on purpose
 GENERATOR_KINDS = ("mask_subgraph", "trilu")
 # Sites lowered with bounds that equal the listed ones wherever the model runs, and say more:
 # bias[past:past+S, :past+S] of a stored 64x64 tril clamps its slice past the buffer, as ONNX's Slice

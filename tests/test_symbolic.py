@@ -412,3 +412,30 @@ def test_a_band_inside_a_cone_that_is_not_a_mask_is_lowered_on_its_own():
     for s in (1, 2, 5, 17):
         expected, got, portable = run_both(model, g, _scores(s))
         assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), s
+
+
+def test_a_piecewise_grid_compared_with_a_bound_is_a_band():
+    """T5's buckets: -min(j - i, 0) < 4 (and |j - i| <= 2): grids that bend at a diagonal."""
+    def build(combine):
+        def b(nodes, inits):
+            inits += [c("zero_i", np.int64(0)), c("four", np.int64(4)), c("two_i", np.int64(2))]
+            nodes += [h.make_node("Sub", ["cols", "rows"], ["rel"]),
+                      h.make_node("Min", ["rel", "zero_i"], ["neg_part"]),
+                      h.make_node("Neg", ["neg_part"], ["n"]),
+                      h.make_node("Less", ["n", "four"], ["small"]),      # d >= -3
+                      h.make_node("Abs", ["rel"], ["dist"]),
+                      h.make_node("LessOrEqual", ["dist", "two_i"], ["near"]),  # -2 <= d <= 2
+                      h.make_node(combine, ["small", "near"], ["m"])]
+            return "m"
+        return b
+    model = threshold_mask_model(build("And"))
+    g, result = lower(model)
+    (m,) = [m for m in result.applied if m.rule == "mask_subgraph"]
+    assert m.captures["bounds"] == ("-2", "3")
+    for s in (1, 2, 3, 4, 5, 9):
+        expected, got, portable = run_both(model, g, _scores(s))
+        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), s
+    # Xor: true at d = -3 and d >= 3: two runs of true, no single fill
+    g, result = lower(threshold_mask_model(build("Xor")))
+    assert not result.counts["mask_subgraph"]
+    assert any("4 runs" in m.reason for m in result.declined)

@@ -193,14 +193,16 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     extra_init: list[onnx.TensorProto] = []
     opsets = dict(g.info.opset_imports)
     dml_outputs: list[Value] = []
-    for n in g.topological_order():
+    order = g.topological_order()
+    names = _NameSet(g, order) if target == "onnx" else None
+    for n in order:
         if isinstance(n, OnnxNode):
             nodes.append(onnx_node_proto(n))
         elif target == "dml":
             nodes.append(dml_node_proto(n))
             dml_outputs.append(n.outputs[0])
         else:
-            nodes.extend(_portable_nodes(g, n, opsets.get("", 0)))
+            nodes.extend(_portable_nodes(g, n, opsets.get("", 0), names))
     if dml_outputs:
         opsets[DOMAIN] = DOMAIN_VERSION
     elif target == "onnx":
@@ -234,10 +236,13 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     if g.info.graph_doc_string:
         graph.doc_string = g.info.graph_doc_string
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
-    for field, value in (("ir_version", g.info.ir_version), ("producer_name", g.info.producer_name or "dmlgraph"),
+    # Only the fields the source set: an optional field set to its default is still written, and
+    # an optimize that changes nothing must give back a file no bigger than its input.
+    for field, value in (("ir_version", g.info.ir_version), ("producer_name", g.info.producer_name),
                          ("producer_version", g.info.producer_version), ("domain", g.info.domain),
                          ("model_version", g.info.model_version), ("doc_string", g.info.doc_string)):
-        setattr(model, field, value)
+        if value:
+            setattr(model, field, value)
     for k, v in g.info.metadata_props:
         model.metadata_props.add(key=k, value=v)
     model.functions.extend(g.info.functions)
@@ -322,7 +327,59 @@ def _dml_attributes(n: DmlNode) -> tuple[onnx.AttributeProto, ...]:
     return tuple(node.attribute)
 
 
-def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
+class _NameSet:
+    """Every value name in the exported model, and fresh ones that collide with none of them.
+
+    Taken: the main graph's inputs, outputs and initializers, every name a live node reads or
+    writes, and every name inside its subgraphs and the model's function bodies (a subgraph may
+    read an outer name, and a generated name must not shadow one it defines). Names of nodes a
+    rewrite removed are free again, so optimizing a portable export again reproduces its names.
+    """
+
+    def __init__(self, g: Graph, nodes: list) -> None:
+        taken = {v.name for v in g.inputs} | {v.name for v in g.outputs} | set(g.initializers)
+        for n in nodes:
+            taken.update(v.name for v in n.inputs if v is not None)
+            taken.update(v.name for v in n.outputs)
+            if isinstance(n, OnnxNode):
+                for a in n.attributes:
+                    for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                        _graph_names(sub, taken)
+        for f in g.info.functions:
+            taken.update(f.input)
+            taken.update(f.output)
+            for fn in f.node:
+                _node_names(fn, taken)
+        self.taken = taken
+
+    def fresh(self, hint: str) -> str:
+        name, i = hint, 0
+        while name in self.taken:
+            i += 1
+            name = f"{hint}__{i}"
+        self.taken.add(name)
+        return name
+
+
+def _graph_names(gp: onnx.GraphProto, out: set[str]) -> None:
+    out.update(v.name for v in gp.input)
+    out.update(v.name for v in gp.output)
+    out.update(v.name for v in gp.value_info)
+    out.update(t.name for t in gp.initializer)
+    out.update(t.values.name for t in gp.sparse_initializer)
+    for n in gp.node:
+        _node_names(n, out)
+
+
+def _node_names(n: onnx.NodeProto, out: set[str]) -> None:
+    out.update(n.input)
+    out.update(n.output)
+    for a in n.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            _graph_names(sub, out)
+
+
+def _portable_nodes(g: Graph, n: DmlNode, opset: int, names: _NameSet) -> list[onnx.NodeProto]:
     """Standard ops computing exactly what the DML node computes (the spec pseudocode, in int64)."""
     if opset < 13:
         raise UnsupportedError(f"the portable target needs default-domain opset 13 or later; the model "
@@ -333,23 +390,27 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
     p = f"{out}__dm"
     nodes: list[onnx.NodeProto] = []
 
-    def const(name, arr):
-        nodes.append(helper.make_node("Constant", [], [f"{p}_{name}"], value=numpy_helper.from_array(
-            np.asarray(arr), f"{p}_{name}")))
-        return f"{p}_{name}"
+    def const(name: str, arr) -> str:
+        fresh = names.fresh(f"{p}_{name}")
+        nodes.append(helper.make_node("Constant", [], [fresh], value=numpy_helper.from_array(np.asarray(arr), fresh)))
+        return fresh
 
-    def op(op_type, ins, name, **attrs):
-        nodes.append(helper.make_node(op_type, ins, [f"{p}_{name}"], **attrs))
-        return f"{p}_{name}"
+    def op(op_type: str, ins: list[str], name: str, **attrs) -> str:
+        fresh = names.fresh(f"{p}_{name}")
+        nodes.append(helper.make_node(op_type, ins, [fresh], **attrs))
+        return fresh
+
+    clipped_k: list[str] = []  # made once per node: both bounds of an inverted band shift by it
 
     def shift(b: int, name: str) -> str:
         """A bound as an int64 scalar, shifted by the run-time k (clipped: no int64 overflow)."""
         c = const(name, np.array(b, np.int64))
         if k is None:
             return c
-        kc = op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
-                         const("kmax", np.array(2**40, np.int64))], "kc")
-        return op("Add", [c, kc], f"{name}_k")
+        if not clipped_k:
+            clipped_k.append(op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
+                                         const("kmax", np.array(2**40, np.int64))], "kc"))
+        return op("Add", [c, clipped_k[0]], f"{name}_k")
 
     form = _trilu_form(n) if opset >= 14 else None
     if shape is not None:
@@ -370,23 +431,40 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
     w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
     rows = op("Unsqueeze", [op("Range", [zero, h, one], "rows"), const("ax1", [1])], "rows_col")
     top_x = op("Sub", [op("Range", [zero, w, one], "cols"), rows], "topx")
-    true = const("true", np.array(True))
-    # useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End); an unbounded end is always true.
+    # useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End), each term written as a Less and
+    # whether it is negated; an unbounded end makes its terms `true` (one negation each), so no
+    # constant is needed for them.
     begin = None if n.begin is None else shift(n.begin, "begin")
     end = None if n.end is None else shift(n.end, "end")
-    ge = true if begin is None else op("Not", [op("Less", [top_x, begin], "lt_begin")], "ge_begin")
-    lt = true if end is None else op("Less", [top_x, end], "lt_end")
-    ordered = true if begin is None or end is None else op("Not", [op("Less", [end, begin], "end_lt_begin")],
-                                                           "ordered")
-    use = op("Xor", [op("Xor", [ordered, ge], "x1"), lt], "use")
+    terms: list[str] = []
+    negations = 0
+    if begin is not None and end is not None:
+        terms.append(op("Less", [end, begin], "end_lt_begin"))  # End >= Begin: not (End < Begin)
+    negations += 1
+    if begin is not None:
+        terms.append(op("Less", [top_x, begin], "lt_begin"))  # topX >= Begin: not (topX < Begin)
+    negations += 1
+    if end is not None:
+        terms.append(op("Less", [top_x, end], "lt_end"))
+    else:
+        negations += 1
+    if not terms:
+        use = const("all", np.array(True))
+    else:
+        use = terms[0]
+        for t in terms[1:]:
+            use = op("Xor", [use, t], "use")
+        if negations % 2:
+            use = op("Not", [use], "use")
     np_dt = helper.tensor_dtype_to_np_dtype(n.elem_type)
-    value = const("value", np.array(n.value, dtype=np_dt))
+    value_arr = np.array(n.value, dtype=np_dt)
+    value = const("value", value_arr)
     other = x.name if x is not None else const("other", np.zeros((), np_dt))
-    result = _portable_select(use, value, other, n.elem_type, op, const)
+    result = _portable_select(use, value, value_arr, other, n.elem_type, op, const)
     if x is not None and shape is None and n.static_shape is None:
-        # The output is shaped like x and Where/And/Or already broadcast `use` ([H, W]) to it, so an
-        # Expand to Shape(x) would be a no-op; leaving it out also keeps re-optimizing a portable
-        # model from stacking one more Expand per round.
+        # The output is shaped like x and the selection already broadcast `use` ([H, W]) to it, so
+        # an Expand to Shape(x) would be a no-op; leaving it out also keeps re-optimizing a
+        # portable model from stacking one more Expand per round.
         nodes[-1].output[0] = out
         return nodes
     nodes.append(helper.make_node("Expand", [result, shape_name], [out]))
@@ -413,19 +491,41 @@ def _trilu_form(n: DmlNode) -> tuple[int, int] | None:
     return (0, n.end - 1) if n.begin is None else (1, n.begin)
 
 
-# onnxruntime's CPU Where lacks these; each is widened losslessly (or bit-cast) and narrowed back.
+# onnxruntime's CPU Where lacks these; each is widened losslessly and narrowed back.
 _WHERE_WIDEN = {TensorProto.INT16: TensorProto.INT32, TensorProto.UINT16: TensorProto.INT32,
                 TensorProto.UINT64: TensorProto.INT64}
+# Where computes these in float32 (a NaN's payload is not kept): the selection moves bits instead.
+_WHERE_REWRITES_NAN = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
 
 
-def _portable_select(use, value, other, elem_type, op, const) -> str:
+def _portable_select(use: str, value: str, value_arr: np.ndarray, other: str, elem_type: int, op, const) -> str:
+    """`value` where `use`, else `other`, with every bit of both kept.
+
+    onnxruntime's Where is not a pure selection: a -0.0 in its true branch comes out +0.0, and
+    for float16 it rewrites every NaN payload, in either branch. So Where is used only where
+    neither can happen: `other` in the false branch (kept bit for bit for 32- and 64-bit floats
+    and integers) and the constant `value` in the true branch when it is not -0.0. Otherwise the
+    selection is pure data movement: GatherElements from [other, value] stacked on a new leading
+    axis, indexed by `use` as 0/1, which copies whichever bits it picks.
+    """
     if elem_type == TensorProto.BOOL:
         # Where has no bool kernel in onnxruntime: (use and value) or (not use and other).
         return op("Or", [op("And", [use, value], "pick_v"),
                          op("And", [op("Not", [use], "not_use"), other], "pick_o")], "sel")
-    wide = _WHERE_WIDEN.get(elem_type)
-    if wide is None:
-        return op("Where", [use, value, other], "sel")
-    sel = op("Where", [use, op("Cast", [value], "value_w", to=wide), op("Cast", [other], "other_w", to=wide)],
-             "sel_w")
-    return op("Cast", [sel], "sel", to=elem_type)
+    negative_zero = value_arr.dtype.kind == "f" and value_arr == 0 and np.signbit(value_arr)
+    if elem_type not in _WHERE_REWRITES_NAN and not negative_zero:
+        wide = _WHERE_WIDEN.get(elem_type)
+        if wide is None:
+            return op("Where", [use, value, other], "sel")
+        sel = op("Where", [use, op("Cast", [value], "value_w", to=wide), op("Cast", [other], "other_w", to=wide)],
+                 "sel_w")
+        return op("Cast", [sel], "sel", to=elem_type)
+    other_full = op("Expand", [other, op("Shape", [use], "use_shape")], "other_full")  # the output's shape
+    out_shape = op("Shape", [other_full], "out_shape")
+    axis0 = const("axis0", [0])
+    stacked = op("Concat", [op("Unsqueeze", [other_full, axis0], "other_1"),
+                            op("Unsqueeze", [op("Expand", [value, out_shape], "value_full"), axis0], "value_1")],
+                 "stacked", axis=0)
+    index = op("Cast", [op("Expand", [use, out_shape], "use_full")], "index", to=TensorProto.INT64)
+    picked = op("GatherElements", [stacked, op("Unsqueeze", [index, axis0], "index_1")], "picked", axis=0)
+    return op("Squeeze", [picked, axis0], "sel")

@@ -8,10 +8,10 @@ import numpy as np
 import onnx
 
 from dmlgraph.dtypes import bitwise_equal  # noqa: F401 - part of the api
-from dmlgraph.errors import DmlgraphError
+from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
-from dmlgraph.modelfile import atomic_writer, data_nbytes, load_model, save_model, tensor_nbytes
+from dmlgraph.modelfile import atomic_writer, check_for_save, data_nbytes, load_model, save_model, tensor_nbytes
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
 
@@ -70,18 +70,26 @@ class OptimizeResult:
     after: dict
     model: onnx.ModelProto | None = None
     report: dict = field(default_factory=dict)
+    checked: bool = False  # `model` passed `check_for_save` (optimize checks before it returns)
 
 
 @gc_paused
 def optimize(path: str, options: Options | None = None, target: str = "dml", progress=None) -> OptimizeResult:
     options = options or Options()
-    _, g = load(path)
+    source, g = load(path)
     before = graph_stats(g)
     result = optimize_graph(g, options, progress)
     g.remove_dead()
     model = export_model(g, target)
+    _check_output(model, source, path)
     # The numbers describe the file written: the portable target expands each DML node.
-    after = graph_stats(g) if target == "dml" else graph_stats(import_model(model))
+    if target == "dml":
+        after = graph_stats(g)
+    else:
+        try:
+            after = graph_stats(import_model(model))
+        except DmlgraphError as e:  # what we made does not load: our bug, not the user's input
+            raise InternalError(f"the exported model does not load again: {e}") from e
     report = {
         "model": path, "target": target, "feature_level": options.feature_level.label,
         "exact_only": options.exact_only,
@@ -90,7 +98,24 @@ def optimize(path: str, options: Options | None = None, target: str = "dml", pro
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
     }
-    return OptimizeResult(g, result, before, after, model, report)
+    return OptimizeResult(g, result, before, after, model, report, checked=True)
+
+
+def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, path: str) -> None:
+    """The model to be written must pass the full ONNX check. When it fails, the source is checked
+    the same way: a source that fails too is the user's (exit 2: the loader's check is the lighter
+    one), one that passes means our rewrite broke it (InternalError)."""
+    try:
+        check_for_save(model)
+    except InternalError as e:
+        try:
+            check_for_save(source)
+        except InternalError as src:
+            reason = str(src.__cause__ or src).strip().splitlines()[0]
+            raise ModelError(f"{path} fails the ONNX checker's full check (strict shape and type inference): "
+                             f"{reason}", hint="fix the model (re-export it); run and inspect do not need "
+                             "the full check") from None
+        raise e
 
 
 def _dml_summary(m) -> dict | None:
@@ -103,7 +128,10 @@ def _dml_summary(m) -> dict | None:
 
 @gc_paused
 def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = False) -> int:
-    """Save atomically; returns the written file's size in bytes."""
+    """Check the model (an invalid one is a bug: InternalError, nothing written), save it
+    atomically; returns the written file's size in bytes."""
+    if not result.checked:
+        check_for_save(result.model)
     save_model(result.model, out, input_path=input_path, in_place=in_place,
                base_dir=os.path.dirname(os.path.abspath(input_path)))
     return os.path.getsize(out)

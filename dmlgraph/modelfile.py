@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from dmlgraph.errors import ModelError
+from dmlgraph.errors import InternalError, ModelError
 
 __all__ = ["load_model", "read_tensor", "tensor_nbytes", "data_nbytes", "save_model", "without_weights", "RAW_ITEMSIZE"]
 
@@ -609,8 +609,7 @@ def _run_checker(model: onnx.ModelProto, path: str, has_external: bool, data: by
     except Exception as e:  # noqa: BLE001 - checker raises ValidationError and others; all mean "invalid"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"{path} failed the ONNX checker: {first}",
-                         hint="the model does not conform to the ONNX spec; re-export it, or load it "
-                              "with check=False to skip validation") from None
+                         hint="the model does not conform to the ONNX spec; re-export it") from None
 
 
 def _utf8_twin():
@@ -790,6 +789,24 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
 
 # --------------------------------------------------------------------------------------------
 # saving
+
+
+def check_for_save(model: onnx.ModelProto) -> None:
+    """Raise InternalError unless `model` passes `onnx.checker.check_model(full_check=True)`.
+
+    Run on every model dmlgraph is about to write: an invalid one is a bug of ours, and nothing
+    must reach the disk. It is the full check split in its two parts, each on a view without the
+    weights (`without_weights`): the checker proper, then strict, type-checking shape inference
+    (what full_check adds), which reads the dims of big tensors but never their bytes.
+    """
+    has_external = _any_external(model.graph)
+    try:
+        onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external))
+        onnx.shape_inference.infer_shapes(without_weights(model, keep_dims=True, has_external=has_external),
+                                          check_type=True, strict_mode=True)
+    except Exception as e:  # noqa: BLE001 - ValidationError, InferenceError and others: all mean invalid
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise InternalError(f"the model to be written fails the ONNX checker ({first}); nothing was written") from e
 
 
 def _write_bytes(f, data) -> None:

@@ -36,6 +36,7 @@ import warnings
 import onnx
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
+from dmlgraph.errors import ModelError
 from dmlgraph.modelfile import _iter_graphs, without_weights
 
 MAX_DATA_PROP_LENGTH = 1 << 18  # dims data propagation may make of one value (tens of milliseconds)
@@ -44,11 +45,12 @@ CHILD_SECONDS = 10.0  # data propagation's deadline: this, or 20x the time to th
 USE_CHILD = sys.platform.startswith("linux") and hasattr(os, "fork")  # (macOS: fork without exec is unsafe)
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+def infer_shapes(model: onnx.ModelProto, check_types: bool = False) -> onnx.ModelProto:
     """`model` (a copy of it) with every shape onnx can infer, in-process (for small models; the
-    import uses `start`)."""
+    import uses `start`). `check_types`: a node input whose type its op does not accept raises
+    ModelError (see `_plain`)."""
     data = _view(model)
-    plain = _run(data, data_prop=False)
+    plain = _plain(data) if check_types else _run(data, data_prop=False)
     if plain is None:
         return onnx.ModelProto.FromString(data)
     if _long_vector(plain):
@@ -110,10 +112,10 @@ class PendingShapes:
         """`value_types` of the inferred model."""
         try:
             if self.child is None:
-                return value_types(infer_shapes(self.model))
+                return value_types(infer_shapes(self.model, check_types=True))
             t0 = time.perf_counter()
             data = _view(self.model)
-            plain = _run(data, data_prop=False)
+            plain = _plain(data)
             if plain is None:
                 return value_types(onnx.ModelProto.FromString(data))
             # The guard decides on the plain pass's shapes. Data propagation only adds to them, so
@@ -145,6 +147,24 @@ def _view(model: onnx.ModelProto) -> bytes:
     """The model without its weights, serialized: inference reads their dims and types, and copying
     them in and out would cost more than inference itself."""
     return without_weights(model, keep_dims=True).SerializeToString()
+
+
+# What onnx's type check says when an input's type is not one its op accepts (Trilu's k as float):
+# onnxruntime refuses such a model, so it is an error in the input, not a shape left unknown.
+_TYPE_ERRORS = ("has unsupported type", "[TypeInferenceError]")
+
+
+def _plain(data: bytes) -> onnx.ModelProto | None:
+    """The plain pass, with onnx's type check of every node's inputs against its schema: a type
+    error raises ModelError; any other inference failure is only fewer known shapes."""
+    try:
+        return onnx.ModelProto.FromString(_cpp.infer_shapes(data, True, False, False))
+    except Exception as e:  # noqa: BLE001 - InferenceError and others
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if any(t in message for t in _TYPE_ERRORS):
+            raise ModelError(f"the model has a type error: {message}",
+                             hint="onnxruntime refuses it too; fix the types in the model (re-export it)") from None
+    return _run(data, data_prop=False)
 
 
 def _run(data: bytes, data_prop: bool) -> onnx.ModelProto | None:

@@ -544,6 +544,8 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if not node.outputs or not df.is_free(node.outputs[0]):
         return None
     target = node.outputs[0]
+    if any(o.uses or graph.is_graph_output(o) for o in node.outputs[1:]):
+        return None  # (a Split's first part): replacing the node would leave its other outputs unmade
     # Only the frontier: where a data-free value meets data (or leaves the graph).
     if not graph.is_graph_output(target) and all(c.outputs and df.is_free(c.outputs[0]) and
                                                  isinstance(c, OnnxNode) for c in target.consumers):

@@ -288,7 +288,18 @@ def test_trilu_zero_size_is_declined_not_crashed(tmp_path, capsys):
         assert_ok(code, o, e)
 
 
-@pytest.mark.parametrize("k", [np.array(1.0, np.float32), np.array([1, 2], np.int64)], ids=["float", "int64x2"])
+def test_trilu_float_k_is_a_type_error(tmp_path, capsys):
+    """onnxruntime refuses a float k: the model is wrong, every command says so (exit 2)."""
+    path = save(model([h.make_node("Trilu", ["x", "k"], ["y"])], [vi("x", [4, 4])], [vi("y", [4, 4])],
+                      [numpy_helper.from_array(np.array(1.0, np.float32), "k")]), tmp_path / "k.onnx")
+    for command in (["optimize", path, "-o", tmp_path / "out.onnx"], ["inspect", path], ["run", path],
+                    ["validate", path]):
+        code, o, e = run_cli(command, capsys)
+        assert_clean_error(code, o, e, "type error", "Trilu", "tensor(float)")
+    assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("k", [np.array([1, 2], np.int64)], ids=["int64x2"])
 def test_trilu_bad_k_declined_and_run_refused(k, tmp_path, capsys):
     path = save(model([h.make_node("Trilu", ["x", "k"], ["y"])], [vi("x", [4, 4])], [vi("y", [4, 4])],
                       [numpy_helper.from_array(k, "k")]), tmp_path / "k.onnx")
@@ -303,10 +314,14 @@ def test_trilu_bad_k_declined_and_run_refused(k, tmp_path, capsys):
 
 
 def test_eyelike_invalid_dtype_is_declined(tmp_path, capsys):
-    """EyeLike(dtype=2^40) passes the checker; optimize declines it, run refuses it (found by the fuzz)."""
+    """EyeLike(dtype=2^40) passes the loader's checker but not the full check every written model
+    must pass: optimize refuses it (exit 2, the input's fault), inspect declines it, run refuses it."""
     path = save(model([h.make_node("EyeLike", ["x"], ["y"], dtype=2**40)], [vi("x", [4, 4])], [vi("y", [4, 4])]),
                 tmp_path / "e.onnx")
     code, o, e = run_cli(["optimize", path, "-o", tmp_path / "out.onnx", "--json"], capsys)
+    assert_clean_error(code, o, e, "full check", "Invalid tensor data type")
+    assert not (tmp_path / "out.onnx").exists()
+    code, o, e = run_cli(["inspect", path, "--json"], capsys)
     assert_ok(code, o, e)
     assert "not an ONNX tensor type" in o
     code, o, e = run_cli(["inspect", path], capsys)
@@ -362,7 +377,12 @@ def test_shape_inference_data_propagation_cannot_hang(kind, tmp_path, capsys):
     t0 = time.perf_counter()
     for argv in (["optimize", path, "-o", tmp_path / "out.onnx"], ["inspect", path]):
         code, o, e = run_cli(argv, capsys)
-        assert_ok(code, o, e)
+        if kind == "declared_2^62" and argv[0] == "optimize":
+            # The declared [2^62] contradicts Shape's [2]: strict inference (the full check every
+            # written model passes) refuses the model, promptly.
+            assert_clean_error(code, o, e, "full check", "4611686018427387904")
+        else:
+            assert_ok(code, o, e)
     assert time.perf_counter() - t0 < 60  # a hang guard, not a speed test (the bench measures speed)
 
 

@@ -142,7 +142,7 @@ def parse_dims(items) -> dict[str, int]:
     dims = {}
     for item in items or ():
         name, sep, size = item.partition("=")
-        if not sep or not size.strip().isdigit():
+        if not sep or not size.strip().isdigit() or not name.strip():
             raise DmlgraphError(f"--dim {item!r} is not NAME=SIZE", hint="for example --dim sequence=16")
         dims[name.strip()] = int(size)
     return dims
@@ -163,6 +163,12 @@ def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, def
     or more than `max_bytes` in all are refused with a DmlgraphError.
     """
     dims = dims or {}
+    known = sorted({d for v in g.inputs for d in (v.shape or ()) if isinstance(d, str) and d})
+    unknown = sorted(set(dims) - set(known))
+    if unknown:
+        raise DmlgraphError(f"--dim {unknown[0]}: the model's inputs have no dim of that name",
+                            hint=f"its dim names are: {', '.join(known)}" if known else
+                            "its inputs have no named (symbolic) dims")
     hint = "give symbolic dims smaller sizes with --dim NAME=SIZE, or pass real inputs with --inputs IN.npz"
     plan = []
     total = 0
@@ -216,12 +222,21 @@ def check_feeds(g: Graph, feeds: dict) -> None:
     """
     names = [v.name for v in g.inputs]
     hint = f"the model's inputs are {', '.join(names) or '(none)'}"
-    unknown = sorted(set(feeds) - set(names))
+    if g.overridable_inputs:
+        hint += f"; these initializers may be fed too: {', '.join(g.overridable_inputs)}"
+    unknown = sorted(set(feeds) - set(names) - set(g.overridable_inputs))
     if unknown:
         raise DmlgraphError(f"inputs file has names the model does not take: {', '.join(unknown)}", hint=hint)
     missing = [n for n in names if n not in feeds]
     if missing:
         raise DmlgraphError(f"inputs file is missing inputs: {', '.join(missing)}", hint=hint)
+    for name in g.overridable_inputs:  # a default the model lets callers replace: same type and shape
+        v = g.initializers[name]
+        if name in feeds:
+            arr, want = np.asarray(feeds[name]), numpy_dtype(v.elem_type)
+            if arr.dtype != want or tuple(arr.shape) != tuple(v.shape):
+                raise DmlgraphError(f"input {name!r} is {arr.dtype} {list(arr.shape)}; the model declares it "
+                                    f"{want} {list(v.shape)} (an initializer it lets callers replace)")
     bound: dict[str, tuple[int, str]] = {}
     for v in g.inputs:
         arr = feeds[v.name]
@@ -261,11 +276,24 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
 
 def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np.ndarray]:
     check_feeds(g, feeds)
-    return Executor(g, threads).run(feeds)
+    return Executor(g, threads).run(_override(g, feeds))
+
+
+def _override(g: Graph, feeds: dict) -> dict:
+    """The feeds of `g.inputs`; a fed initializer that is also a graph input (a default the model
+    lets callers replace, as ONNX allows) replaces its value in `g`."""
+    rest = dict(feeds)
+    for name in g.overridable_inputs:
+        if name in rest:
+            v = g.initializers[name]
+            v.initializer, v.array = None, np.asarray(rest.pop(name))
+    return rest
 
 
 def check_output_path(path: str, model_path: str | None = None, what: str = "the outputs") -> None:
     """Refuse an output path whose folder is missing, that is a directory, or that is the model."""
+    if not path:
+        raise DmlgraphError(f"the path for {what} is empty", hint="pass a file name")
     out = os.path.abspath(path)
     folder = os.path.dirname(out)
     if not os.path.isdir(folder):
@@ -277,6 +305,8 @@ def check_output_path(path: str, model_path: str | None = None, what: str = "the
             and os.path.samefile(out, model_path):
         raise DmlgraphError(f"refusing to overwrite the input model {model_path} with {what}",
                             hint="choose a different output path")
+    if not os.access(folder, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
+        raise DmlgraphError(f"cannot write {path}: permission denied", hint="choose a writable output path")
 
 
 def save_outputs(outputs: dict[str, np.ndarray], path: str, model_path: str | None = None) -> None:
@@ -336,8 +366,8 @@ def validate(path: str, options: Options | None = None, feeds: dict | None = Non
     output_names = [v.name for v in original.outputs]
     for g in (original, lowered):  # expose the rewritten tensors as extra outputs on both sides
         g.outputs = g.outputs + [g.values[name] for name in rewritten if not g.is_graph_output(g.values[name])]
-    expected = Executor(original, optimize=False).run(feeds)
-    got = Executor(lowered, optimize=False).run(feeds)
+    expected = Executor(original, optimize=False).run(_override(original, feeds))
+    got = Executor(lowered, optimize=False).run(_override(lowered, feeds))
     exact = {n.outputs[0].name: n.exact for n in dml}
     tensors = [_compare_one(name, expected[name], got.get(name), exact[name], False) for name in rewritten]
     outputs = [_compare_one(name, expected[name], got.get(name), all(exact.values()), True) for name in output_names]

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 
 from dmlgraph import __version__
 from dmlgraph.errors import DmlgraphError
@@ -52,13 +53,13 @@ def cmd_optimize(args) -> int:
 
 def cmd_run(args) -> int:
     from dmlgraph import api
-    if args.output:
+    if args.output is not None:
         api.check_output_path(args.output, args.model)  # fail before a long run, not after
     _, g = api.load(args.model)
     feeds = api.load_inputs(args.inputs) if args.inputs else api.make_inputs(g, api.parse_dims(args.dim),
                                                                                args.seed)
     outputs = api.run_graph(g, feeds, args.threads)  # checks names, dtypes and shapes of the feeds
-    if args.output:
+    if args.output is not None:
         api.save_outputs(outputs, args.output, args.model)  # atomic; exactly this name (no .npz added)
     payload = {"model": args.model, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
                                                 for k, v in outputs.items()}, "written": args.output}
@@ -86,6 +87,9 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.json_out is not None:  # an unwritable path fails now, not after the whole run
+        from dmlgraph import api
+        api.check_output_path(args.json_out, what="the JSON rows")
     if args.suite == "kernels":
         from dmlgraph import bench
         argv = ["kernels"] + (["--quick"] if args.quick else []) + (["--json", args.json_out] if args.json_out else [])
@@ -231,7 +235,7 @@ def main(argv=None) -> int:
         return args.func(args)
     except DmlgraphError as e:
         if args.debug:
-            raise
+            traceback.print_exc()
         print(f"dmlgraph: error: {_printable(Exception.__str__(e))}", file=sys.stderr)
         if e.hint:
             print(f"  hint: {_printable(e.hint)}", file=sys.stderr)
@@ -245,8 +249,8 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_CLOSED_PIPE
     except Exception as e:  # noqa: BLE001 - the last line of defence: no bare tracebacks for users
-        if args.debug:
-            raise
+        if args.debug:  # the traceback, and still the exit code that says "a bug"
+            traceback.print_exc()
         print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: this is a bug in dmlgraph; "
               "rerun with --debug and report the traceback", file=sys.stderr)
         return EXIT_INTERNAL

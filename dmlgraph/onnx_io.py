@@ -14,6 +14,7 @@ constant is stored.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import onnx
@@ -21,7 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph import shape_inference
 from dmlgraph.dtypes import DmlDataType
-from dmlgraph.errors import ModelError, UnsupportedError
+
+INT64_MAX = 2**63 - 1
+MAX_ELEMENTS = 2**32 - 1  # DML_BUFFER_TENSOR_DESC's limit
+from dmlgraph.errors import DmlgraphError, ModelError, UnsupportedError
 from dmlgraph.graph import DmlNode, Graph, ModelInfo, OnnxNode, Value, gc_paused
 
 DOMAIN = "com.dmlgraph"
@@ -130,6 +134,7 @@ def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShap
         if vi.name not in g.initializers:
             _annotate(value(vi.name), vi, True, types)
     _check_defined(g)
+    _check_dml_types(g)
     return g
 
 
@@ -160,27 +165,91 @@ def _check_defined(g: Graph) -> None:
             raise ModelError(f"graph output {v.name!r} is not produced by anything")
 
 
-def _import_dml(n: onnx.NodeProto, ins, outs) -> DmlNode:
+def _import_dml(n: onnx.NodeProto, ins: list, outs: list) -> DmlNode:
+    """A `com.dmlgraph` node as a DmlNode, after checking every field the checker cannot (it knows
+    the attributes' kinds, not their meaning): a malformed one is a ModelError naming the field."""
+    if n.op_type not in ("DiagonalMatrix1", "DiagonalMatrix"):
+        raise ModelError(f"unknown op {DOMAIN}::{n.op_type}", hint="this dmlgraph knows DiagonalMatrix1 and "
+                         "DiagonalMatrix")
+    label = f"{n.op_type} node {n.name or outs[0].name!r}"
+
+    def bad(field: str, problem: str) -> ModelError:
+        return ModelError(f"{label}: {field} {problem}", hint="the node is malformed; make it again with "
+                          "dmlgraph optimize from the original model")
+
     a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
     ins = ins + [None] * (3 - len(ins)) if n.op_type == "DiagonalMatrix1" else [None] + ins + [None] * (2 - len(ins))
     shape = tuple(a["output_shape"]) if "output_shape" in a else None
-    rule = a.get("rule", b"").decode() or None
+    if shape is not None and (len(shape) < 2 or min(shape) < 1):
+        raise bad("output_shape", f"{list(shape)} is not a matrix shape (2 or more dims, each at least 1)")
+    if shape is not None and math.prod(shape) > MAX_ELEMENTS:
+        raise bad("output_shape", f"{list(shape)} has {math.prod(shape)} elements, more than a DirectML tensor "
+                  f"holds ({MAX_ELEMENTS})")
+    if shape is None and ins[0] is None and ins[1] is None:
+        raise bad("output_shape", "is missing, and there is no X or shape input to size the output")
+    rule = a.get("rule", b"").decode(errors="replace") or None
     if n.op_type == "DiagonalMatrix1":
-        value = numpy_helper.to_array(a["value"]).reshape(-1)[0]
-        node = DmlNode(n.name, ins[0], ins[1], ins[2], outs[0], elem_type=a["value"].data_type,
-                       value=value, begin=a.get("begin"), end=a.get("end"), static_shape=shape,
-                       exact=bool(a.get("exact", 1)))
-    elif n.op_type == "DiagonalMatrix":
-        dt = helper.tensor_dtype_to_np_dtype(a["dtype"])
-        v = a["value"] if np.issubdtype(dt, np.floating) else np.trunc(a["value"])
-        node = DmlNode(n.name, None, ins[1], ins[2], outs[0], elem_type=a["dtype"], value=dt.type(v),
-                       begin=a["offset"], end=a["offset"] + 1, static_shape=shape,
-                       kind="DiagonalMatrix")
+        t = a["value"]
+        elem_type = t.data_type
+        _dml_type(elem_type, bad, "value")
+        try:
+            value = numpy_helper.to_array(t).reshape(-1)
+        except Exception as e:  # noqa: BLE001 - undecodable tensor data
+            raise bad("value", f"cannot be read: {e}") from None
+        if value.size != 1:
+            raise bad("value", f"holds {value.size} elements; it must hold exactly one")
+        expected = int(DmlDataType.from_onnx(elem_type))
+        if a["value_data_type"] != expected:
+            raise bad("value_data_type", f"is {a['value_data_type']}, but the value is "
+                      f"{TensorProto.DataType.Name(elem_type)} (DML_TENSOR_DATA_TYPE {expected})")
+        node = DmlNode(n.name, ins[0], ins[1], ins[2], outs[0], elem_type=elem_type, value=value[0],
+                       begin=a.get("begin"), end=a.get("end"), static_shape=shape, exact=bool(a.get("exact", 1)))
     else:
-        raise ModelError(f"unknown op {DOMAIN}::{n.op_type}", hint="this dmlgraph knows DiagonalMatrix1 and "
-                         "DiagonalMatrix")
+        elem_type = a["dtype"]
+        _dml_type(elem_type, bad, "dtype")
+        dt = helper.tensor_dtype_to_np_dtype(elem_type)
+        offset = a["offset"]
+        if offset >= INT64_MAX:
+            raise bad("offset", f"{offset} leaves no room for the end of its diagonal (offset + 1) in int64")
+        v = a["value"]
+        if not np.issubdtype(dt, np.floating) and dt != np.bool_:
+            info = np.iinfo(dt)
+            if not math.isfinite(v) or not info.min <= math.trunc(v) <= info.max:
+                raise bad("value", f"{v} does not fit the output type {dt} (truncated toward zero)")
+            v = math.trunc(v)
+        node = DmlNode(n.name, None, ins[1], ins[2], outs[0], elem_type=elem_type, value=dt.type(v),
+                       begin=offset, end=offset + 1, static_shape=shape, kind="DiagonalMatrix")
     node.rule = rule
     return node
+
+
+def _dml_type(elem_type: int, bad, field: str) -> None:
+    """`elem_type` must be an ONNX type DirectML has (bool is carried as UINT8)."""
+    try:
+        DmlDataType.from_onnx(elem_type)
+    except DmlgraphError:
+        name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else "unknown"
+        raise bad(field, f"has element type {elem_type} ({name}), which is not a DirectML data type") from None
+
+
+def _check_dml_types(g: Graph) -> None:
+    """DirectML requires ValueDataType to equal the output's type, and X the output's type: a DML
+    node whose declared output (or X) has another element type is malformed."""
+    for n in g.nodes.values():
+        if not isinstance(n, DmlNode):
+            continue
+        for what, v in (("output", n.outputs[0]), ("input X", n.inputs[0])):
+            if v is not None and v.elem_type and v.elem_type != n.elem_type:
+                field = "value" if n.kind == "DiagonalMatrix1" else "dtype"
+                raise ModelError(f"{n.kind} node {n.name or n.outputs[0].name!r}: {field} is "
+                                 f"{TensorProto.DataType.Name(n.elem_type)}, but its {what} {v.name!r} is "
+                                 f"{_type_name(v.elem_type)}; DirectML needs them equal",
+                                 hint="the node is malformed; make it again with dmlgraph optimize from the "
+                                 "original model")
+
+
+def _type_name(elem_type: int) -> str:
+    return TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else str(elem_type)
 
 
 # ---- export ----------------------------------------------------------------------------------

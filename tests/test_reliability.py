@@ -393,7 +393,7 @@ def test_shape_inference_data_propagation_cannot_hang(kind, tmp_path, capsys):
 def test_generated_inputs_refused_before_allocation(shape, words, tmp_path, capsys):
     path = save(model([h.make_node("Trilu", ["x"], ["y"])], [vi("x", shape)], [vi("y", shape)]),
                 tmp_path / "big.onnx")
-    dim = ["--dim", "n=512"]
+    dim = ["--dim", "n=512"] if "n" in shape else []  # (a name the model lacks is refused)
     for command in ("run", "validate"):
         t0 = time.perf_counter()
         code, o, e = run_cli([command, path, *dim], capsys)

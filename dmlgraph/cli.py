@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -222,7 +223,49 @@ def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+
+
+class _Interrupts:
+    """SIGINT while a command runs: the first one raises KeyboardInterrupt, later ones only count.
+
+    Whatever the interrupt turns into on its way out (an ImportError when it lands inside numpy's
+    import, an OSError from a child being stopped, nothing at all when C code swallows it), the
+    command then ends as interrupted: exit 130 and one line. Output files are atomic, so an
+    interrupted command leaves either nothing or a complete file.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._old = None
+
+    def __enter__(self) -> "_Interrupts":
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread (an embedding): Python's default handling stays
+            self._old = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    with _Interrupts() as interrupts:
+        code = _main(argv, interrupts)
+        if interrupts.count:  # (also when the interrupt was swallowed on its way out)
+            print("dmlgraph: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return code
+
+
+def _main(argv, interrupts: _Interrupts) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -233,22 +276,27 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        if not interrupts.count:  # raised by something other than our handler: still an interrupt
+            interrupts.count = 1
+        return EXIT_INTERRUPTED
     except DmlgraphError as e:
+        if interrupts.count:
+            return EXIT_INTERRUPTED
         if args.debug:
             traceback.print_exc()
         print(f"dmlgraph: error: {_printable(Exception.__str__(e))}", file=sys.stderr)
         if e.hint:
             print(f"  hint: {_printable(e.hint)}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("dmlgraph: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # The reader went away (`... --json | head`): stop quietly, as Unix tools do. Output files
         # are already complete or cleaned up; the interpreter's last flush now goes nowhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_CLOSED_PIPE
     except Exception as e:  # noqa: BLE001 - the last line of defence: no bare tracebacks for users
+        if interrupts.count:
+            return EXIT_INTERRUPTED
         if args.debug:  # the traceback, and still the exit code that says "a bug"
             traceback.print_exc()
         print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: this is a bug in dmlgraph; "

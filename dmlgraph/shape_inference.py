@@ -138,9 +138,9 @@ class PendingShapes:
 
     def close(self) -> None:
         """Stop the child, if any (the caller no longer wants the shapes)."""
-        if self.child is not None:
-            self.child.stop()
-            self.child = None
+        child, self.child = self.child, None
+        if child is not None:
+            child.stop()
 
 
 def _view(model: onnx.ModelProto) -> bytes:
@@ -210,17 +210,22 @@ class _Child:
             r, w = os.pipe()
         except OSError:
             return None
-        try:
-            with warnings.catch_warnings():  # (3.12+ warns when threads exist: the child runs none of their code)
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError:  # no fork allowed here (process limits, memory): in-process instead
-            os.close(r)
-            os.close(w)
-            return None
-        if pid == 0:  # the child: onnx's C++ and a pipe, then out without running any exit handlers
-            code = 1
+        with _interrupts_deferred():  # a Ctrl-C now must not find a child the parent does not know
             try:
+                with warnings.catch_warnings():  # (3.12+ warns when threads exist: the child runs none of their code)
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    pid = os.fork()
+            except OSError:  # no fork allowed here (process limits, memory): in-process instead
+                os.close(r)
+                os.close(w)
+                return None
+            if pid != 0:
+                os.close(w)
+                return cls(pid, r)
+            code = 1  # the child: onnx's C++ and a pipe, then out without running any exit handlers
+            try:
+                # Ctrl-C reaches the whole process group: the parent answers it and kills this child.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
                 os.close(r)
                 _die_with_parent()
 
@@ -233,8 +238,6 @@ class _Child:
                 code = 0
             finally:
                 os._exit(code)
-        os.close(w)
-        return cls(pid, r)
 
     def read(self, deadline: float | None) -> tuple[bytes | None, bytes]:
         """The child's answer, or (None, b"") if it died first or `deadline` passed."""
@@ -259,10 +262,27 @@ class _Child:
         return b"".join(chunks)
 
     def stop(self) -> None:
-        os.close(self.fd)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
+        """Kill and reap the child and close the pipe, once; an interrupt waits until it is done
+        (else a second stop would close the pipe twice, or the child would be left behind)."""
+        with _interrupts_deferred():
+            fd, pid, self.fd, self.pid = self.fd, self.pid, None, None
+            if fd is not None:
+                os.close(fd)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """SIGINT held back during the block, then delivered (as KeyboardInterrupt) when it ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _die_with_parent() -> None:

@@ -85,8 +85,9 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         graph_name=model.graph.name or "graph", graph_doc_string=model.graph.doc_string,
         functions=list(model.functions))
     g = Graph(info)
-    shapes = shape_inference.start(model)  # (where it can, a child infers while the graph is built)
+    shapes = shape_inference.PendingShapes(model)
     try:
+        shapes.start()  # (where it can, a child infers while the graph is built)
         return _build(g, model, shapes, base_dir)
     finally:
         shapes.close()
@@ -364,8 +365,10 @@ def dml_node_proto(n: DmlNode) -> onnx.NodeProto:
     if n.name:
         proto.name = n.name
     # A model's DML nodes share a few attribute sets (one per mask kind): each is built once. The
-    # value's repr tells apart values that compare equal but are stored differently (-0.0, 0.0).
-    key = (n.kind, n.elem_type, repr(n.value), n.begin, n.end, n.static_shape, n.rule, n.exact)
+    # value's bytes tell apart values that compare equal, or print the same, but are stored
+    # differently (-0.0 and 0.0; NaNs with other payloads).
+    value = np.asarray(n.value)
+    key = (n.kind, n.elem_type, value.dtype.str, value.tobytes(), n.begin, n.end, n.static_shape, n.rule, n.exact)
     attributes = _DML_ATTRIBUTES.get(key)
     if attributes is None:
         if len(_DML_ATTRIBUTES) > 256:
@@ -540,8 +543,9 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int, names: _NameSet) -> list[o
     return nodes
 
 
-_TRILU_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64,
-                TensorProto.BOOL}  # what onnxruntime's CPU Trilu runs
+# What onnxruntime's CPU Trilu runs bit for bit (its float16 lower-triangle kernel quiets a
+# signaling NaN: 0x7c01 comes out 0x7e01, so float16 takes the general form).
+_TRILU_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL}
 
 
 def _trilu_form(n: DmlNode) -> tuple[int, int] | None:

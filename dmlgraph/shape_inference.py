@@ -95,8 +95,7 @@ def children_available() -> bool:
 def start(model: onnx.ModelProto) -> "PendingShapes":
     """Begin inferring `model`'s shapes; `.value_types()` gives them. `model` must not change meanwhile."""
     pending = PendingShapes(model)
-    if children_available():
-        pending.child = _Child.start(lambda send: _data_prop_job(model, send))
+    pending.start()
     return pending
 
 
@@ -107,6 +106,13 @@ class PendingShapes:
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.child: _Child | None = None
+
+    def start(self) -> None:
+        """Fork the data-propagation child where that pays. Call it inside the `try` whose
+        `finally` calls `close`: a Ctrl-C then finds the child either unborn or known here."""
+        if children_available():
+            with _interrupts_deferred():
+                self.child = _Child.start(lambda send: _data_prop_job(self.model, send))
 
     def value_types(self) -> list[ValueType]:
         """`value_types` of the inferred model."""

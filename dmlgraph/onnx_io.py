@@ -567,26 +567,23 @@ def _trilu_form(n: DmlNode) -> tuple[int, int] | None:
 # onnxruntime's CPU Where lacks these; each is widened losslessly and narrowed back.
 _WHERE_WIDEN = {TensorProto.INT16: TensorProto.INT32, TensorProto.UINT16: TensorProto.INT32,
                 TensorProto.UINT64: TensorProto.INT64}
-# Where computes these in float32 (a NaN's payload is not kept): the selection moves bits instead.
-_WHERE_REWRITES_NAN = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
 
 
 def _portable_select(use: str, value: str, value_arr: np.ndarray, other: str, elem_type: int, op, const) -> str:
     """`value` where `use`, else `other`, with every bit of both kept.
 
-    onnxruntime's Where is not a pure selection: a -0.0 in its true branch comes out +0.0, and
-    for float16 it rewrites every NaN payload, in either branch. So Where is used only where
-    neither can happen: `other` in the false branch (kept bit for bit for 32- and 64-bit floats
-    and integers) and the constant `value` in the true branch when it is not -0.0. Otherwise the
-    selection is pure data movement: GatherElements from [other, value] stacked on a new leading
-    axis, indexed by `use` as 0/1, which copies whichever bits it picks.
+    onnxruntime's Where is not a pure selection for floats: a -0.0 can come out +0.0 (from the
+    true branch always, from the false branch too when the other branch is a broadcast scalar),
+    and for float16 it rewrites every NaN payload. So floats are selected by pure data movement:
+    GatherElements from [other, value] stacked on a new leading axis, indexed by `use` as 0/1,
+    which copies whichever bits it picks. Integer types, for which every path of Where is exact,
+    keep the one Where.
     """
     if elem_type == TensorProto.BOOL:
         # Where has no bool kernel in onnxruntime: (use and value) or (not use and other).
         return op("Or", [op("And", [use, value], "pick_v"),
                          op("And", [op("Not", [use], "not_use"), other], "pick_o")], "sel")
-    negative_zero = value_arr.dtype.kind == "f" and value_arr == 0 and np.signbit(value_arr)
-    if elem_type not in _WHERE_REWRITES_NAN and not negative_zero:
+    if value_arr.dtype.kind != "f":
         wide = _WHERE_WIDEN.get(elem_type)
         if wide is None:
             return op("Where", [use, value, other], "sel")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
+from onnx import TensorProto as T
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,3 +52,48 @@ def test_known_unsound_sampling_families(example):
     case, sizes, ks = example
     problems = check(case, sizes, ks)
     assert not problems, f"{case.description} ({case.family}):\n" + "\n".join(problems[:10])
+
+
+# ---- the known-unsound families, one concrete model each ---------------------------------------
+def _grid_case(family: str, index_type: int, threshold) -> fuzz_masks.Case:
+    """x [n, m] -> Where((cols <= rows) and (rows - cols < threshold), x, -inf): a causal mask with
+    a window whose size only shows past the sizes the sampling proof tries."""
+    b = fuzz_masks._Builder()
+    shape = b.op("Shape", ["x"], "shape")
+    grids = []
+    for axis, i in ((1, 0), (0, 1)):
+        dim = b.op("Gather", [shape, b.const(np.array(i, np.int64), "axis")], "dim", axis=0)
+        r = b.op("Range", [b.const(np.array(0, np.int64)), dim, b.const(np.array(1, np.int64))], "range")
+        r = r if index_type == T.INT64 else b.op("Cast", [r], "idx", to=index_type)
+        grids.append(b.op("Unsqueeze", [r, b.const(np.array([axis], np.int64))], "grid"))
+    rows, cols = grids
+    np_t = fuzz_masks.NP[index_type]
+    if family == "product_constant":
+        limit = b.op("Mul", [b.const(np.array(8, np_t)), b.const(np.array(8, np_t))], "limit")
+    else:
+        limit = b.const(np.array(threshold, np_t), "limit")
+    causal = b.op("LessOrEqual", [cols, rows], "causal")
+    window = b.op("Less", [b.op("Sub", [rows, cols], "dist"), limit], "window")
+    mask = b.op("And", [causal, window], "mask")
+    y = b.op("Where", [mask, "x", b.const(np.array(-np.inf, np.float32))], "y")
+    return fuzz_masks._finish(b, y, T.FLOAT, None, family, [], f"{family}: causal window {threshold}")
+
+
+UNSOUND_CASES = {
+    "product_constant": (T.INT64, 64, [(70, 70)]),
+    "float_constant": (T.FLOAT, 7.5, [(12, 12)]),
+    "past_int32": (T.INT64, 2**31 + 3, [(5, 5)]),
+    "int8_index": (T.INT8, 4, [(200, 200)]),
+    "float16_index": (T.FLOAT16, 4, [(2050, 2050)]),
+}
+
+
+@pytest.mark.parametrize("family", sorted(UNSOUND_CASES))
+def test_known_unsound_sampling_example(family, request):
+    assert family in KNOWN_UNSOUND_SAMPLING
+    index_type, threshold, sizes = UNSOUND_CASES[family]
+    problems = check(_grid_case(family, index_type, threshold), sizes)
+    if problems:
+        request.applymarker(pytest.mark.xfail(strict=False, reason=f"KNOWN_UNSOUND_SAMPLING[{family!r}]: "
+                                              f"{KNOWN_UNSOUND_SAMPLING[family]}"))
+    assert not problems, "\n".join(problems[:5])

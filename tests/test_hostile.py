@@ -496,3 +496,17 @@ def test_ctrl_c_during_optimize(tmp_path):
             target.unlink()
         assert tree_digest(src) == before
     assert sum(code == 130 for _, code, _ in outcomes) >= len(delays) // 2, outcomes
+
+
+def test_fuzz_finding_where_drops_negative_zero_from_its_false_branch(tmp_path):
+    """Found by the mask fuzzer: with a broadcast scalar in its true branch, onnxruntime's Where
+    turns a -0.0 of its *false* branch into +0.0 too, so the portable form of
+    Where(causal window, x, -inf) lost x's signs. Float selections now move bits instead."""
+    from test_fuzz_masks import _grid_case
+    case = _grid_case("regression", T.INT64, 2**31 + 3)
+    path = save(case.model, tmp_path / "m.onnx")
+    outs = optimize_both(path, tmp_path)
+    x = _square_of(special_values(np.float32), 5, 1)
+    want = ReferenceEvaluator(path).run(None, {"x": x})[0]
+    for target, out in outs.items():
+        assert_same_bits(want, run_target(target, out, {"x": x})[0], target)

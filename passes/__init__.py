@@ -3,7 +3,7 @@
 phase 0  mask_subgraph   shape-only mask subgraphs -> generators (sees whole subgraphs first)
 phase 1  stored_mask     constant band masks -> generators
 phase 2  trilu, eyelike  the remaining Trilu / EyeLike nodes
-phase 3  mask_where, mask_arith   masks applied to data -> DIAGONAL_MATRIX1 with that input
+phase 3  mask_where, mask_gather, mask_arith   masks applied to data -> DIAGONAL_MATRIX1 with that input
 phase 4  chain           DIAGONAL_MATRIX1 of DIAGONAL_MATRIX1 -> one node
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dmlgraph.rewrite import Options, Rule
 from passes import apply, eyelike, masks, trilu
 
 ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, masks.STORED_MASK, trilu.RULE, eyelike.RULE,
-                         apply.MASK_WHERE, apply.MASK_ARITH, apply.CHAIN]
+                         apply.MASK_WHERE, apply.MASK_GATHER, apply.MASK_ARITH, apply.CHAIN]
 
 
 def default_rules(options: Options | None = None) -> list[Rule]:

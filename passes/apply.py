@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from onnx import TensorProto
 
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, Value
@@ -92,12 +93,13 @@ def _covers(mask_shape, x_shape) -> bool:
     return all(m == 1 or (m is not None and m == x) for m, x in zip(reversed(mask_shape[:-2]), reversed(x_shape[:-2])))
 
 
-def _apply(graph, node, gen, x, value, region, exact: bool, rule: str, options: Options) -> Match:
+def _apply(graph, node, gen, x, value, region, exact: bool, rule: str, options: Options, mask_shape=None) -> Match:
+    """`mask_shape`: the band's shape, when it is not the generator's output shape."""
     m = Match(rule, [node])
     if x.elem_type != node.outputs[0].elem_type and node.outputs[0].elem_type is not None:
         m.reason = "the mask's value type differs from the data's"
         return m
-    if not _covers(gen.outputs[0].shape, x.shape) or np.ndim(value) > len(x.shape):
+    if not _covers(gen.outputs[0].shape if mask_shape is None else mask_shape, x.shape) or np.ndim(value) > len(x.shape):
         m.reason = "cannot prove the result has the data's shape (the mask or the constant may broadcast it)"
         return m
     if region is None:
@@ -160,6 +162,57 @@ def _match_arith(graph: Graph, node: Node, options: Options) -> Match | None:
     return None
 
 
+def _producer(v: Value | None, op_type: str) -> Node | None:
+    n = v.producer if v is not None else None
+    return n if n is not None and n.op_type == op_type and n.domain in ("", "ai.onnx") else None
+
+
+def _axis0(graph: Graph, v: Value | None) -> bool:
+    arr = const_value(graph, v)
+    return arr is not None and arr.size == 1 and int(np.asarray(arr).reshape(-1)[0]) == 0
+
+
+def _unsqueezed0(graph: Graph, v: Value | None) -> Value | None:
+    """x when v = Unsqueeze(x, [0])."""
+    n = _producer(v, "Unsqueeze")
+    return n.input(0) if n is not None and _axis0(graph, n.input(1)) else None
+
+
+def _match_gather(graph: Graph, node: Node, options: Options) -> Match | None:
+    """The portable target's bit-exact selection, found again so that optimizing its output once
+    more gives the same model: Squeeze(GatherElements(Concat(Unsqueeze(X, 0), Unsqueeze(Expand(c,
+    S), 0)), Unsqueeze(Cast(Expand(band, S), int64), 0), axis=0), 0) is Where(band, c, X)."""
+    if not _axis0(graph, node.input(1)) or len(node.inputs) != 2:
+        return None
+    gather = _producer(node.input(0), "GatherElements")
+    if gather is None or int(gather.attr("axis", 0)) != 0:
+        return None
+    concat = _producer(gather.input(0), "Concat")
+    if concat is None or len(concat.inputs) != 2 or int(concat.attr("axis", 0)) != 0:
+        return None
+    other, expand_value = (_unsqueezed0(graph, v) for v in concat.inputs)
+    expand_value = _producer(expand_value, "Expand")
+    c = _scalar(graph, expand_value.input(0)) if expand_value is not None else None
+    if other is None or c is None:
+        return None
+    # The index: Unsqueeze(Cast(Expand(band, S), int64), 0) -- or, once mask_subgraph has lowered
+    # that shape-only chain, one int64 generator of shape [1, ..., H, W].
+    cast = _producer(_unsqueezed0(graph, gather.input(1)), "Cast")
+    expand_use = _producer(cast.input(0), "Expand") if cast is not None and cast.attr("to") == TensorProto.INT64 else None
+    g = generator_values(graph, expand_use.input(0) if expand_use is not None else gather.input(1))
+    if g is None:
+        return None
+    gen, value, other_value = g
+    if bool(value) == bool(other_value):
+        return None
+    mask_shape = gen.outputs[0].shape if expand_use is not None or gen.outputs[0].shape is None else \
+        gen.outputs[0].shape[1:]
+    x = _producer(other, "Expand")  # other = Expand(X, Shape(band)): X, when the band covers it
+    x = x.input(0) if x is not None and _covers(mask_shape, x.input(0).shape) else other
+    true_region = (gen.begin, gen.end) if bool(value) else complement((gen.begin, gen.end))
+    return _apply(graph, node, gen, x, c, true_region, True, "mask_where", options, mask_shape)
+
+
 def _rewrite_apply(graph: Graph, m: Match, options: Options) -> list[Node]:
     return [replace_node(graph, m.nodes[0], m.captures["dml"])]
 
@@ -194,6 +247,9 @@ def _rewrite_chain(graph: Graph, m: Match, options: Options) -> list[Node]:
 
 MASK_WHERE = Rule("mask_where", ("Where",), _match_where, _rewrite_apply, exact="bit-exact", phase=3,
                   description="Where(band, X, c) / Where(band, c, X) -> DIAGONAL_MATRIX1(X, Value c)")
+MASK_GATHER = Rule("mask_gather", ("Squeeze",), _match_gather, _rewrite_apply, exact="bit-exact", phase=3,
+                   description="the portable target's GatherElements selection of (X, c) by a band -> "
+                   "DIAGONAL_MATRIX1(X, Value c)")
 MASK_ARITH = Rule("mask_arith", ("Mul", "Add"), _match_arith, _rewrite_apply, exact="equal for finite inputs",
                   phase=3, description="Mul(X, 0/1 band), Add(X, 0/-inf band) -> DIAGONAL_MATRIX1(X, fill)")
 CHAIN = Rule("chain", ("DiagonalMatrix1",), _match_chain, _rewrite_chain, exact="bit-exact", phase=4,

@@ -1,4 +1,4 @@
-"""The `dmlgraph` command line: optimize, run, validate, inspect, bench, demo.
+"""The `dmlgraph` command line: optimize, run, validate, inspect, dxdispatch, bench, demo.
 
 Exit codes: 0 success; 1 the check failed (validate found a mismatch); 2 bad input or usage
 (a message says what is wrong and what to do); 3 an internal error (a bug: rerun with --debug).
@@ -97,6 +97,24 @@ def cmd_bench(args) -> int:
         return bench.main(argv) or EXIT_OK
     from dmlgraph import bench_pipeline
     return bench_pipeline.main(args) or EXIT_OK
+
+
+def cmd_dxdispatch(args) -> int:
+    from dmlgraph import api, dxdispatch
+    if (args.model is None) == (args.check is None):
+        raise DmlgraphError("give either MODEL (to export) or --check DIR (to compare DxDispatch's output)",
+                            hint="dmlgraph dxdispatch MODEL --inputs IN.npz -o DIR, or dmlgraph dxdispatch --check DIR")
+    if args.check is not None:
+        report = dxdispatch.check(args.check)
+        _emit(args, report, dxdispatch.check_text(report))
+        return EXIT_OK if report["ok"] else EXIT_MISMATCH
+    if args.output is None:
+        raise DmlgraphError("-o DIR is required to export", hint="dmlgraph dxdispatch MODEL -o DIR")
+    feeds = api.load_inputs(args.inputs) if args.inputs else None
+    report = dxdispatch.export(args.model, args.output, feeds, api.parse_dims(args.dim), args.seed,
+                               _options(args), args.force)
+    _emit(args, report, dxdispatch.export_text(report))
+    return EXIT_OK
 
 
 def cmd_demo(args) -> int:
@@ -201,8 +219,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top", type=int, default=10, metavar="N", help="largest N initializers (default 10)")
     sp.add_argument("--dot", metavar="FILE", help="write the graph as Graphviz DOT")
     sp.add_argument("--svg", metavar="FILE", help="render the DOT graph to SVG (needs `dot`)")
+    sp.add_argument("--fail-on-missed", action="store_true",
+                    help="exit 1 when a mask-like tensor is neither lowered nor declined (a CI gate)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_inspect)
+
+    sp = sub.add_parser("dxdispatch", help="export DML operators to a DxDispatch model, or check its output",
+                        description="Export: lower MODEL (unless it is lowered already), run it, and write "
+                        "DIR/model.json with one dispatch per DML node, its real inputs as .npy and the "
+                        "expected outputs. Check: compare what DxDispatch wrote with DIR/expected, bit for bit.")
+    sp.add_argument("model", nargs="?")
+    sp.add_argument("-o", "--output", metavar="DIR", help="folder to write (must be new or empty)")
+    sp.add_argument("--check", metavar="DIR", help="compare DxDispatch's output in DIR with DIR/expected")
+    sp.add_argument("--force", action="store_true", help="replace DIR if it holds a previous export")
+    input_flags(sp)
+    lowering_flags(sp)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_dxdispatch)
 
     sp = sub.add_parser("bench", help="benchmarks: ratios against a baseline in the same process")
     sp.add_argument("suite", choices=["kernels", "pipeline"])
@@ -247,7 +280,10 @@ class _Interrupts:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._old is not None:
+        # After an interrupt the process is on its way out with 130: this handler (which now only
+        # counts) stays, so a late or repeated Ctrl-C cannot turn that into a KeyboardInterrupt
+        # escaping at exit. Otherwise the caller's handler comes back.
+        if self._old is not None and not self.count:
             signal.signal(signal.SIGINT, self._old)
 
     def _handle(self, signum, frame) -> None:
@@ -263,6 +299,21 @@ def main(argv=None) -> int:
             print("dmlgraph: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
         return code
+
+
+def entry() -> None:
+    """The program (`dmlgraph`, `python -m dmlgraph`): `main`, then exit with its code. After an
+    interrupt it leaves at once (its files are already committed or removed): a Ctrl-C that lands
+    in the interpreter's own shutdown would otherwise end it by SIGINT instead of exit 130."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
 
 
 def _main(argv, interrupts: _Interrupts) -> int:
@@ -305,4 +356,4 @@ def _main(argv, interrupts: _Interrupts) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

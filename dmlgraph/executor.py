@@ -114,6 +114,21 @@ def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
     return const
 
 
+@dataclass(frozen=True)
+class DmlCall:
+    """One DML node as a run bound it: the operands a DML runtime would be handed, and the result.
+
+    `x` is the input as the graph produced it (not broadcast: a DML input desc broadcasts it with
+    zero strides); `k` is the run-time shift of the bounds (0 without a k input).
+    """
+
+    node: DmlNode
+    shape: tuple[int, ...]
+    x: np.ndarray | None
+    k: int
+    output: np.ndarray
+
+
 @dataclass
 class _Entry:
     """What the fast path keeps for one set of input shapes."""
@@ -233,7 +248,17 @@ class Executor:
             self._remember(key, env)
         return out
 
-    def _run_simple(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
+    def run_traced(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[DmlCall]]:
+        """Run every step (the simple path) and record each DML node's operands and output, in order.
+
+        For tools that hand single operators to another runtime (a DxDispatch export): the values
+        they need are the real intermediate values of this run, not re-derived ones."""
+        trace: list[DmlCall] = []
+        out, _ = self._run_simple(feeds, trace)
+        return out, trace
+
+    def _run_simple(self, feeds: dict[str, np.ndarray],
+                    trace: list[DmlCall] | None = None) -> tuple[dict[str, np.ndarray], dict]:
         """Every step, every time: the reference the fast path is checked against."""
         t_start = time.perf_counter()
         g = self.graph
@@ -248,6 +273,8 @@ class Executor:
             if isinstance(step, DmlNode):
                 env[step.outputs[0].name] = self._run_dml(step, env)
                 t_dml += time.perf_counter() - t0
+                if trace is not None:
+                    trace.append(DmlCall(step, *self._dml_operands(step, env), env[step.outputs[0].name]))
             else:
                 runner = self._runner(step)
                 results = runner.run({k: env[k] for k in runner.input_names})
@@ -385,9 +412,8 @@ class Executor:
             return kernels.diagonal_matrix(shape, dtype, node.begin, float(node.value))
         return kernels.diagonal_matrix1(shape, dtype, node.value, *bound, input=x)
 
-    def _dml_checked(self, node: DmlNode, env) -> tuple:
-        """(shape, dtype, x broadcast to shape, (begin, end)) with every check `run` makes; the
-        range is () for a zero-size output and for DIAGONAL_MATRIX (which has none)."""
+    def _dml_operands(self, node: DmlNode, env) -> tuple[tuple[int, ...], np.ndarray | None, int]:
+        """(output shape, x as produced, k), with the checks on the shape and on k."""
         x_v, shape_v, k_v = node.inputs
         x = None if x_v is None else np.asarray(self._value(x_v, env))
         if shape_v is not None:
@@ -410,6 +436,13 @@ class Executor:
             if k_arr.size != 1 or k_arr.dtype.kind not in "iu":
                 raise DmlgraphError(f"{label}: k must be one integer, got shape {list(k_arr.shape)} {k_arr.dtype}")
             k = int(k_arr.reshape(-1)[0])
+        return shape, x, k
+
+    def _dml_checked(self, node: DmlNode, env) -> tuple:
+        """(shape, dtype, x broadcast to shape, (begin, end)) with every check `run` makes; the
+        range is () for a zero-size output and for DIAGONAL_MATRIX (which has none)."""
+        shape, x, k = self._dml_operands(node, env)
+        label = f"{node.kind} node {node.name or node.outputs[0].name!r}"
         dtype = numpy_dtype(node.elem_type)
         if x is not None:
             try:

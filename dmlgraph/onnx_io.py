@@ -474,6 +474,8 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int, names: _NameSet) -> list[o
 
     clipped_k: list[str] = []  # made once per node: both bounds of an inverted band shift by it
 
+    clipped_k: list[str] = []  # made once, shared by both bounds
+
     def shift(b: int, name: str) -> str:
         """A bound as an int64 scalar, shifted by the run-time k (clipped: no int64 overflow)."""
         c = const(name, np.array(b, np.int64))
@@ -532,10 +534,14 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int, names: _NameSet) -> list[o
     value_arr = np.array(n.value, dtype=np_dt)
     value = const("value", value_arr)
     other = x.name if x is not None else const("other", np.zeros((), np_dt))
+    if x is not None and (shape is not None or n.static_shape is not None):
+        # x broadcast to the output first: the select then has the output's shape (no Expand after
+        # it), and re-optimizing the portable model finds the selection again, a fixed point.
+        other = op("Expand", [x.name, shape_name], "input")
     result = _portable_select(use, value, value_arr, other, n.elem_type, op, const)
-    if x is not None and shape is None and n.static_shape is None:
-        # The output is shaped like x and the selection already broadcast `use` ([H, W]) to it, so
-        # an Expand to Shape(x) would be a no-op; leaving it out also keeps re-optimizing a
+    if x is not None:
+        # The output is shaped like the (broadcast) input and the selection already broadcast `use`
+        # ([H, W]) to it, so an Expand would be a no-op; leaving it out also keeps re-optimizing a
         # portable model from stacking one more Expand per round.
         nodes[-1].output[0] = out
         return nodes

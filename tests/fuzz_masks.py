@@ -375,8 +375,10 @@ def check(case: Case, sizes: list[tuple[int, int]], k_values: list[int] = (0,)) 
                         else:
                             # Arithmetic on NaN payloads differs between onnxruntime's kernels and
                             # numpy's: the reference evaluator's bits are right too.
+                            # Element by element: nodes left as they were run in onnxruntime under
+                            # other session options, whose Where kernels differ in those bits too.
                             spec = reference(case.model, feeds) if spec is None and not from_reference else spec
-                            ok = spec is not None and same_bits(spec, got)
+                            ok = spec is not None and _each_bits_either(want, spec, got)
                         if not ok:
                             problems.append(f"{low.label} at [{n}, {m}]{'' if k is None else f' k={k}'} "
                                             f"({'finite' if finite else 'special'} data): "
@@ -394,3 +396,13 @@ def _differences(want: np.ndarray, got: np.ndarray) -> str:
     return (f"{bad.size} of {want.size} elements differ in their bits; first at flat index {first}: "
             f"want {want.reshape(-1)[first]!r} ({w[first].tobytes().hex()}), got {got.reshape(-1)[first]!r} "
             f"({g[first].tobytes().hex()})")
+
+
+def _each_bits_either(a: np.ndarray, b: np.ndarray, got: np.ndarray) -> bool:
+    """Every element of `got` has the bits of `a`'s element or of `b`'s."""
+    if not (a.shape == b.shape == got.shape and a.dtype == b.dtype == got.dtype):
+        return False
+    rows = lambda x: np.ascontiguousarray(x).view(np.uint8).reshape(x.size, -1)  # noqa: E731
+    ga = (rows(got) == rows(a)).all(axis=1)
+    gb = (rows(got) == rows(b)).all(axis=1)
+    return bool((ga | gb).all())

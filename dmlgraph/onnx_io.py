@@ -660,7 +660,7 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet) ->
         # x broadcast to the output first: the select then has the output's shape (no Expand after
         # it), and re-optimizing the portable model finds the selection again, a fixed point.
         other = op("Expand", [x.name, shape_name], "input")
-    result = _portable_select(use, value, value_arr, other, n.elem_type, op, const)
+    result = _portable_select(use, value, value_arr, other, n.elem_type, op, const, other_is_data=x is not None)
     if x is not None:
         # The output is shaped like the (broadcast) input and the selection already broadcast `use`
         # ([H, W]) to it, so an Expand would be a no-op; leaving it out also keeps re-optimizing a
@@ -697,7 +697,8 @@ _WHERE_WIDEN = {TensorProto.INT16: TensorProto.INT32, TensorProto.UINT16: Tensor
                 TensorProto.UINT64: TensorProto.INT64}
 
 
-def _portable_select(use: str, value: str, value_arr: np.ndarray, other: str, elem_type: int, op, const) -> str:
+def _portable_select(use: str, value: str, value_arr: np.ndarray, other: str, elem_type: int, op, const,
+                     other_is_data: bool = True) -> str:
     """`value` where `use`, else `other`, with every bit of both kept.
 
     onnxruntime's Where is not a pure selection for floats: a -0.0 can come out +0.0 (from the
@@ -705,13 +706,15 @@ def _portable_select(use: str, value: str, value_arr: np.ndarray, other: str, el
     and for float16 it rewrites every NaN payload. So floats are selected by pure data movement:
     GatherElements from [other, value] stacked on a new leading axis, indexed by `use` as 0/1,
     which copies whichever bits it picks. Integer types, for which every path of Where is exact,
-    keep the one Where.
+    keep the one Where, and so does a generator (`other` is +0) whose value is neither -0.0 nor
+    a NaN: no bit Where could change is there.
     """
     if elem_type == TensorProto.BOOL:
         # Where has no bool kernel in onnxruntime: (use and value) or (not use and other).
         return op("Or", [op("And", [use, value], "pick_v"),
                          op("And", [op("Not", [use], "not_use"), other], "pick_o")], "sel")
-    if value_arr.dtype.kind != "f":
+    plain_constants = not other_is_data and not (value_arr == 0 and np.signbit(value_arr)) and not np.isnan(value_arr)
+    if value_arr.dtype.kind != "f" or plain_constants:
         wide = _WHERE_WIDEN.get(elem_type)
         if wide is None:
             return op("Where", [use, value, other], "sel")

@@ -39,6 +39,14 @@ from onnx.reference import ReferenceEvaluator
 from dmlgraph import api
 from dmlgraph.rewrite import Options
 
+# Found by this fuzzer in the rules, not fixed yet: excluded from the bounded run (each has an xfail
+# regression test in test_fuzz_masks.py), so that a new finding stands out.
+OPEN_FINDINGS = {
+    "runtime_k_trilu_where": "Where(Trilu(ones, k), x, c) with a run-time k: mask_where "
+                             "builds its input as Where(ones, x, c), and onnxruntime's Where turns x's "
+                             "-0.0 into +0.0 (values equal, sign bits lost under an exact rule)",
+}
+
 # Families whose masks the sampling proof of `mask_subgraph` can get wrong past the sampled sizes.
 KNOWN_UNSOUND_SAMPLING = {
     "float_constant": "a threshold that is a float constant",
@@ -223,6 +231,8 @@ def mask_models(draw, families: str = "all") -> Case:
             k = b.const(np.array(k_value, np.int64), "k")
             constants.append(k_value)
         tri = b.op("Trilu", [ones, k], "tri", upper=int(draw(st.booleans())))
+        if runtime_k:
+            family = "runtime_k_trilu_where"  # (an OPEN_FINDINGS family when applied by Where)
         mask = tri if mtype == T.BOOL else b.op("Cast", [tri], "band", to=T.BOOL)
         description += f" k={'input' if runtime_k else k_value}"
     elif kind == "eyelike":
@@ -246,6 +256,11 @@ def mask_models(draw, families: str = "all") -> Case:
         mask = b.op("Cast", [b.const(use, "mask")], "band", to=T.BOOL)
         description += f" {begin},{end}"
     application = draw(st.sampled_from(["mask", "where_x_c", "where_c_x", "add_neg_inf", "mul"]))
+    if family == "runtime_k_trilu_where":
+        family = family if application.startswith("where") else "sound"
+        if family in OPEN_FINDINGS and families != "all":
+            from hypothesis import assume
+            assume(False)
     if application == "mask":
         y = b.op("Cast", [mask], "y", to=dtype)
     elif application.startswith("where"):
@@ -293,8 +308,12 @@ def run_original(model: onnx.ModelProto, feeds: dict) -> tuple[np.ndarray, bool]
         return reference(model, feeds), True
 
 
-def reference(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
-    return np.asarray(ReferenceEvaluator(model).run(None, feeds)[0])
+def reference(model: onnx.ModelProto, feeds: dict) -> np.ndarray | None:
+    """onnx.reference's answer; None where it fails (its Trilu overflows numpy on a huge k)."""
+    try:
+        return np.asarray(ReferenceEvaluator(model).run(None, feeds)[0])
+    except (OverflowError, ValueError):
+        return None
 
 
 @dataclass
@@ -345,6 +364,7 @@ def check(case: Case, sizes: list[tuple[int, int]], k_values: list[int] = (0,)) 
     with tempfile.TemporaryDirectory(prefix="fuzz-masks-") as folder:
         lowered = lower(case, folder)
         has_k = any(i.name == "k" for i in case.model.graph.input)
+        selection = case.description.endswith(("where_x_c", "where_c_x"))  # the output is the data's Where
         for n, m in ([case.static] if case.static else sizes):
             for k in (k_values if has_k else [None]):
                 for finite in (False, True):
@@ -359,16 +379,16 @@ def check(case: Case, sizes: list[tuple[int, int]], k_values: list[int] = (0,)) 
                         got = low.run(feeds)
                         if not low.exact:
                             ok = same_values(want, got)
-                        elif "mask_where" in low.rules and not from_reference:
+                        elif selection and "mask_where" in low.rules and not from_reference:
                             # The data's Where became a DML node: a pure selection, as ONNX's Where
                             # is. onnxruntime's own Where is not (a -0.0 in its true branch comes
                             # out +0.0; float16 NaN payloads are rewritten): the reference judges.
                             spec = reference(case.model, feeds) if spec is None else spec
-                            ok = same_bits(spec, got)
+                            ok = same_bits(spec if spec is not None else want, got)
                             if not ok:
                                 problems.append(f"{low.label} at [{n}, {m}]{'' if k is None else f' k={k}'} "
                                                 f"({'finite' if finite else 'special'} data): "
-                                                f"{_differences(spec, got)} (ONNX semantics)")
+                                                f"{_differences(spec if spec is not None else want, got)} (ONNX semantics)")
                             continue
                         elif same_bits(want, got):
                             ok = True

@@ -97,3 +97,17 @@ def test_known_unsound_sampling_example(family, request):
         request.applymarker(pytest.mark.xfail(strict=False, reason=f"KNOWN_UNSOUND_SAMPLING[{family!r}]: "
                                               f"{KNOWN_UNSOUND_SAMPLING[family]}"))
     assert not problems, "\n".join(problems[:5])
+
+
+@pytest.mark.xfail(strict=False, reason="OPEN_FINDINGS['runtime_k_trilu_where']: " +
+                   fuzz_masks.OPEN_FINDINGS["runtime_k_trilu_where"])
+def test_open_finding_runtime_k_trilu_where():
+    b = fuzz_masks._Builder()
+    b.inputs.append(fuzz_masks.h.make_tensor_value_info("k", T.INT64, []))
+    ones = b.op("ConstantOfShape", [b.op("Shape", ["x"], "shape")], "ones",
+                value=fuzz_masks.numpy_helper.from_array(np.ones(1, np.bool_)))
+    band = b.op("Trilu", [ones, "k"], "band", upper=1)
+    y = b.op("Where", [band, "x", b.const(np.array(0.0, np.float32), "fill")], "y")
+    case = fuzz_masks._finish(b, y, T.FLOAT, None, "runtime_k_trilu_where", [0], "trilu k=input -> where_x_c")
+    problems = check(case, [(1, 1), (3, 3), (3, 4)], [0, 1, -1])
+    assert not problems, "\n".join(problems[:5])

@@ -510,3 +510,20 @@ def test_fuzz_finding_where_drops_negative_zero_from_its_false_branch(tmp_path):
     want = ReferenceEvaluator(path).run(None, {"x": x})[0]
     for target, out in outs.items():
         assert_same_bits(want, run_target(target, out, {"x": x})[0], target)
+
+
+@pytest.mark.parametrize("k", [2**63 - 1, -2**63])
+def test_fuzz_finding_trilu_of_a_shape_with_extreme_k(k, tmp_path):
+    """Found by the mask fuzzer: the lowered mask of Trilu(ones shaped like x, k = 2^63 - 1, lower)
+    had begin = k + 1 = 2^63, which no int64 attribute holds (an internal error at export).
+    Bounds are kept inside +-2^62, where they mean the same."""
+    nodes = [h.make_node("Shape", ["x"], ["s"]),
+             h.make_node("ConstantOfShape", ["s"], ["ones"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+             h.make_node("Trilu", ["ones", "k"], ["y"], upper=0)]
+    path = save(model(nodes, [vi("x", ["n", "m"])], [vi("y", ["n", "m"])],
+                      [numpy_helper.from_array(np.array(k, np.int64), "k")]), tmp_path / "m.onnx")
+    outs = optimize_both(path, tmp_path)
+    x = np.zeros((3, 5), np.float32)
+    want = ort_run(path, {"x": x})[0]
+    for target, out in outs.items():
+        assert_same_bits(want, run_target(target, out, {"x": x})[0], target)

@@ -643,6 +643,8 @@ def _models():
     return [os.path.relpath(p, ROOT) for p in found]
 
 
+
+
 @pytest.mark.parametrize("target", ["dml", "onnx"])
 @pytest.mark.parametrize("rel", _models())
 def test_optimize_is_deterministic_and_idempotent(rel, target, tmp_path, capsys):

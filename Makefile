@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The differential mask fuzzer's long soak: FUZZ_EXAMPLES examples per test (default 500), sizes up
+# to FUZZ_MAX_SIZE (default 2049, past float16's integer limit). Failures are kept in .hypothesis/
+# and replayed first on the next run.
+fuzz: $(STAMP)
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-500} FUZZ_MAX_SIZE=$${FUZZ_MAX_SIZE:-2049} \
+		$(BIN)/python -m pytest tests/test_fuzz_masks.py -rxX
 
 bench: $(STAMP)
 	$(BIN)/dmlgraph bench kernels

@@ -1,5 +1,3 @@
-import sys
+from dmlgraph.cli import entry
 
-from dmlgraph.cli import main
-
-sys.exit(main())
+entry()

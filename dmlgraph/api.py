@@ -9,14 +9,14 @@ import numpy as np
 import onnx
 
 from dmlgraph.dtypes import bitwise_equal
-from dmlgraph.errors import DmlgraphError
+from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
 from dmlgraph.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes
 from dmlgraph.nested import nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
-from dmlgraph.saving import atomic_writer, save_model
+from dmlgraph.saving import atomic_writer, check_for_save, save_model
 
 ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
 IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelProto
@@ -93,18 +93,27 @@ class OptimizeResult:
     model: onnx.ModelProto | None = None
     report: dict = field(default_factory=dict)
     source_model: onnx.ModelProto | None = None  # the model as loaded (not modified)
+    checked: bool = False  # `model` passed `check_for_save` (optimize checks before it returns)
 
 
 @gc_paused
 def optimize(model: ModelLike, options: Options | None = None, target: str = "dml", progress=None) -> OptimizeResult:
     options = options or Options()
+    label = model_label(model)
     source, g = load(model)
     before = graph_stats(g)
     result = optimize_graph(g, options, progress)
     g.remove_dead()
     model = export_model(g, target)
+    _check_output(model, source, label)
     # The numbers describe the file written: the portable target expands each DML node.
-    after = graph_stats(g) if target == "dml" else graph_stats(import_model(model))
+    if target == "dml":
+        after = graph_stats(g)
+    else:
+        try:
+            after = graph_stats(import_model(model))
+        except DmlgraphError as e:  # what we made does not load: our bug, not the user's input
+            raise InternalError(f"the exported model does not load again: {e}") from e
     report = {
         "model": model_label(model), "target": target, "feature_level": options.feature_level.label,
         "exact_only": options.exact_only,
@@ -113,7 +122,24 @@ def optimize(model: ModelLike, options: Options | None = None, target: str = "dm
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
     }
-    return OptimizeResult(g, result, before, after, model, report, source)
+    return OptimizeResult(g, result, before, after, model, report, source, checked=True)
+
+
+def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -> None:
+    """The model to be written must pass the full ONNX check. When it fails, the source is checked
+    the same way: a source that fails too is the user's (exit 2: the loader's check is the lighter
+    one), one that passes means our rewrite broke it (InternalError)."""
+    try:
+        check_for_save(model)
+    except InternalError as e:
+        try:
+            check_for_save(source)
+        except InternalError as src:
+            reason = str(src.__cause__ or src).strip().splitlines()[0]
+            raise ModelError(f"{label} fails the ONNX checker's full check (strict shape and type inference): "
+                             f"{reason}", hint="fix the model (re-export it); run and inspect do not need "
+                             "the full check") from None
+        raise e
 
 
 def _dml_summary(m) -> dict | None:
@@ -126,8 +152,11 @@ def _dml_summary(m) -> dict | None:
 
 @gc_paused
 def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = False) -> int:
-    """Save atomically; returns the written file's size in bytes."""
+    """Check the model (an invalid one is a bug: InternalError, nothing written), save it
+    atomically; returns the written file's size in bytes."""
     assert result.model is not None, "optimize always exports a model"
+    if not result.checked:
+        check_for_save(result.model)
     save_model(result.model, out, input_path=input_path, in_place=in_place,
                base_dir=os.path.dirname(os.path.abspath(input_path)))
     return os.path.getsize(out)
@@ -138,7 +167,7 @@ def parse_dims(items) -> dict[str, int]:
     dims = {}
     for item in items or ():
         name, sep, size = item.partition("=")
-        if not sep or not size.strip().isdigit():
+        if not sep or not size.strip().isdigit() or not name.strip():
             raise DmlgraphError(f"--dim {item!r} is not NAME=SIZE", hint="for example --dim sequence=16")
         dims[name.strip()] = int(size)
     return dims
@@ -159,6 +188,12 @@ def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, def
     or more than `max_bytes` in all are refused with a DmlgraphError.
     """
     dims = dims or {}
+    known = sorted({d for v in g.inputs for d in (v.shape or ()) if isinstance(d, str) and d})
+    unknown = sorted(set(dims) - set(known))
+    if unknown:
+        raise DmlgraphError(f"--dim {unknown[0]}: the model's inputs have no dim of that name",
+                            hint=f"its dim names are: {', '.join(known)}" if known else
+                            "its inputs have no named (symbolic) dims")
     hint = "give symbolic dims smaller sizes with --dim NAME=SIZE, or pass real inputs with --inputs IN.npz"
     plan = []
     total = 0
@@ -212,12 +247,21 @@ def check_feeds(g: Graph, feeds: dict) -> None:
     """
     names = [v.name for v in g.inputs]
     hint = f"the model's inputs are {', '.join(names) or '(none)'}"
-    unknown = sorted(set(feeds) - set(names))
+    if g.overridable_inputs:
+        hint += f"; these initializers may be fed too: {', '.join(g.overridable_inputs)}"
+    unknown = sorted(set(feeds) - set(names) - set(g.overridable_inputs))
     if unknown:
         raise DmlgraphError(f"inputs file has names the model does not take: {', '.join(unknown)}", hint=hint)
     missing = [n for n in names if n not in feeds]
     if missing:
         raise DmlgraphError(f"inputs file is missing inputs: {', '.join(missing)}", hint=hint)
+    for name in g.overridable_inputs:  # a default the model lets callers replace: same type and shape
+        v = g.initializers[name]
+        if name in feeds:
+            arr, want = np.asarray(feeds[name]), numpy_dtype(v.elem_type)
+            if arr.dtype != want or tuple(arr.shape) != tuple(v.shape):
+                raise DmlgraphError(f"input {name!r} is {arr.dtype} {list(arr.shape)}; the model declares it "
+                                    f"{want} {list(v.shape)} (an initializer it lets callers replace)")
     bound: dict[str, tuple[int, str]] = {}
     for v in g.inputs:
         arr = feeds[v.name]
@@ -257,11 +301,24 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
 
 def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np.ndarray]:
     check_feeds(g, feeds)
-    return Executor(g, threads).run(feeds)
+    return Executor(g, threads).run(_override(g, feeds))
+
+
+def _override(g: Graph, feeds: dict) -> dict:
+    """The feeds of `g.inputs`; a fed initializer that is also a graph input (a default the model
+    lets callers replace, as ONNX allows) replaces its value in `g`."""
+    rest = dict(feeds)
+    for name in g.overridable_inputs:
+        if name in rest:
+            v = g.initializers[name]
+            v.initializer, v.array = None, np.asarray(rest.pop(name))
+    return rest
 
 
 def check_output_path(path: str, model_path: str | None = None, what: str = "the outputs") -> None:
     """Refuse an output path whose folder is missing, that is a directory, or that is the model."""
+    if not path:
+        raise DmlgraphError(f"the path for {what} is empty", hint="pass a file name")
     out = os.path.abspath(path)
     folder = os.path.dirname(out)
     if not os.path.isdir(folder):
@@ -273,6 +330,8 @@ def check_output_path(path: str, model_path: str | None = None, what: str = "the
             and os.path.samefile(out, model_path):
         raise DmlgraphError(f"refusing to overwrite the input model {model_path} with {what}",
                             hint="choose a different output path")
+    if not os.access(folder, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
+        raise DmlgraphError(f"cannot write {path}: permission denied", hint="choose a writable output path")
 
 
 def save_outputs(outputs: dict[str, np.ndarray], path: str, model_path: str | None = None) -> None:
@@ -349,8 +408,8 @@ def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: b
                             hint="compare a model with the model it was lowered from")
     for g in (original, lowered):  # expose the rewritten tensors as extra outputs on both sides
         g.outputs = g.outputs + [g.values[name] for name in rewritten if not g.is_graph_output(g.values[name])]
-    expected = Executor(original, optimize=False).run(feeds)
-    got = Executor(lowered, optimize=False).run(feeds)
+    expected = Executor(original, optimize=False).run(_override(original, feeds))
+    got = Executor(lowered, optimize=False).run(_override(lowered, feeds))
     exact = {n.outputs[0].name: n.exact for n in dml}
     # (a DML node inside a body is checked through the model outputs it reaches)
     all_exact = all(exact.values()) and nested_exact

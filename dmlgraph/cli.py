@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import traceback
 
 from dmlgraph import __version__
 from dmlgraph.errors import DmlgraphError
@@ -67,13 +69,13 @@ def _optimize_folder(args) -> int:
 
 def cmd_run(args) -> int:
     from dmlgraph import api
-    if args.output:
+    if args.output is not None:
         api.check_output_path(args.output, args.model)  # fail before a long run, not after
     _, g = api.load(args.model)
     feeds = api.load_inputs(args.inputs) if args.inputs else api.make_inputs(g, api.parse_dims(args.dim),
                                                                                args.seed)
     outputs = api.run_graph(g, feeds, args.threads)  # checks names, dtypes and shapes of the feeds
-    if args.output:
+    if args.output is not None:
         api.save_outputs(outputs, args.output, args.model)  # atomic; exactly this name (no .npz added)
     payload = {"model": args.model, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
                                                 for k, v in outputs.items()}, "written": args.output}
@@ -101,6 +103,9 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.json_out is not None:  # an unwritable path fails now, not after the whole run
+        from dmlgraph import api
+        api.check_output_path(args.json_out, what="the JSON rows")
     if args.suite == "kernels":
         from dmlgraph import bench
         argv = ["kernels"] + (["--quick"] if args.quick else []) + (["--json", args.json_out] if args.json_out else [])
@@ -270,7 +275,67 @@ def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+
+
+class _Interrupts:
+    """SIGINT while a command runs: the first one raises KeyboardInterrupt, later ones only count.
+
+    Whatever the interrupt turns into on its way out (an ImportError when it lands inside numpy's
+    import, an OSError from a child being stopped, nothing at all when C code swallows it), the
+    command then ends as interrupted: exit 130 and one line. Output files are atomic, so an
+    interrupted command leaves either nothing or a complete file.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._old = None
+
+    def __enter__(self) -> "_Interrupts":
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread (an embedding): Python's default handling stays
+            self._old = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # After an interrupt the process is on its way out with 130: this handler (which now only
+        # counts) stays, so a late or repeated Ctrl-C cannot turn that into a KeyboardInterrupt
+        # escaping at exit. Otherwise the caller's handler comes back.
+        if self._old is not None and not self.count:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    with _Interrupts() as interrupts:
+        code = _main(argv, interrupts)
+        if interrupts.count:  # (also when the interrupt was swallowed on its way out)
+            print("dmlgraph: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return code
+
+
+def entry() -> None:
+    """The program (`dmlgraph`, `python -m dmlgraph`): `main`, then exit with its code. After an
+    interrupt it leaves at once (its files are already committed or removed): a Ctrl-C that lands
+    in the interpreter's own shutdown would otherwise end it by SIGINT instead of exit 130."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
+def _main(argv, interrupts: _Interrupts) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -282,28 +347,33 @@ def main(argv=None) -> int:
     try:
         with process_wide():  # this process is ours: gc pauses, memory caps, an inference child
             return args.func(args)
+    except KeyboardInterrupt:
+        if not interrupts.count:  # raised by something other than our handler: still an interrupt
+            interrupts.count = 1
+        return EXIT_INTERRUPTED
     except DmlgraphError as e:
+        if interrupts.count:
+            return EXIT_INTERRUPTED
         if args.debug:
-            raise
+            traceback.print_exc()
         print(f"dmlgraph: error: {_printable(Exception.__str__(e))}", file=sys.stderr)
         if e.hint:
             print(f"  hint: {_printable(e.hint)}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("dmlgraph: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # The reader went away (`... --json | head`): stop quietly, as Unix tools do. Output files
         # are already complete or cleaned up; the interpreter's last flush now goes nowhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_CLOSED_PIPE
-    except Exception as e:
-        if args.debug:
-            raise
+    except Exception as e:  # noqa: BLE001 - the last line of defence: no bare tracebacks for users
+        if interrupts.count:
+            return EXIT_INTERRUPTED
+        if args.debug:  # the traceback, and still the exit code that says "a bug"
+            traceback.print_exc()
         print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: this is a bug in dmlgraph; "
               "rerun with --debug and report the traceback", file=sys.stderr)
         return EXIT_INTERNAL
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

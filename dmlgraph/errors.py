@@ -22,3 +22,8 @@ class ModelError(DmlgraphError):
 
 class UnsupportedError(DmlgraphError):
     """A valid request this tool or DirectML cannot carry out."""
+
+
+class InternalError(RuntimeError):
+    """A bug in dmlgraph caught before it did harm (e.g. a model about to be written is invalid):
+    the CLI reports it as an internal error (exit 3), not as the user's mistake."""

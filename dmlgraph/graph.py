@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from dmlgraph.errors import ModelError
+from dmlgraph.ops import clamp_bound
 from dmlgraph.process import policy
 
 P = ParamSpec("P")
@@ -175,8 +176,10 @@ class DmlNode(Node):
         super().__init__(name, [x, shape, k], [output])
         self.elem_type = elem_type
         self.value = value
-        self.begin = None if begin is None else int(begin)
-        self.end = None if end is None else int(end)
+        # (Kept inside +-2^62, as `ops.clamp_bound` does: a bound past any matrix means the same
+        # there, and k + 1 of a k = 2^63 - 1 would not fit the int64 attribute it is written to.)
+        self.begin = clamp_bound(begin)
+        self.end = clamp_bound(end)
         self.static_shape = None if static_shape is None else tuple(int(s) for s in static_shape)
         self.exact = exact
         self.kind = kind  # "DiagonalMatrix1", or "DiagonalMatrix" below feature level 5_1

@@ -598,9 +598,12 @@ def _run_checker(model: onnx.ModelProto, path: str, has_external: bool, data: by
         onnx.checker.check_model(data if view is model and data is not None else view, full_check=False)
     except Exception as e:  # noqa: BLE001 - checker raises ValidationError and others; all mean "invalid"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        node = re.search(r"Bad node spec for node\. Name: (.*?) OpType: (\S+)", str(e))
+        if node:  # (the checker names the node on a later line)
+            name = node.group(1).strip()
+            first += f" (in {node.group(2)} node {name!r})" if name else f" (in an unnamed {node.group(2)} node)"
         raise ModelError(f"{path} failed the ONNX checker: {first}",
-                         hint="the model does not conform to the ONNX spec; re-export it, or load it "
-                              "with check=False to skip validation") from None
+                         hint="the model does not conform to the ONNX spec; re-export it") from None
 
 
 def _utf8_twin():

@@ -14,6 +14,7 @@ constant is stored.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import onnx
@@ -21,8 +22,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph import shape_inference
 from dmlgraph.dtypes import DmlDataType
-from dmlgraph.errors import ModelError, UnsupportedError
+from dmlgraph.errors import DmlgraphError, ModelError, UnsupportedError
 from dmlgraph.graph import DmlNode, Graph, ModelInfo, OnnxNode, Value, gc_paused
+
+INT64_MAX = 2**63 - 1
+MAX_ELEMENTS = 2**32 - 1  # DML_BUFFER_TENSOR_DESC's limit
 
 DOMAIN = "com.dmlgraph"
 DOMAIN_VERSION = 1
@@ -83,8 +87,9 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         graph_name=model.graph.name or "graph", graph_doc_string=model.graph.doc_string,
         functions=list(model.functions), base_dir=base_dir)
     g = Graph(info)
-    shapes = shape_inference.start(model)  # (where it can, a child infers while the graph is built)
+    shapes = shape_inference.PendingShapes(model)
     try:
+        shapes.start()  # (where it can, a child infers while the graph is built)
         return _build(g, model, shapes, base_dir)
     finally:
         shapes.close()
@@ -132,6 +137,7 @@ def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShap
         if vi.name not in g.initializers:
             _annotate(value(vi.name), vi, True, types)
     _check_defined(g)
+    _check_dml_types(g)
     return g
 
 
@@ -162,27 +168,91 @@ def _check_defined(g: Graph) -> None:
             raise ModelError(f"graph output {v.name!r} is not produced by anything")
 
 
-def _import_dml(n: onnx.NodeProto, ins, outs) -> DmlNode:
+def _import_dml(n: onnx.NodeProto, ins: list, outs: list) -> DmlNode:
+    """A `com.dmlgraph` node as a DmlNode, after checking every field the checker cannot (it knows
+    the attributes' kinds, not their meaning): a malformed one is a ModelError naming the field."""
+    if n.op_type not in ("DiagonalMatrix1", "DiagonalMatrix"):
+        raise ModelError(f"unknown op {DOMAIN}::{n.op_type}", hint="this dmlgraph knows DiagonalMatrix1 and "
+                         "DiagonalMatrix")
+    label = f"{n.op_type} node {n.name or outs[0].name!r}"
+
+    def bad(field: str, problem: str) -> ModelError:
+        return ModelError(f"{label}: {field} {problem}", hint="the node is malformed; make it again with "
+                          "dmlgraph optimize from the original model")
+
     a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
     ins = ins + [None] * (3 - len(ins)) if n.op_type == "DiagonalMatrix1" else [None] + ins + [None] * (2 - len(ins))
     shape = tuple(a["output_shape"]) if "output_shape" in a else None
-    rule = a.get("rule", b"").decode() or None
+    if shape is not None and (len(shape) < 2 or min(shape) < 1):
+        raise bad("output_shape", f"{list(shape)} is not a matrix shape (2 or more dims, each at least 1)")
+    if shape is not None and math.prod(shape) > MAX_ELEMENTS:
+        raise bad("output_shape", f"{list(shape)} has {math.prod(shape)} elements, more than a DirectML tensor "
+                  f"holds ({MAX_ELEMENTS})")
+    if shape is None and ins[0] is None and ins[1] is None:
+        raise bad("output_shape", "is missing, and there is no X or shape input to size the output")
+    rule = a.get("rule", b"").decode(errors="replace") or None
     if n.op_type == "DiagonalMatrix1":
-        value = numpy_helper.to_array(a["value"]).reshape(-1)[0]
-        node = DmlNode(n.name, ins[0], ins[1], ins[2], outs[0], elem_type=a["value"].data_type,
-                       value=value, begin=a.get("begin"), end=a.get("end"), static_shape=shape,
-                       exact=bool(a.get("exact", 1)))
-    elif n.op_type == "DiagonalMatrix":
-        dt = helper.tensor_dtype_to_np_dtype(a["dtype"])
-        v = a["value"] if np.issubdtype(dt, np.floating) else np.trunc(a["value"])
-        node = DmlNode(n.name, None, ins[1], ins[2], outs[0], elem_type=a["dtype"], value=dt.type(v),
-                       begin=a["offset"], end=a["offset"] + 1, static_shape=shape,
-                       kind="DiagonalMatrix")
+        t = a["value"]
+        elem_type = t.data_type
+        _dml_type(elem_type, bad, "value")
+        try:
+            value = numpy_helper.to_array(t).reshape(-1)
+        except Exception as e:  # noqa: BLE001 - undecodable tensor data
+            raise bad("value", f"cannot be read: {e}") from None
+        if value.size != 1:
+            raise bad("value", f"holds {value.size} elements; it must hold exactly one")
+        expected = int(DmlDataType.from_onnx(elem_type))
+        if a["value_data_type"] != expected:
+            raise bad("value_data_type", f"is {a['value_data_type']}, but the value is "
+                      f"{TensorProto.DataType.Name(elem_type)} (DML_TENSOR_DATA_TYPE {expected})")
+        node = DmlNode(n.name, ins[0], ins[1], ins[2], outs[0], elem_type=elem_type, value=value[0],
+                       begin=a.get("begin"), end=a.get("end"), static_shape=shape, exact=bool(a.get("exact", 1)))
     else:
-        raise ModelError(f"unknown op {DOMAIN}::{n.op_type}", hint="this dmlgraph knows DiagonalMatrix1 and "
-                         "DiagonalMatrix")
+        elem_type = a["dtype"]
+        _dml_type(elem_type, bad, "dtype")
+        dt = helper.tensor_dtype_to_np_dtype(elem_type)
+        offset = a["offset"]
+        if offset >= INT64_MAX:
+            raise bad("offset", f"{offset} leaves no room for the end of its diagonal (offset + 1) in int64")
+        v = a["value"]
+        if not np.issubdtype(dt, np.floating) and dt != np.bool_:
+            info = np.iinfo(dt)
+            if not math.isfinite(v) or not info.min <= math.trunc(v) <= info.max:
+                raise bad("value", f"{v} does not fit the output type {dt} (truncated toward zero)")
+            v = math.trunc(v)
+        node = DmlNode(n.name, None, ins[1], ins[2], outs[0], elem_type=elem_type, value=dt.type(v),
+                       begin=offset, end=offset + 1, static_shape=shape, kind="DiagonalMatrix")
     node.rule = rule
     return node
+
+
+def _dml_type(elem_type: int, bad, field: str) -> None:
+    """`elem_type` must be an ONNX type DirectML has (bool is carried as UINT8)."""
+    try:
+        DmlDataType.from_onnx(elem_type)
+    except DmlgraphError:
+        name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else "unknown"
+        raise bad(field, f"has element type {elem_type} ({name}), which is not a DirectML data type") from None
+
+
+def _check_dml_types(g: Graph) -> None:
+    """DirectML requires ValueDataType to equal the output's type, and X the output's type: a DML
+    node whose declared output (or X) has another element type is malformed."""
+    for n in g.nodes.values():
+        if not isinstance(n, DmlNode):
+            continue
+        for what, v in (("output", n.outputs[0]), ("input X", n.inputs[0])):
+            if v is not None and v.elem_type and v.elem_type != n.elem_type:
+                field = "value" if n.kind == "DiagonalMatrix1" else "dtype"
+                raise ModelError(f"{n.kind} node {n.name or n.outputs[0].name!r}: {field} is "
+                                 f"{TensorProto.DataType.Name(n.elem_type)}, but its {what} {v.name!r} is "
+                                 f"{_type_name(v.elem_type)}; DirectML needs them equal",
+                                 hint="the node is malformed; make it again with dmlgraph optimize from the "
+                                 "original model")
+
+
+def _type_name(elem_type: int) -> str:
+    return TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else str(elem_type)
 
 
 # ---- export ----------------------------------------------------------------------------------
@@ -199,7 +269,9 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     # Calls of functions holding DML nodes: onnx's inference cannot type their outputs (as a DML
     # node's), so those are written down too.
     hosted = dml_function_keys(g.info.functions) if target == "dml" and g.info.functions else set()
-    for n in g.topological_order():
+    order = g.topological_order()
+    names = _NameSet.of_graph(g, order) if target == "onnx" else None
+    for n in order:
         if isinstance(n, OnnxNode):
             proto = onnx_node_proto(n)
             if n.attributes and n.has_subgraph and has_dml(proto.attribute):
@@ -213,7 +285,7 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
             nodes.append(dml_node_proto(n))
             dml_outputs.append(n.outputs[0])
         else:
-            nodes.extend(_portable_nodes(g, n, opsets.get("", 0)))
+            nodes.extend(_portable_nodes(g, n, opsets.get("", 0), names))
     functions = list(g.info.functions)
     dml_functions = [i for i, f in enumerate(functions) if has_dml_nodes(f.node)]
     if target == "onnx":
@@ -252,10 +324,13 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     if g.info.graph_doc_string:
         graph.doc_string = g.info.graph_doc_string
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
-    for field, value in (("ir_version", g.info.ir_version), ("producer_name", g.info.producer_name or "dmlgraph"),
+    # Only the fields the source set: an optional field set to its default is still written, and
+    # an optimize that changes nothing must give back a file no bigger than its input.
+    for field, value in (("ir_version", g.info.ir_version), ("producer_name", g.info.producer_name),
                          ("producer_version", g.info.producer_version), ("domain", g.info.domain),
                          ("model_version", g.info.model_version), ("doc_string", g.info.doc_string)):
-        setattr(model, field, value)
+        if value:
+            setattr(model, field, value)
     for k, v in g.info.metadata_props:
         model.metadata_props.add(key=k, value=v)
     model.functions.extend(functions)
@@ -311,10 +386,11 @@ def has_dml(attributes) -> bool:
 def _portable_protos(nodes, opset: int) -> list[onnx.NodeProto]:
     """`nodes` with every DML node written as standard ops (`_portable_nodes`), bodies included."""
     out: list[onnx.NodeProto] = []
+    names = _NameSet.of_protos(nodes)
     for n in nodes:
         if n.domain == DOMAIN:
             dml = _import_dml(n, [Value(x) if x else None for x in n.input], [Value(x) for x in n.output])
-            out.extend(_portable_nodes(None, dml, opset))  # (it reads the node, not the graph)
+            out.extend(_portable_nodes(None, dml, opset, names))  # (it reads the node, not the graph)
         elif n.attribute and has_dml(n.attribute):
             out.append(portable_node(n, opset))
         else:
@@ -401,8 +477,10 @@ def dml_node_proto(n: DmlNode) -> onnx.NodeProto:
     if n.name:
         proto.name = n.name
     # A model's DML nodes share a few attribute sets (one per mask kind): each is built once. The
-    # value's repr tells apart values that compare equal but are stored differently (-0.0, 0.0).
-    key = (n.kind, n.elem_type, repr(n.value), n.begin, n.end, n.static_shape, n.rule, n.exact)
+    # value's bytes tell apart values that compare equal, or print the same, but are stored
+    # differently (-0.0 and 0.0; NaNs with other payloads).
+    value = np.asarray(n.value)
+    key = (n.kind, n.elem_type, value.dtype.str, value.tobytes(), n.begin, n.end, n.static_shape, n.rule, n.exact)
     attributes = _DML_ATTRIBUTES.get(key)
     if attributes is None:
         if len(_DML_ATTRIBUTES) > 256:
@@ -433,7 +511,71 @@ def _dml_attributes(n: DmlNode) -> tuple[onnx.AttributeProto, ...]:
     return tuple(node.attribute)
 
 
-def _portable_nodes(g: Graph | None, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
+class _NameSet:
+    """Every value name in the exported model, and fresh ones that collide with none of them.
+
+    Taken: the main graph's inputs, outputs and initializers, every name a live node reads or
+    writes, and every name inside its subgraphs and the model's function bodies (a subgraph may
+    read an outer name, and a generated name must not shadow one it defines). Names of nodes a
+    rewrite removed are free again, so optimizing a portable export again reproduces its names.
+    """
+
+    def __init__(self, taken: set[str]) -> None:
+        self.taken = taken
+
+    @classmethod
+    def of_graph(cls, g: Graph, nodes: list) -> "_NameSet":
+        taken = {v.name for v in g.inputs} | {v.name for v in g.outputs} | set(g.initializers)
+        for n in nodes:
+            taken.update(v.name for v in n.inputs if v is not None)
+            taken.update(v.name for v in n.outputs)
+            if isinstance(n, OnnxNode):
+                for a in n.attributes:
+                    for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                        _graph_names(sub, taken)
+        for f in g.info.functions:
+            taken.update(f.input)
+            taken.update(f.output)
+            for fn in f.node:
+                _node_names(fn, taken)
+        return cls(taken)
+
+    @classmethod
+    def of_protos(cls, nodes) -> "_NameSet":
+        """The names of a body's nodes (and their subgraphs)."""
+        taken: set[str] = set()
+        for n in nodes:
+            _node_names(n, taken)
+        return cls(taken)
+
+    def fresh(self, hint: str) -> str:
+        name, i = hint, 0
+        while name in self.taken:
+            i += 1
+            name = f"{hint}__{i}"
+        self.taken.add(name)
+        return name
+
+
+def _graph_names(gp: onnx.GraphProto, out: set[str]) -> None:
+    out.update(v.name for v in gp.input)
+    out.update(v.name for v in gp.output)
+    out.update(v.name for v in gp.value_info)
+    out.update(t.name for t in gp.initializer)
+    out.update(t.values.name for t in gp.sparse_initializer)
+    for n in gp.node:
+        _node_names(n, out)
+
+
+def _node_names(n: onnx.NodeProto, out: set[str]) -> None:
+    out.update(n.input)
+    out.update(n.output)
+    for a in n.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            _graph_names(sub, out)
+
+
+def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet) -> list[onnx.NodeProto]:
     """Standard ops computing exactly what the DML node computes (the spec pseudocode, in int64)."""
     if opset < 13:
         raise UnsupportedError(f"the portable target needs default-domain opset 13 or later; the model "
@@ -444,14 +586,17 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int) -> list[onnx.NodePr
     p = f"{out}__dm"
     nodes: list[onnx.NodeProto] = []
 
-    def const(name, arr):
-        nodes.append(helper.make_node("Constant", [], [f"{p}_{name}"], value=numpy_helper.from_array(
-            np.asarray(arr), f"{p}_{name}")))
-        return f"{p}_{name}"
+    def const(name: str, arr) -> str:
+        fresh = names.fresh(f"{p}_{name}")
+        nodes.append(helper.make_node("Constant", [], [fresh], value=numpy_helper.from_array(np.asarray(arr), fresh)))
+        return fresh
 
-    def op(op_type, ins, name, **attrs):
-        nodes.append(helper.make_node(op_type, ins, [f"{p}_{name}"], **attrs))
-        return f"{p}_{name}"
+    def op(op_type: str, ins: list[str], name: str, **attrs) -> str:
+        fresh = names.fresh(f"{p}_{name}")
+        nodes.append(helper.make_node(op_type, ins, [fresh], **attrs))
+        return fresh
+
+    clipped_k: list[str] = []  # made once per node: both bounds of an inverted band shift by it
 
     clipped_k: list[str] = []  # made once, shared by both bounds
 
@@ -484,25 +629,42 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int) -> list[onnx.NodePr
     w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
     rows = op("Unsqueeze", [op("Range", [zero, h, one], "rows"), const("ax1", [1])], "rows_col")
     top_x = op("Sub", [op("Range", [zero, w, one], "cols"), rows], "topx")
-    # useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End); an unbounded end is always true.
+    # useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End), each term written as a Less and
+    # whether it is negated; an unbounded end makes its terms `true` (one negation each), so no
+    # constant is needed for them.
     begin = None if n.begin is None else shift(n.begin, "begin")
     end = None if n.end is None else shift(n.end, "end")
-    true = const("true", np.array(True)) if begin is None or end is None else None  # (unused otherwise)
-    ge = true if begin is None else op("Not", [op("Less", [top_x, begin], "lt_begin")], "ge_begin")
-    lt = true if end is None else op("Less", [top_x, end], "lt_end")
-    ordered = true if begin is None or end is None else op("Not", [op("Less", [end, begin], "end_lt_begin")],
-                                                           "ordered")
-    use = op("Xor", [op("Xor", [ordered, ge], "x1"), lt], "use")
+    terms: list[str] = []
+    negations = 0
+    if begin is not None and end is not None:
+        terms.append(op("Less", [end, begin], "end_lt_begin"))  # End >= Begin: not (End < Begin)
+    negations += 1
+    if begin is not None:
+        terms.append(op("Less", [top_x, begin], "lt_begin"))  # topX >= Begin: not (topX < Begin)
+    negations += 1
+    if end is not None:
+        terms.append(op("Less", [top_x, end], "lt_end"))
+    else:
+        negations += 1
+    if not terms:
+        use = const("all", np.array(True))
+    else:
+        use = terms[0]
+        for t in terms[1:]:
+            use = op("Xor", [use, t], "use")
+        if negations % 2:
+            use = op("Not", [use], "use")
     np_dt = helper.tensor_dtype_to_np_dtype(n.elem_type)
-    value = const("value", np.array(n.value, dtype=np_dt))
+    value_arr = np.array(n.value, dtype=np_dt)
+    value = const("value", value_arr)
     other = x.name if x is not None else const("other", np.zeros((), np_dt))
     if x is not None and (shape is not None or n.static_shape is not None):
         # x broadcast to the output first: the select then has the output's shape (no Expand after
-        # it), and re-optimizing the portable model finds Where(band, c, that) again, a fixed point.
+        # it), and re-optimizing the portable model finds the selection again, a fixed point.
         other = op("Expand", [x.name, shape_name], "input")
-    result = _portable_select(use, value, other, n.elem_type, op, const)
+    result = _portable_select(use, value, value_arr, other, n.elem_type, op, const, other_is_data=x is not None)
     if x is not None:
-        # The output is shaped like the (broadcast) input and Where/And/Or already broadcast `use`
+        # The output is shaped like the (broadcast) input and the selection already broadcast `use`
         # ([H, W]) to it, so an Expand would be a no-op; leaving it out also keeps re-optimizing a
         # portable model from stacking one more Expand per round.
         nodes[-1].output[0] = out
@@ -511,8 +673,9 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int) -> list[onnx.NodePr
     return nodes
 
 
-_TRILU_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64,
-                TensorProto.BOOL}  # what onnxruntime's CPU Trilu runs
+# What onnxruntime's CPU Trilu runs bit for bit (its float16 lower-triangle kernel quiets a
+# signaling NaN: 0x7c01 comes out 0x7e01, so float16 takes the general form).
+_TRILU_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL}
 
 
 def _trilu_form(n: DmlNode) -> tuple[int, int] | None:
@@ -531,19 +694,41 @@ def _trilu_form(n: DmlNode) -> tuple[int, int] | None:
     return (0, n.end - 1) if n.begin is None else (1, n.begin)
 
 
-# onnxruntime's CPU Where lacks these; each is widened losslessly (or bit-cast) and narrowed back.
+# onnxruntime's CPU Where lacks these; each is widened losslessly and narrowed back.
 _WHERE_WIDEN = {TensorProto.INT16: TensorProto.INT32, TensorProto.UINT16: TensorProto.INT32,
                 TensorProto.UINT64: TensorProto.INT64}
 
 
-def _portable_select(use, value, other, elem_type, op, const) -> str:
+def _portable_select(use: str, value: str, value_arr: np.ndarray, other: str, elem_type: int, op, const,
+                     other_is_data: bool = True) -> str:
+    """`value` where `use`, else `other`, with every bit of both kept.
+
+    onnxruntime's Where is not a pure selection for floats: a -0.0 can come out +0.0 (from the
+    true branch always, from the false branch too when the other branch is a broadcast scalar),
+    and for float16 it rewrites every NaN payload. So floats are selected by pure data movement:
+    GatherElements from [other, value] stacked on a new leading axis, indexed by `use` as 0/1,
+    which copies whichever bits it picks. Integer types, for which every path of Where is exact,
+    keep the one Where, and so does a generator (`other` is +0) whose value is neither -0.0 nor
+    a NaN: no bit Where could change is there.
+    """
     if elem_type == TensorProto.BOOL:
         # Where has no bool kernel in onnxruntime: (use and value) or (not use and other).
         return op("Or", [op("And", [use, value], "pick_v"),
                          op("And", [op("Not", [use], "not_use"), other], "pick_o")], "sel")
-    wide = _WHERE_WIDEN.get(elem_type)
-    if wide is None:
-        return op("Where", [use, value, other], "sel")
-    sel = op("Where", [use, op("Cast", [value], "value_w", to=wide), op("Cast", [other], "other_w", to=wide)],
-             "sel_w")
-    return op("Cast", [sel], "sel", to=elem_type)
+    plain_constants = not other_is_data and not (value_arr == 0 and np.signbit(value_arr)) and not np.isnan(value_arr)
+    if value_arr.dtype.kind != "f" or plain_constants:
+        wide = _WHERE_WIDEN.get(elem_type)
+        if wide is None:
+            return op("Where", [use, value, other], "sel")
+        sel = op("Where", [use, op("Cast", [value], "value_w", to=wide), op("Cast", [other], "other_w", to=wide)],
+                 "sel_w")
+        return op("Cast", [sel], "sel", to=elem_type)
+    other_full = op("Expand", [other, op("Shape", [use], "use_shape")], "other_full")  # the output's shape
+    out_shape = op("Shape", [other_full], "out_shape")
+    axis0 = const("axis0", [0])
+    stacked = op("Concat", [op("Unsqueeze", [other_full, axis0], "other_1"),
+                            op("Unsqueeze", [op("Expand", [value, out_shape], "value_full"), axis0], "value_1")],
+                 "stacked", axis=0)
+    index = op("Cast", [op("Expand", [use, out_shape], "use_full")], "index", to=TensorProto.INT64)
+    picked = op("GatherElements", [stacked, op("Unsqueeze", [index, axis0], "index_1")], "picked", axis=0)
+    return op("Squeeze", [picked, axis0], "sel")

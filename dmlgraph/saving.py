@@ -14,7 +14,7 @@ import tempfile
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from dmlgraph.errors import ModelError
+from dmlgraph.errors import InternalError, ModelError
 from dmlgraph.modelfile import (
     _PROTOBUF_LIMIT,
     _any_external,
@@ -24,6 +24,7 @@ from dmlgraph.modelfile import (
     _read_span,
     _uses_external,
     tensor_nbytes,
+    without_weights,
 )
 
 # Above this the model proto is written with external data (leaves headroom under the limit).
@@ -34,6 +35,24 @@ _ALIGN = 4096
 _INLINE_BELOW = 1024
 # Streaming copy chunk: external data is copied in pieces, never held in memory as a whole.
 _CHUNK = 16 * 1024 * 1024
+
+def check_for_save(model: onnx.ModelProto) -> None:
+    """Raise InternalError unless `model` passes `onnx.checker.check_model(full_check=True)`.
+
+    Run on every model dmlgraph is about to write: an invalid one is a bug of ours, and nothing
+    must reach the disk. It is the full check split in its two parts, each on a view without the
+    weights (`without_weights`): the checker proper, then strict, type-checking shape inference
+    (what full_check adds), which reads the dims of big tensors but never their bytes.
+    """
+    has_external = _any_external(model.graph)
+    try:
+        onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external))
+        onnx.shape_inference.infer_shapes(without_weights(model, keep_dims=True, has_external=has_external),
+                                          check_type=True, strict_mode=True)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise InternalError(f"the model to be written fails the ONNX checker ({first}); nothing was written") from e
+
 
 def _write_bytes(f, data) -> None:
     """The one place bytes go to disk (a seam for fault-injection tests)."""

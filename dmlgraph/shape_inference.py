@@ -36,6 +36,7 @@ import warnings
 import onnx
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
+from dmlgraph.errors import ModelError
 from dmlgraph.modelfile import _iter_graphs, without_weights
 from dmlgraph.process import policy
 
@@ -45,11 +46,12 @@ CHILD_SECONDS = 10.0  # data propagation's deadline: this, or 20x the time to th
 USE_CHILD = sys.platform.startswith("linux") and hasattr(os, "fork")  # (macOS: fork without exec is unsafe)
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+def infer_shapes(model: onnx.ModelProto, check_types: bool = False) -> onnx.ModelProto:
     """`model` (a copy of it) with every shape onnx can infer, in-process (for small models; the
-    import uses `start`)."""
+    import uses `start`). `check_types`: a node input whose type its op does not accept raises
+    ModelError (see `_plain`)."""
     data = _view(model)
-    plain = _run(data, data_prop=False)
+    plain = _plain(data) if check_types else _run(data, data_prop=False)
     if plain is None:
         return onnx.ModelProto.FromString(data)
     if _long_vector(plain):
@@ -95,8 +97,7 @@ def children_available() -> bool:
 def start(model: onnx.ModelProto) -> "PendingShapes":
     """Begin inferring `model`'s shapes; `.value_types()` gives them. `model` must not change meanwhile."""
     pending = PendingShapes(model)
-    if children_available():
-        pending.child = _Child.start(lambda send: _data_prop_job(model, send))
+    pending.start()
     return pending
 
 
@@ -108,14 +109,21 @@ class PendingShapes:
         self.model = model
         self.child: _Child | None = None
 
+    def start(self) -> None:
+        """Fork the data-propagation child where that pays. Call it inside the `try` whose
+        `finally` calls `close`: a Ctrl-C then finds the child either unborn or known here."""
+        if children_available():
+            with _interrupts_deferred():
+                self.child = _Child.start(lambda send: _data_prop_job(self.model, send))
+
     def value_types(self) -> list[ValueType]:
         """`value_types` of the inferred model."""
         try:
             if self.child is None:
-                return value_types(infer_shapes(self.model))
+                return value_types(infer_shapes(self.model, check_types=True))
             t0 = time.perf_counter()
             data = _view(self.model)
-            plain = _run(data, data_prop=False)
+            plain = _plain(data)
             if plain is None:
                 return value_types(onnx.ModelProto.FromString(data))
             # The guard decides on the plain pass's shapes. Data propagation only adds to them, so
@@ -138,15 +146,33 @@ class PendingShapes:
 
     def close(self) -> None:
         """Stop the child, if any (the caller no longer wants the shapes)."""
-        if self.child is not None:
-            self.child.stop()
-            self.child = None
+        child, self.child = self.child, None
+        if child is not None:
+            child.stop()
 
 
 def _view(model: onnx.ModelProto) -> bytes:
     """The model without its weights, serialized: inference reads their dims and types, and copying
     them in and out would cost more than inference itself."""
     return without_weights(model, keep_dims=True).SerializeToString()
+
+
+# What onnx's type check says when an input's type is not one its op accepts (Trilu's k as float):
+# onnxruntime refuses such a model, so it is an error in the input, not a shape left unknown.
+_TYPE_ERRORS = ("has unsupported type", "[TypeInferenceError]")
+
+
+def _plain(data: bytes) -> onnx.ModelProto | None:
+    """The plain pass, with onnx's type check of every node's inputs against its schema: a type
+    error raises ModelError; any other inference failure is only fewer known shapes."""
+    try:
+        return onnx.ModelProto.FromString(_cpp.infer_shapes(data, True, False, False))
+    except Exception as e:  # noqa: BLE001 - InferenceError and others
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if any(t in message for t in _TYPE_ERRORS):
+            raise ModelError(f"the model has a type error: {message}",
+                             hint="onnxruntime refuses it too; fix the types in the model (re-export it)") from None
+    return _run(data, data_prop=False)
 
 
 def _run(data: bytes, data_prop: bool) -> onnx.ModelProto | None:
@@ -192,17 +218,22 @@ class _Child:
             r, w = os.pipe()
         except OSError:
             return None
-        try:
-            with warnings.catch_warnings():  # (3.12+ warns when threads exist: the child runs none of their code)
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError:  # no fork allowed here (process limits, memory): in-process instead
-            os.close(r)
-            os.close(w)
-            return None
-        if pid == 0:  # the child: onnx's C++ and a pipe, then out without running any exit handlers
-            code = 1
+        with _interrupts_deferred():  # a Ctrl-C now must not find a child the parent does not know
             try:
+                with warnings.catch_warnings():  # (3.12+ warns when threads exist: the child runs none of their code)
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    pid = os.fork()
+            except OSError:  # no fork allowed here (process limits, memory): in-process instead
+                os.close(r)
+                os.close(w)
+                return None
+            if pid != 0:
+                os.close(w)
+                return cls(pid, r)
+            code = 1  # the child: onnx's C++ and a pipe, then out without running any exit handlers
+            try:
+                # Ctrl-C reaches the whole process group: the parent answers it and kills this child.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
                 os.close(r)
                 _die_with_parent()
 
@@ -215,8 +246,6 @@ class _Child:
                 code = 0
             finally:
                 os._exit(code)
-        os.close(w)
-        return cls(pid, r)
 
     def read(self, deadline: float | None) -> tuple[bytes | None, bytes]:
         """The child's answer, or (None, b"") if it died first or `deadline` passed."""
@@ -241,10 +270,27 @@ class _Child:
         return b"".join(chunks)
 
     def stop(self) -> None:
-        os.close(self.fd)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
+        """Kill and reap the child and close the pipe, once; an interrupt waits until it is done
+        (else a second stop would close the pipe twice, or the child would be left behind)."""
+        with _interrupts_deferred():
+            fd, pid, self.fd, self.pid = self.fd, self.pid, None, None
+            if fd is not None:
+                os.close(fd)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """SIGINT held back during the block, then delivered (as KeyboardInterrupt) when it ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _die_with_parent() -> None:

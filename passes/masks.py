@@ -487,6 +487,8 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if not node.outputs or not df.is_free(node.outputs[0]):
         return None
     target = node.outputs[0]
+    if any(o.uses or graph.is_graph_output(o) for o in node.outputs[1:]):
+        return None  # (a Split's first part): replacing the node would leave its other outputs unmade
     # Only the frontier: where a data-free value meets data (or leaves the graph).
     if not graph.is_graph_output(target) and target.name not in graph.body_reads() and \
             all(c.outputs and df.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c in target.consumers):
@@ -597,6 +599,8 @@ def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], targ
             return _inner_bands(an, nodes, env) or ("none",)  # a padding lookup's positions, not a mask
         return _inner_bands(an, nodes, env) or ("decline", f"not proved a band at every size: {e}")
     if isinstance(value, Opaque) and value.why:
+        if _only_indices(target):
+            return _inner_bands(an, nodes, env) or ("none",)  # a padding lookup's positions, not a mask
         return _inner_bands(an, nodes, env) or ("decline", f"not proved a band at every size: {value.why}")
     if not isinstance(value, Band) or len(value.values) < 2 or len(value.shape) < 2:
         return _inner_bands(an, nodes, env) or ("none",)

@@ -88,11 +88,10 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
         fn = HANDLERS.get(n.op_type)
         if fn is None or n.domain not in ("", "ai.onnx"):
             why = f"node {n.name or n.outputs[0].name!r} ({n.op_type}) is not an op the analysis knows"
-            if any(v.shape is None or v.elem_type is None for v in n.outputs):
+            unknown = _annotated(n, why)  # its data is unknown; its shape is what shape inference says
+            if unknown is None:
                 raise Unprovable(why)
-            for v in n.outputs:  # its data is unknown; its shape is what shape inference says
-                env[v.name] = Opaque(_dtype(v.elem_type), tuple(
-                    Lin.of(d) if isinstance(d, int) else parse_dim(d) for d in v.shape), why)  # type: ignore[union-attr]
+            env.update(zip((v.name for v in n.outputs), unknown))
             continue
         ins = [value_of(v) for v in n.inputs]
         label = f"node {n.name or n.outputs[0].name!r} ({n.op_type})"
@@ -100,14 +99,14 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
             outs = fn(an, n, ins)
         except (Unprovable, ValueError, IndexError, KeyError, TypeError, OverflowError, AssertionError) as e:
             upstream = next((x.why for x in ins if isinstance(x, Opaque) and x.why), None)
-            if upstream is not None:
-                raise Unprovable(upstream) from None  # the node that first lost the values
-            why = f"{label}: {e}" if isinstance(e, Unprovable) else f"{label} cannot be analysed: {e}"
-            if isinstance(e, NotAMask):
+            why = upstream or (f"{label}: {e}" if isinstance(e, Unprovable) else f"{label} cannot be analysed: {e}")
+            if isinstance(e, NotAMask) and upstream is None:
                 raise NotAMask(why) from None
-            # An elementwise result whose values are beyond the analysis still has a known shape
-            # (exporters compute broadcast shapes as Shape(Max(a, b))): only its data is unknown.
-            outs = [_shape_only(an, n, ins, why)] if n.op_type in ELEMENTWISE else None
+            # Its values are beyond the analysis; its shape is known when it is elementwise (exporters
+            # compute broadcast shapes as Shape(Max(a, b))) or annotated. The rest of the cone goes
+            # on, so a band further on (or beside) is still found; a use of this data says `why`,
+            # which names the node that first lost the values.
+            outs = [_shape_only(an, n, ins, why)] if n.op_type in ELEMENTWISE else _annotated(n, why)
             if outs is None or outs[0] is None:
                 raise Unprovable(why) from None
         for v, out in zip(n.outputs, outs):
@@ -156,6 +155,14 @@ def _generator_value(an: Analysis, n: DmlNode, value_of: Callable[[Value | None]
     end = None if n.end is None else k + n.end
     value = np.asarray(n.value, _dtype(n.elem_type))[()]
     return _band_from_bounds(value.dtype, shape, begin, end, value, other)
+
+
+def _annotated(n: OnnxNode, why: str) -> list[AbstractValue] | None:
+    """n's outputs as unknown data of the shapes shape inference gives them (None: not given)."""
+    if any(v.shape is None or v.elem_type is None for v in n.outputs):
+        return None
+    return [Opaque(_dtype(v.elem_type), tuple(Lin.of(d) if isinstance(d, int) else parse_dim(d)  # type: ignore[arg-type]
+                                              for d in v.shape), why) for v in n.outputs]  # type: ignore[union-attr]
 
 
 def _topological(nodes: Sequence[Node]) -> list[Node]:

@@ -1,0 +1,102 @@
+"""The portable target's bit-exact selection, found again: optimizing a portable model once more
+gives the same model.
+
+The `onnx` target writes a float DIAGONAL_MATRIX1 with input X and Value c as
+  Squeeze(GatherElements(Concat(Unsqueeze(X', 0), Unsqueeze(Expand(c, S), 0)), I, axis=0), 0)
+with I = Unsqueeze(Cast(Expand(band, S), int64), 0) -- onnxruntime's Where would rewrite -0.0 and
+float16 NaN payloads, GatherElements only moves bits. When I is made by a band generator (the
+shape-only chain is lowered first, or the band itself feeds it), this is Where(band, c, X):
+DIAGONAL_MATRIX1(X, Value c) over the band's region, bit-exact.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.passes.apply import _outside, complement
+from dmlgraph.passes.broadcast import keeps_matrix
+from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.runtime import numpy_dtype
+
+
+def _producer(v: Value | None, op_type: str) -> Node | None:
+    n = v.producer if v is not None else None
+    return n if isinstance(n, OnnxNode) and n.op_type == op_type and n.domain in ("", "ai.onnx") else None
+
+
+def _is_axis0(graph: Graph, v: Value | None) -> bool:
+    arr = const_value(graph, v)
+    return arr is not None and arr.size == 1 and int(np.asarray(arr).reshape(-1)[0]) == 0
+
+
+def _unsqueezed0(graph: Graph, v: Value | None) -> Value | None:
+    """x when v = Unsqueeze(x, [0])."""
+    n = _producer(v, "Unsqueeze")
+    return n.input(0) if n is not None and _is_axis0(graph, n.input(1)) else None
+
+
+def _index_band(graph: Graph, index: Value | None) -> tuple[DmlNode, tuple] | None:
+    """(the band generator, the band's shape without the stacking axis) that the index is made of."""
+    cast = _producer(_unsqueezed0(graph, index), "Cast")
+    if cast is not None and cast.attr("to") == TensorProto.INT64:
+        expand = _producer(cast.input(0), "Expand")
+        band = expand.input(0) if expand is not None else None
+        shape = band.shape if band is not None else None
+    else:  # the whole shape-only chain already lowered: one int64 generator [1, ..., H, W]
+        band = index
+        shape = band.shape[1:] if band is not None and band.shape is not None else None
+    d = band.producer if band is not None else None
+    if not isinstance(d, DmlNode) or d.kind != "DiagonalMatrix1":
+        return None
+    return d, shape
+
+
+def _match(graph: Graph, node: Node, options: Options) -> Match | None:
+    if not isinstance(node, OnnxNode) or len(node.inputs) != 2 or not _is_axis0(graph, node.input(1)):
+        return None
+    gather = _producer(node.input(0), "GatherElements")
+    if gather is None or int(gather.attr("axis", 0)) != 0:
+        return None
+    concat = _producer(gather.input(0), "Concat")
+    if concat is None or len(concat.inputs) != 2 or int(concat.attr("axis", 0)) != 0:
+        return None
+    other, picked = (_unsqueezed0(graph, v) for v in concat.inputs)
+    expand_value = _producer(picked, "Expand")
+    c = const_value(graph, expand_value.input(0)) if expand_value is not None else None
+    found = _index_band(graph, gather.input(1))
+    if other is None or c is None or c.size != 1 or found is None:
+        return None
+    band, band_shape = found
+    outside = _outside(graph, band)
+    if isinstance(outside, Value) or bool(np.asarray(band.value)) == bool(outside):
+        return None  # the index must be a two-valued generator (0 and 1)
+    out = node.outputs[0]
+    x = _producer(other, "Expand")  # other = Expand(X, sizes): X, when it already has the output's matrix
+    x = x.input(0) if x is not None and keeps_matrix(x.input(0).shape, band_shape) else other
+    m = Match("mask_gather", [node])
+    if out.elem_type is None or x.elem_type != out.elem_type or np.asarray(c).dtype != numpy_dtype(out.elem_type):
+        m.reason = "the selected constant's type differs from the data's"
+        return m
+    if not keeps_matrix(x.shape, band_shape):
+        m.reason = "cannot prove the data has the band's matrix"
+        return m
+    region = (band.begin, band.end) if bool(np.asarray(band.value)) else complement((band.begin, band.end))
+    if region is None:
+        return None
+    value = np.asarray(c).reshape(())
+    dml = DmlNode(node.name, x, None, band.inputs[2], standin(out), elem_type=out.elem_type,
+                  value=value.dtype.type(value), begin=region[0], end=region[1])
+    m.captures["dml"] = dml
+    m.reason = lowering_reason(dml, x.shape, options)
+    return m
+
+
+def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+    return replace_node(m.nodes[0], m.captures["dml"])
+
+
+MASK_GATHER = Rule("mask_gather", ("Squeeze",), _match, _rewrite, exact="bit-exact", phase=3,
+                   description="the portable target's GatherElements selection of (X, c) by a band -> "
+                   "DIAGONAL_MATRIX1(X, Value c)")

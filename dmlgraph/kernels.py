@@ -47,9 +47,12 @@ use it, and a literal transcription of the pseudocode, as oracles for the fast p
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import operator
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +78,7 @@ MIN_BLOCK_ROWS = 32
 TEMPLATE_BYTES = 8 * 1024 * 1024  # batched matrices up to this size use a cached template
 TEMPLATE_CACHE_BYTES = 64 * 1024 * 1024
 SMALL_TEMPLATE_BYTES = 512 * 1024  # any matrix up to this size uses a cached template
+COMPILED_MIN_BYTES = 64 * 1024  # outputs from this size use the compiled kernel when numba is there
 
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float64", "float32", "float16", "int64", "int32", "int16", "int8",
@@ -333,10 +337,79 @@ def _fill_all(wr: _Writer, source: str) -> None:
             wr.base(source, b0, min(b, b0 + bc), y0, min(h, y0 + rc))
 
 
+def _compiled_rows():
+    """numba's row kernel (`dmlgraph.kernels_compiled.rows`), or None when numba is not
+    installed or DMLGRAPH_KERNEL=numpy asks for the numpy path. Imported on first use only."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = False
+        if os.environ.get("DMLGRAPH_KERNEL", "") != "numpy":
+            try:
+                from dmlgraph.kernels_compiled import rows
+            except ImportError:
+                pass
+            else:
+                _COMPILED = rows
+    return _COMPILED or None
+
+
+_COMPILED = None  # None: not looked up yet; False: unavailable; else the compiled function
+
+
+def compiled_available() -> bool:
+    """Whether large two-region outputs go through the compiled (numba) kernel."""
+    return _compiled_rows() is not None
+
+
+@contextlib.contextmanager
+def numpy_only() -> Iterator[None]:
+    """Within the block, use the numpy path only (benchmarks and tests compare both paths)."""
+    global _COMPILED
+    saved = _COMPILED
+    _COMPILED = False
+    try:
+        yield
+    finally:
+        _COMPILED = saved
+
+
+def _run_compiled(rows, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
+    """Write the whole output with the compiled row kernel; False (nothing written) when the
+    layouts do not fit it: the output must be C-contiguous, the input C-contiguous or one
+    C-contiguous matrix broadcast over the batch."""
+    if not o3.flags.c_contiguous:
+        return False
+    b, h, w = o3.shape
+    u = np.dtype(f"u{o3.itemsize}")
+    if s3 is None:
+        sf, s_batch = np.empty(0, u), 0
+    elif s3.flags.c_contiguous:
+        sf, s_batch = s3.view(u).reshape(-1), h * w
+    elif s3.strides[0] == 0 and s3[0].flags.c_contiguous:
+        sf, s_batch = s3[0].view(u).reshape(-1), 0
+    else:
+        return False
+    ivs = list(plan.value_intervals) + [(w, w)] * (2 - len(plan.value_intervals))
+    (p0, q0), (p1, q1) = ivs
+    rows(o3.view(u).reshape(-1), sf, s_batch, v.reshape(1).view(u)[0], b, h, w, p0, q0, p1, q1)
+    return True
+
+
+def _wide_regions(plan: _Plan) -> bool:
+    """Both regions wider than NARROW diagonals somewhere: the case the numpy path can only
+    write as a base plus overlays, and the compiled kernel writes once."""
+    return (any(q - p > NARROW for p, q in plan.value_intervals)
+            and any(q - p > NARROW for p, q in plan.keep_intervals))
+
+
 def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
     """The fast path on (batch, H, W) views."""
     b, h, w = o3.shape
     value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
+    if o3.nbytes >= COMPILED_MIN_BYTES and _wide_regions(plan):
+        rows = _compiled_rows()  # two wide regions: every row is a few long spans
+        if rows is not None and _run_compiled(rows, o3, s3, v, plan):
+            return
     if (value_iv and keep_iv and h * w * o3.itemsize <= SMALL_TEMPLATE_BYTES
             and o3.strides[2] == o3.itemsize):
         _run_templates(o3, s3, v, plan)  # small matrices: one or two calls beat any splitting
@@ -566,6 +639,8 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
     plan = _plan(h, w, begin, end)
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
         return generic  # one region everywhere, or big matrices: the block writers (planning is cheap there)
+    if (size * dtype.itemsize >= COMPILED_MIN_BYTES and _wide_regions(plan) and compiled_available()):
+        return generic  # the compiled kernel beats the templates at these sizes
     keep, value_bits = _templates(plan, vv)
     u = keep.dtype
     b3 = (size // (h * w), h, w)

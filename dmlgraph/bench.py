@@ -33,7 +33,8 @@ from dmlgraph import kernels
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 
 ROW_KEYS = ("case", "shape", "dtype", "elements", "ours_us", "copy_baseline_us", "ratio_vs_copy",
-            "ort_model", "ort_us", "ratio_vs_ort", "matches_ort", "numpy_us", "numpy_ratio_vs_copy")
+            "ort_model", "ort_us", "ratio_vs_ort", "matches_ort", "numpy_us", "numpy_ratio_vs_copy",
+            "numpy_ratio_vs_ort")
 
 FULL_SHAPES = ((4096, 4096), (8, 1024, 1024), (2, 16, 512, 512), (64, 100000), (256, 256), (4, 5))
 QUICK_SHAPES = ((256, 256), (4, 5))
@@ -251,6 +252,7 @@ def bench_kernels(quick: bool = False, rounds: int = 7, progress=None) -> list[d
                     "matches_ort": matches,
                     "numpy_us": round(med["numpy"], 2) if "numpy" in med else None,
                     "numpy_ratio_vs_copy": ratio("copy", of="numpy") if "numpy" in med else None,
+                    "numpy_ratio_vs_ort": ratio("ort", of="numpy") if "numpy" in med and "ort" in med else None,
                 }
                 rows.append(row)
                 if progress:
@@ -304,22 +306,22 @@ def _fmt(v, digits=2) -> str:
 def format_table(rows: list[dict]) -> str:
     """A plain-text table of the rows, followed by the targets and whether each was met."""
     head = ("case", "shape", "dtype", "ours_us", "copy_us", "x_copy", "ort_us", "x_ort", "np_x_copy",
-            "ort model")
+            "np_x_ort", "ort model")
     body = []
     for r in rows:
         body.append((r["case"], "x".join(map(str, r["shape"])), r["dtype"], _fmt(r["ours_us"]),
                      _fmt(r["copy_baseline_us"]), _fmt(r["ratio_vs_copy"]), _fmt(r["ort_us"]),
                      _fmt(r["ratio_vs_ort"]) + ("" if r["matches_ort"] in (None, True) else " MISMATCH"),
-                     _fmt(r.get("numpy_ratio_vs_copy")), r["ort_model"]))
+                     _fmt(r.get("numpy_ratio_vs_copy")), _fmt(r.get("numpy_ratio_vs_ort")), r["ort_model"]))
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    lines = ["  ".join(c.ljust(wd) if i in (0, 1, 2, 9) else c.rjust(wd)
+    lines = ["  ".join(c.ljust(wd) if i in (0, 1, 2, 10) else c.rjust(wd)
                        for i, (c, wd) in enumerate(zip(row, widths))).rstrip()
              for row in [head] + body]
     lines.insert(1, "  ".join("-" * wd for wd in widths))
     lines.append("")
     lines.append("x_copy = copy_us / ours_us, x_ort = ort_us / ours_us (higher: ours faster); medians of "
                  "per-round ratios over interleaved rounds, preallocated outputs. np_x_copy: x_copy of the "
-                 "numpy path (kernels.numpy_only()) in the same rounds, n/a without numba.")
+                 "numpy path (kernels.numpy_only()) in the same rounds, np_x_ort likewise; n/a without numba.")
     for desc, met, detail in targets(rows):
         lines.append(f"[{'met' if met else 'NOT met'}] {desc}: {detail}")
     return "\n".join(lines)

@@ -3,12 +3,13 @@
     python -m dmlgraph.bench kernels [--quick] [--rounds N] [--json FILE]
 
 For every case x shape x type, in one process, with preallocated outputs and interleaved rounds
-(ours, baseline, onnxruntime, in rotating order), the median time per call of:
+(ours, baseline, onnxruntime, in rotating order), the median CPU time per call (of the calling
+thread, which runs everything: on a shared machine wall time also counts other jobs) of:
 
 * ours: `kernels.diagonal_matrix1(..., out=out)`;
 * copy baseline: `np.copyto(out, inp)` on the same bytes (`out.fill(0)` for cases without input),
   i.e. the least any kernel that writes every output element must do;
-* onnxruntime CPU: the ONNX graph computing the same thing (Trilu, EyeLike, Trilu->Trilu for a
+* onnxruntime CPU (one intra-op thread): the ONNX graph computing the same thing (Trilu, EyeLike, Trilu->Trilu for a
   kept band, ConstantOfShape->Trilu for a generated triangle), outputs bound to preallocated
   OrtValues with IOBinding; "n/a" where onnxruntime has no kernel for the type or no op exists.
 
@@ -43,6 +44,9 @@ QUICK_TYPES = ("float32", "uint8")
 LARGE_ELEMENTS = 4 * 1024 * 1024
 LARGE_TARGET = 0.85  # of the copy/fill bandwidth proxy
 MIN_MEASURE_S = 0.002  # each timed measurement repeats the call until it lasts about this long
+# CPU time of the calling thread: every callable runs on it (onnxruntime with one intra-op
+# thread), and time spent descheduled on a shared machine is not counted.
+CLOCK = time.thread_time
 
 
 def _cases(h: int, w: int):
@@ -120,7 +124,9 @@ class _OrtRunner:
     def __init__(self, model, input_array: np.ndarray, out: np.ndarray):
         import onnxruntime as ort
 
-        self.session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1  # one core each: the work, not the machine's load, is compared
+        self.session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         self.binding = self.session.io_binding()
         self.binding.bind_cpu_input("x", input_array)
         self.out_value = ort.OrtValue.ortvalue_from_numpy(out)
@@ -160,20 +166,20 @@ def _calibrate(fn) -> int:
     fn()
     n = 1
     while True:
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         for _ in range(n):
             fn()
-        dt = time.perf_counter() - t0
+        dt = CLOCK() - t0
         if dt >= MIN_MEASURE_S or n >= 1 << 20:
             return n
         n = max(n * 2, int(n * MIN_MEASURE_S / max(dt, 1e-9)) + 1)
 
 
 def _measure(fn, n: int) -> float:
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for _ in range(n):
         fn()
-    return (time.perf_counter() - t0) / n
+    return (CLOCK() - t0) / n
 
 
 def _input_for(shape, dtype) -> np.ndarray:

@@ -13,7 +13,11 @@ Cases (each row: case, ours, baseline, ratio, target, met; medians of repeated r
    (same inputs, same thread count, steady state after warm-up). Target: within 1.2x. The row
    also reports the share of our time spent in the DML kernels, and the simple path's time (every
    step every run, no values kept from an earlier run at the same shapes) for comparison.
-3. Memory (skipped with --quick). A model whose initializers are external data totalling >= 2 GB,
+3. End to end. `dmlgraph optimize` on a KV-cache decoder export from models/ against onnxruntime
+   loading the same model with ORT_ENABLE_ALL, and `dmlgraph --help` against a bare interpreter,
+   each a fresh process, in alternating pairs; the ratio is the median of per-pair ratios.
+   Targets: optimize no slower than the onnxruntime load; --help within 3x of `python -c pass`.
+4. Memory (skipped with --quick). A model whose initializers are external data totalling >= 2 GB,
    written by the benchmark in chunks through numpy memmaps; `optimize` + `write` (and `inspect`
    when dmlgraph.inspection exists) each run in a fresh subprocess that reports its peak RSS
    (VmHWM) above its own baseline after imports. Target: under 500 MB. The temp folder is removed.
@@ -406,6 +410,59 @@ def bench_memory(tmp: str) -> list[Row]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# ---- end to end: fresh processes ---------------------------------------------------------------
+ORT_LOAD = ("import sys, onnxruntime as ort\n"
+            "so = ort.SessionOptions()\n"
+            "so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL\n"
+            "ort.InferenceSession(sys.argv[1], so, providers=['CPUExecutionProvider'])\n")
+END_TO_END_MODELS = ("llama_kv_ts.onnx", "gpt2_kv_ts.onnx", "llama_ts.onnx")  # first one present
+
+
+def end_to_end_model() -> str | None:
+    """A KV-cache decoder export from the corpus (a plain decoder export where none is there)."""
+    for name in END_TO_END_MODELS:
+        path = os.path.join(ROOT, "models", name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _wall(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def bench_end_to_end(tmp: str, runs: int) -> list[Row]:
+    """`dmlgraph optimize` vs onnxruntime loading the same model (ORT_ENABLE_ALL), and `--help`
+    vs a bare interpreter, each a fresh process as a user starts it; pairs alternate and the
+    ratio is the median of the per-pair ratios (robust to load that drifts between pairs)."""
+    path = end_to_end_model()
+    if path is None:
+        return [Row("optimize vs onnxruntime load (fresh processes)", None, None, None,
+                    note="no decoder model in models/")]
+    out = os.path.join(tmp, "e2e.onnx")
+    py = sys.executable
+    pairs = [
+        (f"optimize models/{os.path.basename(path)} vs onnxruntime load (fresh processes)",
+         [py, "-m", "dmlgraph", "optimize", path, "-o", out], [py, "-c", ORT_LOAD, path],
+         "ratio <= 1 (ours / onnxruntime)", 1.0),
+        ("dmlgraph --help vs python -c pass (fresh processes)",
+         [py, "-m", "dmlgraph", "--help"], [py, "-c", "pass"], "ratio <= 3 (startup overhead)", 3.0),
+    ]
+    rows = []
+    for case, ours_cmd, base_cmd, target, limit in pairs:
+        _wall(ours_cmd), _wall(base_cmd)  # warm the page cache
+        ours, base = [], []
+        for i in range(runs):
+            for cmd, acc in ((ours_cmd, ours), (base_cmd, base))[:: 1 if i % 2 == 0 else -1]:
+                acc.append(_wall(cmd))
+        ratio = statistics.median(a / b for a, b in zip(ours, base))
+        rows.append(Row(case, statistics.median(ours) * 1e3, statistics.median(base) * 1e3, ratio, "ms",
+                        target, ratio <= limit, note=f"{runs} pairs, wall time"))
+    return rows
+
+
 # ---- the table -------------------------------------------------------------------------------
 def _fmt(x) -> str:
     if x is None:
@@ -435,6 +492,8 @@ def run(quick: bool = False, json_out: str | None = None, log=print) -> list[Row
             rows += bench_optimizer(tmp, (5, 20), (1, 1))
         else:
             rows += bench_optimizer(tmp, (100, 2000), (5, 3))
+        log("end to end (fresh processes) ...")
+        rows += bench_end_to_end(tmp, 3 if quick else 9)
         log("executor overhead ...")
         paths = executor_models()
         rows += bench_executor(paths[:1] if quick else paths, 20 if quick else 300)

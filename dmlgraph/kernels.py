@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import math
 import operator
 import os
@@ -79,6 +80,8 @@ TEMPLATE_BYTES = 8 * 1024 * 1024  # batched matrices up to this size use a cache
 TEMPLATE_CACHE_BYTES = 64 * 1024 * 1024
 SMALL_TEMPLATE_BYTES = 512 * 1024  # any matrix up to this size uses a cached template
 COMPILED_MIN_BYTES = 64 * 1024  # outputs from this size use the compiled kernel when numba is there
+SHORT_ROW_BYTES = 1024  # rows up to this size, in outputs up to SHORT_ROW_TOTAL_BYTES (in cache):
+SHORT_ROW_TOTAL_BYTES = 512 * 1024  # one flat copy, then the value spans (compiled kernel)
 
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float64", "float32", "float16", "int64", "int32", "int16", "int8",
@@ -337,28 +340,26 @@ def _fill_all(wr: _Writer, source: str) -> None:
             wr.base(source, b0, min(b, b0 + bc), y0, min(h, y0 + rc))
 
 
-def _compiled_rows():
-    """numba's row kernel (`dmlgraph.kernels_compiled.rows`), or None when numba is not
+def _compiled():
+    """numba's row kernels (the `dmlgraph.kernels_compiled` module), or None when numba is not
     installed or DMLGRAPH_KERNEL=numpy asks for the numpy path. Imported on first use only."""
     global _COMPILED
     if _COMPILED is None:
         _COMPILED = False
         if os.environ.get("DMLGRAPH_KERNEL", "") != "numpy":
             try:
-                from dmlgraph.kernels_compiled import rows
+                _COMPILED = importlib.import_module("dmlgraph.kernels_compiled")
             except ImportError:
                 pass
-            else:
-                _COMPILED = rows
     return _COMPILED or None
 
 
-_COMPILED = None  # None: not looked up yet; False: unavailable; else the compiled function
+_COMPILED = None  # None: not looked up yet; False: unavailable; else the compiled module
 
 
 def compiled_available() -> bool:
     """Whether large two-region outputs go through the compiled (numba) kernel."""
-    return _compiled_rows() is not None
+    return _compiled() is not None
 
 
 @contextlib.contextmanager
@@ -373,7 +374,7 @@ def numpy_only() -> Iterator[None]:
         _COMPILED = saved
 
 
-def _run_compiled(rows, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
+def _run_compiled(compiled, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
     """Write the whole output with the compiled row kernel; False (nothing written) when the
     layouts do not fit it: the output must be C-contiguous, the input C-contiguous or one
     C-contiguous matrix broadcast over the batch."""
@@ -391,7 +392,11 @@ def _run_compiled(rows, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, pl
         return False
     ivs = list(plan.value_intervals) + [(w, w)] * (2 - len(plan.value_intervals))
     (p0, q0), (p1, q1) = ivs
-    rows(o3.view(u).reshape(-1), sf, s_batch, v.reshape(1).view(u)[0], b, h, w, p0, q0, p1, q1)
+    of, vu = o3.view(u).reshape(-1), v.reshape(1).view(u)[0]
+    if s_batch == h * w and w * o3.itemsize <= SHORT_ROW_BYTES and o3.nbytes <= SHORT_ROW_TOTAL_BYTES:
+        compiled.copy_then_fill(of, sf, vu, b, h, w, p0, q0, p1, q1)
+    else:
+        compiled.rows(of, sf, s_batch, vu, b, h, w, p0, q0, p1, q1)
     return True
 
 
@@ -407,8 +412,8 @@ def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> 
     b, h, w = o3.shape
     value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
     if o3.nbytes >= COMPILED_MIN_BYTES and _wide_regions(plan):
-        rows = _compiled_rows()  # two wide regions: every row is a few long spans
-        if rows is not None and _run_compiled(rows, o3, s3, v, plan):
+        compiled = _compiled()  # two wide regions: every row is a few long spans
+        if compiled is not None and _run_compiled(compiled, o3, s3, v, plan):
             return
     if (value_iv and keep_iv and h * w * o3.itemsize <= SMALL_TEMPLATE_BYTES
             and o3.strides[2] == o3.itemsize):

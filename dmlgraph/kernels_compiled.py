@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, uint64
 
-__all__ = ["rows"]
+__all__ = ["rows", "copy_then_fill"]
 
 
 @njit(cache=True, nogil=True)
@@ -72,3 +72,23 @@ def rows(o: np.ndarray, s: np.ndarray, s_batch: int, v, batch: int, h: int, w: i
                 _fill(o, ob, e0, a1, z)
                 _fill(o, ob, a1, e1, v)
                 _fill(o, ob, e1, w, z)
+
+
+@njit(cache=True, nogil=True)
+def copy_then_fill(o: np.ndarray, s: np.ndarray, v, batch: int, h: int, w: int,  # noqa: ANN001
+                   p0: int, q0: int, p1: int, q1: int) -> None:
+    """`rows` for short rows with a same-shape input: one flat copy of everything, then the value
+    spans. Short spans pay a vector loop's prologue and remainder each; one long copy does not,
+    and the rows are still in cache when the value is written over them."""
+    n = uint64(batch * h * w)
+    for i in range(n):
+        o[i] = s[i]
+    for b in range(batch):
+        for y in range(h):
+            ob = (b * h + y) * w
+            a0 = min(max(p0 + y, 0), w)
+            e0 = min(max(q0 + y, 0), w)
+            a1 = min(max(p1 + y, 0), w)
+            e1 = min(max(q1 + y, 0), w)
+            _fill(o, ob, a0, e0, v)
+            _fill(o, ob, a1, e1, v)

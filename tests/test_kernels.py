@@ -510,12 +510,15 @@ def test_compiled_kernel_takes_wide_triangles_and_matches(dtype):
     x = _random_input(shape, "uint8" if dtype == "bool" else dtype, 5)
     x = x.astype(bool) if dtype == "bool" else x
     calls = []
-    real = kernels._compiled_rows()
+    real = kernels._compiled()
     if real is not None:
-        def spy(*args):
-            calls.append(args[4:])
-            return real(*args)
-        patch_ctx = patch.object(kernels, "_COMPILED", spy)
+        class Spy:  # counts the calls into either compiled kernel
+            def __getattr__(self, name: str):
+                def call(*args):
+                    calls.append(name)
+                    return getattr(real, name)(*args)
+                return call
+        patch_ctx = patch.object(kernels, "_COMPILED", Spy())
     else:
         patch_ctx = patch.object(kernels, "_COMPILED", False)
     with patch_ctx:
@@ -544,3 +547,16 @@ def test_kernel_env_switch_selects_numpy(monkeypatch):
     monkeypatch.setenv("DMLGRAPH_KERNEL", "numpy")
     monkeypatch.setattr(kernels, "_COMPILED", None)
     assert not kernels.compiled_available()
+
+
+@pytest.mark.skipif(not kernels.compiled_available(), reason="numba is not installed (the dmlgraph[fast] extra)")
+@pytest.mark.parametrize("short_rows", [0, 1 << 20])
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "int32", "uint64"])
+def test_compiled_kernels_short_and_long_rows(short_rows, dtype):
+    """Both compiled kernels (spans per row; one copy then the value spans) are exact."""
+    shape = (3, 70, 90)
+    x = _random_input(shape, dtype, 11)
+    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, SHORT_ROW_BYTES=short_rows, SHORT_ROW_TOTAL_BYTES=short_rows):
+        for begin, end in ((INT32_MIN, 0), (1, INT32_MAX), (30, -20), (-20, 30), (INT32_MAX, INT32_MIN)):
+            got = kernels.diagonal_matrix1(shape, dtype, 5, begin, end, input=x)
+            assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, 5, begin, end, input=x))

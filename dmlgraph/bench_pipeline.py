@@ -493,7 +493,7 @@ def run(quick: bool = False, json_out: str | None = None, log=print) -> list[Row
         else:
             rows += bench_optimizer(tmp, (100, 2000), (5, 3))
         log("end to end (fresh processes) ...")
-        rows += bench_end_to_end(tmp, 3 if quick else 9)
+        rows += bench_end_to_end(tmp, 1 if quick else 9)
         log("executor overhead ...")
         paths = executor_models()
         rows += bench_executor(paths[:1] if quick else paths, 20 if quick else 300)

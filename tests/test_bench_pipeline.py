@@ -31,6 +31,7 @@ def test_quick_bench_writes_rows(tmp_path):
         assert set(row) == ROW_KEYS
     cases = " ".join(r["case"] for r in data["rows"])
     assert "optimize per node" in cases and "throughput" in cases and "run " in cases
+    assert "vs onnxruntime load (fresh processes)" in cases and "--help" in cases
     assert "peak RSS" not in cases  # the memory case is skipped with --quick
     table = bench_pipeline.table(rows)
     assert table.splitlines()[0].split()[:4] == ["case", "ours", "baseline", "ratio"]

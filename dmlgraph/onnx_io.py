@@ -342,14 +342,17 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
         nodes.append(helper.make_node(op_type, ins, [f"{p}_{name}"], **attrs))
         return f"{p}_{name}"
 
+    clipped_k: list[str] = []  # made once, shared by both bounds
+
     def shift(b: int, name: str) -> str:
         """A bound as an int64 scalar, shifted by the run-time k (clipped: no int64 overflow)."""
         c = const(name, np.array(b, np.int64))
         if k is None:
             return c
-        kc = op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
-                         const("kmax", np.array(2**40, np.int64))], "kc")
-        return op("Add", [c, kc], f"{name}_k")
+        if not clipped_k:
+            clipped_k.append(op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
+                                         const("kmax", np.array(2**40, np.int64))], "kc"))
+        return op("Add", [c, clipped_k[0]], f"{name}_k")
 
     form = _trilu_form(n) if opset >= 14 else None
     if shape is not None:

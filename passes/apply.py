@@ -12,6 +12,7 @@ whose region is the union (tril(triu(x, a), b) is one inverted-range node), when
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -82,12 +83,19 @@ def _scalar(graph: Graph, v: Value):
     return None if arr is None or arr.size != 1 else np.asarray(arr)
 
 
+def _same_size(m, x) -> bool:
+    """Mask dim m is data dim x wherever the model runs: equal, or `min(x, c)` (a slice of a stored
+    c x c mask), which broadcasts with x only where it equals x (x <= c, or x == 1 where both are 1)."""
+    return m is not None and (m == x or (isinstance(m, str) and isinstance(x, str) and
+                                         re.fullmatch(rf"min\({re.escape(x)}, \d+\)", m) is not None))
+
+
 def _covers(mask_shape, x_shape) -> bool:
     """The mask's matrix is X's matrix (the last two dims equal: a [1, W] mask is not a band of an
     [H, W] X) and its batch dims broadcast into X's without growing them."""
     if mask_shape is None or x_shape is None or len(mask_shape) < 2 or len(mask_shape) > len(x_shape):
         return False
-    if any(m is None or m != x for m, x in zip(mask_shape[-2:], x_shape[-2:])):
+    if not all(_same_size(m, x) for m, x in zip(mask_shape[-2:], x_shape[-2:])):
         return False
     return all(m == 1 or (m is not None and m == x) for m, x in zip(reversed(mask_shape[:-2]), reversed(x_shape[:-2])))
 

@@ -6,20 +6,13 @@ masks {a, b} with b != 0 keep b as a one-element input broadcast by zero strides
 
 `mask_subgraph`: a value that depends on the graph inputs only through their shapes ("data-free":
 Shape/Size of inputs, constants, and ops on those) and is a band becomes one generator whose output
-sizes are read from the same shapes at run time. With static shapes the subgraph is simply
-evaluated. With symbolic dims it is evaluated at several sizes, and the rewrite is sound for every
-size because:
-  * only index ops are allowed (INDEX_OPS: Range, comparisons, Add/Sub/Mul by constants, Where,
-    Trilu, shape plumbing...), so each output element is a boolean/selection function of linear
-    inequalities in (y, x, sizes) with the subgraph's integer constants;
-  * such a function is the same band at every size larger than every threshold those constants
-    set, so we evaluate at sizes above 2 * C + 2 (C = the largest integer constant, capped at
-    MAX_THRESHOLD) and at small sizes (1, 2, 3), and require the *same* pattern to reproduce every
-    sample bit-exactly;
-  * each output dim must be a constant or one input dim, identified across samples that give every
-    symbolic dim a different size.
-A subgraph outside that class, or whose constants are too large to sample, is declined with the
-reason, never guessed.
+sizes, and whose bounds when they move with the sizes, are computed from the same shapes at run
+time. At static shapes the subgraph is evaluated: exact at the one size the model has. With
+symbolic dims, `passes.symbolic` proves it: each value of the cone is carried as an exact expression
+of the dims, and the mask must come out as one DIAGONAL_MATRIX1 fill with Begin/End integer affine
+expressions of the dims, for every dim in [0, 2^31 - 1]. What the proof cannot cover is declined
+with the reason and the node that breaks it, never guessed (a KV-cache mask's End = past + 1 is
+carried by the node's run-time `k` input).
 """
 from __future__ import annotations
 
@@ -32,9 +25,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from dmlgraph import kernels
 from dmlgraph.band import BandPattern, analyze_band, diagonal_use_mask
-from dmlgraph.dtypes import INT32_MAX, INT32_MIN, bitwise_equal
+from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.modelfile import RAW_ITEMSIZE
 from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
@@ -43,18 +35,19 @@ from dmlgraph.rewrite import Match, Options, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
 from passes.common import const_value, lowering_reason
+from passes.sizes import SizeBuilder, constant, locate
+from passes.symbolic import DIM_MAX, Analysis, Band, Lin, NotAMask, Opaque, SizedFill, Unprovable, render_dim, sized_fill
+from passes.symbolic_ops import evaluate
 
 SHAPE_OPS = {"Shape", "Size"}
 INDEX_OPS = SHAPE_OPS | {
     "Constant", "ConstantOfShape", "Identity", "Range", "Gather", "Slice", "Squeeze", "Unsqueeze",
     "Reshape", "Concat", "Expand", "Cast", "CastLike", "Add", "Sub", "Neg", "Abs", "Min", "Max", "Mul",
     "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor", "Where",
-    "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten",
+    "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten", "Div", "Split",
 }
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}
-MAX_THRESHOLD = 512  # the largest integer constant we sample past (a 1k x 1k mask)
-SMALL_SIZES = (1, 2, 3)
 
 
 # ---- band pattern -> DmlNode ----------------------------------------------------------------------
@@ -73,7 +66,7 @@ def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: V
     """The DmlNode producing pattern `p`; a nonzero 'else' value becomes a scalar input."""
     x = None
     if not _is_zero(p.other):
-        x = _constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()))
+        x = constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()))
     begin, end = _bounds(p)
     return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,
                    static_shape=static_shape)
@@ -315,40 +308,6 @@ def _ancestors(value: Value) -> tuple[list[Node], list[Value]]:
     return nodes, inputs
 
 
-def _max_small_int(arr: np.ndarray | None) -> int:
-    """The largest |value| of a small integer constant below 2^31 (larger ones mean 'to the end')."""
-    if arr is None or arr.dtype.kind not in "iu" or not arr.size or arr.size > SMALL_CONSTANT:
-        return 0
-    if arr.size <= 16:  # the usual index constant: plain ints beat five numpy calls
-        return max((m for m in map(abs, arr.reshape(-1).tolist()) if m < 2**31), default=0)
-    return int(np.abs(arr[np.abs(arr.astype(np.float64)) < 2**31].astype(np.int64)).max(initial=0))
-
-
-def _int_constants(graph: Graph, nodes: list[Node]) -> int:
-    """The largest |integer constant| a subgraph uses: the thresholds the samples must pass.
-
-    A slice of a stored band of size N also clamps at N; samples above N then give sizes that are
-    not the input's, and the match is declined. So a lowered slice is proven for every size up to
-    N, every size the original model can run at.
-    """
-    biggest = 0
-    cache = graph.scratch.setdefault("max_small_ints", {})  # per initializer (its proto: replaced = stale)
-    for n in nodes:
-        for v in n.inputs:
-            if v is not None and v.producer is None:
-                hit = cache.get(v.name)
-                if hit is None or hit[0] is not v.initializer:
-                    hit = cache[v.name] = (v.initializer, _max_small_int(const_value(graph, v)))
-                biggest = max(biggest, hit[1])
-        if isinstance(n, OnnxNode):
-            for a in n.attributes:
-                if a.type == onnx.AttributeProto.INT and abs(a.i) < 2**31:
-                    biggest = max(biggest, abs(a.i))
-                elif a.type == onnx.AttributeProto.TENSOR:
-                    biggest = max(biggest, _max_small_int(onnx.numpy_helper.to_array(a.t)))
-    return biggest
-
-
 def _sample_shape(v: Value, dims: dict[str, int]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) else dims[d] for d in v.shape)
 
@@ -454,55 +413,10 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
 
     node_part = tuple((n.op_type, n.domain, tuple(a.SerializeToString(deterministic=True) for a in n.attributes),
                        tuple(ref(v) for v in n.inputs), len(n.outputs)) for n in nodes)
-    input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", symbolic.index(d)) for d in v.shape))
+    input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", d) for d in v.shape))
                        for v in inputs)
     opsets = tuple(sorted((d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")))
     return node_part, input_part, (ref(target), target.elem_type or 0), opsets, graph.info.ir_version
-
-
-def _same_pattern_everywhere(p: BandPattern, samples: list[np.ndarray]) -> bool:
-    begin, end = _bounds(p)
-    for arr in samples:
-        if arr.ndim < 2 or arr.dtype != np.asarray(p.value).dtype:
-            return False
-        if 0 in arr.shape:
-            continue
-        h, w = arr.shape[-2:]
-        b, e = bind_range(begin, end, 0, h, w)
-        other = np.broadcast_to(np.asarray(p.other, arr.dtype), arr.shape)
-        expected = kernels.diagonal_matrix1(arr.shape, arr.dtype, p.value, b, e, input=other)
-        if not bitwise_equal(expected, arr):
-            return False
-    return True
-
-
-def _dim_sources(samples, dim_sets, inputs) -> list | None:
-    """Each output dim as ('const', n) or ('dim', input, axis), consistent across all samples."""
-    rank = samples[0].ndim
-    if any(s.ndim != rank for s in samples):
-        return None
-    sources = []
-    for axis in range(rank):
-        sizes = [s.shape[axis] for s in samples]
-        if len(set(sizes)) == 1 and all(sizes[0] != d for dims in dim_sets for d in dims.values()):
-            sources.append(("const", sizes[0]))
-            continue
-        found = None
-        for v in inputs:
-            for ax, d in enumerate(v.shape):
-                got = [d if isinstance(d, int) else dims[d] for dims in dim_sets]
-                if got == sizes:
-                    found = ("dim", v, ax)
-                    break
-            if found:
-                break
-        if found is None:
-            if len(set(sizes)) == 1:
-                found = ("const", sizes[0])
-            else:
-                return None
-        sources.append(found)
-    return sources
 
 
 # A mask subgraph is proven by evaluating it, which materializes the mask (and onnxruntime's int64
@@ -512,29 +426,34 @@ def _dim_sources(samples, dim_sets, inputs) -> list | None:
 MAX_EVAL_ELEMENTS = 8192 * 8192
 
 
-def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
-                         largest: dict[str, int]) -> str | None:
-    """Why evaluating this mask subgraph would allocate too much (None: evaluate it).
+def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value) -> str | None:
+    """Why evaluating this static mask subgraph would allocate too much (None: evaluate it).
 
     The inputs fed and the output are bounded by MAX_EVAL_ELEMENTS: from the output's dims when
-    they are static or sampled, else from shape inference at the largest sample. When neither can
-    tell, the evaluation still runs under an address-space cap (`_address_space_headroom`).
+    they are known, else from shape inference. When neither can tell, the evaluation still runs
+    under an address-space cap (`_address_space_headroom`).
     """
     if any(v.elem_type is None or any(isinstance(d, int) and d < 0 for d in v.shape) for v in inputs):
         return "an input feeding it has an unknown type or a negative dim"
-    fed = sum(math.prod(_sample_shape(v, largest)) for v in inputs)
+    fed = sum(math.prod(v.shape) for v in inputs)
     if fed > MAX_EVAL_ELEMENTS:
         return f"the tensors whose shapes feed it hold {fed} elements, too many to evaluate it"
-    if target.shape is not None and all(isinstance(d, int) or d in largest for d in target.shape):
-        n = math.prod(d if isinstance(d, int) else largest[d] for d in target.shape)
+    if target.shape is not None and all(isinstance(d, int) for d in target.shape):
+        n = math.prod(target.shape)
         if n > MAX_EVAL_ELEMENTS:
             return (f"its output {list(target.shape)} is too large to evaluate to prove it "
                     f"(limit {MAX_EVAL_ELEMENTS} elements)")
         return None
-    n = _predicted_elements(graph, nodes, inputs, target, largest)
+    n = _predicted_elements(graph, nodes, inputs, target, {})
     if n is not None and n > MAX_EVAL_ELEMENTS:
         return f"its output would hold {n} elements, too many to evaluate it (limit {MAX_EVAL_ELEMENTS})"
     return None  # size unknown: the evaluation runs under an address-space cap
+
+
+def _reads_stored_matrix(graph: Graph, nodes: list[Node]) -> bool:
+    """Some node of the subgraph reads a stored constant of 2+ dims (a mask buffer sliced or split)."""
+    return any(v is not None and v.producer is None and v.name in graph.initializers and len(v.shape or ()) >= 2
+               for n in nodes for v in n.inputs)
 
 
 def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
@@ -551,8 +470,9 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if target.shape is not None and len(target.shape) < 2:
         return None
     nodes, inputs = _ancestors(target)
-    if any(isinstance(n, DmlNode) for n in nodes) or not any(n.op_type in MASK_OPS for n in nodes):
-        return None  # already lowered, or no mask-making op: not worth evaluating (weights, reshapes)
+    if any(isinstance(n, DmlNode) for n in nodes) or not (any(n.op_type in MASK_OPS for n in nodes) or
+                                                           _reads_stored_matrix(graph, nodes)):
+        return None  # already lowered, or no mask-making op nor stored matrix: not a mask (weights, reshapes)
     m = Match("mask_subgraph", nodes)
     symbolic = sorted({d for v in inputs for d in (v.shape or ()) if not isinstance(d, int)}, key=str)
     if any(v.shape is None or None in v.shape for v in inputs):
@@ -569,47 +489,66 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if verdict[0] == "decline":
         m.reason = verdict[1]
         return m
-    _, p, sample, positions = verdict
-    sources = None if positions is None else \
-        [s if s[0] == "const" else ("dim", inputs[s[1]], s[2]) for s in positions]
-    return _finish(graph, m, target, p, sample, sources, options)
+    if verdict[0] == "symbolic":
+        return _finish_sized(graph, m, target, verdict[1], inputs, options)
+    _, p, sample, _ = verdict
+    return _finish(graph, m, target, p, sample, None, options)
 
 
 def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str],
-             df: DataFree) -> tuple:
-    """What evaluating the subgraph proves: ("band", pattern, the last sample, output dim sources
-    with inputs as positions in `inputs`, None when the shape is static), ("decline", reason) or
-    ("none",) (not a mask). Everything it reads is in the subgraph's `_signature`."""
-    c = _int_constants(graph, nodes) if symbolic else 0
-    if c > MAX_THRESHOLD:
-        return "decline", f"its integer constants (up to {c}) are too large to verify the band at every size"
-    big = 2 * c + 3
-    dim_sets = [{d: size + i for i, d in enumerate(symbolic)} for size in SMALL_SIZES]
-    dim_sets += [{d: big + 2 * i for i, d in enumerate(symbolic)}, {d: big + 1 + 3 * i for i, d in enumerate(symbolic)}]
-    too_big = _too_big_to_evaluate(graph, nodes, inputs, target, dim_sets[-1])
+             df: DataFree, max_dim: int = DIM_MAX) -> tuple:
+    """What the subgraph is: ("band", pattern, the evaluated array, None) at static sizes (evaluated
+    exactly at the one size it has), ("symbolic", SizedBand) when its sizes vary (proved for every
+    size by `passes.symbolic`), ("decline", reason) or ("none",) (not a mask). Everything it reads
+    is in the subgraph's `_signature`."""
+    if symbolic:
+        if not df.index_only(target):
+            return ("none",)  # data-free but not an index computation (weights reshaped by sizes...)
+        return _symbolic_verdict(graph, nodes, inputs, target, max_dim)
+    too_big = _too_big_to_evaluate(graph, nodes, inputs, target)
     if too_big:
         return "decline", too_big
-    if symbolic and not df.index_only(target):
-        return ("none",)  # data-free but not an index computation: cannot prove it for every size
     try:
-        samples = [_evaluate(graph, nodes, inputs, target, dims) for dims in (dim_sets if symbolic else [{}])]
-    except Exception as e:  # noqa: BLE001 - a subgraph that cannot run at some size is not a mask we can prove
+        sample = _evaluate(graph, nodes, inputs, target, {})
+    except Exception as e:  # noqa: BLE001 - a subgraph that cannot run is not a mask we can prove
         if isinstance(e, MemoryError) or "alloc" in str(e).lower():
             return "decline", (f"evaluating it to prove the band needs more than {EVAL_HEADROOM >> 30} GiB "
                                "(a static dim of the inputs feeding it is too large)")
         return ("none",)
-    samples[-1].setflags(write=False)  # kept in the verdict, shared by every copy
-    p = band_of(samples[-1])
+    sample.setflags(write=False)  # kept in the verdict, shared by every copy
+    p = band_of(sample)
     if p is None:
         return ("none",)
-    if not symbolic:
-        return "band", p, samples[0], None
-    if not _same_pattern_everywhere(p, samples):
-        return "decline", "a band at some sizes but not at all sizes tried"
-    sources = _dim_sources(samples, dim_sets, inputs)
-    if sources is None:
-        return "decline", "its output sizes are not the input's dims or constants"
-    return "band", p, samples[-1], [s if s[0] == "const" else ("dim", inputs.index(s[1]), s[2]) for s in sources]
+    return "band", p, sample, None
+
+
+INDEX_READERS = {"Gather": 1, "GatherND": 1, "GatherElements": 1, "ScatterND": 1, "ScatterElements": 1}
+
+
+def _only_indices(v: Value) -> bool:
+    """Every use of v's data is as the indices of a gather or scatter (its shape may be read too)."""
+    data_uses = [(n, i) for n, i in v.uses if n.op_type not in SHAPE_OPS]
+    return bool(data_uses) and all(INDEX_READERS.get(n.op_type) == i for n, i in data_uses)
+
+
+def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, max_dim: int) -> tuple:
+    an = Analysis(max_dim)
+    try:
+        value = evaluate(an, nodes, inputs, target, lambda v: const_value(graph, v))
+    except NotAMask:
+        return ("none",)
+    except Unprovable as e:
+        if _only_indices(target):
+            return ("none",)  # positions to gather data by (a padding lookup), not a mask
+        return "decline", f"not proved a band at every size: {e}"
+    if isinstance(value, Opaque) and value.why:
+        return "decline", f"not proved a band at every size: {value.why}"
+    if not isinstance(value, Band) or len(value.values) < 2 or len(value.shape) < 2:
+        return ("none",)
+    fill = sized_fill(value, an.derived)
+    if isinstance(fill, str):
+        return "decline", fill
+    return "symbolic", fill
 
 
 def _finish(graph, m, target, p, arr, sources, options) -> Match:
@@ -623,124 +562,50 @@ def _finish(graph, m, target, p, arr, sources, options) -> Match:
     return m
 
 
-def _constant(graph: Graph, name: str, arr: np.ndarray) -> Value:
-    """The initializer `name` if it already holds exactly `arr`, else a new one."""
-    found = graph.scratch.setdefault("constants", {})  # each rewrite asks again for the same few
-    key = (name, arr.dtype.str, arr.shape, arr.tobytes())
-    hit = found.get(key)
-    if hit is not None:
-        v, tensor, array = hit
-        if graph.initializers.get(v.name) is v and v.initializer is tensor and v.array is array:
-            return v  # (still that initializer, holding what it held)
-    v = graph.initializers.get(name)
-    if v is None or v.name in graph.overridable_inputs:
-        v = graph.add_initializer(graph.fresh_value(name), arr)
-    else:
-        old = const_value(graph, v)
-        if old is None or not bitwise_equal(np.asarray(old), arr):
-            v = graph.add_initializer(graph.fresh_value(name), arr)
-    found[key] = (v, v.initializer, v.array)
-    return v
-
-
-_PLUMBING_OPS = ("Shape", "Gather", "Concat")
-
-
-def _plumbing_key(op_type: str, inputs, attributes) -> tuple:
-    """attributes: AttributeProtos, or (name, int) pairs."""
-    return op_type, tuple(id(v) for v in inputs), tuple(a if isinstance(a, tuple) else (a.name, a.i) for a in attributes)
-
-
-def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None) -> Value | None:
-    """The output of a node already computing op_type(inputs) (axis attribute as given), if any.
-
-    Reusing it keeps shared size plumbing shared, and makes optimizing a portable export again
-    reproduce the same graph instead of a renamed copy. The lookup is a hash of the graph's size
-    plumbing, built once per optimizer run (scanning the input's consumers instead is quadratic
-    when thousands of blocks read the same input's shape).
-    """
-    index = graph.scratch.get("size_plumbing")
-    if index is None:
-        index = graph.scratch["size_plumbing"] = {}
-        for n in graph.nodes.values():
-            if _plumbing(n):
-                index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)
-    key = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
-    n = index.get(key)
-    if n is None:
-        return None
-    # (A node's op type and attributes never change after it is made: its inputs may.)
-    if n.id not in graph.nodes or n.inputs != inputs:
-        # Removed or rewired (replace_uses) since it was indexed; a live twin may remain.
-        n = next((c for c in inputs[0].consumers if _computes(graph, c, inputs, key)), None)
-        if n is None:
-            del index[key]
-            return None
-        index[key] = n
-    return n.outputs[0]
-
-
-def _computes(graph: Graph, n: Node, inputs: list[Value], key: tuple) -> bool:
-    return n.id in graph.nodes and _plumbing(n) and n.inputs == inputs \
-        and _plumbing_key(n.op_type, n.inputs, n.attributes) == key
-
-
-def _plumbing(n: Node) -> bool:
-    return isinstance(n, OnnxNode) and n.op_type in _PLUMBING_OPS and n.domain in ("", "ai.onnx") \
-        and len(n.outputs) == 1 and None not in n.inputs
-
-
-def _shape_value(graph: Graph, sources, hint: str) -> tuple[Value, list[Node]]:
-    """ONNX nodes computing the output sizes at run time from the inputs' shapes (reusing any the
-    graph already has)."""
-    # The copies of one mask ask for the same sizes: the nodes found or made for them are kept,
-    # and reused while each is alive and reads what it read then (the inputs keep ids unique).
-    done = graph.scratch.setdefault("shape_values", {})
-    key = tuple(s if s[0] == "const" else ("dim", id(s[1]), s[2]) for s in sources)
-    hit = done.get(key)
-    if hit is not None and all(n.id in graph.nodes and n.inputs == ins for n, ins in hit[1]):
-        return hit[0], []
-    new, parts, chain = [], [], []
-
-    def node(op_type, inputs, name_hint, axis=None, shape=None) -> Value:
-        out = _existing(graph, op_type, inputs, axis)
-        if out is None:
-            out = graph.fresh_value(name_hint, TensorProto.INT64, shape)
-            attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
-            made = graph.add_node(OnnxNode(out.name, op_type, inputs, [out], attrs))  # named by what it makes
-            graph.scratch["size_plumbing"][_plumbing_key(op_type, inputs, attrs)] = made
-            new.append(made)
-        chain.append((out.producer, list(out.producer.inputs)))
-        return out
-
-    for src in sources:
-        if src[0] == "const":
-            parts.append(_constant(graph, f"dmlgraph__size{src[1]}", np.array([src[1]], np.int64)))
-            continue
-        _, inp, axis = src
-        shape = node("Shape", [inp], f"{inp.name}__shape", shape=(len(inp.shape),))
-        idx = _constant(graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64))
-        parts.append(node("Gather", [shape, idx], f"{inp.name}__dim{axis}", axis=0, shape=(1,)))
-    out = node("Concat", parts, f"{hint}__sizes", axis=0, shape=(len(parts),))
-    done[key] = (out, chain)
-    return out, new
+def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs: list[Value],
+                  options: Options) -> Match:
+    elem_type = target.elem_type or helper.np_dtype_to_tensor_dtype(fill.dtype)
+    if numpy_dtype(elem_type) != fill.dtype:
+        m.reason = f"the proved mask is {fill.dtype} but the value is typed {numpy_dtype(elem_type)}"
+        return m
+    dims = [d.const if isinstance(d, Lin) and d.is_const else None for d in fill.shape]
+    static = tuple(dims) if None not in dims else None
+    dml = DmlNode(f"{target.name}__gen", None, None, None, target, elem_type=elem_type, value=fill.value,
+                  begin=fill.begin, end=fill.end, static_shape=static)
+    m.captures.update(dml=dml, fill=fill, inputs=inputs, bounds=fill.bound_text(str))
+    derived = {n: e for n, e, _ in fill.derived}
+    unread = sorted({s for e in fill.sizes() + list(derived.values()) for s, _ in e.terms
+                     if s not in derived and locate(graph, inputs, s) is None})
+    if unread:
+        m.reason = f"its sizes use {', '.join(unread)}, which no input of the model has as a dim to read at run time"
+        return m
+    m.reason = lowering_reason(dml, static if static else (None,) * len(dims), options)
+    return m
 
 
 def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
     proto: DmlNode = m.captures["dml"]
     target = proto.outputs[0]
-    shape, new = None, []
-    if m.captures.get("sources"):
-        shape, new = _shape_value(graph, m.captures["sources"], target.name)
-        # What we proved about the sizes beats what shape inference guessed (often unk__N names).
-        target.shape = tuple(s[1] if s[0] == "const" else s[1].shape[s[2]] for s in m.captures["sources"])
-    elif proto.static_shape is not None:
-        target.shape = proto.static_shape
+    fill: SizedFill | None = m.captures.get("fill")
     graph.remove_node(target.producer)
-    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, shape, proto.static_shape)
+    if fill is None:  # evaluated at its one static size
+        target.shape = proto.static_shape
+        node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, None, proto.static_shape)
+        graph.add_node(node)
+        m.captures["dml"] = node
+        return [node]
+    sizes = SizeBuilder(graph, m.captures["inputs"], {n: (e, k) for n, e, k in fill.derived})
+    shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
+    k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
+    # What we proved about the sizes beats what shape inference guessed (often unk__N names).
+    target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
+    x = None if _is_zero(fill.other) else \
+        constant(graph, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()))
+    node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value, begin=fill.begin,
+                   end=fill.end, static_shape=proto.static_shape)
     graph.add_node(node)
     m.captures["dml"] = node
-    return [node] + new
+    return [node] + sizes.made
 
 
 MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,

@@ -1,0 +1,205 @@
+"""Sizes at run time: ONNX nodes computing a mask's output shape and bound shift from the inputs' shapes.
+
+A lowered mask whose sizes vary reads them where the original did: `Shape(input)[axis]`, combined
+by the integer affine expressions `passes.symbolic` proved (`past + 1`, `min(T, 64)`). Nodes the
+graph already has (Shape/Gather/Concat of the same values) are reused, and so are the nodes made
+for an earlier copy of the same mask, so a model's per-layer masks share one set of size nodes and
+optimizing a portable export again reproduces the same graph.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from dmlgraph.dtypes import bitwise_equal
+from dmlgraph.graph import Graph, Node, OnnxNode, Value
+from passes.common import const_value
+from passes.symbolic import Clamp, Dim, Lin, Symbol
+
+
+def constant(graph: Graph, name: str, arr: np.ndarray) -> Value:
+    """The initializer `name` if it already holds exactly `arr`, else a new one."""
+    found = graph.scratch.setdefault("constants", {})  # each rewrite asks again for the same few
+    key = (name, arr.dtype.str, arr.shape, arr.tobytes())
+    hit = found.get(key)
+    if hit is not None:
+        v, tensor, array = hit
+        if graph.initializers.get(v.name) is v and v.initializer is tensor and v.array is array:
+            return v  # (still that initializer, holding what it held)
+    v = graph.initializers.get(name)
+    if v is None or v.name in graph.overridable_inputs:
+        v = graph.add_initializer(graph.fresh_value(name), arr)
+    else:
+        old = const_value(graph, v)
+        if old is None or not bitwise_equal(np.asarray(old), arr):
+            v = graph.add_initializer(graph.fresh_value(name), arr)
+    found[key] = (v, v.initializer, v.array)
+    return v
+
+
+_PLUMBING_OPS = ("Shape", "Gather", "Concat")
+
+
+def _plumbing_key(op_type: str, inputs, attributes) -> tuple:
+    """attributes: AttributeProtos, or (name, int) pairs."""
+    return op_type, tuple(id(v) for v in inputs), tuple(a if isinstance(a, tuple) else (a.name, a.i) for a in attributes)
+
+
+def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None) -> Value | None:
+    """The output of a node already computing op_type(inputs) (axis attribute as given), if any.
+
+    Reusing it keeps shared size plumbing shared, and makes optimizing a portable export again
+    reproduce the same graph instead of a renamed copy. The lookup is a hash of the graph's size
+    plumbing, built once per optimizer run (scanning the input's consumers instead is quadratic
+    when thousands of blocks read the same input's shape).
+    """
+    index = graph.scratch.get("size_plumbing")
+    if index is None:
+        index = graph.scratch["size_plumbing"] = {}
+        for n in graph.nodes.values():
+            if _plumbing(n):
+                index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)
+    key = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
+    n = index.get(key)
+    if n is None:
+        return None
+    # (A node's op type and attributes never change after it is made: its inputs may.)
+    if n.id not in graph.nodes or n.inputs != inputs:
+        # Removed or rewired (replace_uses) since it was indexed; a live twin may remain.
+        n = next((c for c in inputs[0].consumers if _computes(graph, c, inputs, key)), None)
+        if n is None:
+            del index[key]
+            return None
+        index[key] = n
+    return n.outputs[0]
+
+
+def _computes(graph: Graph, n: Node, inputs: list[Value], key: tuple) -> bool:
+    return n.id in graph.nodes and _plumbing(n) and n.inputs == inputs \
+        and _plumbing_key(n.op_type, n.inputs, n.attributes) == key
+
+
+def _plumbing(n: Node) -> bool:
+    return isinstance(n, OnnxNode) and n.op_type in _PLUMBING_OPS and n.domain in ("", "ai.onnx") \
+        and len(n.outputs) == 1 and None not in n.inputs
+
+
+def locate(graph: Graph, inputs: Sequence[Value], name: Symbol) -> tuple[Value, int] | None:
+    """A value and axis whose size is the dim named `name` (the mask's own inputs first, then the
+    graph's inputs), so the lowered mask reads it where the model has it."""
+    for v in list(inputs) + graph.inputs:
+        for axis, d in enumerate(v.shape or ()):
+            if d == name:
+                return v, axis
+    return None
+
+
+class SizeBuilder:
+    """Makes (or finds) the nodes computing size expressions over the shapes of the graph's values.
+
+    Symbols are dim names, read from `inputs` (or the graph's inputs). `made` collects the nodes added.
+    """
+
+    def __init__(self, graph: Graph, inputs: Sequence[Value], derived: dict[Symbol, tuple[Lin, int]] | None = None):
+        self.graph = graph
+        self.inputs = list(inputs)
+        self.derived = derived or {}  # symbols standing for e // k
+        self.made: list[Node] = []
+
+    def vector(self, dims: Sequence[Dim], hint: str) -> Value:
+        """A 1-D int64 tensor holding every dim: the output shape."""
+        return self._cached(("vector", tuple(self._key(d) for d in dims)), lambda chain: self._node(
+            "Concat", [self.dim(d, chain) for d in dims], f"{hint}__sizes", chain, axis=0, shape=(len(dims),)))
+
+    def scalar(self, e: Lin, hint: str) -> Value:
+        """A 0-D int64 tensor holding e: the run-time shift of a mask's bounds."""
+        def make(chain: list) -> Value:
+            one = self.dim(e, chain)
+            empty = constant(self.graph, "dmlgraph__scalar_shape", np.zeros(0, np.int64))
+            return self._node("Reshape", [one, empty], f"{hint}__shift", chain, shape=())
+        return self._cached(("scalar", self._key(e)), make)
+
+    def dim(self, d: Dim, chain: list) -> Value:
+        """A [1] int64 tensor holding d."""
+        if isinstance(d, Clamp):
+            x = self.dim(d.inner, chain)
+            if d.lo is not None:
+                x = self._node("Max", [x, self._const(d.lo)], f"{x.name}__atleast{d.lo}", chain, shape=(1,))
+            if d.hi is not None:
+                x = self._node("Min", [x, self._const(d.hi)], f"{x.name}__atmost{d.hi}", chain, shape=(1,))
+            return x
+        if d.is_const:
+            return self._const(d.const)
+        acc: Value | None = None
+        for sym, c in d.terms:
+            term = self._symbol(sym, chain)
+            if abs(c) != 1:
+                term = self._node("Mul", [term, self._const(abs(c))], f"{term.name}__x{abs(c)}", chain, shape=(1,))
+            if acc is None:
+                acc = term if c > 0 else self._node("Neg", [term], f"{term.name}__neg", chain, shape=(1,))
+            else:
+                op = "Add" if c > 0 else "Sub"
+                acc = self._node(op, [acc, term], f"{acc.name}__{op.lower()}", chain, shape=(1,))
+        assert acc is not None
+        if d.const:
+            op = "Add" if d.const > 0 else "Sub"
+            acc = self._node(op, [acc, self._const(abs(d.const))], f"{acc.name}__{op.lower()}{abs(d.const)}", chain,
+                             shape=(1,))
+        return acc
+
+    def _symbol(self, sym: Symbol, chain: list) -> Value:
+        if sym in self.derived:  # e // k: ONNX's integer Div truncates, which is floor for e >= 0
+            e, k = self.derived[sym]
+            x = self.dim(e, chain)
+            return self._node("Div", [x, self._const(k)], f"{x.name}__div{k}", chain, shape=(1,))
+        found = locate(self.graph, self.inputs, sym)
+        assert found is not None, f"no input has a dim named {sym!r} (checked when matched)"
+        v, axis = found
+        shape = self._node("Shape", [v], f"{v.name}__shape", chain, shape=(len(v.shape or ()),))
+        idx = constant(self.graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64))
+        return self._node("Gather", [shape, idx], f"{v.name}__dim{axis}", chain, axis=0, shape=(1,))
+
+    def _const(self, c: int) -> Value:
+        return constant(self.graph, f"dmlgraph__size{c}" if c >= 0 else f"dmlgraph__size_neg{-c}",
+                        np.array([c], np.int64))
+
+    def _key(self, d: Dim) -> tuple:
+        def lin(e: Lin) -> tuple:
+            return tuple((self._source(s), s, c) for s, c in e.terms), e.const
+        return ("clamp", lin(d.inner), d.lo, d.hi) if isinstance(d, Clamp) else ("lin", lin(d))
+
+    def _source(self, sym: Symbol) -> object:
+        """What a symbol is read from: an input's identity, or a derived symbol's definition."""
+        if sym in self.derived:
+            e, k = self.derived[sym]
+            return ("div", self._key(e), k)
+        found = locate(self.graph, self.inputs, sym)
+        return id(found[0]) if found is not None else sym
+
+    def _cached(self, key: tuple, make) -> Value:
+        """The value made for `key` before, while every node of it is alive and reads what it read."""
+        done = self.graph.scratch.setdefault("size_values", {})
+        hit = done.get(key)
+        if hit is not None and all(n.id in self.graph.nodes and n.inputs == ins for n, ins in hit[1]):
+            return hit[0]
+        chain: list = []
+        out = make(chain)
+        done[key] = (out, chain)
+        return out
+
+    def _node(self, op_type: str, inputs: list[Value], name_hint: str, chain: list, axis: int | None = None,
+              shape: tuple | None = None) -> Value:
+        out = _existing(self.graph, op_type, inputs, axis) if op_type in _PLUMBING_OPS else None
+        if out is None:
+            g = self.graph
+            out = g.fresh_value(name_hint, TensorProto.INT64, shape)
+            attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
+            made = g.add_node(OnnxNode(out.name, op_type, inputs, [out], attrs))  # named by what it makes
+            if op_type in _PLUMBING_OPS:
+                g.scratch.setdefault("size_plumbing", {})[_plumbing_key(op_type, inputs, attrs)] = made
+            self.made.append(made)
+        assert out.producer is not None
+        chain.append((out.producer, list(out.producer.inputs)))
+        return out

@@ -1,0 +1,386 @@
+"""The symbolic proof of shape-built masks: KV-cache bounds that move with the cache length, and a
+differential test that whatever the analysis lowers equals onnxruntime on the original at sizes
+just past every constant in the cone (each constant +-1, powers of two)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+from dmlgraph import api
+from dmlgraph.executor import Executor
+from dmlgraph.graph import DmlNode
+from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.rewrite import Options
+from passes.symbolic import Analysis, Band, Lin, Unprovable, sized_fill
+
+
+def c(name, arr):
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def model_of(nodes, inputs, outputs, inits=(), opset=18):
+    m = h.make_model(h.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                     opset_imports=[h.make_opsetid("", opset)], ir_version=10)
+    onnx.checker.check_model(m)
+    return m
+
+
+def lower(model, **opts):
+    g = import_model(model)
+    return g, api.optimize_graph(g, Options(**opts))
+
+
+def run_both(model, g, feeds):
+    """(onnxruntime on the original, dmlgraph's executor on the lowered graph, ORT on the portable export)."""
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    got = Executor(g).run(feeds)
+    portable = ort.InferenceSession(export_model(g, "onnx").SerializeToString()).run(None, feeds)
+    names = [o.name for o in model.graph.output]
+    return expected, [got[n] for n in names], portable
+
+
+# ---- a KV-cache decoder's mask, as transformers builds it -------------------------------------------
+def kv_mask_model(window: int | None = None, past_dim: str = "past", dtype=T.INT64):
+    """scores [B, H, S, P+S]; the mask row i (absolute position P+i) sees column j iff j <= P+i
+    (and j > P+i-window): cache_position = Range(P, P+S), kv = Range(0, P+S), both from shapes."""
+    nodes = [
+        h.make_node("Shape", ["past_key"], ["pk_shape"]),
+        h.make_node("Gather", ["pk_shape", "two"], ["past_len"], axis=0),
+        h.make_node("Shape", ["x"], ["x_shape"]),
+        h.make_node("Gather", ["x_shape", "one_idx"], ["seq_len"], axis=0),
+        h.make_node("Add", ["past_len", "seq_len"], ["total"]),
+        h.make_node("Range", ["past_len", "total", "one"], ["cache_position"]),
+        h.make_node("Range", ["zero", "total", "one"], ["kv_idx"]),
+        h.make_node("Unsqueeze", ["kv_idx", "ax0"], ["kv_row"]),
+        h.make_node("Unsqueeze", ["cache_position", "ax1"], ["q_col"]),
+        h.make_node("LessOrEqual", ["kv_row", "q_col"], ["causal"]),
+    ]
+    inits = [c("two", np.int64(2)), c("one_idx", np.int64(1)), c("zero", np.int64(0)), c("one", np.int64(1)),
+             c("ax0", np.array([0])), c("ax1", np.array([1])), c("neg", np.float32(-np.inf))]
+    if window is not None:
+        nodes += [h.make_node("Sub", ["q_col", "w"], ["lo"]),
+                  h.make_node("Greater", ["kv_row", "lo"], ["recent"]),
+                  h.make_node("And", ["causal", "recent"], ["allowed"])]
+        inits.append(c("w", np.int64(window)))
+    else:
+        nodes.append(h.make_node("Identity", ["causal"], ["allowed"]))
+    nodes.append(h.make_node("Where", ["allowed", "scores", "neg"], ["y"]))
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, ["B", "S", 4]),
+              h.make_tensor_value_info("past_key", T.FLOAT, ["B", 2, past_dim, 3]),
+              h.make_tensor_value_info("scores", T.FLOAT, ["B", 2, "S", "T"])]
+    return model_of(nodes, inputs, [h.make_tensor_value_info("y", T.FLOAT, ["B", 2, "S", "T"])], inits)
+
+
+def kv_feeds(past: int, seq: int, batch: int = 2, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((batch, seq, 4)).astype(np.float32),
+            "past_key": rng.standard_normal((batch, 2, past, 3)).astype(np.float32),
+            "scores": rng.standard_normal((batch, 2, seq, past + seq)).astype(np.float32)}
+
+
+KV_SIZES = [(0, 5), (0, 1), (5, 3), (7, 1), (1, 1), (3, 4), (4, 4), (5, 4), (16, 2), (63, 1), (64, 1), (65, 2)]
+
+
+@pytest.mark.parametrize("window", [None, 1, 4])
+def test_kv_cache_mask_lowers_with_a_bound_that_moves_with_the_cache(window):
+    model = kv_mask_model(window)
+    g, result = lower(model)
+    assert result.counts["mask_subgraph"] == 1
+    (dml,) = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
+    assert dml.inputs[2] is not None  # the run-time shift: past
+    for past, seq in KV_SIZES:  # prefill (empty cache), prefill with past, decode steps
+        expected, got, portable = run_both(model, g, kv_feeds(past, seq))
+        for e, x, p in zip(expected, got, portable):
+            assert api.bitwise_equal(x, e) and api.bitwise_equal(p, e), (past, seq)
+
+
+def test_kv_cache_mask_bounds_are_reported_as_expressions_of_the_dims():
+    g = import_model(kv_mask_model(window=4))
+    result = api.optimize_graph(g, Options(exact_only=True))
+    (m,) = [m for m in result.applied if m.rule == "mask_subgraph"]
+    assert m.captures["bounds"] == ("past - 3", "past + 1")
+
+
+# ---- the proof refuses what sampling would have accepted --------------------------------------------
+def threshold_mask_model(build):
+    """rows/cols from Range(0, S); `build(nodes, inits)` returns the name of a bool [S, S] mask."""
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["S"], axis=0),
+             h.make_node("Range", ["zero", "S", "one"], ["idx"]),
+             h.make_node("Unsqueeze", ["idx", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["idx", "ax1"], ["rows"])]
+    inits = [c("two", np.int64(2)), c("zero", np.int64(0)), c("one", np.int64(1)), c("ax0", np.array([0])),
+             c("ax1", np.array([1])), c("neg", np.float32(-np.inf))]
+    mask = build(nodes, inits)
+    nodes.append(h.make_node("Where", [mask, "x", "neg"], ["y"]))
+    x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "S"])
+    return model_of(nodes, [x], [h.make_tensor_value_info("y", T.FLOAT, ["B", "H", "S", "S"])], inits)
+
+
+def _cast_cols(to):
+    def build(nodes, inits):
+        nodes += [h.make_node("Cast", ["cols"], ["cc"], to=to), h.make_node("Cast", ["rows"], ["rr"], to=to),
+                  h.make_node("LessOrEqual", ["cc", "rr"], ["m"])]
+        return "m"
+    return build
+
+
+@pytest.mark.parametrize("to,reason", [(T.INT8, "int8"), (T.FLOAT16, "float16"), (T.INT16, "int16"),
+                                       (T.FLOAT, "float32")])
+def test_an_index_through_a_narrow_type_is_declined_naming_the_node(to, reason):
+    model = threshold_mask_model(_cast_cols(to))
+    g, result = lower(model)
+    assert not result.counts["mask_subgraph"]
+    (d,) = [m for m in result.declined if m.rule == "mask_subgraph"]
+    assert "Cast" in d.reason and reason in d.reason
+    # and the model still runs as it did, past the type's limit too (int8 wraps at 128)
+    rng = np.random.default_rng(0)
+    for s in (3, 130):
+        feeds = {"x": rng.standard_normal((1, 1, s, s)).astype(np.float32)}
+        expected, got, _ = run_both(model, g, feeds)
+        assert api.bitwise_equal(got[0], expected[0])
+
+
+def test_an_index_through_int32_is_exact_for_every_size():
+    g, result = lower(threshold_mask_model(_cast_cols(T.INT32)))
+    assert result.counts["mask_subgraph"] == 1
+
+
+def test_float_and_product_thresholds_are_exact():
+    """cols - rows < 8*8 and cols < rows + 2.5: thresholds from products and float constants."""
+    def build(nodes, inits):
+        inits += [c("eight", np.int64(8)), c("half", np.float32(2.5))]
+        nodes += [h.make_node("Mul", ["eight", "eight"], ["sixty_four"]),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("Less", ["d", "sixty_four"], ["near"]),
+                  h.make_node("Cast", ["d"], ["df"], to=T.FLOAT),
+                  h.make_node("Less", ["df", "half"], ["below"]),
+                  h.make_node("And", ["near", "below"], ["m"])]
+        return "m"
+    model = threshold_mask_model(build)
+    g, result = lower(model, )
+    # float32 cannot hold every index past 2^24: declined for the default range of sizes ...
+    assert not result.counts["mask_subgraph"]
+    # ... and the integer-only part is proved
+    def build_int(nodes, inits):
+        inits += [c("eight", np.int64(8))]
+        nodes += [h.make_node("Mul", ["eight", "eight"], ["sixty_four"]),
+                  h.make_node("Sub", ["rows", "cols"], ["d"]),
+                  h.make_node("Less", ["d", "sixty_four"], ["near"]),
+                  h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+                  h.make_node("And", ["near", "causal"], ["m"])]
+        return "m"
+    model = threshold_mask_model(build_int)
+    g, result = lower(model)
+    assert result.counts["mask_subgraph"] == 1
+    rng = np.random.default_rng(1)
+    for s in (1, 63, 64, 65, 66, 129):
+        feeds = {"x": rng.standard_normal((1, 1, s, s)).astype(np.float32)}
+        expected, got, portable = run_both(model, g, feeds)
+        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), s
+
+
+def test_a_row_predicate_is_not_a_band():
+    def build(nodes, inits):
+        inits.append(c("k", np.int64(5)))
+        nodes.append(h.make_node("Less", ["rows", "k"], ["m0"]))
+        nodes.append(h.make_node("Unsqueeze", ["S", "ax0"], ["S1"]))
+        nodes.append(h.make_node("Concat", ["S1", "S1"], ["shp2"], axis=0))
+        nodes.append(h.make_node("Expand", ["m0", "shp2"], ["m"]))
+        return "m"
+    g, result = lower(threshold_mask_model(build))
+    assert not result.counts["mask_subgraph"]
+
+
+# ---- units ------------------------------------------------------------------------------------
+def test_sized_fill_prefers_a_zero_else_value_and_keeps_one_shift():
+    p = Lin.sym("past")
+    b = Band(np.dtype(bool), (Lin.sym("seq"), Lin.sym("seq") + p), (p - 3, p + 1),
+             (np.bool_(False), np.bool_(True), np.bool_(False)))
+    f = sized_fill(b)
+    assert (f.begin, f.end, f.shift, bool(f.value), bool(f.other)) == (-3, 1, p, True, False)
+    b2 = Band(np.dtype(bool), b.shape, (Lin.of(0), p), b.values)
+    assert isinstance(sized_fill(b2), str)  # Begin fixed, End moving: one shift cannot carry both
+
+
+def test_order_is_proved_over_every_size_or_refused():
+    an = Analysis()
+    s = Lin.sym("S")
+    assert an.order(s + 1, s) == 1
+    with pytest.raises(Unprovable):
+        an.order(s, Lin.of(64))  # S < 64 for some sizes, not others
+
+
+# ---- differential: lowered == onnxruntime at every size near every constant -------------------------
+INT_TYPES = [T.INT64, T.INT32, T.INT16, T.INT8, T.UINT8, T.FLOAT, T.FLOAT16, T.DOUBLE]
+COMPARES = ["Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"]
+
+
+@st.composite
+def mask_cones(draw):
+    """A random shape-only mask cone: index grids from Range over Shape, shifted and scaled by constants of
+    several widths, optionally cast, compared, combined, and applied with Where."""
+    consts: list[int] = []
+    inits = [c("two", np.int64(2)), c("three", np.int64(3)), c("one", np.int64(1)), c("ax0", np.array([0])),
+             c("ax1", np.array([1])), c("neg", np.float32(-np.inf))]
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["S"], axis=0),
+             h.make_node("Gather", ["shp", "three"], ["Tdim"], axis=0)]
+    start = draw(st.integers(-3, 3))
+    consts.append(abs(start))
+    inits.append(c("start", np.int64(start)))
+    nodes += [h.make_node("Add", ["S", "start"], ["S_end"]), h.make_node("Range", ["start", "S_end", "one"], ["ri"]),
+              h.make_node("Range", ["zero_t", "Tdim", "one"], ["ci"]),
+              h.make_node("Unsqueeze", ["ri", "ax1"], ["rows"]), h.make_node("Unsqueeze", ["ci", "ax0"], ["cols"])]
+    inits.append(c("zero_t", np.int64(0)))
+    names = {"rows": "rows", "cols": "cols"}
+    types = {"rows": T.INT64, "cols": T.INT64}
+    for side in ("rows", "cols"):
+        op = draw(st.sampled_from(["none", "add", "mul", "sub_size"]))
+        k = draw(st.sampled_from([-130, -65, -2, -1, 1, 2, 3, 64, 127, 128, 255, 2**31 - 1, 2**31 + 5]))
+        if op == "add":
+            inits.append(c(f"{side}_k", np.int64(k)))
+            nodes.append(h.make_node("Add", [names[side], f"{side}_k"], [f"{side}_a"]))
+            names[side] = f"{side}_a"
+            consts.append(abs(k))
+        elif op == "mul":
+            m = draw(st.sampled_from([-1, 2, 3]))
+            inits.append(c(f"{side}_m", np.int64(m)))
+            nodes.append(h.make_node("Mul", [names[side], f"{side}_m"], [f"{side}_a"]))
+            names[side] = f"{side}_a"
+        elif op == "sub_size":
+            nodes.append(h.make_node("Sub", [names[side], "S"], [f"{side}_a"]))
+            names[side] = f"{side}_a"
+        to = draw(st.sampled_from([None, None] + INT_TYPES))
+        if to is not None:
+            nodes.append(h.make_node("Cast", [names[side]], [f"{side}_c"], to=to))
+            names[side], types[side] = f"{side}_c", to
+    if types["rows"] != types["cols"]:  # one type for the comparison: both back to int64
+        for side in ("rows", "cols"):
+            nodes.append(h.make_node("Cast", [names[side]], [f"{side}_64"], to=T.INT64))
+            names[side] = f"{side}_64"
+    cmp = draw(st.sampled_from(COMPARES))
+    nodes.append(h.make_node(cmp, [names["cols"], names["rows"]], ["m1"]))
+    mask = "m1"
+    if draw(st.booleans()):
+        k = draw(st.sampled_from([0, 1, 3, 8, 64, 200]))
+        consts.append(k)
+        inits.append(c("w", np.int64(k)))
+        inits[-1] = c("w", np.array(k).astype(onnx.helper.tensor_dtype_to_np_dtype(
+            types["rows"] if types["rows"] == types["cols"] else T.INT64)))
+        nodes += [h.make_node("Sub", [names["rows"], names["cols"]], ["dist"]),
+                  h.make_node(draw(st.sampled_from(COMPARES)), ["dist", "w"], ["m2"]),
+                  h.make_node(draw(st.sampled_from(["And", "Or", "Xor"])), ["m1", "m2"], ["m3"])]
+        mask = "m3"
+    if draw(st.booleans()):
+        nodes.append(h.make_node("Not", [mask], ["mn"]))
+        mask = "mn"
+    nodes.append(h.make_node("Where", [mask, "x", "neg"], ["y"]))
+    x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "T"])
+    model = model_of(nodes, [x], [h.make_tensor_value_info("y", T.FLOAT, ["B", "H", "S", "T"])], inits)
+    return model, consts
+
+
+def sizes_near(consts: list[int]) -> list[tuple[int, int]]:
+    """Sizes at each constant +-1 and at powers of two, capped to keep the check cheap."""
+    picks = {1, 2, 3}
+    for k in consts + [2**p for p in range(1, 9)]:
+        for d in (-1, 0, 1):
+            if 1 <= k + d <= 260:
+                picks.add(k + d)
+    s = sorted(picks)
+    return [(a, b) for a, b in zip(s, s[1:] + s[:1])][:24]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mask_cones())
+def test_whatever_is_lowered_equals_onnxruntime_at_every_threshold(case):
+    model, consts = case
+    g, result = lower(model)
+    sess = ort.InferenceSession(model.SerializeToString())
+    ex = Executor(g)
+    rng = np.random.default_rng(0)
+    for s, t in sizes_near(consts):
+        feeds = {"x": rng.standard_normal((1, 1, s, t)).astype(np.float32)}
+        try:
+            expected = sess.run(None, feeds)[0]
+        except Exception:  # noqa: BLE001 - the original cannot run at this size (Range length, broadcast)
+            continue
+        got = ex.run(feeds)["y"]
+        assert api.bitwise_equal(got, expected), (s, t, [m.captures.get("bounds") for m in result.applied])
+
+
+# ---- masks reached through Split / Concat / Slice / floor division ---------------------------------
+def _check_sizes(model, sizes, feeds_of, rule_counts):
+    g, result = lower(model)
+    for k, v in rule_counts.items():
+        assert result.counts[k] == v, (k, result.counts, [m.reason for m in result.declined])
+    for size in sizes:
+        expected, got, portable = run_both(model, g, feeds_of(size))
+        for e, x, p in zip(expected, got, portable):
+            assert api.bitwise_equal(x, e) and api.bitwise_equal(p, e), size
+
+
+def _scores(s, t=None, seed=0):
+    return {"x": np.random.default_rng(seed).standard_normal((1, 2, s, s if t is None else t)).astype(np.float32)}
+
+
+def test_causal_halves_concatenated_at_sequence_floor_half():
+    """rows [0, S//2) and [S//2, S) built apart and stacked: one causal mask at every S, odd or even."""
+    def build(nodes, inits):
+        inits.append(c("k2", np.int64(2)))
+        nodes += [h.make_node("Div", ["S", "k2"], ["half"]),
+                  h.make_node("Range", ["zero", "half", "one"], ["top_i"]),
+                  h.make_node("Range", ["half", "S", "one"], ["bottom_i"]),
+                  h.make_node("Unsqueeze", ["top_i", "ax1"], ["top"]),
+                  h.make_node("Unsqueeze", ["bottom_i", "ax1"], ["bottom"]),
+                  h.make_node("LessOrEqual", ["cols", "top"], ["m_top"]),
+                  h.make_node("LessOrEqual", ["cols", "bottom"], ["m_bottom"]),
+                  h.make_node("Concat", ["m_top", "m_bottom"], ["m"], axis=0)]
+        return "m"
+    _check_sizes(threshold_mask_model(build), range(1, 10), _scores, {"mask_subgraph": 1})
+
+
+def test_stored_tril_split_and_concatenated_back():
+    tril = np.tril(np.ones((16, 16), bool))
+    def build(nodes, inits):
+        inits += [c("tril", tril), c("halves", np.array([8, 8]))]
+        nodes += [h.make_node("Split", ["tril", "halves"], ["a", "b"], axis=1),
+                  h.make_node("Concat", ["a", "b"], ["full"], axis=1),
+                  h.make_node("Unsqueeze", ["S", "ax0"], ["S1"]),
+                  h.make_node("Slice", ["full", "zero1", "S1", "ax0"], ["top_rows"]),
+                  h.make_node("Slice", ["top_rows", "zero1", "S1", "ax1"], ["m"])]
+        inits.append(c("zero1", np.array([0])))
+        return "m"
+    model = threshold_mask_model(build)
+    _check_sizes(model, [1, 2, 7, 15, 16], _scores, {"mask_subgraph": 1})
+
+
+def test_zeros_for_the_past_concatenated_with_a_causal_block():
+    """transformers 4.3x: cat([zeros(S, past), causal(S, S)], -1): End = past + 1."""
+    nodes = [h.make_node("Shape", ["past_key"], ["pks"]), h.make_node("Gather", ["pks", "two"], ["P"], axis=0),
+             h.make_node("Shape", ["x"], ["xs"]), h.make_node("Gather", ["xs", "one_i"], ["S"], axis=0),
+             h.make_node("Unsqueeze", ["S", "ax0"], ["S1"]), h.make_node("Unsqueeze", ["P", "ax0"], ["P1"]),
+             h.make_node("Concat", ["S1", "P1"], ["zshape"], axis=0),
+             h.make_node("ConstantOfShape", ["zshape"], ["zeros"], value=c("v", np.array([True]))),
+             h.make_node("Range", ["zero", "S", "one"], ["i"]),
+             h.make_node("Unsqueeze", ["i", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["i", "ax1"], ["rows"]),
+             h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+             h.make_node("Concat", ["zeros", "causal"], ["allowed"], axis=1),
+             h.make_node("Where", ["allowed", "scores", "neg"], ["y"])]
+    inits = [c("two", np.int64(2)), c("one_i", np.int64(1)), c("zero", np.int64(0)), c("one", np.int64(1)),
+             c("ax0", np.array([0])), c("ax1", np.array([1])), c("neg", np.float32(-np.inf))]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, ["B", "S", 4]),
+              h.make_tensor_value_info("past_key", T.FLOAT, ["B", 2, "past", 3]),
+              h.make_tensor_value_info("scores", T.FLOAT, ["B", 2, "S", "T"])]
+    model = model_of(nodes, inputs, [h.make_tensor_value_info("y", T.FLOAT, ["B", 2, "S", "T"])], inits)
+    g, result = lower(model)
+    (m,) = [m for m in result.applied if m.rule == "mask_subgraph"]
+    assert m.captures["bounds"] == ("MIN", "past + 1")
+    for past, seq in KV_SIZES:
+        expected, got, portable = run_both(model, g, kv_feeds(past, seq))
+        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), (past, seq)

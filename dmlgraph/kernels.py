@@ -100,6 +100,10 @@ class _Plan:
     keep_intervals: tuple[tuple[int, int], ...]
     value_area: int  # elements per matrix written with Value
     keep_area: int
+    # both regions wider than `narrow` diagonals somewhere: what the numpy path can only write
+    # as a base plus overlays, and the compiled kernel writes once
+    wide: bool = False
+    padded_value: tuple[int, int, int, int] = (0, 0, 0, 0)  # two value intervals, (W, W) if unused
 
 
 def _clip_bound(b: int, h: int, w: int) -> int:
@@ -116,7 +120,7 @@ def _interval_area(p: int, q: int, h: int, w: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(h: int, w: int, begin: int, end: int) -> _Plan:
+def _plan(h: int, w: int, begin: int, end: int, narrow: int) -> _Plan:
     lo_inf, hi_inf = -h, w  # topX spans [-(h-1), w-1]: these act as -inf / +inf
     b, e = _clip_bound(begin, h, w), _clip_bound(end, h, w)
     if end >= begin:  # value on [begin, end)
@@ -128,7 +132,9 @@ def _plan(h: int, w: int, begin: int, end: int) -> _Plan:
     value = tuple(iv for iv in value if _interval_area(*iv, h, w) > 0)
     keep = tuple(iv for iv in keep if _interval_area(*iv, h, w) > 0)
     va = sum(_interval_area(*iv, h, w) for iv in value)
-    return _Plan(h, w, value, keep, va, h * w - va)
+    wide = any(q - p > narrow for p, q in value) and any(q - p > narrow for p, q in keep)
+    (p0, q0), (p1, q1) = list(value) + [(w, w)] * (2 - len(value))
+    return _Plan(h, w, value, keep, va, h * w - va, wide, (p0, q0, p1, q1))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -375,43 +381,40 @@ def numpy_only() -> Iterator[None]:
 
 
 def _run_compiled(compiled, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
-    """Write the whole output with the compiled row kernel; False (nothing written) when the
+    """Write the whole output with a compiled row kernel; False (nothing written) when the
     layouts do not fit it: the output must be C-contiguous, the input C-contiguous or one
     C-contiguous matrix broadcast over the batch."""
     if not o3.flags.c_contiguous:
         return False
     b, h, w = o3.shape
-    u = np.dtype(f"u{o3.itemsize}")
+    isz = o3.itemsize
+    u = _UINT[isz]
     if s3 is None:
-        sf, s_batch = np.empty(0, u), 0
+        sf, s_batch = _EMPTY[isz], 0
     elif s3.flags.c_contiguous:
         sf, s_batch = s3.view(u).reshape(-1), h * w
     elif s3.strides[0] == 0 and s3[0].flags.c_contiguous:
         sf, s_batch = s3[0].view(u).reshape(-1), 0
     else:
         return False
-    ivs = list(plan.value_intervals) + [(w, w)] * (2 - len(plan.value_intervals))
-    (p0, q0), (p1, q1) = ivs
-    of, vu = o3.view(u).reshape(-1), v.reshape(1).view(u)[0]
-    if s_batch == h * w and w * o3.itemsize <= SHORT_ROW_BYTES and o3.nbytes <= SHORT_ROW_TOTAL_BYTES:
+    p0, q0, p1, q1 = plan.padded_value
+    of, vu = o3.view(u).reshape(-1), v.view(u)[()]
+    if s_batch == h * w and w * isz <= SHORT_ROW_BYTES and o3.nbytes <= SHORT_ROW_TOTAL_BYTES:
         compiled.copy_then_fill(of, sf, vu, b, h, w, p0, q0, p1, q1)
     else:
         compiled.rows(of, sf, s_batch, vu, b, h, w, p0, q0, p1, q1)
     return True
 
 
-def _wide_regions(plan: _Plan) -> bool:
-    """Both regions wider than NARROW diagonals somewhere: the case the numpy path can only
-    write as a base plus overlays, and the compiled kernel writes once."""
-    return (any(q - p > NARROW for p, q in plan.value_intervals)
-            and any(q - p > NARROW for p, q in plan.keep_intervals))
+_UINT = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
+_EMPTY = {n: np.empty(0, _UINT[n]) for n in (1, 2, 4, 8)}  # "no input" for the compiled kernels
 
 
 def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
     """The fast path on (batch, H, W) views."""
     b, h, w = o3.shape
     value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
-    if o3.nbytes >= COMPILED_MIN_BYTES and _wide_regions(plan):
+    if o3.nbytes >= COMPILED_MIN_BYTES and plan.wide:
         compiled = _compiled()  # two wide regions: every row is a few long spans
         if compiled is not None and _run_compiled(compiled, o3, s3, v, plan):
             return
@@ -582,7 +585,7 @@ def diagonal_matrix1(shape, dtype, value, begin, end, input=None, out=None) -> n
         o, s, vv = out.view(np.uint8), None if input is None else input.view(np.uint8), v.view(np.uint8)
     else:
         o, s, vv = out, input, v
-    plan = _plan(shape[-2], shape[-1], begin, end)
+    plan = _plan(shape[-2], shape[-1], begin, end, NARROW)
     o3 = _as3d(o)
     s3 = None if s is None else _as3d(s)
     if o3 is not None and (s is None or s3 is not None):
@@ -641,10 +644,10 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
             return _fill_tiny(np.empty(shape, dtype), input, idx, v)
         return run_tiny
     vv = v.view(np.uint8) if dtype == np.bool_ else v
-    plan = _plan(h, w, begin, end)
+    plan = _plan(h, w, begin, end, NARROW)
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
         return generic  # one region everywhere, or big matrices: the block writers (planning is cheap there)
-    if (size * dtype.itemsize >= COMPILED_MIN_BYTES and _wide_regions(plan) and compiled_available()):
+    if (size * dtype.itemsize >= COMPILED_MIN_BYTES and plan.wide and compiled_available()):
         return generic  # the compiled kernel beats the templates at these sizes
     keep, value_bits = _templates(plan, vv)
     u = keep.dtype

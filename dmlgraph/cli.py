@@ -214,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top", type=int, default=10, metavar="N", help="largest N initializers (default 10)")
     sp.add_argument("--dot", metavar="FILE", help="write the graph as Graphviz DOT")
     sp.add_argument("--svg", metavar="FILE", help="render the DOT graph to SVG (needs `dot`)")
+    sp.add_argument("--fail-on-missed", action="store_true",
+                    help="exit 1 when a mask-like tensor is neither lowered nor declined (a CI gate)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_inspect)
 

@@ -352,6 +352,10 @@ class Graph:
         self._clean = self._dead_state()
         return removed
 
+    def mark_clean(self) -> None:
+        """Record that nothing in the graph is dead (the caller removed what its changes left)."""
+        self._clean = self._dead_state()
+
     def _dead_state(self) -> tuple:
         return len(self.changes), tuple(self.initializers), tuple(map(id, self.outputs))
 

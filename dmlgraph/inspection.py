@@ -30,18 +30,20 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from dmlgraph import mask_census
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.modelfile import atomic_writer, tensor_nbytes
 from dmlgraph.ops import FeatureLevel, bind_range
 
-SCHEMA = "dmlgraph.inspect/1"
+SCHEMA = "dmlgraph.inspect/2"
 PICTURE_MAX = 8           # the picture shows at most the top-left 8x8 corner of one slice
 REPRESENTATIVE_DIM = 8    # symbolic dims take this size in a representative desc / picture
 
 # Stable key sets (docs/inspect.md documents each; the tests pin them).
 TOP_KEYS = ("schema", "model", "options", "inputs", "outputs", "ops", "initializers", "candidates",
-            "declined", "totals")
+            "declined", "masks", "missed", "totals")
+MASK_KEYS = ("value", "producer", "op_type", "index", "shape", "found", "status", "rule", "reason")
 CANDIDATE_KEYS = ("id", "rule", "description", "nodes", "initializers", "lowers_to", "exact", "saves",
                   "picture", "superseded_by", "in_lowered_graph")
 DECLINED_KEYS = ("rule", "nodes", "initializers", "reason")
@@ -426,11 +428,14 @@ def analyze(path: str, options=None, top: int = 10, target: str = "dml", progres
     shapes = {name: (_shape(v.shape), onnx_type_name(v.elem_type) if v.elem_type else None)
               for name, v in g.initializers.items()}
     before = api.graph_stats(g)
+    sites = mask_census.take(g)
     original_dml = {n.id for n in g.nodes.values() if isinstance(n, DmlNode)}
     say(f"running rules on {before['nodes']} nodes (feature level {options.feature_level.label})")
     result = api.optimize_graph(g, options, progress)
     g.remove_dead()
     rules = _rule_table(options)
+    report["masks"] = mask_census.classify(sites, g, result)
+    report["missed"] = [r for r in report["masks"] if r["status"] == "missed"]
 
     say(f"describing {len(result.applied)} candidates")
     # What each match covers: its nodes, the constants it names, and the constants its covered nodes
@@ -659,6 +664,7 @@ def format_text(r: dict) -> str:
         L.append("declined:")
         for d in r["declined"]:
             L.append(f"  {d['rule']}: {_nodes_text(d['nodes'], d['initializers'])}: {d['reason']}")
+    L += _census_text(r["masks"])
     t = r["totals"]
     L.append("")
     if t["target"] == "dml":
@@ -677,6 +683,21 @@ def format_text(r: dict) -> str:
     from dmlgraph.report import before_after_table
     L.append(before_after_table(t["before"], t["after"]))
     return "\n".join(L)
+
+
+def _census_text(masks: list[dict]) -> list[str]:
+    """The mask census: counts per status, then every mask that was declined or missed."""
+    counts = collections.Counter(m["status"] for m in masks)
+    L = [f"mask-like tensors: {len(masks)} ({counts['lowered']} lowered, {counts['declined']} declined, "
+         f"{counts['missed']} missed)"]
+    for m in masks:
+        if m["status"] == "lowered":
+            continue
+        where = f"{m['op_type']} {m['producer']!r}" + (f" #{m['index']}" if m["index"] is not None else "") \
+            if m["producer"] is not None else "constant"
+        L.append(f"  {m['status'].upper()} {m['value']!r} {_shape_text(m['shape'])} from {where}: {m['found']}; "
+                 f"{m['reason']}")
+    return L
 
 
 # ---- DOT ---------------------------------------------------------------------------------------
@@ -841,4 +862,8 @@ def inspect_command(args) -> int:
         text = format_text(ins.report)
         written = [f for f in (dot_file, svg_file) if f]
         print(text + ("\nwrote " + ", ".join(written) if written else ""))
+    if getattr(args, "fail_on_missed", False) and ins.report["missed"]:
+        print(f"dmlgraph: {len(ins.report['missed'])} mask-like tensor(s) neither lowered nor declined "
+              "(--fail-on-missed)", file=sys.stderr)
+        return 1
     return 0

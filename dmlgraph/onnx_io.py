@@ -385,11 +385,15 @@ def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
     np_dt = helper.tensor_dtype_to_np_dtype(n.elem_type)
     value = const("value", np.array(n.value, dtype=np_dt))
     other = x.name if x is not None else const("other", np.zeros((), np_dt))
+    if x is not None and (shape is not None or n.static_shape is not None):
+        # x broadcast to the output first: the select then has the output's shape (no Expand after
+        # it), and re-optimizing the portable model finds Where(band, c, that) again, a fixed point.
+        other = op("Expand", [x.name, shape_name], "input")
     result = _portable_select(use, value, other, n.elem_type, op, const)
-    if x is not None and shape is None and n.static_shape is None:
-        # The output is shaped like x and Where/And/Or already broadcast `use` ([H, W]) to it, so an
-        # Expand to Shape(x) would be a no-op; leaving it out also keeps re-optimizing a portable
-        # model from stacking one more Expand per round.
+    if x is not None:
+        # The output is shaped like the (broadcast) input and Where/And/Or already broadcast `use`
+        # ([H, W]) to it, so an Expand would be a no-op; leaving it out also keeps re-optimizing a
+        # portable model from stacking one more Expand per round.
         nodes[-1].output[0] = out
         return nodes
     nodes.append(helper.make_node("Expand", [result, shape_name], [out]))

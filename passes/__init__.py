@@ -3,16 +3,18 @@
 phase 0  mask_subgraph   shape-only mask subgraphs -> generators (sees whole subgraphs first)
 phase 1  stored_mask     constant band masks -> generators
 phase 2  trilu, eyelike  the remaining Trilu / EyeLike nodes
-phase 3  mask_where, mask_arith   masks applied to data -> DIAGONAL_MATRIX1 with that input
+phase 3  mask_view, mask_where, mask_bool, mask_not, mask_cast, mask_arith
+         masks reshaped, negated, cast, and applied to data -> DIAGONAL_MATRIX1 with that input
 phase 4  chain           DIAGONAL_MATRIX1 of DIAGONAL_MATRIX1 -> one node
 """
 from __future__ import annotations
 
 from dmlgraph.rewrite import Options, Rule
-from passes import apply, eyelike, masks, trilu
+from passes import apply, apply_arith, apply_bool, apply_views, eyelike, masks, trilu
 
 ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, masks.STORED_MASK, trilu.RULE, eyelike.RULE,
-                         apply.MASK_WHERE, apply.MASK_ARITH, apply.CHAIN]
+                         apply_views.MASK_VIEW, apply.MASK_WHERE, apply_bool.MASK_BOOL, apply_bool.MASK_NOT,
+                         apply_bool.MASK_CAST, apply_arith.MASK_ARITH, apply.CHAIN]
 
 
 def default_rules(options: Options | None = None) -> list[Rule]:

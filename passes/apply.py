@@ -1,27 +1,43 @@
 """Masks applied to data become one DIAGONAL_MATRIX1 with that data as its input.
 
-A generator G (a DmlNode with no input, or a scalar constant input) is `value` on a diagonal
-region R and `other` elsewhere. Then, with X the data:
-  Where(G, X, c) / Where(G, c, X)  -> DIAGONAL_MATRIX1(X, Value c, R or its complement)  bit-exact
-  Mul(X, G) with G in {0, 1}       -> DIAGONAL_MATRIX1(X, Value 0, where G is 0)         equal for finite X
-  Add(X, G) with G in {0, -inf}    -> DIAGONAL_MATRIX1(X, Value -inf, where G is -inf)    equal for finite X
-and a DIAGONAL_MATRIX1 whose input is another one with the same value and k fuses into one node
+A DIAGONAL_MATRIX1 node D is `Value` on a diagonal region R and its input x (0 without one)
+elsewhere. An elementwise node f(D, ...) therefore computes f(Value, ...) on R and f(x, ...)
+elsewhere; when one of those two parts is a single constant c, the node is
+    DIAGONAL_MATRIX1(input: the other part, Value c, region R or its complement).
+Each op family says what its parts reduce to (`Evaluator`): `Where` here, `And`/`Or`/`Not`/`Cast` in
+`apply_bool`, `Add`/`Mul` in `apply_arith`; a part that does not reduce becomes a new ONNX node
+(`Where(P, X, c)`, `Add(X, P)`) reading the data. Every part says whether it is bit-exact; a rule
+whose parts are not declines under `--exact`.
+
+Shapes: the new node has the replaced node's output shape (the broadcast of its operands, built at
+run time by `passes.broadcast` when the input alone does not carry it), and that output's last two
+dims must be D's own (shape inference proves it): a band broadcast along a matrix axis is no band.
+
+`chain`: a DIAGONAL_MATRIX1 whose input is another one with the same value and k fuses into one node
 whose region is the union (tril(triu(x, a), b) is one inverted-range node), when the union is one
 (possibly inverted) interval.
 """
 from __future__ import annotations
 
 import math
-import re
+from dataclasses import dataclass
+from typing import Callable, Union
 
 import numpy as np
+import onnx
 
 from dmlgraph.dtypes import bitwise_equal
-from dmlgraph.graph import DmlNode, Graph, Node, Value
-from dmlgraph.rewrite import Match, Options, Rule
-from passes.common import const_value, lowering_reason, replace_node
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.runtime import numpy_dtype
+from passes.broadcast import (Built, ShapeSource, broadcast_dims, build_broadcast, build_matrix_of, fits_into, keeps_matrix,
+                              matrix_dims, vector_dims,
+                              needed,
+                              same_dims, shape_source, static_broadcast)
+from passes.common import const_value, lowering_reason, replace_node, standin
 
 INF = math.inf
+Region = tuple[Union[int, None], Union[int, None]]
 
 
 # ---- regions: sets of diagonals as (begin, end) with None = unbounded --------------------------
@@ -32,14 +48,15 @@ def _pieces(begin, end) -> list[tuple[float, float]]:
     return [(lo, hi)] if lo < hi else []
 
 
-def _from_pieces(pieces) -> tuple[int | None, int | None] | None:
+def _from_pieces(pieces) -> Region | None:
     merged: list[list[float]] = []
     for lo, hi in sorted(p for p in pieces if p[0] < p[1]):
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)
         else:
             merged.append([lo, hi])
-    def b(x):
+
+    def b(x: float) -> int | None:
         return None if math.isinf(x) else int(x)
     if not merged:
         return 0, 0  # the empty region
@@ -50,11 +67,11 @@ def _from_pieces(pieces) -> tuple[int | None, int | None] | None:
     return None
 
 
-def union(r1, r2):
+def union(r1: Region, r2: Region) -> Region | None:
     return _from_pieces(_pieces(*r1) + _pieces(*r2))
 
 
-def complement(r):
+def complement(r: Region) -> Region | None:
     cuts = [-INF]
     for lo, hi in _pieces(*r):
         cuts += [lo, hi]
@@ -62,116 +79,325 @@ def complement(r):
     return _from_pieces([(cuts[i], cuts[i + 1]) for i in range(0, len(cuts), 2)])
 
 
-# ---- generators ----------------------------------------------------------------------------------
-def generator_values(graph: Graph, v: Value | None):
-    """(node, value, other) when `v` is made by a generator: no input, or a scalar constant one."""
-    n = v.producer if v is not None else None
-    if not isinstance(n, DmlNode) or n.kind != "DiagonalMatrix1":
-        return None
-    x = n.inputs[0]
-    if x is None:
-        return n, np.asarray(n.value), np.zeros((), np.asarray(n.value).dtype)
-    arr = const_value(graph, x) if x.name in graph.initializers else None
-    if arr is None or arr.size != 1:
-        return None
-    return n, np.asarray(n.value), np.asarray(arr).reshape(())
+# ---- operands and parts ---------------------------------------------------------------------------
+Operand = Union[np.ndarray, Value]  # a 0-d constant (every element of the operand), or a value
+MAX_UNIFORM_CHECK = 1 << 20  # elements of a stored constant read to see whether it is one value
 
 
-def _scalar(graph: Graph, v: Value):
-    """A one-element constant, keeping its rank (a [1, 1, 1] constant still broadcasts)."""
+def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
+    """The one value every element of `v` provably holds (0-d, bits kept), else None.
+
+    A constant whose elements are bitwise equal, `ConstantOfShape(any shape)`, and `Expand` of such
+    a value qualify: shape-only fills like `ConstantOfShape(Shape(X))`.
+    """
+    if v is None:
+        return None
+    if v.name in graph.initializers and v.shape is not None and math.prod(v.shape) > MAX_UNIFORM_CHECK:
+        return None  # a weight, not a fill: treated as data (still correct, just not simplified)
     arr = const_value(graph, v)
-    return None if arr is None or arr.size != 1 else np.asarray(arr)
+    if arr is not None:
+        arr = np.asarray(arr)
+        if arr.size == 0 or arr.dtype.kind not in "biuf":
+            return None
+        first = arr.reshape(-1)[:1].reshape(())
+        return first.copy() if bitwise_equal(np.broadcast_to(first, arr.shape), arr) else None
+    p = v.producer
+    if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
+        return None
+    if p.op_type == "ConstantOfShape":
+        t = p.attr("value")
+        return np.zeros((), np.float32) if t is None else onnx.numpy_helper.to_array(t).reshape(-1)[:1].reshape(())
+    if p.op_type in ("Expand", "Identity"):
+        return uniform_constant(graph, p.inputs[0])
+    return None
 
 
-def _same_size(m, x) -> bool:
-    """Mask dim m is data dim x wherever the model runs: equal, or `min(x, c)` (a slice of a stored
-    c x c mask), which broadcasts with x only where it equals x (x <= c, or x == 1 where both are 1)."""
-    return m is not None and (m == x or (isinstance(m, str) and isinstance(x, str) and
-                                         re.fullmatch(rf"min\({re.escape(x)}, \d+\)", m) is not None))
+@dataclass
+class Part:
+    """What the node computes on one side of the band: a constant, an operand as is, or a new node."""
+
+    const: np.ndarray | None = None
+    value: Value | None = None
+    op: tuple[str, list[Operand]] | None = None  # a new ONNX node of the replaced node's op type
+    exact: bool = True
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
 
 
-def _covers(mask_shape, x_shape) -> bool:
-    """The mask's matrix is X's matrix (the last two dims equal: a [1, W] mask is not a band of an
-    [H, W] X) and its batch dims broadcast into X's without growing them."""
-    if mask_shape is None or x_shape is None or len(mask_shape) < 2 or len(mask_shape) > len(x_shape):
-        return False
-    if not all(_same_size(m, x) for m, x in zip(mask_shape[-2:], x_shape[-2:])):
-        return False
-    return all(m == 1 or (m is not None and m == x) for m, x in zip(reversed(mask_shape[:-2]), reversed(x_shape[:-2])))
+Evaluator = Callable[[OnnxNode, list[Operand], np.dtype], Union[Part, str]]
 
 
-def _apply(graph, node, gen, x, value, region, exact: bool, rule: str, options: Options) -> Match:
+def _operand(graph: Graph, v: Value | None) -> Operand | None:
+    u = uniform_constant(graph, v)
+    return u if u is not None else v
+
+
+def band_operands(graph: Graph, node: OnnxNode, band_inputs: tuple[int, ...]) -> list[int]:
+    """Positions among `band_inputs` whose value a DIAGONAL_MATRIX1 node makes."""
+    return [i for i in band_inputs if isinstance(node.input(i), Value) and isinstance(node.input(i).producer, DmlNode)
+            and node.input(i).producer.kind == "DiagonalMatrix1"]
+
+
+def _outside(graph: Graph, d: DmlNode) -> Operand:
+    """D's elements off its region: its input (a one-element constant as a 0-d array), else 0."""
+    x = d.inputs[0]
+    if x is None:
+        return np.zeros((), numpy_dtype(d.elem_type))
+    arr = const_value(graph, x) if x.name in graph.initializers else None
+    return np.asarray(arr).reshape(()) if arr is not None and arr.size == 1 else x
+
+
+@dataclass
+class Plan:
+    """The replacement a match decided on; `build` makes it (the only graph edits)."""
+
+    node: OnnxNode
+    band: DmlNode
+    value: np.ndarray
+    region: Region
+    x: Part
+    exact: bool
+    shape: list[ShapeSource] | None = None  # run-time sizes to broadcast (None: x or static carries them)
+    static_shape: tuple[int, ...] | None = None
+    guarded: bool = False  # the matrix is the band's by construction, not by proof (see plan_application)
+    matrix: ShapeSource | None = None  # the band's sizes, when guarded
+    sizes: Value | None = None  # the output sizes as they are (an absorbed Expand's target)
+
+
+def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator, rule: str, exactness: str,
+                     options: Options, output_is_mask: bool = True) -> Match | None:
+    """The Match replacing `node`, whose input `d_index` a DIAGONAL_MATRIX1 makes (None: not an
+    application: both parts are data and the output is data too, e.g. `Add(X, eye)`)."""
+    d_value, out = node.inputs[d_index], node.outputs[0]
+    d: DmlNode = d_value.producer
     m = Match(rule, [node])
-    if x.elem_type != node.outputs[0].elem_type and node.outputs[0].elem_type is not None:
-        m.reason = "the mask's value type differs from the data's"
+    if out.elem_type is None:
+        m.reason = "the output type is unknown"
         return m
-    if not _covers(gen.outputs[0].shape, x.shape) or np.ndim(value) > len(x.shape):
-        m.reason = "cannot prove the result has the data's shape (the mask or the constant may broadcast it)"
+    dtype = numpy_dtype(out.elem_type)
+    chosen = _choose_parts(graph, node, d_index, evaluate, dtype)
+    if isinstance(chosen, str) or chosen is None:
+        if chosen is None and not output_is_mask:
+            return None
+        m.reason = chosen or (f"neither the band's region nor the rest of {node.op_type} {node.name!r} is one "
+                              "constant (both depend on the data)")
         return m
+    value, x, region = chosen
+    exact = x.exact and value[1]
     if region is None:
         m.reason = "the region is not one diagonal interval"
         return m
-    dt = np.asarray(value).dtype
-    value = np.asarray(value).reshape(())
-    dml = DmlNode(node.name or graph.fresh_name(rule), x, None, gen.inputs[2], node.outputs[0], elem_type=x.elem_type,
-                  value=dt.type(value), begin=region[0], end=region[1], exact=exact)
-    m.captures["dml"] = dml
-    m.reason = lowering_reason(dml, x.shape, options)
+    if not exact and options.exact_only:
+        m.reason = f"not bit-exact ({exactness}); --exact is on"
+        return m
+    if out.shape is None or len(out.shape) < 2 or d_value.shape is None or len(d_value.shape) < 2:
+        m.reason = f"the rank of {node.op_type} {node.name!r} or of its band is unknown"
+        return m
+    plan = Plan(node, d, np.asarray(value[0], dtype).reshape(()), region, x, exact)
+    m.reason = _plan_sizes(graph, plan, d_index)
+    if m.reason:
+        return m
+    preview = DmlNode(node.name, None if x.is_const and _is_plus_zero(x.const) else Value("pending"), None,
+                      d.inputs[2], standin(out), elem_type=out.elem_type, value=dtype.type(plan.value),
+                      begin=region[0], end=region[1], exact=exact)
+    m.captures.update(plan=plan, dml=preview)
+    m.reason = lowering_reason(preview, out.shape, options)
     return m
 
 
-def _match_where(graph: Graph, node: Node, options: Options) -> Match | None:
-    cond, a, b = node.input(0), node.input(1), node.input(2)
-    g = generator_values(graph, cond)
-    if g is None:
+def _choose_parts(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator,
+                  dtype: np.dtype) -> tuple[tuple[np.ndarray, bool], Part, Region | None] | str | None:
+    """((Value, exact), the input Part, region) when one of the node's two parts is one constant;
+    a reason string when a part cannot be evaluated; None when both parts are data."""
+    d: DmlNode = node.inputs[d_index].producer
+    operands = [_operand(graph, v) for v in node.inputs]
+    inside = evaluate(node, [np.asarray(d.value) if i == d_index else o for i, o in enumerate(operands)], dtype)
+    outside = evaluate(node, [_outside(graph, d) if i == d_index else o for i, o in enumerate(operands)], dtype)
+    for part in (inside, outside):
+        if isinstance(part, str):
+            return part
+    if inside.is_const:
+        return (inside.const, inside.exact), outside, (d.begin, d.end)
+    if outside.is_const:
+        return (outside.const, outside.exact), inside, complement((d.begin, d.end))
+    return None
+
+
+def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
+    """Decide the output sizes of `plan` (static, carried by the input, or built at run time) and
+    check the band's matrix is the output's; the reason when it cannot be proved."""
+    node, out, x = plan.node, plan.node.outputs[0], plan.x
+    d_value = node.inputs[d_index]
+    others = [v for i, v in enumerate(node.inputs) if v is not None and i != d_index]
+    band = matrix_dims(graph, d_value)
+    if _absorb_expand(graph, plan, d_index, band):
         return None
-    gen, value, other = g
-    true_region = (gen.begin, gen.end) if bool(value) else complement((gen.begin, gen.end))
-    if bool(value) == bool(other):
-        return None  # a constant condition; nothing diagonal about it
-    ca, cb = _scalar(graph, a), _scalar(graph, b)
-    if ca is not None and cb is None:       # c where cond, X elsewhere
-        return _apply(graph, node, gen, b, ca, true_region, True, "mask_where", options)
-    if cb is not None and ca is None:       # X where cond, c elsewhere
-        return _apply(graph, node, gen, a, cb, complement(true_region), True, "mask_where", options)
+    if not same_dims(out.shape[-2:], d_value.shape[-2:]) and not all(keeps_matrix(v.shape, band) for v in others):
+        # Not proved by shape inference. Data flowing into the new node's input is checked when it
+        # runs (the node takes the band's matrix; wider data fails to broadcast); the rest must be
+        # proved, and so must a matrix side of 1 (a band row or column repeated is the data's shape).
+        into_x = _part_values(x)
+        unproved = [v for v in others if (v not in into_x or 1 in (band or (1,))) and not keeps_matrix(v.shape, band)]
+        if unproved:
+            return (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix: operand "
+                    f"{unproved[0].name!r} {list(unproved[0].shape or ['?'])} may widen {list(d_value.shape[-2:])}")
+        plan.guarded = True
+    x_shape = _part_shape(x)
+    if not plan.guarded and x_shape is not None and (
+            same_dims(x_shape, out.shape) or all(fits_into(v.shape, x_shape) for v in node.inputs if v is not None)):
+        return None  # the input carries the sizes
+    if not plan.guarded and out.static_shape is not None:
+        plan.static_shape = out.static_shape
+        return None
+    sources = [shape_source(graph, v) for v in node.inputs if v is not None]
+    if any(s is None for s in sources):
+        return f"an operand of {node.op_type} {node.name!r} has an unknown rank"
+    sources = needed(sources)
+    static = static_broadcast(sources)
+    if static is not None and plan.guarded and not _static_matrix(static, d_value):
+        return (f"{node.op_type} {node.name!r} broadcasts the band's matrix {list(d_value.shape[-2:])} to "
+                f"{list(static[-2:])}: a band repeated along an axis is no band")
+    if static is not None:
+        plan.static_shape = static
+    else:
+        plan.shape = sources
+        plan.matrix = shape_source(graph, d_value) if plan.guarded else None
     return None
 
 
-def _match_arith(graph: Graph, node: Node, options: Options) -> Match | None:
-    for gi in (0, 1):
-        g = generator_values(graph, node.input(gi))
-        if g is None:
-            continue
-        gen, value, other = g
-        x = node.input(1 - gi)
-        if x is None or _scalar(graph, x) is not None or value.dtype.kind != "f":
+def _absorb_expand(graph: Graph, plan: Plan, d_index: int, band: tuple | None) -> bool:
+    """Input data that is `Expand(x0, t)` to the whole output: the node reads x0 with sizes t.
+
+    Taken when t's entries provably hold the output: its last two are the band's matrix and every
+    other operand fits into t. x0 itself broadcasts into t when it ran through the Expand, unless
+    it widened t (a 1 in t against a larger dim of x0): then x0 fails to broadcast when the node
+    runs, an error rather than a different result. This is also what the portable target writes
+    for an input with run-time sizes, so optimizing its output again reaches the same graph.
+    """
+    x, node = plan.x, plan.node
+    p = x.value.producer if x.value is not None else None
+    if not (isinstance(p, OnnxNode) and p.op_type == "Expand" and p.domain in ("", "ai.onnx")):
+        return False
+    t = p.inputs[1]
+    t_dims = vector_dims(graph, t)
+    if t_dims is None or len(t_dims) != len(node.outputs[0].shape) or not keeps_matrix(t_dims, band) \
+            or len(t_dims) < 2 or tuple(t_dims[-2:]) != tuple(band or ()):
+        return False
+    x0 = p.inputs[0]
+    if x0.shape is not None and any(isinstance(a, int) and a > 1 and b == 1 for a, b in
+                                    zip(reversed(x0.shape), reversed(t_dims))):
+        return False
+    if not all(fits_into(v.shape, tuple(t_dims)) for i, v in enumerate(node.inputs)
+               if v is not None and v is not x.value):
+        return False
+    plan.x, plan.sizes = Part(value=x0, exact=x.exact), t
+    return True
+
+
+def _is_plus_zero(c: np.ndarray) -> bool:
+    return bool(c == 0) and not (c.dtype.kind == "f" and np.signbit(c))
+
+
+def _part_values(p: Part) -> list[Value]:
+    if p.value is not None:
+        return [p.value]
+    return [o for o in p.op[1] if isinstance(o, Value)] if p.op is not None else []
+
+
+def _static_matrix(static: tuple[int, ...], band: Value) -> bool:
+    return band.shape is not None and tuple(band.shape[-2:]) == tuple(static[-2:])
+
+
+def _part_shape(p: Part) -> tuple | None:
+    """The input's inferred shape (a new node's: the broadcast of its operands')."""
+    if p.value is not None:
+        return p.value.shape
+    if p.op is not None:
+        shapes = [o.shape for o in p.op[1] if isinstance(o, Value)]
+        if any(s is None for s in shapes) or not shapes:
             return None
-        region = (gen.begin, gen.end)
-        # Which part is the identity (1 for Mul, 0 for Add) and which the absorbing fill.
-        ident = 1 if node.op_type == "Mul" else 0
-        if value == ident and other != ident:
-            fill, fill_region = other, complement(region)
-        elif other == ident and value != ident:
-            fill, fill_region = value, region
-        else:
-            return None
-        if node.op_type == "Mul" and fill != 0:
-            return None
-        if node.op_type == "Add" and not np.isneginf(fill):
-            # X + c is c only for c = -inf (finite X). Not for -10000, nor for the lowest finite
-            # value (float16: 65504 + 20 rounds to -65472), so such masks stay generators.
-            return None
-        if options.exact_only:
-            m = Match("mask_arith", [node], reason="not bit-exact (equal for finite inputs); --exact is on")
-            return m
-        return _apply(graph, node, gen, x, np.asarray(fill, value.dtype), fill_region, False, "mask_arith", options)
+        return broadcast_dims(shapes)
     return None
 
 
-def _rewrite_apply(graph: Graph, m: Match, options: Options) -> list[Node]:
-    return [replace_node(graph, m.nodes[0], m.captures["dml"])]
+def build(plan: Plan) -> Replacement:
+    """The planned DIAGONAL_MATRIX1 in place of the node (with the helper nodes its input and
+    sizes need), as a Replacement: nothing here touches the graph."""
+    node, out, x = plan.node, plan.node.outputs[0], plan.x
+    built, hint = Built(), out.name
+    if x.is_const:
+        xv = None if _is_plus_zero(x.const) else \
+            built.constant(f"{hint}__else", np.asarray(x.const, plan.value.dtype).reshape(()))
+    elif x.value is not None:
+        xv = x.value
+    else:
+        op_type, operands = x.op
+        ins = [o if isinstance(o, Value) else built.constant(f"{hint}__c", np.asarray(o)) for o in operands]
+        xv = built.node(op_type, ins, f"{hint}__input", out.elem_type, _part_shape(x), attributes=node.attributes)
+    shape = plan.sizes
+    if plan.shape is not None:
+        shape = build_broadcast(plan.shape, hint, built)
+        if plan.matrix is not None:
+            shape = build_matrix_of(shape, plan.matrix, hint, built)
+    dml = DmlNode(node.name, xv, shape, plan.band.inputs[2], standin(out, out.elem_type),
+                  elem_type=out.elem_type, value=plan.value.dtype.type(plan.value), begin=plan.region[0],
+                  end=plan.region[1], static_shape=plan.static_shape, exact=plan.exact)
+    r = replace_node(node, dml, *built.nodes)
+    r.initializers = built.initializers
+    return r
 
 
+def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
+                     exact: str, description: str, output_is_mask: bool = True, two_valued: bool = False) -> Rule:
+    """A phase-3 rule applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
+
+    `output_is_mask`: the op's output is itself a mask (And, Not, Cast), so a band it cannot take is
+    declined with the reason; an application whose output is data (Where, Add) that is no mask
+    application at all (`X + eye`) is simply not matched. `two_valued`: only bands without a data
+    input (a generator: two values), for rewrites that would otherwise move per-use work onto a mask
+    computed once (each layer's `Add(scores, mask)` of a padded mask stays one Add of the shared mask)."""
+    def match(graph: Graph, node: Node, options: Options) -> Match | None:
+        if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+            return None
+        declined = None
+        for i in band_operands(graph, node, band_inputs):
+            if two_valued and isinstance(_outside(graph, node.inputs[i].producer), Value):
+                continue
+            m = plan_application(graph, node, i, evaluate, name, exact, options, output_is_mask)
+            if m is not None and not m.declined:
+                return m
+            declined = declined or m
+        return declined
+
+    def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+        return build(m.captures["plan"])
+
+    return Rule(name, op_types, match, rewrite, exact=exact, phase=3, description=description)
+
+
+# ---- Where ------------------------------------------------------------------------------------------
+def evaluate_where(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    """Where(c, A, B) with the condition one constant is A or B as they are: bit-exact."""
+    cond, a, b = operands
+    if isinstance(cond, np.ndarray):
+        chosen = a if bool(cond) else b
+        if isinstance(chosen, np.ndarray):
+            if chosen.dtype != dtype:
+                return f"Where {node.name!r}: a branch of type {chosen.dtype} in an output of type {dtype}"
+            return Part(const=chosen)
+        return Part(value=chosen)
+    return Part(op=("Where", operands))
+
+
+MASK_WHERE = application_rule(
+    "mask_where", ("Where",), (0,), evaluate_where, "bit-exact",
+    "Where(band, X, c) / Where(band, c, X), c any one-valued constant -> DIAGONAL_MATRIX1(X, Value c)",
+    output_is_mask=False)
+
+
+# ---- chain --------------------------------------------------------------------------------------
 def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
     if not isinstance(node, DmlNode) or node.kind != "DiagonalMatrix1":
         return None
@@ -188,21 +414,17 @@ def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
     region = union((inner.begin, inner.end), (node.begin, node.end))
     if region is None:
         return None
-    dml = DmlNode(node.name, inner.inputs[0], None, node.inputs[2], node.outputs[0], elem_type=node.elem_type,
+    dml = DmlNode(node.name, inner.inputs[0], None, node.inputs[2], standin(node.outputs[0]), elem_type=node.elem_type,
                   value=node.value, begin=region[0], end=region[1], exact=node.exact and inner.exact)
     return Match("chain", [inner, node], {"dml": dml})
 
 
-def _rewrite_chain(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_chain(graph: Graph, m: Match, options: Options) -> Replacement:
     inner, outer = m.nodes
-    new = replace_node(graph, outer, m.captures["dml"])
-    graph.remove_node(inner)
-    return [new]
+    r = replace_node(outer, m.captures["dml"])
+    r.removes.append(inner)  # (read only by `outer`: the match checked)
+    return r
 
 
-MASK_WHERE = Rule("mask_where", ("Where",), _match_where, _rewrite_apply, exact="bit-exact", phase=3,
-                  description="Where(band, X, c) / Where(band, c, X) -> DIAGONAL_MATRIX1(X, Value c)")
-MASK_ARITH = Rule("mask_arith", ("Mul", "Add"), _match_arith, _rewrite_apply, exact="equal for finite inputs",
-                  phase=3, description="Mul(X, 0/1 band), Add(X, 0/-inf band) -> DIAGONAL_MATRIX1(X, fill)")
 CHAIN = Rule("chain", ("DiagonalMatrix1",), _match_chain, _rewrite_chain, exact="bit-exact", phase=4,
              description="DIAGONAL_MATRIX1 of a DIAGONAL_MATRIX1 with the same value -> one node (region union)")

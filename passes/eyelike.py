@@ -6,13 +6,13 @@ The output shape is x's: static sizes when known, else a Shape node feeds the DM
 """
 from __future__ import annotations
 
+from onnx import TensorProto
+
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
 from dmlgraph.ops import FeatureLevel
-from dmlgraph.rewrite import Match, Options, Rule
-from onnx import TensorProto
-from passes.common import lowering_reason, one_of, replace_node
-
+from dmlgraph.rewrite import Match, Options, Replacement, Rule, detached
+from passes.common import lowering_reason, one_of, replace_node, standin
 
 _TENSOR_TYPES = frozenset(v for _, v in TensorProto.DataType.items()) - {TensorProto.UNDEFINED}
 
@@ -36,8 +36,12 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     k = min(max(int(node.attr("k", 0)), INT32_MIN + 1), INT32_MAX - 2)
     kind = "DiagonalMatrix1" if options.feature_level >= FeatureLevel.L5_1 else "DiagonalMatrix"
     static = x.static_shape
-    dml = DmlNode(node.name, None, None, None, node.outputs[0], elem_type=elem_type, value=one_of(elem_type),
-                  begin=k, end=k + 1, static_shape=static, kind=kind)
+    shape = None
+    if static is None:  # the sizes are x's, read at run time
+        shape = detached(f"{x.name}__shape", TensorProto.INT64, (len(x.shape),) if x.shape is not None else None)
+        m.captures["shape_node"] = OnnxNode(f"Shape_{node.name}", "Shape", [x], [shape])
+    dml = DmlNode(node.name, None, shape, None, standin(node.outputs[0], elem_type), elem_type=elem_type,
+                  value=one_of(elem_type), begin=k, end=k + 1, static_shape=static, kind=kind)
     m.reason = lowering_reason(dml, x.shape, options)
     if m.reason and kind == "DiagonalMatrix":
         m.reason += " (DIAGONAL_MATRIX1 would need feature level 5_1)"
@@ -45,17 +49,9 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     return m
 
 
-def _rewrite(graph: Graph, m: Match, options: Options) -> list[Node]:
-    dml: DmlNode = m.captures["dml"]
-    new = [dml]
-    if dml.static_shape is None:
-        x = m.nodes[0].inputs[0]
-        shape = graph.fresh_value(f"{x.name}__shape", TensorProto.INT64, (len(x.shape),))
-        shape_node = graph.add_node(OnnxNode(graph.fresh_name("Shape"), "Shape", [x], [shape]))
-        dml.inputs[1] = shape
-        new.append(shape_node)
-    replace_node(graph, m.nodes[0], dml)
-    return new
+def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+    shape_node = m.captures.get("shape_node")
+    return replace_node(m.nodes[0], m.captures["dml"], *([shape_node] if shape_node else []))
 
 
 RULE = Rule("eyelike", ("EyeLike",), _match, _rewrite, exact="bit-exact", phase=2,

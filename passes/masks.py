@@ -31,11 +31,11 @@ from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.modelfile import RAW_ITEMSIZE
 from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
 from dmlgraph.ops import bind_range
-from dmlgraph.rewrite import Match, Options, Rule
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
-from passes.common import const_value, lowering_reason
-from passes.sizes import SizeBuilder, constant, locate
+from passes.common import const_value, lowering_reason, standin
+from passes.sizes import Made, SizeBuilder, constant, locate
 from passes.symbolic import DIM_MAX, Analysis, Band, Lin, NotAMask, Opaque, SizedFill, Unprovable, render_dim, sized_fill
 from passes.symbolic_ops import evaluate
 
@@ -45,6 +45,7 @@ INDEX_OPS = SHAPE_OPS | {
     "Reshape", "Concat", "Expand", "Cast", "CastLike", "Add", "Sub", "Neg", "Abs", "Min", "Max", "Mul",
     "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor", "Where",
     "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten", "Div", "Split",
+    "DiagonalMatrix1", "GatherND",
 }
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}
@@ -62,11 +63,13 @@ def _is_zero(v) -> bool:
 
 
 def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: Value,
-              shape: Value | None, static_shape) -> DmlNode:
-    """The DmlNode producing pattern `p`; a nonzero 'else' value becomes a scalar input."""
+              shape: Value | None, static_shape, made: Made) -> DmlNode:
+    """The DmlNode producing pattern `p` into `output` (detached); a nonzero 'else' value becomes a
+    scalar input (a constant the graph holds, or one added to `made`)."""
     x = None
     if not _is_zero(p.other):
-        x = constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()))
+        x = constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()),
+                     made)
     begin, end = _bounds(p)
     return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,
                    static_shape=static_shape)
@@ -112,7 +115,7 @@ def _match_stored(graph: Graph, item, options: Options) -> Match | None:
     if p is None:
         return None
     elem_type = value.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
-    dml = DmlNode(f"{value.name}__gen", None, None, None, value, elem_type=elem_type, value=p.value,
+    dml = DmlNode(f"{value.name}__gen", None, None, None, standin(value, elem_type), elem_type=elem_type, value=p.value,
                   begin=_bounds(p)[0], end=_bounds(p)[1], static_shape=arr.shape)
     m.captures.update(dml=dml, pattern=p, nbytes=int(arr.nbytes))
     m.reason = lowering_reason(dml, arr.shape, options)
@@ -138,18 +141,15 @@ def _first_row_varies(v: Value, head: int = 16) -> bool:
     return sum(a != b for a, b in zip(items, items[1:])) > 2
 
 
-def _rewrite_stored(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_stored(graph: Graph, m: Match, options: Options) -> Replacement:
     proto: DmlNode = m.captures["dml"]
     value = proto.outputs[0]
-    if m.initializers:
-        del graph.initializers[value.name]
-        value.initializer = value.array = None
-    else:
-        graph.remove_node(m.nodes[0])
-    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None, proto.static_shape)
-    graph.add_node(node)
-    m.captures["dml"] = node
-    return [node]
+    made = Made()
+    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None,
+                     proto.static_shape, made)
+    old = graph.initializers[value.name] if m.initializers else m.nodes[0].outputs[0]
+    return Replacement(nodes=[node], initializers=made.initializers, replaces=[(old, node.outputs[0])],
+                       removes=list(m.nodes))
 
 
 STORED_MASK = Rule("stored_mask", ("Initializer", "Constant"), _match_stored, _rewrite_stored,
@@ -164,7 +164,10 @@ SMALL_CONSTANT = 4096  # elements: a constant vector of sizes/indices, not data
 
 
 def _eligible(n: Node) -> bool:
-    """A node whose outputs can be data-free: a deterministic standard ONNX op without subgraphs."""
+    """A node whose outputs can be data-free: a deterministic standard ONNX op without subgraphs, or a
+    mask lowered already (a band inside a bigger shape-only cone: the cone stays analysable)."""
+    if isinstance(n, DmlNode):
+        return n.kind == "DiagonalMatrix1"
     return isinstance(n, OnnxNode) and n.domain in ("", "ai.onnx") and n.op_type not in NONDETERMINISTIC \
         and not n.has_subgraph
 
@@ -411,12 +414,20 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
             digests[v.name] = _digest(graph, v)
         return made, input_index.get(id(v)), digests.get(v.name)
 
-    node_part = tuple((n.op_type, n.domain, tuple(a.SerializeToString(deterministic=True) for a in n.attributes),
-                       tuple(ref(v) for v in n.inputs), len(n.outputs)) for n in nodes)
+    node_part = tuple((n.op_type, n.domain, _node_attributes(n), tuple(ref(v) for v in n.inputs), len(n.outputs))
+                      for n in nodes)
     input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", d) for d in v.shape))
                        for v in inputs)
     opsets = tuple(sorted((d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")))
     return node_part, input_part, (ref(target), target.elem_type or 0), opsets, graph.info.ir_version
+
+
+def _node_attributes(n: Node) -> tuple:
+    """What a node computes besides its inputs: an ONNX node's attributes, a DML node's fill."""
+    if isinstance(n, DmlNode):
+        return (n.kind, n.elem_type, np.asarray(n.value).tobytes(), n.begin, n.end, n.static_shape)
+    assert isinstance(n, OnnxNode)
+    return tuple(a.SerializeToString(deterministic=True) for a in n.attributes)
 
 
 # A mask subgraph is proven by evaluating it, which materializes the mask (and onnxruntime's int64
@@ -470,9 +481,9 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if target.shape is not None and len(target.shape) < 2:
         return None
     nodes, inputs = _ancestors(target)
-    if any(isinstance(n, DmlNode) for n in nodes) or not (any(n.op_type in MASK_OPS for n in nodes) or
-                                                           _reads_stored_matrix(graph, nodes)):
-        return None  # already lowered, or no mask-making op nor stored matrix: not a mask (weights, reshapes)
+    if not (any(n.op_type in MASK_OPS or isinstance(n, DmlNode) for n in nodes) or
+            _reads_stored_matrix(graph, nodes)):
+        return None  # no mask-making op, lowered mask nor stored matrix: not a mask (weights, reshapes)
     m = Match("mask_subgraph", nodes)
     symbolic = sorted({d for v in inputs for d in (v.shape or ()) if not isinstance(d, int)}, key=str)
     if any(v.shape is None or None in v.shape for v in inputs):
@@ -485,14 +496,42 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if verdict is None:
         verdict = verdicts[signature] = _verdict(graph, nodes, inputs, target, symbolic, df)
     if verdict[0] == "none":
-        return None
+        m.reason = _no_band_reason(nodes, target)
+        return m if m.reason else None
     if verdict[0] == "decline":
         m.reason = verdict[1]
         return m
     if verdict[0] == "symbolic":
         return _finish_sized(graph, m, target, verdict[1], inputs, options)
+    if verdict[0] == "inner":
+        pos, i, fill = verdict[1][0]
+        inner = nodes[pos].outputs[i]
+        inner_nodes, inner_inputs = _ancestors(inner)
+        return _finish_sized(graph, Match("mask_subgraph", inner_nodes), inner, fill, inner_inputs, options)
     _, p, sample, _ = verdict
     return _finish(graph, m, target, p, sample, None, options)
+
+
+COMPARING_OPS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Trilu", "EyeLike"}
+
+
+def _makes_mask(n: Node) -> bool:
+    """A comparison, Trilu or EyeLike over a matrix, or a mask lowered already."""
+    return isinstance(n, DmlNode) or (n.op_type in COMPARING_OPS and (n.outputs[0].shape is None or
+                                                                     len(n.outputs[0].shape) >= 2))
+
+
+def _no_band_reason(nodes: list[Node], target: Value) -> str | None:
+    """Why a shape-only mask (a comparison, Trilu or EyeLike in its cone) is not lowered, so that
+    `inspect` lists it as declined instead of passing over it; None for other shape-only values
+    (rotary tables, position ids), which are no masks."""
+    if not any(_makes_mask(n) for n in nodes):
+        return None  # (a 1-D Equal is shape plumbing: TorchScript's "-1 means keep" of expand)
+    outside = next((n for n in nodes if n.op_type not in INDEX_OPS), None)
+    if outside is not None:
+        return (f"its cone uses {outside.op_type} {outside.name!r}, which the size analysis does not cover, so no "
+                "band can be proved for every size")
+    return "it is not one band: one value everywhere, or not one diagonal fill"
 
 
 def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str],
@@ -502,9 +541,11 @@ def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value
     size by `passes.symbolic`), ("decline", reason) or ("none",) (not a mask). Everything it reads
     is in the subgraph's `_signature`."""
     if symbolic:
-        if not df.index_only(target):
-            return ("none",)  # data-free but not an index computation (weights reshaped by sizes...)
-        return _symbolic_verdict(graph, nodes, inputs, target, max_dim)
+        verdict = _symbolic_verdict(graph, nodes, inputs, target, max_dim)
+        if df.index_only(target) or verdict[0] == "inner" or \
+                (verdict[0] == "decline" and any(_makes_mask(n) for n in nodes)):
+            return verdict
+        return ("none",)  # data-free, not an index computation (weights reshaped by sizes...), no band inside
     too_big = _too_big_to_evaluate(graph, nodes, inputs, target)
     if too_big:
         return "decline", too_big
@@ -533,29 +574,52 @@ def _only_indices(v: Value) -> bool:
 
 def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, max_dim: int) -> tuple:
     an = Analysis(max_dim)
+    env: dict = {}
     try:
-        value = evaluate(an, nodes, inputs, target, lambda v: const_value(graph, v))
+        value = evaluate(an, nodes, inputs, target, lambda v: const_value(graph, v), env)
     except NotAMask:
-        return ("none",)
+        return _inner_bands(an, nodes, env) or ("none",)
     except Unprovable as e:
         if _only_indices(target):
-            return ("none",)  # positions to gather data by (a padding lookup), not a mask
-        return "decline", f"not proved a band at every size: {e}"
+            return _inner_bands(an, nodes, env) or ("none",)  # a padding lookup's positions, not a mask
+        return _inner_bands(an, nodes, env) or ("decline", f"not proved a band at every size: {e}")
     if isinstance(value, Opaque) and value.why:
-        return "decline", f"not proved a band at every size: {value.why}"
+        return _inner_bands(an, nodes, env) or ("decline", f"not proved a band at every size: {value.why}")
     if not isinstance(value, Band) or len(value.values) < 2 or len(value.shape) < 2:
-        return ("none",)
+        return _inner_bands(an, nodes, env) or ("none",)
     fill = sized_fill(value, an.derived)
     if isinstance(fill, str):
         return "decline", fill
     return "symbolic", fill
 
 
+def _inner_bands(an: Analysis, nodes: list[Node], env: dict) -> tuple | None:
+    """("inner", [(node position, output index, fill)]) for the bands inside a cone that is not one
+    (T5 compares relative positions into a band, then buckets them): each band whose consumers stop
+    being bands, so it is lowered on its own and the rest of the cone reads it."""
+    found = []
+    for pos, n in enumerate(nodes):
+        if isinstance(n, DmlNode):
+            continue  # lowered already
+        for i, v in enumerate(n.outputs):
+            b = env.get(v.name)
+            if not isinstance(b, Band) or len(b.values) < 2 or len(b.shape) < 2:
+                continue
+            readers = [c for c in v.consumers if c in nodes]
+            if readers and all(isinstance(env.get(c.outputs[0].name), Band) and
+                               len(env[c.outputs[0].name].values) > 1 for c in readers):
+                continue  # a step inside a bigger band
+            fill = sized_fill(b, an.derived)
+            if not isinstance(fill, str):
+                found.append((pos, i, fill))
+    return ("inner", found) if found else None
+
+
 def _finish(graph, m, target, p, arr, sources, options) -> Match:
     elem_type = target.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
     static = arr.shape if sources is None or all(s[0] == "const" for s in sources) else None
     begin, end = _bounds(p)
-    dml = DmlNode(f"{target.name}__gen", None, None, None, target, elem_type=elem_type, value=p.value,
+    dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type, value=p.value,
                   begin=begin, end=end, static_shape=static)
     m.captures.update(dml=dml, pattern=p, sources=sources if static is None else None)
     m.reason = lowering_reason(dml, tuple(arr.shape) if static else (None,) * arr.ndim, options)
@@ -570,8 +634,8 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
         return m
     dims = [d.const if isinstance(d, Lin) and d.is_const else None for d in fill.shape]
     static = tuple(dims) if None not in dims else None
-    dml = DmlNode(f"{target.name}__gen", None, None, None, target, elem_type=elem_type, value=fill.value,
-                  begin=fill.begin, end=fill.end, static_shape=static)
+    dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type,
+                  value=fill.value, begin=fill.begin, end=fill.end, static_shape=static)
     m.captures.update(dml=dml, fill=fill, inputs=inputs, bounds=fill.bound_text(str))
     derived = {n: e for n, e, _ in fill.derived}
     unread = sorted({s for e in fill.sizes() + list(derived.values()) for s, _ in e.terms
@@ -583,29 +647,28 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
     return m
 
 
-def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> list[Node]:
+def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
     proto: DmlNode = m.captures["dml"]
     target = proto.outputs[0]
     fill: SizedFill | None = m.captures.get("fill")
-    graph.remove_node(target.producer)
+    made = Made()
+    old = graph.values[target.name]
     if fill is None:  # evaluated at its one static size
-        target.shape = proto.static_shape
-        node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, None, proto.static_shape)
-        graph.add_node(node)
-        m.captures["dml"] = node
-        return [node]
-    sizes = SizeBuilder(graph, m.captures["inputs"], {n: (e, k) for n, e, k in fill.derived})
-    shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
-    k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
-    # What we proved about the sizes beats what shape inference guessed (often unk__N names).
-    target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
-    x = None if _is_zero(fill.other) else \
-        constant(graph, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()))
-    node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value, begin=fill.begin,
-                   end=fill.end, static_shape=proto.static_shape)
-    graph.add_node(node)
-    m.captures["dml"] = node
-    return [node] + sizes.made
+        target.shape = proto.static_shape  # (`target` is the match's detached stand-in, not the graph's value)
+        node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, None,
+                         proto.static_shape, made)
+    else:
+        sizes = SizeBuilder(graph, m.captures["inputs"], made, {n: (e, k) for n, e, k in fill.derived})
+        shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
+        k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
+        # What we proved about the sizes beats what shape inference guessed (often unk__N names).
+        target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
+        x = None if _is_zero(fill.other) else constant(
+            graph, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()), made)
+        node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value,
+                       begin=fill.begin, end=fill.end, static_shape=proto.static_shape)
+    return Replacement(nodes=[*made.nodes, node], initializers=made.initializers,
+                       replaces=[(old, node.outputs[0])], removes=[old.producer])
 
 
 MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,

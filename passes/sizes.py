@@ -8,6 +8,7 @@ optimizing a portable export again reproduces the same graph.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -15,14 +16,28 @@ from onnx import TensorProto, helper
 
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import Graph, Node, OnnxNode, Value
+from dmlgraph.rewrite import detached, detached_constant
 from passes.common import const_value
 from passes.symbolic import Clamp, Dim, Lin, Symbol
 
 
-def constant(graph: Graph, name: str, arr: np.ndarray) -> Value:
-    """The initializer `name` if it already holds exactly `arr`, else a new one."""
+@dataclass
+class Made:
+    """What one replacement creates besides its generator: new constants and size nodes (detached:
+    the rewriter adds them), each made once (a second request in the same replacement finds it)."""
+
+    initializers: list[Value] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    constants: dict[tuple, Value] = field(default_factory=dict)
+    plumbing: dict[tuple, Node] = field(default_factory=dict)
+
+
+def constant(graph: Graph, name: str, arr: np.ndarray, made: Made) -> Value:
+    """The initializer `name` if it already holds exactly `arr`, else a new one (added to `made`)."""
     found = graph.scratch.setdefault("constants", {})  # each rewrite asks again for the same few
     key = (name, arr.dtype.str, arr.shape, arr.tobytes())
+    if key in made.constants:
+        return made.constants[key]
     hit = found.get(key)
     if hit is not None:
         v, tensor, array = hit
@@ -30,12 +45,19 @@ def constant(graph: Graph, name: str, arr: np.ndarray) -> Value:
             return v  # (still that initializer, holding what it held)
     v = graph.initializers.get(name)
     if v is None or v.name in graph.overridable_inputs:
-        v = graph.add_initializer(graph.fresh_value(name), arr)
+        v = _new_constant(name, arr, made)
     else:
         old = const_value(graph, v)
         if old is None or not bitwise_equal(np.asarray(old), arr):
-            v = graph.add_initializer(graph.fresh_value(name), arr)
+            v = _new_constant(name, arr, made)
+    made.constants[key] = v
     found[key] = (v, v.initializer, v.array)
+    return v
+
+
+def _new_constant(name: str, arr: np.ndarray, made: Made) -> Value:
+    v = detached_constant(name, arr)
+    made.initializers.append(v)
     return v
 
 
@@ -99,14 +121,16 @@ def locate(graph: Graph, inputs: Sequence[Value], name: Symbol) -> tuple[Value, 
 class SizeBuilder:
     """Makes (or finds) the nodes computing size expressions over the shapes of the graph's values.
 
-    Symbols are dim names, read from `inputs` (or the graph's inputs). `made` collects the nodes added.
+    Symbols are dim names, read from `inputs` (or the graph's inputs). New nodes and constants go
+    to `made`, detached: the rewriter adds them with the generator.
     """
 
-    def __init__(self, graph: Graph, inputs: Sequence[Value], derived: dict[Symbol, tuple[Lin, int]] | None = None):
+    def __init__(self, graph: Graph, inputs: Sequence[Value], made: Made,
+                 derived: dict[Symbol, tuple[Lin, int]] | None = None):
         self.graph = graph
         self.inputs = list(inputs)
+        self.made = made
         self.derived = derived or {}  # symbols standing for e // k
-        self.made: list[Node] = []
 
     def vector(self, dims: Sequence[Dim], hint: str) -> Value:
         """A 1-D int64 tensor holding every dim: the output shape."""
@@ -117,7 +141,7 @@ class SizeBuilder:
         """A 0-D int64 tensor holding e: the run-time shift of a mask's bounds."""
         def make(chain: list) -> Value:
             one = self.dim(e, chain)
-            empty = constant(self.graph, "dmlgraph__scalar_shape", np.zeros(0, np.int64))
+            empty = constant(self.graph, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
             return self._node("Reshape", [one, empty], f"{hint}__shift", chain, shape=())
         return self._cached(("scalar", self._key(e)), make)
 
@@ -158,12 +182,12 @@ class SizeBuilder:
         assert found is not None, f"no input has a dim named {sym!r} (checked when matched)"
         v, axis = found
         shape = self._node("Shape", [v], f"{v.name}__shape", chain, shape=(len(v.shape or ()),))
-        idx = constant(self.graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64))
+        idx = constant(self.graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64), self.made)
         return self._node("Gather", [shape, idx], f"{v.name}__dim{axis}", chain, axis=0, shape=(1,))
 
     def _const(self, c: int) -> Value:
         return constant(self.graph, f"dmlgraph__size{c}" if c >= 0 else f"dmlgraph__size_neg{-c}",
-                        np.array([c], np.int64))
+                        np.array([c], np.int64), self.made)
 
     def _key(self, d: Dim) -> tuple:
         def lin(e: Lin) -> tuple:
@@ -191,15 +215,19 @@ class SizeBuilder:
 
     def _node(self, op_type: str, inputs: list[Value], name_hint: str, chain: list, axis: int | None = None,
               shape: tuple | None = None) -> Value:
-        out = _existing(self.graph, op_type, inputs, axis) if op_type in _PLUMBING_OPS else None
+        attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
+        key = _plumbing_key(op_type, inputs, attrs)
+        n = self.made.plumbing.get(key)
+        out = n.outputs[0] if n is not None else \
+            _existing(self.graph, op_type, inputs, axis) if op_type in _PLUMBING_OPS else None
         if out is None:
-            g = self.graph
-            out = g.fresh_value(name_hint, TensorProto.INT64, shape)
-            attrs = [] if axis is None else [helper.make_attribute("axis", axis)]
-            made = g.add_node(OnnxNode(out.name, op_type, inputs, [out], attrs))  # named by what it makes
+            out = detached(name_hint, TensorProto.INT64, shape)
+            n = OnnxNode(name_hint, op_type, inputs, [out], attrs)  # named by what it makes
+            self.made.plumbing[key] = n
             if op_type in _PLUMBING_OPS:
-                g.scratch.setdefault("size_plumbing", {})[_plumbing_key(op_type, inputs, attrs)] = made
-            self.made.append(made)
-        assert out.producer is not None
-        chain.append((out.producer, list(out.producer.inputs)))
+                self.graph.scratch.setdefault("size_plumbing", {})[key] = n
+            self.made.nodes.append(n)
+        n = n if n is not None else out.producer
+        assert n is not None
+        chain.append((n, list(n.inputs)))
         return out

@@ -72,6 +72,9 @@ class Lin:
             acc[s] = acc.get(s, 0) + c
         return Lin(tuple(sorted((s, c) for s, c in acc.items() if c)), self.const + o.const)
 
+    def __radd__(self, other: int) -> "Lin":
+        return self + other  # sum() of Lins starts from 0
+
     def __neg__(self) -> "Lin":
         return self.scale(-1)
 
@@ -224,7 +227,17 @@ class AbsOf:
         return self.of.shape
 
 
-AbstractValue = Union[Opaque, Elems, Affine, Band, AbsOf]
+@dataclass(frozen=True)
+class Stack:
+    """Index grids stacked along a last axis of size len(parts): the index tuples GatherND reads
+    (exporters build them as Concat of Unsqueeze(grid, -1)). Each part has the shape without it."""
+
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+    parts: tuple[Affine, ...]
+
+
+AbstractValue = Union[Opaque, Elems, Affine, Band, AbsOf, Stack]
 
 
 def shape_of(v: AbstractValue) -> tuple[Dim, ...]:

@@ -16,9 +16,9 @@ from onnx import helper
 
 from dmlgraph.band import analyze_band
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
-from dmlgraph.graph import Node, OnnxNode, Value
+from dmlgraph.graph import DmlNode, Node, OnnxNode, Value
 from passes.symbolic import (
-    BOOL, INT64, SMALL_ELEMENTS, AbsOf, AbstractValue, Affine, Analysis, Band, Dim, Elems, Lin, NotAMask, Opaque,
+    BOOL, INT64, SMALL_ELEMENTS, AbsOf, AbstractValue, Affine, Analysis, Band, Dim, Elems, Lin, NotAMask, Opaque, Stack,
     Unprovable, _int_of, _same, _scalar, as_lin, make_clamp, parse_dim, shape_of,
 )
 
@@ -36,9 +36,11 @@ def handles(*ops: str) -> Callable[[Handler], Handler]:
 
 
 def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], target: Value,
-             constant: Callable[[Value], np.ndarray | None]) -> AbstractValue:
-    """The symbolic value of `target`, computed from `nodes` (its cone) and the shapes of `inputs`."""
-    env: dict[str, AbstractValue] = {}
+             constant: Callable[[Value], np.ndarray | None],
+             env: dict[str, AbstractValue] | None = None) -> AbstractValue:
+    """The symbolic value of `target`, computed from `nodes` (its cone) and the shapes of `inputs`.
+    `env` (when given) receives every value computed, also when the proof breaks before the target."""
+    env = {} if env is None else env
     produced = {v.name for n in nodes for v in n.outputs}
     for v in inputs:
         if v.name not in produced:
@@ -57,15 +59,24 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
         return env[v.name]
 
     for n in _topological(nodes):
+        if isinstance(n, DmlNode):  # a mask lowered already (a band inside this cone)
+            env[n.outputs[0].name] = _generator_value(an, n, value_of)
+            continue
         assert isinstance(n, OnnxNode)
         fn = HANDLERS.get(n.op_type)
         if fn is None or n.domain not in ("", "ai.onnx"):
-            raise Unprovable(f"node {n.name or n.outputs[0].name!r} ({n.op_type}) is not an op the analysis knows")
+            why = f"node {n.name or n.outputs[0].name!r} ({n.op_type}) is not an op the analysis knows"
+            if any(v.shape is None or v.elem_type is None for v in n.outputs):
+                raise Unprovable(why)
+            for v in n.outputs:  # its data is unknown; its shape is what shape inference says
+                env[v.name] = Opaque(_dtype(v.elem_type), tuple(
+                    Lin.of(d) if isinstance(d, int) else parse_dim(d) for d in v.shape), why)  # type: ignore[union-attr]
+            continue
         ins = [value_of(v) for v in n.inputs]
         label = f"node {n.name or n.outputs[0].name!r} ({n.op_type})"
         try:
             outs = fn(an, n, ins)
-        except (Unprovable, ValueError, IndexError, KeyError, TypeError, OverflowError) as e:
+        except (Unprovable, ValueError, IndexError, KeyError, TypeError, OverflowError, AssertionError) as e:
             upstream = next((x.why for x in ins if isinstance(x, Opaque) and x.why), None)
             if upstream is not None:
                 raise Unprovable(upstream) from None  # the node that first lost the values
@@ -98,6 +109,31 @@ def _shape_only(an: Analysis, n: OnnxNode, ins: list, why: str) -> Opaque | None
         return Opaque(_dtype(n.outputs[0].elem_type), an.broadcast(*shapes), why)
     except Unprovable:
         return None
+
+
+def _generator_value(an: Analysis, n: DmlNode, value_of: Callable[[Value | None], AbstractValue | None]
+                     ) -> AbstractValue:
+    """What a DIAGONAL_MATRIX1 generator (no data input, or a one-value one) holds, as a Band."""
+    x, shape_v, k_v = n.inputs
+    if n.kind != "DiagonalMatrix1":
+        raise Unprovable(f"a {n.kind} node inside the cone")
+    other = np.zeros((), _dtype(n.elem_type))[()]
+    if x is not None:
+        u = an.uniform(value_of(x))  # type: ignore[arg-type]
+        if u is None:
+            raise Unprovable(f"DML node {n.name!r} reads data")
+        other = u
+    if shape_v is not None:
+        shape = _dims_from(an, value_of(shape_v), "the DML node's sizes")
+    elif n.static_shape is not None:
+        shape = tuple(Lin.of(d) for d in n.static_shape)
+    else:
+        raise Unprovable(f"DML node {n.name!r} takes its sizes from data")
+    k = _scalar_lin(an, value_of(k_v), "k") if k_v is not None else Lin.of(0)
+    begin = None if n.begin is None else k + n.begin
+    end = None if n.end is None else k + n.end
+    value = np.asarray(n.value, _dtype(n.elem_type))[()]
+    return _band_from_bounds(value.dtype, shape, begin, end, value, other)
 
 
 def _topological(nodes: Sequence[Node]) -> list[Node]:
@@ -149,6 +185,9 @@ def _band_from_bounds(dtype: np.dtype, shape: tuple[Dim, ...], begin: Lin | None
         return Band(dtype, shape, (end,), (value, other))  # type: ignore[arg-type]
     if end is None:
         return Band(dtype, shape, (begin,), (other, value))
+    # both ends move together (one shift), so their order is their constants' order
+    if begin.const == end.const:
+        return Band(dtype, shape, (), (other,))  # Begin == End fills nothing
     if begin.const < end.const:
         return Band(dtype, shape, (begin, end), (other, value, other))
     return Band(dtype, shape, (end, begin), (value, other, value))
@@ -755,7 +794,8 @@ def _relayout(an: Analysis, v: AbstractValue, new_shape: tuple[Dim, ...], old_to
             if c and a not in old_to_new:
                 raise Unprovable("a varying axis is dropped")
         return Affine(v.dtype, new_shape, tuple(coef), v.base)
-    assert isinstance(v, Band)
+    if not isinstance(v, Band):
+        raise Unprovable(f"moving the axes of a {type(v).__name__}")
     if len(v.values) == 1:
         return Band(v.dtype, new_shape, (), v.values)
     r_old, r_new = len(v.shape), len(new_shape)
@@ -1013,6 +1053,8 @@ def _concat(an: Analysis, n: OnnxNode, ins: list) -> list:
         return [_from_objs(vs[0].dtype, out)]
     rank = len(shape_of(vs[0]))
     axis = axis + rank if axis < 0 else axis
+    if axis == rank - 1 and all(_stackable(v) for v in vs):
+        return [_stack(an, vs)]
     offsets, total = [], Lin.of(0)
     for v in vs:
         offsets.append(total)
@@ -1026,6 +1068,63 @@ def _concat(an: Analysis, n: OnnxNode, ins: list) -> list:
     if any(isinstance(v, Band) and len(v.values) > 1 for v in vs) or any(_is_piecewise(an, v) for v in vs):
         return [_concat_bands(an, [an.band_at(v, shape_of(v)) for v in vs], offsets, axis, tuple(shape))]
     return [_concat_grids(an, [an.affine(v, "a concatenated piece") for v in vs], offsets, axis, tuple(shape))]
+
+
+def _stackable(v: AbstractValue) -> bool:
+    return isinstance(v, Stack) or (isinstance(v, Affine) and bool(v.shape) and v.shape[-1] == Lin.of(1))
+
+
+def _stack(an: Analysis, vs: list) -> Stack:
+    """Index grids (each [..., 1]) or stacks of them, side by side along the last axis."""
+    lead = an.broadcast(*(shape_of(v)[:-1] for v in vs))
+    parts: list[Affine] = []
+    for v in vs:
+        pieces = v.parts if isinstance(v, Stack) else (Affine(v.dtype, v.shape[:-1], v.coef[:-1], v.base),)
+        parts += [an.expand_affine(p, lead) for p in pieces]
+    return Stack(vs[0].dtype, lead + (Lin.of(len(parts)),), tuple(parts))
+
+
+@handles("GatherND")
+def _gather_nd(an: Analysis, n: OnnxNode, ins: list) -> list:
+    data, idx = ins
+    if int(_attr(n, "batch_dims", 0)):  # type: ignore[call-overload]
+        raise Unprovable("GatherND with batch_dims")
+    if isinstance(idx, Affine) and idx.shape and idx.shape[-1] == Lin.of(1):
+        idx = _stack(an, [idx])
+    if not isinstance(idx, Stack):
+        raise Unprovable("GatherND indices that are not index grids stacked along the last axis")
+    dshape = shape_of(data)
+    k = len(idx.parts)
+    if k != len(dshape):
+        raise Unprovable("GatherND of a slice (fewer indices than dims)")
+    for p, size in zip(idx.parts, dshape):
+        lo, _ = an.affine_bounds(p)
+        top = p.base + sum((as_lin(d, "an index size") - 1).scale(c) for c, d in zip(p.coef, p.shape) if c > 0)
+        if lo < 0 or not an.nonneg(as_lin(size, "a gathered size") - 1 - top):
+            raise Unprovable("GatherND indices not provably within the data: a negative index wraps")
+    out_shape = idx.shape[:-1]
+    if isinstance(data, Affine):  # positions of positions: still affine
+        base, coef = data.base, [0] * len(out_shape)
+        for c, p in zip(data.coef, idx.parts):
+            base = base + p.base.scale(c)
+            coef = [a + c * b for a, b in zip(coef, p.coef)]
+        return [an.check_fits(Affine(data.dtype, out_shape, tuple(coef), base), "the gathered positions")]
+    if isinstance(data, Band):
+        if len(data.values) == 1 or k < 2:
+            return [Band(data.dtype, out_shape, (), data.values[:1])] if len(data.values) == 1 else \
+                _raise("gathering a band by fewer than two indices")
+        # element = f(col - row) with col - row an index grid over the result: a band when it is j - i + c
+        diff = _sub(an, idx.parts[-1], idx.parts[-2])
+        assert isinstance(diff, Affine)
+        r = len(out_shape)
+        if r < 2 or any(diff.coef[:-2]) or diff.coef[-1] != 1 or diff.coef[-2] != -1:
+            raise Unprovable("gathering a band at positions whose difference is not the result's diagonal")
+        return [Band(data.dtype, out_shape, tuple(x - diff.base for x in data.breaks), data.values)]
+    raise Unprovable(f"GatherND of a {type(data).__name__}")
+
+
+def _raise(why: str) -> list:
+    raise Unprovable(why)
 
 
 def _concat_grids(an: Analysis, parts: list[Affine], offsets: list[Lin], axis: int, shape: tuple[Dim, ...]

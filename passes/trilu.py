@@ -11,8 +11,8 @@ import numpy as np
 
 from dmlgraph.graph import DmlNode, Graph, Node
 from dmlgraph.ops import clamp_bound
-from dmlgraph.rewrite import Match, Options, Rule
-from passes.common import const_value, lowering_reason, replace_node, zero_of
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from passes.common import const_value, lowering_reason, replace_node, standin, zero_of
 
 
 def _match(graph: Graph, node: Node, options: Options) -> Match | None:
@@ -38,15 +38,15 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
         m.reason = "the input type is unknown"
         return m
     begin, end = (None, clamp_bound(k)) if upper else (clamp_bound(k + 1), None)
-    dml = DmlNode(node.name, x, None, k_value, node.outputs[0], elem_type=x.elem_type,
+    dml = DmlNode(node.name, x, None, k_value, standin(node.outputs[0], x.elem_type), elem_type=x.elem_type,
                   value=zero_of(x.elem_type), begin=begin, end=end)
     m.reason = lowering_reason(dml, x.shape, options)
     m.captures["dml"] = dml
     return m
 
 
-def _rewrite(graph: Graph, m: Match, options: Options) -> list[Node]:
-    return [replace_node(graph, m.nodes[0], m.captures["dml"])]
+def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+    return replace_node(m.nodes[0], m.captures["dml"])
 
 
 RULE = Rule("trilu", ("Trilu",), _match, _rewrite, exact="bit-exact", phase=2,

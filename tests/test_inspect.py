@@ -28,7 +28,7 @@ with warnings.catch_warnings():  # other ops' case generators warn about their o
     CASES = [c for c in collect_testcases(None) if c.name.startswith(("test_tril", "test_triu", "test_eyelike"))]
 
 # The documented key sets (docs/inspect.md). Changing one is a schema change: bump SCHEMA.
-TOP = {"schema", "model", "options", "inputs", "outputs", "ops", "initializers", "candidates", "declined",
+TOP = {"schema", "model", "options", "inputs", "outputs", "ops", "initializers", "candidates", "declined", "masks", "missed",
        "totals"}
 MODEL = {"path", "file_bytes", "ir_version", "opset_imports", "producer_name", "producer_version", "graph_name",
          "nodes", "external_data_files", "external_data_bytes"}
@@ -49,6 +49,7 @@ EXACT = {"bit_exact", "rule"}
 SAVES = {"nodes", "shared_nodes", "initializers", "initializer_bytes", "shared_initializer_bytes", "dml_nodes_added"}
 PICTURE = {"rows", "height", "width", "of", "representative", "k", "runtime_k", "begin", "end", "legend"}
 DECLINED = {"rule", "nodes", "initializers", "reason"}
+MASK = {"value", "producer", "op_type", "index", "shape", "found", "status", "rule", "reason"}
 TOTALS = {"target", "feature_level", "candidates", "declined", "rewrites", "nodes_removed", "nodes_added",
           "dml_nodes_added", "initializers_removed", "initializer_bytes_removed", "initializers_added",
           "initializer_bytes_added", "before", "after"}
@@ -95,6 +96,8 @@ def check_keys(r: dict) -> None:
         if desc is not None and desc["operator"] == "DIAGONAL_MATRIX1":
             assert set(desc) == DESC1 and set(desc["output"]) == BUFFER
             assert desc["input"] is None or set(desc["input"]) == BUFFER
+    assert all(set(m) == MASK for m in r["masks"])
+    assert r["missed"] == [m for m in r["masks"] if m["status"] == "missed"]
     for d in r["declined"]:
         assert set(d) == DECLINED
         assert all(set(n) == NODE for n in d["nodes"])

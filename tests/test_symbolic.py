@@ -163,9 +163,15 @@ def test_float_and_product_thresholds_are_exact():
                   h.make_node("And", ["near", "below"], ["m"])]
         return "m"
     model = threshold_mask_model(build)
-    g, result = lower(model, )
-    # float32 cannot hold every index past 2^24: declined for the default range of sizes ...
-    assert not result.counts["mask_subgraph"]
+    g, result = lower(model)
+    # float32 cannot hold every index past 2^24: the whole is declined for the default range of
+    # sizes (only its integer band inside is lowered on its own) ...
+    assert all(m.nodes[-1].outputs[0].name != "m" for m in result.applied if m.rule == "mask_subgraph")
+    assert any("float32" in m.reason for m in result.declined if m.rule == "mask_subgraph") or \
+        result.counts["mask_subgraph"] == 1
+    for s in (1, 3, 64, 65):
+        expected, got, _ = run_both(model, g, {"x": np.ones((1, 1, s, s), np.float32)})
+        assert api.bitwise_equal(got[0], expected[0])
     # ... and the integer-only part is proved
     def build_int(nodes, inits):
         inits += [c("eight", np.int64(8))]
@@ -384,3 +390,25 @@ def test_zeros_for_the_past_concatenated_with_a_causal_block():
     for past, seq in KV_SIZES:
         expected, got, portable = run_both(model, g, kv_feeds(past, seq))
         assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), (past, seq)
+
+
+def test_a_band_inside_a_cone_that_is_not_a_mask_is_lowered_on_its_own():
+    """A position bias built from a causal band and a log of positions (T5 buckets alike): the cone
+    is no band, the band inside it is."""
+    def build(nodes, inits):
+        inits += [c("onef", np.float32(1.0))]
+        nodes += [h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+                  h.make_node("Cast", ["rows"], ["rf"], to=T.FLOAT),
+                  h.make_node("Add", ["rf", "onef"], ["rf1"]),
+                  h.make_node("Log", ["rf1"], ["logr"]),
+                  h.make_node("Cast", ["cols"], ["cf"], to=T.FLOAT),
+                  h.make_node("Where", ["causal", "cf", "logr"], ["bias"]),
+                  h.make_node("Less", ["bias", "onef"], ["m"])]
+        return "m"
+    model = threshold_mask_model(build)
+    g, result = lower(model)
+    (m,) = [m for m in result.applied if m.rule == "mask_subgraph"]
+    assert m.captures["bounds"] == ("MIN", "1")
+    for s in (1, 2, 5, 17):
+        expected, got, portable = run_both(model, g, _scores(s))
+        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), s

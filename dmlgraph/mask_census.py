@@ -1,0 +1,184 @@
+"""The mask census: every mask-like tensor of a model, and what the rules did with it.
+
+A tensor is mask-like when it has two or more dims and is built over an index grid: an index value
+comes from `Range` or `CumSum` (and keeps being one through reshapes, gathers, arithmetic and
+casts), a comparison of an index value (`Less(j, i)`, `Equal`, ...) is a mask, and so are `EyeLike`,
+`Trilu` of a tensor that holds no data (constants, shapes: `Trilu(x)` of data is an application),
+two-valued stored constants, and every boolean combination, selection between constants, cast or
+reshape of a mask. Data combined with a mask by `And`/`Or` stays a mask (the padding-and-
+causal mask); data selected or added by it (`Where(mask, X, c)`, `Add(X, mask)`) is an application,
+whose output is data.
+
+`take` runs on the graph as imported, before any rule; `classify` runs after the rules and gives each
+mask one status: `lowered` (a rewrite covers its producer, or it is gone: absorbed by a rewrite of
+what reads it), `declined` (a rule matched it, or a mask it is built from, and said why), or `missed`
+(no rule looked at it: a gap to report, never to hide). The census is a structural walk: it reads no
+tensor but small two-valued constants.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+
+GRID_SOURCES = {"Range", "CumSum"}
+GRID_OPS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Identity", "Cast", "CastLike",
+            "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Min", "Max", "Clip", "Gather", "GatherND", "GatherElements",
+            "Slice", "Concat", "Tile", "Mod"}
+COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"}
+MASK_VIEWS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Identity", "Cast", "CastLike",
+              "Not", "Slice", "Gather", "GatherND", "GatherElements", "Concat", "Tile", "Split"}
+MASK_COMBINE = {"And", "Or", "Xor"}
+STORED_LIMIT = 1 << 24  # bytes: larger stored tensors are weights, not read for the census
+
+
+@dataclass
+class MaskSite:
+    """One mask-like tensor: its value, producer (None: a stored constant), and what makes it one."""
+
+    value: str
+    producer: str | None
+    op_type: str
+    index: int | None
+    shape: list | None
+    elem_type: int | None
+    found: str
+    parents: list[str]  # the mask-like tensors it is built from
+    node_id: int | None = None
+
+
+def _const(graph: Graph, v: Value) -> np.ndarray | None:
+    if v.name in graph.overridable_inputs:
+        return None
+    if v.name in graph.initializers:
+        t = v.initializer
+        if v.array is not None:
+            return v.array
+        if t is None or t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() > STORED_LIMIT:
+            return None
+        return onnx.numpy_helper.to_array(t)
+    p = v.producer
+    if isinstance(p, OnnxNode) and p.op_type == "Constant":
+        for a in p.attributes:
+            if a.name == "value" and a.t.ByteSize() <= STORED_LIMIT:
+                return onnx.numpy_helper.to_array(a.t)
+    return None
+
+
+def _two_valued_matrix(arr: np.ndarray | None) -> bool:
+    return arr is not None and arr.ndim >= 2 and min(arr.shape[-2:]) >= 2 and arr.dtype.kind in "biuf" \
+        and len(np.unique(arr.reshape(-1)[:1 << 20])) <= 2 and len(np.unique(arr)) == 2
+
+
+def take(graph: Graph) -> list[MaskSite]:
+    """Every mask-like tensor of `graph` (as imported), in graph order."""
+    order = {n.id: i for i, n in enumerate(graph.nodes.values())}
+    grid: set[str] = set()
+    mask: dict[str, MaskSite] = {}
+    constant: set[str] = set(graph.initializers) - set(graph.overridable_inputs)
+    shape_only: set[str] = set()  # computed from shapes and constants only
+    sites: list[MaskSite] = []
+
+    def add(v: Value, n: Node | None, found: str, parents: list[str]) -> None:
+        if v.shape is not None and len(v.shape) < 2:
+            return
+        site = MaskSite(v.name, None if n is None else n.name, "constant" if n is None else n.op_type,
+                        None if n is None else order.get(n.id), None if v.shape is None else list(v.shape),
+                        v.elem_type, found, parents, None if n is None else n.id)
+        mask[v.name] = site
+        sites.append(site)
+
+    for name in list(constant):
+        v = graph.initializers[name]
+        if v.shape is not None and len(v.shape) >= 2 and _two_valued_matrix(_const(graph, v)):
+            add(v, None, "a stored two-valued matrix", [])
+    for n in graph.topological_order():
+        ins = [v for v in n.inputs if v is not None]
+        names = [v.name for v in ins]
+        op = n.op_type
+        if isinstance(n, DmlNode):
+            for v in n.outputs:
+                add(v, n, f"a {n.kind} node", [x for x in names if x in mask])
+            continue
+        if op == "Constant" and n.outputs and _two_valued_matrix(_const(graph, n.outputs[0])):
+            add(n.outputs[0], n, "a stored two-valued matrix (Constant)", [])
+            continue
+        if op == "Constant":
+            constant.update(v.name for v in n.outputs)
+            continue
+        if ins and all(x in constant for x in names):  # folds to a constant; may still be a mask
+            constant.update(v.name for v in n.outputs)
+        if op in ("Shape", "Size") or (ins and all(x in constant or x in shape_only for x in names)):
+            shape_only.update(v.name for v in n.outputs)
+        parents = [x for x in names if x in mask]
+        grids = [x for x in names if x in grid]
+        out = n.outputs[0] if n.outputs else None
+        if out is None:
+            continue
+        if op == "EyeLike" or (op == "Trilu" and (names[0] in shape_only or names[0] in constant or parents
+                                                   or names[0] in grid)):
+            add(out, n, f"{op} of a tensor that holds no data", parents)
+        elif op in COMPARISONS and grids:
+            add(out, n, f"{op} of index grid {grids[0]!r}", parents)
+        elif op in COMPARISONS and parents:
+            add(out, n, f"{op} of mask {parents[0]!r}", parents)
+        elif parents and op in MASK_COMBINE:
+            add(out, n, f"{op} of mask {parents[0]!r}", parents)
+        elif parents and op in MASK_VIEWS:
+            for v in n.outputs:
+                add(v, n, f"{op} of mask {parents[0]!r}", parents)
+        elif parents and op == "Where" and names[0] in mask and all(x in mask or x in constant for x in names[1:]):
+            add(out, n, f"Where of mask {names[0]!r} between constants", parents)
+        elif parents and op in ("Add", "Sub", "Mul") and all(x in mask or x in constant for x in names):
+            add(out, n, f"{op} of mask {parents[0]!r} and a constant", parents)
+        elif op in GRID_SOURCES or (grids and op in GRID_OPS):
+            grid.update(v.name for v in n.outputs)
+    return sites
+
+
+def classify(sites: list[MaskSite], graph: Graph, result) -> list[dict]:
+    """Each site with its status after the rules ran on the same graph (`result`: a PassResult)."""
+    applied: dict[object, str] = {}  # node id or initializer name -> the rule that covered it
+    for m in result.applied:
+        for n in m.nodes:
+            applied.setdefault(n.id, m.rule)
+        for name in m.initializers:
+            applied.setdefault(name, m.rule)
+    declined: dict[object, tuple[str, str, str]] = {}
+    for m in result.declined:
+        for n in m.nodes:
+            declined.setdefault(n.id, (m.rule, n.name or n.op_type, m.reason))
+        for name in m.initializers:
+            declined.setdefault(name, (m.rule, name, m.reason))
+    rows: list[dict] = []
+    status: dict[str, dict] = {}
+    roots: dict[str, tuple[str, str]] = {}  # a mask declined through its parents -> the declined root and why
+    for s in sites:
+        v = graph.values.get(s.value)
+        p = v.producer if v is not None else None
+        row = {"value": s.value, "producer": s.producer, "op_type": s.op_type, "index": s.index,
+               "shape": s.shape, "found": s.found, "status": None, "rule": None, "reason": None}
+        key = s.node_id if s.node_id is not None else s.value
+        if isinstance(p, DmlNode) or key in applied:
+            row.update(status="lowered", rule=applied.get(key) or getattr(p, "rule", None))
+        elif key in declined:
+            rule, node, reason = declined[key]
+            row.update(status="declined", rule=rule, reason=f"{node!r}: {reason}")
+        elif v is None or (p is None and s.value not in graph.initializers and s.producer is not None) \
+                or (not v.uses and not graph.is_graph_output(v)):
+            row.update(status="lowered", rule="absorbed", reason="no longer computed: a rewrite of what reads it "
+                                                                 "absorbed it")
+        else:
+            upstream = next((status[x] for x in s.parents if status.get(x, {}).get("status") == "declined"), None)
+            if upstream is not None:
+                root, why = roots.get(upstream["value"], (upstream["value"], upstream["reason"]))
+                roots[s.value] = (root, why)
+                row.update(status="declined", rule=upstream["rule"], reason=f"built from {root!r}, declined: {why}")
+            else:
+                row.update(status="missed", reason="no rule lowered or declined it")
+        status[s.value] = row
+        rows.append(row)
+    return rows

@@ -1,0 +1,66 @@
+"""Boolean combinations of a band with data: And/Or/Not/Cast, each part bit-exact.
+
+`And(P, band)` is P where the band is true and false elsewhere: one DIAGONAL_MATRIX1 with P (the
+padding mask, broadcast) as its input, Value false, on the band's false region. `Or` is the dual
+(Value true). `Not` and `Cast` (bool <-> numeric) of a band or of such a node map its Value and its
+input (a new `Not`/`Cast` of the data), so a band reached through them still lowers.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from dmlgraph.graph import OnnxNode
+from passes.apply import Operand, Part, application_rule
+
+
+def _is_const(o: Operand) -> bool:
+    return isinstance(o, np.ndarray)
+
+
+def evaluate_logic(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    """And/Or with one operand a constant: the identity gives the other operand, the absorbing
+    element gives itself; two constants give their result."""
+    a, b = operands
+    op = node.op_type
+    if _is_const(a) and _is_const(b):
+        f = {"And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}[op]
+        return Part(const=np.asarray(f(a, b), dtype))
+    c, other = (a, b) if _is_const(a) else (b, a) if _is_const(b) else (None, None)
+    if c is None:
+        return Part(op=(op, operands))
+    absorbing = {"And": False, "Or": True}.get(op)
+    if absorbing is not None and bool(c) == absorbing:
+        return Part(const=np.asarray(absorbing, dtype))
+    if op in ("And", "Or") or not bool(c):  # the identity (Xor with false, too)
+        return Part(value=other)
+    return Part(op=(op, operands))  # Xor with true: Not of the data, written as the Xor itself
+
+
+def evaluate_not(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    (a,) = operands
+    return Part(const=np.asarray(np.logical_not(a), dtype)) if _is_const(a) else Part(op=("Not", operands))
+
+
+def evaluate_cast(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    """Cast between bool and a number only: both directions are exact on every value (a number
+    casts to true unless it is +-0; NaN casts to true, as numpy and onnxruntime agree)."""
+    (a,) = operands
+    to = node.attr("to")
+    if _is_const(a):
+        if a.dtype != np.bool_ and to != TensorProto.BOOL:
+            return f"Cast {node.name!r} converts between two numeric types; only bool <-> numeric casts are mapped"
+        return Part(const=np.asarray(a.astype(np.bool_) if dtype == np.bool_ else a, dtype))
+    return Part(op=("Cast", operands))
+
+
+MASK_BOOL = application_rule(
+    "mask_bool", ("And", "Or", "Xor"), (0, 1), evaluate_logic, "bit-exact",
+    "And(P, band) / Or(P, band), P any boolean data (the padding mask) -> DIAGONAL_MATRIX1(P broadcast, "
+    "Value false / true)")
+MASK_NOT = application_rule(
+    "mask_not", ("Not",), (0,), evaluate_not, "bit-exact",
+    "Not(band) -> the band with its values negated (a Not of its input, if it has one)")
+MASK_CAST = application_rule(
+    "mask_cast", ("Cast",), (0,), evaluate_cast, "bit-exact",
+    "Cast(band) between bool and a number -> the band in the new type (a Cast of its input, if it has one)")

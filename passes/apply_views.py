@@ -1,0 +1,192 @@
+"""Batch-axis views of a band: `Expand`, `Unsqueeze` and `Reshape` of a DIAGONAL_MATRIX1 output are
+that node at the new shape.
+
+DIAGONAL_MATRIX1 fills by (row, column) of the last two axes only, so repeating or adding leading
+(batch) axes gives the same node with other sizes: `Expand` only changes the run-time sizes (its
+input still broadcasts to them), `Unsqueeze` also unsqueezes the input, `Reshape` regroups the
+batch axes (and its input's alike). All are bit-exact. Neither
+may touch the matrix: an `Expand` whose output's last two dims are not provably the band's (a [1, T]
+row repeated down S rows is no band) and an `Unsqueeze` of one of the last two axes are declined.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from passes.apply import band_operands
+from passes.broadcast import (Built, ShapeSource, build_broadcast, keeps_matrix, matrix_dims, same_dims, shape_source,
+                              static_broadcast, vector_dims)
+from passes.common import const_value, lowering_reason, replace_node, standin
+
+
+def _axes(graph: Graph, node: OnnxNode) -> list[int] | None:
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        arr = const_value(graph, node.inputs[1])
+        return None if arr is None else [int(a) for a in np.asarray(arr).reshape(-1)]
+    axes = node.attr("axes")
+    return None if axes is None else [int(a) for a in axes]
+
+
+def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
+    if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or not band_operands(graph, node, (0,)):
+        return None
+    d_value, out = node.inputs[0], node.outputs[0]
+    d: DmlNode = d_value.producer
+    m = Match("mask_view", [node])
+    band = matrix_dims(graph, d_value)
+    target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []
+    if node.op_type == "Reshape":
+        return _match_reshape(graph, node, d, band, target_dims, m, options)
+    if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
+            not (same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
+        m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix (output's last two dims "
+                    f"{list(out.shape or ())[-2:]}, band's {list(band or ())})")
+        return m
+    source = shape_source(graph, d_value)
+    if node.op_type == "Expand":
+        t = node.inputs[1]
+        t_arr = const_value(graph, t)
+        if t_arr is not None:
+            target = ShapeSource(len(t_arr), static=tuple(int(s) for s in t_arr))
+        elif t.shape is not None and len(t.shape) == 1 and isinstance(t.shape[0], int):
+            target = ShapeSource(t.shape[0], vector=t)
+        else:
+            m.reason = f"the target shape of Expand {node.name!r} has an unknown length"
+            return m
+        plan = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target]}
+    else:
+        axes = _axes(graph, node)
+        rank = len(out.shape)
+        if axes is None:
+            m.reason = f"the axes of Unsqueeze {node.name!r} are not constant"
+            return m
+        axes = sorted(a % rank for a in axes)
+        if any(a >= rank - 2 for a in axes):
+            m.reason = f"Unsqueeze {node.name!r} adds an axis among the last two: the matrix changes"
+            return m
+        plan = {"x": d.inputs[0], "unsqueeze": axes, "sources": [source]}
+    if source is None:
+        m.reason = f"the band feeding {node.op_type} {node.name!r} has an unknown rank"
+        return m
+    plan["static"] = out.static_shape
+    m.captures["plan"] = plan
+    m.captures["dml"] = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], standin(out), elem_type=d.elem_type,
+                                          value=d.value, begin=d.begin, end=d.end, exact=d.exact)
+    m.reason = lowering_reason(preview, out.shape, options)
+    return m
+
+
+def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None, target: list | None, m: Match,
+                   options: Options) -> Match:
+    """Reshape regrouping the batch axes of a band: the same node at the target sizes, its input
+    (when it has data) reshaped alike. The target must keep the band's matrix as its last two entries and hold no 0 or
+    -1 (whose meaning needs the element count); a band with data would need its input reshaped
+    too, which a broadcast input cannot always be."""
+    x = d.inputs[0]
+    d_shape = node.inputs[0].shape
+    reshape_x = x is not None and not (x.shape is not None and all(s == 1 for s in x.shape))
+    if reshape_x and (x.shape is None or d_shape is None or len(x.shape) != len(d_shape)
+                      or not same_dims(x.shape[:-2], d_shape[:-2])):
+        m.reason = (f"Reshape {node.name!r} of a band whose input {x.name!r} {list(x.shape or ['?'])} is broadcast "
+                    "along batch axes: the input cannot take the same reshape")
+        return m
+    if target is None or len(target) < 2 or band is None or None in band or \
+            any(t is None or (isinstance(t, int) and t <= 0) for t in target) or \
+            (node.attr("allowzero", 0) == 0 and any(not isinstance(t, int) for t in target)
+             and len(target) != len(node.inputs[0].shape or ())) or \
+            tuple(target[-2:]) != tuple(band):
+        m.reason = (f"cannot prove Reshape {node.name!r} only regroups the band's batch axes (target "
+                    f"{target}, band matrix {list(band or ())})")
+        return m
+    static = tuple(target) if all(isinstance(t, int) for t in target) else None
+    m.captures["plan"] = {"reshape": node.inputs[1], "static": static, "reshape_x": reshape_x,
+                          "lead": len(target) - 2}
+    m.captures["dml"] = preview = DmlNode(node.name, x, None, d.inputs[2], standin(node.outputs[0]), elem_type=d.elem_type,
+                                          value=d.value, begin=d.begin, end=d.end, exact=d.exact)
+    m.reason = lowering_reason(preview, node.outputs[0].shape or (None,) * len(target), options)
+    return m
+
+
+def _rewrite_view(graph: Graph, m: Match, options: Options) -> Replacement:
+    node: OnnxNode = m.nodes[0]
+    d: DmlNode = node.inputs[0].producer
+    plan, out = m.captures["plan"], node.outputs[0]
+    built, x, shape = Built(), d.inputs[0], None
+    static = plan["static"]
+    if "reshape" in plan:
+        if plan["reshape_x"]:
+            x = _reshaped_input(graph, x, plan["reshape"], plan["lead"], out.name, built)
+        shape = None if static else plan["reshape"]
+    else:
+        sources = plan["sources"]
+        if plan["unsqueeze"] is not None:
+            x = _unsqueezed_input(x, len(node.inputs[0].shape), plan["unsqueeze"], out.name, built)
+            sources = [_unsqueezed_source(sources[0], plan["unsqueeze"], out.name, built)]
+        if static is None:
+            static = static_broadcast(sources)
+        if static is None and not (x is not None and same_dims(x.shape, out.shape)):
+            shape = build_broadcast(sources, out.name, built)
+    dml = DmlNode(node.name, x, shape, d.inputs[2], standin(out, d.elem_type), elem_type=d.elem_type,
+                  value=d.value, begin=d.begin, end=d.end, static_shape=static, exact=d.exact)
+    r = replace_node(node, dml, *built.nodes)
+    r.initializers = built.initializers
+    return r
+
+
+def _reshaped_input(graph: Graph, x: Value, target: Value, lead: int, hint: str, built: Built) -> Value:
+    """x (with the band's batch axes) regrouped like the band: the target's batch sizes, then x's own
+    last two dims (a broadcast 1 stays a 1)."""
+    batch = built.node("Slice", [target, built.constant(f"{hint}__c", np.array([0])),
+                                 built.constant(f"{hint}__c", np.array([lead]))], f"{hint}__batch", shape=(lead,))
+    xs = built.node("Shape", [x], f"{hint}__xshape", shape=(len(x.shape),))
+    mat = built.node("Slice", [xs, built.constant(f"{hint}__c", np.array([-2])),
+                               built.constant(f"{hint}__c", np.array([len(x.shape)]))], f"{hint}__xmatrix", shape=(2,))
+    sizes = built.node("Concat", [batch, mat], f"{hint}__xsizes", shape=(lead + 2,), axis=0)
+    dims = vector_dims(graph, target)
+    shape = tuple((dims[:lead] if dims is not None else [None] * lead) + list(x.shape[-2:]))
+    return built.node("Reshape", [x, sizes], f"{hint}__input", x.elem_type, shape)
+
+
+def _unsqueezed_input(x: Value | None, band_rank: int, axes: list[int], hint: str, built: Built) -> Value | None:
+    """x aligned to the band's rank, then unsqueezed like the band (a one-element x broadcasts as is)."""
+    if x is None or (x.shape is not None and all(d == 1 for d in x.shape) and len(x.shape) <= band_rank):
+        return x
+    lead = band_rank - len(x.shape)
+    if lead:  # right-align x to the band first
+        pad = built.constant(f"{hint}__pad_axes", np.arange(lead, dtype=np.int64))
+        x = built.node("Unsqueeze", [x, pad], f"{hint}__aligned", x.elem_type, (1,) * lead + tuple(x.shape))
+    dims = list(x.shape)
+    for a in axes:
+        dims.insert(a, 1)
+    ax = built.constant(f"{hint}__axes", np.array(axes, np.int64))
+    return built.node("Unsqueeze", [x, ax], f"{hint}__input", x.elem_type, tuple(dims))
+
+
+def _unsqueezed_source(s: ShapeSource, axes: list[int], hint: str, built: Built) -> ShapeSource:
+    """The band's sizes with 1s inserted at `axes` (of the output)."""
+    rank = s.rank + len(axes)
+    if s.static is not None:
+        dims = list(s.static)
+        for a in axes:
+            dims.insert(a, 1)
+        return ShapeSource(rank, static=tuple(dims))
+    vec = s.vector if s.vector is not None else built.node("Shape", [s.of], f"{hint}__band_shape", shape=(s.rank,))
+    # Output axis a is a 1; the others take the band's dims in order.
+    pieces, taken, start = [], 0, 0
+    for a in axes + [rank]:
+        count = a - start  # band dims before this inserted axis
+        if count:
+            lo = built.constant(f"{hint}__lo", np.array([taken], np.int64))
+            hi = built.constant(f"{hint}__hi", np.array([taken + count], np.int64))
+            pieces.append(built.node("Slice", [vec, lo, hi], f"{hint}__dims", shape=(count,)))
+            taken += count
+        if a < rank:
+            pieces.append(built.constant(f"{hint}__one", np.array([1], np.int64)))
+        start = a + 1
+    return ShapeSource(rank, vector=built.node("Concat", pieces, f"{hint}__sizes", shape=(rank,), axis=0))
+
+
+MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape"), _match_view, _rewrite_view, exact="bit-exact",
+                 phase=3, description="Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
+                                      "node at the new shape")

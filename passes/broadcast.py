@@ -1,0 +1,276 @@
+"""Output sizes of a rewritten mask application, as a plan (at match time) and ONNX nodes (at rewrite).
+
+A DIAGONAL_MATRIX1 that replaces `And(P, band)` or `Where(band, X, c)` must have the output shape of
+the node it replaces: the numpy broadcast of its operands' shapes, which may be larger than its input
+(a padding mask [B, 1, 1, T] and a band [1, 1, S, T] give [B, 1, S, T]). The DML node takes those
+sizes as its run-time `shape` input. They are computed without reading any mask: from a generator's
+own size input or static shape, from a ConstantOfShape's shape operand, or from `Shape(x)` of data
+that stays in the graph anyway, and broadcast pairwise by `Where(Equal(a, 1), b, a)` (exact for every
+pair that broadcasts: a dim of 1 takes the other side, including 0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.rewrite import detached, detached_constant
+from passes.common import const_value
+
+
+@dataclass
+class Built:
+    """The new nodes and constants of one replacement, detached (the rewriter adds them), in
+    dependency order."""
+
+    nodes: list[Node] = field(default_factory=list)
+    initializers: list[Value] = field(default_factory=list)
+
+    def constant(self, name: str, arr) -> Value:
+        v = detached_constant(name, np.asarray(arr))
+        self.initializers.append(v)
+        return v
+
+    def node(self, op_type: str, inputs: list[Value], name: str, elem_type: int | None = TensorProto.INT64,
+             shape: tuple[Dim, ...] | None = None, attributes: list[onnx.AttributeProto] | None = None,
+             **attrs) -> Value:
+        out = detached(name, elem_type, shape)
+        attributes = list(attributes or []) + [helper.make_attribute(k, v) for k, v in attrs.items()]
+        # Unnamed: the rewriter makes the output's name unique, not the node's, and onnxruntime
+        # refuses two nodes of one name (any number may have none).
+        self.nodes.append(OnnxNode("", op_type, inputs, [out], attributes))
+        return out
+
+
+@dataclass(frozen=True)
+class ShapeSource:
+    """Where one operand's sizes come from: a static tuple, a 1-D int64 value, or Shape(of)."""
+
+    rank: int
+    static: tuple[int, ...] | None = None
+    vector: Value | None = None  # a 1-D int64 value holding the sizes
+    of: Value | None = None      # a value whose Shape() gives the sizes
+
+
+def shape_source(graph: Graph, v: Value) -> ShapeSource | None:
+    """How to get `v`'s sizes at run time without keeping a mask alive (None: its rank is unknown)."""
+    if v.shape is None:
+        return None
+    rank = len(v.shape)
+    if v.static_shape is not None:
+        return ShapeSource(rank, static=v.static_shape)
+    p = v.producer
+    if isinstance(p, DmlNode):
+        if p.inputs[1] is not None:
+            return ShapeSource(rank, vector=p.inputs[1])
+        if p.static_shape is not None:
+            return ShapeSource(rank, static=p.static_shape)
+        x = p.inputs[0]
+        return None if x is None else shape_source(graph, x)
+    if isinstance(p, OnnxNode) and p.domain in ("", "ai.onnx"):
+        if p.op_type == "ConstantOfShape":
+            s = p.inputs[0]
+            arr = const_value(graph, s)
+            return ShapeSource(rank, static=tuple(int(d) for d in arr)) if arr is not None \
+                else ShapeSource(rank, vector=s)
+        if p.op_type == "Expand":  # Expand of a one-element constant: the target sizes, padded
+            c, t = p.inputs[0], p.inputs[1]
+            arr = const_value(graph, c)
+            if arr is not None and arr.size == 1 and t.shape is not None and t.shape == (rank,) and arr.ndim <= rank:
+                return ShapeSource(rank, vector=t)
+    return ShapeSource(rank, of=v)
+
+
+def same_dims(a: tuple[Dim, ...] | None, b: tuple[Dim, ...] | None) -> bool:
+    """Shape inference proved these shapes equal: same length, every dim the same int or name.
+
+    An `unk__N` name counts: shape inference invents one per unknown dim and copies it only where it
+    proved the dims equal, and every shape of one graph comes from one inference run (rules copy
+    names, they never invent them).
+    """
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(x is not None and x == y for x, y in zip(a, b))
+
+
+def fits_into(operand: tuple[Dim, ...] | None, target: tuple[Dim, ...] | None) -> bool:
+    """Broadcasting `operand` against `target` provably gives `target`'s shape: no more dims, each a
+    static 1 or provably the target's."""
+    if operand is None or target is None or len(operand) > len(target):
+        return False
+    return all(o == 1 or (o is not None and o == t) for o, t in zip(reversed(operand), reversed(target)))
+
+
+def keeps_matrix(operand: tuple[Dim, ...] | list[Dim] | None, band: tuple[Dim, ...] | None) -> bool:
+    """Broadcasting `operand` (a shape) against the band (its last two dims: `matrix_dims`) cannot
+    change the band's matrix: each of the operand's last two dims is absent, a static 1, or provably
+    the band's."""
+    if operand is None or band is None or len(band) < 2:
+        return False
+    tail = (None,) * max(0, 2 - len(operand)) + tuple(operand[-2:])
+    return all(o == 1 or (o is not None and o == b) or i < 2 - len(operand)
+               for i, (o, b) in enumerate(zip(tail, band[-2:])))
+
+
+def build_matrix_of(sizes: Value, band: ShapeSource, hint: str, built: Built) -> Value:
+    """`sizes` with its last two entries replaced by the band's (leading dims broadcast, matrix the
+    band's): the output sizes of an application whose data could not be proved to keep the band's
+    matrix. Data that would widen it then fails to broadcast into these sizes when the node runs:
+    an error, never a different mask."""
+    lead = built.node("Slice", [sizes, built.constant(f"{hint}__c", [0]), built.constant(f"{hint}__c", [-2])],
+                      f"{hint}__lead")
+    if band.static is not None:
+        tail = built.constant(f"{hint}__matrix", np.array(band.static[-2:], np.int64))
+    else:
+        vec = band.vector if band.vector is not None else built.node("Shape", [band.of], f"{hint}__band_shape")
+        tail = built.node("Slice", [vec, built.constant(f"{hint}__c", [-2]), built.constant(f"{hint}__c", [band.rank])],
+                          f"{hint}__matrix")
+    return built.node("Concat", [lead, tail], f"{hint}__sizes", shape=sizes.shape, axis=0)
+
+
+def broadcast_dims(shapes: list[tuple[Dim, ...]]) -> tuple[Dim, ...] | None:
+    """The broadcast of inferred shapes where inference can tell it (unknown dims where it cannot)."""
+    rank = max(len(s) for s in shapes)
+    out: list[Dim] = []
+    for i in range(rank):
+        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0} - {1}
+        out.append(dims.pop() if len(dims) == 1 else (1 if not dims else None))
+    return tuple(out)
+
+
+def needed(sources: list[ShapeSource]) -> list[ShapeSource]:
+    """The sources that can change the broadcast: a static all-ones shape no longer than another
+    operand's rank never does."""
+    rank = max(s.rank for s in sources)
+    keep = [s for s in sources if not (s.static is not None and all(d == 1 for d in s.static) and s.rank <= rank)]
+    return keep or sources[:1]
+
+
+def static_broadcast(sources: list[ShapeSource]) -> tuple[int, ...] | None:
+    """numpy's broadcast of the sources when every one is static (None otherwise)."""
+    if any(s.static is None for s in sources):
+        return None
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*(s.static for s in sources)))
+    except ValueError:
+        return None
+
+
+def build_broadcast(sources: list[ShapeSource], hint: str, built: Built) -> Value:
+    """The broadcast of `sources` (a 1-D int64 value), computed by nodes added to `built`."""
+    rank = max(s.rank for s in sources)
+    vectors: list[Value] = []
+    for s in sources:
+        if s.static is not None:
+            v = built.constant(f"{hint}__sizes", np.array((1,) * (rank - s.rank) + s.static, np.int64))
+        else:
+            v = s.vector if s.vector is not None else built.node("Shape", [s.of], f"{hint}__shape", shape=(s.rank,))
+            if s.rank < rank:
+                ones = built.constant(f"{hint}__ones", np.ones(rank - s.rank, np.int64))
+                v = built.node("Concat", [ones, v], f"{hint}__padded", shape=(rank,), axis=0)
+        vectors.append(v)
+    out = vectors[0]
+    if len(vectors) > 1:
+        one = built.constant(f"{hint}__one", np.array(1, np.int64))
+        for v in vectors[1:]:
+            is_one = built.node("Equal", [out, one], f"{hint}__is_one", TensorProto.BOOL, (rank,))
+            out = built.node("Where", [is_one, v, out], f"{hint}__sizes", shape=(rank,))
+    return out
+
+
+# ---- what a shape vector holds ------------------------------------------------------------------------
+def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | None:
+    """The dims a 1-D int64 shape vector holds, as ints and inferred dim names (None: an entry not
+    known; the whole result None: not even the length).
+
+    Follows the plumbing exporters and this package write: constants, `Shape` (with start/end),
+    `Gather`/`Slice` by constants, `Concat`, `Unsqueeze`/`Squeeze`/`Reshape`/`Cast`/`Identity`, and
+    `Where(Equal(v, -1), ones, v)` (TorchScript's "-1 means keep" of `expand`) and this module's
+    `Where(Equal(a, 1), b, a)`. A dim name is a size >= 0, so it never equals a negative constant.
+    """
+    if v is None or depth > 32:
+        return None
+    arr = const_value(graph, v)
+    if arr is not None:
+        return [int(d) for d in np.asarray(arr).reshape(-1)] if np.asarray(arr).dtype.kind in "iu" else None
+    p = v.producer
+    if isinstance(p, DmlNode) or not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
+        return None
+    op, ins = p.op_type, p.inputs
+
+    def sub(i: int) -> list[Dim] | None:
+        return vector_dims(graph, ins[i] if i < len(ins) else None, depth + 1)
+
+    if op == "Shape":
+        x = ins[0]
+        if x.shape is None:
+            return None
+        dims = list(x.shape)
+        return dims[slice(p.attr("start", 0), p.attr("end", None))]
+    if op in ("Unsqueeze", "Squeeze", "Reshape", "Cast", "Identity", "Flatten"):
+        return sub(0)
+    if op == "Concat":
+        parts = [vector_dims(graph, x, depth + 1) for x in ins]
+        return None if any(q is None for q in parts) else [d for q in parts for d in q]
+    if op in ("Gather", "Slice"):
+        dims = sub(0)
+        if dims is None:
+            return None
+        if op == "Gather":
+            idx = const_value(graph, ins[1])
+            return None if idx is None else [dims[int(i)] for i in np.asarray(idx).reshape(-1)]
+        bounds = [const_value(graph, x) for x in ins[1:]]
+        if any(b is None for b in bounds) or (len(bounds) > 2 and list(np.asarray(bounds[2]).reshape(-1)) != [0]):
+            return None
+        step = int(np.asarray(bounds[3]).reshape(-1)[0]) if len(bounds) > 3 else 1
+        return dims[int(np.asarray(bounds[0]).reshape(-1)[0]):int(np.asarray(bounds[1]).reshape(-1)[0]):step]
+    if op == "ConstantOfShape":
+        n, t = sub(0), p.attr("value")
+        fill = 0 if t is None else int(onnx.numpy_helper.to_array(t).reshape(-1)[0])
+        return None if n is None or len(n) != 1 or not isinstance(n[0], int) else [fill] * n[0]
+    if op == "Mul":
+        a, b = sub(0), sub(1)
+        if a is None or b is None or not all(isinstance(d, int) for d in a + b):
+            return None
+        return [int(d) for d in np.broadcast_to(np.multiply(a, b), np.broadcast_shapes((len(a),), (len(b),)))]
+    if op == "Where":
+        cond = p.inputs[0].producer
+        if not (isinstance(cond, OnnxNode) and cond.op_type == "Equal"):
+            return None
+        x, cs, a, b = (vector_dims(graph, cond.inputs[0], depth + 1), vector_dims(graph, cond.inputs[1], depth + 1),
+                       sub(1), sub(2))
+        if x is None or cs is None or a is None or b is None or not len(x) == len(a) == len(b) \
+                or len(cs) not in (1, len(x)) or not all(isinstance(ci, int) for ci in cs):
+            return None
+        cs = cs * len(x) if len(cs) == 1 else cs
+        out: list[Dim] = []
+        for xi, c, ai, bi in zip(x, cs, a, b):
+            if isinstance(xi, int):
+                out.append(ai if xi == c else bi)
+            elif xi is not None and c < 0:
+                out.append(bi)  # a dim name is never negative
+            elif ai is not None and ai == bi:
+                out.append(ai)  # both branches agree
+            elif ai == c and bi is not None and bi == xi:
+                out.append(xi)  # Where(x == c, c, x) is x (the broadcast of a dim with a 1)
+            else:
+                out.append(None)
+        return out
+    return None
+
+
+def matrix_dims(graph: Graph, v: Value) -> tuple[Dim, Dim] | None:
+    """The last two dims of `v`: for a DIAGONAL_MATRIX1 output, read from its own sizes (the sizes a
+    generator was proved to have can name input dims that shape inference could not see)."""
+    p = v.producer
+    if isinstance(p, DmlNode):
+        if p.inputs[1] is not None:
+            dims = vector_dims(graph, p.inputs[1])
+            if dims is not None and len(dims) >= 2 and None not in dims[-2:]:
+                return tuple(dims[-2:])
+        elif p.static_shape is not None:
+            return tuple(p.static_shape[-2:])
+    return None if v.shape is None or len(v.shape) < 2 else tuple(v.shape[-2:])

@@ -1,0 +1,327 @@
+"""Mask applications: And/Or with padding, Where with shape-only fills, Add with a lowest-float mask
+(and the exact bound that makes it equal), views, each checked against onnxruntime on the original."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from dmlgraph import api
+from dmlgraph.dtypes import bitwise_equal
+from dmlgraph.executor import Executor
+from dmlgraph.graph import DmlNode
+from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.rewrite import Options
+from passes.apply_arith import absorbing_bound
+
+
+def model_of(nodes, inputs, outputs, inits=(), opset=18) -> onnx.ModelProto:
+    m = h.make_model(h.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                     opset_imports=[h.make_opsetid("", opset)], ir_version=10)
+    onnx.checker.check_model(m)
+    return m
+
+
+def c(name: str, arr) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def lower(model: onnx.ModelProto, **opts):
+    g = import_model(model)
+    return g, api.optimize_graph(g, Options(**opts))
+
+
+def applied(result) -> dict:
+    return {k: v for k, v in result.counts.items() if v}
+
+
+def check(model: onnx.ModelProto, g, feeds_list: list[dict], exact: bool = True, reference: bool = False,
+          portable_exact: bool = True) -> None:
+    """The lowered graph (executor and portable export) equals onnxruntime on the original (or
+    onnx.reference, which keeps a -0.0 that onnxruntime's Where drops from its true branch).
+    `portable_exact=False`: the portable export is compared as values (its Value goes through that
+    same Where branch, so a -0.0 Value comes out +0.0 there)."""
+    sess = ReferenceEvaluator(model) if reference else ort.InferenceSession(model.SerializeToString())
+    portable = ort.InferenceSession(export_model(g, "onnx").SerializeToString())
+    onnx.checker.check_model(export_model(g, "dml"))
+    for feeds in feeds_list:
+        expected = sess.run(None, feeds)
+        got = Executor(g).run(feeds)
+        got_portable = portable.run(None, feeds)
+        for o, e, p in zip(model.graph.output, expected, got_portable):
+            if exact:
+                assert bitwise_equal(got[o.name], e), o.name
+                if portable_exact:
+                    assert bitwise_equal(p, e), o.name
+                else:
+                    np.testing.assert_array_equal(p, e)
+            else:
+                np.testing.assert_array_equal(got[o.name], e)
+                np.testing.assert_array_equal(p, e)
+
+
+def causal_nodes() -> tuple[list, list]:
+    """A causal band [1, 1, S, S] (bool) built from Shape(x) the way exporters build it."""
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["seq"], axis=0),
+             h.make_node("Range", ["zero", "seq", "one"], ["idx"]),
+             h.make_node("Unsqueeze", ["idx", "ax012"], ["cols"]), h.make_node("Unsqueeze", ["idx", "ax013"], ["rows"]),
+             h.make_node("LessOrEqual", ["cols", "rows"], ["band"])]
+    inits = [c("two", np.int64(2)), c("zero", np.int64(0)), c("one", np.int64(1)),
+             c("ax012", np.array([0, 1, 2])), c("ax013", np.array([0, 1, 3]))]
+    return nodes, inits
+
+
+X = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "S"])
+PAD = h.make_tensor_value_info("pad", T.INT64, ["B", "S"])
+Y = h.make_tensor_value_info("y", T.FLOAT, ["B", "H", "S", "S"])
+
+
+def left_padded(batch: int, heads: int, s: int, seed: int = 0) -> dict:
+    """Scores and a left-padded attention mask (rows of zeros at the start, one row per batch)."""
+    rng = np.random.default_rng(seed)
+    pad = np.ones((batch, s), np.int64)
+    for b in range(batch):
+        pad[b, :min(b + 1, s - 1)] = 0
+    return {"x": rng.standard_normal((batch, heads, s, s)).astype(np.float32) * 8, "pad": pad}
+
+
+# ---- And / Or with the padding mask -----------------------------------------------------------------
+@pytest.mark.parametrize("form", ["and", "and_swapped", "or_not", "and_cast", "full_padding", "not_band"])
+def test_padding_combined_with_the_band_lowers_bit_exact(form):
+    nodes, inits = causal_nodes()
+    nodes += [h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL)]
+    if form == "full_padding":  # the padding already expanded to [B, 1, S, T]
+        nodes += [h.make_node("Unsqueeze", ["padb", "ax12"], ["p3"]), h.make_node("Shape", ["x"], ["xs"]),
+                  h.make_node("Slice", ["xs", "s2", "s4"], ["st"]), h.make_node("Concat", ["b1", "st"], ["tgt"], axis=0),
+                  h.make_node("Shape", ["padb"], ["ps"]), h.make_node("Slice", ["ps", "s0", "s1"], ["bdim"]),
+                  h.make_node("Concat", ["bdim", "one1", "st"], ["tgt2"], axis=0),
+                  h.make_node("Expand", ["p3", "tgt2"], ["p"])]
+        inits += [c("s2", np.array([2])), c("s4", np.array([4])), c("s0", np.array([0])), c("s1", np.array([1])),
+                  c("b1", np.array([1, 1])), c("one1", np.array([1]))]
+    else:
+        nodes += [h.make_node("Unsqueeze", ["padb", "ax12"], ["p"])]
+    inits.append(c("ax12", np.array([1, 2])))
+    if form in ("and", "full_padding"):
+        nodes.append(h.make_node("And", ["band", "p"], ["keep"]))
+    elif form == "and_swapped":
+        nodes.append(h.make_node("And", ["p", "band"], ["keep"]))
+    elif form == "or_not":  # not(band) or not(p) masks out; its Not keeps
+        nodes += [h.make_node("Not", ["band"], ["nb"]), h.make_node("Not", ["p"], ["np_"]),
+                  h.make_node("Or", ["nb", "np_"], ["drop"]), h.make_node("Not", ["drop"], ["keep"])]
+    elif form == "and_cast":  # through Cast to a number and back
+        nodes += [h.make_node("Cast", ["band"], ["bf"], to=T.FLOAT), h.make_node("Cast", ["bf"], ["bb"], to=T.BOOL),
+                  h.make_node("And", ["p", "bb"], ["keep"])]
+    elif form == "not_band":  # an inverted band (its Not) combined by Or
+        nodes += [h.make_node("Not", ["band"], ["nb"]), h.make_node("Not", ["p"], ["np_"]),
+                  h.make_node("Or", ["np_", "nb"], ["drop"]), h.make_node("Where", ["drop", "neg", "x"], ["y"])]
+    if form != "not_band":
+        nodes.append(h.make_node("Where", ["keep", "x", "neg"], ["y"]))
+    inits.append(c("neg", np.float32(-np.inf)))
+    model = model_of(nodes, [X, PAD], [Y], inits)
+    g, result = lower(model)
+    counts = applied(result)
+    assert counts.get("mask_bool", 0) >= 1 and counts.get("mask_where") == 1, (counts, [m.reason for m in result.declined])
+    ops = {n.op_type for n in g.nodes.values()}
+    assert not ops & {"And", "Or", "LessOrEqual", "Range"}, ops
+    assert sum(isinstance(n, DmlNode) for n in g.nodes.values()) == 1
+    assert all(n.exact for n in g.nodes.values() if isinstance(n, DmlNode))
+    check(model, g, [left_padded(b, 2, s) for b, s in ((1, 1), (2, 3), (3, 8))])
+
+
+def test_and_of_band_and_padding_is_one_node_reading_the_padding():
+    nodes, inits = causal_nodes()
+    nodes += [h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL), h.make_node("Unsqueeze", ["padb", "ax12"], ["p"]),
+              h.make_node("And", ["band", "p"], ["y"])]
+    inits.append(c("ax12", np.array([1, 2])))
+    model = model_of(nodes, [X, PAD], [h.make_tensor_value_info("y", T.BOOL, ["B", 1, "S", "S"])], inits)
+    g, result = lower(model)
+    (dml,) = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
+    assert dml.inputs[0].name == "p" and dml.value == np.False_ and (dml.begin, dml.end) == (1, None)
+    assert dml.inputs[1] is not None  # [B, 1, 1, S] broadcast to [B, 1, S, S] at run time
+    check(model, g, [left_padded(b, 1, s) for b, s in ((1, 1), (2, 5))])
+
+
+# ---- Where with a shape-only fill ---------------------------------------------------------------------
+NAN_PAYLOAD = np.array([0x7FC12345], np.uint32).view(np.float32)[0]
+
+
+@pytest.mark.parametrize("fill", ["scalar", "constant_of_shape", "expand", "neg_zero", "nan_payload"])
+@pytest.mark.parametrize("order", ["x_first", "fill_first"])
+def test_where_with_a_one_valued_fill_is_bit_exact(fill, order):
+    nodes, inits = causal_nodes()
+    value = {"neg_zero": np.float32(-0.0), "nan_payload": NAN_PAYLOAD}.get(fill, np.float32(-3.5))
+    if fill == "scalar" or fill in ("neg_zero", "nan_payload"):
+        inits.append(c("fill", value))
+    elif fill == "constant_of_shape":
+        nodes += [h.make_node("Shape", ["x"], ["xshape"]),
+                  h.make_node("ConstantOfShape", ["xshape"], ["fill"], value=c("v", np.array([value])))]
+    else:
+        nodes += [h.make_node("Shape", ["x"], ["xshape"]), h.make_node("Expand", ["fv", "xshape"], ["fill"])]
+        inits.append(c("fv", np.array([[value]], np.float32)))
+    ins = ["band", "x", "fill"] if order == "x_first" else ["band", "fill", "x"]
+    nodes.append(h.make_node("Where", ins, ["y"]))
+    model = model_of(nodes, [X], [Y], inits)
+    g, result = lower(model)
+    assert applied(result) == {"mask_subgraph": 1, "mask_where": 1}, [m.reason for m in result.declined]
+    assert not {"Where", "ConstantOfShape", "Expand"} & {n.op_type for n in g.nodes.values()}
+    rng = np.random.default_rng(2)
+    feeds = []
+    for s in (1, 4, 9):
+        x = rng.standard_normal((2, 3, s, s)).astype(np.float32)
+        x.reshape(-1)[::3] = -0.0
+        feeds.append({"x": x})
+    check(model, g, feeds, reference=True, portable_exact=fill != "neg_zero")
+
+
+# ---- Add with a lowest-float mask ---------------------------------------------------------------------
+def test_absorbing_bound_is_exact_on_every_float16():
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    x = bits[np.isfinite(bits)]
+    lowest = np.finfo(np.float16).min
+    with np.errstate(over="ignore"):
+        absorbed = (x + lowest) == lowest
+    assert absorbing_bound(np.float16) == 16
+    np.testing.assert_array_equal(absorbed, np.abs(x.astype(np.float64)) < 16)
+
+
+@pytest.mark.parametrize("dtype,bound", [(np.float32, 2.0 ** 103), (np.float64, 2.0 ** 970)])
+def test_absorbing_bound_is_exact_around_the_bound(dtype, bound):
+    """Every bit pattern within 4096 ulps of +-bound, plus random patterns of every magnitude."""
+    assert absorbing_bound(dtype) == bound
+    uint = np.dtype(f"u{np.dtype(dtype).itemsize}")
+    center = np.array([bound], dtype).view(uint)[0]
+    near = (center + np.arange(-4096, 4097).astype(np.int64)).astype(uint).view(dtype)
+    rng = np.random.default_rng(0)
+    random = rng.integers(0, np.iinfo(uint).max, 1 << 18, dtype=uint, endpoint=True).view(dtype)
+    x = np.concatenate([near, -near, random])
+    x = x[np.isfinite(x)]
+    lowest = np.finfo(dtype).min
+    with np.errstate(over="ignore"):
+        absorbed = (x + lowest) == lowest
+    np.testing.assert_array_equal(absorbed, np.abs(x) < bound)
+
+
+def _additive_model(dtype: int, fill: float):
+    nodes, inits = causal_nodes()
+    np_dt = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    nodes += [h.make_node("Where", ["band", "zf", "low"], ["bias"]), h.make_node("Cast", ["x"], ["xc"], to=dtype),
+              h.make_node("Add", ["xc", "bias"], ["y"])]
+    inits += [c("zf", np.zeros((), np_dt)), c("low", np.array(fill, np_dt))]
+    return model_of(nodes, [X], [h.make_tensor_value_info("y", dtype, ["B", "H", "S", "S"])], inits)
+
+
+@pytest.mark.parametrize("dtype", [T.FLOAT, T.DOUBLE])
+def test_add_lowest_mask_lowers_not_exact_and_is_off_under_exact(dtype):
+    lowest = float(np.finfo(onnx.helper.tensor_dtype_to_np_dtype(dtype)).min)
+    model = _additive_model(dtype, lowest)
+    g, result = lower(model)
+    assert result.counts["mask_arith"] == 1
+    (dml,) = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
+    assert not dml.exact and dml.value == lowest
+    rng = np.random.default_rng(4)
+    check(model, g, [{"x": np.abs(rng.standard_normal((2, 2, s, s))).astype(np.float32) * 1e30} for s in (1, 6)],
+          exact=False)
+    g, result = lower(model, exact_only=True)
+    assert not result.counts["mask_arith"]
+    assert any("--exact" in m.reason for m in result.declined)
+
+
+def test_add_lowest_float16_mask_is_declined_with_the_reason():
+    model = _additive_model(T.FLOAT16, float(np.finfo(np.float16).min))
+    g, result = lower(model)
+    assert not result.counts["mask_arith"]
+    assert any("|X| < 16" in m.reason for m in result.declined), [m.reason for m in result.declined]
+    check(model, g, [{"x": np.full((1, 1, 4, 4), 20, np.float32)}])
+
+
+# ---- views ------------------------------------------------------------------------------------------
+def test_unsqueeze_and_expand_of_a_band_lower_with_it():
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["seq"], axis=0),
+             h.make_node("Range", ["zero", "seq", "one"], ["idx"]),
+             h.make_node("Unsqueeze", ["idx", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["idx", "ax1"], ["rows"]),
+             h.make_node("LessOrEqual", ["cols", "rows"], ["band2"]),
+             h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL), h.make_node("Unsqueeze", ["padb", "ax1"], ["p"]),
+             h.make_node("And", ["band2", "p"], ["m3"]),          # [B, S, S]
+             h.make_node("Unsqueeze", ["m3", "ax1"], ["m4"]),     # [B, 1, S, S]
+             h.make_node("Shape", ["x"], ["xs"]), h.make_node("Expand", ["m4", "xs"], ["m"]),
+             h.make_node("Where", ["m", "x", "neg"], ["y"])]
+    inits = [c("two", np.int64(2)), c("zero", np.int64(0)), c("one", np.int64(1)), c("ax0", np.array([0])),
+             c("ax1", np.array([1])), c("neg", np.float32(-1e9))]
+    model = model_of(nodes, [X, PAD], [Y], inits)
+    g, result = lower(model)
+    assert result.counts["mask_view"] == 2 and result.counts["mask_where"] == 1, [m.reason for m in result.declined]
+    assert not {"And", "Expand", "LessOrEqual"} & {n.op_type for n in g.nodes.values()}
+    assert sum(isinstance(n, DmlNode) for n in g.nodes.values()) == 1
+    check(model, g, [left_padded(b, 3, s) for b, s in ((1, 1), (2, 4), (2, 7))])
+
+
+@pytest.mark.parametrize("target", ["sizes", "minus_one"])
+def test_reshape_of_a_band_with_padding_regroups_its_batch_axes(target):
+    """And(band, padding [B, 1, 1, S]) is [B, 1, S, S]; Reshape to [B, S, S] regroups its batch axes."""
+    nodes, inits = causal_nodes()
+    nodes += [h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL), h.make_node("Unsqueeze", ["padb", "ax12"], ["p"]),
+              h.make_node("And", ["band", "p"], ["keep"]),
+              h.make_node("Shape", ["x3"], ["xs"]), h.make_node("Slice", ["xs", "s1", "s3"], ["st"]),
+              h.make_node("Shape", ["pad"], ["ps"]), h.make_node("Slice", ["ps", "s0", "s1"], ["b"]),
+              h.make_node("Concat", ["b" if target == "sizes" else "minus1", "st"], ["tgt"], axis=0),
+              h.make_node("Reshape", ["keep", "tgt"], ["keep3"], allowzero=1),
+              h.make_node("Where", ["keep3", "x3", "neg"], ["y"])]
+    inits += [c("ax12", np.array([1, 2])), c("s0", np.array([0])), c("s1", np.array([1])), c("s3", np.array([3])),
+              c("minus1", np.array([-1])), c("neg", np.float32(-7))]
+    x3 = h.make_tensor_value_info("x3", T.FLOAT, ["B", "S", "S"])
+    model = model_of(nodes, [X, x3, PAD], [h.make_tensor_value_info("y", T.FLOAT, ["B", "S", "S"])], inits)
+    g, result = lower(model)
+    if target == "minus_one":  # -1 needs the element count: declined, named
+        assert not result.counts["mask_view"]
+        assert any("Reshape" in m.reason for m in result.declined)
+    else:
+        assert result.counts["mask_view"] == 1 and result.counts["mask_where"] == 1, [m.reason for m in result.declined]
+        assert sum(isinstance(n, DmlNode) for n in g.nodes.values()) == 1
+    rng = np.random.default_rng(6)
+    feeds = []
+    for b, s in ((1, 1), (2, 5)):
+        f = left_padded(b, 1, s)
+        feeds.append({"x": np.zeros((b, 1, s, s), np.float32), "pad": f["pad"],
+                      "x3": rng.standard_normal((b, s, s)).astype(np.float32)})
+    check(model, g, feeds)
+
+
+def test_band_broadcast_along_its_rows_is_declined():
+    """A [1, T] row of a band repeated down S rows is no band."""
+    nodes, inits = causal_nodes()
+    nodes += [h.make_node("Slice", ["band", "s0", "s1", "ax2"], ["row"]),  # [1, 1, 1, S]
+              h.make_node("Where", ["row", "x", "neg"], ["y"])]
+    inits += [c("s0", np.array([0])), c("s1", np.array([1])), c("ax2", np.array([2])), c("neg", np.float32(-1))]
+    model = model_of(nodes, [X], [Y], inits)
+    g, result = lower(model)
+    assert not result.counts["mask_where"]
+    check(model, g, [{"x": np.ones((1, 1, s, s), np.float32)} for s in (2, 5)])
+
+
+# ---- the corpus: causal-and-padding masks of the transformers exports -----------------------------------
+MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
+TRANSFORMERS = [f"{m}_{e}.onnx" for m in ("llama", "gpt2", "mistral_sw4") for e in ("ts", "dynamo")]
+
+
+@pytest.mark.parametrize("exact_only", [False, True])
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_transformers_masks_lower_and_validate_with_left_padding(name, exact_only):
+    path = os.path.join(MODELS, name)
+    _, g = api.load(path)
+    for s in (1, 4, 9):
+        feeds = api.make_inputs(g, {"batch": 2, "sequence": s}, seed=s)
+        am = np.ones((2, s), np.int64)
+        am[0, :min(2, s)] = 0  # left padding: the first positions of row 0 are padding
+        feeds["attention_mask"] = am
+        r = api.validate(path, Options(exact_only=exact_only), feeds=feeds)
+        assert r["ok"], (s, r["tensors"], r["outputs"])
+        assert r["rewrites"]["mask_bool"] == 1 and r["rewrites"]["mask_where"] == 1
+        assert r["rewrites"]["mask_arith"] == 0  # each layer's Add(scores, mask) reads the one padded mask
+        assert all(t["detail"] == "bit-exact" for t in r["tensors"]), r["tensors"]

@@ -1,0 +1,143 @@
+"""The mask census: every mask-like tensor is lowered, declined with a reason, or listed as missed;
+`inspect --fail-on-missed` turns a missed one into exit 1."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+from dmlgraph import inspection
+from dmlgraph.cli import main
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
+CORPUS = sorted(glob.glob(os.path.join(MODELS, "*.onnx")))
+TRANSFORMERS = [f"{m}_{e}.onnx" for m in ("llama", "gpt2", "mistral_sw4") for e in ("ts", "dynamo")]
+
+
+def save(tmp_path, model: onnx.ModelProto, name: str) -> str:
+    onnx.checker.check_model(model)
+    path = str(tmp_path / name)
+    onnx.save(model, path)
+    return path
+
+
+def c(name: str, arr) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def cumsum_gathernd_mask_model() -> onnx.ModelProto:
+    """A causal-and-padding mask built the way the dynamo export of recent transformers builds it:
+    positions from CumSum over ones, the causal table and the padding read through GatherND with
+    index grids stacked from Expand/Unsqueeze/Concat, then And, Where(0, lowest) and Add."""
+    n = h.make_node
+    nodes = [
+        n("Shape", ["attention_mask"], ["am_shape"]),
+        n("Gather", ["am_shape", "i0"], ["batch"], axis=0), n("Gather", ["am_shape", "i1"], ["seq"], axis=0),
+        n("Unsqueeze", ["seq", "a0"], ["seq1"]),
+        n("ConstantOfShape", ["seq1"], ["ones"], value=c("one_v", np.array([1], np.int64))),
+        n("CumSum", ["ones", "i0"], ["cum"]), n("Sub", ["cum", "i1"], ["pos"]),           # 0..T-1
+        n("Unsqueeze", ["pos", "a1"], ["q_col"]), n("Unsqueeze", ["pos", "a0"], ["kv_row"]),
+        n("LessOrEqual", ["kv_row", "q_col"], ["causal_table"]),                        # [T, T]
+        n("Range", ["i0", "batch", "i1"], ["b_idx"]),
+        n("Unsqueeze", ["b_idx", "a123"], ["b4"]),                                      # [B, 1, 1, 1]
+        n("Unsqueeze", ["pos", "a012"], ["kv4"]),                                       # [1, 1, 1, T]
+        n("Unsqueeze", ["pos", "a013"], ["q4"]),                                        # [1, 1, T, 1]
+        n("Max", ["b4", "kv4"], ["bk"]), n("Shape", ["bk"], ["bk_shape"]),
+        n("Expand", ["b4", "bk_shape"], ["b_grid"]), n("Expand", ["kv4", "bk_shape"], ["kv_grid"]),
+        n("Unsqueeze", ["b_grid", "am1"], ["b_last"]), n("Unsqueeze", ["kv_grid", "am1"], ["kv_last"]),
+        n("Concat", ["b_last", "kv_last"], ["pad_index"], axis=-1),                     # [B, 1, 1, T, 2]
+        n("Cast", ["attention_mask"], ["am_bool"], to=T.BOOL),
+        n("GatherND", ["am_bool", "pad_index"], ["padding"]),                           # [B, 1, 1, T]
+        n("Max", ["q4", "kv4"], ["qk"]), n("Shape", ["qk"], ["qk_shape"]),
+        n("Expand", ["q4", "qk_shape"], ["q_grid"]), n("Expand", ["kv4", "qk_shape"], ["kv_grid2"]),
+        n("Unsqueeze", ["q_grid", "am1"], ["q_last"]), n("Unsqueeze", ["kv_grid2", "am1"], ["kv_last2"]),
+        n("Concat", ["q_last", "kv_last2"], ["causal_index"], axis=-1),                 # [1, 1, T, T, 2]
+        n("GatherND", ["causal_table", "causal_index"], ["causal"]),                    # [1, 1, T, T]
+        n("Shape", ["x"], ["x_shape"]), n("Slice", ["x_shape", "s2", "s4"], ["x_st"]),
+        n("Concat", ["one2", "x_st"], ["full_shape"], axis=0),
+        n("ConstantOfShape", ["full_shape"], ["all_true"], value=c("t_v", np.array([True]))),
+        n("And", ["all_true", "causal"], ["causal_full"]),
+        n("And", ["causal_full", "padding"], ["allowed"]),
+        n("Where", ["allowed", "zero_f", "lowest"], ["bias"]),
+        n("Add", ["x", "bias"], ["y"]),
+    ]
+    inits = [c("i0", np.int64(0)), c("i1", np.int64(1)), c("a0", np.array([0])), c("a1", np.array([1])),
+             c("a123", np.array([1, 2, 3])), c("a012", np.array([0, 1, 2])), c("a013", np.array([0, 1, 3])),
+             c("am1", np.array([-1])), c("s2", np.array([2])), c("s4", np.array([4])), c("one2", np.array([1, 1])),
+             c("zero_f", np.float32(0)), c("lowest", np.float32(np.finfo(np.float32).min))]
+    g = h.make_graph(nodes, "cumsum_gathernd", [h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "S"]),
+                                                h.make_tensor_value_info("attention_mask", T.INT64, ["B", "S"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["B", "H", "S", "S"])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+
+
+def length_mask_model() -> onnx.ModelProto:
+    """A mask over an index grid that no rule handles: columns compared with per-row lengths read
+    from an input's values (Less(j, lengths[b])), so it is neither shape-only nor a band application."""
+    n = h.make_node
+    nodes = [n("Shape", ["x"], ["shp"]), n("Gather", ["shp", "i2"], ["seq"], axis=0),
+             n("Range", ["i0", "seq", "i1"], ["idx"]), n("Unsqueeze", ["idx", "a01"], ["cols"]),  # [1, 1, T]
+             n("Unsqueeze", ["lengths", "a12"], ["len3"]),                                        # [B, 1, 1]
+             n("Less", ["cols", "len3"], ["valid"]), n("Where", ["valid", "x", "neg"], ["y"])]
+    inits = [c("i0", np.int64(0)), c("i1", np.int64(1)), c("i2", np.int64(2)), c("a01", np.array([0, 1])),
+             c("a12", np.array([1, 2])), c("neg", np.float32(-1e9))]
+    g = h.make_graph(nodes, "lengths", [h.make_tensor_value_info("x", T.FLOAT, ["B", "S", "S"]),
+                                        h.make_tensor_value_info("lengths", T.INT64, ["B"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["B", "S", "S"])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[os.path.basename(p) for p in CORPUS])
+def test_every_corpus_mask_is_accounted_for(path):
+    r = inspection.inspect_model(path)
+    for m in r["masks"]:
+        assert m["status"] in ("lowered", "declined", "missed"), m
+        if m["status"] != "lowered":
+            assert m["reason"], m
+        assert m["found"]
+    assert r["missed"] == [m for m in r["masks"] if m["status"] == "missed"]
+    if os.path.basename(path) in TRANSFORMERS:  # the causal-and-padding masks: all lowered now
+        assert r["masks"] and not r["missed"] and all(m["status"] == "lowered" for m in r["masks"]), \
+            [(m["value"], m["reason"]) for m in r["masks"] if m["status"] != "lowered"]
+
+
+def test_cumsum_gathernd_cone_is_listed_never_absent(tmp_path):
+    path = save(tmp_path, cumsum_gathernd_mask_model(), "cumsum_gathernd.onnx")
+    r = inspection.inspect_model(path)
+    by_value = {m["value"]: m for m in r["masks"]}
+    for name in ("causal_table", "causal", "causal_full", "allowed", "bias"):
+        assert name in by_value, sorted(by_value)
+        m = by_value[name]
+        assert m["status"] in ("lowered", "declined", "missed") and (m["status"] == "lowered" or m["reason"])
+    assert "GatherND" in by_value["causal"]["found"] and "index grid" in by_value["causal_table"]["found"]
+
+
+def test_fail_on_missed_exits_1_on_an_unhandled_mask(tmp_path, capsys):
+    path = save(tmp_path, length_mask_model(), "lengths.onnx")
+    assert main(["inspect", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [m["value"] for m in report["missed"]] == ["valid"]
+    assert "Less of index grid 'cols'" in report["missed"][0]["found"]
+    assert main(["inspect", path, "--fail-on-missed"]) == 1
+    captured = capsys.readouterr()
+    assert "MISSED 'valid'" in captured.out and "--fail-on-missed" in captured.err
+
+
+def test_cumsum_gathernd_cone_lowers_whole(tmp_path):
+    """The causal table read back through GatherND at stacked index grids is the same band: the
+    cone lowers, the padding lookup (data) is And-ed into it, and nothing is missed."""
+    r = inspection.inspect_model(save(tmp_path, cumsum_gathernd_mask_model(), "cg.onnx"))
+    assert not r["missed"] and not r["declined"]
+    assert {c["rule"] for c in r["candidates"]} >= {"mask_subgraph", "mask_bool"}
+
+
+def test_fail_on_missed_passes_when_every_mask_lowers(capsys):
+    assert main(["inspect", os.path.join(MODELS, "llama_dynamo.onnx"), "--fail-on-missed"]) == 0
+    assert "0 missed" in capsys.readouterr().out

@@ -20,6 +20,11 @@ simple path's own, so the two paths run the same onnxruntime sessions on the sam
 bit for bit. A skipped step does not run, so it cannot raise either: a node whose output only
 reaches a Shape inside a skipped region (a Gather whose indices are out of range, say) fails the
 first run at those shapes and not the later ones.
+
+An If/Loop/Scan node or local-function call whose body holds DML nodes cannot run in a session:
+it is a step of its own, like a DML node (`control_flow.HostStep`, each body run by a sub-executor),
+and a graph with such a step takes the simple path on every run. Graphs without one are planned
+and run exactly as above.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dmlgraph import kernels
+from dmlgraph import control_flow, kernels
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.onnx_io import DOMAIN, onnx_node_proto, value_info
@@ -151,25 +156,29 @@ class Executor:
         self.graph = graph
         self.threads = threads
         self.optimize = optimize
-        self.fast = fast
+        # If/Loop/Scan nodes and calls whose bodies hold DML nodes run here (`control_flow`); a graph
+        # with any takes the simple path every run.
+        self._hosts = control_flow.host_nodes(graph)
+        self.fast = fast and not self._hosts
         order = graph.topological_order()
         self.steps = self._plan(order)
         self.timings: dict[str, float] = {}
         self.last_path = ""
         self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
         self._cache_bytes = 0
-        if fast:
+        if self.fast:
             self._plan_fast(order)
 
-    def _plan(self, order: list[Node]) -> list[Region | DmlNode]:
+    def _plan(self, order: list[Node]) -> list[Region | DmlNode | control_flow.HostStep]:
         g = self.graph
+        hosts = self._hosts
         stage: dict[int, int] = {}
         for n in order:
             s = 0
-            for v in n.inputs:
+            for v in g.reads(n):  # (inputs, and what subgraphs read by name)
                 p = v.producer if v is not None else None
                 if p is not None and p.id in stage:
-                    s = max(s, stage[p.id] + (1 if isinstance(p, DmlNode) else 0))
+                    s = max(s, stage[p.id] + (1 if isinstance(p, DmlNode) or p.id in hosts else 0))
             stage[n.id] = s
         # Then each ONNX node moves as late as its consumers allow: what only later stages need (the
         # data path beside a mask, weights behind Identity nodes) runs in their region instead of
@@ -177,7 +186,7 @@ class Executor:
         # above holds. Values read by name from subgraph bodies keep their producers in place.
         read_by_name = set().union(*(n.subgraph_reads for n in order if isinstance(n, OnnxNode)))
         for n in reversed(order):
-            if isinstance(n, DmlNode) or any(v.name in read_by_name for v in n.outputs):
+            if isinstance(n, DmlNode) or n.id in hosts or any(v.name in read_by_name for v in n.outputs):
                 continue
             later = [stage[c.id] for v in n.outputs for c in v.consumers if c.id in stage]
             if later:
@@ -187,9 +196,11 @@ class Executor:
         for n in order:
             if isinstance(n, DmlNode):
                 dml_at.setdefault(stage[n.id], []).append(n)
+            elif n.id in hosts:
+                dml_at.setdefault(stage[n.id], []).append(control_flow.HostStep(g, n, self._sub_executor))
             else:
                 regions.setdefault(stage[n.id], Region(stage[n.id])).nodes.append(n)
-        steps: list[Region | DmlNode] = []
+        steps: list[Region | DmlNode | control_flow.HostStep] = []
         for s in sorted(set(regions) | set(dml_at)):
             if s in regions:
                 steps.append(regions[s])
@@ -213,7 +224,10 @@ class Executor:
         region.outputs = [v.name for n in region.nodes for v in n.outputs
                           if v.name in graph_out or any(c.id not in inside for c in v.consumers)]
 
-    def _runner(self, region: Region) -> OnnxRunner:
+    def _runner(self, region: Region, env: dict | None = None) -> OnnxRunner:
+        """The region's session, made at its first run. A value nothing typed (the output of a
+        function call whose body holds DML nodes, which onnx's inference cannot see into) is
+        declared as an input with the type it has in `env` this run, and as an output untyped."""
         if region.runner is None:
             g = self.graph
             inits, external, inputs = [], {}, []
@@ -226,13 +240,19 @@ class Executor:
                         inits.append(v.initializer)
                         if v.initializer.data_location == onnx.TensorProto.EXTERNAL:
                             external[name] = initializer_array(v)  # memory-mapped, not read
+                elif not v.elem_type and env is not None and name in env:
+                    inputs.append(helper.make_tensor_value_info(
+                        name, helper.np_dtype_to_tensor_dtype(np.asarray(env[name]).dtype), None))
                 else:
                     inputs.append(value_info(v))
+            outputs = [value_info(g.values[o]) if g.values[o].elem_type else onnx.ValueInfoProto(name=o)
+                       for o in region.outputs]
             proto = helper.make_graph([onnx_node_proto(n) for n in region.nodes], f"stage{region.stage}",
-                                      inputs, [value_info(g.values[o]) for o in region.outputs], inits)
+                                      inputs, outputs, inits)
             opsets = [helper.make_opsetid(d, v) for d, v in g.info.opset_imports.items() if d != DOMAIN]
             model = helper.make_model(proto, opset_imports=opsets, ir_version=g.info.ir_version)
-            model.functions.extend(g.info.functions)
+            hosted = control_flow.dml_functions(g) if self._hosts else set()  # (run here, never in a session)
+            model.functions.extend(f for f in g.info.functions if (f.domain, f.name, f.overload) not in hosted)
             region.runner = OnnxRunner(model, self.threads, external, self.optimize)
         return region.runner
 
@@ -275,8 +295,11 @@ class Executor:
                 t_dml += time.perf_counter() - t0
                 if trace is not None:
                     trace.append(DmlCall(step, *self._dml_operands(step, env), env[step.outputs[0].name]))
+            elif isinstance(step, control_flow.HostStep):
+                env.update(step.run(lambda name: self._value(g.values[name], env)))
+                t_dml += time.perf_counter() - t0
             else:
-                runner = self._runner(step)
+                runner = self._runner(step, env)
                 results = runner.run({k: env[k] for k in runner.input_names})
                 env.update(zip(runner.output_names, results))
                 t_ort += time.perf_counter() - t0
@@ -288,6 +311,10 @@ class Executor:
         self.timings = {"onnx": t_ort, "dml": t_dml, "total": time.perf_counter() - t_start, "skipped": 0}
         self.last_path = "simple"
         return out, env
+
+    def _sub_executor(self, body: Graph) -> "Executor":
+        """The executor of a body a HostStep runs (same settings)."""
+        return Executor(body, self.threads, self.optimize)
 
     # ---- the fast path ------------------------------------------------------------------------
     def _plan_fast(self, order: list[Node]) -> None:

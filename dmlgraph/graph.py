@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # networkx costs ~0.15 s to import; only analyses that ask fo
     import networkx as nx
 
 Dim = int | str | None  # static size, symbolic name, or unknown
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard ops with graph attributes
 
 
 def gc_paused(fn):
@@ -127,10 +128,22 @@ class OnnxNode(Node):
 
     @property
     def subgraph_reads(self) -> frozenset[str]:
-        """`outer_names(self)`, computed once (attributes never change after construction)."""
+        """`outer_names(self)`, computed once (and again after `set_attributes`)."""
         if self._outer is None:
             self._outer = frozenset(outer_names(self)) if self.attributes else frozenset()
         return self._outer
+
+    def set_attributes(self, attributes: list[onnx.AttributeProto]) -> None:
+        """Replace the attributes (a lowered If/Loop/Scan body written back), in the proto export
+        writes too."""
+        self.attributes = list(attributes)
+        if self.source is not None:
+            proto = onnx.NodeProto()
+            proto.CopyFrom(self.source)
+            del proto.attribute[:]
+            proto.attribute.extend(self.attributes)
+            self.source = proto
+        self._outer = None
 
     def attr(self, name: str, default=None):
         for a in self.attributes:
@@ -184,6 +197,7 @@ class ModelInfo:
     graph_name: str = "graph"
     graph_doc_string: str = ""
     functions: list[onnx.FunctionProto] = field(default_factory=list)
+    base_dir: str | None = None  # where the model's external data is (its subgraphs' tensors too)
 
 
 class Graph:
@@ -206,6 +220,9 @@ class Graph:
         self.changes: list[Node] = []
         self._clean: tuple | None = None  # the graph's state after remove_dead last ran
         self._names = itertools.count()
+        # Names used by other scopes of the model (subgraph bodies, enclosing graphs): a new value
+        # never takes one, so a lowered body never redefines a name its scopes can see.
+        self.reserved: set[str] = set()
 
     # ---- values ---------------------------------------------------------------------------
     def value(self, name: str) -> Value:
@@ -216,7 +233,7 @@ class Graph:
 
     def fresh_value(self, hint: str, elem_type=None, shape=None) -> Value:
         name = hint
-        while name in self.values:
+        while name in self.values or name in self.reserved:
             name = f"{hint}__{next(self._names)}"
         v = self.values[name] = Value(name, elem_type, shape)
         return v
@@ -278,6 +295,15 @@ class Graph:
     def is_graph_output(self, v: Value) -> bool:
         return any(o is v for o in self.outputs)
 
+    def body_reads(self) -> set[str]:
+        """The names the bodies of this graph's If/Loop/Scan nodes read from it (a value read there
+        meets data as an output does)."""
+        names: set[str] = set()
+        for op in CONTROL_FLOW:
+            for n in self.by_op.get(op, {}).values():
+                names |= n.subgraph_reads
+        return names
+
     # ---- analysis -------------------------------------------------------------------------
     def to_networkx(self) -> nx.DiGraph:
         """The node DAG (node id -> node id per data edge); node attr 'node' is the Node."""
@@ -287,10 +313,17 @@ class Graph:
         for n in self.nodes.values():
             g.add_node(n.id, node=n)
         for n in self.nodes.values():
-            for v in n.inputs:
+            for v in self.reads(n):
                 if v is not None and v.producer is not None and v.producer.id in self.nodes:
                     g.add_edge(v.producer.id, n.id)
         return g
+
+    def reads(self, n: Node) -> list[Value | None]:
+        """The values `n` reads: its inputs, and the enclosing-scope values its subgraphs read by name."""
+        if n.__class__ is not OnnxNode or not n.attributes or not n.subgraph_reads:
+            return n.inputs
+        values = self.values
+        return n.inputs + [values[name] for name in sorted(n.subgraph_reads) if name in values]
 
     def topological_order(self) -> list[Node]:
         """Nodes in a dependency order that keeps the original order where it can (stable).
@@ -304,9 +337,10 @@ class Graph:
         position = {n.id: i for i, n in enumerate(nodes)}
         preds: list[list[int]] = []  # (a producer read twice is listed twice: counted and released twice)
         in_order = True
+        reads = self.reads
         for i, n in enumerate(nodes):  # (plain loops: this runs on every export)
             ps = []
-            for v in n.inputs:
+            for v in (n.inputs if n.__class__ is not OnnxNode or not n.attributes else reads(n)):
                 if v is not None and v.producer is not None:
                     j = position.get(v.producer.id)
                     if j is not None:
@@ -396,18 +430,19 @@ def outer_names(node: OnnxNode) -> set[str]:
     for a in node.attributes:
         graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
         for g in graphs:
-            names |= _free_names(g)
+            names |= free_names(g)
     return names
 
 
-def _free_names(g: onnx.GraphProto) -> set[str]:
+def free_names(g: onnx.GraphProto) -> set[str]:
+    """Names a graph (with its own subgraphs) reads but does not define: its outer-scope reads."""
     defined = {i.name for i in g.input} | {t.name for t in g.initializer}
     used: set[str] = set()
     for n in g.node:
         used.update(x for x in n.input if x)
         for a in n.attribute:
             for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                used |= _free_names(sub)
+                used |= free_names(sub)
         defined.update(n.output)
     used.update(o.name for o in g.output)
     return used - defined

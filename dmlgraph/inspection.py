@@ -34,6 +34,7 @@ from dmlgraph import mask_census
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.modelfile import atomic_writer, tensor_nbytes
+from dmlgraph.nested import SCOPE, in_lowered_graph, nested_dml_nodes, qualified_name
 from dmlgraph.ops import FeatureLevel, bind_range
 
 SCHEMA = "dmlgraph.inspect/2"
@@ -44,9 +45,9 @@ REPRESENTATIVE_DIM = 8    # symbolic dims take this size in a representative des
 TOP_KEYS = ("schema", "model", "options", "inputs", "outputs", "ops", "initializers", "candidates",
             "declined", "masks", "missed", "totals")
 MASK_KEYS = ("value", "producer", "op_type", "index", "shape", "found", "status", "rule", "reason")
-CANDIDATE_KEYS = ("id", "rule", "description", "nodes", "initializers", "lowers_to", "exact", "saves",
+CANDIDATE_KEYS = ("id", "rule", "description", "scope", "nodes", "initializers", "lowers_to", "exact", "saves",
                   "picture", "superseded_by", "in_lowered_graph")
-DECLINED_KEYS = ("rule", "nodes", "initializers", "reason")
+DECLINED_KEYS = ("rule", "scope", "nodes", "initializers", "reason")
 
 
 # ---- small helpers -----------------------------------------------------------------------------
@@ -185,9 +186,10 @@ def _header(path: str, model: onnx.ModelProto, top: int) -> dict:
 
 
 # ---- one candidate ---------------------------------------------------------------------------
-def _node_row(n, index: dict) -> dict:
-    """A covered node; `index` is its position in the model (None: made by an earlier rewrite)."""
-    return {"name": n.name, "op_type": n.op_type, "index": index.get(n.id)}
+def _node_row(n, index: dict, m) -> dict:
+    """A covered node; `index` is its position in the model (None: made by an earlier rewrite, or
+    inside a body or function, whose nodes are named with their path: `Loop_1/body/Trilu_2`)."""
+    return {"name": qualified_name(m, n), "op_type": n.op_type, "index": index.get(n.id)}
 
 
 def _out_shape(dml):
@@ -455,7 +457,7 @@ def analyze(path: str, options=None, top: int = 10, target: str = "dml", progres
     node_cover = collections.Counter(n.id for m in result.applied for n in {x.id: x for x in m.nodes}.values())
     init_cover = collections.Counter(name for names in covered_inits for name in names)
     candidates = []
-    made_by: dict[str, int] = {}  # output value name of a candidate's DML node -> candidate id
+    made_by: dict[tuple, int] = {}  # (scope, output value name) of a candidate's DML node -> candidate id
     for i, (m, init_names) in enumerate(zip(result.applied, covered_inits), 1):
         dml = m.captures.get("dml")
         rule = rules.get(m.rule)
@@ -464,18 +466,19 @@ def analyze(path: str, options=None, top: int = 10, target: str = "dml", progres
                      for name in init_names]
         removed_nodes = {n.id for n in m.nodes if n.id in index and n.id not in g.nodes}
         # A later rule may absorb the DML node an earlier one made (cover it, or read its output).
+        scope = m.captures.get(SCOPE)  # (a body's names are its own: looked up within it)
         for n in m.nodes:
             reads = [v.name for v in n.inputs if v is not None] + [v.name for v in n.outputs]
             for name in reads:
-                j = made_by.get(name)
+                j = made_by.get((scope, name))
                 if j is not None and j != i and candidates[j - 1]["superseded_by"] is None:
                     candidates[j - 1]["superseded_by"] = i
         if isinstance(dml, DmlNode):
-            made_by[dml.outputs[0].name] = i
+            made_by[scope, dml.outputs[0].name] = i
         gone = [r for r in cov_inits if r["removed"]]
         cand = {
-            "id": i, "rule": m.rule, "description": rule.description if rule else "",
-            "nodes": [_node_row(n, index) for n in m.nodes],
+            "id": i, "rule": m.rule, "description": rule.description if rule else "", "scope": scope,
+            "nodes": [_node_row(n, index, m) for n in m.nodes],
             "initializers": cov_inits,
             "lowers_to": _lowers_to(dml, options.feature_level) if isinstance(dml, DmlNode) else None,
             "exact": {"bit_exact": bool(dml.exact) if isinstance(dml, DmlNode) else None,
@@ -488,11 +491,12 @@ def analyze(path: str, options=None, top: int = 10, target: str = "dml", progres
                       "dml_nodes_added": 1 if isinstance(dml, DmlNode) else 0},
             "picture": picture(dml) if isinstance(dml, DmlNode) else None,
             "superseded_by": None,
-            "in_lowered_graph": isinstance(dml, DmlNode) and dml.id in g.nodes,
+            "in_lowered_graph": in_lowered_graph(m, g),
         }
         candidates.append(cand)
     report["candidates"] = candidates
-    report["declined"] = [{"rule": m.rule, "nodes": [_node_row(n, index) for n in m.nodes],
+    report["declined"] = [{"rule": m.rule, "scope": m.captures.get(SCOPE),
+                           "nodes": [_node_row(n, index, m) for n in m.nodes],
                            "initializers": [{"name": name, "bytes": sizes.get(name, 0),
                                              "shape": shapes.get(name, (None, None))[0],
                                              "type": shapes.get(name, (None, None))[1]} for name in m.initializers],
@@ -517,6 +521,7 @@ def analyze(path: str, options=None, top: int = 10, target: str = "dml", progres
         "nodes_removed": len(removed),
         "nodes_added": exported["nodes"] - kept,
         "dml_nodes_added": sum(1 for n in dml_now if n.id not in original_dml),
+        "nested_dml_nodes": len(nested_dml_nodes(result)),
         "initializers_removed": len(gone_inits),
         "initializer_bytes_removed": sum(sizes[name] for name in gone_inits),
         "initializers_added": len(new_inits),
@@ -546,10 +551,12 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _nodes_text(nodes, inits=()) -> str:
-    """`Trilu 'name' #7` per node (#: position in the model; none for nodes an earlier rewrite made)."""
+def _nodes_text(nodes, inits=(), scope=None) -> str:
+    """`Trilu 'name' #7` per node (#: position in the model; none for nodes an earlier rewrite made,
+    nor for the nodes of a body or function, named with its path)."""
     parts = [n["op_type"] + (f" {n['name']!r}" if n["name"] else "")
-             + (f" #{n['index']}" if n.get("index") is not None else " (from an earlier rewrite)") for n in nodes]
+             + (f" #{n['index']}" if n.get("index") is not None else "" if scope else " (from an earlier rewrite)")
+             for n in nodes]
     parts += [f"constant {i['name']!r}" for i in inits]
     return ", ".join(parts) or "(none)"
 
@@ -605,8 +612,8 @@ def format_text(r: dict) -> str:
              + (", exact rewrites only" if o["exact_only"] else "")
              + f"): {len(r['candidates'])} lowered, {len(r['declined'])} declined")
     for c in r["candidates"]:
-        L.append(f"[{c['id']}] {c['rule']}: "
-                 + (_nodes_text(c["nodes"]) if c["nodes"] else _nodes_text([], c["initializers"])))
+        L.append(f"[{c['id']}] {c['rule']}" + (f" in {c['scope']}" if c["scope"] else "") + ": "
+                 + (_nodes_text(c["nodes"], (), c["scope"]) if c["nodes"] else _nodes_text([], c["initializers"])))
         if c["initializers"]:
             L.append("    constants: " + ", ".join(f"{i['name']} {_shape_text(i['shape'])} {i['type']} "
                                                    f"{_bytes(i['bytes'])}" for i in c["initializers"]))
@@ -663,7 +670,8 @@ def format_text(r: dict) -> str:
     if r["declined"]:
         L.append("declined:")
         for d in r["declined"]:
-            L.append(f"  {d['rule']}: {_nodes_text(d['nodes'], d['initializers'])}: {d['reason']}")
+            L.append(f"  {d['rule']}" + (f" in {d['scope']}" if d["scope"] else "")
+                     + f": {_nodes_text(d['nodes'], d['initializers'], d['scope'])}: {d['reason']}")
     L += _census_text(r["masks"])
     t = r["totals"]
     L.append("")
@@ -677,6 +685,9 @@ def format_text(r: dict) -> str:
     if t["initializers_added"]:
         adds += (f", and {_plural(t['initializers_added'], 'initializer')} "
                  f"({_bytes(t['initializer_bytes_added'])})")
+    if t["nested_dml_nodes"]:
+        adds += (f"; and {_plural(t['nested_dml_nodes'], 'DML node')} inside bodies and functions"
+                 + ("" if t["target"] == "dml" else ", written as standard ONNX nodes"))
     L.append(f"totals (target {t['target']}): optimize would remove {_plural(t['nodes_removed'], 'node')} and "
              f"{_plural(t['initializers_removed'], 'initializer')} ({_bytes(t['initializer_bytes_removed'])}), "
              f"{adds}")

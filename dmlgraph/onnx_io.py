@@ -79,7 +79,7 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         producer_version=model.producer_version, domain=model.domain, model_version=model.model_version,
         doc_string=model.doc_string, metadata_props=[(p.key, p.value) for p in model.metadata_props],
         graph_name=model.graph.name or "graph", graph_doc_string=model.graph.doc_string,
-        functions=list(model.functions))
+        functions=list(model.functions), base_dir=base_dir)
     g = Graph(info)
     shapes = shape_inference.start(model)  # (where it can, a child infers while the graph is built)
     try:
@@ -193,15 +193,31 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     extra_init: list[onnx.TensorProto] = []
     opsets = dict(g.info.opset_imports)
     dml_outputs: list[Value] = []
+    nested_dml = False  # a DML node inside an If/Loop/Scan body (or a function) needs the domain too
+    # Calls of functions holding DML nodes: onnx's inference cannot type their outputs (as a DML
+    # node's), so those are written down too.
+    hosted = dml_function_keys(g.info.functions) if target == "dml" and g.info.functions else set()
     for n in g.topological_order():
         if isinstance(n, OnnxNode):
-            nodes.append(onnx_node_proto(n))
+            proto = onnx_node_proto(n)
+            if n.attributes and n.has_subgraph and has_dml(proto.attribute):
+                nested_dml = True
+                if target == "onnx":
+                    proto = portable_node(proto, opsets.get("", 0))
+            elif hosted and (proto.domain, proto.op_type, proto.overload) in hosted:
+                dml_outputs.extend(n.outputs)
+            nodes.append(proto)
         elif target == "dml":
             nodes.append(dml_node_proto(n))
             dml_outputs.append(n.outputs[0])
         else:
             nodes.extend(_portable_nodes(g, n, opsets.get("", 0)))
-    if dml_outputs:
+    functions = list(g.info.functions)
+    dml_functions = [i for i, f in enumerate(functions) if has_dml_nodes(f.node)]
+    if target == "onnx":
+        for i in dml_functions:
+            functions[i] = portable_function(functions[i], opsets.get("", 0))
+    if dml_outputs or (target == "dml" and (nested_dml or dml_functions)):
         opsets[DOMAIN] = DOMAIN_VERSION
     elif target == "onnx":
         opsets.pop(DOMAIN, None)
@@ -240,8 +256,101 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
         setattr(model, field, value)
     for k, v in g.info.metadata_props:
         model.metadata_props.add(key=k, value=v)
-    model.functions.extend(g.info.functions)
+    model.functions.extend(functions)
     return model
+
+
+# ---- DML nodes inside bodies and functions ---------------------------------------------------------
+def _graphs_of(attributes) -> list[onnx.GraphProto]:
+    graphs = []
+    for a in attributes:
+        if a.type == onnx.AttributeProto.GRAPH:
+            graphs.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            graphs.extend(a.graphs)
+    return graphs
+
+
+def has_dml_nodes(nodes) -> bool:
+    """Whether these NodeProtos, or the bodies of their If/Loop/Scan nodes, hold a DML node."""
+    return any(n.domain == DOMAIN or (n.attribute and has_dml(n.attribute)) for n in nodes)
+
+
+def dml_function_keys(functions: list[onnx.FunctionProto]) -> set[tuple[str, str, str]]:
+    """(domain, name, overload) of the local functions that hold DML nodes, or call one that does."""
+    found = {(f.domain, f.name, f.overload) for f in functions if has_dml_nodes(f.node)}
+    grew = bool(found)
+    while grew:  # their callers, to a fixed point
+        grew = False
+        for f in functions:
+            key = (f.domain, f.name, f.overload)
+            if key not in found and any((n.domain, n.op_type, n.overload) in found for n in _all_protos(f.node)):
+                found.add(key)
+                grew = True
+    return found
+
+
+def _all_protos(nodes) -> list[onnx.NodeProto]:
+    """NodeProtos and those of their bodies, at any depth."""
+    out = []
+    for n in nodes:
+        out.append(n)
+        if n.attribute:
+            for body in _graphs_of(n.attribute):
+                out.extend(_all_protos(body.node))
+    return out
+
+
+def has_dml(attributes) -> bool:
+    """Whether the bodies among these attributes hold a DML node (at any depth)."""
+    return any(has_dml_nodes(g.node) for g in _graphs_of(attributes))
+
+
+def _portable_protos(nodes, opset: int) -> list[onnx.NodeProto]:
+    """`nodes` with every DML node written as standard ops (`_portable_nodes`), bodies included."""
+    out: list[onnx.NodeProto] = []
+    for n in nodes:
+        if n.domain == DOMAIN:
+            dml = _import_dml(n, [Value(x) if x else None for x in n.input], [Value(x) for x in n.output])
+            out.extend(_portable_nodes(None, dml, opset))  # (it reads the node, not the graph)
+        elif n.attribute and has_dml(n.attribute):
+            out.append(portable_node(n, opset))
+        else:
+            out.append(n)
+    return out
+
+
+def portable_node(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
+    """An If/Loop/Scan node whose bodies hold DML nodes, with those written as standard ops (whose
+    outputs, as in the main graph's portable export, onnx's inference types: no value_info)."""
+    proto = onnx.NodeProto()
+    proto.CopyFrom(node)
+    for a in proto.attribute:
+        for body in _graphs_of([a]):
+            if has_dml_nodes(body.node):
+                made = {o for n in body.node if n.domain == DOMAIN for o in n.output}
+                nodes = _portable_protos(body.node, opset)
+                infos = [vi for vi in body.value_info if vi.name not in made]
+                del body.node[:], body.value_info[:]
+                body.node.extend(nodes)
+                body.value_info.extend(infos)
+    return proto
+
+
+def portable_function(f: onnx.FunctionProto, opset: int) -> onnx.FunctionProto:
+    """A model-local function with its DML nodes written as standard ops (and no DML opset)."""
+    proto = onnx.FunctionProto()
+    proto.CopyFrom(f)
+    made = {o for n in f.node if n.domain == DOMAIN for o in n.output}
+    del proto.node[:], proto.value_info[:]
+    proto.node.extend(_portable_protos(f.node, opset))
+    proto.value_info.extend(vi for vi in f.value_info if vi.name not in made)
+    imports = [o for o in proto.opset_import if o.domain != DOMAIN]
+    if not any(o.domain in ("", "ai.onnx") for o in imports):
+        imports.append(helper.make_opsetid("", opset))
+    del proto.opset_import[:]
+    proto.opset_import.extend(imports)
+    return proto
 
 
 def onnx_node_proto(n: OnnxNode) -> onnx.NodeProto:
@@ -322,7 +431,7 @@ def _dml_attributes(n: DmlNode) -> tuple[onnx.AttributeProto, ...]:
     return tuple(node.attribute)
 
 
-def _portable_nodes(g: Graph, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
+def _portable_nodes(g: Graph | None, n: DmlNode, opset: int) -> list[onnx.NodeProto]:
     """Standard ops computing exactly what the DML node computes (the spec pseudocode, in int64)."""
     if opset < 13:
         raise UnsupportedError(f"the portable target needs default-domain opset 13 or later; the model "

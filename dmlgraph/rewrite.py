@@ -201,10 +201,11 @@ class Rewriter:
                     stack.append(i)
 
     def _adopt(self, v: Value) -> None:
-        """Register a detached value under a name no other value has."""
+        """Register a detached value under a name no other value has, nor other scopes of the model
+        use (`Graph.reserved`: a lowered If/Loop/Scan body must not redefine an enclosing name)."""
         g = self.graph
         base = v.name
-        while v.name in g.values:
+        while v.name in g.values or v.name in g.reserved:
             v.name = g.fresh_name(base)
         g.values[v.name] = v
 

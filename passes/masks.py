@@ -250,16 +250,18 @@ class DataFree:
 
     def frontier(self) -> list[Node]:
         """Nodes whose first output is free and meets data (a consumer that is not a free ONNX
-        node, or a graph output), in graph order: the only nodes `_match_subgraph` looks further at."""
+        node, a graph output, or a read by an If/Loop/Scan body), in graph order: the only nodes
+        `_match_subgraph` looks further at."""
         g, status = self.graph, self.status
         found = []
+        read_by_bodies = g.body_reads()
         for name in status:
             v = g.values.get(name)
             p = v.producer if v is not None else None
             if p is None or p.id not in g.nodes or not p.outputs or p.outputs[0] is not v:
                 continue
-            if g.is_graph_output(v) or not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode)
-                                               for c in v.consumers):
+            if g.is_graph_output(v) or name in read_by_bodies or \
+                    not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c in v.consumers):
                 found.append(p)
         found.sort(key=lambda n: n.added)
         return found
@@ -475,8 +477,8 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         return None
     target = node.outputs[0]
     # Only the frontier: where a data-free value meets data (or leaves the graph).
-    if not graph.is_graph_output(target) and all(c.outputs and df.is_free(c.outputs[0]) and
-                                                 isinstance(c, OnnxNode) for c in target.consumers):
+    if not graph.is_graph_output(target) and target.name not in graph.body_reads() and \
+            all(c.outputs and df.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c in target.consumers):
         return None
     if target.shape is not None and len(target.shape) < 2:
         return None

@@ -36,7 +36,7 @@ OPTIONS = {"feature_level", "target", "exact_only", "top"}
 VALUE = {"name", "type", "shape"}
 INITS = {"count", "bytes", "inline_count", "external_count", "external_bytes", "top"}
 INIT_ROW = {"name", "shape", "type", "bytes", "storage", "location"}
-CANDIDATE = {"id", "rule", "description", "nodes", "initializers", "lowers_to", "exact", "saves", "picture",
+CANDIDATE = {"id", "rule", "description", "scope", "nodes", "initializers", "lowers_to", "exact", "saves", "picture",
              "superseded_by", "in_lowered_graph"}
 NODE = {"name", "op_type", "index"}
 COVERED_INIT = {"name", "bytes", "shape", "type", "removed"}
@@ -48,10 +48,10 @@ BUFFER = {"data_type", "flags", "sizes", "strides", "total_bytes", "alignment"}
 EXACT = {"bit_exact", "rule"}
 SAVES = {"nodes", "shared_nodes", "initializers", "initializer_bytes", "shared_initializer_bytes", "dml_nodes_added"}
 PICTURE = {"rows", "height", "width", "of", "representative", "k", "runtime_k", "begin", "end", "legend"}
-DECLINED = {"rule", "nodes", "initializers", "reason"}
+DECLINED = {"rule", "scope", "nodes", "initializers", "reason"}
 MASK = {"value", "producer", "op_type", "index", "shape", "found", "status", "rule", "reason"}
 TOTALS = {"target", "feature_level", "candidates", "declined", "rewrites", "nodes_removed", "nodes_added",
-          "dml_nodes_added", "initializers_removed", "initializer_bytes_removed", "initializers_added",
+          "dml_nodes_added", "nested_dml_nodes", "initializers_removed", "initializer_bytes_removed", "initializers_added",
           "initializer_bytes_added", "before", "after"}
 STATS = {"nodes", "ops", "initializers", "initializer_bytes", "constant_bytes", "file_bytes"}
 

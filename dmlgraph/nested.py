@@ -1,0 +1,627 @@
+"""Masks inside If/Loop/Scan bodies and model-local functions, lowered in place.
+
+The passes work on one flat Graph, so a body (a GRAPH attribute) or a function body becomes one
+for the time of its lowering:
+
+* its formal inputs keep their names and get their types from the node that runs it (If: none;
+  Loop: iteration number, condition, loop-carried values; Scan: state values, then one slice of
+  each scanned input); a function's inputs get the types all of its call sites agree on;
+* what a body reads from enclosing scopes by name becomes an extra input typed from the enclosing
+  graph, except an enclosing constant (an initializer, a Constant node's tensor, a DML generator
+  of static sizes), which becomes a constant of the body: a Trilu's k or a stored mask read from
+  outside is then seen as one;
+* after the passes the body is exported (DML nodes as `com.dmlgraph` nodes, as in a `dml` model)
+  and written back under the same attribute: the formal inputs exactly as they were, no extra
+  inputs (they are outer-scope reads again), no enclosing constant copied in. New values never
+  take a name an enclosing scope or a nested body uses (`Graph.reserved`).
+
+A dim nothing states, or that may differ between iterations (a loop-carried value whose initial,
+declared input and declared output sizes do not all agree), becomes a fresh symbolic dim named
+`unk__dmlgraph_N` (written back as an unknown dim): a mask sized by it is proved for every size.
+
+Bodies are lowered after the graph that holds them (inner bodies after outer ones), functions
+after every graph that calls them, callers before callees. What cannot be typed is declined with
+the reason, and so is a mask in a Loop or Scan body whose cone reads the value of something that
+changes per iteration (`explain`). Every match carries `captures["scope"]`, the path of the body
+it is in (`If_3/then_branch`, `Loop_1/body/If_2/else_branch`, `local::MaskFn`), so reports name
+nested nodes as `scope/node`.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+import networkx as nx
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from dmlgraph.errors import DmlgraphError
+from dmlgraph.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
+from dmlgraph.modelfile import _iter_graphs
+from dmlgraph.onnx_io import DOMAIN, DOMAIN_VERSION, export_model, has_dml_nodes, import_model
+from dmlgraph.rewrite import Match, PassResult
+from dmlgraph.shape_inference import type_shape
+
+TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
+FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
+Explain = Callable[[Graph, dict[str, str]], list[Match]]  # declines for masks reading varying values
+
+STANDARD = ("", "ai.onnx")
+SCOPE, LOWERED = "scope", "lowered"  # the captures this module adds to the matches it reports
+
+
+# ---- what reports show ---------------------------------------------------------------------------
+def qualified_name(m: Match, n: Node) -> str:
+    """`n`'s name, prefixed with the path of the body it is in when the match is a nested one."""
+    scope = m.captures.get(SCOPE)
+    return f"{scope}/{n.name or n.op_type}" if scope else n.name
+
+
+def in_lowered_graph(m: Match, g: Graph) -> bool:
+    """Whether the DML node a match made is in the lowered model (its body's graph, if nested)."""
+    if SCOPE in m.captures:
+        return bool(m.captures.get(LOWERED))
+    dml = m.captures.get("dml")
+    return isinstance(dml, DmlNode) and dml.id in g.nodes
+
+
+def nested_dml_nodes(result: PassResult) -> list[DmlNode]:
+    """The DML nodes the nested lowerings put into bodies and functions (and that stayed there)."""
+    return [m.captures["dml"] for m in result.applied
+            if m.captures.get(LOWERED) and isinstance(m.captures.get("dml"), DmlNode)]
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain) -> PassResult:
+    """`flat` on `g`, then on every If/Loop/Scan body and model-local function, written back in
+    place; one PassResult for all of them."""
+    holders = _holders(g)
+    if not holders and not g.info.functions:
+        return flat(g)  # (nearly every model: no bodies, no functions)
+    g.reserved |= _subgraph_names(holders)
+    driver = _Driver(flat, explain, flat(g), g.info.functions)
+    driver.calls.record(g)
+    driver.lower_bodies(g, "")
+    driver.lower_functions(g)
+    return driver.result()
+
+
+class _Driver:
+    """One optimize's walk over the bodies and functions, and what it reports."""
+
+    def __init__(self, flat: FlatPasses, explain: Explain, main: PassResult,
+                 functions: list[onnx.FunctionProto]) -> None:
+        self.flat, self.explain = flat, explain
+        self.counts = dict(main.counts)
+        self.applied, self.declined = list(main.applied), list(main.declined)
+        self.iterations = main.iterations
+        self.dims = FreshDims()
+        self.calls = _CallSites(functions, self.dims)
+
+    def result(self) -> PassResult:
+        return PassResult(bool(self.applied), self.counts, self.declined, self.applied, self.iterations)
+
+    def _add(self, scope: str, result: PassResult, g: Graph) -> None:
+        for rule, n in result.counts.items():
+            self.counts[rule] = self.counts.get(rule, 0) + n
+        self.iterations += result.iterations
+        for m in result.applied:
+            dml = m.captures.get("dml")
+            m.captures.update({SCOPE: scope, LOWERED: isinstance(dml, DmlNode) and dml.id in g.nodes})
+        for m in result.declined:
+            m.captures[SCOPE] = scope
+        self.applied += result.applied
+        self.declined += result.declined
+
+    def _decline(self, scope: str, rule: str, nodes: list[Node], reason: str) -> None:
+        m = Match(rule, nodes, reason=reason)
+        if scope:
+            m.captures[SCOPE] = scope
+        self.declined.append(m)
+
+    # -- If/Loop/Scan bodies
+    def lower_bodies(self, parent: Graph, scope: str, varying: dict[str, str] | None = None) -> bool:
+        """Lower every body of `parent`'s nodes (`scope`: `parent`'s own path, '' for the main
+        graph; `varying`: `parent`'s values that change per iteration of an enclosing Loop/Scan);
+        True if any body was written back."""
+        changed = False
+        for node in _holders(parent):
+            attributes = list(node.attributes)
+            touched = False
+            for i, a in enumerate(attributes):
+                if a.type == onnx.AttributeProto.GRAPH:
+                    bodies = [(a.name, a.g)]
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    bodies = [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]
+                else:
+                    continue
+                new = [self._lower_body(parent, node, a.name, label, body, scope, varying or {})
+                       for label, body in bodies]
+                if any(b is not None for b in new):
+                    kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
+                    attributes[i] = _graph_attribute(a, kept)
+                    touched = True
+            if touched:
+                node.set_attributes(attributes)
+                parent.changes.append(node)  # (its outer reads may have changed: remove_dead looks again)
+                changed = True
+        return changed
+
+    def _lower_body(self, parent: Graph, node: OnnxNode, attr: str, label: str, proto: onnx.GraphProto,
+                    scope: str, outer_varying: dict[str, str]) -> onnx.GraphProto | None:
+        """The lowered body, or None when nothing in it (or in its own bodies) changed."""
+        path = f"{scope}{node.name or node.op_type}/{label}"
+        body = build_body(parent, node, attr, proto, self.dims)
+        if isinstance(body, str):
+            self._decline(scope.rstrip("/"), "nested_body", [node], f"its {label} is not lowered: {body}")
+            self.calls.untyped(proto, f"it is called in {path}, which is not lowered")
+            return None
+        g = body.graph
+        result = self.flat(g)
+        g.remove_dead()
+        self._add(path, result, g)
+        # What changes per iteration here: this Loop/Scan body's formal inputs, and what it reads of
+        # an enclosing body's (an If inside a Loop reading the loop-carried value).
+        varying = {name: what for name, what in outer_varying.items() if name in body.outer}
+        varying |= _varying(node, attr, proto)
+        if varying:
+            for m in self.explain(g, varying):
+                m.captures[SCOPE] = path
+                self.declined.append(m)
+        self.calls.record(g)
+        changed = self.lower_bodies(g, path + "/", varying)
+        if not result.applied and not changed:
+            return None
+        g.remove_dead()
+        return write_back(body, proto)
+
+    # -- model-local functions
+    def lower_functions(self, main: Graph) -> None:
+        """Lower each function with the input types its call sites agree on, callers first."""
+        functions = main.info.functions
+        order = _call_order(functions)
+        if isinstance(order, str):
+            self._decline("", "local_function", [], order)
+            return
+        for i in order:
+            f = functions[i]
+            path = function_path(f)
+            types = self.calls.types(f)
+            reason = types if isinstance(types, str) else _attribute_reason(f)
+            g = reason or build_function(main.info, f, types, self.dims)
+            if isinstance(g, str):
+                self._decline("", "local_function", [], f"function {path} is not lowered: {g}")
+                self.calls.untyped_nodes(f.node, f"it is called by function {path}, which is not lowered")
+                continue
+            result = self.flat(g)
+            g.remove_dead()
+            self._add(path, result, g)
+            self.calls.record(g)
+            changed = self.lower_bodies(g, path + "/")
+            if result.applied or changed:
+                g.remove_dead()
+                functions[i] = write_back_function(g, f)
+
+
+def _holders(g: Graph) -> list[OnnxNode]:
+    """The nodes of `g` with graph-valued attributes, in graph order."""
+    return [n for n in g.nodes.values() if n.__class__ is OnnxNode
+            and (n.op_type in CONTROL_FLOW or n.domain not in STANDARD) and n.has_subgraph]
+
+
+def _subgraph_names(holders: list[OnnxNode]) -> set[str]:
+    """Every name used inside the bodies of these nodes, at any depth."""
+    names: set[str] = set()
+    for n in holders:
+        for a in n.attributes:
+            for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+                for sub, _ in _iter_graphs(body):
+                    names.update(vi.name for vi in sub.input)
+                    names.update(t.name for t in sub.initializer)
+                    for x in sub.node:
+                        names.update(x.input)
+                        names.update(x.output)
+    names.discard("")
+    return names
+
+
+def _graph_attribute(a: onnx.AttributeProto, bodies: list[onnx.GraphProto]) -> onnx.AttributeProto:
+    new = onnx.AttributeProto(name=a.name, type=a.type, doc_string=a.doc_string)
+    if a.type == onnx.AttributeProto.GRAPH:
+        new.g.CopyFrom(bodies[0])
+    else:
+        new.graphs.extend(bodies)
+    return new
+
+
+def function_path(f: onnx.FunctionProto) -> str:
+    return f"{f.domain}::{f.name}" + (f":{f.overload}" if f.overload else "")
+
+
+# ---- types ---------------------------------------------------------------------------------------
+class FreshDims:
+    """Symbolic dims that name nothing else: `unk__dmlgraph_N` (export writes `unk__` dims as unknown)."""
+
+    def __init__(self) -> None:
+        self._n = itertools.count()
+
+    def new(self) -> str:
+        return f"unk__dmlgraph_{next(self._n)}"
+
+    def fill(self, shape: tuple | None) -> tuple | None:
+        """`shape` with every unknown dim given a fresh name."""
+        return None if shape is None else tuple(self.new() if d is None else d for d in shape)
+
+
+def _declared(vi: onnx.ValueInfoProto) -> tuple | None:
+    return type_shape(vi.type)[1]
+
+
+def _value_info(name: str, spec: TypeSpec) -> onnx.ValueInfoProto:
+    et, shape = spec
+    return helper.make_tensor_value_info(name, et, None if shape is None else list(shape))
+
+
+def _state_type(outer: Value | None, declared_in: onnx.ValueInfoProto, declared_out: onnx.ValueInfoProto | None,
+                dims: FreshDims, what: str) -> TypeSpec | str:
+    """A value carried from one iteration to the next: the initial value's element type; a dim is
+    static only where the initial value, the body's declared input and its declared output all give
+    the same size (the value may change shape between iterations), else fresh."""
+    if outer is None or not outer.elem_type:
+        return f"the {what} {declared_in.name!r} has no known type"
+    shapes = [outer.shape, _declared(declared_in), None if declared_out is None else _declared(declared_out)]
+    rank = {len(s) for s in shapes if s is not None}
+    if outer.shape is None or len(rank) != 1:
+        return outer.elem_type, None
+    known = all(s is not None for s in shapes)
+    return outer.elem_type, tuple(d if known and isinstance(d, int) and all(s[a] == d for s in shapes) else dims.new()
+                                  for a, d in enumerate(outer.shape))
+
+
+def formal_types(parent: Graph, node: OnnxNode, attr: str, body: onnx.GraphProto,
+                 dims: FreshDims) -> list[TypeSpec] | str:
+    """The types of a body's formal inputs, from the node that runs it; a reason when they cannot
+    be known (or the op's bodies are not lowered)."""
+    op = node.op_type if node.domain in STANDARD else f"{node.domain}::{node.op_type}"
+    n_in, n_out = len(body.input), len(body.output)
+    if op == "If":
+        return [] if n_in == 0 else "an If branch takes no inputs, and this one declares some"
+    if op == "Loop" and attr == "body":
+        carried = len(node.inputs) - 2
+        if carried < 0 or n_in != 2 + carried or n_out < 1 + carried:
+            return "its inputs and outputs do not match the Loop's"
+        types: list[TypeSpec] = [(TensorProto.INT64, ()), (TensorProto.BOOL, ())]
+        for i in range(carried):
+            t = _state_type(node.inputs[2 + i], body.input[2 + i], body.output[1 + i], dims, "loop-carried value")
+            if isinstance(t, str):
+                return t
+            types.append(t)
+        return types
+    if op == "Scan" and attr == "body":
+        if parent.info.opset_imports.get("", 0) < 9:
+            return "Scan before opset 9 (with a batch axis) is not lowered"
+        m = node.attr("num_scan_inputs", 0)
+        n_state = len(node.inputs) - m
+        if m <= 0 or n_state < 0 or n_in != n_state + m or n_out < n_state:
+            return "its inputs and outputs do not match the Scan's"
+        types = []
+        for i in range(n_state):
+            t = _state_type(node.inputs[i], body.input[i], body.output[i], dims, "scan state")
+            if isinstance(t, str):
+                return t
+            types.append(t)
+        axes = node.attr("scan_input_axes") or [0] * m
+        for j in range(m):
+            outer = node.inputs[n_state + j]
+            if outer is None or not outer.elem_type:
+                return f"the scanned input {j} has no known type"
+            shape = dims.fill(outer.shape)
+            if shape is not None:
+                axis = axes[j] + len(shape) if axes[j] < 0 else axes[j]
+                shape = shape[:axis] + shape[axis + 1:]
+            types.append((outer.elem_type, shape))
+        return types
+    return f"bodies of {op} are not lowered (If, Loop and Scan bodies are)"
+
+
+def _varying(node: OnnxNode, attr: str, body: onnx.GraphProto) -> dict[str, str]:
+    """The formal inputs of a Loop or Scan body, which change per iteration, each described."""
+    if node.domain not in STANDARD or attr != "body":
+        return {}
+    names = [vi.name for vi in body.input]
+    if node.op_type == "Loop" and len(names) >= 2:
+        return {names[0]: "the iteration number", names[1]: "the loop condition"} | \
+            {name: "a loop-carried value" for name in names[2:]}
+    if node.op_type == "Scan":
+        n_state = len(names) - node.attr("num_scan_inputs", 0)
+        return {name: "a scan state value" if i < n_state else "a scanned slice" for i, name in enumerate(names)}
+    return {}
+
+
+# ---- bodies as graphs of their own ---------------------------------------------------------------
+@dataclass
+class Body:
+    """A body as a standalone Graph: its formal inputs, then extra inputs for the enclosing values it
+    reads (`outer`; the enclosing constants among them are constants of the body instead)."""
+
+    graph: Graph
+    outer: frozenset[str]
+
+
+def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> Body | str:
+    """The body of `node`'s `attr` as a Graph (or why it cannot be one)."""
+    formal = formal_types(parent, node, attr, proto, dims)
+    if isinstance(formal, str):
+        return formal
+    inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input, formal)]
+    outer = sorted(free_names(proto))
+    borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
+    constants: list[onnx.TensorProto] = []  # small enclosing constants, which shape inference reads
+    for name in outer:
+        v = parent.values.get(name)
+        if v is None:
+            return f"it reads {name!r}, which no enclosing scope defines"
+        if not v.elem_type:
+            return f"the enclosing value {name!r} it reads has no known tensor type"
+        const = _constant(parent, v)
+        if const is not None:
+            borrowed[name] = const
+            small = _small_tensor(name, const)
+            if small is not None:
+                constants.append(small)
+                continue
+        inputs.append(_value_info(name, (v.elem_type, dims.fill(v.shape))))
+    g = _import(parent.info, proto, inputs, dict(parent.info.opset_imports), constants)
+    if isinstance(g, str):
+        return g
+    for name, const in borrowed.items():
+        _borrow(g, g.values[name], const)
+    g.reserved = parent.reserved | set(parent.values) | _subgraph_names(_holders(g))
+    return Body(g, frozenset(outer))
+
+
+def _constant(g: Graph, v: Value) -> Value | np.ndarray | DmlNode | None:
+    """An enclosing constant: the initializer (shared, not copied), a Constant node's tensor, or a
+    DML generator of static sizes (a stored mask the enclosing graph lowered: the body gets a copy,
+    so its rules can fuse it with what applies it there)."""
+    if v.name in g.initializers and v.name not in g.overridable_inputs:
+        return g.initializers[v.name]
+    p = v.producer
+    if isinstance(p, DmlNode) and all(x is None for x in p.inputs) and p.static_shape is not None:
+        return p
+    if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in STANDARD:
+        for a in p.attributes:
+            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                return numpy_helper.to_array(a.t)
+    return None
+
+
+SMALL_CONSTANT = 4096  # elements: an index constant (an axis, a k, a size), not weights
+
+
+def _small_tensor(name: str, const: Value | np.ndarray | DmlNode) -> onnx.TensorProto | None:
+    """An enclosing constant small enough to copy into the model shape inference sees (whose
+    Unsqueeze axes or Reshape sizes it then reads), as a TensorProto; None for anything else."""
+    if isinstance(const, np.ndarray):
+        return numpy_helper.from_array(const, name) if const.size <= SMALL_CONSTANT else None
+    if isinstance(const, Value) and const.shape is not None and all(isinstance(d, int) for d in const.shape) \
+            and int(np.prod(const.shape)) <= SMALL_CONSTANT:
+        if const.array is not None:
+            return numpy_helper.from_array(np.asarray(const.array), name)
+        if const.initializer is not None and const.initializer.data_location != TensorProto.EXTERNAL:
+            return const.initializer
+    return None
+
+
+def _borrow(g: Graph, v: Value, const: Value | np.ndarray | DmlNode) -> None:
+    """Make `v` (an extra input, or a copied small constant) the enclosing constant itself in the
+    body (`write_back` leaves it out again)."""
+    g.inputs = [x for x in g.inputs if x is not v]
+    if isinstance(const, DmlNode):
+        copy = DmlNode(const.name, None, None, None, v, elem_type=const.elem_type, value=const.value,
+                       begin=const.begin, end=const.end, static_shape=const.static_shape, exact=const.exact,
+                       kind=const.kind)
+        copy.rule = const.rule
+        v.elem_type, v.shape = const.outputs[0].elem_type, const.static_shape
+        g.add_node(copy)
+        return
+    if isinstance(const, Value):
+        v.initializer, v.array, v.base_dir = const.initializer, const.array, const.base_dir
+        v.elem_type, v.shape = const.elem_type, const.shape
+    else:
+        v.initializer, v.array, v.shape = None, const, tuple(const.shape)
+    g.initializers[v.name] = v
+
+
+def _import(info: ModelInfo, proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto],
+            opsets: dict[str, int], constants: list[onnx.TensorProto] = ()) -> Graph | str:
+    """A model whose graph is `proto` with these inputs and extra constants, imported (shape
+    inference included)."""
+    model = onnx.ModelProto(ir_version=info.ir_version)
+    mg = model.graph
+    mg.name = proto.name or "body"
+    mg.input.extend(inputs)
+    mg.output.extend(proto.output)
+    mg.node.extend(proto.node)
+    mg.initializer.extend(proto.initializer)
+    mg.initializer.extend(constants)
+    mg.value_info.extend(proto.value_info)
+    opsets = opsets | {DOMAIN: DOMAIN_VERSION}  # (a lowered body's DML nodes: their schemas type them)
+    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
+    model.functions.extend(info.functions)
+    try:
+        return import_model(model, info.base_dir)
+    except DmlgraphError as e:
+        return f"it cannot be read as a graph of its own ({e})"
+
+
+def write_back(body: Body, proto: onnx.GraphProto) -> onnx.GraphProto:
+    """The lowered body as a GraphProto for the same attribute: `proto`'s formal inputs, no extra
+    inputs, no enclosing constants."""
+    exported = export_model(body.graph, "dml").graph
+    new = onnx.GraphProto(name=proto.name, doc_string=proto.doc_string)
+    new.input.extend(proto.input)
+    declared = {vi.name: vi for vi in proto.output}
+    new.output.extend(declared.get(vi.name, vi) for vi in exported.output)
+    new.initializer.extend(t for t in exported.initializer if t.name not in body.outer)
+    new.sparse_initializer.extend(proto.sparse_initializer)
+    new.value_info.extend(vi for vi in exported.value_info if vi.name not in body.outer)
+    new.node.extend(n for n in exported.node if not all(o in body.outer for o in n.output))  # (copied generators)
+    new.quantization_annotation.extend(proto.quantization_annotation)
+    new.metadata_props.extend(proto.metadata_props)
+    return new
+
+
+def execution_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto) -> Body:
+    """The body `node` runs, as a Graph to execute (the executor runs bodies holding DML nodes)."""
+    body = build_body(parent, node, attr, proto, FreshDims())
+    if isinstance(body, str):
+        raise DmlgraphError(f"cannot run the {attr} of {node.op_type} node {node.name!r}: {body}")
+    return body
+
+
+# ---- model-local functions -----------------------------------------------------------------------
+FunctionKey = tuple[str, str, str]  # domain, name, overload
+
+
+def function_key(f: onnx.FunctionProto) -> FunctionKey:
+    return f.domain, f.name, f.overload
+
+
+def call_key(n: OnnxNode) -> FunctionKey:
+    return n.domain, n.op_type, n.source.overload if n.source is not None else ""
+
+
+class _CallSites:
+    """The input types each local function is called with, and why some calls have none."""
+
+    def __init__(self, functions: list[onnx.FunctionProto], dims: FreshDims) -> None:
+        self.keys = {function_key(f) for f in functions}
+        self.dims = dims
+        self.sites: dict[FunctionKey, list[list[TypeSpec | None]]] = {}
+        self.reasons: dict[FunctionKey, str] = {}
+
+    def record(self, g: Graph) -> None:
+        if not self.keys:
+            return
+        for n in g.nodes.values():
+            if n.__class__ is OnnxNode and n.domain not in STANDARD and call_key(n) in self.keys:
+                self.sites.setdefault(call_key(n), []).append(
+                    [(v.elem_type, v.shape) if v is not None and v.elem_type else None for v in n.inputs])
+
+    def untyped(self, proto: onnx.GraphProto, reason: str) -> None:
+        for sub, _ in _iter_graphs(proto):
+            self.untyped_nodes(sub.node, reason)
+
+    def untyped_nodes(self, nodes, reason: str) -> None:
+        for n in nodes:
+            key = (n.domain, n.op_type, n.overload)
+            if key in self.keys:
+                self.reasons.setdefault(key, reason)
+            for a in n.attribute:
+                for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+                    self.untyped(body, reason)
+
+    def types(self, f: onnx.FunctionProto) -> list[TypeSpec] | str:
+        """One type per input that every call agrees with: element types equal, a dim static where
+        every call gives it the same size or name, else fresh (any size)."""
+        key = function_key(f)
+        if key in self.reasons:
+            return self.reasons[key]
+        calls = self.sites.get(key)
+        if not calls:
+            return "it is never called, so its input types are unknown"
+        types: list[TypeSpec] = []
+        for i, name in enumerate(f.input):
+            specs = [c[i] if i < len(c) else None for c in calls]
+            if any(s is None for s in specs):
+                return f"a call gives its input {name!r} no value of a known type"
+            if len({s[0] for s in specs}) != 1:
+                return f"its calls give input {name!r} different element types"
+            shapes = [s[1] for s in specs]
+            if any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
+                types.append((specs[0][0], None))
+                continue
+            types.append((specs[0][0], tuple(
+                dims[0] if dims[0] is not None and all(d == dims[0] for d in dims) else self.dims.new()
+                for dims in zip(*shapes))))
+        return types
+
+
+def _call_order(functions: list[onnx.FunctionProto]) -> list[int] | str:
+    """Function indices, every caller before the functions it calls."""
+    index = {function_key(f): i for i, f in enumerate(functions)}
+    calls = nx.DiGraph()
+    calls.add_nodes_from(range(len(functions)))
+    for i, f in enumerate(functions):
+        for n in all_nodes(f.node):
+            j = index.get((n.domain, n.op_type, n.overload))
+            if j is not None:
+                calls.add_edge(i, j)
+    try:
+        return list(nx.lexicographical_topological_sort(calls))
+    except nx.NetworkXUnfeasible:
+        return "the model's local functions call each other in a cycle, which ONNX does not allow"
+
+
+def all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """NodeProtos and the nodes of their bodies, at any depth."""
+    for n in nodes:
+        yield n
+        for a in n.attribute:
+            for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+                yield from all_nodes(body.node)
+
+
+def _attribute_reason(f: onnx.FunctionProto) -> str | None:
+    refs = sorted({a.ref_attr_name for n in all_nodes(f.node) for a in n.attribute if a.ref_attr_name})
+    if refs:
+        return f"its nodes take the caller's attributes ({', '.join(refs)}), which may differ per call"
+    return None
+
+
+def build_function(info: ModelInfo, f: onnx.FunctionProto, types: list[TypeSpec], dims: FreshDims) -> Graph | str:
+    """A function body as a Graph whose inputs have `types`."""
+    proto = onnx.GraphProto(name=f.name)
+    proto.node.extend(f.node)
+    proto.output.extend(onnx.ValueInfoProto(name=o) for o in f.output)
+    proto.value_info.extend(f.value_info)
+    opsets = dict(info.opset_imports) | {o.domain: o.version for o in f.opset_import}
+    g = _import(info, proto, [_value_info(name, t) for name, t in zip(f.input, types)], opsets)
+    if not isinstance(g, str):
+        g.reserved = _subgraph_names(_holders(g))
+    return g
+
+
+def write_back_function(g: Graph, f: onnx.FunctionProto) -> onnx.FunctionProto:
+    """The lowered function: same signature; constants the rules made become Constant nodes (a
+    function has no initializers)."""
+    exported = export_model(g, "dml").graph
+    new = onnx.FunctionProto()
+    new.CopyFrom(f)
+    del new.node[:], new.output[:], new.value_info[:]
+    new.node.extend(helper.make_node("Constant", [], [t.name], value=t) for t in exported.initializer)
+    new.node.extend(exported.node)
+    new.output.extend(vi.name for vi in exported.output)
+    new.value_info.extend(exported.value_info)
+    if has_dml_nodes(new.node) and all(o.domain != DOMAIN for o in new.opset_import):
+        new.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    return new
+
+
+def execution_function(parent: Graph, node: OnnxNode) -> Graph:
+    """The function `node` calls, as a Graph typed by this call (the executor runs functions
+    holding DML nodes)."""
+    f = next((f for f in parent.info.functions if function_key(f) == call_key(node)), None)
+    if f is None:
+        raise DmlgraphError(f"node {node.name!r} calls {node.domain}::{node.op_type}, which the model does not define")
+    dims = FreshDims()
+    types = [(v.elem_type, dims.fill(v.shape)) if v is not None and v.elem_type else None for v in node.inputs]
+    reason = _attribute_reason(f) or (None if len(types) == len(f.input) and None not in types
+                                      else "its inputs' types are unknown")
+    g = reason or build_function(parent.info, f, types, dims)
+    if isinstance(g, str):
+        raise DmlgraphError(f"cannot run function {function_path(f)} called by {node.name!r}: {g}")
+    return g

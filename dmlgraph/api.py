@@ -3,28 +3,42 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Union
 
 import numpy as np
 import onnx
 
-from dmlgraph.dtypes import bitwise_equal  # noqa: F401 - part of the api
+from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, gc_paused
-from dmlgraph.modelfile import atomic_writer, data_nbytes, load_model, save_model, tensor_nbytes
+from dmlgraph.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes
 from dmlgraph.nested import nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Options, PassManager, PassResult
+from dmlgraph.saving import atomic_writer, save_model
+
+ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
+IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelProto
 
 
 @gc_paused
-def load(path: str) -> tuple[onnx.ModelProto, Graph]:
-    """Read a model safely (external data stays on disk) and import it.
+def load(model: ModelLike) -> tuple[onnx.ModelProto, Graph]:
+    """Read a model safely (external data stays on disk) and import it; a ModelProto is checked
+    as a file would be, and only read.
 
-    Like every whole-model step, with the cyclic collector paused (see `gc_paused`): its full
-    passes over the proto walk and the new graph find nothing to free."""
-    model = load_model(path)
-    return model, import_model(model, os.path.dirname(os.path.abspath(path)))
+    Like every whole-model step, with the cyclic collector paused where allowed (see `gc_paused`):
+    its full passes over the proto walk and the new graph find nothing to free."""
+    if isinstance(model, onnx.ModelProto):
+        check_model_proto(model, IN_MEMORY, None)
+        return model, import_model(model)
+    path = os.fspath(model)
+    proto = load_model(path)
+    return proto, import_model(proto, os.path.dirname(os.path.abspath(path)))
+
+
+def model_label(model: ModelLike) -> str:
+    return IN_MEMORY if isinstance(model, onnx.ModelProto) else os.fspath(model)
 
 
 def graph_stats(g: Graph) -> dict:
@@ -61,8 +75,8 @@ def match_record(m, with_reason: bool = False) -> dict:
 
 def optimize_graph(g: Graph, options: Options, progress=None) -> PassResult:
     """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place."""
-    from passes import default_rules  # the one place where core and passes meet
-    from passes.scoped import varying_masks
+    from dmlgraph.passes import default_rules  # the one place where core and passes meet
+    from dmlgraph.passes.scoped import varying_masks
 
     def flat(graph: Graph) -> PassResult:
         return PassManager(default_rules(options), options).run(graph, progress if graph is g else None)
@@ -78,12 +92,13 @@ class OptimizeResult:
     after: dict
     model: onnx.ModelProto | None = None
     report: dict = field(default_factory=dict)
+    source_model: onnx.ModelProto | None = None  # the model as loaded (not modified)
 
 
 @gc_paused
-def optimize(path: str, options: Options | None = None, target: str = "dml", progress=None) -> OptimizeResult:
+def optimize(model: ModelLike, options: Options | None = None, target: str = "dml", progress=None) -> OptimizeResult:
     options = options or Options()
-    _, g = load(path)
+    source, g = load(model)
     before = graph_stats(g)
     result = optimize_graph(g, options, progress)
     g.remove_dead()
@@ -91,14 +106,14 @@ def optimize(path: str, options: Options | None = None, target: str = "dml", pro
     # The numbers describe the file written: the portable target expands each DML node.
     after = graph_stats(g) if target == "dml" else graph_stats(import_model(model))
     report = {
-        "model": path, "target": target, "feature_level": options.feature_level.label,
+        "model": model_label(model), "target": target, "feature_level": options.feature_level.label,
         "exact_only": options.exact_only,
         "rewrites": result.counts,
         "lowered": [match_record(m) | {"dml": _dml_summary(m)} for m in result.applied],
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
     }
-    return OptimizeResult(g, result, before, after, model, report)
+    return OptimizeResult(g, result, before, after, model, report, source)
 
 
 def _dml_summary(m) -> dict | None:
@@ -112,6 +127,7 @@ def _dml_summary(m) -> dict | None:
 @gc_paused
 def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = False) -> int:
     """Save atomically; returns the written file's size in bytes."""
+    assert result.model is not None, "optimize always exports a model"
     save_model(result.model, out, input_path=input_path, in_place=in_place,
                base_dir=os.path.dirname(os.path.abspath(input_path)))
     return os.path.getsize(out)
@@ -267,7 +283,7 @@ def save_outputs(outputs: dict[str, np.ndarray], path: str, model_path: str | No
     """
     check_output_path(path, model_path)
     with atomic_writer(path) as f:
-        np.savez(f, **outputs)  # a file object: numpy appends no .npz suffix
+        np.savez(f, **outputs)  # type: ignore[arg-type]  # (numpy's stub misreads **kwds)  # a file object: numpy appends no .npz suffix
 
 
 # Float outputs downstream of a rewrite may differ in the last bits: onnxruntime's reductions
@@ -311,18 +327,33 @@ def validate(path: str, options: Options | None = None, feeds: dict | None = Non
         feeds = make_inputs(original, dims, seed)
     _, lowered = load(path)
     result = optimize_graph(lowered, options)
+    tensors, outputs, exact = compare_graphs(original, lowered, feeds,
+                                             all(n.exact for n in nested_dml_nodes(result)))
+    return {"model": path, "inputs": {k: list(v.shape) for k, v in feeds.items()},
+            "rewrites": result.counts, "exact": exact, "tensors": tensors, "outputs": outputs,
+            "ok": all(r["match"] for r in tensors + outputs)}
+
+
+def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: bool = True,
+                   ) -> tuple[list[dict], list[dict], bool]:
+    """Run both graphs on `feeds` and compare (rows for the rewritten tensors, rows for the model
+    outputs, whether every rewrite was bit-exact; `nested_exact`: whether the DML nodes inside
+    If/Loop/Scan bodies are). Both graphs get the rewritten tensors as extra outputs: use graphs
+    made for this call."""
     dml = [n for n in lowered.nodes.values() if isinstance(n, DmlNode)]
     rewritten = [n.outputs[0].name for n in dml if n.outputs[0].name in original.values]
     output_names = [v.name for v in original.outputs]
+    missing = [name for name in output_names if name not in lowered.values]
+    if missing:
+        raise DmlgraphError(f"the lowered model has no output {missing[0]!r} of the original",
+                            hint="compare a model with the model it was lowered from")
     for g in (original, lowered):  # expose the rewritten tensors as extra outputs on both sides
         g.outputs = g.outputs + [g.values[name] for name in rewritten if not g.is_graph_output(g.values[name])]
     expected = Executor(original, optimize=False).run(feeds)
     got = Executor(lowered, optimize=False).run(feeds)
     exact = {n.outputs[0].name: n.exact for n in dml}
     # (a DML node inside a body is checked through the model outputs it reaches)
-    all_exact = all(exact.values()) and all(n.exact for n in nested_dml_nodes(result))
+    all_exact = all(exact.values()) and nested_exact
     tensors = [_compare_one(name, expected[name], got.get(name), exact[name], False) for name in rewritten]
     outputs = [_compare_one(name, expected[name], got.get(name), all_exact, True) for name in output_names]
-    return {"model": path, "inputs": {k: list(v.shape) for k, v in feeds.items()},
-            "rewrites": result.counts, "exact": all_exact, "tensors": tensors, "outputs": outputs,
-            "ok": all(r["match"] for r in tensors + outputs)}
+    return tensors, outputs, all_exact

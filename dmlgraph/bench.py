@@ -150,7 +150,7 @@ def _make_ort(kind, params, shape, dtype, inp, out):
     try:
         run = _OrtRunner(model, np.ascontiguousarray(x), out)
         run()
-    except Exception as err:  # NOT_IMPLEMENTED for the type, etc.
+    except Exception as err:  # noqa: BLE001 - NOT_IMPLEMENTED for the type, etc.: a row, not a crash
         msg = str(err)
         reason = "no kernel for this type" if "NOT_IMPLEMENTED" in msg else msg.splitlines()[0][:60]
         return None, f"n/a ({label}: {reason})"
@@ -212,7 +212,7 @@ def bench_kernels(quick: bool = False, rounds: int = 7, progress=None) -> list[d
                 ort_out = np.empty(shape, dtype)
                 v = np.array(value, dtype)
 
-                def ours(out=out, inp=inp, v=v, begin=begin, end=end, dtype=dtype):
+                def ours(out=out, inp=inp, v=v, begin=begin, end=end, dtype=dtype, shape=shape):
                     kernels.diagonal_matrix1(shape, dtype, v, begin, end, input=inp, out=out)
 
                 if inp is not None:

@@ -49,6 +49,9 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
+from dmlgraph.process import process_wide
+from dmlgraph.resources import DEMO_MODEL, bundled_model, models_dir
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1024 * 1024
 
@@ -92,7 +95,7 @@ def _block(i: int, h_in: str, d: int, rng: np.random.Generator, nodes: list, ini
         rows = node("Unsqueeze", [idx, init("ax1", np.array([1], np.int64))], "rows")
         cols = node("Unsqueeze", [idx, init("ax0", np.array([0], np.int64))], "cols")
         mask = node("LessOrEqual", [cols, rows], "mask")
-    w = lambda name, shape: init(name, (rng.standard_normal(shape) / np.sqrt(d)).astype(np.float32))  # noqa: E731
+    w = lambda name, shape: init(name, (rng.standard_normal(shape) / np.sqrt(d)).astype(np.float32))
     q = node("MatMul", [h_in, w("wq", (d, d))], "q")
     k = node("MatMul", [h_in, w("wk", (d, d))], "kp")
     kt = node("Transpose", [k], "kt", perm=[0, 2, 1])
@@ -169,7 +172,7 @@ def bench_optimizer(tmp: str, sizes: tuple[int, int], repeats: tuple[int, int]) 
         onnx.save(blocks_model(n_blocks), path)
         result = _ours(path, out)  # warm-up (imports, onnxruntime's first session), and the counts
         nodes = result.before["nodes"]
-        seconds = _median_time(lambda: _ours(path, out), reps)
+        seconds = _median_time(lambda path=path, out=out: _ours(path, out), reps)
         per_node[n_blocks] = seconds / nodes
         measured[n_blocks] = (path, out, nodes, seconds, result)
     small, large = sizes
@@ -314,8 +317,8 @@ def bench_graph_shapes(tmp: str, quick: bool) -> list[Row]:
 
 # ---- 2. executor overhead ----------------------------------------------------------------------
 def executor_models() -> list[str]:
-    found = sorted(glob.glob(os.path.join(ROOT, "models", "gpt2_*.onnx")))
-    return found + [os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")]
+    found = sorted(glob.glob(os.path.join(models_dir(), "gpt2_*.onnx")))
+    return found + [bundled_model(DEMO_MODEL)]
 
 
 def bench_executor(paths: list[str], runs: int, threads: int = 1, seq: int = 64) -> list[Row]:
@@ -360,7 +363,7 @@ def bench_executor(paths: list[str], runs: int, threads: int = 1, seq: int = 64)
         ours_s, theirs_s, plain_s = statistics.median(ours), statistics.median(theirs), statistics.median(plain)
         sessions = sum(not hasattr(s, "kind") for s in ex.steps)
         skipped = ex.timings.get("skipped", 0)
-        rows.append(Row(f"run {os.path.relpath(path, ROOT)} ({', '.join(f'{k}={v}' for k, v in dims.items())})",
+        rows.append(Row(f"run {os.path.relpath(path, models_dir())} ({', '.join(f'{k}={v}' for k, v in dims.items())})",
                         ours_s * 1e6, theirs_s * 1e6, ours_s / theirs_s, "us/run", "ratio <= 1.2",
                         ours_s / theirs_s <= 1.2,
                         note=f"DML kernel share {statistics.median(dml):.0%} ({skipped} of {len(ex.steps)} steps "
@@ -433,9 +436,10 @@ def write_big_model(folder: str) -> tuple[str, int]:
 
 def _peak_rss_child(command: str, path: str, out: str) -> None:
     """Run in a fresh interpreter: print JSON with the peak RSS (VmHWM) above the post-import baseline."""
-    from dmlgraph import api  # noqa: F401 - imports are part of the baseline, not of the work
-    from dmlgraph.executor import Executor  # noqa: F401
     import threading
+
+    from dmlgraph import api
+    from dmlgraph.executor import Executor  # noqa: F401
     baseline, base_parts = _vm_hwm(), _rss_parts()
     peaks = dict(base_parts)
     done = threading.Event()
@@ -640,10 +644,11 @@ def main(args=None) -> int:
         p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
         p.add_argument("--child", nargs=3, metavar=("COMMAND", "MODEL", "OUT"), help=argparse.SUPPRESS)
         args = p.parse_args(args)
-        if args.child:
+    with process_wide():  # measured as the command line runs (gc paused, inference child)
+        if getattr(args, "child", None):
             _peak_rss_child(*args.child)
             return 0
-    run(quick=bool(args.quick), json_out=args.json_out)
+        run(quick=bool(args.quick), json_out=args.json_out)
     return 0
 
 

@@ -15,8 +15,7 @@ from dmlgraph import kernels
 from dmlgraph.dtypes import DmlDataType, ScalarUnion
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import DmlNode
-from dmlgraph.ops import (DIAGONAL_MATRIX_SUPPORT, DiagonalMatrix1Desc, DiagonalMatrixDesc, FeatureLevel,
-                          bind_range)
+from dmlgraph.ops import DIAGONAL_MATRIX_SUPPORT, DiagonalMatrix1Desc, DiagonalMatrixDesc, FeatureLevel, bind_range
 from dmlgraph.tensor import BufferTensorDesc, DescError, packed_strides, view
 
 
@@ -111,7 +110,7 @@ def _decline_reason(node: DmlNode, rank: int | None, level: FeatureLevel,
                     static_shape: tuple[int, ...] | None) -> str | None:
     try:
         DmlDataType.from_onnx(node.elem_type)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure means the same: no DirectML type
         return f"type {helper.tensor_dtype_to_string(node.elem_type)} has no DirectML data type"
     if static_shape is not None and 0 in static_shape:
         return f"shape {list(static_shape)} has a zero-size dimension, which DirectML cannot hold"

@@ -12,11 +12,10 @@ import sys
 
 from dmlgraph import __version__
 from dmlgraph.errors import DmlgraphError
+from dmlgraph.process import process_wide
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader went away
-HERE = os.path.dirname(os.path.abspath(__file__))
-DEMO_MODEL = os.path.join(os.path.dirname(HERE), "models", "synthetic", "causal_attention.onnx")
 
 
 def _progress(enabled: bool):
@@ -38,16 +37,32 @@ def _emit(args, payload: dict, text: str) -> None:
 
 # ---- commands --------------------------------------------------------------------------------
 def cmd_optimize(args) -> int:
-    from dmlgraph import api
+    if os.path.isdir(args.model):
+        return _optimize_folder(args)
+    from dmlgraph import public
     from dmlgraph.report import optimize_text
-    result = api.optimize(args.model, _options(args), args.target, _progress(not args.json))
+    result = public.optimize(args.model, target=args.target, exact=args.exact, feature_level=args.feature_level,
+                             progress=_progress(not args.json))
     before_bytes = os.path.getsize(args.model)  # before an --in-place write replaces it
-    size = api.write(result, args.output, args.model, args.in_place)
+    size = result.save(args.output, in_place=args.in_place)
     result.report["output"] = args.output
     result.report["before"]["file_bytes"] = before_bytes
     result.report["after"]["file_bytes"] = size
-    _emit(args, result.report, optimize_text(result.report))
+    _emit(args, result.report, optimize_text(result.report, args.verbose))
     return EXIT_OK
+
+
+def _optimize_folder(args) -> int:
+    """Every .onnx under the folder, by a process pool; exit 2 when any model failed."""
+    from dmlgraph import batch
+    if args.in_place:
+        raise DmlgraphError("--in-place does not apply to a folder", hint="pass another folder for -o")
+    options = batch.BatchOptions(args.target, args.exact, args.feature_level)
+    show = batch.progress_line() if sys.stderr.isatty() and not args.json else None
+    outcomes = batch.run_batch(args.model, args.output, options, args.jobs, show)
+    payload = {"models": [o.to_json() for o in outcomes], "failed": sum(not o.ok for o in outcomes)}
+    _emit(args, payload, batch.summary_text(outcomes))
+    return EXIT_USAGE if payload["failed"] else EXIT_OK
 
 
 def cmd_run(args) -> int:
@@ -78,7 +93,7 @@ def cmd_validate(args) -> int:
 
 def cmd_inspect(args) -> int:
     from dmlgraph import api
-    from dmlgraph.inspection import inspect_command
+    from dmlgraph.inspection_render import inspect_command
     for flag, out in (("--dot", args.dot), ("--svg", args.svg)):
         if out:  # `--dot model.onnx` must not replace the model
             api.check_output_path(out, args.model, f"the {flag} output")
@@ -116,17 +131,18 @@ def cmd_demo(args) -> int:
     """Optimize the bundled causal-attention model, then validate it against onnxruntime."""
     import tempfile
 
-    from dmlgraph import api
+    from dmlgraph import api, public
     from dmlgraph.report import optimize_text, validate_text
-    model = args.model or DEMO_MODEL
+    from dmlgraph.resources import DEMO_MODEL, bundled_model
+    model = args.model or bundled_model(DEMO_MODEL)
     if args.output is None:  # a throwaway output, removed afterwards
         with tempfile.TemporaryDirectory(prefix="dmlgraph-demo-") as folder:
             args.output = os.path.join(folder, "lowered.onnx")
             return cmd_demo(args)
     out = args.output
     print(f"$ dmlgraph optimize {os.path.relpath(model)} -o {out}")
-    result = api.optimize(model, _options(args))
-    api.write(result, out, model)
+    result = public.optimize(model, exact=args.exact, feature_level=args.feature_level)
+    result.save(out)
     result.report["before"]["file_bytes"] = os.path.getsize(model)
     result.report["after"]["file_bytes"] = os.path.getsize(out)
     print(optimize_text(result.report))
@@ -176,12 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("optimize", help="lower a model and write it", description="Lower every diagonal-"
                         "structured computation and write the model (atomically).")
-    sp.add_argument("model")
-    sp.add_argument("-o", "--output", required=True, help="output .onnx path")
+    sp.add_argument("model", help="an .onnx file, or a folder: every .onnx under it")
+    sp.add_argument("-o", "--output", required=True, help="output .onnx path (a folder when MODEL is one)")
     sp.add_argument("--target", choices=["dml", "onnx"], default="dml",
                     help="dml: com.dmlgraph DiagonalMatrix1 nodes; onnx: standard ops only (default dml)")
     lowering_flags(sp)
     sp.add_argument("--in-place", action="store_true", help="allow -o to be the input model")
+    sp.add_argument("-j", "--jobs", type=_int_at_least(1), default=os.cpu_count() or 1,
+                    help="worker processes for a folder (default: one per CPU)")
+    sp.add_argument("-v", "--verbose", action="store_true", help="list every rewrite and every decline")
     sp.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     sp.set_defaults(func=cmd_optimize)
 
@@ -261,7 +280,8 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return args.func(args)
+        with process_wide():  # this process is ours: gc pauses, memory caps, an inference child
+            return args.func(args)
     except DmlgraphError as e:
         if args.debug:
             raise
@@ -277,7 +297,7 @@ def main(argv=None) -> int:
         # are already complete or cleaned up; the interpreter's last flush now goes nowhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_CLOSED_PIPE
-    except Exception as e:  # noqa: BLE001 - the last line of defence: no bare tracebacks for users
+    except Exception as e:
         if args.debug:
             raise
         print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: this is a bug in dmlgraph; "

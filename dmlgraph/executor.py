@@ -42,8 +42,7 @@ from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.onnx_io import DOMAIN, onnx_node_proto, value_info
 from dmlgraph.ops import bind_range
-from dmlgraph.runtime import OnnxRunner, initializer_array, numpy_dtype  # noqa: F401 - re-exported
-
+from dmlgraph.runtime import OnnxRunner, initializer_array, numpy_dtype
 
 MAX_ELEMENTS = 2**32 - 1  # DML_BUFFER_TENSOR_DESC's limit; a bigger DML output is refused, not allocated
 CACHE_ENTRIES = 8  # input-shape sets whose shape constants are kept (least recently used dropped)

@@ -11,12 +11,16 @@ import gc
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, ParamSpec, TypeVar
 
 import numpy as np
 import onnx
 
 from dmlgraph.errors import ModelError
+from dmlgraph.process import policy
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 if TYPE_CHECKING:  # networkx costs ~0.15 s to import; only analyses that ask for it load it
     import networkx as nx
@@ -25,8 +29,9 @@ Dim = int | str | None  # static size, symbolic name, or unknown
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard ops with graph attributes
 
 
-def gc_paused(fn):
-    """Run `fn` with Python's cyclic garbage collector paused (restored after, even on error).
+def gc_paused(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run `fn` with Python's cyclic garbage collector paused (restored after, even on error),
+    where the process owner allowed it (`dmlgraph.process.process_wide`; the CLI does).
 
     Importing, rewriting and exporting a graph allocate hundreds of thousands of small objects
     (Values, Nodes, their lists) that all live as long as the graph. The collector's full passes
@@ -34,14 +39,14 @@ def gc_paused(fn):
     counting still frees everything not in a cycle, and cycles left behind are collected after.
     """
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        was_enabled = gc.isenabled()
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not policy().pause_gc or not gc.isenabled():
+            return fn(*args, **kwargs)
         gc.disable()
         try:
             return fn(*args, **kwargs)
         finally:
-            if was_enabled:
-                gc.enable()
+            gc.enable()
     return wrapper
 
 
@@ -160,7 +165,8 @@ class DmlNode(Node):
       shape -- int64 1-D output sizes computed at run time (else `static_shape`, else x's shape)
       k     -- int64 scalar shifting every bounded end of [begin, end) at run time (Trilu's k)
     begin/end are int64-space bounds (None = unbounded, never shifted). They are clamped to the
-    matrix ([-H, W]) only when bound to a concrete shape, so a huge k never wraps. `exact` says whether the rewrite that made it is bit-exact for every input.
+    matrix ([-H, W]) only when bound to a concrete shape, so a huge k never wraps. `exact` says
+    whether the rewrite that made it is bit-exact for every input.
     """
 
     __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind")

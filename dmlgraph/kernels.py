@@ -545,7 +545,7 @@ def _as3d(a: np.ndarray) -> np.ndarray | None:
         return a.reshape((-1,) + a.shape[-2:])
     shape, strides = a.shape, a.strides
     lead = [(n, s) for n, s in zip(shape[:-2], strides[:-2]) if n != 1]
-    for (n0, s0), (n1, s1) in zip(lead, lead[1:]):
+    for (_n0, s0), (n1, s1) in zip(lead, lead[1:]):
         if s0 != s1 * n1:
             return None
     batch = math.prod(shape[:-2])

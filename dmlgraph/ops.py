@@ -152,7 +152,7 @@ class DiagonalMatrixDesc:
     def validate(self, level: FeatureLevel = FeatureLevel.L5_1) -> None:
         level = FeatureLevel.parse(level)
         t = self.output
-        for min_level, dims, types in DIAGONAL_MATRIX_SUPPORT:
+        for min_level, dims, types in DIAGONAL_MATRIX_SUPPORT:  # noqa: B007 - read after the loop
             if level >= min_level:
                 break
         else:

@@ -1,6 +1,8 @@
 """Plain-text faces of the optimize and validate reports (the JSON is the report dict itself)."""
 from __future__ import annotations
 
+from collections import Counter
+
 
 def _bytes(n) -> str:
     n = float(n)
@@ -27,27 +29,41 @@ def before_after_table(before: dict, after: dict) -> str:
     return "\n".join(lines)
 
 
-def optimize_text(r: dict) -> str:
+def optimize_text(r: dict, verbose: bool = False) -> str:
+    """A summary: rewrites per rule, declines grouped by reason, the before/after table. `verbose`
+    also lists every rewrite and every decline (thousands of lines on a big model)."""
     lines = [f"target {r['target']}, feature level {r['feature_level']}"
              + (", exact rewrites only" if r["exact_only"] else "")]
     applied = {k: v for k, v in r["rewrites"].items() if v}
-    lines.append("lowered: " + (", ".join(f"{k} x{v}" for k, v in applied.items()) or "nothing"))
-    for rec in r["lowered"]:
-        d = rec.get("dml") or {}
-        names = ", ".join(f"{n['op_type']} {n['name']!r}" for n in rec["nodes"])
-        if d:
-            lines.append(f"  [{rec['rule']}] {names} -> {d['op']}(begin={d['begin']}, end={d['end']}, "
-                         f"value={d['value']}{', input' if d['has_input'] else ''}"
-                         f"{', runtime k' if d['runtime_k'] else ''})")
+    if applied:
+        w = max(len(k) for k in applied)
+        lines.append(f"rewrites ({sum(applied.values())}):")
+        lines += [f"  {k:{w}}  {v:>6}" for k, v in applied.items()]
+    else:
+        lines.append("rewrites: none")
+    if verbose:
+        lines += [f"  [{rec['rule']}] {_names(rec)} -> {_dml_text(rec['dml'])}" for rec in r["lowered"] if rec.get("dml")]
     if r["declined"]:
-        lines.append("not lowered:")
-        for rec in r["declined"]:
-            names = ", ".join(f"{n['op_type']} {n['name']!r}" for n in rec["nodes"])
-            lines.append(f"  [{rec['rule']}] {names}: {rec['reason']}")
+        lines.append(f"not lowered ({len(r['declined'])}):")
+        if verbose:
+            lines += [f"  [{rec['rule']}] {_names(rec)}: {rec['reason']}" for rec in r["declined"]]
+        else:
+            groups = Counter((rec["rule"], rec["reason"]) for rec in r["declined"])
+            lines += [f"  [{rule}] x{n}: {reason}" for (rule, reason), n in groups.most_common()]
+            lines.append("  (-v lists each)")
     lines.append(before_after_table(r["before"], r["after"]))
     if "output" in r:
         lines.append(f"wrote {r['output']}")
     return "\n".join(lines)
+
+
+def _names(rec: dict) -> str:
+    return ", ".join(f"{n['op_type']} {n['name']!r}" for n in rec["nodes"])
+
+
+def _dml_text(d: dict) -> str:
+    return (f"{d['op']}(begin={d['begin']}, end={d['end']}, value={d['value']}"
+            f"{', input' if d['has_input'] else ''}{', runtime k' if d['runtime_k'] else ''})")
 
 
 def validate_text(r: dict) -> str:

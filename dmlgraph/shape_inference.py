@@ -37,6 +37,7 @@ import onnx
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
 from dmlgraph.modelfile import _iter_graphs, without_weights
+from dmlgraph.process import policy
 
 MAX_DATA_PROP_LENGTH = 1 << 18  # dims data propagation may make of one value (tens of milliseconds)
 CHILD_MEMORY = 2 << 30  # bytes of address space data propagation may add to what the child inherits
@@ -86,8 +87,9 @@ def type_shape(tp: onnx.TypeProto, cache: dict[bytes, tuple] | None = None) -> t
 
 def children_available() -> bool:
     """The child pays where the process can fork and has a second CPU for it: on one CPU it costs
-    more than it saves (measured: 20-21k nodes/s instead of 23-24k in-process on the bench model)."""
-    return USE_CHILD and len(os.sched_getaffinity(0)) > 1
+    more than it saves (measured: 20-21k nodes/s instead of 23-24k in-process on the bench model).
+    Only where the process owner allowed children (`dmlgraph.process.process_wide`)."""
+    return USE_CHILD and policy().children and len(os.sched_getaffinity(0)) > 1
 
 
 def start(model: onnx.ModelProto) -> "PendingShapes":

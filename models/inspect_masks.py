@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -478,6 +479,344 @@ def check() -> int:
     return 1 if bad else 0
 
 
+# --------------------------------------------------------------------------------------------
+# symbolic Begin/End: the KV-cache corpus (models/kv_export_log.json)
+# --------------------------------------------------------------------------------------------
+
+TOTAL = "past_sequence + sequence"
+# (sequence, past_sequence) sizes the fit samples: sequence >= 6 keeps a window of 4 and the causal
+# edge inside the [sequence, past + sequence] slice, so neither side collapses to MIN/MAX.
+SYMBOLIC_SIZES = ((6, 3), (7, 5), (9, 4), (6, 8), (8, 0), (10, 2))
+# The padded run (first row's attention_mask starts with two zeros) must put the padded keys inside a
+# window of 4, or a sliding-window mask combined with padding would look like a pure band.
+PADDED_SIZE = (7, 1)
+
+
+def symbolic_feeds(model: onnx.ModelProto, seq: int, past: int, seed: int, pad: bool) -> dict:
+    """Feeds for a model whose inputs use the dims batch, sequence, past_sequence and their sum."""
+    rng = np.random.default_rng(seed)
+    sizes = {"batch": 2, "sequence": seq, "past_sequence": past, TOTAL: past + seq, "encoder_sequence": 5}
+    inits = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        tt = i.type.tensor_type
+        shape = [d.dim_value if d.dim_value else sizes[d.dim_param] for d in tt.shape.dim]
+        dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if i.name.endswith("attention_mask"):
+            a = np.ones(shape, dt)
+            if pad and i.name == "attention_mask":
+                a[0, :2] = 0  # left padding in the first row
+            feeds[i.name] = a
+        elif np.issubdtype(dt, np.integer):
+            feeds[i.name] = rng.integers(0, 100, shape).astype(dt)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(dt)
+    return feeds
+
+
+def _fit_affine(points: list[tuple[int, int, int]]) -> tuple[int, int, int] | None:
+    """Integer (a, b, c) with a*seq + b*past + c == v at every (seq, past, v), or None."""
+    m = np.array([[s, p, 1] for s, p, _ in points], np.float64)
+    v = np.array([x for _, _, x in points], np.float64)
+    coef = np.rint(np.linalg.lstsq(m, v, rcond=None)[0]).astype(np.int64)
+    if not np.array_equal(m.astype(np.int64) @ coef, v.astype(np.int64)):
+        return None
+    return int(coef[0]), int(coef[1]), int(coef[2])
+
+
+def expression(coef: tuple[int, int, int]) -> str:
+    """a*sequence + b*past_sequence + c as a short string, e.g. 'past_sequence + 1'."""
+    terms = []
+    for k, dim in zip(coef[:2], ("sequence", "past_sequence")):
+        if k:
+            terms.append((k, dim if abs(k) == 1 else f"{abs(k)}*{dim}"))
+    if coef[2] or not terms:
+        terms.append((coef[2], str(abs(coef[2]))))
+    out = ("-" if terms[0][0] < 0 else "") + terms[0][1]
+    for k, t in terms[1:]:
+        out += f" {'-' if k < 0 else '+'} {t}"
+    return out
+
+
+def _side(points: list[tuple[int, int, int]], whole: int) -> str | None:
+    """One side of the band over the sampled sizes: MIN/MAX, or an affine expression of the dims."""
+    if all(v == whole for _, _, v in points):
+        return "MIN" if whole == INT32_MIN else "MAX"
+    if any(v in (INT32_MIN, INT32_MAX) for _, _, v in points):
+        return None
+    coef = _fit_affine(points)
+    return None if coef is None else expression(coef)
+
+
+def evaluate(expr: str, seq: int, past: int) -> int:
+    """The value of a Begin/End expression at sizes (MIN/MAX are the int32 limits)."""
+    if expr in ("MIN", "MAX"):
+        return INT32_MIN if expr == "MIN" else INT32_MAX
+    env = {"sequence": seq, "past_sequence": past}
+    total, sign = 0, 1
+    for tok in expr.replace("-", " - ").split():
+        if tok in "+-":
+            sign = -1 if tok == "-" else 1
+            continue
+        k, _, term = tok.rpartition("*")
+        total += sign * (int(k) if k else 1) * (env[term] if term in env else int(term))
+    return total
+
+
+def canonical(begin: int, end: int, h: int, w: int) -> tuple[int, int]:
+    """Begin/End as the fits write them: a side that covers every diagonal of [h, w] is MIN/MAX."""
+    if begin < end or begin == INT32_MIN or end == INT32_MAX:
+        begin = INT32_MIN if begin <= -(h - 1) else begin
+        end = INT32_MAX if end > w - 1 else end
+    return begin, end
+
+
+def _value_deps(model: onnx.ModelProto) -> dict[str, frozenset]:
+    """Graph inputs each tensor depends on through values (a Shape/Size output depends on none)."""
+    inits = {i.name for i in model.graph.initializer}
+    deps: dict[str, frozenset] = {i.name: frozenset([i.name]) for i in model.graph.input if i.name not in inits}
+    for n in model.graph.node:
+        d = frozenset() if n.op_type in ("Shape", "Size") else frozenset().union(
+            *(deps.get(i, frozenset()) for i in n.input if i))
+        for o in n.output:
+            deps[o] = d
+    return deps
+
+
+def _cone_ops(model: onnx.ModelProto, name: str) -> dict[str, int]:
+    """Op types of the nodes that compute `name` (not looking through Shape/Size inputs)."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    seen, stack, ops = set(), [name], {}
+    while stack:
+        t = stack.pop()
+        n = producers.get(t)
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+        if n.op_type not in ("Shape", "Size"):
+            stack.extend(i for i in n.input if i)
+    return dict(sorted(ops.items(), key=lambda kv: -kv[1]))
+
+
+def _path_to_softmax(model: onnx.ModelProto, name: str) -> list[onnx.NodeProto]:
+    """The shortest chain of nodes from `name` to the first Softmax it reaches (empty if none)."""
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    parent: dict[int, tuple] = {}
+    frontier = [(n, None) for n in consumers.get(name, [])]
+    while frontier:
+        nxt = []
+        for n, prev in frontier:
+            if id(n) in parent:
+                continue
+            parent[id(n)] = (n, prev)
+            if n.op_type == "Softmax":
+                path = []
+                cur = (n, prev)
+                while cur is not None:
+                    path.append(cur[0])
+                    cur = parent[id(cur[1])] if cur[1] is not None else None
+                return path[::-1]
+            nxt += [(c, n) for o in n.output for c in consumers.get(o, [])]
+        frontier = nxt
+    return []
+
+
+def _sites(model: onnx.ModelProto, name: str, deps: dict[str, frozenset]) -> dict:
+    """Which node combines the band with the padding mask and which applies it to the scores."""
+    path = _path_to_softmax(model, name)
+    combined, applied = None, None
+    on_path = {name}
+    for n in path:
+        others = [i for i in n.input if i and i not in on_path]
+        dep = frozenset().union(*(deps.get(i, frozenset()) for i in others))
+        if combined is None and dep and all(d.endswith("attention_mask") for d in dep):
+            combined = f"{n.op_type} {n.name}"
+        elif applied is None and any(not d.endswith("attention_mask") for d in dep):
+            applied = f"{n.op_type} {n.name}"
+        on_path.update(o for o in n.output if o)
+    return {"combined_with_padding_by": combined, "applied_by": applied,
+            "path_to_softmax": [n.op_type for n in path]}
+
+
+def discover_symbolic(path: str) -> list[dict]:
+    """Band tensors of a model with sequence/past dims, Begin/End fitted as expressions."""
+    model = onnx.load(path)
+    has_past = any(d.dim_param == "past_sequence" for i in model.graph.input for d in i.type.tensor_type.shape.dim)
+    sizes = SYMBOLIC_SIZES if has_past else tuple((s, 0) for s in (6, 7, 9, 8, 10, 11))
+    runs = [run_all(model, symbolic_feeds(model, s, p, k, False)) for k, (s, p) in enumerate(sizes)]
+    pad_size = PADDED_SIZE if has_past else (PADDED_SIZE[0], 0)
+    padded = run_all(model, symbolic_feeds(model, *pad_size, 99, True))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name for i in model.graph.initializer}
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def fit_all(fit: Callable[..., dict | None], *names: str) -> dict | None:
+        fits = []
+        for r in runs + [padded]:
+            if any(n not in r for n in names):
+                return None
+            f = fit(*(np.asarray(r[n]) for n in names))
+            if f is None:
+                return None
+            fits.append(f)
+        keys = ("value", "other", "dtype")
+        if any(_jsonval(f[k]) != _jsonval(fits[0][k]) for f in fits for k in keys):
+            return None
+        # the padded run is checked below, not fitted: at its size a side may cover the whole slice
+        begin = _side([(s, p, f["begin"]) for (s, p), f in zip(sizes, fits)], INT32_MIN)
+        end = _side([(s, p, f["end"]) for (s, p), f in zip(sizes, fits)], INT32_MAX)
+        if begin is None or end is None:
+            return None
+        s, p = pad_size
+        h, w = np.asarray(padded[names[0]]).shape[-2:]
+        if (fits[-1]["begin"], fits[-1]["end"]) != canonical(evaluate(begin, s, p), evaluate(end, s, p), h, w):
+            return None  # the padded run must be the same band
+        return dict(fits[0], begin=begin, end=end)
+
+    gens = {}
+    for name in runs[0]:
+        f = fit_all(fit_generator, name)
+        if f:
+            gens[name] = f
+    apps = {}
+    for n in model.graph.node:
+        if not n.output or n.output[0] in gens:
+            continue
+        for x in n.input:
+            if x and x not in gens:
+                f = fit_all(fit_application, n.output[0], x)
+                if f:
+                    apps[n.output[0]] = dict(f, data_input=x)
+                    break
+    deps = _value_deps(model)
+    out = []
+    for name, f in list(gens.items()) + list(apps.items()):
+        prod = producers.get(name)
+        if name in apps:
+            kind = "trilu" if prod.op_type == "Trilu" else "mask_application"
+        elif name in inits or (prod is not None and prod.op_type == "Constant"):
+            kind = "stored_mask"
+        else:
+            kind = {"Trilu": "trilu", "EyeLike": "eyelike"}.get(prod.op_type if prod else "", "mask_subgraph")
+        cons = consumers.get(name, [])
+        frontier = name in apps or (not cons) or any(any(o not in gens for o in c.output if o) for c in cons)
+        s, p = sizes[1]
+        out.append(dict(f, name=name, kind=kind, frontier=frontier, shape=list(np.asarray(runs[1][name]).shape),
+                        shape_at={"sequence": s, "past_sequence": p} if has_past else {"sequence": s},
+                        node=prod.name if prod is not None else None,
+                        op_type=prod.op_type if prod is not None else "initializer",
+                        cone_ops=_cone_ops(model, name), **_sites(model, name, deps)))
+        if name in apps:
+            out[-1]["applied_by"] = f"{prod.op_type} {prod.name}"
+    return out
+
+
+def describe_symbolic(f: dict) -> str:
+    v, o = _jsonval(f["value"]), _jsonval(f["other"])
+    b, e = f["begin"], f["end"]
+    cond = " and ".join(c for c in ((f"x-y >= {b}" if b != "MIN" else ""), (f"x-y < {e}" if e != "MAX" else "")) if c)
+    return f"{v} where {cond or 'everywhere'}, else {'input' if o == 'input' else o}"
+
+
+def to_symbolic_entry(f: dict) -> dict:
+    e = to_entry(dict(f, begin=0, end=1))
+    del e["shape_at_len7"]
+    e.update(begin=f["begin"], end=f["end"], shape=f["shape"], shape_at=f["shape_at"],
+             semantics=describe_symbolic(f), combined_with_padding_by=f["combined_with_padding_by"],
+             applied_by=f["applied_by"], path_to_softmax=f["path_to_softmax"], cone_ops=f["cone_ops"])
+    return e
+
+
+def symbolic_entries() -> list[dict]:
+    log = json.load(open(os.path.join(HERE, "kv_export_log.json")))
+    models = []
+    for e in sorted(log, key=lambda e: e["file"]):
+        path = os.path.join(HERE, e["file"])
+        if not e.get("ok") or not os.path.exists(path):
+            continue
+        model = onnx.load(path)
+        found = discover_symbolic(path)
+        ins = _inputs_meta(model)
+        models.append({
+            "file": e["file"], "source": e["source"], "exporter": e["exporter"],
+            "opset": [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")][0],
+            "ir_version": model.ir_version, "bytes": os.path.getsize(path),
+            "dynamic_axes": sorted({d for v in ins.values() for d in v["shape"] if isinstance(d, str)}),
+            "inputs": ins, "outputs": [o.name for o in model.graph.output],
+            "input_sets": {s: f"inputs/{e['name']}/{s}.npz" for s in e.get("input_sets", [])},
+            "masks": [to_symbolic_entry(f) for f in select(found)],
+            "other_band_tensors": [f["name"] for f in found if f not in select(found)],
+            "notes": SYMBOLIC_NOTES.get(e["name"].rsplit("_", 1)[0], ""),
+        })
+        print(f"{e['file']}: {len(models[-1]['masks'])} masks")
+    return models
+
+
+def write_symbolic() -> None:
+    """Regenerate expected.json's `symbolic_models` list, keeping the rest of the file."""
+    p = os.path.join(HERE, "expected.json")
+    exp = json.load(open(p))
+    exp["symbolic_models"] = symbolic_entries()
+    exp["symbolic_format"] = SYMBOLIC_FORMAT
+    with open(p, "w") as f:
+        json.dump(exp, f, indent=1)
+        f.write("\n")
+
+
+def check_symbolic() -> int:
+    exp = json.load(open(os.path.join(HERE, "expected.json")))
+    bad = 0
+    for m in exp.get("symbolic_models", []):
+        found = {f["name"]: to_symbolic_entry(f) for f in discover_symbolic(os.path.join(HERE, m["file"]))}
+        for want in m["masks"]:
+            got = found.get(want["onnx_nodes_or_initializer"])
+            keys = ("kind", "begin", "end", "value", "other", "dtype", "exact", "applied_by")
+            if got is None or any(got[k] != want[k] for k in keys):
+                bad += 1
+                print(f"MISMATCH {m['file']} {want['onnx_nodes_or_initializer']}: want {want}, got {got}")
+        print(f"{m['file']}: {len(m['masks'])} masks checked")
+    print("OK" if not bad else f"{bad} mismatches")
+    return 1 if bad else 0
+
+
+SYMBOLIC_FORMAT = (
+    "symbolic_models: models whose masks depend on the dims (KV cache, sliced/concatenated masks). Entries "
+    "as in `models`, except begin/end are strings: MIN, MAX or an integer expression of the input dims "
+    "'sequence' and 'past_sequence' (e.g. 'past_sequence + 1'), fitted exactly over several sizes; `shape` is "
+    "the tensor's shape at `shape_at`; combined_with_padding_by / applied_by name the node on the way to the "
+    "Softmax that And/Mul/Where-s it with the attention_mask-derived tensor and the one that applies it to the "
+    "scores; cone_ops counts the op types computing the tensor; input_sets lists the saved feeds.")
+
+_KV = ("transformers masking_utils builds the mask once per layer type at run time from cache_position "
+       "(past_sequence + Range) and the key length; the causal keep-mask is End = past_sequence + 1.")
+SYMBOLIC_NOTES = {
+    "gpt2_kv": _KV, "llama_kv": _KV, "phi3_kv": _KV, "gpt_neox_kv": _KV,
+    "mistral_sw4_kv": _KV + " Sliding window 4: Begin = past_sequence - 3.",
+    "qwen2_mixed_sw4_kv": _KV + " Layer 0 full causal, layer 1 sliding window 4 (Begin = past_sequence - 3).",
+    "gemma2_sw4_kv": _KV + " Alternating sliding (window 4) and full layers.",
+    "opt_kv": _KV + " Positions come from a CumSum of attention_mask (not a mask site).",
+    "bloom_kv": _KV + " The alibi bias comes from a CumSum of attention_mask (not a band).",
+    "t5_decoder_kv": _KV + " Relative-position buckets (Log/Min/Where on j - i) give a Toeplitz bias, not a band.",
+    "clip_text": "CLIP text model: causal mask built by masking_utils without a cache (End = 1), plus padding.",
+    "sliced_double_causal": "Causal keep-mask built for 2*T (Range/LessOrEqual), Sliced to [:T, :T].",
+    "split_concat_tril": "Stored 64x64 bool tril Split in row halves, Concat, Sliced to [:T, :T].",
+    "concat_causal_halves": "Two row blocks of the causal mask (Range/LessOrEqual each) Concatenated.",
+    "stored_tril_past": "Stored 1x1x64x64 bool tril Sliced [past:past+seq, :past+seq] (GPT-2 4.x style).",
+    "concat_past_zeros": "transformers 4.3x _make_causal_mask: Concat(zeros [seq, past], finfo.min/0 causal square "
+                         "from Range/Less/Where), Added to the scores (x + finfo.min == finfo.min for these x).",
+    "trilu_past": "Trilu(full([seq, past+seq], finfo.min), k = past + 1): k computed from the shapes; Added.",
+}
+
+
 def main(argv):
     cmd = argv[1] if len(argv) > 1 else "check"
     if cmd == "discover":
@@ -485,10 +824,18 @@ def main(argv):
             print(p)
             for f in discover(p):
                 print("  ", "*" if f in select([f]) else " ", to_entry(f))
+    elif cmd == "discover-symbolic":
+        for p in argv[2:]:
+            print(p)
+            for f in discover_symbolic(p):
+                print("  ", "*" if f in select([f]) else " ", to_symbolic_entry(f))
     elif cmd == "write":
         write()
+        write_symbolic()
+    elif cmd == "write-symbolic":
+        write_symbolic()
     elif cmd == "check":
-        return check()
+        return check() | check_symbolic()
     else:
         print(__doc__)
         return 2

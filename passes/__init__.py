@@ -9,8 +9,8 @@ phase 4  chain           DIAGONAL_MATRIX1 of DIAGONAL_MATRIX1 -> one node
 """
 from __future__ import annotations
 
+from dmlgraph.passes import apply, apply_arith, apply_bool, apply_views, eyelike, masks, trilu
 from dmlgraph.rewrite import Options, Rule
-from passes import apply, apply_arith, apply_bool, apply_views, eyelike, masks, trilu
 
 ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, masks.STORED_MASK, trilu.RULE, eyelike.RULE,
                          apply_views.MASK_VIEW, apply.MASK_WHERE, apply_bool.MASK_BOOL, apply_bool.MASK_NOT,

@@ -10,7 +10,7 @@ Each op family says what its parts reduce to (`Evaluator`): `Where` here, `And`/
 whose parts are not declines under `--exact`.
 
 Shapes: the new node has the replaced node's output shape (the broadcast of its operands, built at
-run time by `passes.broadcast` when the input alone does not carry it), and that output's last two
+run time by `dmlgraph.passes.broadcast` when the input alone does not carry it), and that output's last two
 dims must be D's own (shape inference proves it): a band broadcast along a matrix axis is no band.
 
 `chain`: a DIAGONAL_MATRIX1 whose input is another one with the same value and k fuses into one node
@@ -28,13 +28,24 @@ import onnx
 
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.passes.broadcast import (
+    Built,
+    ShapeSource,
+    broadcast_dims,
+    build_broadcast,
+    build_matrix_of,
+    fits_into,
+    keeps_matrix,
+    matrix_dims,
+    needed,
+    same_dims,
+    shape_source,
+    static_broadcast,
+    vector_dims,
+)
+from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
 from dmlgraph.runtime import numpy_dtype
-from passes.broadcast import (Built, ShapeSource, broadcast_dims, build_broadcast, build_matrix_of, fits_into, keeps_matrix,
-                              matrix_dims, vector_dims,
-                              needed,
-                              same_dims, shape_source, static_broadcast)
-from passes.common import const_value, lowering_reason, replace_node, standin
 
 INF = math.inf
 Region = tuple[Union[int, None], Union[int, None]]

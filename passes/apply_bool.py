@@ -11,7 +11,7 @@ import numpy as np
 from onnx import TensorProto
 
 from dmlgraph.graph import OnnxNode
-from passes.apply import Operand, Part, application_rule
+from dmlgraph.passes.apply import Operand, Part, application_rule
 
 
 def _is_const(o: Operand) -> bool:

@@ -13,11 +13,20 @@ from __future__ import annotations
 import numpy as np
 
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.passes.apply import band_operands
+from dmlgraph.passes.broadcast import (
+    Built,
+    ShapeSource,
+    build_broadcast,
+    keeps_matrix,
+    matrix_dims,
+    same_dims,
+    shape_source,
+    static_broadcast,
+    vector_dims,
+)
+from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
-from passes.apply import band_operands
-from passes.broadcast import (Built, ShapeSource, build_broadcast, keeps_matrix, matrix_dims, same_dims, shape_source,
-                              static_broadcast, vector_dims)
-from passes.common import const_value, lowering_reason, replace_node, standin
 
 
 def _axes(graph: Graph, node: OnnxNode) -> list[int] | None:

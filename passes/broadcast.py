@@ -17,8 +17,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.passes.common import const_value
 from dmlgraph.rewrite import detached, detached_constant
-from passes.common import const_value
 
 
 @dataclass

@@ -11,14 +11,14 @@ from onnx import TensorProto
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
 from dmlgraph.ops import FeatureLevel
+from dmlgraph.passes.common import lowering_reason, one_of, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule, detached
-from passes.common import lowering_reason, one_of, replace_node, standin
 
 _TENSOR_TYPES = frozenset(v for _, v in TensorProto.DataType.items()) - {TensorProto.UNDEFINED}
 
 
 def _match(graph: Graph, node: Node, options: Options) -> Match | None:
-    if node.domain not in ("", "ai.onnx"):
+    if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx"):
         return None
     x = node.input(0)
     m = Match("eyelike", [node])

@@ -8,7 +8,7 @@ masks {a, b} with b != 0 keep b as a one-element input broadcast by zero strides
 Shape/Size of inputs, constants, and ops on those) and is a band becomes one generator whose output
 sizes, and whose bounds when they move with the sizes, are computed from the same shapes at run
 time. At static shapes the subgraph is evaluated: exact at the one size the model has. With
-symbolic dims, `passes.symbolic` proves it: each value of the cone is carried as an exact expression
+symbolic dims, `dmlgraph.passes.symbolic` proves it: each value of the cone is carried as an exact expression
 of the dims, and the mask must come out as one DIAGONAL_MATRIX1 fill with Begin/End integer affine
 expressions of the dims, for every dim in [0, 2^31 - 1]. What the proof cannot cover is declined
 with the reason and the node that breaks it, never guessed (a KV-cache mask's End = past + 1 is
@@ -31,13 +31,24 @@ from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.modelfile import RAW_ITEMSIZE
 from dmlgraph.onnx_io import dml_node_proto, onnx_node_proto
 from dmlgraph.ops import bind_range
+from dmlgraph.passes.common import const_value, lowering_reason, standin
+from dmlgraph.passes.sizes import Made, SizeBuilder, constant, locate
+from dmlgraph.passes.symbolic import (
+    DIM_MAX,
+    Analysis,
+    Band,
+    Lin,
+    NotAMask,
+    Opaque,
+    SizedFill,
+    Unprovable,
+    render_dim,
+    sized_fill,
+)
+from dmlgraph.passes.symbolic_ops import evaluate
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
-from passes.common import const_value, lowering_reason, standin
-from passes.sizes import Made, SizeBuilder, constant, locate
-from passes.symbolic import DIM_MAX, Analysis, Band, Lin, NotAMask, Opaque, SizedFill, Unprovable, render_dim, sized_fill
-from passes.symbolic_ops import evaluate
 
 SHAPE_OPS = {"Shape", "Size"}
 INDEX_OPS = SHAPE_OPS | {
@@ -540,7 +551,7 @@ def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value
              df: DataFree, max_dim: int = DIM_MAX) -> tuple:
     """What the subgraph is: ("band", pattern, the evaluated array, None) at static sizes (evaluated
     exactly at the one size it has), ("symbolic", SizedBand) when its sizes vary (proved for every
-    size by `passes.symbolic`), ("decline", reason) or ("none",) (not a mask). Everything it reads
+    size by `dmlgraph.passes.symbolic`), ("decline", reason) or ("none",) (not a mask). Everything it reads
     is in the subgraph's `_signature`."""
     if symbolic:
         verdict = _symbolic_verdict(graph, nodes, inputs, target, max_dim)

@@ -1,7 +1,7 @@
 """Sizes at run time: ONNX nodes computing a mask's output shape and bound shift from the inputs' shapes.
 
 A lowered mask whose sizes vary reads them where the original did: `Shape(input)[axis]`, combined
-by the integer affine expressions `passes.symbolic` proved (`past + 1`, `min(T, 64)`). Nodes the
+by the integer affine expressions `dmlgraph.passes.symbolic` proved (`past + 1`, `min(T, 64)`). Nodes the
 graph already has (Shape/Gather/Concat of the same values) are reused, and so are the nodes made
 for an earlier copy of the same mask, so a model's per-layer masks share one set of size nodes and
 optimizing a portable export again reproduces the same graph.
@@ -16,9 +16,9 @@ from onnx import TensorProto, helper
 
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.graph import Graph, Node, OnnxNode, Value
+from dmlgraph.passes.common import const_value
+from dmlgraph.passes.symbolic import Clamp, Difference, Dim, Lin, Symbol
 from dmlgraph.rewrite import detached, detached_constant
-from passes.common import const_value
-from passes.symbolic import Clamp, Dim, Lin, Symbol
 
 
 @dataclass
@@ -61,7 +61,7 @@ def _new_constant(name: str, arr: np.ndarray, made: Made) -> Value:
     return v
 
 
-_PLUMBING_OPS = ("Shape", "Gather", "Concat")
+_PLUMBING_OPS = ("Shape", "Gather", "Concat", "Reshape", "Add", "Sub", "Mul", "Neg", "Min", "Max", "Div")
 
 
 def _plumbing_key(op_type: str, inputs, attributes) -> tuple:
@@ -142,11 +142,14 @@ class SizeBuilder:
         def make(chain: list) -> Value:
             one = self.dim(e, chain)
             empty = constant(self.graph, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
-            return self._node("Reshape", [one, empty], f"{hint}__shift", chain, shape=())
+            return self._node("Reshape", [one, empty], f"{one.name}__scalar", chain, shape=())
         return self._cached(("scalar", self._key(e)), make)
 
     def dim(self, d: Dim, chain: list) -> Value:
         """A [1] int64 tensor holding d."""
+        if isinstance(d, Difference):
+            a, b = self.dim(d.a, chain), self.dim(d.b, chain)
+            return self._node("Sub", [a, b], f"{a.name}__sub", chain, shape=(1,))
         if isinstance(d, Clamp):
             x = self.dim(d.inner, chain)
             if d.lo is not None:
@@ -192,6 +195,8 @@ class SizeBuilder:
     def _key(self, d: Dim) -> tuple:
         def lin(e: Lin) -> tuple:
             return tuple((self._source(s), s, c) for s, c in e.terms), e.const
+        if isinstance(d, Difference):
+            return ("difference", self._key(d.a), self._key(d.b))
         return ("clamp", lin(d.inner), d.lo, d.hi) if isinstance(d, Clamp) else ("lin", lin(d))
 
     def _source(self, sym: Symbol) -> object:

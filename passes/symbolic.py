@@ -140,8 +140,48 @@ class Clamp:
             a, b = min(a, self.hi), min(b, self.hi)
         return a, b
 
+    # A clamp moves and mirrors exactly: clamp(x, lo, hi) + c = clamp(x + c, lo + c, hi + c), and
+    # -clamp(x, lo, hi) = clamp(-x, -hi, -lo). So a band's diagonal can follow a clamped offset.
+    is_const = False
 
-Dim = Union[Lin, Clamp]  # a size: exact, or clamped
+    @property
+    def terms(self) -> tuple[tuple[Symbol, int], ...]:
+        return self.inner.terms
+
+    @property
+    def const(self) -> int:
+        return self.inner.const
+
+    def __add__(self, c: int) -> "Clamp":
+        assert isinstance(c, int), "only a constant moves a clamp"
+        return Clamp(self.inner + c, None if self.lo is None else self.lo + c, None if self.hi is None else self.hi + c)
+
+    def __sub__(self, c: int) -> "Clamp":
+        return self + (-c)
+
+    def __neg__(self) -> "Clamp":
+        return Clamp(-self.inner, None if self.hi is None else -self.hi, None if self.lo is None else -self.lo)
+
+    def symbolic_part(self) -> "Clamp":
+        return self - self.inner.const
+
+    def render(self, names: Callable[[Symbol], str]) -> str:
+        return render_dim(self, names)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """a - b of two sizes, a >= b at every size (a slice's length between clamped bounds)."""
+
+    a: "Lin | Clamp"
+    b: "Lin | Clamp"
+
+    def bounds(self, max_dim: int) -> tuple[int, int]:
+        (a0, a1), (b0, b1) = self.a.bounds(max_dim), self.b.bounds(max_dim)
+        return max(a0 - b1, 0), a1 - b0
+
+
+Dim = Union[Lin, Clamp, Difference]  # a size: exact, clamped, or the difference of two
 
 
 def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> Dim:
@@ -162,10 +202,10 @@ def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> Di
     return Clamp(inner, lo, hi)
 
 
-def as_lin(d: Dim, what: str) -> Lin:
+def as_lin(d: "Dim | object", what: str) -> Lin:
     if isinstance(d, Lin):
         return d
-    raise Unprovable(f"{what} is a clamped size (min/max of a size), which this analysis does not compute with")
+    raise Unprovable(f"{what} is a clamped size ({render_dim(d, str)}), which this analysis does not compute with")
 
 
 # ---- abstract tensors -------------------------------------------------------------------------
@@ -326,6 +366,10 @@ class Analysis:
 
     def order(self, a: Lin, b: Lin) -> int:
         """-1 if a < b, 0 if a == b, 1 if a > b at every size; Unprovable otherwise."""
+        if a == b:
+            return 0
+        if not isinstance(a, Lin) or not isinstance(b, Lin):
+            raise Unprovable(f"ordering the clamped bounds {render_dim(a, str)} and {render_dim(b, str)}")
         s = self.sign(a - b)
         if s is None:
             raise Unprovable(f"whether {a.render(_plain)} < {b.render(_plain)} depends on the sizes")
@@ -388,7 +432,7 @@ class Analysis:
             if all(_same(first, x) for x in v.items[1:]):
                 if isinstance(first, Lin):
                     return _scalar(first.const, v.dtype) if first.is_const else None
-                return first
+                return None if isinstance(first, (Clamp, Difference)) else first
         return None
 
     def affine(self, v: AbstractValue, what: str) -> Affine:
@@ -401,13 +445,15 @@ class Analysis:
             if base is None:
                 raise Unprovable(f"{what} is a non-integer value")
             return Affine(v.dtype, tuple(Lin.of(d) for d in v.shape), (0,) * len(v.shape), base)
-        if isinstance(v, Elems) and v.dtype.kind in "iuf" and len(v.shape) == 1 and len(v.items) > 1:
-            # [c, c + s, c + 2s, ...]: an arithmetic progression is an index grid
+        long_axes = [a for a, d in enumerate(v.shape) if d != 1] if isinstance(v, Elems) else []
+        if isinstance(v, Elems) and v.dtype.kind in "iuf" and len(long_axes) == 1:
+            # [c, c + s, c + 2s, ...] along one axis: an arithmetic progression is an index grid
             items = [x if isinstance(x, Lin) else _int_of(x) for x in v.items]
             if all(isinstance(x, Lin) and x.is_const for x in items):
-                step = items[1].const - items[0].const
-                if all(items[k].const == items[0].const + k * step for k in range(len(items))):
-                    return Affine(v.dtype, (Lin.of(v.shape[0]),), (step,), items[0])
+                step = items[1].const - items[0].const  # type: ignore[union-attr]
+                if all(items[k].const == items[0].const + k * step for k in range(len(items))):  # type: ignore[union-attr]
+                    coef = tuple(step if a == long_axes[0] else 0 for a in range(len(v.shape)))
+                    return Affine(v.dtype, tuple(Lin.of(d) for d in v.shape), coef, items[0])  # type: ignore[arg-type]
         u = self.uniform(v)
         if u is not None and u.dtype.kind in "iuf":
             base = _int_of(u)
@@ -571,6 +617,8 @@ def render_dim(d: Dim, names: Callable[[Symbol], str]) -> str:
     """A size as text: `sequence`, `past + 1`, `min(sequence, 64)`."""
     if isinstance(d, Lin):
         return d.render(names)
+    if isinstance(d, Difference):
+        return f"{render_dim(d.a, names)} - {render_dim(d.b, names)}"
     text = d.inner.render(names)
     if d.lo is not None:
         text = f"max({text}, {d.lo})"
@@ -644,15 +692,16 @@ class SizedFill:
     shape: tuple[Dim, ...]
     begin: int | None
     end: int | None
-    shift: Lin
+    shift: "Lin | Clamp"
     value: np.generic
     other: np.generic
     derived: tuple[tuple[Symbol, Lin, int], ...] = ()  # symbols standing for e // k, as (name, e, k)
 
     def sizes(self) -> list[Lin]:
-        """Every expression the node reads at run time: its dims and its shift."""
-        dims = [d.inner if isinstance(d, Clamp) else d for d in self.shape]
-        return dims + [self.shift]
+        """Every affine expression the node reads at run time, in its dims and its shift."""
+        def lins(d: Dim) -> list[Lin]:
+            return lins(d.a) + lins(d.b) if isinstance(d, Difference) else [d.inner if isinstance(d, Clamp) else d]
+        return [e for d in [*self.shape, self.shift] for e in lins(d)]
 
     def bound_text(self, names: Callable[[Symbol], str]) -> tuple[str, str]:
         """Begin and End as text in the dims' names (MIN / MAX when unbounded)."""

@@ -1,4 +1,4 @@
-"""ONNX operator semantics over the exact symbolic values of `passes.symbolic`.
+"""ONNX operator semantics over the exact symbolic values of `dmlgraph.passes.symbolic`.
 
 One function per op family, registered in `HANDLERS` (rules as data): each takes the analysis, the
 node and its input values and returns its output values, or raises `Unprovable` saying what it
@@ -17,9 +17,31 @@ from onnx import helper
 from dmlgraph.band import analyze_band
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.graph import DmlNode, Node, OnnxNode, Value
-from passes.symbolic import (
-    BOOL, INT64, SMALL_ELEMENTS, AbsOf, AbstractValue, Affine, Analysis, Band, Dim, Elems, Lin, NotAMask, Opaque, Stack,
-    Unprovable, _int_of, _same, _scalar, as_lin, make_clamp, parse_dim, shape_of,
+from dmlgraph.passes.symbolic import (
+    BOOL,
+    INT64,
+    SMALL_ELEMENTS,
+    AbsOf,
+    AbstractValue,
+    Affine,
+    Analysis,
+    Band,
+    Clamp,
+    Difference,
+    Dim,
+    Elems,
+    Lin,
+    NotAMask,
+    Opaque,
+    Stack,
+    Unprovable,
+    _int_of,
+    _same,
+    _scalar,
+    as_lin,
+    make_clamp,
+    parse_dim,
+    shape_of,
 )
 
 Handler = Callable[[Analysis, OnnxNode, list], list]
@@ -417,6 +439,8 @@ def _elems_op(an: Analysis, a: Elems, b: Elems, fn: Callable[[object, object], o
 
 
 def _lin_of(x: object) -> Lin:
+    if isinstance(x, (Clamp, Difference)):
+        return as_lin(x, "an operand")  # (raises, naming the clamp)
     y = _int_of(x)
     if y is None:
         raise Unprovable("a non-integer value in integer arithmetic")
@@ -442,8 +466,16 @@ def _neg(an: Analysis, a: AbstractValue) -> AbstractValue:
 
 def _sub(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
     if isinstance(a, Elems) and isinstance(b, Elems) and a.dtype.kind in "iu":
-        return _elems_op(an, a, b, lambda x, y: _lin_of(x) - _lin_of(y), a.dtype)
+        return _elems_op(an, a, b, lambda x, y: _size_difference(an, x, y), a.dtype)
     return _add(an, a, _neg_unchecked(an, b))
+
+
+def _size_difference(an: Analysis, x: object, y: object) -> Lin | Difference:
+    """x - y for sizes: a Lin, or min(e, N) - min(s, N) with e >= s (a clamped slice's length)."""
+    if isinstance(x, Clamp) and isinstance(y, Clamp) and (x.lo, x.hi) == (y.lo, y.hi) and \
+            an.nonneg(x.inner - y.inner):
+        return Difference(x, y)  # clamping is monotone: the difference stays >= 0
+    return _lin_of(x) - _lin_of(y)
 
 
 def _neg_unchecked(an: Analysis, b: AbstractValue) -> Affine:
@@ -995,12 +1027,13 @@ def _slice(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = list(shape_of(v))
     args = _slice_args(an, n, ins, len(shape))
+    if isinstance(v, Elems) and any(not s.is_const or (e is not None and not e.is_const) for _, s, e, _ in args):
+        # a size-dependent slice of a stored arange (position ids): slice it as an index grid
+        return [slice_value(an, an.affine(v, "a small tensor sliced by a size"), args)]
     if isinstance(v, Elems):
         items = _objs(v)
         index = [slice(None)] * len(v.shape)
         for a, s, e, st in args:
-            if not s.is_const or (e is not None and not e.is_const):
-                raise Unprovable("a size-dependent slice of a small tensor")
             index[a] = slice(s.const, None if e is None else e.const, st)
         picked = items[tuple(index)]
         return [_from_objs(v.dtype, picked)]
@@ -1010,13 +1043,23 @@ def _slice(an: Analysis, n: OnnxNode, ins: list) -> list:
 def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin | None, int]]) -> AbstractValue:
     """v[start:end] along each (axis, start, end or None for 'to the end', step) of args."""
     shape = list(shape_of(v))
-    offsets = [Lin.of(0)] * len(shape)
+    offsets: list[Dim] = [Lin.of(0)] * len(shape)
     for a, s, e, st in args:
         if st != 1:
             raise Unprovable("a slice with a step other than 1")
         size = shape[a]
-        if isinstance(size, Lin) and size.is_const and e is not None and not e.is_const and s == Lin.of(0):
-            shape[a] = make_clamp(e, 0, size.const, an)  # [:e] of a fixed size: min(e, size)
+        if isinstance(size, Lin) and size.is_const and (not s.is_const or (e is not None and not e.is_const)):
+            # [s:e] of a fixed size N (a stored mask buffer): ONNX clamps both bounds to N, so the
+            # slice is [min(s, N), min(e, N)), exactly, at every size
+            s = size + s if s.is_const and s.const < 0 else s
+            end = size if e is None else (size + e if e.is_const and e.const < 0 else e)
+            if not an.nonneg(s) or not an.nonneg(end - s):
+                raise Unprovable(f"a slice [{s.render(str)}:{end.render(str)}] of a fixed size that may be "
+                                 "negative or reversed")
+            lo, hi = make_clamp(s, None, size.const, an), make_clamp(end, None, size.const, an)
+            shape[a] = make_clamp(hi - lo, 0, None, an) if isinstance(lo, Lin) and isinstance(hi, Lin) else \
+                hi if lo == Lin.of(0) else Difference(hi, lo)  # type: ignore[arg-type]
+            offsets[a] = lo
             continue
         size_lin = as_lin(size, "a sliced size")
         start = _slice_bound(an, s, size_lin)
@@ -1029,7 +1072,7 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
     if isinstance(v, Affine):
         base = v.base
         for c, off in zip(v.coef, offsets):
-            base = base + off.scale(c)
+            base = base + as_lin(off, "a slice offset").scale(c)
         return Affine(v.dtype, new_shape, v.coef, base)
     if not isinstance(v, Band):
         raise Unprovable(f"slicing a {type(v).__name__}")
@@ -1037,8 +1080,24 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
     if len(v.values) == 1 or r < 2:
         return Band(v.dtype, new_shape, v.breaks, v.values)
     # element (i, j) of the slice is (i + s, j + t) of v: diagonal d is d + t - s of v
-    shift = offsets[r - 1] - offsets[r - 2]
-    return Band(v.dtype, new_shape, tuple(x - shift for x in v.breaks), v.values)
+    row, col = offsets[r - 2], offsets[r - 1]
+    if isinstance(row, Lin) and isinstance(col, Lin):
+        shift: Dim = col - row
+    elif col == Lin.of(0) and isinstance(row, Clamp):
+        shift = -row
+    elif row == Lin.of(0) and isinstance(col, Clamp):
+        shift = col
+    else:
+        raise Unprovable("a band sliced at two clamped offsets")
+    if isinstance(shift, Lin) and shift.is_const:
+        return Band(v.dtype, new_shape, tuple(x - shift.const for x in v.breaks), v.values)
+    if isinstance(shift, Lin):
+        if not all(isinstance(x, Lin) for x in v.breaks):
+            raise Unprovable("a band whose diagonals follow a clamped size, sliced at a size-dependent offset")
+        return Band(v.dtype, new_shape, tuple(x - shift for x in v.breaks), v.values)
+    if not all(isinstance(x, Lin) and x.is_const for x in v.breaks):
+        raise Unprovable("a band whose diagonals move with the sizes, sliced at a clamped offset")
+    return Band(v.dtype, new_shape, tuple(-shift + x.const for x in v.breaks), v.values)  # type: ignore[union-attr]
 
 
 @handles("Concat")

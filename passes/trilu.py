@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from dmlgraph.graph import DmlNode, Graph, Node
+from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
 from dmlgraph.ops import clamp_bound
+from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin, zero_of
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
-from passes.common import const_value, lowering_reason, replace_node, standin, zero_of
 
 
 def _match(graph: Graph, node: Node, options: Options) -> Match | None:
-    if node.domain not in ("", "ai.onnx"):
+    if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx"):
         return None
     x, k_in = node.input(0), node.input(1)
     m = Match("trilu", [node])

@@ -31,8 +31,8 @@ def _model(nodes, inputs, outputs, inits=(), opset=18):
 
 def seed_models() -> dict[str, onnx.ModelProto]:
     """Small valid models that exercise every rule family (each passes onnx.checker)."""
-    f = lambda n, s, t=T.FLOAT: h.make_tensor_value_info(n, t, s)  # noqa: E731
-    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)  # noqa: E731
+    f = lambda n, s, t=T.FLOAT: h.make_tensor_value_info(n, t, s)
+    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)
     models = {}
     models["trilu_k"] = _model([h.make_node("Trilu", ["x", "k"], ["y"], upper=0, name="tril")],
                                [f("x", ["b", 6, 6])], [f("y", ["b", 6, 6])], [c("k", np.int64(1))])

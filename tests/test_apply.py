@@ -18,8 +18,8 @@ from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.executor import Executor
 from dmlgraph.graph import DmlNode
 from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.passes.apply_arith import absorbing_bound
 from dmlgraph.rewrite import Options
-from passes.apply_arith import absorbing_bound
 
 
 def model_of(nodes, inputs, outputs, inits=(), opset=18) -> onnx.ModelProto:

@@ -18,7 +18,8 @@ DTYPES = [np.float64, np.float32, np.float16, np.int64, np.int32, np.int16, np.i
           np.uint64, np.uint32, np.uint16, np.uint8, np.bool_]
 QUIET_NAN_WITH_PAYLOAD = {2: 0x7E01, 4: 0x7FC00001, 8: 0x7FF8000000000001}
 
-SETTINGS = settings(max_examples=int(os.environ.get("BAND_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=int(os.environ.get("BAND_EXAMPLES", "150")), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---- helpers -------------------------------------------------------------------------------------

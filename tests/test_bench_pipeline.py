@@ -15,8 +15,8 @@ from onnx import numpy_helper
 from dmlgraph import api, bench_pipeline
 from dmlgraph.graph import DmlNode
 from dmlgraph.onnx_io import import_model
+from dmlgraph.passes import masks
 from dmlgraph.rewrite import Options
-from passes import masks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROW_KEYS = {"case", "ours", "baseline", "ratio", "unit", "target", "met", "note", "extra"}

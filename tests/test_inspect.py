@@ -15,10 +15,9 @@ from onnx import helper as h
 from onnx import numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 
-from dmlgraph import inspection
+from dmlgraph import inspection, inspection_render
 from dmlgraph.cli import main as cli_main
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.ops import FeatureLevel
 from dmlgraph.rewrite import Options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -321,7 +320,7 @@ def test_bfloat16_trilu_is_declined(tmp_path):
     (d,) = r["declined"]
     assert d["rule"] == "trilu" and d["nodes"] == [{"name": "bf", "op_type": "Trilu", "index": 0}]
     assert "BFLOAT16" in d["reason"] and "DirectML" in d["reason"]
-    assert "declined:" in inspection.format_text(r) and "BFLOAT16" in inspection.format_text(r)
+    assert "declined:" in inspection_render.format_text(r) and "BFLOAT16" in inspection_render.format_text(r)
 
 
 def _dot_structure(text: str) -> tuple[set, list]:
@@ -364,21 +363,21 @@ def test_dot_marks_declined_and_covered_constants(tmp_path):
     g = h.make_graph([h.make_node("Trilu", ["x"], ["y"], name="bf")], "g", [x],
                      [h.make_tensor_value_info("y", T.BFLOAT16, [4, 4])])
     path = _save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10), tmp_path / "bf.onnx")
-    text = inspection.to_dot(inspection.analyze(path))
+    text = inspection_render.to_dot(inspection.analyze(path))
     _dot_structure(text)
     assert re.search(r'"n0" \[label="Trilu\\nbf", style="rounded,dashed", color="#cc0000", '
                      r'tooltip="declined: [^"]*BFLOAT16', text)
 
 
 def test_svg_without_graphviz_is_a_clear_error(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(inspection.shutil, "which", lambda name: None)
+    monkeypatch.setattr(inspection_render.shutil, "which", lambda name: None)
     svg = tmp_path / "g.svg"
     assert cli_main(["inspect", DEMO, "--svg", str(svg), "--dot", str(tmp_path / "g.dot")]) == 2
     err = capsys.readouterr().err
     assert "Graphviz is not installed" in err and "--dot FILE" in err
     assert not svg.exists()
     with pytest.raises(DmlgraphError, match="Graphviz is not installed"):
-        inspection.render_svg(str(tmp_path / "g.dot"), str(svg))
+        inspection_render.render_svg(str(tmp_path / "g.dot"), str(svg))
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz `dot` is not installed")
@@ -448,7 +447,7 @@ def test_external_data_is_not_read(tmp_path, monkeypatch):
     assert r["model"]["external_data_bytes"] == nbytes + 32
     assert sorted(c["rule"] for c in r["candidates"]) == ["eyelike", "trilu"]
     assert r["totals"]["initializer_bytes_removed"] == 32  # "small" is unused: dead-code removal drops it
-    text = inspection.format_text(r)
+    text = inspection_render.format_text(r)
     assert "external (ext.data)" in text and "8.0 MiB" in text
 
 
@@ -480,7 +479,7 @@ def test_symbolic_rank5_and_runtime_k(tmp_path):
     rep = t["representative"]
     assert rep["dims"] == {"a": 8, "n": 8} and len(rep["desc"]["output"]["sizes"]) <= 4
     assert c["picture"]["runtime_k"] and c["picture"]["k"] == 0
-    text = inspection.format_text(r)
+    text = inspection_render.format_text(r)
     assert "run-time k 'k'" in text and "k = 0 shown" in text and "folded at bind time" in text
 
 
@@ -502,7 +501,7 @@ def test_stored_mask_constant(tmp_path):
     assert r["totals"]["initializer_bytes_removed"] == mask.nbytes and r["totals"]["after"]["initializer_bytes"] == 0
     assert any(c["picture"]["rows"][0][:2] in (["0", "-inf"], ["x", "-inf"]) for c in r["candidates"])
     assert all(c["lowers_to"]["value"] == "-inf" for c in r["candidates"])  # strict JSON for -inf
-    declared, _ = _dot_structure(inspection.to_dot(ins))
+    declared, _ = _dot_structure(inspection_render.to_dot(ins))
     assert '"init:mask"' in declared
     # Exact-only: every rewrite that remains is bit-exact.
     re_ = inspection.inspect_model(path, Options(exact_only=True))

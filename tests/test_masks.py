@@ -14,8 +14,8 @@ from dmlgraph import api
 from dmlgraph.executor import Executor
 from dmlgraph.graph import DmlNode
 from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.passes.apply import complement, union
 from dmlgraph.rewrite import Options, Replacement, Rewriter
-from passes.apply import complement, union
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
@@ -342,7 +342,8 @@ def test_initializer_that_is_also_an_input_is_not_a_constant():
 
 
 # ---- fast paths against their simple oracles --------------------------------------------------
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 
 def test_export_writes_nodes_as_read_with_their_current_value_names():
@@ -367,7 +368,7 @@ def test_export_writes_nodes_as_read_with_their_current_value_names():
 
 
 def test_size_plumbing_lookup_finds_a_live_twin_after_the_indexed_node_is_removed():
-    from passes import sizes as masks
+    from dmlgraph.passes import sizes as masks
     m = h.make_model(h.make_graph(
         [h.make_node("Shape", ["x"], ["s1"], name="a"), h.make_node("Shape", ["x"], ["s2"], name="b")], "g",
         [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
@@ -384,8 +385,8 @@ def test_size_plumbing_lookup_finds_a_live_twin_after_the_indexed_node_is_remove
 
 
 def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
-    from passes.sizes import Made, SizeBuilder
-    from passes.symbolic import Lin
+    from dmlgraph.passes.sizes import Made, SizeBuilder
+    from dmlgraph.passes.symbolic import Lin
     m = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
                                   [h.make_tensor_value_info("x", T.FLOAT, ["a", "b"])],
                                   [h.make_tensor_value_info("y", T.FLOAT, ["a", "b"])]),
@@ -415,7 +416,7 @@ def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
 
 from dmlgraph.band import analyze_band, diagonal_use_mask  # noqa: E402
 from dmlgraph.graph import Value  # noqa: E402
-from passes import masks  # noqa: E402
+from dmlgraph.passes import masks  # noqa: E402
 
 _DTYPES = [np.float32, np.float16, np.float64, np.bool_, np.int8, np.int32, np.int64, np.uint8, np.uint16]
 

@@ -7,11 +7,14 @@ import random
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as T, helper as h, numpy_helper
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
 
-from dmlgraph import modelfile
+from dmlgraph import modelfile, saving
 from dmlgraph.errors import ModelError
-from dmlgraph.modelfile import load_model, read_tensor, save_model, tensor_nbytes
+from dmlgraph.modelfile import load_model, read_tensor, tensor_nbytes
+from dmlgraph.saving import save_model
 
 
 def make_model(nodes=None, inits=None, inputs=None, outputs=None, **graph_kw) -> onnx.ModelProto:
@@ -345,7 +348,7 @@ def test_save_failure_mid_write_leaves_prior_output(tmp_path, monkeypatch):
         f.write(data[: len(data) // 2])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(modelfile, "_write_bytes", half_then_fail)
+    monkeypatch.setattr(saving, "_write_bytes", half_then_fail)
     other = make_model(nodes=[h.make_node("Identity", ["x"], ["y"])], inits=[])
     with pytest.raises(ModelError, match="No space left"):
         save_model(other, out)
@@ -441,7 +444,7 @@ def test_in_place_rewrite_of_external_model(tmp_path):
 
 def test_external_data_chosen_by_size(tmp_path, monkeypatch):
     m, w, _ = _big_model()
-    monkeypatch.setattr(modelfile, "_EXTERNAL_THRESHOLD", 1000)
+    monkeypatch.setattr(saving, "_EXTERNAL_THRESHOLD", 1000)
     save_model(m, tmp_path / "auto.onnx")
     assert (tmp_path / "auto.onnx.data").stat().st_size == w.nbytes
     with pytest.raises(ModelError, match="external data"):
@@ -557,7 +560,7 @@ def test_bad_utf8_anywhere_is_refused_by_the_twin_and_named_by_the_walk(tmp_path
     assert data.count(marker.encode()) >= 1
     bad = data.replace(marker.encode(), b"\xff\xfe" + marker.encode()[2:])
     parsed = onnx.ModelProto.FromString(bad)  # proto2 parses it
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - protobuf's error type varies by version
         modelfile._utf8_twin().FromString(bad)
     with pytest.raises(ModelError, match="not valid UTF-8"):
         modelfile._check_utf8(parsed, "m.onnx")  # the walk alone
@@ -605,7 +608,8 @@ def _num_elements_oracle(dims):
     return n
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=400, deadline=None)
@@ -646,7 +650,7 @@ def test_without_weights_keeps_shapes_and_leaves_the_model_alone():
     const = view.graph.node[1].attribute[0].t
     assert not const.HasField("raw_data") and list(const.dims) == [256, 256]
     full = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    shapes = lambda model: {vi.name: vi.type.SerializeToString()  # noqa: E731
+    shapes = lambda model: {vi.name: vi.type.SerializeToString()
                             for vi in list(model.graph.value_info) + list(model.graph.output)}
     assert shapes(infer_shapes(m)) == shapes(full)
     r = [vi for vi in infer_shapes(m).graph.value_info if vi.name == "r"][0]

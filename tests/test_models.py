@@ -52,7 +52,6 @@ def test_every_band_tensor_is_lowered(entry):
         assert not dml, "a model without bands must not get DML nodes"
         return
     assert dml
-    produced_by_dml = {n.outputs[0].name: n for n in dml}
     for mask in entry["masks"]:
         name = mask["onnx_nodes_or_initializer"]
         if mask["kind"] == "stored_mask":

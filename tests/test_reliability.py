@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+import fuzz_models
 import numpy as np
 import onnx
 import pytest
@@ -30,8 +31,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-import fuzz_models
-from dmlgraph import api, cli, modelfile
+from dmlgraph import api, cli, saving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAUSAL = os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")
@@ -318,7 +318,7 @@ def test_eyelike_invalid_dtype_is_declined(tmp_path, capsys):
 # ---- resource limits -----------------------------------------------------------------------------
 def _range_mask(static_side):
     """The exporters' Range/LessOrEqual causal mask, read from dim 2 of x = [1, 2, side, s]."""
-    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)  # noqa: E731
+    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)
     return model([
         h.make_node("Shape", ["x"], ["s"]), h.make_node("Gather", ["s", "i2"], ["n"], axis=0),
         h.make_node("Range", ["zero", "n", "one"], ["r"]), h.make_node("Unsqueeze", ["r", "ax0"], ["row"]),
@@ -345,7 +345,7 @@ def test_shape_inference_data_propagation_cannot_hang(kind, tmp_path, capsys):
     """onnx's data propagation is linear in a 1-D value's length, whatever its type: Range(0, 10^9)
     -> Cast, or a shape vector declared [2^62] (both found by the fuzz), or a float vector declared
     [2^40], never returned; such models skip it."""
-    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)  # noqa: E731
+    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)
     if kind == "range_1e9":
         m = model([h.make_node("Range", ["z", "n", "o"], ["r"]), h.make_node("Cast", ["r"], ["c"], to=T.FLOAT),
                    h.make_node("Add", ["x", "c"], ["y"])], [vi("x", [1])], [vi("y", ["m"])],
@@ -495,12 +495,12 @@ def test_every_command_leaves_the_input_untouched(tmp_path, capsys):
 
 def _fail_write(monkeypatch, after_bytes=10):
     """Make modelfile's write seam fail after `after_bytes` bytes reached the temp file."""
-    real = modelfile._write_bytes
+    real = saving._write_bytes
 
     def broken(f, data):
         real(f, data[:after_bytes])
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(modelfile, "_write_bytes", broken)
+    monkeypatch.setattr(saving, "_write_bytes", broken)
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["new_output", "existing_output"])
@@ -526,7 +526,7 @@ def test_optimize_serialization_failure_leaves_nothing(tmp_path, capsys, monkeyp
     path = _copy_causal(str(tmp_path))
     (tmp_path / "o.onnx").write_bytes(b"previous output")
     before = tree_digest(tmp_path)
-    real_save = modelfile.save_model
+    real_save = saving.save_model
 
     def save_with_broken_serializer(*a, **k):
         def boom(self, *args, **kwargs):
@@ -534,7 +534,7 @@ def test_optimize_serialization_failure_leaves_nothing(tmp_path, capsys, monkeyp
         with monkeypatch.context() as m:
             m.setattr(onnx.ModelProto, "SerializeToString", boom)
             return real_save(*a, **k)
-    monkeypatch.setattr(api, "save_model", save_with_broken_serializer)
+    monkeypatch.setattr(saving, "save_model", save_with_broken_serializer)
     code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx"], capsys)
     assert_clean_error(code, o, e, "cannot serialize", "serialization exploded")
     assert tree_digest(tmp_path) == before
@@ -547,7 +547,7 @@ def test_optimize_interrupted_mid_write_leaves_nothing(tmp_path, capsys, monkeyp
     def interrupted(f, data):
         f.write(data[:5])
         raise KeyboardInterrupt
-    monkeypatch.setattr(modelfile, "_write_bytes", interrupted)
+    monkeypatch.setattr(saving, "_write_bytes", interrupted)
     code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx"], capsys)
     assert code == 130 and "Traceback" not in o + e
     assert tree_digest(tmp_path) == before
@@ -621,6 +621,8 @@ def test_run_output_written_exactly_where_asked(name, tmp_path, capsys):
 def _models():
     found = sorted(glob.glob(os.path.join(ROOT, "models", "**", "*.onnx"), recursive=True))
     return [os.path.relpath(p, ROOT) for p in found]
+
+
 
 
 @pytest.mark.parametrize("target", ["dml", "onnx"])

@@ -12,6 +12,7 @@ from onnx import helper as h
 
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
 from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.passes import default_rules
 from dmlgraph.rewrite import (
     Match,
     Options,
@@ -23,7 +24,6 @@ from dmlgraph.rewrite import (
     detached,
     detached_constant,
 )
-from passes import default_rules
 
 
 def _split_model() -> onnx.ModelProto:

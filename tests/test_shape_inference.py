@@ -9,14 +9,25 @@ import time
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as T, helper as h, numpy_helper
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
 
 from dmlgraph import bench_pipeline, shape_inference
 from dmlgraph.modelfile import load_model, without_weights
+from dmlgraph.process import process_wide
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-needs_child = pytest.mark.skipif(not shape_inference.children_available(),
-                                 reason="children run where the process can fork and has a second CPU")
+with process_wide():
+    needs_child = pytest.mark.skipif(not shape_inference.children_available(),
+                                     reason="children run where the process can fork and has a second CPU")
+
+
+@pytest.fixture(autouse=True)
+def _children_allowed():
+    """These tests are about the child: run them as the CLI runs (children allowed)."""
+    with process_wide():
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +98,7 @@ def test_both_paths_give_what_onnx_gives(use_child, monkeypatch):
 def _product_of_dims_model() -> onnx.ModelProto:
     """A 1-D length only data propagation computes (50000 * 50000 from Shape -> Gather -> Mul):
     the plain pass sees nothing long, and data propagation would make 2.5e9 dims."""
-    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)  # noqa: E731
+    c = lambda n, a: numpy_helper.from_array(np.asarray(a), n)
     nodes = [h.make_node("Shape", ["x"], ["s"]),
              h.make_node("Gather", ["s", "i0"], ["a"], axis=0), h.make_node("Gather", ["s", "i1"], ["b"], axis=0),
              h.make_node("Mul", ["a", "b"], ["p"]), h.make_node("ConstantOfShape", ["p"], ["z"]),

@@ -17,8 +17,8 @@ from dmlgraph import api
 from dmlgraph.executor import Executor
 from dmlgraph.graph import DmlNode
 from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.passes.symbolic import Analysis, Band, Lin, Unprovable, sized_fill
 from dmlgraph.rewrite import Options
-from passes.symbolic import Analysis, Band, Lin, Unprovable, sized_fill
 
 
 def c(name, arr):

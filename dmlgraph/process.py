@@ -1,0 +1,51 @@
+"""What dmlgraph may do to the whole process, and only when the process owner asks.
+
+Three measures help a command-line run but touch state a library caller owns: pausing Python's
+cyclic garbage collector during whole-model steps (a third of an optimize at 25k nodes), capping
+the address space (RLIMIT_AS) while a mask subgraph of unknown size is evaluated, and forking a
+child for onnx's shape inference with data propagation (so a runaway inference costs a killed
+child, not a hang). Library calls do none of them unless the caller enters `process_wide()`; the
+CLI does, for the whole command.
+
+Without it the same work runs in-process: slower on big models, and a model whose inferred sizes
+are enormous fails with MemoryError instead of a clear decline.
+"""
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProcessPolicy:
+    """Which process-wide measures are allowed (all off: what a library call gets)."""
+
+    pause_gc: bool = False
+    memory_caps: bool = False
+    children: bool = False
+
+
+_POLICY: contextvars.ContextVar[ProcessPolicy] = contextvars.ContextVar("dmlgraph_process_policy",
+                                                                        default=ProcessPolicy())  # noqa: B039 - frozen
+
+
+def policy() -> ProcessPolicy:
+    """The measures allowed in the current context."""
+    return _POLICY.get()
+
+
+@contextmanager
+def process_wide(*, pause_gc: bool = True, memory_caps: bool = True, children: bool = True) -> Iterator[None]:
+    """Allow dmlgraph calls inside the block to pause gc, cap the address space while evaluating
+    masks, and fork a shape-inference child (each restored or reaped before the call returns).
+
+    For a process that runs dmlgraph as its main job (the CLI, a batch worker); a library caller
+    who owns such a process may enter it too.
+    """
+    token = _POLICY.set(ProcessPolicy(pause_gc, memory_caps, children))
+    try:
+        yield
+    finally:
+        _POLICY.reset(token)

@@ -1,0 +1,1 @@
+"""Small synthetic models: the demo model (see dmlgraph.resources)."""

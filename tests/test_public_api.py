@@ -1,0 +1,190 @@
+"""The Python API as a user calls it: `import dmlgraph` and its typed results.
+
+Library calls read the caller's model and never change it, and leave the process as they found
+it: gc state, rlimits, signal handlers, child processes.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import venv
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+import dmlgraph
+from dmlgraph.resources import DEMO_MODEL, bundled_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = bundled_model(DEMO_MODEL)
+DIMS = {"seq": 5, "batch": 2}
+
+
+def _trilu_model() -> onnx.ModelProto:
+    g = h.make_graph([h.make_node("Trilu", ["x"], ["t"], upper=0), h.make_node("Relu", ["t"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["n", "n"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["n", "n"])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+
+
+def test_optimize_a_model_in_memory_without_changing_it(tmp_path):
+    model = onnx.load(DEMO)
+    kept = copy.deepcopy(model)
+    result = dmlgraph.optimize(model)
+    assert model == kept
+    assert isinstance(result.model, onnx.ModelProto) and result.model is not model
+    assert result.counts["mask_subgraph"] == 2 and result.counts["mask_where"] == 1
+    assert {r.rule for r in result.rewrites} == {"mask_subgraph", "mask_where"}
+    assert all(r.op == "DiagonalMatrix1" and r.exact for r in result.rewrites)
+    assert result.before["nodes"] > result.after["nodes"]
+    size = result.save(tmp_path / "lowered.onnx")
+    assert size == os.path.getsize(tmp_path / "lowered.onnx")
+    onnx.checker.check_model(str(tmp_path / "lowered.onnx"), full_check=True)
+    assert json.loads(result.to_json())["rewrites"] == result.counts
+
+
+def test_optimize_a_path_and_the_options():
+    exact = dmlgraph.optimize(DEMO, exact=True, target="onnx")
+    assert "DiagonalMatrix1" not in {n.op_type for n in exact.model.graph.node}  # expanded to standard ops
+    low = dmlgraph.optimize(_trilu_model(), feature_level="4_0")
+    assert low.counts["trilu"] == 0 and [d.rule for d in low.declined] == ["trilu"]
+    assert "feature level" in low.declined[0].reason
+    with pytest.raises(dmlgraph.DmlgraphError, match="unknown target"):
+        dmlgraph.optimize(DEMO, target="cuda")
+
+
+def test_save_refuses_to_replace_the_input_unless_asked(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    shutil.copy(DEMO, path)
+    result = dmlgraph.optimize(path)
+    with pytest.raises(dmlgraph.ModelError, match="refusing to overwrite"):
+        result.save(path)
+    result.save(path, in_place=True)
+    assert dmlgraph.optimize(path).counts["mask_subgraph"] == 0  # already lowered
+
+
+def test_an_invalid_model_in_memory_is_a_model_error():
+    broken = _trilu_model()
+    broken.graph.node[1].input[0] = "nowhere"
+    with pytest.raises(dmlgraph.ModelError, match="dangling input"):
+        dmlgraph.optimize(broken)
+
+
+def test_inspect_candidates_declines_and_json():
+    model = onnx.load(DEMO)
+    kept = copy.deepcopy(model)
+    found = dmlgraph.inspect(model)
+    assert model == kept
+    assert [c["rule"] for c in found.candidates] == ["mask_subgraph", "mask_subgraph", "mask_where"]
+    assert found.declined == [] and found.totals["candidates"] == 3
+    assert json.loads(found.to_json())["candidates"][0]["rule"] == "mask_subgraph"
+    assert dmlgraph.inspect(_trilu_model(), feature_level="4_0").declined[0]["rule"] == "trilu"
+
+
+def test_run_and_validate():
+    result = dmlgraph.optimize(DEMO)
+    check = dmlgraph.validate(DEMO, result, dims=DIMS)
+    assert check.ok and check.exact
+    assert {t.name for t in check.outputs} == {o.name for o in result.model.graph.output}
+    assert all(t.match and t.detail == "bit-exact" for t in check.tensors + check.outputs)
+    outputs = dmlgraph.run(result.model, check.inputs)
+    expected = dmlgraph.run(DEMO, check.inputs)
+    assert outputs.keys() == expected.keys()
+    for name in outputs:
+        np.testing.assert_array_equal(outputs[name], expected[name])
+    again = dmlgraph.validate(DEMO, result.model, check.inputs)  # given inputs, a ModelProto
+    assert again.ok and again.inputs.keys() == check.inputs.keys()
+    with pytest.raises(dmlgraph.DmlgraphError, match="missing inputs"):
+        dmlgraph.run(DEMO, {})
+
+
+def test_validate_reports_a_wrong_lowering():
+    result = dmlgraph.optimize(DEMO)
+    wrong = copy.deepcopy(result.model)
+    for node in wrong.graph.node:
+        if node.op_type == "DiagonalMatrix1":
+            for a in node.attribute:
+                if a.name == "end":
+                    a.i += 1
+    check = dmlgraph.validate(DEMO, wrong, dims=DIMS)
+    assert not check.ok and any(not t.match for t in check.tensors)
+
+
+# ---- no process-wide side effects ---------------------------------------------------------------
+@pytest.fixture
+def watched(monkeypatch):
+    """Records every gc.disable, setrlimit, fork and signal handler change made meanwhile."""
+    calls: list[str] = []
+    for mod, name in ((gc, "disable"), (resource, "setrlimit"), (os, "fork"), (signal, "signal")):
+        real = getattr(mod, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append(_name)
+            return _real(*a, **k)
+        monkeypatch.setattr(mod, name, spy)
+    return calls
+
+
+def _process_state() -> tuple:
+    limits = tuple(resource.getrlimit(r) for r in (resource.RLIMIT_AS, resource.RLIMIT_DATA))
+    handlers = tuple(signal.getsignal(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
+    return gc.isenabled(), limits, handlers
+
+
+def test_library_calls_leave_the_process_as_they_found_it(watched):
+    before = _process_state()
+    result = dmlgraph.optimize(DEMO)
+    dmlgraph.inspect(DEMO)
+    dmlgraph.validate(DEMO, result, dims=DIMS)
+    assert watched == []  # no gc pause, no rlimit, no child, no signal handler
+    assert _process_state() == before
+
+
+def test_the_process_owner_can_opt_in(watched):
+    before = _process_state()
+    with dmlgraph.process_wide():
+        dmlgraph.optimize(DEMO)
+    assert "disable" in watched  # the gc pause (children and caps depend on the machine and model)
+    assert _process_state() == before
+
+
+# ---- installed ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_wheel_installs_a_working_demo_and_bench(tmp_path):
+    """Build the wheel, install it into a fresh venv (reusing this one's packages), and run
+    `dmlgraph demo` and the bundled-model bench from a folder with no checkout in sight."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
+                    ROOT], check=True, capture_output=True)
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=False, with_pip=False)
+    site = subprocess.run([str(env_dir / "bin" / "python"), "-c", "import site; print(site.getsitepackages()[0])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    here = [p for p in sys.path if p.endswith("site-packages")][0]
+    with open(os.path.join(site, "deps.pth"), "w") as f:  # numpy, onnx, onnxruntime from this venv
+        f.write(here + "\n")
+    wheel = next(wheels.glob("dmlgraph-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", site, str(wheel)],
+                   check=True, capture_output=True)
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    demo = subprocess.run([str(env_dir / "bin" / "python"), "-m", "dmlgraph", "demo"], cwd=away, env=env,
+                          capture_output=True, text=True)
+    assert demo.returncode == 0, demo.stderr
+    assert "PASS" in demo.stdout
+    where = subprocess.run([str(env_dir / "bin" / "python"), "-c",
+                            "import dmlgraph, dmlgraph.resources as r, dmlgraph.bench_pipeline as b; "
+                            "print(dmlgraph.__file__); print(b.executor_models())"],
+                           cwd=away, env=env, capture_output=True, text=True, check=True).stdout
+    assert ROOT not in where and "gpt2_ts.onnx" in where and "causal_attention.onnx" in where

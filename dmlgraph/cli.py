@@ -332,6 +332,9 @@ def entry() -> None:
             except (OSError, ValueError):
                 pass
         os._exit(code)
+    # The work is done and its files committed: a Ctrl-C landing in the interpreter's shutdown has
+    # nothing left to interrupt, and must not turn a finished run into death by SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 
 

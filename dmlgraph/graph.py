@@ -11,9 +11,8 @@ import gc
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, ParamSpec, TypeVar
 
-import networkx as nx
 import numpy as np
 import onnx
 
@@ -23,6 +22,9 @@ from dmlgraph.process import policy
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+if TYPE_CHECKING:  # networkx costs ~0.15 s to import; only analyses that ask for it load it
+    import networkx as nx
 
 Dim = int | str | None  # static size, symbolic name, or unknown
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard ops with graph attributes
@@ -314,6 +316,8 @@ class Graph:
     # ---- analysis -------------------------------------------------------------------------
     def to_networkx(self) -> nx.DiGraph:
         """The node DAG (node id -> node id per data edge); node attr 'node' is the Node."""
+        import networkx as nx
+
         g = nx.DiGraph()
         for n in self.nodes.values():
             g.add_node(n.id, node=n)
@@ -371,6 +375,8 @@ class Graph:
                 if waiting[s] == 0:
                     heapq.heappush(ready, s)
         if len(order) < len(nodes):
+            import networkx as nx
+
             cycle = nx.find_cycle(self.to_networkx())
             names = [self.nodes[a].name or self.nodes[a].op_type for a, _ in cycle]
             raise ModelError(f"the graph has a cycle through nodes {names}",

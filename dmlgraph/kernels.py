@@ -37,19 +37,26 @@ How the fast path works (measured on the benchmark shapes, see `dmlgraph.bench`)
 * Tiny tensors (<= 1024 elements) use a cached flat index of the value positions: one
   copy/fill plus one `out.flat[idx] = value`.
 
-Measured limits (see the benchmark): a triangle with an input costs one input copy plus an
-in-cache fill of the value half, so it runs at ~0.85-1.0x a plain copy for 4- and 8-byte types
-but ~0.5-0.6x for 1-byte types, where numpy's per-row overheads dominate; a generated triangle
-without input runs at ~0.6-0.9x a typed `fill(0)`.
+Measured limits (see the benchmark): on this numpy path a triangle with an input costs one input
+copy plus an in-cache fill of the value half, so it runs at ~0.85-1.0x a plain copy for 4- and
+8-byte types but ~0.5-0.6x for 1-byte types, where numpy's per-row overheads dominate; a
+generated triangle without input runs at ~0.6-0.9x a typed `fill(0)`. With numba installed
+(`dmlgraph[fast]`), outputs of at least COMPILED_MIN_BYTES with two wide regions go through
+`dmlgraph.kernels_compiled` instead, which writes each row's spans once (batches of 2- to 8-byte
+matrices excepted: the templates measured faster there).
 
 `diagonal_matrix1_reference` is the plain vectorized form (np.where over an index grid); tests
 use it, and a literal transcription of the pseudocode, as oracles for the fast path.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import math
 import operator
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +82,9 @@ MIN_BLOCK_ROWS = 32
 TEMPLATE_BYTES = 8 * 1024 * 1024  # batched matrices up to this size use a cached template
 TEMPLATE_CACHE_BYTES = 64 * 1024 * 1024
 SMALL_TEMPLATE_BYTES = 512 * 1024  # any matrix up to this size uses a cached template
+COMPILED_MIN_BYTES = 64 * 1024  # outputs from this size use the compiled kernel when numba is there
+SHORT_ROW_BYTES = 1024  # rows up to this size, in outputs up to SHORT_ROW_TOTAL_BYTES (in cache):
+SHORT_ROW_TOTAL_BYTES = 512 * 1024  # one flat copy, then the value spans (compiled kernel)
 
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float64", "float32", "float16", "int64", "int32", "int16", "int8",
@@ -93,6 +103,10 @@ class _Plan:
     keep_intervals: tuple[tuple[int, int], ...]
     value_area: int  # elements per matrix written with Value
     keep_area: int
+    # both regions wider than `narrow` diagonals somewhere: what the numpy path can only write
+    # as a base plus overlays, and the compiled kernel writes once
+    wide: bool = False
+    padded_value: tuple[int, int, int, int] = (0, 0, 0, 0)  # two value intervals, (W, W) if unused
 
 
 def _clip_bound(b: int, h: int, w: int) -> int:
@@ -109,7 +123,7 @@ def _interval_area(p: int, q: int, h: int, w: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(h: int, w: int, begin: int, end: int) -> _Plan:
+def _plan(h: int, w: int, begin: int, end: int, narrow: int) -> _Plan:
     lo_inf, hi_inf = -h, w  # topX spans [-(h-1), w-1]: these act as -inf / +inf
     b, e = _clip_bound(begin, h, w), _clip_bound(end, h, w)
     if end >= begin:  # value on [begin, end)
@@ -121,7 +135,9 @@ def _plan(h: int, w: int, begin: int, end: int) -> _Plan:
     value = tuple(iv for iv in value if _interval_area(*iv, h, w) > 0)
     keep = tuple(iv for iv in keep if _interval_area(*iv, h, w) > 0)
     va = sum(_interval_area(*iv, h, w) for iv in value)
-    return _Plan(h, w, value, keep, va, h * w - va)
+    wide = any(q - p > narrow for p, q in value) and any(q - p > narrow for p, q in keep)
+    (p0, q0), (p1, q1) = list(value) + [(w, w)] * (2 - len(value))
+    return _Plan(h, w, value, keep, va, h * w - va, wide, (p0, q0, p1, q1))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -333,10 +349,82 @@ def _fill_all(wr: _Writer, source: str) -> None:
             wr.base(source, b0, min(b, b0 + bc), y0, min(h, y0 + rc))
 
 
+def _compiled():
+    """numba's row kernels (the `dmlgraph.kernels_compiled` module), or None when numba is not
+    installed or DMLGRAPH_KERNEL=numpy asks for the numpy path. Imported on first use only."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = False
+        if os.environ.get("DMLGRAPH_KERNEL", "") != "numpy":
+            try:
+                _COMPILED = importlib.import_module("dmlgraph.kernels_compiled")
+            except ImportError:
+                pass
+    return _COMPILED or None
+
+
+_COMPILED = None  # None: not looked up yet; False: unavailable; else the compiled module
+
+
+def compiled_available() -> bool:
+    """Whether large two-region outputs go through the compiled (numba) kernel."""
+    return _compiled() is not None
+
+
+@contextlib.contextmanager
+def numpy_only() -> Iterator[None]:
+    """Within the block, use the numpy path only (benchmarks and tests compare both paths)."""
+    global _COMPILED
+    saved = _COMPILED
+    _COMPILED = False
+    try:
+        yield
+    finally:
+        _COMPILED = saved
+
+
+def _run_compiled(compiled, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
+    """Write the whole output with a compiled row kernel; False (nothing written) when the
+    layouts do not fit it: the output must be C-contiguous, the input C-contiguous or one
+    C-contiguous matrix broadcast over the batch."""
+    if not o3.flags.c_contiguous:
+        return False
+    b, h, w = o3.shape
+    isz = o3.itemsize
+    u = _UINT[isz]
+    if s3 is None:
+        sf, s_batch = _EMPTY[isz], 0
+    elif s3.flags.c_contiguous:
+        sf, s_batch = s3.view(u).reshape(-1), h * w
+    elif s3.strides[0] == 0 and s3[0].flags.c_contiguous:
+        sf, s_batch = s3[0].view(u).reshape(-1), 0
+    else:
+        return False
+    p0, q0, p1, q1 = plan.padded_value
+    of, vu = o3.view(u).reshape(-1), v.view(u)[()]
+    if s_batch == h * w and w * isz <= SHORT_ROW_BYTES and o3.nbytes <= SHORT_ROW_TOTAL_BYTES:
+        compiled.copy_then_fill(of, sf, vu, b, h, w, p0, q0, p1, q1)
+    else:
+        compiled.rows(of, sf, s_batch, vu, b, h, w, p0, q0, p1, q1)
+    return True
+
+
+_UINT = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
+_EMPTY = {n: np.empty(0, _UINT[n]) for n in (1, 2, 4, 8)}  # "no input" for the compiled kernels
+
+
 def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
     """The fast path on (batch, H, W) views."""
     b, h, w = o3.shape
     value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
+    if (o3.nbytes >= COMPILED_MIN_BYTES and plan.wide
+            and (o3.itemsize == 1 or b < 2 or h * w * o3.itemsize > TEMPLATE_BYTES)):
+        # Two wide regions: every row is a few long spans. Batches of matrices of 2- to 8-byte
+        # types stay on the numpy templates below, which measured faster there (0.8x a copy
+        # against 0.6x for 32 matrices of 512x512 float32); 1-byte types do not (0.55 vs 0.75).
+        compiled = _compiled()
+        if compiled is not None and _run_compiled(compiled, o3, s3, v, plan):
+            return
     if (value_iv and keep_iv and h * w * o3.itemsize <= SMALL_TEMPLATE_BYTES
             and o3.strides[2] == o3.itemsize):
         _run_templates(o3, s3, v, plan)  # small matrices: one or two calls beat any splitting
@@ -504,7 +592,7 @@ def diagonal_matrix1(shape, dtype, value, begin, end, input=None, out=None) -> n
         o, s, vv = out.view(np.uint8), None if input is None else input.view(np.uint8), v.view(np.uint8)
     else:
         o, s, vv = out, input, v
-    plan = _plan(shape[-2], shape[-1], begin, end)
+    plan = _plan(shape[-2], shape[-1], begin, end, NARROW)
     o3 = _as3d(o)
     s3 = None if s is None else _as3d(s)
     if o3 is not None and (s is None or s3 is not None):
@@ -563,9 +651,12 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
             return _fill_tiny(np.empty(shape, dtype), input, idx, v)
         return run_tiny
     vv = v.view(np.uint8) if dtype == np.bool_ else v
-    plan = _plan(h, w, begin, end)
+    plan = _plan(h, w, begin, end, NARROW)
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
         return generic  # one region everywhere, or big matrices: the block writers (planning is cheap there)
+    if (size * dtype.itemsize >= COMPILED_MIN_BYTES and plan.wide and compiled_available()
+            and (dtype.itemsize == 1 or size == h * w)):
+        return generic  # the compiled kernel beats the templates here (see _run3)
     keep, value_bits = _templates(plan, vv)
     u = keep.dtype
     b3 = (size // (h * w), h, w)

@@ -32,7 +32,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-import networkx as nx
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -378,8 +377,25 @@ def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
         return g
     for name, const in borrowed.items():
         _borrow(g, g.values[name], const)
-    g.reserved = parent.reserved | set(parent.values) | _subgraph_names(_holders(g))
+    g.reserved = EnclosingNames(parent, _subgraph_names(_holders(g)))
     return Body(g, frozenset(outer))
+
+
+class EnclosingNames:
+    """The names a body must not define: its own nested bodies' (`own`) and every name of the
+    enclosing graph, looked up there when asked rather than copied (a copy per body made a graph
+    of many If nodes quadratic: 2,000 bodies spent 0.5 s copying the outer names)."""
+
+    def __init__(self, parent: Graph, own: set[str]):
+        self.parent = parent
+        self.own = own
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.own or name in self.parent.values or name in self.parent.reserved
+
+    def __ior__(self, names: set[str]) -> "EnclosingNames":
+        self.own |= names
+        return self
 
 
 def _constant(g: Graph, v: Value) -> Value | np.ndarray | DmlNode | None:
@@ -553,6 +569,8 @@ class _CallSites:
 def _call_order(functions: list[onnx.FunctionProto]) -> list[int] | str:
     """Function indices, every caller before the functions it calls."""
     index = {function_key(f): i for i, f in enumerate(functions)}
+    import networkx as nx  # only models with local functions need it (0.15 s to import)
+
     calls = nx.DiGraph()
     calls.add_nodes_from(range(len(functions)))
     for i, f in enumerate(functions):

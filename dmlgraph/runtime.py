@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper
 
 from dmlgraph.errors import DmlgraphError
@@ -33,6 +32,8 @@ class OnnxRunner:
         self.input_names = [i.name for i in model.graph.input]
         self._input_set = frozenset(self.input_names)
         self.output_names = [o.name for o in model.graph.output]
+        import onnxruntime as ort  # here, not at the top: commands that run nothing skip its import
+
         opts = ort.SessionOptions()
         opts.log_severity_level = 4  # fatal only: its errors reach the user as our message, not as a log
         if not optimize:

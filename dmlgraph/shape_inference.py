@@ -101,6 +101,12 @@ def start(model: onnx.ModelProto) -> "PendingShapes":
     return pending
 
 
+# Below this many nodes a fork costs more than the data propagation it moves off the main path
+# (a fork of a large process takes milliseconds): an If/Loop body or a small model is inferred
+# in-process. Measured: 250 If bodies took 3.7 s with a child each, mostly fork and wait.
+CHILD_MIN_NODES = 200
+
+
 class PendingShapes:
     """Shapes being inferred: data propagation by a child (which sends them decoded) while the
     caller goes on; the plain pass and the guard in-process when the result is asked for."""
@@ -112,7 +118,7 @@ class PendingShapes:
     def start(self) -> None:
         """Fork the data-propagation child where that pays. Call it inside the `try` whose
         `finally` calls `close`: a Ctrl-C then finds the child either unborn or known here."""
-        if children_available():
+        if children_available() and len(self.model.graph.node) >= CHILD_MIN_NODES:
             with _interrupts_deferred():
                 self.child = _Child.start(lambda send: _data_prop_job(self.model, send))
 

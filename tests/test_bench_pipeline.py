@@ -31,6 +31,9 @@ def test_quick_bench_writes_rows(tmp_path):
         assert set(row) == ROW_KEYS
     cases = " ".join(r["case"] for r in data["rows"])
     assert "optimize per node" in cases and "throughput" in cases and "run " in cases
+    assert "vs onnxruntime load (fresh processes)" in cases and "--help" in cases
+    for shape in ("long chain", "wide fan-out", "many small mask cones", "nested subgraphs", "identical layers"):
+        assert shape in cases
     assert "peak RSS" not in cases  # the memory case is skipped with --quick
     table = bench_pipeline.table(rows)
     assert table.splitlines()[0].split()[:4] == ["case", "ours", "baseline", "ratio"]
@@ -282,3 +285,15 @@ def test_remove_dead_returns_at_once_only_when_nothing_changed():
     g.add_initializer(g.fresh_value("unused"), np.zeros(2, np.float32))
     assert g.remove_dead() == 0 and "unused" not in g.initializers
     assert g.remove_dead() == 0 and g._remove_dead() == 0
+
+
+@pytest.mark.parametrize("build", [bench_pipeline.chain_model, bench_pipeline.fanout_model, bench_pipeline.nested_model])
+def test_graph_shape_models_are_valid_and_lowered(build, tmp_path):
+    """The graph-shape benchmark models pass the checker, and their Trilus are lowered (inside the
+    If branches too)."""
+    model = build(64)
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    result = api.optimize(str(path))
+    assert result.passes.counts.get("trilu", 0) > 0

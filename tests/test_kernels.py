@@ -3,6 +3,7 @@ property tests over all 11 types, strided descs, and a benchmark smoke test."""
 from __future__ import annotations
 
 import math
+import sys
 from unittest.mock import patch
 
 import numpy as np
@@ -459,3 +460,104 @@ def test_bench_quick_smoke():
         assert r["matches_ort"] in (None, True)
     text = bench.format_table(rows)
     assert "ratio" in text or "x_copy" in text
+
+
+# ------------------------------------------------------------------------------------------
+# the compiled (numba) row kernel and the numpy path, each against the oracle
+
+COMPILED = pytest.param("compiled", marks=pytest.mark.skipif(
+    not kernels.compiled_available(), reason="numba is not installed (the dmlgraph[fast] extra)"))
+
+
+def _run_path(path: str, *args, **kwargs) -> np.ndarray:
+    """diagonal_matrix1 forced through one path: the compiled kernel at every size, or numpy only."""
+    if path == "numpy":
+        with kernels.numpy_only():
+            return kernels.diagonal_matrix1(*args, **kwargs)
+    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, TEMPLATE_BYTES=0):  # batches too
+        return kernels.diagonal_matrix1(*args, **kwargs)
+
+
+BOUNDS = st.one_of(st.sampled_from([INT32_MIN, INT32_MAX, INT32_MIN + 1, INT32_MAX - 1, 0, 1, -1]),
+                   st.integers(-40, 40))
+
+
+@pytest.mark.parametrize("path", ["numpy", COMPILED])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dtype=st.sampled_from(TYPES + ["bool"]),
+       shape=st.sampled_from([(1, 37), (37, 1), (1, 1), (33, 20), (20, 33), (3, 30, 31), (2, 2, 17, 40),
+                              (1, 300)]),
+       begin=BOUNDS, end=BOUNDS, input_kind=st.sampled_from(["none", "full", "batch_broadcast", "row_broadcast"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_both_paths_match_the_oracle(path, dtype, shape, begin, end, input_kind, seed):
+    """Every type (float16 and bool as bits), 1xN / Nx1 / batched shapes, INT32 extremes and
+    inverted ranges, inputs full or broadcast: bit-exact against diagonal_matrix1_reference."""
+    rng = np.random.default_rng(seed)
+    full = (rng.integers(0, 2, shape).astype(bool) if dtype == "bool" else _random_input(shape, dtype, seed))
+    inp = {"none": None, "full": full,
+           "batch_broadcast": np.broadcast_to(full[..., :1, :, :] if len(shape) > 2 else full, shape),
+           "row_broadcast": np.broadcast_to(full[..., :1, :], shape)}[input_kind]
+    value = np.array(True) if dtype == "bool" else np.array(rng.integers(0, 100), dtype)
+    got = _run_path(path, shape, dtype, value, begin, end, input=inp)
+    assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bool", "int8", "uint64", "float64"])
+def test_compiled_kernel_takes_wide_triangles_and_matches(dtype):
+    """A large triangle goes through the compiled kernel when numba is there (and is exact);
+    the same call under numpy_only() never touches it and gives the same bits."""
+    shape = (1, 300, 310)
+    x = _random_input(shape, "uint8" if dtype == "bool" else dtype, 5)
+    x = x.astype(bool) if dtype == "bool" else x
+    calls = []
+    real = kernels._compiled()
+    if real is not None:
+        class Spy:  # counts the calls into either compiled kernel
+            def __getattr__(self, name: str):
+                def call(*args):
+                    calls.append(name)
+                    return getattr(real, name)(*args)
+                return call
+        patch_ctx = patch.object(kernels, "_COMPILED", Spy())
+    else:
+        patch_ctx = patch.object(kernels, "_COMPILED", False)
+    with patch_ctx:
+        got = kernels.diagonal_matrix1(shape, dtype, 1, 1, INT32_MAX, input=x)
+    with kernels.numpy_only():
+        plain = kernels.diagonal_matrix1(shape, dtype, 1, 1, INT32_MAX, input=x)
+    assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, 1, 1, INT32_MAX, input=x))
+    assert_bits_equal(plain, got)
+    assert len(calls) == (1 if real is not None else 0)
+
+
+def test_numpy_path_when_numba_is_absent(monkeypatch):
+    """Without numba the lookup answers None once and every call takes the numpy path."""
+    monkeypatch.setitem(sys.modules, "dmlgraph.kernels_compiled", None)  # import fails
+    monkeypatch.setattr(kernels, "_COMPILED", None)
+    assert not kernels.compiled_available()
+    shape = (3, 200, 150)
+    x = _random_input(shape, "float32", 9)
+    assert_bits_equal(kernels.diagonal_matrix1(shape, "float32", 2, -7, 40, input=x),
+                      kernels.diagonal_matrix1_reference(shape, "float32", 2, -7, 40, input=x))
+    run = kernels.prepare_diagonal_matrix1((200, 150), "float16", 1, 1, INT32_MAX)
+    assert_bits_equal(run(), kernels.diagonal_matrix1_reference((200, 150), "float16", 1, 1, INT32_MAX))
+
+
+def test_kernel_env_switch_selects_numpy(monkeypatch):
+    monkeypatch.setenv("DMLGRAPH_KERNEL", "numpy")
+    monkeypatch.setattr(kernels, "_COMPILED", None)
+    assert not kernels.compiled_available()
+
+
+@pytest.mark.skipif(not kernels.compiled_available(), reason="numba is not installed (the dmlgraph[fast] extra)")
+@pytest.mark.parametrize("short_rows", [0, 1 << 20])
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "int32", "uint64"])
+def test_compiled_kernels_short_and_long_rows(short_rows, dtype):
+    """Both compiled kernels (spans per row; one copy then the value spans) are exact."""
+    shape = (3, 70, 90)
+    x = _random_input(shape, dtype, 11)
+    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, TEMPLATE_BYTES=0, SHORT_ROW_BYTES=short_rows,
+                        SHORT_ROW_TOTAL_BYTES=short_rows):
+        for begin, end in ((INT32_MIN, 0), (1, INT32_MAX), (30, -20), (-20, 30), (INT32_MAX, INT32_MIN)):
+            got = kernels.diagonal_matrix1(shape, dtype, 5, begin, end, input=x)
+            assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, 5, begin, end, input=x))

@@ -30,6 +30,32 @@ def _children_allowed():
         yield
 
 
+@pytest.fixture(autouse=True)
+def _child_for_small_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests use small models; the child path must still be the one they exercise."""
+    monkeypatch.setattr(shape_inference, "CHILD_MIN_NODES", 0)
+
+
+@needs_child
+def test_small_models_are_inferred_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model (or control-flow body) below CHILD_MIN_NODES forks no child: a fork costs more."""
+    monkeypatch.setattr(shape_inference, "CHILD_MIN_NODES", 200)
+    started = []
+    real_start = shape_inference._Child.start
+    monkeypatch.setattr(shape_inference._Child, "start", lambda job: started.append(job) or real_start(job))
+    small = bench_pipeline.blocks_model(2)
+    in_process = shape_inference.start(small).value_types()
+    assert not started
+    monkeypatch.setattr(shape_inference, "CHILD_MIN_NODES", 0)
+    assert shape_inference.start(small).value_types() == in_process  # same answer from a child
+    assert len(started) == 1
+    monkeypatch.setattr(shape_inference, "CHILD_MIN_NODES", 200)
+    big = bench_pipeline.blocks_model(20)
+    assert len(big.graph.node) >= 200
+    shape_inference.start(big).value_types()
+    assert len(started) == 2
+
+
 def _types(model: onnx.ModelProto) -> list:
     return shape_inference.value_types(model)
 

@@ -156,8 +156,10 @@ def _outside(graph: Graph, d: DmlNode) -> Operand:
     x = d.inputs[0]
     if x is None:
         return np.zeros((), numpy_dtype(d.elem_type))
-    arr = const_value(graph, x) if x.name in graph.initializers else None
-    return np.asarray(arr).reshape(()) if arr is not None and arr.size == 1 else x
+    # One value everywhere (a one-element constant, ConstantOfShape, Expand of a scalar): that value,
+    # so Where(D, X, c) off the region is X itself, never a new Where that could touch X's bits.
+    u = uniform_constant(graph, x)
+    return u if u is not None else x
 
 
 @dataclass

@@ -30,7 +30,10 @@ def cases(draw, families: str):
     sizes = threshold_sizes(case)
     pairs = draw(st.lists(st.tuples(st.sampled_from(sizes), st.sampled_from(sizes)), min_size=1,
                           max_size=6 if SOAK else 3))
-    ks = draw(st.lists(st.sampled_from(fuzz_masks.HUGE_K + [3, -3]), min_size=1, max_size=3))
+    # A run-time k of -2^63 is left out where onnx.reference is the oracle (Where over data): its
+    # Trilu is numpy's triu, which computes k - 1 and wraps there (keeping nothing instead of all).
+    ks = draw(st.lists(st.sampled_from([k for k in fuzz_masks.HUGE_K if k != -2**63] + [3, -3]), min_size=1,
+                       max_size=3))
     return case, pairs, ks
 
 

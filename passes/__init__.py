@@ -9,10 +9,20 @@ phase 4  chain           DIAGONAL_MATRIX1 of DIAGONAL_MATRIX1 -> one node
 """
 from __future__ import annotations
 
-from dmlgraph.passes import apply, apply_arith, apply_bool, apply_gather, apply_views, eyelike, masks, trilu
+from dmlgraph.passes import (
+    apply,
+    apply_arith,
+    apply_bool,
+    apply_gather,
+    apply_views,
+    eyelike,
+    masks,
+    stored_masks,
+    trilu,
+)
 from dmlgraph.rewrite import Options, Rule
 
-ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, masks.STORED_MASK, trilu.RULE, eyelike.RULE,
+ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, stored_masks.STORED_MASK, trilu.RULE, eyelike.RULE,
                          apply_views.MASK_VIEW, apply.MASK_WHERE, apply_gather.MASK_GATHER, apply_bool.MASK_BOOL,
                          apply_bool.MASK_NOT, apply_bool.MASK_CAST, apply_arith.MASK_ARITH, apply.CHAIN]
 

@@ -10,7 +10,7 @@ passing over them in silence.
 from __future__ import annotations
 
 from dmlgraph.graph import Graph, Node, OnnxNode, Value
-from dmlgraph.passes.masks import INDEX_OPS, MASK_OPS, SHAPE_OPS
+from dmlgraph.passes.data_free import INDEX_OPS, MASK_OPS, SHAPE_OPS
 from dmlgraph.rewrite import Match
 
 _INDEX_TYPES = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # the integer ONNX element types, and bool

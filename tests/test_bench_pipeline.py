@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from dmlgraph import api, bench_pipeline
 from dmlgraph.graph import DmlNode
 from dmlgraph.onnx_io import import_model
-from dmlgraph.passes import masks
+from dmlgraph.passes import data_free, masks
 from dmlgraph.rewrite import Options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,11 +120,11 @@ def test_signature_sees_dims_types_and_wiring():
     sig = {}
     for block in (1, 3):
         target = g.values[f"b{block}_mask"]
-        nodes, inputs = masks._ancestors(target)
+        nodes, inputs = data_free._ancestors(target)
         sig[block] = masks._signature(g, nodes, inputs, target, ["batch", "seq"])
     assert sig[1] == sig[3]
     target = g.values["b1_mask"]
-    nodes, inputs = masks._ancestors(target)
+    nodes, inputs = data_free._ancestors(target)
     renamed = list(inputs[0].shape)
     inputs[0].shape = ("seq2",) + tuple(renamed[1:])
     assert masks._signature(g, nodes, inputs, target, ["batch", "seq"]) != sig[1]  # the proof names its dims
@@ -139,21 +139,21 @@ def _reference_free(g) -> dict[str, bool]:
     DataFree's own walk, which goes in insertion order, and its incremental updates)."""
     status = {}
     over = set(g.overridable_inputs)
-    const = {name: masks.DataFree(g).index_only(v) for name, v in g.initializers.items() if name not in over}
+    const = {name: data_free.DataFree(g).index_only(v) for name, v in g.initializers.items() if name not in over}
     for n in g.topological_order():
         ins = [x for x in n.inputs if x is not None]
-        if not masks._eligible(n):
+        if not data_free._eligible(n):
             continue
-        if n.op_type in masks.SHAPE_OPS:
+        if n.op_type in data_free.SHAPE_OPS:
             status.update((v.name, True) for v in n.outputs)
         elif all(x.name in status or x.name in const for x in ins):
-            index = n.op_type in masks.INDEX_OPS and all(status.get(x.name, const.get(x.name)) for x in ins)
+            index = n.op_type in data_free.INDEX_OPS and all(status.get(x.name, const.get(x.name)) for x in ins)
             status.update((v.name, index) for v in n.outputs)
     return status
 
 
 def _fresh_equals(g, df) -> None:
-    fresh = masks.DataFree(g)
+    fresh = data_free.DataFree(g)
     reference = _reference_free(g)
     for v in g.values.values():
         assert df.is_free(v) == fresh.is_free(v) == (v.name in reference or v.name in g.initializers and
@@ -187,7 +187,7 @@ def test_data_free_walk_settles_nodes_read_before_their_producer():
         g.remove_node(node)
         g.add_node(node)
     assert list(g.nodes.values())[-1].op_type == "Shape"
-    df = masks.DataFree(g)
+    df = data_free.DataFree(g)
     _fresh_equals(g, df)
     assert df.index_only(g.values["b1_mask"]) and df.index_only(g.values["b2_mask"])
 
@@ -205,21 +205,21 @@ def test_incremental_data_free_matches_a_fresh_walk(path, monkeypatch):
 
     def checking(graph, m, options):
         out = real(graph, m, options)
-        _fresh_equals(graph, masks._data_free(graph))
+        _fresh_equals(graph, data_free._data_free(graph))
         checked.append(1)
         return out
 
     monkeypatch.setattr(masks.MASK_SUBGRAPH, "rewrite", checking)
     api.optimize_graph(g, Options())
     g.remove_dead()
-    _fresh_equals(g, masks._data_free(g))
+    _fresh_equals(g, data_free._data_free(g))
 
 
 def test_incremental_data_free_on_the_bench_model():
     g = import_model(bench_pipeline.blocks_model(6))
-    df = masks._data_free(g)
+    df = data_free._data_free(g)
     api.optimize_graph(g, Options())
-    assert masks._data_free(g) is df  # updated, not rebuilt
+    assert data_free._data_free(g) is df  # updated, not rebuilt
     _fresh_equals(g, df)
 
 

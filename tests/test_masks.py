@@ -416,7 +416,7 @@ def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
 
 from dmlgraph.band import analyze_band, diagonal_use_mask  # noqa: E402
 from dmlgraph.graph import Value  # noqa: E402
-from dmlgraph.passes import masks  # noqa: E402
+from dmlgraph.passes import stored_masks  # noqa: E402
 
 _DTYPES = [np.float32, np.float16, np.float64, np.bool_, np.int8, np.int32, np.int64, np.uint8, np.uint16]
 
@@ -435,7 +435,7 @@ def test_first_row_prefilter_agrees_with_band_analysis(h, w, batch, dtype, begin
     arr = np.broadcast_to(arr, (batch, h, w)).copy()
     v = Value("w", shape=arr.shape)
     v.initializer = numpy_helper.from_array(arr, "w")
-    if masks._first_row_varies(v):
+    if stored_masks._first_row_varies(v):
         assert analyze_band(arr) is None
     if band:
-        assert not masks._first_row_varies(v)
+        assert not stored_masks._first_row_varies(v)

@@ -1,0 +1,52 @@
+"""A band pattern (found in an array) as the DIAGONAL_MATRIX1 node that generates it."""
+from __future__ import annotations
+
+import numpy as np
+
+from dmlgraph.band import BandPattern, analyze_band, diagonal_use_mask
+from dmlgraph.dtypes import INT32_MAX, INT32_MIN
+from dmlgraph.graph import DmlNode, Graph, Value
+from dmlgraph.onnx_io import dml_node_proto
+from dmlgraph.ops import bind_range
+from dmlgraph.passes.sizes import Made, constant
+from dmlgraph.runtime import numpy_dtype
+
+
+def _bounds(p: BandPattern) -> tuple[int | None, int | None]:
+    return (None if p.begin == INT32_MIN else p.begin), (None if p.end == INT32_MAX else p.end)
+
+
+def _is_zero(v) -> bool:
+    """+0 only: the generator writes +0.0, so a -0.0 'else' value needs an input."""
+    a = np.asarray(v)
+    return bool(a == 0) and not (a.dtype.kind == "f" and np.signbit(a))
+
+
+def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: Value,
+              shape: Value | None, static_shape, made: Made) -> DmlNode:
+    """The DmlNode producing pattern `p` into `output` (detached); a nonzero 'else' value becomes a
+    scalar input (a constant the graph holds, or one added to `made`)."""
+    x = None
+    if not _is_zero(p.other):
+        x = constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()),
+                     made)
+    begin, end = _bounds(p)
+    return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,
+                   static_shape=static_shape)
+
+
+def band_of(arr: np.ndarray) -> BandPattern | None:
+    """A band with both parts present: a constant tensor is not diagonal-structured."""
+    if arr.ndim < 2 or arr.size == 0 or arr.dtype.kind not in "biuf":
+        return None
+    p = analyze_band(arr)
+    if p is None:
+        return None
+    h, w = arr.shape[-2:]
+    b, e = bind_range(*_bounds(p), 0, h, w)
+    use = diagonal_use_mask(h, w, b, e)
+    return p if use.any() and not use.all() else None
+
+
+def _node_bytes(node: DmlNode) -> int:
+    return len(dml_node_proto(node).SerializeToString())

@@ -1,0 +1,78 @@
+"""`stored_mask`: an initializer or Constant whose every [..., H, W] slice is one band pattern
+(band analysis decides, exactly) becomes a generator; the constant leaves the model. Two-valued
+masks {a, b} with b != 0 keep b as a one-element input broadcast by zero strides."""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from dmlgraph.graph import DmlNode, Graph, Value
+from dmlgraph.modelfile import RAW_ITEMSIZE
+from dmlgraph.passes.common import const_value, lowering_reason, standin
+from dmlgraph.passes.generators import _bounds, _node_bytes, band_of, generator
+from dmlgraph.passes.sizes import Made
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
+
+
+def _match_stored(graph: Graph, item, options: Options) -> Match | None:
+    if isinstance(item, Value):
+        value = item
+        if item.shape is None or len(item.shape) < 2 or item.elem_type in (None, TensorProto.STRING):
+            return None
+        m = Match("stored_mask", [], initializers=[item.name])
+    else:
+        if item.domain not in ("", "ai.onnx") or not item.outputs:
+            return None
+        value = item.outputs[0]
+        m = Match("stored_mask", [item])
+    if graph.is_graph_output(value) and not value.uses:
+        return None  # a constant output is data, not a mask; keep it as is
+    if isinstance(item, Value) and _first_row_varies(item):
+        return None  # (most initializers are weights: turned away before they are decoded)
+    arr = const_value(graph, value)
+    if arr is None or arr.ndim < 2:
+        return None
+    p = band_of(np.asarray(arr))
+    if p is None:
+        return None
+    elem_type = value.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
+    dml = DmlNode(f"{value.name}__gen", None, None, None, standin(value, elem_type), elem_type=elem_type, value=p.value,
+                  begin=_bounds(p)[0], end=_bounds(p)[1], static_shape=arr.shape)
+    m.captures.update(dml=dml, pattern=p, nbytes=int(arr.nbytes))
+    m.reason = lowering_reason(dml, arr.shape, options)
+    threshold = options.min_mask_bytes if options.min_mask_bytes is not None else _node_bytes(dml)
+    if m.reason is None and arr.nbytes <= threshold:
+        m.reason = f"the constant ({arr.nbytes} bytes) is not bigger than the node replacing it ({threshold} bytes)"
+    return m
+
+
+def _first_row_varies(v: Value, head: int = 16) -> bool:
+    """True when the first row of an inline initializer's first matrix changes value more than
+    twice in its first `head` elements, read from its raw bytes: no band does that (`analyze_band`
+    makes the same test, bit for bit, after decoding)."""
+    t = v.initializer
+    size = RAW_ITEMSIZE.get(t.data_type) if t is not None and v.array is None else None
+    if size is None or not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL:
+        return False
+    n = min(v.shape[-1], head)
+    row = t.raw_data[:n * size]
+    if len(row) < n * size:
+        return False  # (load_model refuses short data; left to the full read)
+    items = [row[i:i + size] for i in range(0, n * size, size)]
+    return sum(a != b for a, b in zip(items, items[1:])) > 2
+
+
+def _rewrite_stored(graph: Graph, m: Match, options: Options) -> Replacement:
+    proto: DmlNode = m.captures["dml"]
+    value = proto.outputs[0]
+    made = Made()
+    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None,
+                     proto.static_shape, made)
+    old = graph.initializers[value.name] if m.initializers else m.nodes[0].outputs[0]
+    return Replacement(nodes=[node], initializers=made.initializers, replaces=[(old, node.outputs[0])],
+                       removes=list(m.nodes))
+
+
+STORED_MASK = Rule("stored_mask", ("Initializer", "Constant"), _match_stored, _rewrite_stored,
+                   exact="bit-exact", phase=1,
+                   description="constant band mask -> DIAGONAL_MATRIX1 generator (the constant leaves the model)")

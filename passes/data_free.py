@@ -76,7 +76,8 @@ class DataFree:
 
     def _index_constant(self, v: Value) -> bool:
         if v.name not in self._constants:  # checked once per initializer
-            if v.shape is not None and math.prod(v.shape) <= SMALL_CONSTANT and v.name not in self.graph.overridable_inputs:
+            static = v.static_shape
+            if static is not None and math.prod(static) <= SMALL_CONSTANT and v.name not in self.graph.overridable_inputs:
                 self._constants[v.name] = True  # small: no need to read it
             else:
                 arr = const_value(self.graph, v)
@@ -146,7 +147,8 @@ def _data_free(graph: Graph) -> DataFree:
     """The graph's DataFree, built once and updated from the change log on each call."""
     df = getattr(graph, "_data_free", None)  # kept with the graph: small, and updated in place
     if df is None:
-        df = graph._data_free = DataFree(graph)
+        df = DataFree(graph)
+        graph._data_free = df  # type: ignore[attr-defined]
     df.update()
     return df
 

@@ -16,14 +16,14 @@ def _bounds(p: BandPattern) -> tuple[int | None, int | None]:
     return (None if p.begin == INT32_MIN else p.begin), (None if p.end == INT32_MAX else p.end)
 
 
-def _is_zero(v) -> bool:
+def _is_zero(v: object) -> bool:
     """+0 only: the generator writes +0.0, so a -0.0 'else' value needs an input."""
     a = np.asarray(v)
     return bool(a == 0) and not (a.dtype.kind == "f" and np.signbit(a))
 
 
 def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: Value,
-              shape: Value | None, static_shape, made: Made) -> DmlNode:
+              shape: Value | None, static_shape: tuple[int, ...] | None, made: Made) -> DmlNode:
     """The DmlNode producing pattern `p` into `output` (detached); a nonzero 'else' value becomes a
     scalar input (a constant the graph holds, or one added to `made`)."""
     x = None

@@ -9,7 +9,7 @@ optimizing a portable export again reproduces the same graph.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -34,22 +34,22 @@ class Made:
 
 def constant(graph: Graph, name: str, arr: np.ndarray, made: Made) -> Value:
     """The initializer `name` if it already holds exactly `arr`, else a new one (added to `made`)."""
-    found = graph.scratch.setdefault("constants", {})  # each rewrite asks again for the same few
+    found: dict[tuple, tuple] = graph.scratch.setdefault("constants", {})  # each rewrite asks for the same few
     key = (name, arr.dtype.str, arr.shape, arr.tobytes())
     if key in made.constants:
         return made.constants[key]
     hit = found.get(key)
     if hit is not None:
-        v, tensor, array = hit
-        if graph.initializers.get(v.name) is v and v.initializer is tensor and v.array is array:
-            return v  # (still that initializer, holding what it held)
-    v = graph.initializers.get(name)
-    if v is None or v.name in graph.overridable_inputs:
+        cached, tensor, array = hit
+        if graph.initializers.get(cached.name) is cached and cached.initializer is tensor and cached.array is array:
+            return cached  # (still that initializer, holding what it held)
+    existing = graph.initializers.get(name)
+    if existing is None or existing.name in graph.overridable_inputs:
         v = _new_constant(name, arr, made)
     else:
-        old = const_value(graph, v)
-        if old is None or not bitwise_equal(np.asarray(old), arr):
-            v = _new_constant(name, arr, made)
+        old = const_value(graph, existing)
+        same = old is not None and bitwise_equal(np.asarray(old), arr)
+        v = existing if same else _new_constant(name, arr, made)
     made.constants[key] = v
     found[key] = (v, v.initializer, v.array)
     return v
@@ -64,7 +64,7 @@ def _new_constant(name: str, arr: np.ndarray, made: Made) -> Value:
 _PLUMBING_OPS = ("Shape", "Gather", "Concat", "Reshape", "Add", "Sub", "Mul", "Neg", "Min", "Max", "Div")
 
 
-def _plumbing_key(op_type: str, inputs, attributes) -> tuple:
+def _plumbing_key(op_type: str, inputs: Sequence[Value], attributes: Sequence) -> tuple:
     """attributes: AttributeProtos, or (name, int) pairs."""
     return op_type, tuple(id(v) for v in inputs), tuple(a if isinstance(a, tuple) else (a.name, a.i) for a in attributes)
 
@@ -82,7 +82,7 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
         index = graph.scratch["size_plumbing"] = {}
         for n in graph.nodes.values():
             if _plumbing(n):
-                index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)
+                index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)  # type: ignore[attr-defined]
     key = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
     n = index.get(key)
     if n is None:
@@ -99,7 +99,7 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
 
 
 def _computes(graph: Graph, n: Node, inputs: list[Value], key: tuple) -> bool:
-    return n.id in graph.nodes and _plumbing(n) and n.inputs == inputs \
+    return n.id in graph.nodes and isinstance(n, OnnxNode) and _plumbing(n) and n.inputs == inputs \
         and _plumbing_key(n.op_type, n.inputs, n.attributes) == key
 
 
@@ -207,7 +207,7 @@ class SizeBuilder:
         found = locate(self.graph, self.inputs, sym)
         return id(found[0]) if found is not None else sym
 
-    def _cached(self, key: tuple, make) -> Value:
+    def _cached(self, key: tuple, make: Callable[[list], Value]) -> Value:
         """The value made for `key` before, while every node of it is alive and reads what it read."""
         done = self.graph.scratch.setdefault("size_values", {})
         hit = done.get(key)

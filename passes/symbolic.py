@@ -202,10 +202,11 @@ def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> Di
     return Clamp(inner, lo, hi)
 
 
-def as_lin(d: "Dim | object", what: str) -> Lin:
+def as_lin(d: object, what: str) -> Lin:
     if isinstance(d, Lin):
         return d
-    raise Unprovable(f"{what} is a clamped size ({render_dim(d, str)}), which this analysis does not compute with")
+    text = render_dim(d, str) if isinstance(d, (Clamp, Difference)) else repr(d)
+    raise Unprovable(f"{what} is a clamped size ({text}), which this analysis does not compute with")
 
 
 # ---- abstract tensors -------------------------------------------------------------------------
@@ -510,7 +511,7 @@ class Analysis:
             # comparison is linear in the index, so its extremes are at the corners of the index box.
             verdicts = {_decide(self._corner_bounds(diff, ci, cj, corner), op) for corner in range(4)}
             if verdicts == {True} or verdicts == {False}:
-                return _bool_const(verdicts.pop(), diff.shape)
+                return _bool_const(bool(verdicts.pop()), diff.shape)
             if ci == 0 and cj == 0:
                 raise Unprovable(f"{what} compares sizes whose order depends on the sizes")
             raise Unprovable(f"{what} compares a row or column index with a bound, not a diagonal")
@@ -637,7 +638,7 @@ def _scalar(x: object, dtype: np.dtype) -> np.generic:
     if isinstance(x, np.generic) and x.dtype == dtype:
         return x
     with np.errstate(all="ignore"):
-        return np.array(x).astype(dtype)[()]
+        return np.asarray(x).astype(dtype).reshape(-1)[0]
 
 
 def _same(a: object, b: object) -> bool:

@@ -287,8 +287,8 @@ def shape_of(v: AbstractValue) -> tuple[Dim, ...]:
 
 # ---- the analysis -------------------------------------------------------------------------------
 class Analysis:
-    """Interprets one cone. `constant(value_name)` gives a stored constant's array (None if not one);
-    `inputs` are the values whose shapes the cone reads, in symbol order."""
+    """The proofs over every size (`max_dim` bounds each dim) that the op semantics in
+    `symbolic_ops` call, and the floor-division symbols one analysis of a cone introduced."""
 
     def __init__(self, max_dim: int = DIM_MAX):
         self.max_dim = max_dim
@@ -664,15 +664,6 @@ def _int_of(x: object) -> Lin | None:
 
 def _sorted(xs: list[Lin], order: Callable[[Lin, Lin], int]) -> list[Lin]:
     return sorted(xs, key=functools.cmp_to_key(order))
-
-
-def constant_value(arr: np.ndarray) -> AbstractValue:
-    """A stored constant as an abstract value (Elems when small; a Band when it is one band)."""
-    arr = np.asarray(arr)
-    if arr.size <= SMALL_ELEMENTS:
-        items = tuple(Lin.of(int(x)) if arr.dtype.kind in "iu" else x for x in arr.reshape(-1))
-        return Elems(arr.dtype, tuple(arr.shape), items)
-    raise Unprovable(f"a stored constant of {arr.size} elements that is not small")
 
 
 

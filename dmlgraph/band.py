@@ -23,9 +23,11 @@ must repeat exactly, and the returned scalars reproduce the input bits.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
@@ -49,7 +51,7 @@ def _bits_dtype(dtype: np.dtype) -> np.dtype:
     return u.newbyteorder(dtype.byteorder) if dtype.byteorder in "<>" else u
 
 
-def _scalar_bits(v) -> int:
+def _scalar_bits(v: npt.ArrayLike) -> int:
     a = np.asarray(v)
     return int(a.view(_bits_dtype(a.dtype)).item())
 
@@ -101,7 +103,7 @@ class BandPattern:
     height: int
     width: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("begin", "end"):
             v = int(getattr(self, name))
             if not INT32_MIN <= v <= INT32_MAX:
@@ -137,7 +139,7 @@ class BandPattern:
         return diagonal_use_mask(self.height if height is None else height,
                                  self.width if width is None else width, self.begin, self.end)
 
-    def materialize(self, shape=None) -> np.ndarray:
+    def materialize(self, shape: Iterable[int] | None = None) -> np.ndarray:
         """Reference expansion: the array this pattern stands for, bit-exact (numpy, dense).
 
         `shape` defaults to (height, width); any shape of rank >= 2 applies the same
@@ -151,10 +153,10 @@ class BandPattern:
         bits = np.where(use, u.type(self.value_bits), u.type(self.other_bits)).astype(u)
         return np.ascontiguousarray(np.broadcast_to(bits.view(self.dtype), shape))
 
-    def _key(self):
+    def _key(self) -> tuple[int, int, int, int, str, int, int]:
         return (self.begin, self.end, self.height, self.width, self.dtype.str, self.value_bits, self.other_bits)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         """Bitwise: patterns with the same NaN value are equal; -0.0 and +0.0 differ."""
         if not isinstance(other, BandPattern):
             return NotImplemented
@@ -164,7 +166,7 @@ class BandPattern:
         return hash(self._key())
 
 
-def analyze_band(array, *, block_rows: int | None = None) -> BandPattern | None:
+def analyze_band(array: npt.ArrayLike, *, block_rows: int | None = None) -> BandPattern | None:
     """The canonical `BandPattern` every [..., H, W] slice of `array` equals bit for bit, or None.
 
     None for: rank < 2, a zero-size dimension, a dtype DIAGONAL_MATRIX1 cannot carry (anything but
@@ -249,7 +251,9 @@ def _pattern_from_signature(sig: np.ndarray, h: int, w: int, dtype: np.dtype) ->
         begin = INT32_MIN if first == 0 else first + lo_d
         end = INT32_MAX if final == last else final + 1 + lo_d
         return make(value, other, begin, end)
-    gap_first, gap_last = run(other)  # value = prefix + suffix around one run of `other`
+    gap = run(other)  # value = prefix + suffix around one run of `other`
+    assert gap is not None  # two bit patterns changing at most twice: one of them is a single run
+    gap_first, gap_last = gap
     return make(value, other, gap_last + 1 + lo_d, gap_first + lo_d)
 
 

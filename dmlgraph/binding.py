@@ -7,6 +7,8 @@ padded with leading 1s where the feature level needs 4 dims (DIAGONAL_MATRIX bel
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Sequence
+from typing import cast
 
 import numpy as np
 from onnx import helper
@@ -19,30 +21,31 @@ from dmlgraph.ops import DIAGONAL_MATRIX_SUPPORT, DiagonalMatrix1Desc, DiagonalM
 from dmlgraph.tensor import BufferTensorDesc, DescError, packed_strides, view
 
 
-def broadcast_strides(x_shape, out_shape) -> tuple[int, ...]:
+def broadcast_strides(x_shape: Sequence[int], out_shape: Sequence[int]) -> tuple[int, ...]:
     """Element strides that view a packed tensor of `x_shape` as `out_shape` (0 = broadcast)."""
     x_shape = (1,) * (len(out_shape) - len(x_shape)) + tuple(x_shape)
     packed = packed_strides(x_shape)
     return tuple(0 if xs != os_ else st for xs, os_, st in zip(x_shape, out_shape, packed))
 
 
-def fold_axes(sizes, strides_list, max_rank: int = 4):
+def fold_axes(sizes: Iterable[int], strides_list: Iterable[Iterable[int]],
+              max_rank: int = 4) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """Merge adjacent batch axes that are contiguous in every tensor; keep the last two axes."""
     sizes = list(sizes)
-    strides_list = [list(s) for s in strides_list]
+    strides: list[list[int]] = [list(s) for s in strides_list]
     i = len(sizes) - 4  # try merging batch axes pairwise, from the innermost batch pair outwards
     while len(sizes) > max_rank and i >= 0:
-        if all(s[i] == s[i + 1] * sizes[i + 1] for s in strides_list):
+        if all(s[i] == s[i + 1] * sizes[i + 1] for s in strides):
             sizes[i:i + 2] = [sizes[i] * sizes[i + 1]]
-            for s in strides_list:
+            for s in strides:
                 s[i:i + 2] = [s[i + 1]]
         i -= 1
     if len(sizes) > max_rank:
         # Contiguity failed somewhere: batch axes of size 1 can always go.
         keep = [j for j in range(len(sizes) - 2) if sizes[j] != 1] + [len(sizes) - 2, len(sizes) - 1]
         sizes = [sizes[j] for j in keep]
-        strides_list = [[s[j] for j in keep] for s in strides_list]
-    return tuple(sizes), [tuple(s) for s in strides_list]
+        strides = [[s[j] for j in keep] for s in strides]
+    return tuple(sizes), [tuple(s) for s in strides]
 
 
 def min_rank(node: DmlNode, level: FeatureLevel) -> int:
@@ -53,7 +56,7 @@ def min_rank(node: DmlNode, level: FeatureLevel) -> int:
     return 2
 
 
-def node_desc(node: DmlNode, out_shape, x_shape=None, k: int = 0,
+def node_desc(node: DmlNode, out_shape: Iterable[int], x_shape: Sequence[int] | None = None, k: int = 0,
               level: FeatureLevel = FeatureLevel.L5_1) -> DiagonalMatrix1Desc | DiagonalMatrixDesc:
     """The validated desc of `node` at these shapes. Raises DescError with the rule broken."""
     out_shape = tuple(int(s) for s in out_shape)
@@ -69,8 +72,9 @@ def node_desc(node: DmlNode, out_shape, x_shape=None, k: int = 0,
     strides = [(0,) * pad + s for s in strides]
     out_desc = BufferTensorDesc(dtype, sizes, None if strides[0] == packed_strides(sizes) else strides[0])
     height, width = out_shape[-2:]
-    if node.kind == "DiagonalMatrix":
-        desc = DiagonalMatrixDesc(out_desc, node.begin, float(node.value))
+    desc: DiagonalMatrix1Desc | DiagonalMatrixDesc
+    if node.kind == "DiagonalMatrix":  # its begin is the offset, never None (onnx_io, passes/eyelike)
+        desc = DiagonalMatrixDesc(out_desc, cast(int, node.begin), float(node.value))
     else:
         begin, end = bind_range(node.begin, node.end, k, height, width)
         in_desc = None if len(strides) < 2 else BufferTensorDesc(dtype, sizes, strides[1])
@@ -126,7 +130,8 @@ def _decline_reason(node: DmlNode, rank: int | None, level: FeatureLevel,
     return None
 
 
-def run_desc(desc, output_buffer: np.ndarray, input_buffer: np.ndarray | None = None) -> np.ndarray:
+def run_desc(desc: DiagonalMatrix1Desc | DiagonalMatrixDesc, output_buffer: np.ndarray,
+             input_buffer: np.ndarray | None = None) -> np.ndarray:
     """Run a DiagonalMatrix1Desc or DiagonalMatrixDesc on flat (C-contiguous) buffers.
 
     The buffers are seen through the descs' sizes and strides (`dmlgraph.tensor.view`), so a
@@ -147,12 +152,12 @@ def run_desc(desc, output_buffer: np.ndarray, input_buffer: np.ndarray | None = 
                             if desc.input is None else
                             "DIAGONAL_MATRIX1 desc has an InputTensor but no input buffer was given")
     o = _output_view(output_buffer, desc.output)
-    s = None if desc.input is None else view(input_buffer, desc.input)
+    s = None if desc.input is None else view(cast(np.ndarray, input_buffer), desc.input)  # given: checked above
     return kernels.diagonal_matrix1(desc.output.sizes, o.dtype, desc.value.numpy_value, desc.begin, desc.end,
                             input=s, out=o)
 
 
-def _output_view(buffer: np.ndarray, desc) -> np.ndarray:
+def _output_view(buffer: np.ndarray, desc: BufferTensorDesc) -> np.ndarray:
     o = view(buffer, desc)
     if not o.flags.writeable:
         raise DmlgraphError(f"OutputTensor strides {list(desc.effective_strides)} alias elements "

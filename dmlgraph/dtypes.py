@@ -7,8 +7,10 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from onnx import TensorProto
 
 from dmlgraph.errors import DmlgraphError
@@ -46,7 +48,7 @@ class DmlDataType(enum.IntEnum):
         return self in (DmlDataType.FLOAT16, DmlDataType.FLOAT32, DmlDataType.FLOAT64)
 
     @classmethod
-    def from_numpy(cls, dtype) -> "DmlDataType":
+    def from_numpy(cls, dtype: npt.DTypeLike) -> "DmlDataType":
         dt = np.dtype(dtype)
         if dt == np.bool_:
             return cls.UINT8
@@ -79,7 +81,7 @@ _NUMPY = {
     DmlDataType.INT8: "int8", DmlDataType.INT64: "int64",
 }
 
-_FROM_ONNX = {
+_FROM_ONNX: dict[int, DmlDataType] = {
     TensorProto.FLOAT: DmlDataType.FLOAT32, TensorProto.FLOAT16: DmlDataType.FLOAT16,
     TensorProto.DOUBLE: DmlDataType.FLOAT64, TensorProto.UINT32: DmlDataType.UINT32,
     TensorProto.UINT16: DmlDataType.UINT16, TensorProto.UINT8: DmlDataType.UINT8,
@@ -124,7 +126,7 @@ class ScalarUnion:
     raw: bytes  # 8 bytes, little-endian, value in the low bytes
 
     @classmethod
-    def of(cls, value, data_type: DmlDataType) -> "ScalarUnion":
+    def of(cls, value: Any, data_type: DmlDataType) -> "ScalarUnion":
         data_type = DmlDataType(data_type)
         dt = data_type.numpy
         if isinstance(value, (np.generic, np.ndarray)):
@@ -156,7 +158,7 @@ class ScalarUnion:
         return cls(data_type, encoded.ljust(8, b"\0"))
 
     @property
-    def value(self):
+    def value(self) -> int | float:
         """The Python value (float or int) the union holds."""
         dt = self.data_type.numpy
         return np.frombuffer(self.raw[: dt.itemsize], dtype=dt)[0].item()

@@ -32,6 +32,7 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import onnx
@@ -99,7 +100,7 @@ def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
             elif (shape is None or shape.name in const) and (x is None or x.name in shaped):
                 shaped.update(outs)
             continue
-        if n.domain not in ("", "ai.onnx") or n.op_type not in _PURE or n.has_subgraph:
+        if n.domain not in ("", "ai.onnx") or n.op_type not in _PURE or cast(OnnxNode, n).has_subgraph:
             continue
         if n.op_type in ("Shape", "Size"):
             if ins and ins[0] in shaped:
@@ -191,12 +192,12 @@ class Executor:
             if later:
                 stage[n.id] = max(stage[n.id], min(later))
         regions: dict[int, Region] = {}
-        dml_at: dict[int, list[DmlNode]] = {}
+        dml_at: dict[int, list[DmlNode | control_flow.HostStep]] = {}
         for n in order:
             if isinstance(n, DmlNode):
                 dml_at.setdefault(stage[n.id], []).append(n)
             elif n.id in hosts:
-                dml_at.setdefault(stage[n.id], []).append(control_flow.HostStep(g, n, self._sub_executor))
+                dml_at.setdefault(stage[n.id], []).append(control_flow.HostStep(g, cast(OnnxNode, n), self._sub_executor))
             else:
                 regions.setdefault(stage[n.id], Region(stage[n.id])).nodes.append(n)
         steps: list[Region | DmlNode | control_flow.HostStep] = []
@@ -246,7 +247,7 @@ class Executor:
                     inputs.append(value_info(v))
             outputs = [value_info(g.values[o]) if g.values[o].elem_type else onnx.ValueInfoProto(name=o)
                        for o in region.outputs]
-            proto = helper.make_graph([onnx_node_proto(n) for n in region.nodes], f"stage{region.stage}",
+            proto = helper.make_graph([onnx_node_proto(cast(OnnxNode, n)) for n in region.nodes], f"stage{region.stage}",
                                       inputs, outputs, inits)
             opsets = [helper.make_opsetid(d, v) for d, v in g.info.opset_imports.items() if d != DOMAIN]
             model = helper.make_model(proto, opset_imports=opsets, ir_version=g.info.ir_version)
@@ -322,7 +323,8 @@ class Executor:
         skipped = [s for s in self.steps if (s.outputs[0].name in const if isinstance(s, DmlNode)
                                               else all(name in const for name in s.outputs))]
         skip_ids = {id(s) for s in skipped}
-        self._fast_steps = [s for s in self.steps if id(s) not in skip_ids]
+        # (no HostStep: the fast path is planned only for graphs without host nodes)
+        self._fast_steps = cast("list[Region | DmlNode]", [s for s in self.steps if id(s) not in skip_ids])
         self._skipped = len(skipped)
         made = {name for s in skipped for name in ([s.outputs[0].name] if isinstance(s, DmlNode) else s.outputs)}
         read: set[str] = {v.name for v in g.outputs}
@@ -342,11 +344,11 @@ class Executor:
         self._bindable = {s.id for s in self._fast_steps if isinstance(s, DmlNode) and s.kind == "DiagonalMatrix1"
                           and s.inputs[0] is not None and all(v is None or v.name in const for v in s.inputs[1:])}
 
-    def _key(self, feeds) -> tuple | None:
+    def _key(self, feeds: dict[str, np.ndarray]) -> tuple | None:
         """The input shapes and dtypes, when the fast path may serve these feeds (plain arrays, no extras)."""
         if len(feeds) != len(self._input_names):
             return None
-        key = []
+        key: list[object] = []
         for name in self._input_names:
             x = feeds.get(name)
             if type(x) is not np.ndarray:
@@ -382,7 +384,7 @@ class Executor:
         bound_all = entry.bound
         for step in self._fast_steps:
             t0 = perf()
-            if step.__class__ is Region:
+            if isinstance(step, Region):
                 runner = step.runner or self._runner(step)
                 env.update(zip(runner.output_names, runner.run_exact({k: env[k] for k in runner.input_names})))
                 t_ort += perf() - t0
@@ -410,35 +412,36 @@ class Executor:
         self.last_path = "fast"
         return out
 
-    def _bind_dml(self, node: DmlNode, env) -> tuple:
+    def _bind_dml(self, node: DmlNode, env: dict[str, np.ndarray]) -> tuple:
         """(x's name, x's shape, the output's name, prepared kernel) for a node whose shape and k
         are constants at these input shapes, when x has the output's shape; () otherwise (the node
         then takes `_run_dml`, as it does whenever x comes with another shape)."""
         if node.id not in self._bindable:
             return ()
-        x = env.get(node.inputs[0].name)
+        x_name = cast(Value, node.inputs[0]).name  # a bindable node has x
+        x = env.get(x_name)
         if type(x) is not np.ndarray:
             return ()
         shape, dtype, _, bound = self._dml_checked(node, env)
         if x.shape != shape or not bound:  # broadcast, a zero-size output: the general path
             return ()
-        return (node.inputs[0].name, x.shape, node.outputs[0].name,
+        return (x_name, x.shape, node.outputs[0].name,
                 kernels.prepare_diagonal_matrix1(shape, dtype, node.value, *bound))
 
-    def _value(self, v: Value, env) -> np.ndarray:
+    def _value(self, v: Value, env: dict[str, np.ndarray]) -> np.ndarray:
         if v.name in env:
             return env[v.name]
         return initializer_array(self.graph.initializers[v.name])
 
-    def _run_dml(self, node: DmlNode, env) -> np.ndarray:
+    def _run_dml(self, node: DmlNode, env: dict[str, np.ndarray]) -> np.ndarray:
         shape, dtype, x, bound = self._dml_checked(node, env)
         if 0 in shape:
             return np.zeros(shape, dtype)
         if node.kind == "DiagonalMatrix":
-            return kernels.diagonal_matrix(shape, dtype, node.begin, float(node.value))
-        return kernels.diagonal_matrix1(shape, dtype, node.value, *bound, input=x)
+            return kernels.diagonal_matrix(shape, dtype, cast(int, node.begin), float(node.value))  # begin: the offset
+        return kernels.diagonal_matrix1(shape, dtype, node.value, *cast("tuple[int, int]", bound), input=x)  # 0 not in shape
 
-    def _dml_operands(self, node: DmlNode, env) -> tuple[tuple[int, ...], np.ndarray | None, int]:
+    def _dml_operands(self, node: DmlNode, env: dict[str, np.ndarray]) -> tuple[tuple[int, ...], np.ndarray | None, int]:
         """(output shape, x as produced, k), with the checks on the shape and on k."""
         x_v, shape_v, k_v = node.inputs
         x = None if x_v is None else np.asarray(self._value(x_v, env))
@@ -447,7 +450,7 @@ class Executor:
         elif node.static_shape is not None:
             shape = node.static_shape
         else:
-            shape = x.shape
+            shape = cast(np.ndarray, x).shape  # a node without shape input or static shape has x
         label = f"{node.kind} node {node.name or node.outputs[0].name!r}"
         if len(shape) < 2 or any(d < 0 for d in shape):
             raise DmlgraphError(f"{label}: output shape {list(shape)} is not a matrix (needs 2+ dims, none "
@@ -464,7 +467,8 @@ class Executor:
             k = int(k_arr.reshape(-1)[0])
         return shape, x, k
 
-    def _dml_checked(self, node: DmlNode, env) -> tuple:
+    def _dml_checked(self, node: DmlNode, env: dict[str, np.ndarray]
+                     ) -> tuple[tuple[int, ...], np.dtype, np.ndarray | None, tuple[()] | tuple[int, int]]:
         """(shape, dtype, x broadcast to shape, (begin, end)) with every check `run` makes; the
         range is () for a zero-size output and for DIAGONAL_MATRIX (which has none)."""
         shape, x, k = self._dml_operands(node, env)

@@ -11,7 +11,7 @@ import gc
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, ParamSpec, TypeVar, cast
 
 import numpy as np
 import onnx
@@ -77,7 +77,7 @@ class Value:
     def static_shape(self) -> tuple[int, ...] | None:
         if self.shape is None or not all(isinstance(d, int) for d in self.shape):
             return None
-        return tuple(self.shape)
+        return tuple(cast("tuple[int, ...]", self.shape))
 
     @property
     def consumers(self) -> list["Node"]:
@@ -112,7 +112,8 @@ class OnnxNode(Node):
 
     __slots__ = ("op_type", "domain", "attributes", "doc_string", "source", "rewired", "_outer")
 
-    def __init__(self, name, op_type, inputs, outputs, attributes=(), domain="", doc_string="",
+    def __init__(self, name: str, op_type: str, inputs: Iterable[Value | None], outputs: Iterable[Value],
+                 attributes: Iterable[onnx.AttributeProto] = (), domain: str = "", doc_string: str = "",
                  source: onnx.NodeProto | None = None):
         super().__init__(name, inputs, outputs)
         self.op_type = op_type
@@ -151,7 +152,7 @@ class OnnxNode(Node):
             self.source = proto
         self._outer = None
 
-    def attr(self, name: str, default=None):
+    def attr(self, name: str, default: Any = None) -> Any:
         for a in self.attributes:
             if a.name == name:
                 return onnx.helper.get_attribute_value(a)
@@ -173,8 +174,9 @@ class DmlNode(Node):
     __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind")
     domain = "com.dmlgraph"
 
-    def __init__(self, name, x, shape, k, output, *, elem_type: int, value, begin: int | None, end: int | None,
-                 static_shape=None, exact: bool = True, kind: str = "DiagonalMatrix1"):
+    def __init__(self, name: str, x: Value | None, shape: Value | None, k: Value | None, output: Value, *,
+                 elem_type: int, value: np.generic, begin: int | None, end: int | None,
+                 static_shape: Iterable[int] | None = None, exact: bool = True, kind: str = "DiagonalMatrix1"):
         super().__init__(name, [x, shape, k], [output])
         self.elem_type = elem_type
         self.value = value
@@ -240,7 +242,7 @@ class Graph:
             v = self.values[name] = Value(name)
         return v
 
-    def fresh_value(self, hint: str, elem_type=None, shape=None) -> Value:
+    def fresh_value(self, hint: str, elem_type: int | None = None, shape: tuple[Dim, ...] | None = None) -> Value:
         name = hint
         while name in self.values or name in self.reserved:
             name = f"{hint}__{next(self._names)}"
@@ -310,7 +312,7 @@ class Graph:
         names: set[str] = set()
         for op in CONTROL_FLOW:
             for n in self.by_op.get(op, {}).values():
-                names |= n.subgraph_reads
+                names |= cast(OnnxNode, n).subgraph_reads  # by_op holds these ops' OnnxNodes
         return names
 
     # ---- analysis -------------------------------------------------------------------------

@@ -56,10 +56,13 @@ import importlib
 import math
 import operator
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Literal, SupportsIndex, cast
 
 import numpy as np
+import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
 from dmlgraph.errors import DmlgraphError
@@ -126,6 +129,8 @@ def _interval_area(p: int, q: int, h: int, w: int) -> int:
 def _plan(h: int, w: int, begin: int, end: int, narrow: int) -> _Plan:
     lo_inf, hi_inf = -h, w  # topX spans [-(h-1), w-1]: these act as -inf / +inf
     b, e = _clip_bound(begin, h, w), _clip_bound(end, h, w)
+    value: list[tuple[int, int]] | tuple[tuple[int, int], ...]
+    keep: list[tuple[int, int]] | tuple[tuple[int, int], ...]
     if end >= begin:  # value on [begin, end)
         value = [(b, e)]
         keep = [(lo_inf, b), (e, hi_inf)]
@@ -141,7 +146,7 @@ def _plan(h: int, w: int, begin: int, end: int, narrow: int) -> _Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def _tiny_index(shape: tuple, begin: int, end: int) -> np.ndarray:
+def _tiny_index(shape: tuple[int, ...], begin: int, end: int) -> np.ndarray:
     """Flat C-order indices of every Value position in a tensor of `shape` (small tensors)."""
     h, w = shape[-2], shape[-1]
     y = np.arange(h).reshape(h, 1)
@@ -189,10 +194,11 @@ class _Writer:
 
     def __init__(self, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray):
         self.o3 = o3
-        self.s3 = s3
+        # read only for the source "input", which a plan has only when s3 is not None
+        self.s3 = cast(np.ndarray, s3)
         self.v = v
         self.zero = np.zeros((), o3.dtype)
-        self.o8 = None
+        self.o8: np.ndarray | None = None
         if o3.strides[2] == o3.itemsize or o3.shape[2] == 1:
             try:
                 self.o8 = o3.view(np.uint8)
@@ -205,8 +211,9 @@ class _Writer:
         sb, sh, sw = o3.strides
         self.skew_strides = (sb, sh + sw, sw)
 
-    def const_for(self, source: str):
-        return (self.v if source == "value" else self.zero)[()]
+    def const_for(self, source: str) -> np.generic:
+        # a 0-d array indexed by () is its scalar (numpy's stubs say ndarray)
+        return (self.v if source == "value" else self.zero)[()]  # type: ignore[return-value]
 
     def base(self, source: str, b0: int, b1: int, y0: int, y1: int) -> None:
         if source == "input":
@@ -218,7 +225,7 @@ class _Writer:
         else:
             self.o3[b0:b1, y0:y1].fill(self.const_for(source))
 
-    def rect(self, source: str, b0, b1, y0, y1, c0, c1) -> None:
+    def rect(self, source: str, b0: int, b1: int, y0: int, y1: int, c0: int, c1: int) -> None:
         if c1 <= c0:
             return
         if source == "input":
@@ -231,7 +238,7 @@ class _Writer:
         else:
             self.o3[b0:b1, y0:y1, c0:c1].fill(self.const_for(source))
 
-    def masked(self, source: str, b0, b1, y0, y1, c0, mask: np.ndarray) -> None:
+    def masked(self, source: str, b0: int, b1: int, y0: int, y1: int, c0: int, mask: np.ndarray) -> None:
         """Write `mask` (rows x cols, window starting at unclipped column c0), clipped to [0, W)."""
         w = self.o3.shape[2]
         cols = mask.shape[1]
@@ -245,10 +252,10 @@ class _Writer:
         else:
             np.copyto(dst, self.const_for(source), where=m)
 
-    def skew_fits(self, y0, y1, x0, width) -> bool:
+    def skew_fits(self, y0: int, y1: int, x0: int, width: int) -> bool:
         return x0 >= 0 and x0 + (y1 - 1 - y0) + width <= self.o3.shape[2]
 
-    def skew(self, source: str, b0, b1, y0, y1, x0, width) -> bool:
+    def skew(self, source: str, b0: int, b1: int, y0: int, y1: int, x0: int, width: int) -> bool:
         """Write columns [x0 + (y - y0), x0 + (y - y0) + width) of rows y in [y0, y1), if every
         one lies inside the row (then True; else nothing is written and False)."""
         w = self.o3.shape[2]
@@ -284,7 +291,7 @@ def _diag_view(a3: np.ndarray, y0: int, d: int, n: int) -> np.ndarray:
                       writeable=start.flags.writeable)
 
 
-def _overlay_block(wr: _Writer, source: str, p: int, q: int, b0, b1, y0, y1) -> None:
+def _overlay_block(wr: _Writer, source: str, p: int, q: int, b0: int, b1: int, y0: int, y1: int) -> None:
     """Write topX in [p, q) for rows [y0, y1) of batches [b0, b1).
 
     The rectangle every row shares, plus the ragged ends as skewed views; where a skewed view
@@ -322,7 +329,7 @@ def _overlay_block(wr: _Writer, source: str, p: int, q: int, b0, b1, y0, y1) -> 
         wr.masked(source, b0, b1, y0, y1, p + y0, _mask("band", n, q - p + n - 1, q - p))
 
 
-def _block_grid(b: int, h: int, w: int, itemsize: int):
+def _block_grid(b: int, h: int, w: int, itemsize: int) -> tuple[int, int]:
     """(batches, rows) per block: about BLOCK_BYTES of whole rows, every batch at once (so each
     numpy call covers all matrices) unless that leaves fewer than MIN_BLOCK_ROWS rows."""
     row_bytes = w * itemsize
@@ -349,7 +356,7 @@ def _fill_all(wr: _Writer, source: str) -> None:
             wr.base(source, b0, min(b, b0 + bc), y0, min(h, y0 + rc))
 
 
-def _compiled():
+def _compiled() -> ModuleType | None:
     """numba's row kernels (the `dmlgraph.kernels_compiled` module), or None when numba is not
     installed or DMLGRAPH_KERNEL=numpy asks for the numpy path. Imported on first use only."""
     global _COMPILED
@@ -363,7 +370,7 @@ def _compiled():
     return _COMPILED or None
 
 
-_COMPILED = None  # None: not looked up yet; False: unavailable; else the compiled module
+_COMPILED: ModuleType | Literal[False] | None = None  # None: not looked up yet; False: unavailable; else the compiled module
 
 
 def compiled_available() -> bool:
@@ -383,7 +390,7 @@ def numpy_only() -> Iterator[None]:
         _COMPILED = saved
 
 
-def _run_compiled(compiled, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
+def _run_compiled(compiled: ModuleType, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
     """Write the whole output with a compiled row kernel; False (nothing written) when the
     layouts do not fit it: the output must be C-contiguous, the input C-contiguous or one
     C-contiguous matrix broadcast over the batch."""
@@ -478,10 +485,10 @@ def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> 
             wr.diagonal(overlay_source, d)
 
 
-_TEMPLATES: dict = {}
+_TEMPLATES: dict[tuple[_Plan, str, bytes], tuple[np.ndarray, np.ndarray | None]] = {}
 
 
-def _templates(plan: _Plan, v: np.ndarray):
+def _templates(plan: _Plan, v: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """(keep bits, value bits) H x W matrices as unsigned ints: out = (in & keep) | value."""
     u = np.dtype(f"u{v.itemsize}")
     key = (plan, v.dtype.str, v.tobytes())
@@ -554,7 +561,8 @@ def _as3d(a: np.ndarray) -> np.ndarray | None:
                       writeable=a.flags.writeable)
 
 
-def diagonal_matrix1(shape, dtype, value, begin, end, input=None, out=None) -> np.ndarray:
+def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike, begin: SupportsIndex,
+                     end: SupportsIndex, input: npt.ArrayLike | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """DIAGONAL_MATRIX1 on numpy arrays (see the module docstring for the semantics).
 
     shape: output sizes (rank >= 2; leading axes are batch). dtype: one of the 11 DML types, or
@@ -603,7 +611,7 @@ def diagonal_matrix1(shape, dtype, value, begin, end, input=None, out=None) -> n
     return out
 
 
-def _fill_tiny(out: np.ndarray, input, idx: np.ndarray, v) -> np.ndarray:
+def _fill_tiny(out: np.ndarray, input: np.ndarray | None, idx: np.ndarray, v: np.ndarray) -> np.ndarray:
     """A tiny output: the input (or zeros), then Value at the flat positions `idx`."""
     if input is None:
         out.fill(0)
@@ -614,7 +622,8 @@ def _fill_tiny(out: np.ndarray, input, idx: np.ndarray, v) -> np.ndarray:
     return out
 
 
-def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
+def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike,
+                             begin: SupportsIndex, end: SupportsIndex) -> Callable[..., np.ndarray]:
     """`diagonal_matrix1` with everything that depends only on its arguments done once.
 
     Returns ``run(input=None) -> new array``, equal bit for bit to
@@ -634,7 +643,7 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
         raise DmlgraphError(f"DIAGONAL_MATRIX1 shape {list(shape)} has a negative size")
     v = np.array(value, dtype)
 
-    def generic(input=None):
+    def generic(input: npt.ArrayLike | None = None) -> np.ndarray:
         return diagonal_matrix1(shape, dtype, value, begin, end, input=input)
 
     size = math.prod(shape)
@@ -644,7 +653,7 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
     if size <= TINY_ELEMENTS:
         idx = _tiny_index(shape, begin, end)
 
-        def run_tiny(input=None):
+        def run_tiny(input: npt.ArrayLike | None = None) -> np.ndarray:
             if input is not None and (type(input) is not np.ndarray or input.shape != shape
                                       or input.dtype != dtype):
                 return generic(input)
@@ -667,7 +676,7 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
         keep = np.ascontiguousarray(np.broadcast_to(keep, b3))
         value_bits = None if value_bits is None else np.ascontiguousarray(np.broadcast_to(value_bits, b3))
 
-    def run_templates(input=None):
+    def run_templates(input: npt.ArrayLike | None = None) -> np.ndarray:
         if input is not None and (type(input) is not np.ndarray or input.shape != shape or input.dtype != dtype
                                   or not input.flags.c_contiguous):
             return generic(input)
@@ -678,7 +687,8 @@ def prepare_diagonal_matrix1(shape, dtype, value, begin, end):
     return run_templates
 
 
-def diagonal_matrix1_reference(shape, dtype, value, begin, end, input=None) -> np.ndarray:
+def diagonal_matrix1_reference(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike, begin: int, end: int,
+                               input: npt.ArrayLike | None = None) -> np.ndarray:
     """The plain vectorized form of the pseudocode: np.where over an index grid."""
     shape = tuple(shape)
     dtype = np.dtype(dtype)
@@ -689,7 +699,7 @@ def diagonal_matrix1_reference(shape, dtype, value, begin, end, input=None) -> n
     return np.where(use, np.array(value, dtype), other).astype(dtype, copy=False)
 
 
-def diagonal_matrix_value(value: float, dtype) -> np.ndarray:
+def diagonal_matrix_value(value: float, dtype: npt.DTypeLike) -> np.ndarray:
     """DIAGONAL_MATRIX's Value (a 32-bit FLOAT) as a scalar of `dtype`: integers truncate toward 0."""
     dtype = np.dtype(dtype)
     f = np.float32(value)
@@ -705,7 +715,8 @@ def diagonal_matrix_value(value: float, dtype) -> np.ndarray:
     return np.array(t, dtype)
 
 
-def diagonal_matrix(shape, dtype, offset, value=1.0, out=None) -> np.ndarray:
+def diagonal_matrix(shape: Iterable[int], dtype: npt.DTypeLike, offset: SupportsIndex, value: float = 1.0,
+                    out: np.ndarray | None = None) -> np.ndarray:
     """DIAGONAL_MATRIX: out = value if y + offset == x else 0.
 
     `value` is a FLOAT (rounded to float32 as DML carries it); integer outputs truncate it toward

@@ -32,7 +32,7 @@ def _copy(o: np.ndarray, s: np.ndarray, ob: int, sb: int, a: int, b: int) -> Non
 
 
 @njit(cache=True, nogil=True)
-def _fill(o: np.ndarray, ob: int, a: int, b: int, v) -> None:
+def _fill(o: np.ndarray, ob: int, a: int, b: int, v: np.unsignedinteger) -> None:
     """o[ob + a : ob + b] = v (LLVM turns byte-uniform fills into memset)."""
     if b > a:
         n = uint64(b - a)
@@ -42,7 +42,7 @@ def _fill(o: np.ndarray, ob: int, a: int, b: int, v) -> None:
 
 
 @njit(cache=True, nogil=True)
-def rows(o: np.ndarray, s: np.ndarray, s_batch: int, v, batch: int, h: int, w: int,
+def rows(o: np.ndarray, s: np.ndarray, s_batch: int, v: np.unsignedinteger, batch: int, h: int, w: int,
          p0: int, q0: int, p1: int, q1: int) -> None:
     """Write `batch` h x w matrices into the flat C-order array `o`.
 
@@ -75,7 +75,7 @@ def rows(o: np.ndarray, s: np.ndarray, s_batch: int, v, batch: int, h: int, w: i
 
 
 @njit(cache=True, nogil=True)
-def copy_then_fill(o: np.ndarray, s: np.ndarray, v, batch: int, h: int, w: int,
+def copy_then_fill(o: np.ndarray, s: np.ndarray, v: np.unsignedinteger, batch: int, h: int, w: int,
                    p0: int, q0: int, p1: int, q1: int) -> None:
     """`rows` for short rows with a same-shape input: one flat copy of everything, then the value
     spans. Short spans pay a vector loop's prologue and remainder each; one long copy does not,

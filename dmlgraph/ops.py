@@ -6,6 +6,7 @@ A desc validates itself against a feature level's support table (the spec pages'
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, ScalarUnion
@@ -38,7 +39,7 @@ class FeatureLevel(enum.IntEnum):
         return self.name[1:]
 
     @classmethod
-    def parse(cls, text) -> "FeatureLevel":
+    def parse(cls, text: "FeatureLevel | int | str") -> "FeatureLevel":
         """Accept '5_1', '5.1', 'L5_1' or 0x5100."""
         if isinstance(text, FeatureLevel):
             return text
@@ -67,7 +68,7 @@ DIAGONAL_MATRIX1_DIMS = range(2, 5)
 DIAGONAL_MATRIX1_TYPES = _ALL_11
 
 
-def _types(types) -> str:
+def _types(types: Iterable[DmlDataType]) -> str:
     return ", ".join(t.name for t in sorted(types))
 
 

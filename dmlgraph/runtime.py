@@ -3,6 +3,8 @@ subgraph) and the executor (for its ONNX regions) need, below both of them.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -20,7 +22,10 @@ def initializer_array(v: Value) -> np.ndarray:
     """An initializer's value; external data is memory-mapped, not read."""
     if v.array is not None:
         return v.array
-    return read_tensor(v.initializer, v.base_dir)
+    # Callers pass initializers only; base_dir is set for every initializer read from a file (it is
+    # used only for external data).
+    assert v.initializer is not None
+    return read_tensor(v.initializer, cast(str, v.base_dir))
 
 
 class OnnxRunner:

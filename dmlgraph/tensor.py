@@ -5,7 +5,9 @@ sizes/strides into a numpy strided view, so zero strides broadcast and padded ro
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -25,16 +27,17 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def packed_strides(sizes) -> tuple[int, ...]:
+def packed_strides(sizes: Iterable[int]) -> tuple[int, ...]:
     """Strides (in elements) of a contiguous row-major tensor."""
-    strides, acc = [], 1
+    strides: list[int] = []
+    acc = 1
     for s in reversed(tuple(sizes)):
         strides.append(acc)
         acc *= s
     return tuple(reversed(strides))
 
 
-def calc_buffer_tensor_size(data_type: DmlDataType, sizes, strides=None) -> int:
+def calc_buffer_tensor_size(data_type: DmlDataType, sizes: Iterable[int], strides: Iterable[int] | None = None) -> int:
     """DMLCalcBufferTensorSize: minimum bytes of the buffer holding a tensor, rounded up to 4."""
     elem = DmlDataType(data_type).element_size
     sizes = tuple(int(s) for s in sizes)
@@ -56,7 +59,7 @@ class BufferTensorDesc:
     alignment: int = 0  # GuaranteedBaseOffsetAlignment; 0 = none guaranteed
     flags: DmlTensorFlags = DmlTensorFlags.NONE
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "data_type", DmlDataType(self.data_type))
         object.__setattr__(self, "sizes", tuple(int(s) for s in self.sizes))
         if self.strides is not None:
@@ -110,11 +113,12 @@ class BufferTensorDesc:
             raise DescError("DataType is UNKNOWN: a buffer tensor needs a concrete data type")
         if int(self.flags) & ~int(DmlTensorFlags.OWNED_BY_DML):  # IntFlag ~ drops unknown bits
             raise DescError(f"Flags {int(self.flags)}: only NONE (0) and OWNED_BY_DML (1) exist")
-        if self.total_bytes < self.min_bytes:
+        total = cast(int, self.total_bytes)  # None only before __post_init__ sets it
+        if total < self.min_bytes:
             raise DescError(f"TotalTensorSizeInBytes {self.total_bytes} is below the minimum "
                             f"{self.min_bytes} that DMLCalcBufferTensorSize gives for sizes "
                             f"{list(self.sizes)} and strides {self.strides and list(self.strides)}")
-        if self.total_bytes > 2**64 - 1:
+        if total > 2**64 - 1:
             raise DescError("TotalTensorSizeInBytes does not fit UINT64")
         a = self.alignment
         if a:
@@ -127,21 +131,21 @@ class BufferTensorDesc:
             raise DescError(f"GuaranteedBaseOffsetAlignment {a} is negative")
 
     @classmethod
-    def packed(cls, data_type: DmlDataType, sizes, alignment: int = 0) -> "BufferTensorDesc":
+    def packed(cls, data_type: DmlDataType, sizes: Iterable[int], alignment: int = 0) -> "BufferTensorDesc":
         return cls(data_type, tuple(sizes), None, None, alignment)
 
     @classmethod
-    def broadcast_scalar(cls, data_type: DmlDataType, sizes) -> "BufferTensorDesc":
+    def broadcast_scalar(cls, data_type: DmlDataType, sizes: Iterable[int]) -> "BufferTensorDesc":
         """One element seen at every coordinate: all strides zero (the spec's broadcast)."""
         return cls(data_type, tuple(sizes), (0,) * len(tuple(sizes)))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "data_type": self.data_type.name,
             "flags": int(self.flags),
             "sizes": list(self.sizes),
             "strides": None if self.strides is None else list(self.strides),
-            "total_bytes": int(self.total_bytes),
+            "total_bytes": int(cast(int, self.total_bytes)),
             "alignment": int(self.alignment),
         }
 
@@ -155,7 +159,7 @@ def view(buffer: np.ndarray, desc: BufferTensorDesc) -> np.ndarray:
     flat = buffer.reshape(-1).view(np.uint8) if buffer.flags.c_contiguous else None
     if flat is None:
         raise DescError("the buffer behind a tensor desc must be C-contiguous memory")
-    if flat.nbytes < desc.total_bytes:
+    if flat.nbytes < cast(int, desc.total_bytes):
         raise DescError(f"buffer holds {flat.nbytes} bytes but the desc's TotalTensorSizeInBytes is "
                         f"{desc.total_bytes}")
     dt = desc.data_type.numpy

@@ -11,7 +11,7 @@ import gc
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, ParamSpec, Protocol, TypeVar
 
 import numpy as np
 import onnx
@@ -209,6 +209,14 @@ class ModelInfo:
     base_dir: str | None = None  # where the model's external data is (its subgraphs' tensors too)
 
 
+class ReservedNames(Protocol):
+    """`Graph.reserved`: a set of names, or a body's view of its enclosing scopes' (`nested.EnclosingNames`)."""
+
+    def __contains__(self, name: object, /) -> bool: ...
+
+    def __ior__(self, names: set[str], /) -> ReservedNames: ...
+
+
 class Graph:
     """Values, nodes, graph inputs/outputs and initializers of one (main) ONNX graph."""
 
@@ -231,7 +239,7 @@ class Graph:
         self._names = itertools.count()
         # Names used by other scopes of the model (subgraph bodies, enclosing graphs): a new value
         # never takes one, so a lowered body never redefines a name its scopes can see.
-        self.reserved: set[str] = set()
+        self.reserved: ReservedNames = set()
 
     # ---- values ---------------------------------------------------------------------------
     def value(self, name: str) -> Value:

@@ -17,13 +17,13 @@ Control-flow nodes whose bodies hold no DML node stay in onnxruntime sessions as
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import onnx
 
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.graph import CONTROL_FLOW, Graph, OnnxNode
+from dmlgraph.graph import CONTROL_FLOW, Graph, OnnxNode, Value
 from dmlgraph.nested import STANDARD, all_nodes, call_key, execution_body, execution_function
 from dmlgraph.onnx_io import dml_function_keys, has_dml
 from dmlgraph.runtime import numpy_dtype
@@ -114,7 +114,7 @@ class HostStep:
         return self._run_body("", [a for a in self._inputs(read) if a is not None], read)
 
     def _if(self, read: Read) -> list[np.ndarray]:
-        cond = np.asarray(read(self.node.inputs[0].name))
+        cond = np.asarray(read(cast(Value, self.node.inputs[0]).name))  # If's cond is a required input
         if cond.size != 1:
             raise DmlgraphError(f"If node {self.node.name!r}: the condition has {cond.size} elements, not one")
         return self._run_body("then_branch" if bool(cond.reshape(-1)[0]) else "else_branch", [], read)
@@ -123,7 +123,8 @@ class HostStep:
         ins = self._inputs(read)
         trip = None if ins[0] is None else int(np.asarray(ins[0]).reshape(-1)[0])
         cond = True if len(ins) < 2 or ins[1] is None else bool(np.asarray(ins[1]).reshape(-1)[0])
-        state = list(ins[2:])
+        # ONNX requires the loop-carried inputs (only M and cond are optional), so they are arrays here
+        state = list(cast(list[np.ndarray], ins[2:]))
         scans: list[list[np.ndarray]] | None = None
         i = 0
         while (trip is None or i < trip) and cond:
@@ -163,7 +164,8 @@ class HostStep:
         m = n.attr("num_scan_inputs")
         ins = self._inputs(read)
         n_state = len(ins) - m
-        state, scanned = ins[:n_state], [np.asarray(x) for x in ins[n_state:]]
+        # ONNX requires Scan's state inputs, so they are arrays here
+        state, scanned = cast(list[np.ndarray], ins[:n_state]), [np.asarray(x) for x in ins[n_state:]]
         in_axes = list(n.attr("scan_input_axes") or [0] * m)
         in_dirs = list(n.attr("scan_input_directions") or [0] * m)
         in_axes = [a + x.ndim if a < 0 else a for a, x in zip(in_axes, scanned)]

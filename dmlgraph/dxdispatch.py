@@ -27,6 +27,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -73,7 +74,7 @@ def scalar_union_json(value: ScalarUnion) -> int | float | dict:
             return float(x)  # float -> half of a representable value is exact
         return {"UInt16": int(x.view(np.uint16))}  # the union carries float16 as its 16 bits
     if dt in _SCALAR_MEMBER:
-        spelled = float_json(x, "Value")
+        spelled = float_json(cast(np.floating, x), "Value")  # FLOAT32 / FLOAT64
         return spelled if isinstance(spelled, float) else {_SCALAR_MEMBER[dt]: spelled}
     return int(x)
 
@@ -83,7 +84,7 @@ def tensor_json(desc: BufferTensorDesc) -> dict:
     out: dict = {"DataType": desc.data_type.name, "Sizes": list(desc.sizes)}
     if desc.strides is not None and desc.strides != packed_strides(desc.sizes):  # packed = no Strides
         out["Strides"] = list(desc.strides)
-    out["TotalTensorSizeInBytes"] = int(desc.total_bytes)
+    out["TotalTensorSizeInBytes"] = int(_total_bytes(desc))
     if desc.alignment:
         out["GuaranteedBaseOffsetAlignment"] = int(desc.alignment)
     if desc.flags:
@@ -104,6 +105,11 @@ def operator_json(desc: DiagonalMatrix1Desc | DiagonalMatrixDesc) -> dict:
                    "Value": scalar_union_json(desc.value), "DiagonalFillBegin": int(desc.begin),
                    "DiagonalFillEnd": int(desc.end)})
     return {"type": "DML_OPERATOR_DIAGONAL_MATRIX1", "desc": fields}
+
+
+def _total_bytes(desc: BufferTensorDesc) -> int:
+    """`desc.total_bytes`: never None once built (`BufferTensorDesc.__post_init__` computes a missing one)."""
+    return cast(int, desc.total_bytes)
 
 
 def _json_text(model: dict) -> str:
@@ -136,10 +142,10 @@ def _safe_name(name: str, taken: set[str]) -> str:
 
 def _buffer(array: np.ndarray, desc: BufferTensorDesc, initial: dict) -> dict:
     """A buffer resource; `sizeInBytes` only where the desc needs more than the data gives."""
-    res = {"initialValuesDataType": desc.data_type.name, "initialValues": initial}
+    res: dict[str, object] = {"initialValuesDataType": desc.data_type.name, "initialValues": initial}
     have = -(-array.nbytes // 4) * 4  # DxDispatch rounds an unsized buffer up to 4 bytes
-    if desc.total_bytes > have:
-        res["sizeInBytes"] = int(desc.total_bytes)
+    if _total_bytes(desc) > have:
+        res["sizeInBytes"] = int(_total_bytes(desc))
     return res
 
 
@@ -172,7 +178,8 @@ def build(calls: list[DmlCall], level: FeatureLevel = FeatureLevel.L5_1) -> Expo
         in_res = None
         if isinstance(desc, DiagonalMatrix1Desc) and desc.input is not None:
             in_res = _safe_name(f"{name}_in", taken)
-            x = np.ascontiguousarray(np.atleast_1d(call.x)).astype(dtype, copy=False)
+            # a desc with an input comes from a call with one (node_desc gets x's shape)
+            x = np.ascontiguousarray(np.atleast_1d(cast(np.ndarray, call.x))).astype(dtype, copy=False)
             path = f"{INPUTS_DIR}/{in_res}.npy"
             exp.arrays[path] = x
             exp.model["resources"][in_res] = _buffer(x, desc.input, {"sourcePath": path})

@@ -11,7 +11,7 @@ import gc
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, ParamSpec, Protocol, TypeVar, cast
 
 import numpy as np
 import onnx
@@ -211,6 +211,14 @@ class ModelInfo:
     base_dir: str | None = None  # where the model's external data is (its subgraphs' tensors too)
 
 
+class ReservedNames(Protocol):
+    """`Graph.reserved`: a set of names, or a body's view of its enclosing scopes' (`nested.EnclosingNames`)."""
+
+    def __contains__(self, name: object, /) -> bool: ...
+
+    def __ior__(self, names: set[str], /) -> ReservedNames: ...
+
+
 class Graph:
     """Values, nodes, graph inputs/outputs and initializers of one (main) ONNX graph."""
 
@@ -233,7 +241,7 @@ class Graph:
         self._names = itertools.count()
         # Names used by other scopes of the model (subgraph bodies, enclosing graphs): a new value
         # never takes one, so a lowered body never redefines a name its scopes can see.
-        self.reserved: set[str] = set()
+        self.reserved: ReservedNames = set()
 
     # ---- values ---------------------------------------------------------------------------
     def value(self, name: str) -> Value:

@@ -18,11 +18,15 @@ tensor but small two-valued constants.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+
+if TYPE_CHECKING:
+    from dmlgraph.rewrite import PassResult
 
 GRID_SOURCES = {"Range", "CumSum"}
 GRID_OPS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Identity", "Cast", "CastLike",
@@ -139,7 +143,7 @@ def take(graph: Graph) -> list[MaskSite]:
     return sites
 
 
-def classify(sites: list[MaskSite], graph: Graph, result) -> list[dict]:
+def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[dict]:
     """Each site with its status after the rules ran on the same graph (`result`: a PassResult)."""
     applied: dict[object, str] = {}  # node id or initializer name -> the rule that covered it
     for m in result.applied:
@@ -147,7 +151,7 @@ def classify(sites: list[MaskSite], graph: Graph, result) -> list[dict]:
             applied.setdefault(n.id, m.rule)
         for name in m.initializers:
             applied.setdefault(name, m.rule)
-    declined: dict[object, tuple[str, str, str]] = {}
+    declined: dict[object, tuple[str, str, str | None]] = {}
     for m in result.declined:
         for n in m.nodes:
             declined.setdefault(n.id, (m.rule, n.name or n.op_type, m.reason))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence, cast
 
 import numpy as np
 import onnx
@@ -189,7 +189,7 @@ class _Driver:
             path = function_path(f)
             types = self.calls.types(f)
             reason = types if isinstance(types, str) else _attribute_reason(f)
-            g = reason or build_function(main.info, f, types, self.dims)
+            g = reason or build_function(main.info, f, cast(list[TypeSpec], types), self.dims)  # reason: types is a list
             if isinstance(g, str):
                 self._decline("", "local_function", [], f"function {path} is not lowered: {g}")
                 self.calls.untyped_nodes(f.node, f"it is called by function {path}, which is not lowered")
@@ -274,8 +274,9 @@ def _state_type(outer: Value | None, declared_in: onnx.ValueInfoProto, declared_
     rank = {len(s) for s in shapes if s is not None}
     if outer.shape is None or len(rank) != 1:
         return outer.elem_type, None
-    known = all(s is not None for s in shapes)
-    return outer.elem_type, tuple(d if known and isinstance(d, int) and all(s[a] == d for s in shapes) else dims.new()
+    given = [s for s in shapes if s is not None]
+    known = len(given) == len(shapes)
+    return outer.elem_type, tuple(d if known and isinstance(d, int) and all(s[a] == d for s in given) else dims.new()
                                   for a, d in enumerate(outer.shape))
 
 
@@ -423,7 +424,7 @@ def _small_tensor(name: str, const: Value | np.ndarray | DmlNode) -> onnx.Tensor
     if isinstance(const, np.ndarray):
         return numpy_helper.from_array(const, name) if const.size <= SMALL_CONSTANT else None
     if isinstance(const, Value) and const.shape is not None and all(isinstance(d, int) for d in const.shape) \
-            and int(np.prod(const.shape)) <= SMALL_CONSTANT:
+            and int(np.prod(cast(tuple[int, ...], const.shape))) <= SMALL_CONSTANT:
         if const.array is not None:
             return numpy_helper.from_array(np.asarray(const.array), name)
         if const.initializer is not None and const.initializer.data_location != TensorProto.EXTERNAL:
@@ -452,7 +453,7 @@ def _borrow(g: Graph, v: Value, const: Value | np.ndarray | DmlNode) -> None:
 
 
 def _import(info: ModelInfo, proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto],
-            opsets: dict[str, int], constants: list[onnx.TensorProto] = ()) -> Graph | str:
+            opsets: dict[str, int], constants: Sequence[onnx.TensorProto] = ()) -> Graph | str:
     """A model whose graph is `proto` with these inputs and extra constants, imported (shape
     inference included)."""
     model = onnx.ModelProto(ir_version=info.ir_version)
@@ -531,7 +532,7 @@ class _CallSites:
         for sub, _ in _iter_graphs(proto):
             self.untyped_nodes(sub.node, reason)
 
-    def untyped_nodes(self, nodes, reason: str) -> None:
+    def untyped_nodes(self, nodes: Iterable[onnx.NodeProto], reason: str) -> None:
         for n in nodes:
             key = (n.domain, n.op_type, n.overload)
             if key in self.keys:
@@ -551,13 +552,14 @@ class _CallSites:
             return "it is never called, so its input types are unknown"
         types: list[TypeSpec] = []
         for i, name in enumerate(f.input):
-            specs = [c[i] if i < len(c) else None for c in calls]
-            if any(s is None for s in specs):
+            given = [c[i] if i < len(c) else None for c in calls]
+            specs = [s for s in given if s is not None]
+            if len(specs) != len(given):
                 return f"a call gives its input {name!r} no value of a known type"
             if len({s[0] for s in specs}) != 1:
                 return f"its calls give input {name!r} different element types"
-            shapes = [s[1] for s in specs]
-            if any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
+            shapes = [s[1] for s in specs if s[1] is not None]
+            if len(shapes) != len(specs) or len({len(s) for s in shapes}) != 1:
                 types.append((specs[0][0], None))
                 continue
             types.append((specs[0][0], tuple(
@@ -639,7 +641,7 @@ def execution_function(parent: Graph, node: OnnxNode) -> Graph:
     types = [(v.elem_type, dims.fill(v.shape)) if v is not None and v.elem_type else None for v in node.inputs]
     reason = _attribute_reason(f) or (None if len(types) == len(f.input) and None not in types
                                       else "its inputs' types are unknown")
-    g = reason or build_function(parent.info, f, types, dims)
+    g = reason or build_function(parent.info, f, cast(list[TypeSpec], types), dims)  # reason: no None in types
     if isinstance(g, str):
         raise DmlgraphError(f"cannot run function {function_path(f)} called by {node.name!r}: {g}")
     return g

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 
-def _bytes(n) -> str:
+def _bytes(n: float) -> str:
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":

@@ -17,11 +17,13 @@ import contextlib
 import hashlib
 import math
 import os
+from typing import Iterator, cast
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from dmlgraph.band import BandPattern
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.onnx_io import onnx_node_proto
 from dmlgraph.passes.common import const_value, lowering_reason, standin
@@ -46,20 +48,31 @@ from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
 
 
+def _input_shape(v: Value) -> tuple[int | str, ...]:
+    """The shape of an input feeding the subgraph: `_match_subgraph` declined any not fully known."""
+    return cast("tuple[int | str, ...]", v.shape)
+
+
+def _input_type(v: Value) -> int:
+    """The element type of an input feeding the subgraph: `_too_big_to_evaluate` declined any unknown."""
+    return cast(int, v.elem_type)
+
+
 def _sample_shape(v: Value, dims: dict[str, int]) -> tuple[int, ...]:
-    return tuple(d if isinstance(d, int) else dims[d] for d in v.shape)
+    return tuple(d if isinstance(d, int) else dims[d] for d in _input_shape(v))
 
 
 def _mask_model(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
                 dims: dict[str, int]) -> onnx.ModelProto:
     """The subgraph as a model whose inputs have the sample's concrete shapes."""
-    infos = [helper.make_tensor_value_info(v.name, v.elem_type, list(_sample_shape(v, dims))) for v in inputs]
-    inits = []
+    infos = [helper.make_tensor_value_info(v.name, _input_type(v), list(_sample_shape(v, dims))) for v in inputs]
+    inits: list[onnx.TensorProto] = []
     for n in nodes:
         for v in n.inputs:
             if v is not None and v.name in graph.initializers and all(t.name != v.name for t in inits):
                 inits.append(onnx.numpy_helper.from_array(np.asarray(const_value(graph, v)), v.name))
-    g = helper.make_graph([onnx_node_proto(n) for n in nodes], "mask", infos,
+    # (a DmlNode in `nodes` has no ONNX form: onnx_node_proto raises AttributeError on it)
+    g = helper.make_graph([onnx_node_proto(cast(OnnxNode, n)) for n in nodes], "mask", infos,
                           [helper.make_tensor_value_info(target.name, target.elem_type or 0, None)], inits)
     opsets = [helper.make_opsetid(d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")]
     return helper.make_model(g, opset_imports=opsets, ir_version=graph.info.ir_version)
@@ -69,7 +82,7 @@ EVAL_HEADROOM = 4 << 30  # bytes of address space one mask evaluation may add
 
 
 @contextlib.contextmanager
-def _address_space_headroom(extra: int):
+def _address_space_headroom(extra: int) -> Iterator[None]:
     """Cap the process's address space at its current size + `extra` (Linux; elsewhere no cap).
 
     Evaluating a subgraph whose sizes shape inference could not bound (a corrupt 2^40 dim, or a
@@ -111,12 +124,13 @@ def _evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Valu
               dims: dict[str, int]) -> np.ndarray:
     model = _mask_model(graph, nodes, inputs, target, dims)
     # Only the shapes of these inputs are read: zeros (calloc'd, pages untouched) stand in.
-    feeds = {v.name: np.zeros(_sample_shape(v, dims), numpy_dtype(v.elem_type)) for v in inputs}
+    feeds = {v.name: np.zeros(_sample_shape(v, dims), numpy_dtype(_input_type(v))) for v in inputs}
     with _address_space_headroom(EVAL_HEADROOM):
         return np.asarray(OnnxRunner(model, threads=1).run(feeds)[0])
 
 
-def _predicted_elements(graph: Graph, nodes, inputs, target, dims) -> int | None:
+def _predicted_elements(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value,
+                        dims: dict[str, int]) -> int | None:
     """The output's element count at `dims` by shape inference (None when it cannot tell)."""
     for vi in infer_shapes(_mask_model(graph, nodes, inputs, target, dims)).graph.output:
         dims_out = vi.type.tensor_type.shape.dim
@@ -140,7 +154,7 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
     input_index = {id(v): i for i, v in enumerate(inputs)}
     digests: dict[str, tuple] = {}
 
-    def ref(v: Value | None):
+    def ref(v: Value | None) -> tuple | None:
         if v is None:
             return None
         p = v.producer
@@ -151,7 +165,7 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
 
     node_part = tuple((n.op_type, n.domain, _node_attributes(n), tuple(ref(v) for v in n.inputs), len(n.outputs))
                       for n in nodes)
-    input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", d) for d in v.shape))
+    input_part = tuple((v.elem_type, tuple(d if isinstance(d, int) else ("dim", d) for d in _input_shape(v)))
                        for v in inputs)
     opsets = tuple(sorted((d, v) for d, v in graph.info.opset_imports.items() if d in ("", "ai.onnx")))
     return node_part, input_part, (ref(target), target.elem_type or 0), opsets, graph.info.ir_version
@@ -179,20 +193,20 @@ def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], t
     they are known, else from shape inference. When neither can tell, the evaluation still runs
     under an address-space cap (`_address_space_headroom`).
     """
-    if any(v.elem_type is None or any(isinstance(d, int) and d < 0 for d in v.shape) for v in inputs):
+    if any(v.elem_type is None or any(isinstance(d, int) and d < 0 for d in _input_shape(v)) for v in inputs):
         return "an input feeding it has an unknown type or a negative dim"
-    fed = sum(math.prod(v.shape) for v in inputs)
+    fed = sum(math.prod(cast("tuple[int, ...]", v.shape)) for v in inputs)  # static: no symbolic dim
     if fed > MAX_EVAL_ELEMENTS:
         return f"the tensors whose shapes feed it hold {fed} elements, too many to evaluate it"
     if target.shape is not None and all(isinstance(d, int) for d in target.shape):
-        n = math.prod(target.shape)
+        n = math.prod(cast("tuple[int, ...]", target.shape))
         if n > MAX_EVAL_ELEMENTS:
             return (f"its output {list(target.shape)} is too large to evaluate to prove it "
                     f"(limit {MAX_EVAL_ELEMENTS} elements)")
         return None
-    n = _predicted_elements(graph, nodes, inputs, target, {})
-    if n is not None and n > MAX_EVAL_ELEMENTS:
-        return f"its output would hold {n} elements, too many to evaluate it (limit {MAX_EVAL_ELEMENTS})"
+    predicted = _predicted_elements(graph, nodes, inputs, target, {})
+    if predicted is not None and predicted > MAX_EVAL_ELEMENTS:
+        return f"its output would hold {predicted} elements, too many to evaluate it (limit {MAX_EVAL_ELEMENTS})"
     return None  # size unknown: the evaluation runs under an address-space cap
 
 
@@ -354,7 +368,8 @@ def _inner_bands(an: Analysis, nodes: list[Node], env: dict) -> tuple | None:
     return ("inner", found) if found else None
 
 
-def _finish(graph, m, target, p, arr, sources, options) -> Match:
+def _finish(graph: Graph, m: Match, target: Value, p: BandPattern, arr: np.ndarray, sources: list[tuple] | None,
+            options: Options) -> Match:
     elem_type = target.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
     static = arr.shape if sources is None or all(s[0] == "const" for s in sources) else None
     begin, end = _bounds(p)
@@ -372,7 +387,7 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
         m.reason = f"the proved mask is {fill.dtype} but the value is typed {numpy_dtype(elem_type)}"
         return m
     dims = [d.const if isinstance(d, Lin) and d.is_const else None for d in fill.shape]
-    static = tuple(dims) if None not in dims else None
+    static = tuple(d for d in dims if d is not None) if None not in dims else None
     dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type,
                   value=fill.value, begin=fill.begin, end=fill.end, static_shape=static)
     m.captures.update(dml=dml, fill=fill, inputs=inputs, bounds=fill.bound_text(str))
@@ -407,7 +422,7 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
         node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value,
                        begin=fill.begin, end=fill.end, static_shape=proto.static_shape)
     return Replacement(nodes=[*made.nodes, node], initializers=made.initializers,
-                       replaces=[(old, node.outputs[0])], removes=[old.producer])
+                       replaces=[(old, node.outputs[0])], removes=[cast(Node, old.producer)])  # (a node's output)
 
 
 MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable, Sequence
+import typing
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -66,7 +67,8 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
     produced = {v.name for n in nodes for v in n.outputs}
     for v in inputs:
         if v.name not in produced:
-            dims = tuple(Lin.of(d) if isinstance(d, int) else parse_dim(d) for d in v.shape)
+            known = typing.cast("tuple[int | str, ...]", v.shape)  # the caller checked: every dim a size or a name
+            dims = tuple(Lin.of(d) if isinstance(d, int) else parse_dim(d) for d in known)
             env[v.name] = Opaque(_dtype(v.elem_type), dims)
 
     def value_of(v: Value | None) -> AbstractValue | None:
@@ -106,9 +108,10 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
             # compute broadcast shapes as Shape(Max(a, b))) or annotated. The rest of the cone goes
             # on, so a band further on (or beside) is still found; a use of this data says `why`,
             # which names the node that first lost the values.
-            outs = [_shape_only(an, n, ins, why)] if n.op_type in ELEMENTWISE else _annotated(n, why)
-            if outs is None or outs[0] is None:
+            unknown = [_shape_only(an, n, ins, why)] if n.op_type in ELEMENTWISE else _annotated(n, why)
+            if unknown is None or unknown[0] is None:
                 raise Unprovable(why) from None
+            outs = unknown
         for v, out in zip(n.outputs, outs):
             env[v.name] = out
     if target.name not in env:
@@ -138,9 +141,9 @@ def _generator_value(an: Analysis, n: DmlNode, value_of: Callable[[Value | None]
     x, shape_v, k_v = n.inputs
     if n.kind != "DiagonalMatrix1":
         raise Unprovable(f"a {n.kind} node inside the cone")
-    other = np.zeros((), _dtype(n.elem_type))[()]
+    other = typing.cast(np.generic, np.zeros((), _dtype(n.elem_type))[()])  # (numpy types arr[()] as an array)
     if x is not None:
-        u = an.uniform(value_of(x))  # type: ignore[arg-type]
+        u = an.uniform(value_of(x))
         if u is None:
             raise Unprovable(f"DML node {n.name!r} reads data")
         other = u
@@ -153,7 +156,7 @@ def _generator_value(an: Analysis, n: DmlNode, value_of: Callable[[Value | None]
     k = _scalar_lin(an, value_of(k_v), "k") if k_v is not None else Lin.of(0)
     begin = None if n.begin is None else k + n.begin
     end = None if n.end is None else k + n.end
-    value = np.asarray(n.value, _dtype(n.elem_type))[()]
+    value = typing.cast(np.generic, np.asarray(n.value, _dtype(n.elem_type))[()])
     return _band_from_bounds(value.dtype, shape, begin, end, value, other)
 
 
@@ -161,7 +164,7 @@ def _annotated(n: OnnxNode, why: str) -> list[AbstractValue] | None:
     """n's outputs as unknown data of the shapes shape inference gives them (None: not given)."""
     if any(v.shape is None or v.elem_type is None for v in n.outputs):
         return None
-    return [Opaque(_dtype(v.elem_type), tuple(Lin.of(d) if isinstance(d, int) else parse_dim(d)  # type: ignore[arg-type]
+    return [Opaque(_dtype(v.elem_type), tuple(Lin.of(d) if isinstance(d, int) else parse_dim(d)
                                               for d in v.shape), why) for v in n.outputs]  # type: ignore[union-attr]
 
 
@@ -211,7 +214,7 @@ def _band_from_bounds(dtype: np.dtype, shape: tuple[Dim, ...], begin: Lin | None
     if begin is None and end is None:
         return Band(dtype, shape, (), (value,))
     if begin is None:
-        return Band(dtype, shape, (end,), (value, other))  # type: ignore[arg-type]
+        return Band(dtype, shape, (end,), (value, other))
     if end is None:
         return Band(dtype, shape, (begin,), (other, value))
     # both ends move together (one shift), so their order is their constants' order
@@ -242,7 +245,7 @@ def _dtype(elem_type: int | None) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def _attr(n: OnnxNode, name: str, default: object = None) -> object:
+def _attr(n: OnnxNode, name: str, default: object = None) -> Any:  # an ONNX attribute's value
     return n.attr(name, default)
 
 
@@ -251,7 +254,7 @@ def _ints(an: Analysis, v: AbstractValue | None, what: str) -> list:
     if isinstance(v, Elems) and v.dtype.kind in "iu":
         return list(v.items)
     if isinstance(v, Affine) and v.dtype.kind in "iu" and all(isinstance(d, Lin) and d.is_const for d in v.shape):
-        sizes = [d.const for d in v.shape]  # type: ignore[union-attr]
+        sizes = [d.const for d in v.shape]
         if math.prod(sizes) <= SMALL_ELEMENTS:
             return [v.base + sum(c * i for c, i in zip(v.coef, idx)) for idx in itertools.product(*map(range, sizes))]
     raise Unprovable(f"{what} is not a known integer vector")
@@ -295,7 +298,7 @@ def _axes_input(an: Analysis, n: OnnxNode, ins: list, idx: int) -> list[int] | N
     if len(ins) > idx and ins[idx] is not None:
         return _const_ints(an, ins[idx], "axes")
     a = _attr(n, "axes")
-    return None if a is None else list(a)  # type: ignore[call-overload]
+    return None if a is None else list(a)
 
 
 # ---- shapes ------------------------------------------------------------------------------------
@@ -303,9 +306,9 @@ def _axes_input(an: Analysis, n: OnnxNode, ins: list, idx: int) -> list[int] | N
 def _shape(an: Analysis, n: OnnxNode, ins: list) -> list:
     dims = shape_of(ins[0])
     r = len(dims)
-    start, end = int(_attr(n, "start", 0)), _attr(n, "end")  # type: ignore[call-overload]
+    start, end = int(_attr(n, "start", 0)), _attr(n, "end")
     start = min(max(start + r if start < 0 else start, 0), r)
-    stop = r if end is None else min(max(int(end) + r if int(end) < 0 else int(end), 0), r)  # type: ignore[call-overload]
+    stop = r if end is None else min(max(int(end) + r if int(end) < 0 else int(end), 0), r)
     picked = dims[start:stop]
     return [Elems(INT64, (len(picked),), tuple(picked))]
 
@@ -342,7 +345,7 @@ def _constant(an: Analysis, n: OnnxNode, ins: list) -> list:
 def _constant_of_shape(an: Analysis, n: OnnxNode, ins: list) -> list:
     dims = _dims_from(an, ins[0], "the shape")
     t = _attr(n, "value")
-    arr = np.zeros(1, np.float32) if t is None else onnx.numpy_helper.to_array(t)  # type: ignore[arg-type]
+    arr = np.zeros(1, np.float32) if t is None else onnx.numpy_helper.to_array(t)
     return [Band(arr.dtype, dims, (), (arr.reshape(-1)[0],))]
 
 
@@ -369,9 +372,9 @@ def cast(an: Analysis, v: AbstractValue, dtype: np.dtype) -> AbstractValue:
         return Opaque(dtype, v.shape, v.why)
     if isinstance(v, Band):
         values = tuple(_cast_scalar(x, dtype) for x in v.values)
-        return Analysis.simplify(Band(dtype, v.shape, v.breaks, values))  # type: ignore[arg-type]
+        return Analysis.simplify(Band(dtype, v.shape, v.breaks, values))
     if isinstance(v, Elems):
-        items = []
+        items: list[object] = []
         for x in v.items:
             if isinstance(x, Lin):
                 if dtype.kind == "b":
@@ -405,7 +408,7 @@ def _not(v: AbstractValue) -> AbstractValue:
 
 @handles("Cast")
 def _cast(an: Analysis, n: OnnxNode, ins: list) -> list:
-    return [cast(an, ins[0], _dtype(int(_attr(n, "to"))))]  # type: ignore[call-overload]
+    return [cast(an, ins[0], _dtype(int(_attr(n, "to"))))]
 
 
 @handles("CastLike")
@@ -537,7 +540,7 @@ def _div(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
     return an.check_fits(z, "the quotient")
 
 
-_NUMPY_BINARY: dict[str, Callable[[object, object], object]] = {
+_NUMPY_BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y,
     "Div": lambda x, y: (x / y if np.asarray(x).dtype.kind == "f" else np.trunc(np.divide(x, y)).astype(
         np.asarray(x).dtype)),
@@ -559,10 +562,10 @@ def _binary(an: Analysis, n: OnnxNode, ins: list) -> list:
             return [_map_pieces(an, vs[0], lambda p: fn(an, p, vs[1]))]
         return [_map_pieces(an, vs[1], lambda p: fn(an, vs[0], p))]
     if any(_is_piecewise(an, v) for v in vs):
-        fn = _NUMPY_BINARY[n.op_type]
+        np_fn = _NUMPY_BINARY[n.op_type]
         out = vs[0]
         for v in vs[1:]:
-            out = _piecewise(an, [out, v], fn)
+            out = _piecewise(an, [out, v], np_fn)
         return [out]
     if n.op_type in ("Min", "Max"):
         out = vs[0]
@@ -661,7 +664,7 @@ def _with_op(n: OnnxNode, op: str) -> OnnxNode:
 
 # ---- comparisons and logic ----------------------------------------------------------------------------
 _COMPARE = {"Less": "<", "LessOrEqual": "<=", "Greater": ">", "GreaterOrEqual": ">=", "Equal": "=="}
-_NUMPY_COMPARE: dict[str, Callable[[object, object], object]] = {
+_NUMPY_COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal}
 
 
@@ -801,7 +804,7 @@ def _cumsum(an: Analysis, n: OnnxNode, ins: list) -> list:
     if c is None or not c.is_const:
         raise Unprovable("a cumulative sum of anything but one integer value repeated is not affine")
     k = c.const
-    exclusive, reverse = int(_attr(n, "exclusive", 0)), int(_attr(n, "reverse", 0))  # type: ignore[call-overload]
+    exclusive, reverse = int(_attr(n, "exclusive", 0)), int(_attr(n, "reverse", 0))
     coef = [0] * len(shape)
     if not reverse:  # element t = k * (t + 1), or k * t when exclusive
         coef[axis] = k
@@ -819,7 +822,7 @@ def _trilu(an: Analysis, n: OnnxNode, ins: list) -> list:
     if len(shape) < 2:
         raise Unprovable("Trilu of fewer than 2 dims")
     k = _scalar_lin(an, ins[1], "k") if len(ins) > 1 and ins[1] is not None else Lin.of(0)
-    upper = int(_attr(n, "upper", 1))  # type: ignore[call-overload]
+    upper = int(_attr(n, "upper", 1))
     keep = Band(BOOL, shape, (k,), (np.bool_(False), np.bool_(True))) if upper else \
         Band(BOOL, shape, (k + 1,), (np.bool_(True), np.bool_(False)))
     zero = np.zeros((), x.dtype)[()]
@@ -833,8 +836,8 @@ def _eyelike(an: Analysis, n: OnnxNode, ins: list) -> list:
     if len(shape) != 2:
         raise Unprovable("EyeLike of a tensor that is not 2-D")
     dt = _attr(n, "dtype")
-    dtype = ins[0].dtype if dt is None else _dtype(int(dt))  # type: ignore[call-overload]
-    k = Lin.of(int(_attr(n, "k", 0)))  # type: ignore[call-overload]
+    dtype = ins[0].dtype if dt is None else _dtype(int(dt))
+    k = Lin.of(int(_attr(n, "k", 0)))
     zero, one = np.zeros((), dtype)[()], np.ones((), dtype)[()]
     return [Band(dtype, shape, (k, k + 1), (zero, one, zero))]
 
@@ -847,7 +850,7 @@ def _relayout(an: Analysis, v: AbstractValue, new_shape: tuple[Dim, ...], old_to
     if isinstance(v, Elems):
         if not all(isinstance(d, Lin) and d.is_const for d in new_shape):
             raise Unprovable("a small tensor reshaped to a size-dependent shape")
-        return Elems(v.dtype, tuple(d.const for d in new_shape), v.items)  # type: ignore[union-attr]
+        return Elems(v.dtype, tuple(d.const for d in new_shape), v.items)
     if isinstance(v, Affine):
         coef = [0] * len(new_shape)
         for a, b in old_to_new.items():
@@ -904,7 +907,7 @@ def _reshape(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = shape_of(v)
     target = _ints(an, ins[1], "the target shape")
-    allow_zero = int(_attr(n, "allowzero", 0))  # type: ignore[call-overload]
+    allow_zero = int(_attr(n, "allowzero", 0))
     dims: list[Dim | None] = []
     for a, t in enumerate(target):
         if isinstance(t, Lin) and t.is_const and t.const == 0 and not allow_zero:
@@ -914,7 +917,7 @@ def _reshape(an: Analysis, n: OnnxNode, ins: list) -> list:
         else:
             dims.append(t)
     if isinstance(v, Elems) and all(isinstance(d, Lin) and d.is_const or d is None for d in dims):
-        out = np.empty(v.shape, dtype=np.int8).reshape([-1 if d is None else d.const for d in dims])  # type: ignore[union-attr]
+        out = np.empty(v.shape, dtype=np.int8).reshape([-1 if d is None else d.const for d in dims])
         return [Elems(v.dtype, tuple(out.shape), v.items)]
     src = _non_unit(shape)
     known = [a for a, d in enumerate(dims) if d is not None and d != Lin.of(1)]
@@ -940,7 +943,7 @@ def _reshape(an: Analysis, n: OnnxNode, ins: list) -> list:
 def _flatten(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = shape_of(v)
-    axis = int(_attr(n, "axis", 1))  # type: ignore[call-overload]
+    axis = int(_attr(n, "axis", 1))
     axis = axis + len(shape) if axis < 0 else axis
     left, right = shape[:axis], shape[axis:]
     out: list[Dim] = []
@@ -972,7 +975,7 @@ def _transpose(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = shape_of(v)
     perm = _attr(n, "perm")
-    perm = list(reversed(range(len(shape)))) if perm is None else list(perm)  # type: ignore[call-overload]
+    perm = list(reversed(range(len(shape)))) if perm is None else list(perm)
     new = tuple(shape[p] for p in perm)
     if isinstance(v, Band) and len(v.values) > 1:
         r = len(shape)
@@ -990,7 +993,7 @@ def _transpose(an: Analysis, n: OnnxNode, ins: list) -> list:
 @handles("Gather")
 def _gather(an: Analysis, n: OnnxNode, ins: list) -> list:
     data, idx = ins
-    axis = int(_attr(n, "axis", 0))  # type: ignore[call-overload]
+    axis = int(_attr(n, "axis", 0))
     dshape = shape_of(data)
     axis = axis + len(dshape) if axis < 0 else axis
     if isinstance(data, Elems) and isinstance(idx, Elems):
@@ -1027,9 +1030,9 @@ def _slice_args(an: Analysis, n: OnnxNode, ins: list, rank: int) -> list[tuple[i
         axes = _const_ints(an, ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
         steps = _const_ints(an, ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
     else:
-        starts = [Lin.of(s) for s in _attr(n, "starts")]  # type: ignore[union-attr]
-        ends = [Lin.of(e) for e in _attr(n, "ends")]  # type: ignore[union-attr]
-        axes = list(_attr(n, "axes", range(len(starts))))  # type: ignore[call-overload]
+        starts = [Lin.of(s) for s in _attr(n, "starts")]
+        ends = [Lin.of(e) for e in _attr(n, "ends")]
+        axes = list(_attr(n, "axes", range(len(starts))))
         steps = [1] * len(starts)
     out = []
     for a, s, e, st in zip(_rank_axes(axes, rank), starts, ends, steps):
@@ -1088,7 +1091,7 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
                                  "negative or reversed")
             lo, hi = make_clamp(s, None, size.const, an), make_clamp(end, None, size.const, an)
             shape[a] = make_clamp(hi - lo, 0, None, an) if isinstance(lo, Lin) and isinstance(hi, Lin) else \
-                hi if lo == Lin.of(0) else Difference(hi, lo)  # type: ignore[arg-type]
+                hi if lo == Lin.of(0) else Difference(hi, lo)
             offsets[a] = lo
             continue
         size_lin = as_lin(size, "a sliced size")
@@ -1127,13 +1130,13 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
         return Band(v.dtype, new_shape, tuple(x - shift for x in v.breaks), v.values)
     if not all(isinstance(x, Lin) and x.is_const for x in v.breaks):
         raise Unprovable("a band whose diagonals move with the sizes, sliced at a clamped offset")
-    return Band(v.dtype, new_shape, tuple(-shift + x.const for x in v.breaks), v.values)  # type: ignore[union-attr]
+    return Band(v.dtype, new_shape, tuple(-shift + x.const for x in v.breaks), v.values)
 
 
 @handles("Concat")
 def _concat(an: Analysis, n: OnnxNode, ins: list) -> list:
     vs = [v for v in ins if v is not None]
-    axis = int(_attr(n, "axis", 0))  # type: ignore[call-overload]
+    axis = int(_attr(n, "axis", 0))
     if all(isinstance(v, Elems) for v in vs):
         rank = len(vs[0].shape)
         axis = axis + rank if axis < 0 else axis
@@ -1176,7 +1179,7 @@ def _stack(an: Analysis, vs: list) -> Stack:
 @handles("GatherND")
 def _gather_nd(an: Analysis, n: OnnxNode, ins: list) -> list:
     data, idx = ins
-    if int(_attr(n, "batch_dims", 0)):  # type: ignore[call-overload]
+    if int(_attr(n, "batch_dims", 0)):
         raise Unprovable("GatherND with batch_dims")
     if isinstance(idx, Affine) and idx.shape and idx.shape[-1] == Lin.of(1):
         idx = _stack(an, [idx])
@@ -1274,12 +1277,12 @@ def _agree_on_piece(an: Analysis, piece: Band, whole: Band, shift: Lin, axis: in
 def _split(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = shape_of(v)
-    axis = int(_attr(n, "axis", 0))  # type: ignore[call-overload]
+    axis = int(_attr(n, "axis", 0))
     axis = axis + len(shape) if axis < 0 else axis
     if len(ins) > 1 and ins[1] is not None:
         sizes = [as_lin(x, "a split size") for x in _ints(an, ins[1], "split")]
     elif _attr(n, "split") is not None:
-        sizes = [Lin.of(x) for x in _attr(n, "split")]  # type: ignore[union-attr]
+        sizes = [Lin.of(x) for x in _attr(n, "split")]
     else:  # equal parts: ceil(size / n) each, the last one what is left
         parts = len(n.outputs)
         total = as_lin(shape[axis], "the split size")

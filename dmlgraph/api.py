@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union, cast
 
 import numpy as np
 import onnx
@@ -11,11 +12,11 @@ import onnx
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.executor import Executor, numpy_dtype
-from dmlgraph.graph import DmlNode, Graph, gc_paused
+from dmlgraph.graph import DmlNode, Graph, Node, Value, gc_paused
 from dmlgraph.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes
 from dmlgraph.nested import nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.onnx_io import export_model, import_model
-from dmlgraph.rewrite import Options, PassManager, PassResult
+from dmlgraph.rewrite import Match, Options, PassManager, PassResult
 from dmlgraph.saving import atomic_writer, check_for_save, save_model
 
 ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
@@ -53,27 +54,29 @@ def graph_stats(g: Graph) -> dict:
             "initializer_bytes": init_bytes, "constant_bytes": init_bytes + const_bytes, "dml_nodes": dml}
 
 
-def _value_nbytes(v) -> int:
+def _value_nbytes(v: Value) -> int:
     """An initializer's bytes from its type and shape (which load_model checked against its data)."""
     if v.initializer is None:
+        assert v.array is not None, "a constant holds a TensorProto or an array"
         return int(v.array.nbytes)
-    n = data_nbytes(v.elem_type, v.shape)
+    assert v.elem_type is not None, "import sets an initializer's type from its TensorProto"
+    n = data_nbytes(v.elem_type, cast("tuple[int, ...]", v.shape))  # (an initializer's dims: tuple(t.dims))
     return tensor_nbytes(v.initializer) if n is None else n
 
 
-def node_label(n, m=None) -> dict:
+def node_label(n: Node, m: Match | None = None) -> dict:
     """A covered node; a node inside a body or function is named with its path (`If_3/then_branch/x`)."""
     return {"name": n.name if m is None else qualified_name(m, n), "op_type": n.op_type}
 
 
-def match_record(m, with_reason: bool = False) -> dict:
-    rec = {"rule": m.rule, "nodes": [node_label(n, m) for n in m.nodes]}
+def match_record(m: Match, with_reason: bool = False) -> dict:
+    rec: dict[str, Any] = {"rule": m.rule, "nodes": [node_label(n, m) for n in m.nodes]}
     if with_reason:
         rec["reason"] = m.reason
     return rec
 
 
-def optimize_graph(g: Graph, options: Options, progress=None) -> PassResult:
+def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] | None = None) -> PassResult:
     """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place."""
     from dmlgraph.passes import default_rules  # the one place where core and passes meet
     from dmlgraph.passes.scoped import varying_masks
@@ -97,7 +100,8 @@ class OptimizeResult:
 
 
 @gc_paused
-def optimize(model: ModelLike, options: Options | None = None, target: str = "dml", progress=None) -> OptimizeResult:
+def optimize(model: ModelLike, options: Options | None = None, target: str = "dml",
+             progress: Callable[[str], None] | None = None) -> OptimizeResult:
     options = options or Options()
     label = model_label(model)
     source, g = load(model)
@@ -142,7 +146,7 @@ def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -
         raise e
 
 
-def _dml_summary(m) -> dict | None:
+def _dml_summary(m: Match) -> dict | None:
     dml = m.captures.get("dml")
     if dml is None:
         return None
@@ -163,7 +167,7 @@ def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = Fa
 
 
 # ---- running and validation ------------------------------------------------------------------
-def parse_dims(items) -> dict[str, int]:
+def parse_dims(items: Iterable[str] | None) -> dict[str, int]:
     dims = {}
     for item in items or ():
         name, sep, size = item.partition("=")
@@ -255,8 +259,10 @@ def check_feeds(g: Graph, feeds: dict) -> None:
     missing = [n for n in names if n not in feeds]
     if missing:
         raise DmlgraphError(f"inputs file is missing inputs: {', '.join(missing)}", hint=hint)
+    want: np.dtype[Any] | None
     for name in g.overridable_inputs:  # a default the model lets callers replace: same type and shape
         v = g.initializers[name]
+        assert v.elem_type is not None and v.shape is not None, "import sets an initializer's type and shape"
         if name in feeds:
             arr, want = np.asarray(feeds[name]), numpy_dtype(v.elem_type)
             if arr.dtype != want or tuple(arr.shape) != tuple(v.shape):
@@ -351,7 +357,7 @@ def save_outputs(outputs: dict[str, np.ndarray], path: str, model_path: str | No
 OUTPUT_RTOL, OUTPUT_ATOL = 1e-5, 1e-6
 
 
-def _compare_one(name: str, e, g, exact: bool, tolerance: bool) -> dict:
+def _compare_one(name: str, e: np.ndarray, g: np.ndarray | None, exact: bool, tolerance: bool) -> dict:
     e = np.asarray(e)
     row = {"name": name, "shape": list(e.shape), "dtype": str(e.dtype)}
     if g is None:

@@ -11,34 +11,40 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from dmlgraph import __version__
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.process import process_wide
 
+if TYPE_CHECKING:
+    from dmlgraph.rewrite import Options
+
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader went away
 
 
-def _progress(enabled: bool):
+def _progress(enabled: bool) -> Callable[[str], None] | None:
     """A progress printer for terminals; silent when piped (or with --json)."""
     if not enabled or not sys.stderr.isatty():
         return None
     return lambda msg: print(f"  .. {msg}", file=sys.stderr, flush=True)
 
 
-def _options(args):
+def _options(args: argparse.Namespace) -> Options:
     from dmlgraph.ops import FeatureLevel
     from dmlgraph.rewrite import Options
     return Options(feature_level=FeatureLevel.parse(args.feature_level), exact_only=args.exact)
 
 
-def _emit(args, payload: dict, text: str) -> None:
+def _emit(args: argparse.Namespace, payload: dict, text: str) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True, default=str) if args.json else text)
 
 
 # ---- commands --------------------------------------------------------------------------------
-def cmd_optimize(args) -> int:
+def cmd_optimize(args: argparse.Namespace) -> int:
     if os.path.isdir(args.model):
         return _optimize_folder(args)
     from dmlgraph import public
@@ -54,7 +60,7 @@ def cmd_optimize(args) -> int:
     return EXIT_OK
 
 
-def _optimize_folder(args) -> int:
+def _optimize_folder(args: argparse.Namespace) -> int:
     """Every .onnx under the folder, by a process pool; exit 2 when any model failed."""
     from dmlgraph import batch
     if args.in_place:
@@ -67,7 +73,7 @@ def _optimize_folder(args) -> int:
     return EXIT_USAGE if payload["failed"] else EXIT_OK
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     from dmlgraph import api
     if args.output is not None:
         api.check_output_path(args.output, args.model)  # fail before a long run, not after
@@ -84,7 +90,7 @@ def cmd_run(args) -> int:
     return EXIT_OK
 
 
-def cmd_validate(args) -> int:
+def cmd_validate(args: argparse.Namespace) -> int:
     from dmlgraph import api
     from dmlgraph.report import validate_text
     feeds = api.load_inputs(args.inputs) if args.inputs else None
@@ -93,7 +99,7 @@ def cmd_validate(args) -> int:
     return EXIT_OK if report["ok"] else EXIT_MISMATCH
 
 
-def cmd_inspect(args) -> int:
+def cmd_inspect(args: argparse.Namespace) -> int:
     from dmlgraph import api
     from dmlgraph.inspection_render import inspect_command
     for flag, out in (("--dot", args.dot), ("--svg", args.svg)):
@@ -102,7 +108,7 @@ def cmd_inspect(args) -> int:
     return inspect_command(args)
 
 
-def cmd_bench(args) -> int:
+def cmd_bench(args: argparse.Namespace) -> int:
     if args.json_out is not None:  # an unwritable path fails now, not after the whole run
         from dmlgraph import api
         api.check_output_path(args.json_out, what="the JSON rows")
@@ -114,7 +120,7 @@ def cmd_bench(args) -> int:
     return bench_pipeline.main(args) or EXIT_OK
 
 
-def cmd_dxdispatch(args) -> int:
+def cmd_dxdispatch(args: argparse.Namespace) -> int:
     from dmlgraph import api, dxdispatch
     if (args.model is None) == (args.check is None):
         raise DmlgraphError("give either MODEL (to export) or --check DIR (to compare DxDispatch's output)",
@@ -132,7 +138,7 @@ def cmd_dxdispatch(args) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     """Optimize the bundled causal-attention model, then validate it against onnxruntime."""
     import tempfile
 
@@ -164,12 +170,12 @@ def cmd_demo(args) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse with dmlgraph's error format: one `dmlgraph: error:` line and a hint, exit 2."""
 
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
         self.exit(EXIT_USAGE, f"dmlgraph: error: {command}{message}\n  hint: see '{self.prog} --help'\n")
 
 
-def _int_at_least(lo: int):
+def _int_at_least(lo: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -190,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    def lowering_flags(sp):
+    def lowering_flags(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--feature-level", default="5_1", metavar="L",
                         help="target DML feature level, e.g. 4_0 or 5_1 (default 5_1)")
         sp.add_argument("--exact", action="store_true", help="only bit-exact rewrites")
@@ -209,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     sp.set_defaults(func=cmd_optimize)
 
-    def input_flags(sp):
+    def input_flags(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by graph input name")
         sp.add_argument("--dim", action="append", metavar="NAME=SIZE",
                         help="size of a symbolic dim for generated inputs (repeatable)")
@@ -289,7 +295,7 @@ class _Interrupts:
 
     def __init__(self) -> None:
         self.count = 0
-        self._old = None
+        self._old: Callable[[int, FrameType | None], Any] | int | None = None
 
     def __enter__(self) -> "_Interrupts":
         try:
@@ -298,20 +304,20 @@ class _Interrupts:
             self._old = None
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         # After an interrupt the process is on its way out with 130: this handler (which now only
         # counts) stays, so a late or repeated Ctrl-C cannot turn that into a KeyboardInterrupt
         # escaping at exit. Otherwise the caller's handler comes back.
         if self._old is not None and not self.count:
             signal.signal(signal.SIGINT, self._old)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
         if self.count == 1:
             raise KeyboardInterrupt
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     with _Interrupts() as interrupts:
         code = _main(argv, interrupts)
         if interrupts.count:  # (also when the interrupt was swallowed on its way out)
@@ -338,7 +344,7 @@ def entry() -> None:
     sys.exit(code)
 
 
-def _main(argv, interrupts: _Interrupts) -> int:
+def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -20,7 +20,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx
@@ -33,6 +35,12 @@ from dmlgraph.errors import DmlgraphError
 from dmlgraph.modelfile import tensor_nbytes
 from dmlgraph.nested import SCOPE, in_lowered_graph, nested_dml_nodes, qualified_name
 from dmlgraph.ops import FeatureLevel, bind_range
+
+if TYPE_CHECKING:
+    from dmlgraph.graph import Dim, DmlNode, Graph, Node
+    from dmlgraph.rewrite import Match, Options
+
+Progress = Callable[[str], None]
 
 SCHEMA = "dmlgraph.inspect/2"
 PICTURE_MAX = 8           # the picture shows at most the top-left 8x8 corner of one slice
@@ -48,7 +56,7 @@ DECLINED_KEYS = ("rule", "scope", "nodes", "initializers", "reason")
 
 
 # ---- small helpers -----------------------------------------------------------------------------
-def _progress_printer(enabled: bool):
+def _progress_printer(enabled: bool) -> Progress | None:
     """Progress lines on stderr, only on a terminal (quiet when piped or with --json)."""
     if not enabled or not sys.stderr.isatty():
         return None
@@ -56,29 +64,29 @@ def _progress_printer(enabled: bool):
     return lambda msg: print(f"  .. [{time.perf_counter() - start:5.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def _dim(d):
+def _dim(d: Dim | np.integer) -> int | str | None:
     """A dim for JSON: int, symbolic name, or None (unknown)."""
     if isinstance(d, (int, np.integer)):
         return int(d)
     return d or None
 
 
-def _shape(shape):
+def _shape(shape: Iterable[Dim | np.integer] | None) -> list[int | str | None] | None:
     return None if shape is None else [_dim(d) for d in shape]
 
 
-def _shape_text(shape) -> str:
+def _shape_text(shape: Iterable[object] | None) -> str:
     if shape is None:
         return "(unknown rank)"
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def _bytes(n) -> str:
+def _bytes(n: int) -> str:
     from dmlgraph.report import _bytes as fmt
     return fmt(n)
 
 
-def _json_safe(x):
+def _json_safe(x: Any) -> Any:
     """numpy scalars -> Python; non-finite floats -> strings ("inf", "-inf", "nan") for strict JSON."""
     if isinstance(x, dict):
         return {str(k): _json_safe(v) for k, v in x.items()}
@@ -91,12 +99,12 @@ def _json_safe(x):
     return x
 
 
-def _scalar(v):
+def _scalar(v: Any) -> Any:
     v = np.asarray(v).reshape(-1)[0].item() if isinstance(v, (np.ndarray, np.generic)) else v
     return int(v) if isinstance(v, bool) else v
 
 
-def _fmt_scalar(v) -> str:
+def _fmt_scalar(v: Any) -> str:
     v = _scalar(v)
     if isinstance(v, float):
         if math.isfinite(v) and v.is_integer():
@@ -109,7 +117,7 @@ def _bound_text(b: int) -> str:
     return {INT32_MIN: "INT32_MIN", INT32_MAX: "INT32_MAX"}.get(b, str(b))
 
 
-def _sym_prod(factors):
+def _sym_prod(factors: Iterable[int | str | None]) -> int | str:
     """Product of ints and symbolic names: an int when all are static, else e.g. '4*batch*seq*seq'."""
     c, syms = 1, []
     for f in factors:
@@ -123,7 +131,7 @@ def _sym_prod(factors):
 
 
 # ---- header (metadata only) --------------------------------------------------------------------
-def _value_info_rows(vis, skip=()):
+def _value_info_rows(vis: Iterable[onnx.ValueInfoProto], skip: Container[str] = ()) -> list[dict[str, Any]]:
     rows = []
     for vi in vis:
         if vi.name in skip:
@@ -186,31 +194,32 @@ def _header(path: str | None, model: onnx.ModelProto, top: int) -> dict:
 
 
 # ---- one candidate ---------------------------------------------------------------------------
-def _node_row(n, index: dict, m) -> dict:
+def _node_row(n: Node, index: dict, m: Match) -> dict:
     """A covered node; `index` is its position in the model (None: made by an earlier rewrite, or
     inside a body or function, whose nodes are named with their path: `Loop_1/body/Trilu_2`)."""
     return {"name": qualified_name(m, n), "op_type": n.op_type, "index": index.get(n.id)}
 
 
-def _out_shape(dml):
+def _out_shape(dml: DmlNode) -> tuple[Dim, ...] | None:
     shape = dml.outputs[0].shape if dml.outputs and dml.outputs[0] is not None else None
     if shape is None and dml.static_shape is not None:
         shape = dml.static_shape
     return None if shape is None else tuple(shape)
 
 
-def _is_static(shape) -> bool:
+def _is_static(shape: Iterable[object] | None) -> bool:
     return shape is not None and all(isinstance(d, (int, np.integer)) for d in shape)
 
 
-def _bounds(dml) -> tuple[int | None, int | None]:
+def _bounds(dml: DmlNode) -> tuple[int | None, int | None]:
     """int64-space [begin, end) of the template (DIAGONAL_MATRIX: Offset, Offset + 1)."""
     if dml.kind == "DiagonalMatrix":
+        assert dml.begin is not None  # (DIAGONAL_MATRIX's Offset)
         return dml.begin, dml.begin + 1
     return dml.begin, dml.end
 
 
-def _symbolic_desc(dml, out_shape, level: FeatureLevel) -> dict:
+def _symbolic_desc(dml: DmlNode, out_shape: tuple[Dim, ...], level: FeatureLevel) -> dict:
     """The desc with symbolic sizes (strides and byte counts as expressions); bounds unclamped."""
     from dmlgraph.binding import min_rank
     dtype = DmlDataType.from_onnx(dml.elem_type)
@@ -223,7 +232,7 @@ def _symbolic_desc(dml, out_shape, level: FeatureLevel) -> dict:
         sizes = [1] * max(0, min_rank(dml, level) - rank) + dims
         out_total = _sym_prod([elem] + sizes)
 
-    def total(expr):
+    def total(expr: int | str) -> int | str:
         """DMLCalcBufferTensorSize rounds up to 4 bytes; a static factor divisible by 4 needs no roundup."""
         if isinstance(expr, int):
             return -(-expr // 4) * 4
@@ -236,11 +245,11 @@ def _symbolic_desc(dml, out_shape, level: FeatureLevel) -> dict:
     if dml.kind == "DiagonalMatrix":
         return {"operator": "DIAGONAL_MATRIX", "offset": begin, "value": float(_scalar(dml.value)),
                 "output": output}
-    inp = None
+    inp: dict[str, Any] | None = None
     x = dml.inputs[0]
     if x is not None:
-        xs = list(x.shape) if x.shape is not None else list(out_shape)
-        xs = [1] * (rank - len(xs)) + [_dim(d) for d in xs]
+        x_dims = list(x.shape) if x.shape is not None else list(out_shape)
+        xs = [1] * (rank - len(x_dims)) + [_dim(d) for d in x_dims]
         strides = [0 if (xd == 1 and od != 1) else _sym_prod(xs[i + 1:]) for i, (xd, od) in enumerate(zip(xs, dims))]
         pad = len(sizes) - rank if sizes is not None else 0
         inp = {"data_type": dtype.name, "flags": 0, "sizes": sizes,
@@ -251,7 +260,7 @@ def _symbolic_desc(dml, out_shape, level: FeatureLevel) -> dict:
             "value": _scalar(dml.value), "value_data_type": dtype.name, "input": inp, "output": output}
 
 
-def _bound_desc(dml, out_shape, level: FeatureLevel) -> dict:
+def _bound_desc(dml: DmlNode, out_shape: tuple[int, ...], level: FeatureLevel) -> dict:
     """binding.node_desc at a static shape (symbolic input dims, if any, take REPRESENTATIVE_DIM)."""
     from dmlgraph.binding import node_desc
     x = dml.inputs[0]
@@ -261,7 +270,7 @@ def _bound_desc(dml, out_shape, level: FeatureLevel) -> dict:
     return node_desc(dml, out_shape, x_shape, 0, level).to_dict()
 
 
-def _lowers_to(dml, level: FeatureLevel) -> dict:
+def _lowers_to(dml: DmlNode, level: FeatureLevel) -> dict:
     begin, end = _bounds(dml)
     try:
         dtype_name = DmlDataType.from_onnx(dml.elem_type).name
@@ -295,7 +304,7 @@ def _lowers_to(dml, level: FeatureLevel) -> dict:
         return rec
     try:
         if static:
-            rec["desc"], rec["desc_kind"] = _bound_desc(dml, out_shape, level), "exact"
+            rec["desc"], rec["desc_kind"] = _bound_desc(dml, cast("tuple[int, ...]", out_shape), level), "exact"
         else:
             rec["desc"], rec["desc_kind"] = _symbolic_desc(dml, out_shape, level), "symbolic"
             notes.insert(0, "sizes are bound at run time; the symbolic desc shows them by name")
@@ -313,7 +322,7 @@ def _lowers_to(dml, level: FeatureLevel) -> dict:
     return rec
 
 
-def picture(dml) -> dict:
+def picture(dml: DmlNode) -> dict:
     """The top-left corner (up to 8x8) of one [H, W] slice, as the spec page draws its examples.
 
     Cells are the Value where the fill applies, else `x` (the input's value) or 0 without input.
@@ -366,7 +375,7 @@ class Inspection:
     snapshot: dict = field(default_factory=dict)
 
 
-def _snapshot(g) -> dict:
+def _snapshot(g: Graph) -> dict:
     nodes = [{"index": i, "name": n.name, "op_type": n.op_type,
               "inputs": [None if v is None else v.name for v in n.inputs],
               "outputs": [v.name for v in n.outputs]} for i, n in enumerate(g.nodes.values())]
@@ -378,7 +387,7 @@ def _snapshot(g) -> dict:
             "initializers": {name: _shape(v.shape) for name, v in g.initializers.items()}}
 
 
-def _init_sizes(g) -> dict[str, int]:
+def _init_sizes(g: Graph) -> dict[str, int]:
     return {name: int(tensor_nbytes(v.initializer)) if v.initializer is not None else int(np.asarray(v.array).nbytes)
             for name, v in g.initializers.items()}
 
@@ -395,17 +404,18 @@ def _model_stats(model: onnx.ModelProto) -> dict:
             "file_bytes": int(model.ByteSize())}
 
 
-def _rule_table(options) -> dict:
+def _rule_table(options: Options) -> dict:
     from dmlgraph.passes import default_rules
     from dmlgraph.rewrite import Options
-    table = {}
+    table: dict[str, Any] = {}
     for opts in (Options(feature_level=options.feature_level), options):
         for r in default_rules(opts):
             table.setdefault(r.name, r)
     return table
 
 
-def analyze(source: ModelLike, options=None, top: int = 10, target: str = "dml", progress=None) -> Inspection:
+def analyze(source: ModelLike, options: Options | None = None, top: int = 10, target: str = "dml",
+            progress: Progress | None = None) -> Inspection:
     """Everything `inspect` reports, plus the graph snapshot for DOT output (`source`: a path or
     a ModelProto, which is only read)."""
     from dmlgraph import api
@@ -458,14 +468,15 @@ def analyze(source: ModelLike, options=None, top: int = 10, target: str = "dml",
         covered_inits.append(names)
     node_cover = collections.Counter(n.id for m in result.applied for n in {x.id: x for x in m.nodes}.values())
     init_cover = collections.Counter(name for names in covered_inits for name in names)
-    candidates = []
+    candidates: list[dict[str, Any]] = []
     made_by: dict[tuple, int] = {}  # (scope, output value name) of a candidate's DML node -> candidate id
     for i, (m, init_names) in enumerate(zip(result.applied, covered_inits), 1):
         dml = m.captures.get("dml")
         rule = rules.get(m.rule)
-        cov_inits = [{"name": name, "bytes": sizes.get(name, 0), "shape": shapes.get(name, (None, None))[0],
-                      "type": shapes.get(name, (None, None))[1], "removed": name not in g.initializers}
-                     for name in init_names]
+        cov_inits: list[dict[str, Any]] = [
+            {"name": name, "bytes": sizes.get(name, 0), "shape": shapes.get(name, (None, None))[0],
+             "type": shapes.get(name, (None, None))[1], "removed": name not in g.initializers}
+            for name in init_names]
         removed_nodes = {n.id for n in m.nodes if n.id in index and n.id not in g.nodes}
         # A later rule may absorb the DML node an earlier one made (cover it, or read its output).
         scope = m.captures.get(SCOPE)  # (a body's names are its own: looked up within it)
@@ -534,6 +545,7 @@ def analyze(source: ModelLike, options=None, top: int = 10, target: str = "dml",
     return Inspection(_json_safe(report), snapshot)
 
 
-def inspect_model(path: str, options=None, top: int = 10, target: str = "dml", progress=None) -> dict:
+def inspect_model(path: str, options: Options | None = None, top: int = 10, target: str = "dml",
+                  progress: Progress | None = None) -> dict:
     """The inspect report as a JSON-ready dict (schema: docs/inspect.md)."""
     return analyze(path, options, top, target, progress).report

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
@@ -10,6 +11,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.inspection import (
@@ -28,7 +31,7 @@ from dmlgraph.saving import atomic_writer
 
 
 # ---- text --------------------------------------------------------------------------------------
-def _table(rows, headers, indent="  ") -> list[str]:
+def _table(rows: list[list[Any]], headers: Sequence[Any], indent: str = "  ") -> list[str]:
     cols = list(zip(*([headers] + rows))) if rows else [(h,) for h in headers]
     widths = [max(len(str(c)) for c in col) for col in cols]
     out = [indent + "  ".join(str(h).ljust(w) for h, w in zip(headers, widths)).rstrip()]
@@ -41,7 +44,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _nodes_text(nodes, inits=(), scope=None) -> str:
+def _nodes_text(nodes: Iterable[dict[str, Any]], inits: Iterable[dict[str, Any]] = (), scope: Any = None) -> str:
     """`Trilu 'name' #7` per node (#: position in the model; none for nodes an earlier rewrite made,
     nor for the nodes of a body or function, named with its path)."""
     parts = [n["op_type"] + (f" {n['name']!r}" if n["name"] else "")
@@ -205,7 +208,7 @@ def _census_text(masks: list[dict]) -> list[str]:
 _FILL = ["#ffd27f", "#9fd3ff", "#b9f0a8", "#f7b2d9", "#d6c4ff", "#ffe99a", "#a8ece6", "#ffc0a8"]
 
 
-def _q(s) -> str:
+def _q(s: object) -> str:
     """A DOT double-quoted string."""
     return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
@@ -232,7 +235,7 @@ def to_dot(ins: Inspection) -> str:
             if i["name"] in snap["initializers"] and key not in owner:
                 owner[key] = c["id"]
                 cluster_inits[c["id"]].append(i["name"])
-    declined = {}
+    declined: dict[str, str] = {}
     for d in r["declined"]:
         for n in d["nodes"]:
             if n["index"] is not None:
@@ -244,7 +247,7 @@ def to_dot(ins: Inspection) -> str:
            '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=10];',
            '  edge [fontname="Helvetica", fontsize=8, color="#777777"];']
 
-    def node_stmt(n, indent="  "):
+    def node_stmt(n: dict[str, Any], indent: str = "  ") -> str:
         key = nid(n)
         label = n["op_type"] + (f"\n{n['name']}" if n["name"] else "")
         attrs = [f"label={_q(label)}"]
@@ -254,7 +257,7 @@ def to_dot(ins: Inspection) -> str:
             attrs.append(f'style="rounded,dashed", color="#cc0000", tooltip={_q("declined: " + declined[key])}')
         return f"{indent}{_q(key)} [{', '.join(attrs)}];"
 
-    def init_stmt(name, indent="  "):
+    def init_stmt(name: str, indent: str = "  ") -> str:
         shape = snap["initializers"].get(name)
         return (f"{indent}{_q('init:' + name)} [shape=note, style=filled, fillcolor=\"#eeeeee\", "
                 f"label={_q(name + chr(10) + _shape_text(shape))}];")
@@ -288,7 +291,7 @@ def to_dot(ins: Inspection) -> str:
     inputs = {name for name, _, _ in snap["inputs"]}
     declared_inits = {f"init:{name}" for names in cluster_inits.values() for name in names}
 
-    def source(v):
+    def source(v: str) -> str | None:
         if v in producer:
             return producer[v]
         if v in inputs:
@@ -335,7 +338,7 @@ def _write_text(path: str, text: str) -> None:
 
 
 # ---- CLI entry ---------------------------------------------------------------------------------
-def inspect_command(args) -> int:
+def inspect_command(args: argparse.Namespace) -> int:
     from dmlgraph.rewrite import Options
     options = Options(feature_level=FeatureLevel.parse(getattr(args, "feature_level", "5_1")),
                       exact_only=bool(getattr(args, "exact", False)))

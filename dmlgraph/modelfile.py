@@ -25,13 +25,17 @@ import mmap
 import os
 import re
 import stat
-from typing import Iterator
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import ModelError
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 __all__ = ["RAW_ITEMSIZE", "check_model_proto", "data_nbytes", "load_model", "read_tensor", "tensor_nbytes",
            "without_weights"]
@@ -42,7 +46,7 @@ _PROTOBUF_LIMIT = 2**31 - 1
 _MAX_ELEMENTS = 2**40
 
 # Element widths in bits for packed sub-byte types; the other fixed-size types use numpy itemsize.
-_PACKED_BITS = {
+_PACKED_BITS: dict[int, int] = {
     TensorProto.INT4: 4,
     TensorProto.UINT4: 4,
     TensorProto.FLOAT4E2M1: 4,
@@ -53,7 +57,7 @@ _PACKED_BITS = {
 }
 _KNOWN_TYPES = frozenset(v for _, v in TensorProto.DataType.items()) - {TensorProto.UNDEFINED}
 # Types whose raw_data is exactly numpy's little-endian bytes: decoded without onnx's generic path.
-_PLAIN_NUMPY = {t: np.dtype(helper.tensor_dtype_to_np_dtype(t)).newbyteorder("<") for t in (
+_PLAIN_NUMPY: dict[int, np.dtype[Any]] = {t: np.dtype(helper.tensor_dtype_to_np_dtype(t)).newbyteorder("<") for t in (
     TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT8,
     TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16,
     TensorProto.UINT32, TensorProto.UINT64)}
@@ -100,7 +104,8 @@ def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx
                 yield from _iter_graphs(sub, f" (in subgraph '{attr_name}' of {_node_label(node, i)}{where})")
 
 
-def _iter_tensors(model: onnx.ModelProto, graphs=None, skip=None) -> Iterator[tuple[TensorProto, str, bool]]:
+def _iter_tensors(model: onnx.ModelProto, graphs: Iterable[tuple[onnx.GraphProto, str]] | None = None,
+                  skip: Callable[[TensorProto], bool] | None = None) -> Iterator[tuple[TensorProto, str, bool]]:
     """Every TensorProto in the model as (tensor, label, is_initializer).
 
     Covers initializers, sparse initializers and tensor-valued node attributes (Constant) in the
@@ -208,7 +213,7 @@ def _type_name(dt: int) -> str:
 
 
 # Bytes per element of the types whose raw_data is numpy's bytes (its length follows from the shape).
-RAW_ITEMSIZE = {t: d.itemsize for t, d in _PLAIN_NUMPY.items()}
+RAW_ITEMSIZE: dict[int, int] = {t: d.itemsize for t, d in _PLAIN_NUMPY.items()}
 
 
 def _plain_inline(tensor: TensorProto) -> bool:
@@ -257,7 +262,7 @@ def _check_inline_data(tensor: TensorProto, label: str) -> None:
             f"needs {want}", hint="the file is truncated or corrupt; re-export the model")
 
 
-def data_nbytes(data_type: int, dims) -> int | None:
+def data_nbytes(data_type: int, dims: Iterable[int]) -> int | None:
     """Bytes of a tensor of this type and shape (None for STRING: its size is in its strings)."""
     bits = _bits_per_element(data_type)
     return None if bits is None else (math.prod(dims) * bits + 7) // 8
@@ -417,8 +422,9 @@ def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
         mapped = np.memmap(path, dtype=np_dtype, mode="r", offset=offset, shape=shape)
         # Rules read a few rows or columns of a weight: without this the kernel's read-ahead maps
         # the whole tensor into RSS on the first page faults.
-        if hasattr(mmap, "MADV_RANDOM") and getattr(mapped, "_mmap", None) is not None:
-            mapped._mmap.madvise(mmap.MADV_RANDOM)
+        raw_map = getattr(mapped, "_mmap", None)  # (numpy's stubs do not declare memmap._mmap)
+        if hasattr(mmap, "MADV_RANDOM") and raw_map is not None:
+            raw_map.madvise(mmap.MADV_RANDOM)
         return mapped
     except (OSError, ValueError) as e:
         raise ModelError(f"{label}: cannot map external data {path}: {e}") from None
@@ -506,7 +512,7 @@ _DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_da
 STRIP_BYTES = 1 << 16  # tensors this big carry weights, not the shapes and indices inference reads
 
 
-def _copy_fields(dst, src, skip: str = "") -> None:
+def _copy_fields(dst: Message, src: Message, skip: str = "") -> None:
     for fd, value in src.ListFields():
         if fd.name == skip:
             continue
@@ -606,7 +612,7 @@ def _run_checker(model: onnx.ModelProto, path: str, has_external: bool, data: by
                          hint="the model does not conform to the ONNX spec; re-export it") from None
 
 
-def _utf8_twin():
+def _utf8_twin() -> type[Message]:
     """A proto3 twin of onnx's ModelProto (same fields and numbers, its own package).
 
     ONNX is proto2, whose parser accepts any bytes in a string field; proto3's parser refuses bad
@@ -634,7 +640,7 @@ def _utf8_twin():
     return _UTF8_TWIN
 
 
-_UTF8_TWIN = None
+_UTF8_TWIN: type[Message] | None = None
 # The twin holds a second copy of the model while it parses: for bigger files the walk is used
 # (big files are big because of tensor bytes, which the walk does not visit).
 _UTF8_TWIN_MAX_BYTES = 64 << 20
@@ -672,7 +678,7 @@ def _check_utf8(model: onnx.ModelProto, path: str, data: bytes | None = None) ->
 _TENSOR_TYPES = frozenset(v for _, v in onnx.TensorProto.DataType.items())  # UNDEFINED (0): type unknown
 
 
-def _check_value_types(graphs, path: str) -> None:
+def _check_value_types(graphs: Iterable[tuple[onnx.GraphProto, str]], path: str) -> None:
     """Declared element types of inputs, outputs and value_info must be ONNX types (the checker lets
     e.g. -1 through), in every graph of `graphs` (`_iter_graphs`)."""
     for g, _ in graphs:
@@ -772,6 +778,7 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     except OSError as e:
         raise ModelError(f"cannot read model file {p}: {e.strerror or e}",
                          hint="check the file's permissions") from None
+    data: bytes | None
     try:
         with open(p, "rb") as f:
             data = f.read()

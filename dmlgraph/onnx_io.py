@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -117,7 +119,8 @@ def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShap
         if domain == DOMAIN:
             g.add_node(_import_dml(n, ins, outs))
         else:
-            node = g.add_node(OnnxNode(n.name, n.op_type, ins, outs, n.attribute, domain, n.doc_string, n))
+            node = OnnxNode(n.name, n.op_type, ins, outs, n.attribute, domain, n.doc_string, n)
+            g.add_node(node)
             node.rewired = "" in out_names  # an unused output got a name above
     for v, hint in unnamed:
         v.name = g.fresh_value(hint).name  # (a free name: the unused output takes its place)
@@ -226,7 +229,7 @@ def _import_dml(n: onnx.NodeProto, ins: list, outs: list) -> DmlNode:
     return node
 
 
-def _dml_type(elem_type: int, bad, field: str) -> None:
+def _dml_type(elem_type: int, bad: Callable[[str, str], ModelError], field: str) -> None:
     """`elem_type` must be an ONNX type DirectML has (bool is carried as UINT8)."""
     try:
         DmlDataType.from_onnx(elem_type)
@@ -281,11 +284,14 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
             elif hosted and (proto.domain, proto.op_type, proto.overload) in hosted:
                 dml_outputs.extend(n.outputs)
             nodes.append(proto)
-        elif target == "dml":
-            nodes.append(dml_node_proto(n))
-            dml_outputs.append(n.outputs[0])
         else:
-            nodes.extend(_portable_nodes(g, n, opsets.get("", 0), names))
+            assert isinstance(n, DmlNode)  # (a graph's nodes are ONNX or DML nodes)
+            if target == "dml":
+                nodes.append(dml_node_proto(n))
+                dml_outputs.append(n.outputs[0])
+            else:
+                assert names is not None  # (made for target onnx)
+                nodes.extend(_portable_nodes(g, n, opsets.get("", 0), names))
     functions = list(g.info.functions)
     dml_functions = [i for i, f in enumerate(functions) if has_dml_nodes(f.node)]
     if target == "onnx":
@@ -331,15 +337,15 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
                          ("model_version", g.info.model_version), ("doc_string", g.info.doc_string)):
         if value:
             setattr(model, field, value)
-    for k, v in g.info.metadata_props:
-        model.metadata_props.add(key=k, value=v)
+    for k, prop in g.info.metadata_props:
+        model.metadata_props.add(key=k, value=prop)
     model.functions.extend(functions)
     return model
 
 
 # ---- DML nodes inside bodies and functions ---------------------------------------------------------
-def _graphs_of(attributes) -> list[onnx.GraphProto]:
-    graphs = []
+def _graphs_of(attributes: Iterable[onnx.AttributeProto]) -> list[onnx.GraphProto]:
+    graphs: list[onnx.GraphProto] = []
     for a in attributes:
         if a.type == onnx.AttributeProto.GRAPH:
             graphs.append(a.g)
@@ -348,7 +354,7 @@ def _graphs_of(attributes) -> list[onnx.GraphProto]:
     return graphs
 
 
-def has_dml_nodes(nodes) -> bool:
+def has_dml_nodes(nodes: Iterable[onnx.NodeProto]) -> bool:
     """Whether these NodeProtos, or the bodies of their If/Loop/Scan nodes, hold a DML node."""
     return any(n.domain == DOMAIN or (n.attribute and has_dml(n.attribute)) for n in nodes)
 
@@ -367,9 +373,9 @@ def dml_function_keys(functions: list[onnx.FunctionProto]) -> set[tuple[str, str
     return found
 
 
-def _all_protos(nodes) -> list[onnx.NodeProto]:
+def _all_protos(nodes: Iterable[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """NodeProtos and those of their bodies, at any depth."""
-    out = []
+    out: list[onnx.NodeProto] = []
     for n in nodes:
         out.append(n)
         if n.attribute:
@@ -378,12 +384,12 @@ def _all_protos(nodes) -> list[onnx.NodeProto]:
     return out
 
 
-def has_dml(attributes) -> bool:
+def has_dml(attributes: Iterable[onnx.AttributeProto]) -> bool:
     """Whether the bodies among these attributes hold a DML node (at any depth)."""
     return any(has_dml_nodes(g.node) for g in _graphs_of(attributes))
 
 
-def _portable_protos(nodes, opset: int) -> list[onnx.NodeProto]:
+def _portable_protos(nodes: Iterable[onnx.NodeProto], opset: int) -> list[onnx.NodeProto]:
     """`nodes` with every DML node written as standard ops (`_portable_nodes`), bodies included."""
     out: list[onnx.NodeProto] = []
     names = _NameSet.of_protos(nodes)
@@ -495,7 +501,7 @@ _DML_ATTRIBUTES: dict[tuple, tuple] = {}
 
 def _dml_attributes(n: DmlNode) -> tuple[onnx.AttributeProto, ...]:
     """A DML node's attributes, in the order `helper.make_node` writes them (by name)."""
-    common = {}
+    common: dict[str, Any] = {}
     if n.static_shape is not None:
         common["output_shape"] = list(n.static_shape)
     if n.rule:
@@ -505,7 +511,7 @@ def _dml_attributes(n: DmlNode) -> tuple[onnx.AttributeProto, ...]:
     else:
         value = numpy_helper.from_array(np.array([n.value], dtype=helper.tensor_dtype_to_np_dtype(n.elem_type)))
         value.data_type = n.elem_type
-        bounds = {k: v for k, v in (("begin", n.begin), ("end", n.end)) if v is not None}
+        bounds: dict[str, Any] = {k: v for k, v in (("begin", n.begin), ("end", n.end)) if v is not None}
         node = helper.make_node(n.kind, [], [], value=value, **bounds,
                                 value_data_type=int(DmlDataType.from_onnx(n.elem_type)), exact=int(n.exact), **common)
     return tuple(node.attribute)
@@ -541,7 +547,7 @@ class _NameSet:
         return cls(taken)
 
     @classmethod
-    def of_protos(cls, nodes) -> "_NameSet":
+    def of_protos(cls, nodes: Iterable[onnx.NodeProto]) -> "_NameSet":
         """The names of a body's nodes (and their subgraphs)."""
         taken: set[str] = set()
         for n in nodes:
@@ -586,19 +592,17 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet) ->
     p = f"{out}__dm"
     nodes: list[onnx.NodeProto] = []
 
-    def const(name: str, arr) -> str:
+    def const(name: str, arr: Any) -> str:
         fresh = names.fresh(f"{p}_{name}")
         nodes.append(helper.make_node("Constant", [], [fresh], value=numpy_helper.from_array(np.asarray(arr), fresh)))
         return fresh
 
-    def op(op_type: str, ins: list[str], name: str, **attrs) -> str:
+    def op(op_type: str, ins: list[str], name: str, **attrs: Any) -> str:
         fresh = names.fresh(f"{p}_{name}")
         nodes.append(helper.make_node(op_type, ins, [fresh], **attrs))
         return fresh
 
     clipped_k: list[str] = []  # made once per node: both bounds of an inverted band shift by it
-
-    clipped_k: list[str] = []  # made once, shared by both bounds
 
     def shift(b: int, name: str) -> str:
         """A bound as an int64 scalar, shifted by the run-time k (clipped: no int64 overflow)."""
@@ -611,19 +615,28 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet) ->
         return op("Add", [c, clipped_k[0]], f"{name}_k")
 
     form = _trilu_form(n) if opset >= 14 else None
+    shape_name: str | None
     if shape is not None:
         shape_name = shape.name
     elif n.static_shape is not None:
         shape_name = const("shape", np.array(n.static_shape, dtype=np.int64))
+    elif form is not None:
+        shape_name = None
     else:
-        shape_name = None if form is not None else op("Shape", [x.name], "shape")
+        assert x is not None  # (import refuses a generator with neither a shape input nor output_shape)
+        shape_name = op("Shape", [x.name], "shape")
     if form is not None:
         # The common one-sided masks read better (and run faster) as one Trilu.
-        data = x.name if x is not None else op("ConstantOfShape", [shape_name], "full", value=numpy_helper.from_array(
-            np.array([n.value], dtype=helper.tensor_dtype_to_np_dtype(n.elem_type))))
+        if x is not None:
+            data = x.name
+        else:
+            assert shape_name is not None  # (a generator has a shape input or output_shape)
+            data = op("ConstantOfShape", [shape_name], "full", value=numpy_helper.from_array(
+                np.array([n.value], dtype=helper.tensor_dtype_to_np_dtype(n.elem_type))))
         upper, bound = form
         nodes.append(helper.make_node("Trilu", [data, shift(bound, "k")], [out], upper=upper))
         return nodes
+    assert shape_name is not None  # (set above when there is no Trilu form)
     zero, one = const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64))
     h = op("Squeeze", [op("Slice", [shape_name, const("m2", [-2]), const("m1", [-1])], "h1")], "h")
     w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
@@ -689,17 +702,24 @@ def _trilu_form(n: DmlNode) -> tuple[int, int] | None:
                 np.zeros((), np.asarray(n.value).dtype).tobytes():
             return None
         # Value 0 where topX < end: keep topX >= end. Value 0 where topX >= begin: keep topX <= begin - 1.
-        return (1, n.end) if n.begin is None else (0, n.begin - 1)
+        if n.begin is None:
+            assert n.end is not None  # (one-sided, above)
+            return (1, n.end)
+        return (0, n.begin - 1)
     # Value where topX < end: keep topX <= end - 1 of a full tensor; where topX >= begin: keep topX >= begin.
-    return (0, n.end - 1) if n.begin is None else (1, n.begin)
+    if n.begin is None:
+        assert n.end is not None
+        return (0, n.end - 1)
+    return (1, n.begin)
 
 
 # onnxruntime's CPU Where lacks these; each is widened losslessly and narrowed back.
-_WHERE_WIDEN = {TensorProto.INT16: TensorProto.INT32, TensorProto.UINT16: TensorProto.INT32,
+_WHERE_WIDEN: dict[int, int] = {TensorProto.INT16: TensorProto.INT32, TensorProto.UINT16: TensorProto.INT32,
                 TensorProto.UINT64: TensorProto.INT64}
 
 
-def _portable_select(use: str, value: str, value_arr: np.ndarray, other: str, elem_type: int, op, const,
+def _portable_select(use: str, value: str, value_arr: np.ndarray, other: str, elem_type: int, op: Callable[..., str],
+                     const: Callable[[str, Any], str],
                      other_is_data: bool = True) -> str:
     """`value` where `use`, else `other`, with every bit of both kept.
 

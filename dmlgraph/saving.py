@@ -10,6 +10,8 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import onnx
 from onnx import TensorProto, numpy_helper
@@ -54,7 +56,7 @@ def check_for_save(model: onnx.ModelProto) -> None:
         raise InternalError(f"the model to be written fails the ONNX checker ({first}); nothing was written") from e
 
 
-def _write_bytes(f, data) -> None:
+def _write_bytes(f: BinaryIO, data: bytes) -> None:
     """The one place bytes go to disk (a seam for fault-injection tests)."""
     f.write(data)
 
@@ -74,7 +76,9 @@ def _default_mode() -> int:
 class _TempFile:
     """A temp file beside `final`, committed with fsync + os.replace or removed on failure."""
 
-    def __init__(self, final: str):
+    path: str | None  # None once committed
+
+    def __init__(self, final: str) -> None:
         self.final = final
         folder, base = os.path.split(final)
         fd, self.path = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
@@ -94,6 +98,7 @@ class _TempFile:
         self.file.close()
 
     def commit(self) -> None:
+        assert self.path is not None, "committed twice"
         os.replace(self.path, self.final)
         self.path = None
 
@@ -110,7 +115,7 @@ class _TempFile:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str):
+def atomic_writer(path: str) -> Iterator[BinaryIO]:
     """A binary file that becomes `path` only if the block completes (temp file + fsync + rename).
 
     On any failure nothing is left behind and an existing file at `path` is untouched; an OSError
@@ -166,7 +171,7 @@ def _set_external(tensor: TensorProto, location: str, offset: int, length: int) 
         entry.value = value
 
 
-def _copy_span(src: str, offset: int, length: int, dst) -> None:
+def _copy_span(src: str, offset: int, length: int, dst: BinaryIO) -> None:
     with open(src, "rb") as f:
         f.seek(offset)
         left = length
@@ -268,6 +273,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                     del tensor.external_data[:]
                     tensor.data_location = TensorProto.DEFAULT
                 continue
+            assert data_tmp is not None  # use_external
             if span is None:
                 if not is_init or tensor.data_type == TensorProto.STRING:
                     continue

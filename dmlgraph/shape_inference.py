@@ -32,6 +32,7 @@ import struct
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 
 import onnx
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
@@ -60,20 +61,23 @@ def infer_shapes(model: onnx.ModelProto, check_types: bool = False) -> onnx.Mode
 
 
 ValueType = tuple[str, "int | None", "tuple | None"]  # name, element type, shape (None: unknown)
+TypeShape = tuple["int | None", "tuple[int | str | None, ...] | None"]  # element type, shape (None: unknown)
+Send = Callable[[bytes, bytes], None]  # a child's answer: kind, payload
 
 
 def value_types(model: onnx.ModelProto) -> list[ValueType]:
     """What `model`'s main graph's value_info says about each value."""
-    cache: dict[bytes, tuple] = {}
+    cache: dict[bytes, TypeShape] = {}
     return [(vi.name, *type_shape(vi.type, cache)) for vi in model.graph.value_info]
 
 
-def type_shape(tp: onnx.TypeProto, cache: dict[bytes, tuple] | None = None) -> tuple:
+def type_shape(tp: onnx.TypeProto, cache: dict[bytes, TypeShape] | None = None) -> TypeShape:
     """(element type, shape) of a TypeProto; None where unknown. `cache`: decoded types by their
     bytes (the values of a model share a few types)."""
     key = tp.SerializeToString() if cache is not None else None
-    if key is not None and key in cache:
+    if cache is not None and key is not None and key in cache:
         return cache[key]
+    decoded: TypeShape
     if not tp.HasField("tensor_type"):
         decoded = None, None
     elif not tp.tensor_type.HasField("shape"):
@@ -82,7 +86,7 @@ def type_shape(tp: onnx.TypeProto, cache: dict[bytes, tuple] | None = None) -> t
         tt = tp.tensor_type
         decoded = tt.elem_type or None, tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                                               for d in tt.shape.dim)
-    if key is not None:
+    if cache is not None and key is not None:
         cache[key] = decoded
     return decoded
 
@@ -135,6 +139,7 @@ class PendingShapes:
             # The guard decides on the plain pass's shapes. Data propagation only adds to them, so
             # when the child found no long vector in its own, there is none in the plain pass's
             # either; the walk is made here only when the child has not answered (or found one).
+            assert self.child.fd is not None  # (stopped only by close)
             answered = select.select([self.child.fd], [], [], 0)[0]
             if not answered and _long_vector(plain):
                 return value_types(plain)
@@ -204,7 +209,7 @@ _DATA_PROP = b"D"
 _HEADER = struct.Struct("<cQ")
 
 
-def _data_prop_job(model: onnx.ModelProto, send) -> None:
+def _data_prop_job(model: onnx.ModelProto, send: Send) -> None:
     """Data propagation; the answer: whether its shapes hold a long vector, and their value types."""
     data = _view(model)
     _cap_address_space(CHILD_MEMORY)
@@ -215,11 +220,14 @@ def _data_prop_job(model: onnx.ModelProto, send) -> None:
 class _Child:
     """A forked child running `job(send)`; `send(kind, payload)` writes its answer to a pipe."""
 
-    def __init__(self, pid: int, fd: int):
+    pid: int | None  # None once stopped
+    fd: int | None
+
+    def __init__(self, pid: int, fd: int) -> None:
         self.pid, self.fd = pid, fd
 
     @classmethod
-    def start(cls, job) -> "_Child | None":
+    def start(cls, job: Callable[[Send], None]) -> "_Child | None":
         try:
             r, w = os.pipe()
         except OSError:
@@ -264,11 +272,13 @@ class _Child:
 
     def _read_exactly(self, n: int, deadline: float | None) -> bytes | None:
         chunks, left = [], n
+        fd = self.fd
+        assert fd is not None, "read after stop"
         while left:
             wait = None if deadline is None else deadline - time.perf_counter()
-            if wait is not None and (wait <= 0 or not select.select([self.fd], [], [], wait)[0]):
+            if wait is not None and (wait <= 0 or not select.select([fd], [], [], wait)[0]):
                 return None
-            chunk = os.read(self.fd, min(left, 1 << 20))
+            chunk = os.read(fd, min(left, 1 << 20))
             if not chunk:  # the child is gone
                 return None
             chunks.append(chunk)
@@ -290,7 +300,7 @@ class _Child:
 
 
 @contextlib.contextmanager
-def _interrupts_deferred():
+def _interrupts_deferred() -> Iterator[None]:
     """SIGINT held back during the block, then delivered (as KeyboardInterrupt) when it ends."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:

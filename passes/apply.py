@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Iterable, Union, cast
 
 import numpy as np
 import onnx
 
 from dmlgraph.dtypes import bitwise_equal
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.broadcast import (
     Built,
     ShapeSource,
@@ -52,14 +52,14 @@ Region = tuple[Union[int, None], Union[int, None]]
 
 
 # ---- regions: sets of diagonals as (begin, end) with None = unbounded --------------------------
-def _pieces(begin, end) -> list[tuple[float, float]]:
+def _pieces(begin: int | None, end: int | None) -> list[tuple[float, float]]:
     lo, hi = (-INF if begin is None else begin), (INF if end is None else end)
     if begin is not None and end is not None and begin > end:
         return [(-INF, end), (begin, INF)]  # inverted: outside [end, begin)
     return [(lo, hi)] if lo < hi else []
 
 
-def _from_pieces(pieces) -> Region | None:
+def _from_pieces(pieces: Iterable[tuple[float, float]]) -> Region | None:
     merged: list[list[float]] = []
     for lo, hi in sorted(p for p in pieces if p[0] < p[1]):
         if merged and lo <= merged[-1][1]:
@@ -103,7 +103,7 @@ def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
     """
     if v is None:
         return None
-    if v.name in graph.initializers and v.shape is not None and math.prod(v.shape) > MAX_UNIFORM_CHECK:
+    if v.name in graph.initializers and v.shape is not None and math.prod(cast("tuple[int, ...]", v.shape)) > MAX_UNIFORM_CHECK:
         return None  # a weight, not a fill: treated as data (still correct, just not simplified)
     arr = const_value(graph, v)
     if arr is not None:
@@ -147,8 +147,13 @@ def _operand(graph: Graph, v: Value | None) -> Operand | None:
 
 def band_operands(graph: Graph, node: OnnxNode, band_inputs: tuple[int, ...]) -> list[int]:
     """Positions among `band_inputs` whose value a DIAGONAL_MATRIX1 node makes."""
-    return [i for i in band_inputs if isinstance(node.input(i), Value) and isinstance(node.input(i).producer, DmlNode)
-            and node.input(i).producer.kind == "DiagonalMatrix1"]
+    return [i for i in band_inputs if isinstance(v := node.input(i), Value) and isinstance(p := v.producer, DmlNode)
+            and p.kind == "DiagonalMatrix1"]
+
+
+def _band(node: Node, i: int) -> DmlNode:
+    """The DIAGONAL_MATRIX1 node making input `i` (one of `band_operands`)."""
+    return cast(DmlNode, cast(Value, node.inputs[i]).producer)
 
 
 def _outside(graph: Graph, d: DmlNode) -> Operand:
@@ -183,8 +188,8 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
                      options: Options, output_is_mask: bool = True) -> Match | None:
     """The Match replacing `node`, whose input `d_index` a DIAGONAL_MATRIX1 makes (None: not an
     application: both parts are data and the output is data too, e.g. `Add(X, eye)`)."""
-    d_value, out = node.inputs[d_index], node.outputs[0]
-    d: DmlNode = d_value.producer
+    d_value, out = cast(Value, node.inputs[d_index]), node.outputs[0]
+    d = _band(node, d_index)
     m = Match(rule, [node])
     if out.elem_type is None:
         m.reason = "the output type is unknown"
@@ -212,7 +217,7 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
     m.reason = _plan_sizes(graph, plan, d_index)
     if m.reason:
         return m
-    preview = DmlNode(node.name, None if x.is_const and _is_plus_zero(x.const) else Value("pending"), None,
+    preview = DmlNode(node.name, None if x.const is not None and _is_plus_zero(x.const) else Value("pending"), None,
                       d.inputs[2], standin(out), elem_type=out.elem_type, value=dtype.type(plan.value),
                       begin=region[0], end=region[1], exact=exact)
     m.captures.update(plan=plan, dml=preview)
@@ -224,16 +229,17 @@ def _choose_parts(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluato
                   dtype: np.dtype) -> tuple[tuple[np.ndarray, bool], Part, Region | None] | str | None:
     """((Value, exact), the input Part, region) when one of the node's two parts is one constant;
     a reason string when a part cannot be evaluated; None when both parts are data."""
-    d: DmlNode = node.inputs[d_index].producer
-    operands = [_operand(graph, v) for v in node.inputs]
+    d = _band(node, d_index)
+    operands = cast("list[Operand]", [_operand(graph, v) for v in node.inputs])  # (the ops' inputs are required)
     inside = evaluate(node, [np.asarray(d.value) if i == d_index else o for i, o in enumerate(operands)], dtype)
     outside = evaluate(node, [_outside(graph, d) if i == d_index else o for i, o in enumerate(operands)], dtype)
-    for part in (inside, outside):
-        if isinstance(part, str):
-            return part
-    if inside.is_const:
+    if isinstance(inside, str):
+        return inside
+    if isinstance(outside, str):
+        return outside
+    if inside.const is not None:
         return (inside.const, inside.exact), outside, (d.begin, d.end)
-    if outside.is_const:
+    if outside.const is not None:
         return (outside.const, outside.exact), inside, complement((d.begin, d.end))
     return None
 
@@ -242,12 +248,14 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
     """Decide the output sizes of `plan` (static, carried by the input, or built at run time) and
     check the band's matrix is the output's; the reason when it cannot be proved."""
     node, out, x = plan.node, plan.node.outputs[0], plan.x
-    d_value = node.inputs[d_index]
+    d_value = cast(Value, node.inputs[d_index])
+    # (plan_application checked both ranks)
+    out_shape, d_shape = cast("tuple[Dim, ...]", out.shape), cast("tuple[Dim, ...]", d_value.shape)
     others = [v for i, v in enumerate(node.inputs) if v is not None and i != d_index]
     band = matrix_dims(graph, d_value)
     if _absorb_expand(graph, plan, d_index, band):
         return None
-    if not same_dims(out.shape[-2:], d_value.shape[-2:]) and not all(keeps_matrix(v.shape, band) for v in others):
+    if not same_dims(out_shape[-2:], d_shape[-2:]) and not all(keeps_matrix(v.shape, band) for v in others):
         # Not proved by shape inference. Data flowing into the new node's input is checked when it
         # runs (the node takes the band's matrix; wider data fails to broadcast); the rest must be
         # proved, and so must a matrix side of 1 (a band row or column repeated is the data's shape).
@@ -255,7 +263,7 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
         unproved = [v for v in others if (v not in into_x or 1 in (band or (1,))) and not keeps_matrix(v.shape, band)]
         if unproved:
             return (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix: operand "
-                    f"{unproved[0].name!r} {list(unproved[0].shape or ['?'])} may widen {list(d_value.shape[-2:])}")
+                    f"{unproved[0].name!r} {list(unproved[0].shape or ['?'])} may widen {list(d_shape[-2:])}")
         plan.guarded = True
     x_shape = _part_shape(x)
     if not plan.guarded and x_shape is not None and (
@@ -270,7 +278,7 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
     sources = needed(sources)
     static = static_broadcast(sources)
     if static is not None and plan.guarded and not _static_matrix(static, d_value):
-        return (f"{node.op_type} {node.name!r} broadcasts the band's matrix {list(d_value.shape[-2:])} to "
+        return (f"{node.op_type} {node.name!r} broadcasts the band's matrix {list(d_shape[-2:])} to "
                 f"{list(static[-2:])}: a band repeated along an axis is no band")
     if static is not None:
         plan.static_shape = static
@@ -295,10 +303,10 @@ def _absorb_expand(graph: Graph, plan: Plan, d_index: int, band: tuple | None) -
         return False
     t = p.inputs[1]
     t_dims = vector_dims(graph, t)
-    if t_dims is None or len(t_dims) != len(node.outputs[0].shape) or not keeps_matrix(t_dims, band) \
+    if t_dims is None or len(t_dims) != len(cast("tuple[Dim, ...]", node.outputs[0].shape)) or not keeps_matrix(t_dims, band) \
             or len(t_dims) < 2 or tuple(t_dims[-2:]) != tuple(band or ()):
         return False
-    x0 = p.inputs[0]
+    x0 = cast(Value, p.inputs[0])  # (Expand's input is required)
     if x0.shape is not None and any(isinstance(a, int) and a > 1 and b == 1 for a, b in
                                     zip(reversed(x0.shape), reversed(t_dims))):
         return False
@@ -340,13 +348,14 @@ def build(plan: Plan) -> Replacement:
     sizes need), as a Replacement: nothing here touches the graph."""
     node, out, x = plan.node, plan.node.outputs[0], plan.x
     built, hint = Built(), out.name
-    if x.is_const:
+    xv: Value | None
+    if x.const is not None:
         xv = None if _is_plus_zero(x.const) else \
             built.constant(f"{hint}__else", np.asarray(x.const, plan.value.dtype).reshape(()))
     elif x.value is not None:
         xv = x.value
     else:
-        op_type, operands = x.op
+        op_type, operands = cast("tuple[str, list[Operand]]", x.op)  # (neither a constant nor a value: a new node)
         ins = [o if isinstance(o, Value) else built.constant(f"{hint}__c", np.asarray(o)) for o in operands]
         xv = built.node(op_type, ins, f"{hint}__input", out.elem_type, _part_shape(x), attributes=node.attributes)
     shape = plan.sizes
@@ -355,7 +364,7 @@ def build(plan: Plan) -> Replacement:
         if plan.matrix is not None:
             shape = build_matrix_of(shape, plan.matrix, hint, built)
     dml = DmlNode(node.name, xv, shape, plan.band.inputs[2], standin(out, out.elem_type),
-                  elem_type=out.elem_type, value=plan.value.dtype.type(plan.value), begin=plan.region[0],
+                  elem_type=cast(int, out.elem_type), value=plan.value.dtype.type(plan.value), begin=plan.region[0],
                   end=plan.region[1], static_shape=plan.static_shape, exact=plan.exact)
     r = replace_node(node, dml, *built.nodes)
     r.initializers = built.initializers
@@ -376,7 +385,7 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
             return None
         declined = None
         for i in band_operands(graph, node, band_inputs):
-            if two_valued and isinstance(_outside(graph, node.inputs[i].producer), Value):
+            if two_valued and isinstance(_outside(graph, _band(node, i)), Value):
                 continue
             m = plan_application(graph, node, i, evaluate, name, exact, options, output_is_mask)
             if m is not None and not m.declined:

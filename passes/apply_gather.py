@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.apply import _outside, complement
 from dmlgraph.passes.broadcast import keeps_matrix
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
@@ -21,7 +21,7 @@ from dmlgraph.rewrite import Match, Options, Replacement, Rule
 from dmlgraph.runtime import numpy_dtype
 
 
-def _producer(v: Value | None, op_type: str) -> Node | None:
+def _producer(v: Value | None, op_type: str) -> OnnxNode | None:
     n = v.producer if v is not None else None
     return n if isinstance(n, OnnxNode) and n.op_type == op_type and n.domain in ("", "ai.onnx") else None
 
@@ -37,7 +37,7 @@ def _unsqueezed0(graph: Graph, v: Value | None) -> Value | None:
     return n.input(0) if n is not None and _is_axis0(graph, n.input(1)) else None
 
 
-def _index_band(graph: Graph, index: Value | None) -> tuple[DmlNode, tuple] | None:
+def _index_band(graph: Graph, index: Value | None) -> tuple[DmlNode, tuple[Dim, ...] | None] | None:
     """(the band generator, the band's shape without the stacking axis) that the index is made of."""
     cast = _producer(_unsqueezed0(graph, index), "Cast")
     if cast is not None and cast.attr("to") == TensorProto.INT64:
@@ -73,8 +73,9 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     if isinstance(outside, Value) or bool(np.asarray(band.value)) == bool(outside):
         return None  # the index must be a two-valued generator (0 and 1)
     out = node.outputs[0]
-    x = _producer(other, "Expand")  # other = Expand(X, sizes): X, when it already has the output's matrix
-    x = x.input(0) if x is not None and keeps_matrix(x.input(0).shape, band_shape) else other
+    expand_x = _producer(other, "Expand")  # other = Expand(X, sizes): X, when it already has the output's matrix
+    x_in = expand_x.input(0) if expand_x is not None else None
+    x = x_in if x_in is not None and keeps_matrix(x_in.shape, band_shape) else other
     m = Match("mask_gather", [node])
     if out.elem_type is None or x.elem_type != out.elem_type or np.asarray(c).dtype != numpy_dtype(out.elem_type):
         m.reason = "the selected constant's type differs from the data's"

@@ -10,9 +10,11 @@ row repeated down S rows is no band) and an `Unsqueeze` of one of the last two a
 """
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.apply import band_operands
 from dmlgraph.passes.broadcast import (
     Built,
@@ -40,8 +42,8 @@ def _axes(graph: Graph, node: OnnxNode) -> list[int] | None:
 def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
     if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or not band_operands(graph, node, (0,)):
         return None
-    d_value, out = node.inputs[0], node.outputs[0]
-    d: DmlNode = d_value.producer
+    d_value, out = cast(Value, node.inputs[0]), node.outputs[0]
+    d = cast(DmlNode, d_value.producer)  # (band_operands checked)
     m = Match("mask_view", [node])
     band = matrix_dims(graph, d_value)
     target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []
@@ -54,7 +56,7 @@ def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
         return m
     source = shape_source(graph, d_value)
     if node.op_type == "Expand":
-        t = node.inputs[1]
+        t = cast(Value, node.inputs[1])  # (Expand's shape input is required)
         t_arr = const_value(graph, t)
         if t_arr is not None:
             target = ShapeSource(len(t_arr), static=tuple(int(s) for s in t_arr))
@@ -63,7 +65,7 @@ def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
         else:
             m.reason = f"the target shape of Expand {node.name!r} has an unknown length"
             return m
-        plan = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target]}
+        plan: dict[str, Any] = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target]}
     else:
         axes = _axes(graph, node)
         rank = len(out.shape)
@@ -93,9 +95,10 @@ def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None,
     -1 (whose meaning needs the element count); a band with data would need its input reshaped
     too, which a broadcast input cannot always be."""
     x = d.inputs[0]
-    d_shape = node.inputs[0].shape
+    d_value = cast(Value, node.inputs[0])
+    d_shape = d_value.shape
     reshape_x = x is not None and not (x.shape is not None and all(s == 1 for s in x.shape))
-    if reshape_x and (x.shape is None or d_shape is None or len(x.shape) != len(d_shape)
+    if reshape_x and x is not None and (x.shape is None or d_shape is None or len(x.shape) != len(d_shape)
                       or not same_dims(x.shape[:-2], d_shape[:-2])):
         m.reason = (f"Reshape {node.name!r} of a band whose input {x.name!r} {list(x.shape or ['?'])} is broadcast "
                     "along batch axes: the input cannot take the same reshape")
@@ -103,7 +106,7 @@ def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None,
     if target is None or len(target) < 2 or band is None or None in band or \
             any(t is None or (isinstance(t, int) and t <= 0) for t in target) or \
             (node.attr("allowzero", 0) == 0 and any(not isinstance(t, int) for t in target)
-             and len(target) != len(node.inputs[0].shape or ())) or \
+             and len(target) != len(d_value.shape or ())) or \
             tuple(target[-2:]) != tuple(band):
         m.reason = (f"cannot prove Reshape {node.name!r} only regroups the band's batch axes (target "
                     f"{target}, band matrix {list(band or ())})")
@@ -118,19 +121,20 @@ def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None,
 
 
 def _rewrite_view(graph: Graph, m: Match, options: Options) -> Replacement:
-    node: OnnxNode = m.nodes[0]
-    d: DmlNode = node.inputs[0].producer
+    node = cast(OnnxNode, m.nodes[0])
+    d_value = cast(Value, node.inputs[0])
+    d = cast(DmlNode, d_value.producer)
     plan, out = m.captures["plan"], node.outputs[0]
     built, x, shape = Built(), d.inputs[0], None
     static = plan["static"]
     if "reshape" in plan:
         if plan["reshape_x"]:
-            x = _reshaped_input(graph, x, plan["reshape"], plan["lead"], out.name, built)
+            x = _reshaped_input(graph, cast(Value, x), plan["reshape"], plan["lead"], out.name, built)
         shape = None if static else plan["reshape"]
     else:
         sources = plan["sources"]
         if plan["unsqueeze"] is not None:
-            x = _unsqueezed_input(x, len(node.inputs[0].shape), plan["unsqueeze"], out.name, built)
+            x = _unsqueezed_input(x, len(cast("tuple[Dim, ...]", d_value.shape)), plan["unsqueeze"], out.name, built)
             sources = [_unsqueezed_source(sources[0], plan["unsqueeze"], out.name, built)]
         if static is None:
             static = static_broadcast(sources)
@@ -146,14 +150,15 @@ def _rewrite_view(graph: Graph, m: Match, options: Options) -> Replacement:
 def _reshaped_input(graph: Graph, x: Value, target: Value, lead: int, hint: str, built: Built) -> Value:
     """x (with the band's batch axes) regrouped like the band: the target's batch sizes, then x's own
     last two dims (a broadcast 1 stays a 1)."""
+    x_shape = cast("tuple[Dim, ...]", x.shape)  # (the match declined an input of unknown shape)
     batch = built.node("Slice", [target, built.constant(f"{hint}__c", np.array([0])),
                                  built.constant(f"{hint}__c", np.array([lead]))], f"{hint}__batch", shape=(lead,))
-    xs = built.node("Shape", [x], f"{hint}__xshape", shape=(len(x.shape),))
+    xs = built.node("Shape", [x], f"{hint}__xshape", shape=(len(x_shape),))
     mat = built.node("Slice", [xs, built.constant(f"{hint}__c", np.array([-2])),
-                               built.constant(f"{hint}__c", np.array([len(x.shape)]))], f"{hint}__xmatrix", shape=(2,))
+                               built.constant(f"{hint}__c", np.array([len(x_shape)]))], f"{hint}__xmatrix", shape=(2,))
     sizes = built.node("Concat", [batch, mat], f"{hint}__xsizes", shape=(lead + 2,), axis=0)
     dims = vector_dims(graph, target)
-    shape = tuple((dims[:lead] if dims is not None else [None] * lead) + list(x.shape[-2:]))
+    shape = tuple((dims[:lead] if dims is not None else [None] * lead) + list(x_shape[-2:]))
     return built.node("Reshape", [x, sizes], f"{hint}__input", x.elem_type, shape)
 
 

@@ -11,8 +11,10 @@ pair that broadcasts: a dim of 1 takes the other side, including 0).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Sequence, cast
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
@@ -29,14 +31,14 @@ class Built:
     nodes: list[Node] = field(default_factory=list)
     initializers: list[Value] = field(default_factory=list)
 
-    def constant(self, name: str, arr) -> Value:
+    def constant(self, name: str, arr: npt.ArrayLike) -> Value:
         v = detached_constant(name, np.asarray(arr))
         self.initializers.append(v)
         return v
 
-    def node(self, op_type: str, inputs: list[Value], name: str, elem_type: int | None = TensorProto.INT64,
+    def node(self, op_type: str, inputs: Sequence[Value | None], name: str, elem_type: int | None = TensorProto.INT64,
              shape: tuple[Dim, ...] | None = None, attributes: list[onnx.AttributeProto] | None = None,
-             **attrs) -> Value:
+             **attrs: Any) -> Value:
         out = detached(name, elem_type, shape)
         attributes = list(attributes or []) + [helper.make_attribute(k, v) for k, v in attrs.items()]
         # Unnamed: the rewriter makes the output's name unique, not the node's, and onnxruntime
@@ -79,7 +81,8 @@ def shape_source(graph: Graph, v: Value) -> ShapeSource | None:
         if p.op_type == "Expand":  # Expand of a one-element constant: the target sizes, padded
             c, t = p.inputs[0], p.inputs[1]
             arr = const_value(graph, c)
-            if arr is not None and arr.size == 1 and t.shape is not None and t.shape == (rank,) and arr.ndim <= rank:
+            if arr is not None and arr.size == 1 and t is not None and t.shape is not None and t.shape == (rank,) \
+                    and arr.ndim <= rank:
                 return ShapeSource(rank, vector=t)
     return ShapeSource(rank, of=v)
 
@@ -154,7 +157,7 @@ def static_broadcast(sources: list[ShapeSource]) -> tuple[int, ...] | None:
     if any(s.static is None for s in sources):
         return None
     try:
-        return tuple(int(d) for d in np.broadcast_shapes(*(s.static for s in sources)))
+        return tuple(int(d) for d in np.broadcast_shapes(*(cast("tuple[int, ...]", s.static) for s in sources)))
     except ValueError:
         return None
 
@@ -205,16 +208,16 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
         return vector_dims(graph, ins[i] if i < len(ins) else None, depth + 1)
 
     if op == "Shape":
-        x = ins[0]
-        if x.shape is None:
+        src = ins[0]
+        if src is None or src.shape is None:
             return None
-        dims = list(x.shape)
-        return dims[slice(p.attr("start", 0), p.attr("end", None))]
+        return list(src.shape)[slice(p.attr("start", 0), p.attr("end", None))]
     if op in ("Unsqueeze", "Squeeze", "Reshape", "Cast", "Identity", "Flatten"):
         return sub(0)
     if op == "Concat":
         parts = [vector_dims(graph, x, depth + 1) for x in ins]
-        return None if any(q is None for q in parts) else [d for q in parts for d in q]
+        known = [q for q in parts if q is not None]
+        return None if len(known) != len(parts) else [d for q in known for d in q]
     if op in ("Gather", "Slice"):
         dims = sub(0)
         if dims is None:
@@ -235,9 +238,11 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
         a, b = sub(0), sub(1)
         if a is None or b is None or not all(isinstance(d, int) for d in a + b):
             return None
-        return [int(d) for d in np.broadcast_to(np.multiply(a, b), np.broadcast_shapes((len(a),), (len(b),)))]
+        product = np.multiply(cast("list[int]", a), cast("list[int]", b))
+        return [int(d) for d in np.broadcast_to(product, np.broadcast_shapes((len(a),), (len(b),)))]
     if op == "Where":
-        cond = p.inputs[0].producer
+        cond_v = p.inputs[0]
+        cond = cond_v.producer if cond_v is not None else None
         if not (isinstance(cond, OnnxNode) and cond.op_type == "Equal"):
             return None
         x, cs, a, b = (vector_dims(graph, cond.inputs[0], depth + 1), vector_dims(graph, cond.inputs[1], depth + 1),
@@ -245,9 +250,9 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
         if x is None or cs is None or a is None or b is None or not len(x) == len(a) == len(b) \
                 or len(cs) not in (1, len(x)) or not all(isinstance(ci, int) for ci in cs):
             return None
-        cs = cs * len(x) if len(cs) == 1 else cs
+        consts = cast("list[int]", cs * len(x) if len(cs) == 1 else cs)
         out: list[Dim] = []
-        for xi, c, ai, bi in zip(x, cs, a, b):
+        for xi, c, ai, bi in zip(x, consts, a, b):
             if isinstance(xi, int):
                 out.append(ai if xi == c else bi)
             elif xi is not None and c < 0:
@@ -270,7 +275,7 @@ def matrix_dims(graph: Graph, v: Value) -> tuple[Dim, Dim] | None:
         if p.inputs[1] is not None:
             dims = vector_dims(graph, p.inputs[1])
             if dims is not None and len(dims) >= 2 and None not in dims[-2:]:
-                return tuple(dims[-2:])
+                return cast("tuple[Dim, Dim]", tuple(dims[-2:]))
         elif p.static_shape is not None:
-            return tuple(p.static_shape[-2:])
-    return None if v.shape is None or len(v.shape) < 2 else tuple(v.shape[-2:])
+            return cast("tuple[Dim, Dim]", tuple(p.static_shape[-2:]))
+    return None if v.shape is None or len(v.shape) < 2 else cast("tuple[Dim, Dim]", tuple(v.shape[-2:]))

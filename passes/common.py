@@ -1,11 +1,13 @@
 """What every rule needs: constant values, scalar attributes-as-inputs, and the lowering check."""
 from __future__ import annotations
 
+from typing import Sequence, cast
+
 import numpy as np
 import onnx
 
 from dmlgraph.binding import decline_reason
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.rewrite import Options, Replacement
 from dmlgraph.runtime import initializer_array
 
@@ -64,11 +66,11 @@ def one_of(elem_type: int) -> np.generic:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).type(1)
 
 
-def lowering_reason(node: DmlNode, out_shape, options: Options) -> str | None:
+def lowering_reason(node: DmlNode, out_shape: Sequence[Dim] | None, options: Options) -> str | None:
     """Why a DML node with this output shape cannot be lowered at the target level (None: it can)."""
     if out_shape is None:
         return "the output rank is unknown (shape inference found no shape)"
-    static = tuple(out_shape) if all(isinstance(d, int) for d in out_shape) else None
+    static = cast("tuple[int, ...]", tuple(out_shape)) if all(isinstance(d, int) for d in out_shape) else None
     return decline_reason(node, len(out_shape), options.feature_level, static)
 
 

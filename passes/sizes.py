@@ -9,7 +9,7 @@ optimizing a portable export again reproduces the same graph.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeGuard
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -34,7 +34,8 @@ class Made:
 
 def constant(graph: Graph, name: str, arr: np.ndarray, made: Made) -> Value:
     """The initializer `name` if it already holds exactly `arr`, else a new one (added to `made`)."""
-    found: dict[tuple, tuple] = graph.scratch.setdefault("constants", {})  # each rewrite asks for the same few
+    # each rewrite asks for the same few
+    found: dict[tuple, tuple[Value, TensorProto | None, np.ndarray | None]] = graph.scratch.setdefault("constants", {})
     key = (name, arr.dtype.str, arr.shape, arr.tobytes())
     if key in made.constants:
         return made.constants[key]
@@ -64,7 +65,7 @@ def _new_constant(name: str, arr: np.ndarray, made: Made) -> Value:
 _PLUMBING_OPS = ("Shape", "Gather", "Concat", "Reshape", "Add", "Sub", "Mul", "Neg", "Min", "Max", "Div")
 
 
-def _plumbing_key(op_type: str, inputs: Sequence[Value], attributes: Sequence) -> tuple:
+def _plumbing_key(op_type: str, inputs: Sequence[Value | None], attributes: Sequence) -> tuple:
     """attributes: AttributeProtos, or (name, int) pairs."""
     return op_type, tuple(id(v) for v in inputs), tuple(a if isinstance(a, tuple) else (a.name, a.i) for a in attributes)
 
@@ -77,12 +78,12 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
     plumbing, built once per optimizer run (scanning the input's consumers instead is quadratic
     when thousands of blocks read the same input's shape).
     """
-    index = graph.scratch.get("size_plumbing")
+    index: dict[tuple, Node] | None = graph.scratch.get("size_plumbing")
     if index is None:
         index = graph.scratch["size_plumbing"] = {}
-        for n in graph.nodes.values():
-            if _plumbing(n):
-                index.setdefault(_plumbing_key(n.op_type, n.inputs, n.attributes), n)  # type: ignore[attr-defined]
+        for p in graph.nodes.values():
+            if _plumbing(p):
+                index.setdefault(_plumbing_key(p.op_type, p.inputs, p.attributes), p)
     key = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
     n = index.get(key)
     if n is None:
@@ -103,7 +104,7 @@ def _computes(graph: Graph, n: Node, inputs: list[Value], key: tuple) -> bool:
         and _plumbing_key(n.op_type, n.inputs, n.attributes) == key
 
 
-def _plumbing(n: Node) -> bool:
+def _plumbing(n: Node) -> TypeGuard[OnnxNode]:
     return isinstance(n, OnnxNode) and n.op_type in _PLUMBING_OPS and n.domain in ("", "ai.onnx") \
         and len(n.outputs) == 1 and None not in n.inputs
 

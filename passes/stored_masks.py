@@ -3,10 +3,12 @@
 masks {a, b} with b != 0 keep b as a one-element input broadcast by zero strides."""
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 from onnx import TensorProto, helper
 
-from dmlgraph.graph import DmlNode, Graph, Value
+from dmlgraph.graph import DmlNode, Graph, Node, Value
 from dmlgraph.modelfile import RAW_ITEMSIZE
 from dmlgraph.passes.common import const_value, lowering_reason, standin
 from dmlgraph.passes.generators import _bounds, _node_bytes, band_of, generator
@@ -14,7 +16,7 @@ from dmlgraph.passes.sizes import Made
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
 
 
-def _match_stored(graph: Graph, item, options: Options) -> Match | None:
+def _match_stored(graph: Graph, item: Value | Node, options: Options) -> Match | None:
     if isinstance(item, Value):
         value = item
         if item.shape is None or len(item.shape) < 2 or item.elem_type in (None, TensorProto.STRING):
@@ -52,9 +54,9 @@ def _first_row_varies(v: Value, head: int = 16) -> bool:
     makes the same test, bit for bit, after decoding)."""
     t = v.initializer
     size = RAW_ITEMSIZE.get(t.data_type) if t is not None and v.array is None else None
-    if size is None or not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL:
+    if size is None or t is None or not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL:
         return False
-    n = min(v.shape[-1], head)
+    n = min(cast("tuple[int, ...]", v.shape)[-1], head)  # (an initializer's dims are all static)
     row = t.raw_data[:n * size]
     if len(row) < n * size:
         return False  # (load_model refuses short data; left to the full read)

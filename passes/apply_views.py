@@ -76,7 +76,11 @@ def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
         if any(a >= rank - 2 for a in axes):
             m.reason = f"Unsqueeze {node.name!r} adds an axis among the last two: the matrix changes"
             return m
-        plan = {"x": d.inputs[0], "unsqueeze": axes, "sources": [source]}
+        x = d.inputs[0]
+        if x is not None and x.shape is None:
+            m.reason = f"the input of the band feeding Unsqueeze {node.name!r} has an unknown shape"
+            return m
+        plan = {"x": x, "unsqueeze": axes, "sources": [source]}
     if source is None:
         m.reason = f"the band feeding {node.op_type} {node.name!r} has an unknown rank"
         return m
@@ -164,13 +168,18 @@ def _reshaped_input(graph: Graph, x: Value, target: Value, lead: int, hint: str,
 
 def _unsqueezed_input(x: Value | None, band_rank: int, axes: list[int], hint: str, built: Built) -> Value | None:
     """x aligned to the band's rank, then unsqueezed like the band (a one-element x broadcasts as is)."""
-    if x is None or (x.shape is not None and all(d == 1 for d in x.shape) and len(x.shape) <= band_rank):
+    if x is None:
         return x
-    lead = band_rank - len(x.shape)
+    shape = x.shape
+    assert shape is not None, "the match declines an input of unknown shape"
+    if all(d == 1 for d in shape) and len(shape) <= band_rank:
+        return x
+    lead = band_rank - len(shape)
     if lead:  # right-align x to the band first
         pad = built.constant(f"{hint}__pad_axes", np.arange(lead, dtype=np.int64))
-        x = built.node("Unsqueeze", [x, pad], f"{hint}__aligned", x.elem_type, (1,) * lead + tuple(x.shape))
-    dims = list(x.shape)
+        shape = (1,) * lead + tuple(shape)
+        x = built.node("Unsqueeze", [x, pad], f"{hint}__aligned", x.elem_type, shape)
+    dims = list(shape)
     for a in axes:
         dims.insert(a, 1)
     ax = built.constant(f"{hint}__axes", np.array(axes, np.int64))

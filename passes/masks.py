@@ -291,7 +291,7 @@ def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value
     exactly at the one size it has), ("symbolic", SizedBand) when its sizes vary (proved for every
     size by `dmlgraph.passes.symbolic`), ("decline", reason) or ("none",) (not a mask). Everything it reads
     is in the subgraph's `_signature`."""
-    if symbolic:
+    if symbolic or any(isinstance(n, DmlNode) for n in nodes):  # (a lowered node has no ONNX form to evaluate)
         verdict = _symbolic_verdict(graph, nodes, inputs, target, max_dim)
         if df.index_only(target) or verdict[0] == "inner" or \
                 (verdict[0] == "decline" and any(_makes_mask(n) for n in nodes)):

@@ -325,3 +325,26 @@ def test_transformers_masks_lower_and_validate_with_left_padding(name, exact_onl
         assert r["rewrites"]["mask_bool"] == 1 and r["rewrites"]["mask_where"] == 1
         assert r["rewrites"]["mask_arith"] == 0  # each layer's Add(scores, mask) reads the one padded mask
         assert all(t["detail"] == "bit-exact" for t in r["tensors"]), r["tensors"]
+
+
+def test_unsqueeze_of_an_application_whose_data_has_no_shape_is_declined_not_a_crash():
+    """Found by typing the view rule: Unsqueeze(Where(band, Expand(x), c)) where x's shape is
+    unknown made the rewrite read len(None); the view is declined with the reason instead."""
+    from onnx import TensorProto as T
+    from onnx import helper as oh
+    from onnx import numpy_helper as nh
+
+    from dmlgraph import api as dapi
+    from dmlgraph.onnx_io import import_model as imp
+    from dmlgraph.rewrite import Options as Opts
+    inits = [nh.from_array(np.triu(np.ones((4, 4), bool)), "band"), nh.from_array(np.array([4, 4], np.int64), "t"),
+             nh.from_array(np.array(-1.0, np.float32), "c"), nh.from_array(np.array([0], np.int64), "ax")]
+    nodes = [oh.make_node("Expand", ["x", "t"], ["xe"]), oh.make_node("Where", ["band", "xe", "c"], ["w"]),
+             oh.make_node("Unsqueeze", ["w", "ax"], ["y"])]
+    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", T.FLOAT, None)],
+                      [oh.make_tensor_value_info("y", T.FLOAT, [1, 4, 4])], inits,
+                      value_info=[oh.make_tensor_value_info("xe", T.FLOAT, [4, 4]),
+                                  oh.make_tensor_value_info("w", T.FLOAT, [4, 4])])
+    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 18)], ir_version=10)
+    result = dapi.optimize_graph(imp(model), Opts(min_mask_bytes=0))
+    assert any("unknown shape" in (m.reason or "") for m in result.declined if m.rule == "mask_view")

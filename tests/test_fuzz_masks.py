@@ -1,9 +1,9 @@
 """The differential mask fuzzer (`fuzz_masks.py`): a bounded run here, a long soak with `make fuzz`.
 
 FUZZ_EXAMPLES sets the examples per test (default: a bounded run of the suite), FUZZ_MAX_SIZE the
-largest size tried (default 300; the soak uses 2049 to reach float16's integer limit). Families the
-sampling proof of `mask_subgraph` is known to get wrong run as xfail(strict=False): they flip to
-passing when a symbolic proof replaces the sampling.
+largest size tried (default 300; the soak uses 2049 to reach float16's integer limit). The families
+the old sampling proof of `mask_subgraph` got wrong (KNOWN_UNSOUND_SAMPLING) are regression tests:
+the symbolic proof either lowers them exactly or declines them, never a wrong bit.
 """
 from __future__ import annotations
 
@@ -46,11 +46,11 @@ def test_lowered_masks_match_the_original(example):
     assert not problems, f"{case.description} ({case.family}):\n" + "\n".join(problems[:10])
 
 
-@pytest.mark.xfail(strict=False, reason="KNOWN_UNSOUND_SAMPLING: mask_subgraph's sampling proof misses thresholds "
-                   "past the sampled sizes (" + "; ".join(KNOWN_UNSOUND_SAMPLING.values()) + ")")
 @SETTINGS
 @given(cases("unsound"))
 def test_known_unsound_sampling_families(example):
+    """Thresholds past any sampled size (float constants, products of constants, constants past
+    2^31, indices through int8/float16): exact at every size tried."""
     case, sizes, ks = example
     problems = check(case, sizes, ks)
     assert not problems, f"{case.description} ({case.family}):\n" + "\n".join(problems[:10])
@@ -91,13 +91,10 @@ UNSOUND_CASES = {
 
 
 @pytest.mark.parametrize("family", sorted(UNSOUND_CASES))
-def test_known_unsound_sampling_example(family, request):
+def test_known_unsound_sampling_example(family):
     assert family in KNOWN_UNSOUND_SAMPLING
     index_type, threshold, sizes = UNSOUND_CASES[family]
     problems = check(_grid_case(family, index_type, threshold), sizes)
-    if problems:
-        request.applymarker(pytest.mark.xfail(strict=False, reason=f"KNOWN_UNSOUND_SAMPLING[{family!r}]: "
-                                              f"{KNOWN_UNSOUND_SAMPLING[family]}"))
     assert not problems, "\n".join(problems[:5])
 
 

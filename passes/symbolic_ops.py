@@ -290,8 +290,13 @@ def _dims_from(an: Analysis, v: AbstractValue | None, what: str) -> tuple[Dim, .
     return tuple(dims)
 
 
+def _axis(axis: int, rank: int) -> int:
+    """An ONNX axis attribute, negative counting from the end, as a position."""
+    return axis + rank if axis < 0 else axis
+
+
 def _rank_axes(axes: Sequence[int], rank: int) -> list[int]:
-    return [a + rank if a < 0 else a for a in axes]
+    return [_axis(a, rank) for a in axes]
 
 
 def _axes_input(an: Analysis, n: OnnxNode, ins: list, idx: int) -> list[int] | None:
@@ -798,7 +803,7 @@ def _cumsum(an: Analysis, n: OnnxNode, ins: list) -> list:
     x = ins[0]
     shape = shape_of(x)
     axis = _const_ints(an, ins[1], "the axis")[0]
-    axis = axis + len(shape) if axis < 0 else axis
+    axis = _axis(axis, len(shape))
     u = an.uniform(x)
     c = _int_of(u) if u is not None else None
     if c is None or not c.is_const:
@@ -944,7 +949,7 @@ def _flatten(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = shape_of(v)
     axis = int(_attr(n, "axis", 1))
-    axis = axis + len(shape) if axis < 0 else axis
+    axis = _axis(axis, len(shape))
     left, right = shape[:axis], shape[axis:]
     out: list[Dim] = []
     for part in (left, right):
@@ -995,7 +1000,7 @@ def _gather(an: Analysis, n: OnnxNode, ins: list) -> list:
     data, idx = ins
     axis = int(_attr(n, "axis", 0))
     dshape = shape_of(data)
-    axis = axis + len(dshape) if axis < 0 else axis
+    axis = _axis(axis, len(dshape))
     if isinstance(data, Elems) and isinstance(idx, Elems):
         items = _objs(data)
         picked = np.take(items, np.array(_const_ints(an, idx, "the indices")).reshape(idx.shape), axis=axis)
@@ -1139,12 +1144,12 @@ def _concat(an: Analysis, n: OnnxNode, ins: list) -> list:
     axis = int(_attr(n, "axis", 0))
     if all(isinstance(v, Elems) for v in vs):
         rank = len(vs[0].shape)
-        axis = axis + rank if axis < 0 else axis
+        axis = _axis(axis, rank)
         arrays = [_objs(v) for v in vs]
         out = np.concatenate(arrays, axis=axis)
         return [_from_objs(vs[0].dtype, out)]
     rank = len(shape_of(vs[0]))
-    axis = axis + rank if axis < 0 else axis
+    axis = _axis(axis, rank)
     if axis == rank - 1 and all(_stackable(v) for v in vs):
         return [_stack(an, vs)]
     offsets, total = [], Lin.of(0)
@@ -1278,7 +1283,7 @@ def _split(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = shape_of(v)
     axis = int(_attr(n, "axis", 0))
-    axis = axis + len(shape) if axis < 0 else axis
+    axis = _axis(axis, len(shape))
     if len(ins) > 1 and ins[1] is not None:
         sizes = [as_lin(x, "a split size") for x in _ints(an, ins[1], "split")]
     elif _attr(n, "split") is not None:

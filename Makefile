@@ -27,8 +27,10 @@ fuzz: $(STAMP)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-500} FUZZ_MAX_SIZE=$${FUZZ_MAX_SIZE:-2049} \
 		$(BIN)/python -m pytest tests/test_fuzz_masks.py -rxX
 
+# Both suites and the goals table (several minutes; writes 2 GiB to a temporary folder).
 bench: $(STAMP)
-	$(BIN)/dmlgraph bench kernels
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/dmlgraph bench
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis

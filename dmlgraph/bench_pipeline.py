@@ -26,7 +26,7 @@ Cases (each row: case, ours, baseline, ratio, target, met; medians of repeated r
    when dmlgraph.inspection exists) each run in a fresh subprocess that reports its peak RSS
    (VmHWM) above its own baseline after imports. Target: under 500 MB. The temp folder is removed.
 
-Run: `dmlgraph bench pipeline [--quick] [--json FILE]` or `python -m dmlgraph.bench_pipeline ...`.
+Run: `dmlgraph bench pipeline [--quick] [--json FILE]` (or `dmlgraph bench` for both suites and the goals).
 """
 from __future__ import annotations
 
@@ -41,7 +41,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -51,6 +54,9 @@ from onnx import numpy_helper
 
 from dmlgraph.process import process_wide
 from dmlgraph.resources import DEMO_MODEL, bundled_model, models_dir
+
+if TYPE_CHECKING:
+    from dmlgraph.api import OptimizeResult
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1024 * 1024
@@ -66,19 +72,20 @@ class Row:
     target: str = ""
     met: bool | None = None
     note: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ---- synthetic models ------------------------------------------------------------------------
-def _block(i: int, h_in: str, d: int, rng: np.random.Generator, nodes: list, inits: list) -> str:
+def _block(i: int, h_in: str, d: int, rng: np.random.Generator, nodes: list[onnx.NodeProto],
+           inits: list[onnx.TensorProto]) -> str:
     """One attention-like block reading `h_in` [batch, seq, d]; returns its output name."""
     p = f"b{i}_"
 
-    def init(name, arr):
+    def init(name: str, arr: Any) -> str:
         inits.append(numpy_helper.from_array(np.asarray(arr), p + name))
         return p + name
 
-    def node(op, ins, out, **attrs):
+    def node(op: str, ins: list[str], out: str, **attrs: Any) -> str:
         nodes.append(h.make_node(op, ins, [p + out], name=p + out, **attrs))
         return p + out
 
@@ -95,7 +102,9 @@ def _block(i: int, h_in: str, d: int, rng: np.random.Generator, nodes: list, ini
         rows = node("Unsqueeze", [idx, init("ax1", np.array([1], np.int64))], "rows")
         cols = node("Unsqueeze", [idx, init("ax0", np.array([0], np.int64))], "cols")
         mask = node("LessOrEqual", [cols, rows], "mask")
-    w = lambda name, shape: init(name, (rng.standard_normal(shape) / np.sqrt(d)).astype(np.float32))
+    def w(name: str, shape: tuple[int, int]) -> str:
+        return init(name, (rng.standard_normal(shape) / np.sqrt(d)).astype(np.float32))
+
     q = node("MatMul", [h_in, w("wq", (d, d))], "q")
     k = node("MatMul", [h_in, w("wk", (d, d))], "kp")
     kt = node("Transpose", [k], "kt", perm=[0, 2, 1])
@@ -109,7 +118,8 @@ def _block(i: int, h_in: str, d: int, rng: np.random.Generator, nodes: list, ini
 def blocks_model(n_blocks: int, d: int = 8, seed: int = 0) -> onnx.ModelProto:
     """N blocks in a chain: about 14.5 nodes per block, every mask subgraph a separate copy."""
     rng = np.random.default_rng(seed)
-    nodes, inits = [], []
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
     cur = "x"
     for i in range(n_blocks):
         cur = _block(i, cur, d, rng, nodes, inits)
@@ -124,7 +134,7 @@ def blocks_model(n_blocks: int, d: int = 8, seed: int = 0) -> onnx.ModelProto:
                         producer_name="dmlgraph-bench")
 
 
-def _median_time(fn, repeats: int) -> float:
+def _median_time(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         gc.collect()  # each run starts from the same heap: no collector debt from the previous one
@@ -135,27 +145,27 @@ def _median_time(fn, repeats: int) -> float:
 
 
 # ---- 1. optimizer scaling --------------------------------------------------------------------
-def _ours(path: str, out: str):
+def _ours(path: str, out: str) -> OptimizeResult:
     from dmlgraph import api
     result = api.optimize(path)
     api.write(result, out, path)
     return result
 
 
-def onnxscript_trilu_rule():
+def onnxscript_trilu_rule() -> Any:
     """One onnxscript RewriteRule: Trilu(x, k) -> com.dmlgraph DiagonalMatrix1(x, k) (its pattern API)."""
     from onnxscript.rewriter import pattern
 
-    def target(op, x, k, upper):
+    def target(op: Any, x: Any, k: Any, upper: Any) -> Any:
         return op.Trilu(x, k, upper=upper)
 
-    def replacement(op, x, k, upper):
+    def replacement(op: Any, x: Any, k: Any, upper: Any) -> Any:
         return op.DiagonalMatrix1(x, None, k, _domain="com.dmlgraph", upper=upper)
 
     return pattern.RewriteRule(target, replacement, name="trilu_to_diagonal_matrix1")
 
 
-def _onnxscript(path: str, out: str, rule) -> int:
+def _onnxscript(path: str, out: str, rule: Any) -> int:
     """load + the one rule + save with onnxscript's IR (onnx_ir), as its users run it."""
     import onnx_ir
     from onnxscript import rewriter
@@ -172,7 +182,7 @@ def bench_optimizer(tmp: str, sizes: tuple[int, int], repeats: tuple[int, int]) 
         onnx.save(blocks_model(n_blocks), path)
         result = _ours(path, out)  # warm-up (imports, onnxruntime's first session), and the counts
         nodes = result.before["nodes"]
-        seconds = _median_time(lambda path=path, out=out: _ours(path, out), reps)
+        seconds = _median_time(partial(_ours, path, out), reps)
         per_node[n_blocks] = seconds / nodes
         measured[n_blocks] = (path, out, nodes, seconds, result)
     small, large = sizes
@@ -211,7 +221,7 @@ def _shape_model(name: str, nodes: list, inits: list, outputs: list[str]) -> onn
 def chain_model(n: int) -> onnx.ModelProto:
     """A long chain: Trilu every 8th node, Add/Relu between (one value flows through all)."""
     nodes = []
-    inits = [numpy_helper.from_array(np.float32(1.0), "one"), numpy_helper.from_array(np.array(0, np.int64), "k")]
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "one"), numpy_helper.from_array(np.array(0, np.int64), "k")]
     cur = "x"
     for i in range(n):
         out = f"c{i}"
@@ -229,7 +239,7 @@ def fanout_model(n: int) -> onnx.ModelProto:
     """Wide fan-out: x feeds n/2 Trilu branches, summed back by a chain of Adds."""
     nodes = []
     inits = [numpy_helper.from_array(np.array(0, np.int64), "k")]
-    acc = None
+    acc: str | None = None
     for i in range(max(1, n // 2)):
         t = f"t{i}"
         nodes.append(h.make_node("Trilu", ["x", "k"], [t], name=t, upper=i % 2))
@@ -238,6 +248,7 @@ def fanout_model(n: int) -> onnx.ModelProto:
         else:
             nodes.append(h.make_node("Add", [acc, t], [f"s{i}"], name=f"s{i}"))
             acc = f"s{i}"
+    assert acc is not None
     return _shape_model(f"fanout{n}", nodes, inits, [acc])
 
 
@@ -285,7 +296,7 @@ def bench_graph_shapes(tmp: str, quick: bool) -> list[Row]:
             path, out = os.path.join(tmp, f"shape{n}.onnx"), os.path.join(tmp, f"shape{n}.out.onnx")
             onnx.save(build(n), path)
             result = _ours(path, out)  # warm-up, and the node count
-            took = _median_time(lambda p=path, o=out: _ours(p, o), 1 if quick else 3)
+            took = _median_time(partial(_ours, path, out), 1 if quick else 3)
             measured[n] = (path, out, result.before["nodes"], took)
         (_, _, n0, t0), (path, out, n1, t1) = measured[sizes[0]], measured[sizes[1]]
         case = f"marginal rate, {name} ({n0} -> {n1} nodes)"
@@ -298,7 +309,7 @@ def bench_graph_shapes(tmp: str, quick: bool) -> list[Row]:
                             note=f"not measurable: the large model took {t1:.4f} s, the small {t0:.4f} s"))
         if rule is not None:
             _onnxscript(path, out + ".os.onnx", rule)
-            theirs = _median_time(lambda p=path, o=out: _onnxscript(p, o + ".os.onnx", rule), 1 if quick else 3)
+            theirs = _median_time(partial(_onnxscript, path, out + ".os.onnx", rule), 1 if quick else 3)
             rows.append(Row(f"vs onnxscript rewriter, {name} ({n1} nodes)", t1, theirs, theirs / t1, "s",
                             "ratio >= 1.5 (baseline / ours)", theirs / t1 >= 1.5))
     layers = (1, 5) if quick else (5, 50)
@@ -307,7 +318,7 @@ def bench_graph_shapes(tmp: str, quick: bool) -> list[Row]:
         path, out = os.path.join(tmp, f"layers{n}.onnx"), os.path.join(tmp, f"layers{n}.out.onnx")
         onnx.save(blocks_model(n), path)
         _ours(path, out)
-        per_layer[n] = _median_time(lambda p=path, o=out: _ours(p, o), 1 if quick else 5) / n
+        per_layer[n] = _median_time(partial(_ours, path, out), 1 if quick else 5) / n
     ratio = per_layer[layers[1]] / per_layer[layers[0]]
     rows.append(Row(f"time per layer, {layers[1]} vs {layers[0]} identical layers", per_layer[layers[1]] * 1e3,
                     per_layer[layers[0]] * 1e3, ratio, "ms/layer", "ratio <= 1.3 (flat)", ratio <= 1.3))
@@ -445,7 +456,7 @@ def _peak_rss_child(command: str, path: str, out: str) -> None:
     peaks = dict(base_parts)
     done = threading.Event()
 
-    def sample():  # VmHWM has no anonymous/file split: sample the parts every few ms
+    def sample() -> None:  # VmHWM has no anonymous/file split: sample the parts every few ms
         while not done.wait(0.005):
             for k, v in _rss_parts().items():
                 peaks[k] = max(peaks[k], v)
@@ -577,7 +588,8 @@ def bench_end_to_end(tmp: str, runs: int) -> list[Row]:
     rows = []
     for case, ours_cmd, base_cmd, target, limit in pairs:
         _wall(ours_cmd), _wall(base_cmd)  # warm the page cache
-        ours, base = [], []
+        ours: list[float] = []
+        base: list[float] = []
         for i in range(runs):
             for cmd, acc in ((ours_cmd, ours), (base_cmd, base))[:: 1 if i % 2 == 0 else -1]:
                 acc.append(_wall(cmd))
@@ -588,7 +600,8 @@ def bench_end_to_end(tmp: str, runs: int) -> list[Row]:
 
 
 # ---- the table -------------------------------------------------------------------------------
-def _fmt(x) -> str:
+def format_number(x: float | None) -> str:
+    """A number as the tables print it: thousands separated, three significant digits below 10."""
     if x is None:
         return "-"
     if abs(x) >= 1000:
@@ -598,7 +611,7 @@ def _fmt(x) -> str:
 
 def table(rows: list[Row]) -> str:
     head = ("case", "ours", "baseline", "ratio", "unit", "target", "met")
-    body = [(r.case, _fmt(r.ours), _fmt(r.baseline), _fmt(r.ratio), r.unit, r.target,
+    body = [(r.case, format_number(r.ours), format_number(r.baseline), format_number(r.ratio), r.unit, r.target,
              "-" if r.met is None else ("yes" if r.met else "NO")) for r in rows]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
@@ -607,7 +620,13 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines + (["", "notes:"] + notes if notes else []))
 
 
-def run(quick: bool = False, json_out: str | None = None, log=print) -> list[Row]:
+def payload(rows: list[Row], quick: bool) -> dict[str, Any]:
+    """The JSON document of a run (keys: suite, quick, python, cpus, rows; each row Row's fields)."""
+    return {"suite": "pipeline", "quick": quick, "python": sys.version.split()[0], "cpus": os.cpu_count(),
+            "rows": [asdict(r) for r in rows]}
+
+
+def run(quick: bool = False, json_out: str | None = None, log: Callable[..., None] = print) -> list[Row]:
     rows: list[Row] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dmlgraph-bench-") as tmp:
@@ -629,27 +648,24 @@ def run(quick: bool = False, json_out: str | None = None, log=print) -> list[Row
     log(f"done in {time.perf_counter() - start:.0f}s\n")
     log(table(rows))
     if json_out:
-        payload = {"suite": "pipeline", "quick": quick, "python": sys.version.split()[0],
-                   "cpus": os.cpu_count(), "rows": [asdict(r) for r in rows]}
         with open(json_out, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
+            json.dump(payload(rows, quick), f, indent=2, default=str)
         log(f"wrote {json_out}")
     return rows
 
 
-def main(args=None) -> int:
-    """Entry point for `dmlgraph bench pipeline` (args from its parser) and `python -m`."""
-    if args is None or isinstance(args, list):
-        p = argparse.ArgumentParser(prog="python -m dmlgraph.bench_pipeline", description=__doc__.splitlines()[0])
-        p.add_argument("--quick", action="store_true", help="a reduced set (smoke run)")
-        p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
-        p.add_argument("--child", nargs=3, metavar=("COMMAND", "MODEL", "OUT"), help=argparse.SUPPRESS)
-        args = p.parse_args(args)
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dmlgraph.bench_pipeline` (the memory case runs its children this way too)."""
+    p = argparse.ArgumentParser(prog="python -m dmlgraph.bench_pipeline", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a reduced set (smoke run)")
+    p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
+    p.add_argument("--child", nargs=3, metavar=("COMMAND", "MODEL", "OUT"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
     with process_wide():  # measured as the command line runs (gc paused, inference child)
-        if getattr(args, "child", None):
+        if args.child:
             _peak_rss_child(*args.child)
-            return 0
-        run(quick=bool(args.quick), json_out=args.json_out)
+        else:
+            run(quick=args.quick, json_out=args.json_out)
     return 0
 
 

@@ -113,11 +113,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from dmlgraph import api
         api.check_output_path(args.json_out, what="the JSON rows")
     if args.suite == "kernels":
-        from dmlgraph import bench
-        argv = ["kernels"] + (["--quick"] if args.quick else []) + (["--json", args.json_out] if args.json_out else [])
-        return bench.main(argv) or EXIT_OK
-    from dmlgraph import bench_pipeline
-    return bench_pipeline.main(args) or EXIT_OK
+        from dmlgraph import bench_kernels
+        bench_kernels.run(quick=args.quick, json_out=args.json_out)
+    elif args.suite == "pipeline":
+        from dmlgraph import bench_pipeline
+        bench_pipeline.run(quick=args.quick, json_out=args.json_out)
+    else:
+        from dmlgraph import bench_goals
+        bench_goals.run(quick=args.quick, json_out=args.json_out)
+    return EXIT_OK
 
 
 def cmd_dxdispatch(args: argparse.Namespace) -> int:
@@ -262,8 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_dxdispatch)
 
-    sp = sub.add_parser("bench", help="benchmarks: ratios against a baseline in the same process")
-    sp.add_argument("suite", choices=["kernels", "pipeline"])
+    sp = sub.add_parser("bench", help="benchmarks: ratios against a baseline in the same run",
+                        description="Measure each goal as a ratio against a baseline run side by side (medians). "
+                                    "'all' (default) runs both suites, then prints one table of the goals; "
+                                    "'kernels' is the DIAGONAL_MATRIX1 kernel (about a minute), 'pipeline' "
+                                    "the optimizer, end to end, executor and memory (several minutes; writes "
+                                    "2 GiB to a temporary folder unless --quick).")
+    sp.add_argument("suite", choices=["all", "kernels", "pipeline"], nargs="?", default="all")
     sp.add_argument("--quick", action="store_true", help="a reduced set (smoke run)")
     sp.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
     sp.set_defaults(func=cmd_bench)

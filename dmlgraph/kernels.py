@@ -9,7 +9,7 @@ Semantics (the spec's pseudocode), for every output coordinate (batch..., y, x):
 so Value fills topX in [Begin, End) when Begin <= End, and everything outside [End, Begin) when
 Begin > End (Begin == End fills nothing).
 
-How the fast path works (measured on the benchmark shapes, see `dmlgraph.bench`):
+How the fast path works (measured on the benchmark shapes, see `dmlgraph.bench_kernels`):
 
 * Row y of an H x W matrix sees a region bounded by diagonals: topX in [p, q) is the column
   interval [clip(p + y), clip(q + y)). The value region is one such interval (normal range) or

@@ -390,8 +390,8 @@ def test_run_with_an_empty_output_path_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("where", ["missing_folder", "directory"])
 def test_bench_json_path_is_checked_before_the_run(where, tmp_path, capsys, monkeypatch):
-    from dmlgraph import bench
-    monkeypatch.setattr(bench, "main", lambda argv: pytest.fail("the benchmark ran before the path was checked"))
+    from dmlgraph import bench_kernels
+    monkeypatch.setattr(bench_kernels, "run", lambda **kw: pytest.fail("the benchmark ran before the path was checked"))
     path = tmp_path / "no" / "rows.json" if where == "missing_folder" else tmp_path
     code, o, e = run_cli(["bench", "kernels", "--quick", "--json", path], capsys)
     assert_clean_error(code, o, e, "cannot write")

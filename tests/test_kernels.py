@@ -1,5 +1,5 @@
 """DIAGONAL_MATRIX1 / DIAGONAL_MATRIX kernels: spec examples, a literal pseudocode oracle,
-property tests over all 11 types, strided descs, and a benchmark smoke test."""
+property tests over all 11 types and strided descs."""
 from __future__ import annotations
 
 import math
@@ -443,23 +443,6 @@ def test_run_desc_errors():
     with pytest.raises(DmlgraphError, match="alias"):
         binding.run_desc(DiagonalMatrix1Desc(bcast_out, ScalarUnion.of(1, DmlDataType.FLOAT32), 0, 1),
                          np.zeros(64, np.uint8))
-
-
-# ------------------------------------------------------------------------------------------
-# benchmark smoke test (no timing asserts)
-
-
-def test_bench_quick_smoke():
-    from dmlgraph import bench
-
-    rows = bench.bench_kernels(quick=True, rounds=1)
-    assert rows
-    for r in rows:
-        assert set(bench.ROW_KEYS) <= set(r)
-        assert r["ours_us"] > 0 and r["copy_baseline_us"] > 0
-        assert r["matches_ort"] in (None, True)
-    text = bench.format_table(rows)
-    assert "ratio" in text or "x_copy" in text
 
 
 # ------------------------------------------------------------------------------------------

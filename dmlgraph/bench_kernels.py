@@ -1,6 +1,6 @@
 """Kernel benchmark: the DIAGONAL_MATRIX1 kernel against a plain copy and onnxruntime.
 
-    python -m dmlgraph.bench kernels [--quick] [--rounds N] [--json FILE]
+    dmlgraph bench kernels [--quick] [--json FILE]    (python -m dmlgraph.bench_kernels [--rounds N])
 
 For every case x shape x type, in one process, with preallocated outputs and interleaved rounds
 (ours, baseline, onnxruntime, in rotating order), the median CPU time per call (of the calling
@@ -27,11 +27,17 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from dmlgraph import kernels
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 ROW_KEYS = ("case", "shape", "dtype", "elements", "ours_us", "copy_baseline_us", "ratio_vs_copy",
             "ort_model", "ort_us", "ratio_vs_ort", "matches_ort", "numpy_us", "numpy_ratio_vs_copy",
@@ -49,7 +55,11 @@ MIN_MEASURE_S = 0.002  # each timed measurement repeats the call until it lasts 
 CLOCK = time.thread_time
 
 
-def _cases(h: int, w: int):
+Case = tuple[str, int, int, int, bool, str | None, dict[str, int]]
+Shape = tuple[int, ...]
+
+
+def _cases(h: int, w: int) -> tuple[Case, ...]:
     """(name, begin, end, value, has_input, ort graph kind, ort params) per benchmark case."""
     k_big = w - 8
     return (
@@ -80,13 +90,14 @@ def _onnx_type(dtype: np.dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
-def _ort_model(kind: str, params: dict, shape, dtype):
+def _ort_model(kind: str, params: dict[str, int], shape: Shape, dtype: np.dtype) -> tuple["ModelProto | None", str]:
     """A one- or two-node ONNX model (ir_version 10, opset 17) and its single input's name/array."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import NodeProto, TensorProto, helper, numpy_helper
 
     et = _onnx_type(dtype)
     y = helper.make_tensor_value_info("y", et, list(shape))
-    inits, nodes = [], []
+    inits: list[TensorProto] = []
+    nodes: list[NodeProto] = []
     if kind == "trilu":
         x = helper.make_tensor_value_info("x", et, list(shape))
         inits.append(numpy_helper.from_array(np.array(params["k"], np.int64), "k"))
@@ -121,7 +132,7 @@ def _ort_model(kind: str, params: dict, shape, dtype):
 
 
 class _OrtRunner:
-    def __init__(self, model, input_array: np.ndarray, out: np.ndarray):
+    def __init__(self, model: "ModelProto", input_array: np.ndarray, out: np.ndarray) -> None:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -132,11 +143,12 @@ class _OrtRunner:
         self.out_value = ort.OrtValue.ortvalue_from_numpy(out)
         self.binding.bind_ortvalue_output("y", self.out_value)
 
-    def __call__(self):
+    def __call__(self) -> None:
         self.session.run_with_iobinding(self.binding)
 
 
-def _make_ort(kind, params, shape, dtype, inp, out):
+def _make_ort(kind: str | None, params: dict[str, int], shape: Shape, dtype: np.dtype, inp: np.ndarray | None,
+              out: np.ndarray) -> tuple[Callable[[], None] | None, str]:
     """(callable or None, label) -- None with the reason when onnxruntime cannot run it."""
     if kind is None:
         return None, "n/a (no single ONNX op)"
@@ -161,7 +173,7 @@ def _make_ort(kind, params, shape, dtype, inp, out):
 # timing
 
 
-def _calibrate(fn) -> int:
+def _calibrate(fn: Callable[[], object]) -> int:
     """How many calls make one measurement last about MIN_MEASURE_S."""
     fn()
     n = 1
@@ -175,14 +187,14 @@ def _calibrate(fn) -> int:
         n = max(n * 2, int(n * MIN_MEASURE_S / max(dt, 1e-9)) + 1)
 
 
-def _measure(fn, n: int) -> float:
+def _measure(fn: Callable[[], object], n: int) -> float:
     t0 = CLOCK()
     for _ in range(n):
         fn()
     return (CLOCK() - t0) / n
 
 
-def _input_for(shape, dtype) -> np.ndarray:
+def _input_for(shape: Shape, dtype: np.dtype) -> np.ndarray:
     n = int(np.prod(shape))
     base = (np.arange(n, dtype=np.int64) * 2654435761 % 251).astype(np.uint8)
     if np.dtype(dtype).kind == "f":
@@ -194,12 +206,19 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(f"u{a.dtype.itemsize}")
 
 
-def bench_kernels(quick: bool = False, rounds: int = 7, progress=None) -> list[dict]:
+def _numpy_path(call: Callable[[], object]) -> None:
+    """The same call on the numpy kernel (what an install without numba runs)."""
+    with kernels.numpy_only():
+        call()
+
+
+def bench_kernels(quick: bool = False, rounds: int = 7,
+                  progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Run the kernel benchmark; one dict per case x shape x type (keys: ROW_KEYS)."""
     shapes = QUICK_SHAPES if quick else FULL_SHAPES
     types = QUICK_TYPES if quick else FULL_TYPES
     compiled = kernels.compiled_available()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for shape in shapes:
         h, w = shape[-2:]
         for tname in types:
@@ -212,25 +231,18 @@ def bench_kernels(quick: bool = False, rounds: int = 7, progress=None) -> list[d
                 ort_out = np.empty(shape, dtype)
                 v = np.array(value, dtype)
 
-                def ours(out=out, inp=inp, v=v, begin=begin, end=end, dtype=dtype, shape=shape):
-                    kernels.diagonal_matrix1(shape, dtype, v, begin, end, input=inp, out=out)
-
-                if inp is not None:
-                    def base(ref_out=ref_out, inp=inp):
-                        np.copyto(ref_out, inp)
-                else:
-                    def base(ref_out=ref_out):
-                        ref_out.fill(0)
-
-                def numpy_path(ours=ours):
-                    with kernels.numpy_only():
-                        ours()
+                ours = partial(kernels.diagonal_matrix1, shape, dtype, v, begin, end, input=inp, out=out)
+                base = partial(np.copyto, ref_out, inp) if inp is not None else partial(ref_out.fill, 0)
+                numpy_path = partial(_numpy_path, ours)
 
                 ort_fn, ort_label = _make_ort(kind, params, shape, dtype, inp, ort_out)
-                fns = ([("ours", ours), ("copy", base)] + ([("ort", ort_fn)] if ort_fn else [])
-                       + ([("numpy", numpy_path)] if compiled else []))
+                fns: list[tuple[str, Callable[[], object]]] = [("ours", ours), ("copy", base)]
+                if ort_fn is not None:
+                    fns.append(("ort", ort_fn))
+                if compiled:
+                    fns.append(("numpy", numpy_path))
                 counts = {k: _calibrate(f) for k, f in fns}
-                times = {k: [] for k, _ in fns}
+                times: dict[str, list[float]] = {k: [] for k, _ in fns}
                 for r in range(max(1, rounds)):
                     order = fns[r % len(fns):] + fns[:r % len(fns)]
                     for k, f in order:
@@ -271,37 +283,48 @@ def bench_kernels(quick: bool = False, rounds: int = 7, progress=None) -> list[d
 # reporting
 
 
-def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
-    """The benchmark's targets: (description, met, detail)."""
-    out = []
+class Target(NamedTuple):
+    """One goal of the suite: what, the threshold, whether every row meets it, and the counts."""
+    goal: str
+    target: str
+    met: bool
+    detail: str
+
+
+def _where(r: dict[str, Any]) -> str:
+    return f"{r['case']} {'x'.join(map(str, r['shape']))} {r['dtype']}"
+
+
+def targets(rows: list[dict[str, Any]]) -> list[Target]:
+    """The suite's goals, each over every row it applies to."""
+    out: list[Target] = []
     large = [r for r in rows if r["elements"] >= LARGE_ELEMENTS]
     if large:
         worst = min(large, key=lambda r: r["ratio_vs_copy"])
         bad = [r for r in large if r["ratio_vs_copy"] < LARGE_TARGET]
-        out.append((f"large tensors: ratio_vs_copy >= {LARGE_TARGET} for every case/type", not bad,
-                    f"{len(large) - len(bad)}/{len(large)} met; worst {worst['ratio_vs_copy']} "
-                    f"({worst['case']} {worst['shape']} {worst['dtype']})"))
+        out.append(Target("kernel: large tensors (>= 4M elements) vs a copy/fill of the same bytes",
+                          f">= {LARGE_TARGET}x, every row", not bad,
+                          f"{len(large) - len(bad)}/{len(large)} rows; worst {worst['ratio_vs_copy']}x ({_where(worst)})"))
     with_ort = [r for r in rows if r["ratio_vs_ort"] is not None]
     if with_ort:
         worst = min(with_ort, key=lambda r: r["ratio_vs_ort"])
         bad = [r for r in with_ort if r["ratio_vs_ort"] <= 1.0]
-        out.append(("ratio_vs_ort > 1.0 wherever onnxruntime has a kernel", not bad,
-                    f"{len(with_ort) - len(bad)}/{len(with_ort)} met; worst {worst['ratio_vs_ort']} "
-                    f"({worst['case']} {worst['shape']} {worst['dtype']})"))
+        out.append(Target("kernel: vs onnxruntime's Trilu/EyeLike (one thread)", "> 1x, every row it runs", not bad,
+                          f"{len(with_ort) - len(bad)}/{len(with_ort)} rows; worst {worst['ratio_vs_ort']}x "
+                          f"({_where(worst)})"))
         mism = [r for r in with_ort if r["matches_ort"] is False]
-        out.append(("bit-exact against onnxruntime", not mism,
-                    f"{len(with_ort) - len(mism)}/{len(with_ort)} identical"))
+        out.append(Target("kernel: bit-exact against onnxruntime", "every row", not mism,
+                          f"{len(with_ort) - len(mism)}/{len(with_ort)} rows identical"))
     tiny = [r for r in rows if r["shape"] == [4, 5]]
     if tiny:
         worst = max(tiny, key=lambda r: r["ours_us"])
         bad = [r for r in tiny if r["ours_us"] > 3.0]
-        out.append(("[4,5] calls <= 3 us", not bad,
-                    f"{len(tiny) - len(bad)}/{len(tiny)} met; slowest {worst['ours_us']} us "
-                    f"({worst['case']} {worst['dtype']})"))
+        out.append(Target("kernel: [4,5] calls", "<= 3 us", not bad,
+                          f"{len(tiny) - len(bad)}/{len(tiny)} rows; slowest {worst['ours_us']} us ({_where(worst)})"))
     return out
 
 
-def _fmt(v, digits=2) -> str:
+def _fmt(v: object, digits: int = 2) -> str:
     if v is None:
         return "n/a"
     if isinstance(v, float):
@@ -309,54 +332,105 @@ def _fmt(v, digits=2) -> str:
     return str(v)
 
 
-def format_table(rows: list[dict]) -> str:
-    """A plain-text table of the rows, followed by the targets and whether each was met."""
+def case_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case: the worst and median ratio to the copy over the large rows, how many of those reach
+    the target, and the worst and median ratio to onnxruntime over the rows it runs."""
+    out = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        mine = [r for r in rows if r["case"] == case]
+        large = [r["ratio_vs_copy"] for r in mine if r["elements"] >= LARGE_ELEMENTS]
+        ort = [r["ratio_vs_ort"] for r in mine if r["ratio_vs_ort"] is not None]
+        out.append({
+            "case": case,
+            "large_rows": len(large),
+            "large_min_vs_copy": min(large) if large else None,
+            "large_median_vs_copy": round(statistics.median(large), 3) if large else None,
+            "large_rows_met": sum(x >= LARGE_TARGET for x in large),
+            "ort_rows": len(ort),
+            "min_vs_ort": min(ort) if ort else None,
+            "median_vs_ort": round(statistics.median(ort), 3) if ort else None,
+            "ort_rows_faster": sum(x > 1.0 for x in ort),
+        })
+    return out
+
+
+def _aligned(head: tuple[str, ...], body: Sequence[tuple[str, ...]], left: int) -> list[str]:
+    """Columns padded to width; the first `left` columns left-aligned, numbers right-aligned."""
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(c.ljust(wd) if i < left else c.rjust(wd) for i, (c, wd) in enumerate(zip(row, widths))).rstrip()
+             for row in [head, *body]]
+    lines.insert(1, "  ".join("-" * wd for wd in widths))
+    return lines
+
+
+def format_summary(rows: list[dict[str, Any]]) -> str:
+    """The per-case summary (case_summary) as a table, then the targets."""
+    body = [(c["case"], f"{_fmt(c['large_min_vs_copy'])} / {_fmt(c['large_median_vs_copy'])}",
+             f"{c['large_rows_met']}/{c['large_rows']}",
+             f"{_fmt(c['min_vs_ort'])} / {_fmt(c['median_vs_ort'])}" if c["ort_rows"] else "n/a",
+             f"{c['ort_rows_faster']}/{c['ort_rows']}" if c["ort_rows"] else "n/a")
+            for c in case_summary(rows)]
+    lines = _aligned(("case", "large x_copy min / median", f">= {LARGE_TARGET}", "x_ort min / median", "> 1.0"),
+                     body, left=1)
+    lines.append("")
+    lines += [f"[{'met' if t.met else 'NOT met'}] {t.goal} ({t.target}): {t.detail}" for t in targets(rows)]
+    return "\n".join(lines)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Every row as a plain-text table, then the per-case summary and the targets."""
     head = ("case", "shape", "dtype", "ours_us", "copy_us", "x_copy", "ort_us", "x_ort", "np_x_copy",
             "np_x_ort", "ort model")
-    body = []
-    for r in rows:
-        body.append((r["case"], "x".join(map(str, r["shape"])), r["dtype"], _fmt(r["ours_us"]),
-                     _fmt(r["copy_baseline_us"]), _fmt(r["ratio_vs_copy"]), _fmt(r["ort_us"]),
-                     _fmt(r["ratio_vs_ort"]) + ("" if r["matches_ort"] in (None, True) else " MISMATCH"),
-                     _fmt(r.get("numpy_ratio_vs_copy")), _fmt(r.get("numpy_ratio_vs_ort")), r["ort_model"]))
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    lines = ["  ".join(c.ljust(wd) if i in (0, 1, 2, 10) else c.rjust(wd)
-                       for i, (c, wd) in enumerate(zip(row, widths))).rstrip()
-             for row in [head] + body]
-    lines.insert(1, "  ".join("-" * wd for wd in widths))
+    body = [(r["case"], "x".join(map(str, r["shape"])), r["dtype"], _fmt(r["ours_us"]),
+             _fmt(r["copy_baseline_us"]), _fmt(r["ratio_vs_copy"]), _fmt(r["ort_us"]),
+             _fmt(r["ratio_vs_ort"]) + ("" if r["matches_ort"] in (None, True) else " MISMATCH"),
+             _fmt(r.get("numpy_ratio_vs_copy")), _fmt(r.get("numpy_ratio_vs_ort")), r["ort_model"])
+            for r in rows]
+    lines = _aligned(head, body, left=3)
     lines.append("")
     lines.append("x_copy = copy_us / ours_us, x_ort = ort_us / ours_us (higher: ours faster); medians of "
                  "per-round ratios over interleaved rounds, preallocated outputs. np_x_copy: x_copy of the "
                  "numpy path (kernels.numpy_only()) in the same rounds, np_x_ort likewise; n/a without numba.")
-    for desc, met, detail in targets(rows):
-        lines.append(f"[{'met' if met else 'NOT met'}] {desc}: {detail}")
+    lines += ["", format_summary(rows)]
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dmlgraph.bench",
-                                 description="Benchmark the DIAGONAL_MATRIX1 numpy kernel.")
-    ap.add_argument("suite", choices=["kernels"], nargs="?", default="kernels")
+def payload(rows: list[dict[str, Any]], rounds: int, quick: bool) -> dict[str, Any]:
+    """The JSON document of a run (keys: suite, rounds, quick, compiled, rows, cases, targets)."""
+    return {"suite": "kernels", "rounds": rounds, "quick": quick, "compiled": kernels.compiled_available(),
+            "rows": rows, "cases": case_summary(rows),
+            "targets": [t._asdict() for t in targets(rows)]}
+
+
+def _progress(row: dict[str, Any]) -> None:
+    print(f"  {row['case']:<10} {'x'.join(map(str, row['shape'])):<14} {row['dtype']:<8} "
+          f"ours {row['ours_us']:>10.2f} us  x_copy {row['ratio_vs_copy']:.2f}  "
+          f"x_ort {_fmt(row['ratio_vs_ort'])}", file=sys.stderr, flush=True)
+
+
+def run(quick: bool = False, rounds: int | None = None, json_out: str | None = None,
+        log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Run the suite, print the full table (progress per row on stderr), write JSON if asked."""
+    rounds = rounds if rounds is not None else (3 if quick else 7)
+    t0 = time.perf_counter()
+    rows = bench_kernels(quick=quick, rounds=rounds, progress=_progress)
+    log(format_table(rows))
+    log(f"({len(rows)} rows, {rounds} rounds, {time.perf_counter() - t0:.1f} s)")
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(payload(rows, rounds, quick), f, indent=1)
+        log(f"wrote {json_out}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dmlgraph.bench_kernels",
+                                 description="Benchmark the DIAGONAL_MATRIX1 kernel against a copy and onnxruntime.")
     ap.add_argument("--quick", action="store_true", help="a reduced set (smoke test)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 3)")
     ap.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args(argv)
-    rounds = args.rounds if args.rounds is not None else (3 if args.quick else 7)
-
-    def progress(row):
-        print(f"  {row['case']:<10} {'x'.join(map(str, row['shape'])):<14} {row['dtype']:<8} "
-              f"ours {row['ours_us']:>10.2f} us  x_copy {row['ratio_vs_copy']:.2f}  "
-              f"x_ort {_fmt(row['ratio_vs_ort'])}", file=sys.stderr, flush=True)
-
-    t0 = time.perf_counter()
-    rows = bench_kernels(quick=args.quick, rounds=rounds, progress=progress)
-    print(format_table(rows))
-    print(f"({len(rows)} rows, {rounds} rounds, {time.perf_counter() - t0:.1f} s)")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump({"suite": "kernels", "rounds": rounds, "quick": args.quick, "rows": rows,
-                       "targets": [{"target": d, "met": m, "detail": x} for d, m, x in targets(rows)]},
-                      f, indent=1)
+    run(quick=args.quick, rounds=args.rounds, json_out=args.json_out)
     return 0
 
 

@@ -15,6 +15,10 @@ for the time of its lowering:
   inputs (they are outer-scope reads again), no enclosing constant copied in. New values never
   take a name an enclosing scope or a nested body uses (`Graph.reserved`).
 
+The bodies of one graph are imported as one model where they can share it (one shape inference
+and one import for all, then one Graph each, as importing each alone makes it), and lowered one
+by one.
+
 A dim nothing states, or that may differ between iterations (a loop-carried value whose initial,
 declared input and declared output sizes do not all agree), becomes a fresh symbolic dim named
 `unk__dmlgraph_N` (written back as an unknown dim): a mask sized by it is proved for every size.
@@ -41,7 +45,7 @@ from dmlgraph.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNo
 from dmlgraph.modelfile import _iter_graphs
 from dmlgraph.onnx_io import DOMAIN, DOMAIN_VERSION, _build, export_model, has_dml_nodes, import_model
 from dmlgraph.rewrite import Match, PassResult
-from dmlgraph.shape_inference import PendingShapes, ValueType, type_shape, whole_value_types
+from dmlgraph.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
 
 TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
 FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
@@ -536,12 +540,13 @@ def _import_together(info: ModelInfo, specs: list[_Spec]) -> list[Graph] | None:
     makes them: one shape inference and one import instead of one per body (2,500 If nodes with a
     one-node branch each spent half their lowering importing 5,000 models). None when they cannot
     share a model (a name two of them define, or one defines and another reads; an output or an
-    annotation naming an enclosing value; an unnamed output) or when its inference may differ from
-    each body's own (an error, a value over the data-propagation limit): each is imported alone."""
+    annotation naming an enclosing value; an unnamed output), when its inference may differ from
+    each body's own (an error, a value over the data-propagation limit), or when a body is large
+    enough that its own import infers in a child, under a deadline: each is imported alone."""
     owner: dict[str, int] = {}
     for i, s in enumerate(specs):
-        if any(o.name in s.outer for o in s.proto.output) or any(vi.name in s.outer for vi in s.proto.value_info) \
-                or any(not o for n in s.proto.node for o in n.output):
+        if len(s.proto.node) >= CHILD_MIN_NODES or any(not o for n in s.proto.node for o in n.output) \
+                or any(o.name in s.outer for o in s.proto.output) or any(vi.name in s.outer for vi in s.proto.value_info):
             return None
         for name in _names(s.proto) - s.outer:
             if owner.setdefault(name, i) != i:

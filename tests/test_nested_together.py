@@ -14,6 +14,7 @@ from onnx import numpy_helper
 
 from dmlgraph import api, nested
 from dmlgraph.bench_pipeline import nested_model
+from dmlgraph.shape_inference import CHILD_MIN_NODES
 
 
 def _vi(name: str, elem=T.FLOAT, shape=None) -> onnx.ValueInfoProto:
@@ -95,6 +96,16 @@ def unnamed_output_model() -> onnx.ModelProto:
                   [_vi("Y", shape=["S", 2])])
 
 
+def large_branches_model() -> onnx.ModelProto:
+    """Branches large enough that each alone is inferred in a child under a deadline: imported alone."""
+    def branch(p: str, upper: int) -> onnx.GraphProto:
+        nodes = [h.make_node("Trilu", ["X"], [f"{p}0"], upper=upper)]
+        nodes += [h.make_node("Neg", [f"{p}{i}"], [f"{p}{i + 1}"]) for i in range(CHILD_MIN_NODES)]
+        return _branch(p, nodes, f"{p}{CHILD_MIN_NODES}", ["S", "S"])
+    return _model([_if("If_0", "c", "Y", branch("a", 1), branch("b", 0))],
+                  [_vi("X", shape=["S", "S"]), _vi("c", T.BOOL, [])], [_vi("Y", shape=["S", "S"])])
+
+
 def loops_model() -> onnx.ModelProto:
     """Two Loop nodes whose bodies take loop-carried values (formal inputs typed from each node)."""
     nodes = []
@@ -116,6 +127,7 @@ CASES = {  # name -> (model, whether some bodies are imported together)
     "sibling names collide": (colliding_model, False),
     "a branch annotates X": (annotated_model, False),
     "unnamed output": (unnamed_output_model, False),
+    "large branches": (large_branches_model, False),
     "two Loop bodies": (loops_model, True),
 }
 

@@ -136,8 +136,8 @@ class _Driver:
                     found.append((node, i, [(a.name, a.g)]))
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
-        built = iter(build_bodies(parent, [(node, node.attributes[i].name, body) for node, i, bodies in found
-                                           for _, body in bodies], self.dims))
+        built = build_bodies(parent, [(node, node.attributes[i].name, body) for node, i, bodies in found
+                                      for _, body in bodies], self.dims)
         touched: dict[OnnxNode, list[onnx.AttributeProto]] = {}
         for node, i, bodies in found:
             a = node.attributes[i]
@@ -399,25 +399,24 @@ def _finish(parent: Graph, spec: _Spec, g: Graph) -> Body:
 
 def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> Body | str:
     """The body of `node`'s `attr` as a Graph (or why it cannot be one)."""
-    return build_bodies(parent, [(node, attr, proto)], dims)[0]
+    return next(build_bodies(parent, [(node, attr, proto)], dims))
 
 
 def build_bodies(parent: Graph, bodies: list[tuple[OnnxNode, str, onnx.GraphProto]],
-                 dims: FreshDims) -> list[Body | str]:
-    """`build_body` of each (node, attribute, body) of `parent`: imported together where they can
-    share one model (`_import_together`), else one by one."""
+                 dims: FreshDims) -> Iterator[Body | str]:
+    """`build_body` of each (node, attribute, body) of `parent`, in order: imported together where
+    they can share one model (`_import_together`), else each when it is asked for (one large body
+    in memory at a time)."""
     specs = [_body_spec(parent, node, attr, proto, dims) for node, attr, proto in bodies]
     ready = [s for s in specs if isinstance(s, _Spec)]
     together = _import_together(parent.info, ready) if len(ready) > 1 else None
     made = iter(together or ())
-    built: list[Body | str] = []
     for s in specs:
         if isinstance(s, str):
-            built.append(s)
+            yield s
             continue
         g = next(made) if together else _import(parent.info, s.proto, s.inputs, parent.info.opset_imports, s.constants)
-        built.append(g if isinstance(g, str) else _finish(parent, s, g))
-    return built
+        yield g if isinstance(g, str) else _finish(parent, s, g)
 
 
 class EnclosingNames:

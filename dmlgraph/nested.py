@@ -490,22 +490,22 @@ def _borrow(g: Graph, v: Value, const: Value | np.ndarray | DmlNode) -> None:
 
 
 def _model(info: ModelInfo, opsets: dict[str, int], name: str, specs: list[_Spec]) -> onnx.ModelProto:
-    """One model holding these bodies with their inputs and constants (each input or constant the
-    bodies share once)."""
+    """One model holding these bodies with their inputs and constants (an input or constant an
+    earlier body has too is not repeated: the enclosing values they share)."""
     model = onnx.ModelProto(ir_version=info.ir_version)
     mg = model.graph
     mg.name = name
-    inputs: dict[str, onnx.ValueInfoProto] = {}
-    initializers: dict[str, onnx.TensorProto] = {}
+    inputs: set[str] = set()
+    initializers: set[str] = set()
     for s in specs:
-        inputs.update((vi.name, vi) for vi in s.inputs if vi.name not in inputs)
-        initializers.update((t.name, t) for t in itertools.chain(s.proto.initializer, s.constants)
-                            if t.name not in initializers)
+        mg.input.extend(vi for vi in s.inputs if vi.name not in inputs)
+        mine = list(itertools.chain(s.proto.initializer, s.constants))
+        mg.initializer.extend(t for t in mine if t.name not in initializers)
+        inputs.update(vi.name for vi in s.inputs)
+        initializers.update(t.name for t in mine)
         mg.output.extend(s.proto.output)
         mg.node.extend(s.proto.node)
         mg.value_info.extend(s.proto.value_info)
-    mg.input.extend(inputs.values())
-    mg.initializer.extend(initializers.values())
     opsets = opsets | {DOMAIN: DOMAIN_VERSION}  # (a lowered body's DML nodes: their schemas type them)
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
     model.functions.extend(info.functions)

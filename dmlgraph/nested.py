@@ -15,6 +15,10 @@ for the time of its lowering:
   inputs (they are outer-scope reads again), no enclosing constant copied in. New values never
   take a name an enclosing scope or a nested body uses (`Graph.reserved`).
 
+The bodies of one graph are imported as one model where they can share it (one shape inference
+and one import for all, then one Graph each, as importing each alone makes it), and lowered one
+by one.
+
 A dim nothing states, or that may differ between iterations (a loop-carried value whose initial,
 declared input and declared output sizes do not all agree), becomes a fresh symbolic dim named
 `unk__dmlgraph_N` (written back as an unknown dim): a mask sized by it is proved for every size.
@@ -29,8 +33,8 @@ nested nodes as `scope/node`.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence, cast
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Iterator, cast
 
 import numpy as np
 import onnx
@@ -39,9 +43,9 @@ from onnx import TensorProto, helper, numpy_helper
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
 from dmlgraph.modelfile import _iter_graphs
-from dmlgraph.onnx_io import DOMAIN, DOMAIN_VERSION, export_model, has_dml_nodes, import_model
+from dmlgraph.onnx_io import DOMAIN, DOMAIN_VERSION, _build, export_model, has_dml_nodes, import_model
 from dmlgraph.rewrite import Match, PassResult
-from dmlgraph.shape_inference import type_shape
+from dmlgraph.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
 
 TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
 FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
@@ -125,34 +129,33 @@ class _Driver:
         """Lower every body of `parent`'s nodes (`scope`: `parent`'s own path, '' for the main
         graph; `varying`: `parent`'s values that change per iteration of an enclosing Loop/Scan);
         True if any body was written back."""
-        changed = False
+        found = []  # (node, attribute index, [(label, body)])
         for node in _holders(parent):
-            attributes = list(node.attributes)
-            touched = False
-            for i, a in enumerate(attributes):
+            for i, a in enumerate(node.attributes):
                 if a.type == onnx.AttributeProto.GRAPH:
-                    bodies = [(a.name, a.g)]
+                    found.append((node, i, [(a.name, a.g)]))
                 elif a.type == onnx.AttributeProto.GRAPHS:
-                    bodies = [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]
-                else:
-                    continue
-                new = [self._lower_body(parent, node, a.name, label, body, scope, varying or {})
-                       for label, body in bodies]
-                if any(b is not None for b in new):
-                    kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
-                    attributes[i] = _graph_attribute(a, kept)
-                    touched = True
-            if touched:
-                node.set_attributes(attributes)
-                parent.changes.append(node)  # (its outer reads may have changed: remove_dead looks again)
-                changed = True
-        return changed
+                    found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
+        built = build_bodies(parent, [(node, node.attributes[i].name, body) for node, i, bodies in found
+                                      for _, body in bodies], self.dims)
+        touched: dict[OnnxNode, list[onnx.AttributeProto]] = {}
+        for node, i, bodies in found:
+            a = node.attributes[i]
+            new = [self._lower_body(parent, node, a.name, label, body, next(built), scope, varying or {})
+                   for label, body in bodies]
+            if any(b is not None for b in new):
+                kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
+                touched.setdefault(node, list(node.attributes))[i] = _graph_attribute(a, kept)
+        for node, attributes in touched.items():
+            node.set_attributes(attributes)
+            parent.changes.append(node)  # (its outer reads may have changed: remove_dead looks again)
+        return bool(touched)
 
     def _lower_body(self, parent: Graph, node: OnnxNode, attr: str, label: str, proto: onnx.GraphProto,
-                    scope: str, outer_varying: dict[str, str]) -> onnx.GraphProto | None:
-        """The lowered body, or None when nothing in it (or in its own bodies) changed."""
+                    body: Body | str, scope: str, outer_varying: dict[str, str]) -> onnx.GraphProto | None:
+        """The lowered body (`body`: it as built, or why it cannot be), or None when nothing in it (or
+        in its own bodies) changed."""
         path = f"{scope}{node.name or node.op_type}/{label}"
-        body = build_body(parent, node, attr, proto, self.dims)
         if isinstance(body, str):
             self._decline(scope.rstrip("/"), "nested_body", [node], f"its {label} is not lowered: {body}")
             self.calls.untyped(proto, f"it is called in {path}, which is not lowered")
@@ -350,8 +353,19 @@ class Body:
     outer: frozenset[str]
 
 
-def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> Body | str:
-    """The body of `node`'s `attr` as a Graph (or why it cannot be one)."""
+@dataclass
+class _Spec:
+    """What a body's model is made of: its GraphProto, the inputs (formal ones, then the enclosing
+    values it reads), the small enclosing constants shape inference reads, every enclosing constant."""
+
+    proto: onnx.GraphProto
+    inputs: list[onnx.ValueInfoProto]
+    constants: list[onnx.TensorProto]
+    borrowed: dict[str, Value | np.ndarray | DmlNode]
+    outer: frozenset[str]
+
+
+def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> _Spec | str:
     formal = formal_types(parent, node, attr, proto, dims)
     if isinstance(formal, str):
         return formal
@@ -373,13 +387,36 @@ def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
                 constants.append(small)
                 continue
         inputs.append(_value_info(name, (v.elem_type, dims.fill(v.shape))))
-    g = _import(parent.info, proto, inputs, dict(parent.info.opset_imports), constants)
-    if isinstance(g, str):
-        return g
-    for name, const in borrowed.items():
+    return _Spec(proto, inputs, constants, borrowed, frozenset(outer))
+
+
+def _finish(parent: Graph, spec: _Spec, g: Graph) -> Body:
+    for name, const in spec.borrowed.items():
         _borrow(g, g.values[name], const)
     g.reserved = EnclosingNames(parent, _subgraph_names(_holders(g)))
-    return Body(g, frozenset(outer))
+    return Body(g, spec.outer)
+
+
+def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> Body | str:
+    """The body of `node`'s `attr` as a Graph (or why it cannot be one)."""
+    return next(build_bodies(parent, [(node, attr, proto)], dims))
+
+
+def build_bodies(parent: Graph, bodies: list[tuple[OnnxNode, str, onnx.GraphProto]],
+                 dims: FreshDims) -> Iterator[Body | str]:
+    """`build_body` of each (node, attribute, body) of `parent`, in order: imported together where
+    they can share one model (`_import_together`), else each when it is asked for (one large body
+    in memory at a time)."""
+    specs = [_body_spec(parent, node, attr, proto, dims) for node, attr, proto in bodies]
+    ready = [s for s in specs if isinstance(s, _Spec)]
+    together = _import_together(parent.info, ready) if len(ready) > 1 else None
+    made = iter(together or ())
+    for s in specs:
+        if isinstance(s, str):
+            yield s
+            continue
+        g = next(made) if together else _import(parent.info, s.proto, s.inputs, parent.info.opset_imports, s.constants)
+        yield g if isinstance(g, str) else _finish(parent, s, g)
 
 
 class EnclosingNames:
@@ -452,26 +489,123 @@ def _borrow(g: Graph, v: Value, const: Value | np.ndarray | DmlNode) -> None:
     g.initializers[v.name] = v
 
 
-def _import(info: ModelInfo, proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto],
-            opsets: dict[str, int], constants: Sequence[onnx.TensorProto] = ()) -> Graph | str:
-    """A model whose graph is `proto` with these inputs and extra constants, imported (shape
-    inference included)."""
+def _model(info: ModelInfo, opsets: dict[str, int], name: str, specs: list[_Spec]) -> onnx.ModelProto:
+    """One model holding these bodies with their inputs and constants (an input or constant an
+    earlier body has too is not repeated: the enclosing values they share)."""
     model = onnx.ModelProto(ir_version=info.ir_version)
     mg = model.graph
-    mg.name = proto.name or "body"
-    mg.input.extend(inputs)
-    mg.output.extend(proto.output)
-    mg.node.extend(proto.node)
-    mg.initializer.extend(proto.initializer)
-    mg.initializer.extend(constants)
-    mg.value_info.extend(proto.value_info)
+    mg.name = name
+    inputs: set[str] = set()
+    initializers: set[str] = set()
+    for s in specs:
+        mg.input.extend(vi for vi in s.inputs if vi.name not in inputs)
+        mine = list(itertools.chain(s.proto.initializer, s.constants))
+        mg.initializer.extend(t for t in mine if t.name not in initializers)
+        inputs.update(vi.name for vi in s.inputs)
+        initializers.update(t.name for t in mine)
+        mg.output.extend(s.proto.output)
+        mg.node.extend(s.proto.node)
+        mg.value_info.extend(s.proto.value_info)
     opsets = opsets | {DOMAIN: DOMAIN_VERSION}  # (a lowered body's DML nodes: their schemas type them)
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
     model.functions.extend(info.functions)
+    return model
+
+
+def _import(info: ModelInfo, proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto],
+            opsets: dict[str, int], constants: list[onnx.TensorProto] | None = None) -> Graph | str:
+    """A model whose graph is `proto` with these inputs and extra constants, imported (shape
+    inference included)."""
+    model = _model(info, opsets, proto.name or "body", [_Spec(proto, inputs, constants or [], {}, frozenset())])
     try:
         return import_model(model, info.base_dir)
     except DmlgraphError as e:
         return f"it cannot be read as a graph of its own ({e})"
+
+
+class _Inferred(PendingShapes):
+    """Shapes inferred already, where the import asks for them."""
+
+    def __init__(self, types: list[ValueType]) -> None:
+        super().__init__(onnx.ModelProto())
+        self.types = types
+
+    def value_types(self) -> list[ValueType]:
+        return self.types
+
+
+def _import_together(info: ModelInfo, specs: list[_Spec]) -> list[Graph] | None:
+    """The bodies of one graph imported as one model, then split into one Graph each, as `_import`
+    makes them: one shape inference and one import instead of one per body (2,500 If nodes with a
+    one-node branch each spent half their lowering importing 5,000 models). None when they cannot
+    share a model (a name two of them define, or one defines and another reads; an output or an
+    annotation naming an enclosing value; an unnamed output), when its inference may differ from
+    each body's own (an error, a value over the data-propagation limit), or when a body is large
+    enough that its own import infers in a child, under a deadline: each is imported alone."""
+    owner: dict[str, int] = {}
+    for i, s in enumerate(specs):
+        if len(s.proto.node) >= CHILD_MIN_NODES or any(not o for n in s.proto.node for o in n.output) \
+                or any(o.name in s.outer for o in s.proto.output) or any(vi.name in s.outer for vi in s.proto.value_info):
+            return None
+        for name in _names(s.proto) - s.outer:
+            if owner.setdefault(name, i) != i:
+                return None
+    if any(name in owner for s in specs for name in s.outer):
+        return None
+    model = _model(info, info.opset_imports, "bodies", specs)
+    types = whole_value_types(model)
+    if types is None:
+        return None
+    whole = Graph(ModelInfo(ir_version=model.ir_version, opset_imports={o.domain or "": o.version for o in model.opset_import},
+                            functions=list(model.functions), base_dir=info.base_dir))  # (as `import_model`)
+    try:
+        _build(whole, model, _Inferred(types), info.base_dir)
+    except DmlgraphError:
+        return None
+    nodes = iter(list(whole.nodes.values()))  # (one per NodeProto, in order)
+    return [_split(whole, s, [next(nodes) for _ in s.proto.node]) for s in specs]
+
+
+def _names(proto: onnx.GraphProto) -> set[str]:
+    """Every name a body and its own bodies use."""
+    names = {o.name for o in proto.output} | {vi.name for vi in proto.value_info}
+    for sub, _ in _iter_graphs(proto):
+        names.update(vi.name for vi in sub.input)
+        names.update(t.name for t in sub.initializer)
+        for x in sub.node:
+            names.update(x.input)
+            names.update(x.output)
+    names.discard("")
+    return names
+
+
+def _split(whole: Graph, s: _Spec, nodes: list[Node]) -> Graph:
+    """Body `s`'s Graph out of `whole`: its nodes and values, and a copy of each enclosing value it
+    reads (so that the uses of one are its own), in the order `_import` would make them."""
+    g = Graph(replace(whole.info, graph_name=s.proto.name or "body", functions=list(whole.info.functions)))
+    values = g.values
+    initializers = [t.name for t in itertools.chain(s.proto.initializer, s.constants)]
+    names = initializers + [vi.name for vi in s.inputs]
+    for n in nodes:
+        names += [v.name for v in itertools.chain(n.inputs, n.outputs) if v is not None]
+    names += [o.name for o in s.proto.output] + [vi.name for vi in s.proto.value_info]
+    for name in names:
+        if name not in values:
+            v = whole.values[name]
+            if name in s.outer:
+                copy = Value(name, v.elem_type, v.shape)
+                copy.initializer, copy.array, copy.base_dir = v.initializer, v.array, v.base_dir
+                v = copy
+            values[name] = v
+    for n in nodes:
+        n.inputs = [None if v is None else values[v.name] for v in n.inputs]
+        g.add_node(n)
+    g.initializers = {name: values[name] for name in initializers}
+    g.inputs = [values[vi.name] for vi in s.inputs if vi.name not in g.initializers]
+    g.overridable_inputs = [vi.name for vi in s.inputs if vi.name in g.initializers]
+    g.outputs = [values[o.name] for o in s.proto.output]
+    g.value_info_names = dict.fromkeys(vi.name for vi in s.proto.value_info)
+    return g
 
 
 def write_back(body: Body, proto: onnx.GraphProto) -> onnx.GraphProto:

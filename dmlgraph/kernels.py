@@ -56,10 +56,10 @@ import importlib
 import math
 import operator
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Literal, SupportsIndex, cast
+from typing import Literal, NamedTuple, SupportsIndex, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -86,8 +86,8 @@ TEMPLATE_BYTES = 8 * 1024 * 1024  # batched matrices up to this size use a cache
 TEMPLATE_CACHE_BYTES = 64 * 1024 * 1024
 SMALL_TEMPLATE_BYTES = 512 * 1024  # any matrix up to this size uses a cached template
 COMPILED_MIN_BYTES = 64 * 1024  # outputs from this size use the compiled kernel when numba is there
-SHORT_ROW_BYTES = 1024  # rows up to this size, in outputs up to SHORT_ROW_TOTAL_BYTES (in cache):
-SHORT_ROW_TOTAL_BYTES = 512 * 1024  # one flat copy, then the value spans (compiled kernel)
+SHORT_ROW_TOTAL_BYTES = 512 * 1024  # compiled kernel: outputs up to this size (in cache) get blocks of
+# whole rows of input, then the value spans
 
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float64", "float32", "float16", "int64", "int32", "int16", "int8",
@@ -106,9 +106,6 @@ class _Plan:
     keep_intervals: tuple[tuple[int, int], ...]
     value_area: int  # elements per matrix written with Value
     keep_area: int
-    # both regions wider than `narrow` diagonals somewhere: what the numpy path can only write
-    # as a base plus overlays, and the compiled kernel writes once
-    wide: bool = False
     padded_value: tuple[int, int, int, int] = (0, 0, 0, 0)  # two value intervals, (W, W) if unused
 
 
@@ -126,7 +123,7 @@ def _interval_area(p: int, q: int, h: int, w: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(h: int, w: int, begin: int, end: int, narrow: int) -> _Plan:
+def _plan(h: int, w: int, begin: int, end: int) -> _Plan:
     lo_inf, hi_inf = -h, w  # topX spans [-(h-1), w-1]: these act as -inf / +inf
     b, e = _clip_bound(begin, h, w), _clip_bound(end, h, w)
     value: list[tuple[int, int]] | tuple[tuple[int, int], ...]
@@ -140,9 +137,8 @@ def _plan(h: int, w: int, begin: int, end: int, narrow: int) -> _Plan:
     value = tuple(iv for iv in value if _interval_area(*iv, h, w) > 0)
     keep = tuple(iv for iv in keep if _interval_area(*iv, h, w) > 0)
     va = sum(_interval_area(*iv, h, w) for iv in value)
-    wide = any(q - p > narrow for p, q in value) and any(q - p > narrow for p, q in keep)
     (p0, q0), (p1, q1) = list(value) + [(w, w)] * (2 - len(value))
-    return _Plan(h, w, value, keep, va, h * w - va, wide, (p0, q0, p1, q1))
+    return _Plan(h, w, value, keep, va, h * w - va, (p0, q0, p1, q1))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -391,44 +387,46 @@ def numpy_only() -> Iterator[None]:
 
 
 def _run_compiled(compiled: ModuleType, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
-    """Write the whole output with a compiled row kernel; False (nothing written) when the
+    """Write the whole output with the compiled row kernel; False (nothing written) when the
     layouts do not fit it: the output must be C-contiguous, the input C-contiguous or one
     C-contiguous matrix broadcast over the batch."""
     if not o3.flags.c_contiguous:
         return False
     b, h, w = o3.shape
-    isz = o3.itemsize
-    u = _UINT[isz]
-    if s3 is None:
-        sf, s_batch = _EMPTY[isz], 0
-    elif s3.flags.c_contiguous:
-        sf, s_batch = s3.view(u).reshape(-1), h * w
+    if s3 is None or s3.flags.c_contiguous:
+        s_batch = h * w * o3.itemsize
     elif s3.strides[0] == 0 and s3[0].flags.c_contiguous:
-        sf, s_batch = s3[0].view(u).reshape(-1), 0
+        s3, s_batch = s3[0], 0
     else:
         return False
-    p0, q0, p1, q1 = plan.padded_value
-    of, vu = o3.view(u).reshape(-1), v.view(u)[()]
-    if s_batch == h * w and w * isz <= SHORT_ROW_BYTES and o3.nbytes <= SHORT_ROW_TOTAL_BYTES:
-        compiled.copy_then_fill(of, sf, vu, b, h, w, p0, q0, p1, q1)
-    else:
-        compiled.rows(of, sf, s_batch, vu, b, h, w, p0, q0, p1, q1)
+    _compiled_rows(compiled, o3, s3, s_batch, v, plan)
     return True
 
 
-_UINT = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
-_EMPTY = {n: np.empty(0, _UINT[n]) for n in (1, 2, 4, 8)}  # "no input" for the compiled kernels
+def _compiled_rows(compiled: ModuleType, o: np.ndarray, s: np.ndarray | None, s_batch: int, v: np.ndarray,
+                   plan: _Plan) -> None:
+    """`compiled.rows` on C-contiguous `o` (and `s`, one matrix of it per s_batch bytes).
+
+    Each row span by span, except where the whole output stays in cache or Value is only a few
+    diagonals wide: there whole blocks of rows get the input (or zeros) in one call first, and
+    the Value spans go on top (fewer, longer calls)."""
+    h, w = plan.height, plan.width
+    row_bytes = w * o.itemsize
+    narrow_value = all(q - p <= NARROW for p, q in plan.value_intervals)
+    base_rows = max(1, BLOCK_BYTES // row_bytes) if narrow_value or o.nbytes <= SHORT_ROW_TOTAL_BYTES else 0
+    compiled.rows(o.ravel().view(np.uint8), _NO_INPUT if s is None else s.ravel().view(np.uint8), s_batch,
+                  v.tobytes(), o.size // (h * w), h, w, *plan.padded_value, base_rows)
+
+
+_NO_INPUT = np.empty(0, np.uint8)  # "no input" for the compiled kernel
 
 
 def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
     """The fast path on (batch, H, W) views."""
     b, h, w = o3.shape
     value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
-    if (o3.nbytes >= COMPILED_MIN_BYTES and plan.wide
-            and (o3.itemsize == 1 or b < 2 or h * w * o3.itemsize > TEMPLATE_BYTES)):
-        # Two wide regions: every row is a few long spans. Batches of matrices of 2- to 8-byte
-        # types stay on the numpy templates below, which measured faster there (0.8x a copy
-        # against 0.6x for 32 matrices of 512x512 float32); 1-byte types do not (0.55 vs 0.75).
+    if o3.nbytes >= COMPILED_MIN_BYTES and value_iv and keep_iv:
+        # Two regions: every row is a few spans, one memcpy/memset each.
         compiled = _compiled()
         if compiled is not None and _run_compiled(compiled, o3, s3, v, plan):
             return
@@ -561,6 +559,27 @@ def _as3d(a: np.ndarray) -> np.ndarray | None:
                       writeable=a.flags.writeable)
 
 
+class _Signature(NamedTuple):
+    """What a call needs that depends only on (shape, dtype, begin, end), validated once."""
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    size: int
+    plan: _Plan
+    tiny: np.ndarray | None  # flat Value positions, for outputs of at most TINY_ELEMENTS
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature(shape: tuple[int, ...], dtype: npt.DTypeLike, begin: int, end: int) -> _Signature:
+    dt = np.dtype(dtype)
+    _check_dtype(dt)
+    shape = tuple(operator.index(d) for d in shape)
+    if len(shape) < 2:
+        raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
+    size = math.prod(shape)
+    tiny = _tiny_index(shape, begin, end) if 0 < size <= TINY_ELEMENTS else None
+    return _Signature(shape, dt, size, _plan(shape[-2], shape[-1], begin, end), tiny)
+
+
 def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike, begin: SupportsIndex,
                      end: SupportsIndex, input: npt.ArrayLike | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """DIAGONAL_MATRIX1 on numpy arrays (see the module docstring for the semantics).
@@ -571,43 +590,44 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     broadcastable to `shape` (zero-stride views welcome). out: optional preallocated array of that
     shape and dtype, may be non-contiguous; it is returned.
     """
-    shape = tuple(shape)
-    dtype = np.dtype(dtype)
+    # Per-call Python costs microseconds here (a call on a small tensor is mostly overhead):
+    # what depends only on the signature is cached, a 0-d Value of the right dtype is used as is.
+    begin = operator.index(begin)
+    end = operator.index(end)
+    try:
+        sig = _signature(shape if type(shape) is tuple else tuple(shape), cast("Hashable", dtype), begin, end)
+    except TypeError:  # an unhashable dtype spec
+        sig = _signature(tuple(shape), np.dtype(dtype), begin, end)
+    shape, dtype = sig.shape, sig.dtype
     if out is None:
         out = np.empty(shape, dtype)
     elif out.shape != shape or out.dtype != dtype:
         raise DmlgraphError(f"out has shape {out.shape} and dtype {out.dtype}; expected {shape} and {dtype}")
-    begin = operator.index(begin)
-    end = operator.index(end)
-    if dtype not in _DTYPES:
-        _check_dtype(dtype)
-    v = np.array(value, dtype)
+    if type(value) is np.ndarray and value.dtype is dtype and not value.shape:
+        v = value
+    else:
+        v = np.array(value, dtype)
     if input is not None and (type(input) is not np.ndarray or input.shape != shape
                               or input.dtype != dtype):
         input = np.asarray(input)
         if input.dtype != dtype:
             input = input.astype(dtype)
         input = np.broadcast_to(input, shape)
-    if out.size <= TINY_ELEMENTS:
-        if len(shape) < 2:
-            raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
-        if out.size == 0:
-            return out
-        return _fill_tiny(out, input, _tiny_index(shape, begin, end), v)
-    if len(shape) < 2:
-        raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
+    if sig.tiny is not None and sig.size <= TINY_ELEMENTS:
+        return _fill_tiny(out, input, sig.tiny, v)
+    if sig.size == 0:
+        return out
     if dtype == np.bool_:
         o, s, vv = out.view(np.uint8), None if input is None else input.view(np.uint8), v.view(np.uint8)
     else:
         o, s, vv = out, input, v
-    plan = _plan(shape[-2], shape[-1], begin, end, NARROW)
     o3 = _as3d(o)
     s3 = None if s is None else _as3d(s)
     if o3 is not None and (s is None or s3 is not None):
-        _run3(o3, s3, vv, plan)
+        _run3(o3, s3, vv, sig.plan)
     else:  # leading axes that cannot be collapsed into one batch axis: one matrix at a time
         for idx in np.ndindex(*shape[:-2]):
-            _run3(o[idx][None], None if s is None else s[idx][None], vv, plan)
+            _run3(o[idx][None], None if s is None else s[idx][None], vv, sig.plan)
     return out
 
 
@@ -618,7 +638,7 @@ def _fill_tiny(out: np.ndarray, input: np.ndarray | None, idx: np.ndarray, v: np
     else:
         np.copyto(out, input)
     if idx.size:
-        out.flat[idx] = v
+        out.put(idx, v)
     return out
 
 
@@ -660,11 +680,10 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
             return _fill_tiny(np.empty(shape, dtype), input, idx, v)
         return run_tiny
     vv = v.view(np.uint8) if dtype == np.bool_ else v
-    plan = _plan(h, w, begin, end, NARROW)
+    plan = _plan(h, w, begin, end)
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
         return generic  # one region everywhere, or big matrices: the block writers (planning is cheap there)
-    if (size * dtype.itemsize >= COMPILED_MIN_BYTES and plan.wide and compiled_available()
-            and (dtype.itemsize == 1 or size == h * w)):
+    if size * dtype.itemsize >= COMPILED_MIN_BYTES and compiled_available():
         return generic  # the compiled kernel beats the templates here (see _run3)
     keep, value_bits = _templates(plan, vv)
     u = keep.dtype

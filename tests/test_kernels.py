@@ -457,7 +457,7 @@ def _run_path(path: str, *args, **kwargs) -> np.ndarray:
     if path == "numpy":
         with kernels.numpy_only():
             return kernels.diagonal_matrix1(*args, **kwargs)
-    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, TEMPLATE_BYTES=0):  # batches too
+    with patch.object(kernels, "COMPILED_MIN_BYTES", 0):
         return kernels.diagonal_matrix1(*args, **kwargs)
 
 
@@ -533,14 +533,18 @@ def test_kernel_env_switch_selects_numpy(monkeypatch):
 
 
 @pytest.mark.skipif(not kernels.compiled_available(), reason="numba is not installed (the dmlgraph[fast] extra)")
-@pytest.mark.parametrize("short_rows", [0, 1 << 20])
-@pytest.mark.parametrize("dtype", ["uint8", "float16", "int32", "uint64"])
-def test_compiled_kernels_short_and_long_rows(short_rows, dtype):
-    """Both compiled kernels (spans per row; one copy then the value spans) are exact."""
+@pytest.mark.parametrize("in_cache", [0, 1 << 20])
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "int32", "uint64", "float64"])
+def test_compiled_kernel_spans_and_blocks(in_cache, dtype):
+    """Both modes of the compiled kernel (every span of a row; blocks of input, then the Value
+    spans) are exact, with byte-uniform Values (memset) and others (copied from a row of Values),
+    for full, batch-broadcast and absent inputs."""
     shape = (3, 70, 90)
     x = _random_input(shape, dtype, 11)
-    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, TEMPLATE_BYTES=0, SHORT_ROW_BYTES=short_rows,
-                        SHORT_ROW_TOTAL_BYTES=short_rows):
-        for begin, end in ((INT32_MIN, 0), (1, INT32_MAX), (30, -20), (-20, 30), (INT32_MAX, INT32_MIN)):
-            got = kernels.diagonal_matrix1(shape, dtype, 5, begin, end, input=x)
-            assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, 5, begin, end, input=x))
+    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, SHORT_ROW_TOTAL_BYTES=in_cache, BLOCK_BYTES=2000):
+        for begin, end in ((INT32_MIN, 0), (1, INT32_MAX), (30, -20), (-20, 30), (INT32_MAX, INT32_MIN), (-2, 3)):
+            for value in (0, 5, -1 if dtype[0] != "u" else 255):
+                for inp in (x, np.broadcast_to(x[:1], shape), None):
+                    got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
+                    want = kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp)
+                    assert_bits_equal(got, want)

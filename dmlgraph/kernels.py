@@ -56,7 +56,7 @@ import importlib
 import math
 import operator
 import os
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal, NamedTuple, SupportsIndex, cast
@@ -86,8 +86,7 @@ TEMPLATE_BYTES = 8 * 1024 * 1024  # batched matrices up to this size use a cache
 TEMPLATE_CACHE_BYTES = 64 * 1024 * 1024
 SMALL_TEMPLATE_BYTES = 512 * 1024  # any matrix up to this size uses a cached template
 COMPILED_MIN_BYTES = 64 * 1024  # outputs from this size use the compiled kernel when numba is there
-SHORT_ROW_TOTAL_BYTES = 512 * 1024  # compiled kernel: outputs up to this size (in cache) get blocks of
-# whole rows of input, then the value spans
+STREAM_MIN_BYTES = 16 * 1024 * 1024  # the compiled kernel writes outputs from this size past the cache
 
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float64", "float32", "float16", "int64", "int32", "int16", "int8",
@@ -106,7 +105,9 @@ class _Plan:
     keep_intervals: tuple[tuple[int, int], ...]
     value_area: int  # elements per matrix written with Value
     keep_area: int
-    padded_value: tuple[int, int, int, int] = (0, 0, 0, 0)  # two value intervals, (W, W) if unused
+    rows_args: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)  # H, W, then two value intervals,
+    # (W, W) if unused: the compiled kernel's arguments
+    value_width: int = 0  # diagonals in the widest value interval
 
 
 def _clip_bound(b: int, h: int, w: int) -> int:
@@ -138,7 +139,8 @@ def _plan(h: int, w: int, begin: int, end: int) -> _Plan:
     keep = tuple(iv for iv in keep if _interval_area(*iv, h, w) > 0)
     va = sum(_interval_area(*iv, h, w) for iv in value)
     (p0, q0), (p1, q1) = list(value) + [(w, w)] * (2 - len(value))
-    return _Plan(h, w, value, keep, va, h * w - va, (p0, q0, p1, q1))
+    return _Plan(h, w, value, keep, va, h * w - va, (h, w, p0, q0, p1, q1),
+                 max((q - p for p, q in value), default=0))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -386,36 +388,43 @@ def numpy_only() -> Iterator[None]:
         _COMPILED = saved
 
 
+def _compiled_for(plan: _Plan, nbytes: int) -> ModuleType | None:
+    """The compiled kernel if it should write this output: two regions, at least
+    COMPILED_MIN_BYTES (below, numpy's template calls cost less than the kernel's call)."""
+    if nbytes >= COMPILED_MIN_BYTES and plan.value_intervals and plan.keep_intervals:
+        return _compiled()
+    return None
+
+
 def _run_compiled(compiled: ModuleType, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
     """Write the whole output with the compiled row kernel; False (nothing written) when the
     layouts do not fit it: the output must be C-contiguous, the input C-contiguous or one
     C-contiguous matrix broadcast over the batch."""
     if not o3.flags.c_contiguous:
         return False
-    b, h, w = o3.shape
     if s3 is None or s3.flags.c_contiguous:
-        s_batch = h * w * o3.itemsize
+        pass
     elif s3.strides[0] == 0 and s3[0].flags.c_contiguous:
-        s3, s_batch = s3[0], 0
+        s3 = s3[0]
     else:
         return False
-    _compiled_rows(compiled, o3, s3, s_batch, v, plan)
+    _compiled_rows(compiled, o3, s3, v, plan)
     return True
 
 
-def _compiled_rows(compiled: ModuleType, o: np.ndarray, s: np.ndarray | None, s_batch: int, v: np.ndarray,
-                   plan: _Plan) -> None:
-    """`compiled.rows` on C-contiguous `o` (and `s`, one matrix of it per s_batch bytes).
+def _compiled_rows(compiled: ModuleType, o: np.ndarray, s: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
+    """`compiled.rows` on C-contiguous `o` and `s` (as many matrices as `o`, or one).
 
-    Each row span by span, except where the whole output stays in cache or Value is only a few
-    diagonals wide: there whole blocks of rows get the input (or zeros) in one call first, and
-    the Value spans go on top (fewer, longer calls)."""
-    h, w = plan.height, plan.width
-    row_bytes = w * o.itemsize
-    narrow_value = all(q - p <= NARROW for p, q in plan.value_intervals)
-    base_rows = max(1, BLOCK_BYTES // row_bytes) if narrow_value or o.nbytes <= SHORT_ROW_TOTAL_BYTES else 0
-    compiled.rows(o.ravel().view(np.uint8), _NO_INPUT if s is None else s.ravel().view(np.uint8), s_batch,
-                  v.tobytes(), o.size // (h * w), h, w, *plan.padded_value, base_rows)
+    Each row span by span, with non-temporal stores for outputs of at least STREAM_MIN_BYTES
+    (measured 1.2-1.9x the plain stores' speed on 16-128 MiB triangles: the output is not read
+    before it is written); but for a Value only a few diagonals wide, each matrix gets the
+    input (or zeros) with one call first (glibc's memcpy streams a huge one itself, a small one
+    stays in cache), and the Value spans go on top."""
+    area = plan.height * plan.width
+    stream = o.nbytes >= STREAM_MIN_BYTES
+    compiled.rows(o.ravel().view(np.uint8), _NO_INPUT if s is None else s.ravel().view(np.uint8),
+                  0 if s is None or s.size != o.size else area * o.itemsize, v.tobytes(), o.size // area,
+                  *plan.rows_args, plan.value_width <= NARROW, stream)
 
 
 _NO_INPUT = np.empty(0, np.uint8)  # "no input" for the compiled kernel
@@ -425,11 +434,9 @@ def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> 
     """The fast path on (batch, H, W) views."""
     b, h, w = o3.shape
     value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
-    if o3.nbytes >= COMPILED_MIN_BYTES and value_iv and keep_iv:
-        # Two regions: every row is a few spans, one memcpy/memset each.
-        compiled = _compiled()
-        if compiled is not None and _run_compiled(compiled, o3, s3, v, plan):
-            return
+    compiled = _compiled_for(plan, o3.nbytes)
+    if compiled is not None and _run_compiled(compiled, o3, s3, v, plan):
+        return
     if (value_iv and keep_iv and h * w * o3.itemsize <= SMALL_TEMPLATE_BYTES
             and o3.strides[2] == o3.itemsize):
         _run_templates(o3, s3, v, plan)  # small matrices: one or two calls beat any splitting
@@ -595,7 +602,7 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     begin = operator.index(begin)
     end = operator.index(end)
     try:
-        sig = _signature(shape if type(shape) is tuple else tuple(shape), cast("Hashable", dtype), begin, end)
+        sig = _signature(shape if type(shape) is tuple else tuple(shape), dtype, begin, end)  # type: ignore[arg-type]
     except TypeError:  # an unhashable dtype spec
         sig = _signature(tuple(shape), np.dtype(dtype), begin, end)
     shape, dtype = sig.shape, sig.dtype
@@ -616,6 +623,10 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     if sig.tiny is not None and sig.size <= TINY_ELEMENTS:
         return _fill_tiny(out, input, sig.tiny, v)
     if sig.size == 0:
+        return out
+    compiled = _compiled_for(sig.plan, out.nbytes)
+    if compiled is not None and out.flags.c_contiguous and (input is None or input.flags.c_contiguous):
+        _compiled_rows(compiled, out, input, v, sig.plan)  # the common layouts, straight away
         return out
     if dtype == np.bool_:
         o, s, vv = out.view(np.uint8), None if input is None else input.view(np.uint8), v.view(np.uint8)
@@ -683,7 +694,7 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
     plan = _plan(h, w, begin, end)
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
         return generic  # one region everywhere, or big matrices: the block writers (planning is cheap there)
-    if size * dtype.itemsize >= COMPILED_MIN_BYTES and compiled_available():
+    if _compiled_for(plan, size * dtype.itemsize) is not None:
         return generic  # the compiled kernel beats the templates here (see _run3)
     keep, value_bits = _templates(plan, vv)
     u = keep.dtype

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import llvmlite.ir as ir  # type: ignore[import-untyped]  # numba's own dependency, no stubs
 import numpy as np
 from numba import njit, types
 from numba.core import cgutils
@@ -45,13 +46,51 @@ def _memset_typer(typingctx: Any, o: Any, oi: Any, n: Any, byte: Any) -> Any:
     return types.void(o, oi, n, byte), codegen
 
 
+def _stream_typer(typingctx: Any, o: Any, oi: Any, s: Any, si: Any, n: Any) -> Any:
+    """`_memcpy` with non-temporal 64-byte stores (the ragged ends: plain memcpy). A store that
+    bypasses the cache does not read the line first: for outputs far larger than the cache,
+    writing costs one memory transfer instead of two (what glibc's memcpy does for huge copies)."""
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        i64 = ir.IntType(64)
+        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+        src = builder.gep(context.make_array(sig.args[2])(context, builder, args[2]).data, [args[3]])
+        n = args[4]
+        head = builder.and_(builder.neg(builder.ptrtoint(dst, i64)), i64(63))  # up to a 64-byte line
+        head = builder.select(builder.icmp_unsigned("<", n, head), n, head)
+        cgutils.raw_memcpy(builder, dst, src, head, 1)
+        dst, src, rest = builder.gep(dst, [head]), builder.gep(src, [head]), builder.sub(n, head)
+        lines = builder.lshr(rest, i64(6))
+        line = ir.VectorType(ir.IntType(8), 64).as_pointer()
+        nontemporal = builder.module.add_metadata([ir.IntType(32)(1)])
+        with cgutils.for_range(builder, lines) as loop:
+            off = builder.shl(loop.index, i64(6))
+            value = builder.load(builder.bitcast(builder.gep(src, [off]), line), align=1)
+            store = builder.store(value, builder.bitcast(builder.gep(dst, [off]), line), align=64)
+            store.set_metadata("nontemporal", nontemporal)
+        done = builder.shl(lines, i64(6))
+        cgutils.raw_memcpy(builder, builder.gep(dst, [done]), builder.gep(src, [done]), builder.sub(rest, done), 1)
+        return context.get_dummy_value()
+    return types.void(o, oi, s, si, n), codegen
+
+
+def _sfence_typer(typingctx: Any) -> Any:
+    """Order the non-temporal stores before whatever follows (they are weakly ordered)."""
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        fnty = ir.FunctionType(ir.VoidType(), [])
+        builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse.sfence"), [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
 _memcpy: Any = intrinsic(_memcpy_typer)
 _memset: Any = intrinsic(_memset_typer)
+_stream: Any = intrinsic(_stream_typer)
+_sfence: Any = intrinsic(_sfence_typer)
 
 
 @njit(cache=True, nogil=True)
 def rows(o: np.ndarray, s: np.ndarray, s_batch: int, vbytes: bytes, batch: int, h: int, w: int,
-         p0: int, q0: int, p1: int, q1: int, base_rows: int) -> None:
+         p0: int, q0: int, p1: int, q1: int, base: bool, stream: bool) -> None:
     """Write `batch` h x w matrices of len(vbytes)-byte elements into the flat C-order bytes `o`.
 
     Value (its bytes: `vbytes`) goes on topX = x - y in [p0, q0) and [p1, q1) (sorted,
@@ -59,45 +98,65 @@ def rows(o: np.ndarray, s: np.ndarray, s_batch: int, vbytes: bytes, batch: int, 
     bytes; matrix i starts at byte i * s_batch, 0 = one matrix broadcast over the batch), or
     zeros when `s` is empty.
 
-    base_rows == 0: every row is written span by span, each byte once. base_rows > 0: blocks
-    of base_rows whole rows get the input (or zeros) with one call, then the Value spans while
-    the block is in cache -- fewer, longer calls, for short rows or a narrow Value region.
+    base False: every row is written span by span, each byte once. base True (for a Value a
+    few diagonals wide): each matrix gets the input (or zeros) with one call, then the Value
+    spans. When every matrix is the same (no input, or one broadcast), the first is copied.
+    stream: write with non-temporal stores (outputs far larger than the cache).
     """
     isz = len(vbytes)
     rb = w * isz
-    byte = int(vbytes[0])
+    mb = h * rb
+    byte = int(vbytes[0])  # >= 0: every byte of Value is this one (a memset), else -1
     for k in range(isz):
         if vbytes[k] != vbytes[0]:
             byte = -1
-    vrow = np.empty(rb if byte < 0 else 0, np.uint8)
-    for k in range(vrow.size):
-        vrow[k] = vbytes[k % isz]
+    vrow = np.empty(rb if byte < 0 or stream else 0, np.uint8)  # a row of Values, filled by doubling
+    for k in range(min(isz, vrow.size)):
+        vrow[k] = vbytes[k]
+    filled = isz
+    while filled < vrow.size:
+        n = min(filled, vrow.size - filled)
+        _memcpy(vrow, filled, vrow, 0, n)
+        filled += n
+    zrow = np.zeros(rb if stream else 0, np.uint8)
+    # (No helper functions taking these arrays: numba would count references at every call.)
     for b in range(batch):
-        for y0 in range(0, h, max(base_rows, 1)):
-            y1 = min(h, y0 + base_rows) if base_rows else y0 + 1
-            if base_rows:  # the input (or zeros) on the whole block
-                n = (y1 - y0) * rb
-                if s.size:
-                    _memcpy(o, (b * h + y0) * rb, s, b * s_batch + y0 * rb, n)
-                else:
-                    _memset(o, (b * h + y0) * rb, n, 0)
-            for y in range(y0, y1):
-                oi = (b * h + y) * rb
-                si = b * s_batch + y * rb
-                a0 = min(max(p0 + y, 0), w) * isz
-                e0 = min(max(q0 + y, 0), w) * isz
-                a1 = min(max(p1 + y, 0), w) * isz
-                e1 = min(max(q1 + y, 0), w) * isz
-                if not base_rows:  # the input (or zeros) on the three keep spans
-                    for a, e in ((0, a0), (e0, a1), (e1, rb)):
-                        if e > a:
-                            if s.size:
-                                _memcpy(o, oi + a, s, si + a, e - a)
-                            else:
-                                _memset(o, oi + a, e - a, 0)
-                for a, e in ((a0, e0), (a1, e1)):  # Value: a memset if its bytes are all `byte`
+        if b and s_batch == 0:
+            if stream:
+                _stream(o, b * mb, o, 0, mb)
+            else:
+                _memcpy(o, b * mb, o, 0, mb)
+            continue
+        if base:  # one call per matrix (glibc streams a huge one; a small one stays in cache)
+            if s.size:
+                _memcpy(o, b * mb, s, b * s_batch, mb)
+            else:
+                _memset(o, b * mb, mb, 0)
+        for y in range(h):
+            oi = b * mb + y * rb
+            si = b * s_batch + y * rb
+            a0 = min(max(p0 + y, 0), w) * isz
+            e0 = min(max(q0 + y, 0), w) * isz
+            a1 = min(max(p1 + y, 0), w) * isz
+            e1 = min(max(q1 + y, 0), w) * isz
+            if not base:  # the input (or zeros) on the three keep spans
+                for a, e in ((0, a0), (e0, a1), (e1, rb)):
                     if e > a:
-                        if byte >= 0:
-                            _memset(o, oi + a, e - a, byte)
+                        if s.size and stream:
+                            _stream(o, oi + a, s, si + a, e - a)
+                        elif s.size:
+                            _memcpy(o, oi + a, s, si + a, e - a)
+                        elif stream:
+                            _stream(o, oi + a, zrow, 0, e - a)
                         else:
-                            _memcpy(o, oi + a, vrow, a, e - a)
+                            _memset(o, oi + a, e - a, 0)
+            for a, e in ((a0, e0), (a1, e1)):  # Value: a memset when its bytes are all `byte`
+                if e > a:
+                    if stream:
+                        _stream(o, oi + a, vrow, 0, e - a)
+                    elif byte >= 0:
+                        _memset(o, oi + a, e - a, byte)
+                    else:
+                        _memcpy(o, oi + a, vrow, 0, e - a)
+    if stream:
+        _sfence()

@@ -533,17 +533,21 @@ def test_kernel_env_switch_selects_numpy(monkeypatch):
 
 
 @pytest.mark.skipif(not kernels.compiled_available(), reason="numba is not installed (the dmlgraph[fast] extra)")
-@pytest.mark.parametrize("in_cache", [0, 1 << 20])
-@pytest.mark.parametrize("dtype", ["uint8", "float16", "int32", "uint64", "float64"])
-def test_compiled_kernel_spans_and_blocks(in_cache, dtype):
-    """Both modes of the compiled kernel (every span of a row; blocks of input, then the Value
-    spans) are exact, with byte-uniform Values (memset) and others (copied from a row of Values),
-    for full, batch-broadcast and absent inputs."""
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "int32", "uint64", "float64", "bool"])
+def test_compiled_kernel_spans_and_bases(dtype, stream):
+    """Every mode of the compiled kernel (every span of a row; a whole-matrix base, then a narrow
+    Value; non-temporal stores) is exact, with byte-uniform Values (memset) and others (copied
+    from a row of Values), for full, batch-broadcast and absent inputs (the last two: the first
+    matrix copied)."""
     shape = (3, 70, 90)
-    x = _random_input(shape, dtype, 11)
-    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, SHORT_ROW_TOTAL_BYTES=in_cache, BLOCK_BYTES=2000):
-        for begin, end in ((INT32_MIN, 0), (1, INT32_MAX), (30, -20), (-20, 30), (INT32_MAX, INT32_MIN), (-2, 3)):
-            for value in (0, 5, -1 if dtype[0] != "u" else 255):
+    x = _random_input(shape, "uint8" if dtype == "bool" else dtype, 11)
+    x = x.astype(bool) if dtype == "bool" else x
+    values = (False, True) if dtype == "bool" else (0, 5, -1 if dtype[0] != "u" else 255)
+    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, STREAM_MIN_BYTES=0 if stream else 1 << 40):
+        for begin, end in ((INT32_MIN, 0), (1, INT32_MAX), (30, -20), (-20, 30), (-2, 3), (0, 1), (INT32_MIN, 85),
+                           (3, -2)):
+            for value in values:
                 for inp in (x, np.broadcast_to(x[:1], shape), None):
                     got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
                     want = kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp)

@@ -416,15 +416,15 @@ def _compiled_rows(compiled: ModuleType, o: np.ndarray, s: np.ndarray | None, v:
     """`compiled.rows` on C-contiguous `o` and `s` (as many matrices as `o`, or one).
 
     Each row span by span, with non-temporal stores for outputs of at least STREAM_MIN_BYTES
-    (measured 1.2-1.9x the plain stores' speed on 16-128 MiB triangles: the output is not read
-    before it is written); but for a Value only a few diagonals wide, each matrix gets the
-    input (or zeros) with one call first (glibc's memcpy streams a huge one itself, a small one
-    stays in cache), and the Value spans go on top."""
+    (measured 1.2-1.9x the plain stores' speed on 16-128 MiB triangles and identities: the
+    output is not read before it is written); but for a Value only a few diagonals wide, each
+    matrix gets the input (or zeros, unless streaming) with one call first (glibc's memcpy
+    streams a huge one itself, a small one stays in cache), and the Value spans go on top."""
     area = plan.height * plan.width
     stream = o.nbytes >= STREAM_MIN_BYTES
     compiled.rows(o.ravel().view(np.uint8), _NO_INPUT if s is None else s.ravel().view(np.uint8),
                   0 if s is None or s.size != o.size else area * o.itemsize, v.tobytes(), o.size // area,
-                  *plan.rows_args, plan.value_width <= NARROW, stream)
+                  *plan.rows_args, plan.value_width <= NARROW and not (stream and s is None), stream)
 
 
 _NO_INPUT = np.empty(0, np.uint8)  # "no input" for the compiled kernel
@@ -608,14 +608,14 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     shape, dtype = sig.shape, sig.dtype
     if out is None:
         out = np.empty(shape, dtype)
-    elif out.shape != shape or out.dtype != dtype:
+    elif out.shape != shape or (out.dtype is not dtype and out.dtype != dtype):
         raise DmlgraphError(f"out has shape {out.shape} and dtype {out.dtype}; expected {shape} and {dtype}")
-    if type(value) is np.ndarray and value.dtype is dtype and not value.shape:
+    if type(value) is np.ndarray and value.dtype is dtype and value.ndim == 0:
         v = value
     else:
         v = np.array(value, dtype)
     if input is not None and (type(input) is not np.ndarray or input.shape != shape
-                              or input.dtype != dtype):
+                              or input.dtype is not dtype):
         input = np.asarray(input)
         if input.dtype != dtype:
             input = input.astype(dtype)
@@ -648,8 +648,7 @@ def _fill_tiny(out: np.ndarray, input: np.ndarray | None, idx: np.ndarray, v: np
         out.fill(0)
     else:
         np.copyto(out, input)
-    if idx.size:
-        out.put(idx, v)
+    out.put(idx, v)
     return out
 
 

@@ -35,15 +35,17 @@ How the fast path works (measured on the benchmark shapes, see `dmlgraph.bench_k
   views (exact for every type and value), or a copy of the value template without input. One
   template serves every matrix of the batch from cache.
 * Tiny tensors (<= 1024 elements) use a cached flat index of the value positions: one
-  copy/fill plus one `out.flat[idx] = value`.
+  copy/fill plus one `out.put(idx, value)`.
+* Per call, what depends only on (shape, dtype, Begin, End) is cached (`_signature`): on a
+  small tensor the call is mostly Python overhead.
 
 Measured limits (see the benchmark): on this numpy path a triangle with an input costs one input
 copy plus an in-cache fill of the value half, so it runs at ~0.85-1.0x a plain copy for 4- and
 8-byte types but ~0.5-0.6x for 1-byte types, where numpy's per-row overheads dominate; a
 generated triangle without input runs at ~0.6-0.9x a typed `fill(0)`. With numba installed
-(`dmlgraph[fast]`), outputs of at least COMPILED_MIN_BYTES with two wide regions go through
-`dmlgraph.kernels_compiled` instead, which writes each row's spans once (batches of 2- to 8-byte
-matrices excepted: the templates measured faster there).
+(`dmlgraph[fast]`), every output of at least COMPILED_MIN_BYTES with two regions goes through
+`dmlgraph.kernels_compiled` instead, which writes each row's spans once with memcpy/memset
+(non-temporal stores from STREAM_MIN_BYTES), see `_compiled_rows`.
 
 `diagonal_matrix1_reference` is the plain vectorized form (np.where over an index grid); tests
 use it, and a literal transcription of the pseudocode, as oracles for the fast path.

@@ -552,3 +552,19 @@ def test_compiled_kernel_spans_and_bases(dtype, stream):
                     got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
                     want = kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp)
                     assert_bits_equal(got, want)
+
+
+def test_signature_cache_keeps_every_call_exact():
+    """What is cached per (shape, dtype, Begin, End) never leaks between calls: other Values
+    (-0.0 and 0.0, a 0-d array used as is, Python scalars), inputs, dtype spellings, list shapes;
+    a float Begin is still refused after the int one is cached."""
+    for shape in ((4, 5), (2, 40, 50)):
+        x = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+        for dtype in ("float32", np.float32, np.dtype("float32")):
+            for value in (-0.0, 0.0, np.array(-0.0, np.float32), np.array(7, np.float64), 3, float("nan")):
+                for inp in (x, None, x.tolist()):
+                    got = kernels.diagonal_matrix1(list(shape), dtype, value, -3, 4, input=inp)
+                    want = pseudocode(shape, np.float32, value, -3, 4, input=None if inp is None else x)
+                    assert_bits_equal(got, want)
+        with pytest.raises(TypeError):
+            kernels.diagonal_matrix1(shape, np.float32, 1, -3.0, 4)

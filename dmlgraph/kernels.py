@@ -35,15 +35,17 @@ How the fast path works (measured on the benchmark shapes, see `dmlgraph.bench_k
   views (exact for every type and value), or a copy of the value template without input. One
   template serves every matrix of the batch from cache.
 * Tiny tensors (<= 1024 elements) use a cached flat index of the value positions: one
-  copy/fill plus one `out.flat[idx] = value`.
+  copy/fill plus one `out.put(idx, value)`.
+* Per call, what depends only on (shape, dtype, Begin, End) is cached (`_signature`): on a
+  small tensor the call is mostly Python overhead.
 
 Measured limits (see the benchmark): on this numpy path a triangle with an input costs one input
 copy plus an in-cache fill of the value half, so it runs at ~0.85-1.0x a plain copy for 4- and
 8-byte types but ~0.5-0.6x for 1-byte types, where numpy's per-row overheads dominate; a
 generated triangle without input runs at ~0.6-0.9x a typed `fill(0)`. With numba installed
-(`dmlgraph[fast]`), outputs of at least COMPILED_MIN_BYTES with two wide regions go through
-`dmlgraph.kernels_compiled` instead, which writes each row's spans once (batches of 2- to 8-byte
-matrices excepted: the templates measured faster there).
+(`dmlgraph[fast]`), every output of at least COMPILED_MIN_BYTES with two regions goes through
+`dmlgraph.kernels_compiled` instead, which writes each row's spans once with memcpy/memset
+(non-temporal stores from STREAM_MIN_BYTES), see `_compiled_rows`.
 
 `diagonal_matrix1_reference` is the plain vectorized form (np.where over an index grid); tests
 use it, and a literal transcription of the pseudocode, as oracles for the fast path.
@@ -59,7 +61,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Literal, SupportsIndex, cast
+from typing import Literal, NamedTuple, SupportsIndex, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -86,8 +88,7 @@ TEMPLATE_BYTES = 8 * 1024 * 1024  # batched matrices up to this size use a cache
 TEMPLATE_CACHE_BYTES = 64 * 1024 * 1024
 SMALL_TEMPLATE_BYTES = 512 * 1024  # any matrix up to this size uses a cached template
 COMPILED_MIN_BYTES = 64 * 1024  # outputs from this size use the compiled kernel when numba is there
-SHORT_ROW_BYTES = 1024  # rows up to this size, in outputs up to SHORT_ROW_TOTAL_BYTES (in cache):
-SHORT_ROW_TOTAL_BYTES = 512 * 1024  # one flat copy, then the value spans (compiled kernel)
+STREAM_MIN_BYTES = 16 * 1024 * 1024  # the compiled kernel writes outputs from this size past the cache
 
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float64", "float32", "float16", "int64", "int32", "int16", "int8",
@@ -106,10 +107,9 @@ class _Plan:
     keep_intervals: tuple[tuple[int, int], ...]
     value_area: int  # elements per matrix written with Value
     keep_area: int
-    # both regions wider than `narrow` diagonals somewhere: what the numpy path can only write
-    # as a base plus overlays, and the compiled kernel writes once
-    wide: bool = False
-    padded_value: tuple[int, int, int, int] = (0, 0, 0, 0)  # two value intervals, (W, W) if unused
+    rows_args: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)  # H, W, then two value intervals,
+    # (W, W) if unused: the compiled kernel's arguments
+    value_width: int = 0  # diagonals in the widest value interval
 
 
 def _clip_bound(b: int, h: int, w: int) -> int:
@@ -126,7 +126,7 @@ def _interval_area(p: int, q: int, h: int, w: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(h: int, w: int, begin: int, end: int, narrow: int) -> _Plan:
+def _plan(h: int, w: int, begin: int, end: int) -> _Plan:
     lo_inf, hi_inf = -h, w  # topX spans [-(h-1), w-1]: these act as -inf / +inf
     b, e = _clip_bound(begin, h, w), _clip_bound(end, h, w)
     value: list[tuple[int, int]] | tuple[tuple[int, int], ...]
@@ -140,9 +140,9 @@ def _plan(h: int, w: int, begin: int, end: int, narrow: int) -> _Plan:
     value = tuple(iv for iv in value if _interval_area(*iv, h, w) > 0)
     keep = tuple(iv for iv in keep if _interval_area(*iv, h, w) > 0)
     va = sum(_interval_area(*iv, h, w) for iv in value)
-    wide = any(q - p > narrow for p, q in value) and any(q - p > narrow for p, q in keep)
     (p0, q0), (p1, q1) = list(value) + [(w, w)] * (2 - len(value))
-    return _Plan(h, w, value, keep, va, h * w - va, wide, (p0, q0, p1, q1))
+    return _Plan(h, w, value, keep, va, h * w - va, (h, w, p0, q0, p1, q1),
+                 max((q - p for p, q in value), default=0))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -390,48 +390,55 @@ def numpy_only() -> Iterator[None]:
         _COMPILED = saved
 
 
+def _compiled_for(plan: _Plan, nbytes: int) -> ModuleType | None:
+    """The compiled kernel if it should write this output: two regions, at least
+    COMPILED_MIN_BYTES (below, numpy's template calls cost less than the kernel's call)."""
+    if nbytes >= COMPILED_MIN_BYTES and plan.value_intervals and plan.keep_intervals:
+        return _compiled()
+    return None
+
+
 def _run_compiled(compiled: ModuleType, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
-    """Write the whole output with a compiled row kernel; False (nothing written) when the
+    """Write the whole output with the compiled row kernel; False (nothing written) when the
     layouts do not fit it: the output must be C-contiguous, the input C-contiguous or one
     C-contiguous matrix broadcast over the batch."""
     if not o3.flags.c_contiguous:
         return False
-    b, h, w = o3.shape
-    isz = o3.itemsize
-    u = _UINT[isz]
-    if s3 is None:
-        sf, s_batch = _EMPTY[isz], 0
-    elif s3.flags.c_contiguous:
-        sf, s_batch = s3.view(u).reshape(-1), h * w
+    if s3 is None or s3.flags.c_contiguous:
+        pass
     elif s3.strides[0] == 0 and s3[0].flags.c_contiguous:
-        sf, s_batch = s3[0].view(u).reshape(-1), 0
+        s3 = s3[0]
     else:
         return False
-    p0, q0, p1, q1 = plan.padded_value
-    of, vu = o3.view(u).reshape(-1), v.view(u)[()]
-    if s_batch == h * w and w * isz <= SHORT_ROW_BYTES and o3.nbytes <= SHORT_ROW_TOTAL_BYTES:
-        compiled.copy_then_fill(of, sf, vu, b, h, w, p0, q0, p1, q1)
-    else:
-        compiled.rows(of, sf, s_batch, vu, b, h, w, p0, q0, p1, q1)
+    _compiled_rows(compiled, o3, s3, v, plan)
     return True
 
 
-_UINT = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
-_EMPTY = {n: np.empty(0, _UINT[n]) for n in (1, 2, 4, 8)}  # "no input" for the compiled kernels
+def _compiled_rows(compiled: ModuleType, o: np.ndarray, s: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
+    """`compiled.rows` on C-contiguous `o` and `s` (as many matrices as `o`, or one).
+
+    Each row span by span, with non-temporal stores for outputs of at least STREAM_MIN_BYTES
+    (measured 1.2-1.9x the plain stores' speed on 16-128 MiB triangles and identities: the
+    output is not read before it is written); but for a Value only a few diagonals wide, each
+    matrix gets the input (or zeros, unless streaming) with one call first (glibc's memcpy
+    streams a huge one itself, a small one stays in cache), and the Value spans go on top."""
+    area = plan.height * plan.width
+    stream = o.nbytes >= STREAM_MIN_BYTES
+    compiled.rows(o.ravel().view(np.uint8), _NO_INPUT if s is None else s.ravel().view(np.uint8),
+                  0 if s is None or s.size != o.size else area * o.itemsize, v.tobytes(), o.size // area,
+                  *plan.rows_args, plan.value_width <= NARROW and not (stream and s is None), stream)
+
+
+_NO_INPUT = np.empty(0, np.uint8)  # "no input" for the compiled kernel
 
 
 def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
     """The fast path on (batch, H, W) views."""
     b, h, w = o3.shape
     value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
-    if (o3.nbytes >= COMPILED_MIN_BYTES and plan.wide
-            and (o3.itemsize == 1 or b < 2 or h * w * o3.itemsize > TEMPLATE_BYTES)):
-        # Two wide regions: every row is a few long spans. Batches of matrices of 2- to 8-byte
-        # types stay on the numpy templates below, which measured faster there (0.8x a copy
-        # against 0.6x for 32 matrices of 512x512 float32); 1-byte types do not (0.55 vs 0.75).
-        compiled = _compiled()
-        if compiled is not None and _run_compiled(compiled, o3, s3, v, plan):
-            return
+    compiled = _compiled_for(plan, o3.nbytes)
+    if compiled is not None and _run_compiled(compiled, o3, s3, v, plan):
+        return
     if (value_iv and keep_iv and h * w * o3.itemsize <= SMALL_TEMPLATE_BYTES
             and o3.strides[2] == o3.itemsize):
         _run_templates(o3, s3, v, plan)  # small matrices: one or two calls beat any splitting
@@ -561,6 +568,27 @@ def _as3d(a: np.ndarray) -> np.ndarray | None:
                       writeable=a.flags.writeable)
 
 
+class _Signature(NamedTuple):
+    """What a call needs that depends only on (shape, dtype, begin, end), validated once."""
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    size: int
+    plan: _Plan
+    tiny: np.ndarray | None  # flat Value positions, for outputs of at most TINY_ELEMENTS
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature(shape: tuple[int, ...], dtype: npt.DTypeLike, begin: int, end: int) -> _Signature:
+    dt = np.dtype(dtype)
+    _check_dtype(dt)
+    shape = tuple(operator.index(d) for d in shape)
+    if len(shape) < 2:
+        raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
+    size = math.prod(shape)
+    tiny = _tiny_index(shape, begin, end) if 0 < size <= TINY_ELEMENTS else None
+    return _Signature(shape, dt, size, _plan(shape[-2], shape[-1], begin, end), tiny)
+
+
 def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike, begin: SupportsIndex,
                      end: SupportsIndex, input: npt.ArrayLike | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """DIAGONAL_MATRIX1 on numpy arrays (see the module docstring for the semantics).
@@ -571,43 +599,48 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     broadcastable to `shape` (zero-stride views welcome). out: optional preallocated array of that
     shape and dtype, may be non-contiguous; it is returned.
     """
-    shape = tuple(shape)
-    dtype = np.dtype(dtype)
-    if out is None:
-        out = np.empty(shape, dtype)
-    elif out.shape != shape or out.dtype != dtype:
-        raise DmlgraphError(f"out has shape {out.shape} and dtype {out.dtype}; expected {shape} and {dtype}")
+    # Per-call Python costs microseconds here (a call on a small tensor is mostly overhead):
+    # what depends only on the signature is cached, a 0-d Value of the right dtype is used as is.
     begin = operator.index(begin)
     end = operator.index(end)
-    if dtype not in _DTYPES:
-        _check_dtype(dtype)
-    v = np.array(value, dtype)
+    try:
+        sig = _signature(shape if type(shape) is tuple else tuple(shape), dtype, begin, end)  # type: ignore[arg-type]
+    except TypeError:  # an unhashable dtype spec
+        sig = _signature(tuple(shape), np.dtype(dtype), begin, end)
+    shape, dtype = sig.shape, sig.dtype
+    if out is None:
+        out = np.empty(shape, dtype)
+    elif out.shape != shape or (out.dtype is not dtype and out.dtype != dtype):
+        raise DmlgraphError(f"out has shape {out.shape} and dtype {out.dtype}; expected {shape} and {dtype}")
+    if type(value) is np.ndarray and value.dtype is dtype and value.ndim == 0:
+        v = value
+    else:
+        v = np.array(value, dtype)
     if input is not None and (type(input) is not np.ndarray or input.shape != shape
-                              or input.dtype != dtype):
+                              or input.dtype is not dtype):
         input = np.asarray(input)
         if input.dtype != dtype:
             input = input.astype(dtype)
         input = np.broadcast_to(input, shape)
-    if out.size <= TINY_ELEMENTS:
-        if len(shape) < 2:
-            raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
-        if out.size == 0:
-            return out
-        return _fill_tiny(out, input, _tiny_index(shape, begin, end), v)
-    if len(shape) < 2:
-        raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
+    if sig.tiny is not None and sig.size <= TINY_ELEMENTS:
+        return _fill_tiny(out, input, sig.tiny, v)
+    if sig.size == 0:
+        return out
+    compiled = _compiled_for(sig.plan, out.nbytes)
+    if compiled is not None and out.flags.c_contiguous and (input is None or input.flags.c_contiguous):
+        _compiled_rows(compiled, out, input, v, sig.plan)  # the common layouts, straight away
+        return out
     if dtype == np.bool_:
         o, s, vv = out.view(np.uint8), None if input is None else input.view(np.uint8), v.view(np.uint8)
     else:
         o, s, vv = out, input, v
-    plan = _plan(shape[-2], shape[-1], begin, end, NARROW)
     o3 = _as3d(o)
     s3 = None if s is None else _as3d(s)
     if o3 is not None and (s is None or s3 is not None):
-        _run3(o3, s3, vv, plan)
+        _run3(o3, s3, vv, sig.plan)
     else:  # leading axes that cannot be collapsed into one batch axis: one matrix at a time
         for idx in np.ndindex(*shape[:-2]):
-            _run3(o[idx][None], None if s is None else s[idx][None], vv, plan)
+            _run3(o[idx][None], None if s is None else s[idx][None], vv, sig.plan)
     return out
 
 
@@ -617,8 +650,7 @@ def _fill_tiny(out: np.ndarray, input: np.ndarray | None, idx: np.ndarray, v: np
         out.fill(0)
     else:
         np.copyto(out, input)
-    if idx.size:
-        out.flat[idx] = v
+    out.put(idx, v)
     return out
 
 
@@ -660,11 +692,10 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
             return _fill_tiny(np.empty(shape, dtype), input, idx, v)
         return run_tiny
     vv = v.view(np.uint8) if dtype == np.bool_ else v
-    plan = _plan(h, w, begin, end, NARROW)
+    plan = _plan(h, w, begin, end)
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
         return generic  # one region everywhere, or big matrices: the block writers (planning is cheap there)
-    if (size * dtype.itemsize >= COMPILED_MIN_BYTES and plan.wide and compiled_available()
-            and (dtype.itemsize == 1 or size == h * w)):
+    if _compiled_for(plan, size * dtype.itemsize) is not None:
         return generic  # the compiled kernel beats the templates here (see _run3)
     keep, value_bits = _templates(plan, vv)
     u = keep.dtype

@@ -457,7 +457,7 @@ def _run_path(path: str, *args, **kwargs) -> np.ndarray:
     if path == "numpy":
         with kernels.numpy_only():
             return kernels.diagonal_matrix1(*args, **kwargs)
-    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, TEMPLATE_BYTES=0):  # batches too
+    with patch.object(kernels, "COMPILED_MIN_BYTES", 0):
         return kernels.diagonal_matrix1(*args, **kwargs)
 
 
@@ -533,14 +533,38 @@ def test_kernel_env_switch_selects_numpy(monkeypatch):
 
 
 @pytest.mark.skipif(not kernels.compiled_available(), reason="numba is not installed (the dmlgraph[fast] extra)")
-@pytest.mark.parametrize("short_rows", [0, 1 << 20])
-@pytest.mark.parametrize("dtype", ["uint8", "float16", "int32", "uint64"])
-def test_compiled_kernels_short_and_long_rows(short_rows, dtype):
-    """Both compiled kernels (spans per row; one copy then the value spans) are exact."""
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "int32", "uint64", "float64", "bool"])
+def test_compiled_kernel_spans_and_bases(dtype, stream):
+    """Every mode of the compiled kernel (every span of a row; a whole-matrix base, then a narrow
+    Value; non-temporal stores) is exact, with byte-uniform Values (memset) and others (copied
+    from a row of Values), for full, batch-broadcast and absent inputs (the last two: the first
+    matrix copied)."""
     shape = (3, 70, 90)
-    x = _random_input(shape, dtype, 11)
-    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, TEMPLATE_BYTES=0, SHORT_ROW_BYTES=short_rows,
-                        SHORT_ROW_TOTAL_BYTES=short_rows):
-        for begin, end in ((INT32_MIN, 0), (1, INT32_MAX), (30, -20), (-20, 30), (INT32_MAX, INT32_MIN)):
-            got = kernels.diagonal_matrix1(shape, dtype, 5, begin, end, input=x)
-            assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, 5, begin, end, input=x))
+    x = _random_input(shape, "uint8" if dtype == "bool" else dtype, 11)
+    x = x.astype(bool) if dtype == "bool" else x
+    values = (False, True) if dtype == "bool" else (0, 5, -1 if dtype[0] != "u" else 255)
+    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, STREAM_MIN_BYTES=0 if stream else 1 << 40):
+        for begin, end in ((INT32_MIN, 0), (1, INT32_MAX), (30, -20), (-20, 30), (-2, 3), (0, 1), (INT32_MIN, 85),
+                           (3, -2)):
+            for value in values:
+                for inp in (x, np.broadcast_to(x[:1], shape), None):
+                    got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
+                    want = kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp)
+                    assert_bits_equal(got, want)
+
+
+def test_signature_cache_keeps_every_call_exact():
+    """What is cached per (shape, dtype, Begin, End) never leaks between calls: other Values
+    (-0.0 and 0.0, a 0-d array used as is, Python scalars), inputs, dtype spellings, list shapes;
+    a float Begin is still refused after the int one is cached."""
+    for shape in ((4, 5), (2, 40, 50)):
+        x = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+        for dtype in ("float32", np.float32, np.dtype("float32")):
+            for value in (-0.0, 0.0, np.array(-0.0, np.float32), np.array(7, np.float64), 3, float("nan")):
+                for inp in (x, None, x.tolist()):
+                    got = kernels.diagonal_matrix1(list(shape), dtype, value, -3, 4, input=inp)
+                    want = pseudocode(shape, np.float32, value, -3, 4, input=None if inp is None else x)
+                    assert_bits_equal(got, want)
+        with pytest.raises(TypeError):
+            kernels.diagonal_matrix1(shape, np.float32, 1, -3.0, 4)

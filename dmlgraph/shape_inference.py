@@ -8,13 +8,14 @@ Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
 
 * the plain pass looks for 1-D values longer than MAX_DATA_PROP_LENGTH, and data propagation is
   skipped when one exists;
-* where the process can fork (Linux) and has a second CPU, data propagation runs in a child,
-  under a memory cap and a deadline, while the caller goes on (the import builds the graph
-  meanwhile, then runs the plain pass and the guard itself). A length that only data propagation
-  computes (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a killed child,
-  not a hang. Elsewhere both passes run in-process when the result is asked for, and only the
-  first guard holds. (Two children, one per pass, measured slower on two CPUs: three processes
-  share them.)
+* where the process can fork (Linux) and has a second CPU, both passes and the guard run in a
+  child, data propagation under a memory cap, the whole under a deadline, while the caller goes
+  on (the import builds the graph meanwhile). A length that only data propagation computes
+  (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a failed or killed child
+  (and the plain pass again, in-process), not a hang. Elsewhere both passes run in-process when
+  the result is asked for, and only the first guard holds. (Two children, one per pass, measured
+  slower on two CPUs: three processes share them; the plain pass in the caller too cost the
+  caller a fifth of an optimize.)
 
 Either way the result is the model `onnx.shape_inference.infer_shapes` returns (the tests compare
 the two paths with it), or the plain pass's when data propagation is skipped, fails or runs out of
@@ -112,46 +113,40 @@ CHILD_MIN_NODES = 200
 
 
 class PendingShapes:
-    """Shapes being inferred: data propagation by a child (which sends them decoded) while the
-    caller goes on; the plain pass and the guard in-process when the result is asked for."""
+    """Shapes being inferred: both passes and the guard by a child (which sends the value types
+    decoded) while the caller goes on; what the child cannot answer, in-process when asked."""
 
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.child: _Child | None = None
+        self.started = 0.0
 
     def start(self) -> None:
-        """Fork the data-propagation child where that pays. Call it inside the `try` whose
-        `finally` calls `close`: a Ctrl-C then finds the child either unborn or known here."""
+        """Fork the inference child where that pays. Call it inside the `try` whose `finally`
+        calls `close`: a Ctrl-C then finds the child either unborn or known here."""
         if children_available() and len(self.model.graph.node) >= CHILD_MIN_NODES:
             with _interrupts_deferred():
-                self.child = _Child.start(lambda send: _data_prop_job(self.model, send))
+                self.started = time.perf_counter()
+                self.child = _Child.start(lambda send: _infer_job(self.model, send))
 
     def value_types(self) -> list[ValueType]:
         """`value_types` of the inferred model."""
         try:
             if self.child is None:
                 return value_types(infer_shapes(self.model, check_types=True))
-            t0 = time.perf_counter()
-            data = _view(self.model)
-            plain = _plain(data)
-            if plain is None:
-                return value_types(onnx.ModelProto.FromString(data))
-            # The guard decides on the plain pass's shapes. Data propagation only adds to them, so
-            # when the child found no long vector in its own, there is none in the plain pass's
-            # either; the walk is made here only when the child has not answered (or found one).
-            assert self.child.fd is not None  # (stopped only by close)
-            answered = select.select([self.child.fd], [], [], 0)[0]
-            if not answered and _long_vector(plain):
-                return value_types(plain)
-            # Normally data propagation takes about as long as the plain pass; the deadline ends a runaway.
+            # Normally the child answers about when the caller has built its graph (the two take
+            # about as long); the deadline ends a runaway data propagation.
             now = time.perf_counter()
-            kind, payload = self.child.read(deadline=now + max(CHILD_SECONDS, 20 * (now - t0)))
-            if kind != _DATA_PROP:
-                return value_types(plain)
-            long, types = pickle.loads(payload)
-            if answered and long and _long_vector(plain):  # (the walk skipped above)
-                return value_types(plain)
-            return types
+            kind, payload = self.child.read(deadline=now + max(CHILD_SECONDS, 20 * (now - self.started)))
+            if kind == _TYPES:
+                return pickle.loads(payload)
+            if kind == _TYPE_ERROR:
+                message, hint = pickle.loads(payload)
+                raise ModelError(message, hint=hint)
+            # The child died (out of memory) or ran out of time: data propagation ran away, and
+            # the plain pass is what is known.
+            data = _view(self.model)
+            return value_types(_plain(data) or onnx.ModelProto.FromString(data))
         finally:
             self.close()
 
@@ -204,17 +199,30 @@ def _long_vector(model: onnx.ModelProto) -> bool:
     return False
 
 
-# The child's answer: a kind byte and a length, then that many bytes (pickled).
-_DATA_PROP = b"D"
+# The child's answer: a kind byte and a length, then that many bytes (pickled: the value types,
+# or a type error's message and hint).
+_TYPES = b"T"
+_TYPE_ERROR = b"E"
 _HEADER = struct.Struct("<cQ")
 
 
-def _data_prop_job(model: onnx.ModelProto, send: Send) -> None:
-    """Data propagation; the answer: whether its shapes hold a long vector, and their value types."""
+def _infer_job(model: onnx.ModelProto, send: Send) -> None:
+    """What `infer_shapes(model, check_types=True)` finds, sent as value types: the plain pass (a
+    type error is sent as such), then data propagation under a memory cap unless the guard says
+    no. The child dies without an answer only when data propagation runs away."""
     data = _view(model)
-    _cap_address_space(CHILD_MEMORY)
-    inferred = onnx.ModelProto.FromString(_cpp.infer_shapes(data, False, False, True))
-    send(_DATA_PROP, pickle.dumps((_long_vector(inferred), value_types(inferred))))
+    try:
+        plain = _plain(data)
+    except ModelError as e:
+        send(_TYPE_ERROR, pickle.dumps((e.args[0], e.hint)))
+        return
+    if plain is None:
+        send(_TYPES, pickle.dumps(value_types(onnx.ModelProto.FromString(data))))
+        return
+    if not _long_vector(plain):
+        _cap_address_space(CHILD_MEMORY)
+        plain = _run(data, data_prop=True) or plain
+    send(_TYPES, pickle.dumps(value_types(plain)))
 
 
 class _Child:

@@ -8,14 +8,16 @@ Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
 
 * the plain pass looks for 1-D values longer than MAX_DATA_PROP_LENGTH, and data propagation is
   skipped when one exists;
-* where the process can fork (Linux) and has a second CPU, both passes and the guard run in a
-  child, data propagation under a memory cap, the whole under a deadline, while the caller goes
-  on (the import builds the graph meanwhile). A length that only data propagation computes
-  (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a failed or killed child
-  (and the plain pass again, in-process), not a hang. Elsewhere both passes run in-process when
+* where the process can fork (Linux) and has a second CPU, a child infers under a memory cap and
+  a deadline while the caller goes on (the import builds the graph meanwhile). It runs data
+  propagation first, with the type check: when that finds no long vector, the plain pass would
+  find none either, and one pass is the answer (`_infer_job`). A length that only data
+  propagation computes (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a
+  failed or killed child and the plain pass in-process, not a hang; so does a long vector the
+  plain pass alone would have caught (seconds at most, where the guard ahead took none: the price
+  of one pass instead of two on every other model). Elsewhere both passes run in-process when
   the result is asked for, and only the first guard holds. (Two children, one per pass, measured
-  slower on two CPUs: three processes share them; the plain pass in the caller too cost the
-  caller a fifth of an optimize.)
+  slower on two CPUs: three processes share them.)
 
 Either way the result is the model `onnx.shape_inference.infer_shapes` returns (the tests compare
 the two paths with it), or the plain pass's when data propagation is skipped, fails or runs out of
@@ -140,9 +142,8 @@ class PendingShapes:
             kind, payload = self.child.read(deadline=now + max(CHILD_SECONDS, 20 * (now - self.started)))
             if kind == _TYPES:
                 return pickle.loads(payload)
-            if kind == _TYPE_ERROR:
-                message, hint = pickle.loads(payload)
-                raise ModelError(message, hint=hint)
+            if kind == _RETRY:  # (a type error raises here as it does without a child)
+                return value_types(infer_shapes(self.model, check_types=True))
             # The child died (out of memory) or ran out of time: data propagation ran away, and
             # the plain pass is what is known.
             data = _view(self.model)
@@ -199,30 +200,35 @@ def _long_vector(model: onnx.ModelProto) -> bool:
     return False
 
 
-# The child's answer: a kind byte and a length, then that many bytes (pickled: the value types,
-# or a type error's message and hint).
+# The child's answer: a kind byte and a length, then that many bytes (the pickled value types;
+# nothing for a retry).
 _TYPES = b"T"
-_TYPE_ERROR = b"E"
+_RETRY = b"R"
 _HEADER = struct.Struct("<cQ")
 
 
 def _infer_job(model: onnx.ModelProto, send: Send) -> None:
-    """What `infer_shapes(model, check_types=True)` finds, sent as value types: the plain pass (a
-    type error is sent as such), then data propagation under a memory cap unless the guard says
-    no. The child dies without an answer only when data propagation runs away."""
+    """What `infer_shapes(model, check_types=True)` finds, in one pass where it can: data
+    propagation with the type check, under a memory cap. When its shapes hold no long vector the
+    plain pass's hold none either (data propagation only adds dims): that is the answer, and the
+    plain pass is run only to apply the guard to a long vector. A type error or another failure
+    is answered "retry" (the caller's in-process path tells them apart); a runaway dies unanswered."""
     data = _view(model)
+    _cap_address_space(CHILD_MEMORY)
     try:
-        plain = _plain(data)
-    except ModelError as e:
-        send(_TYPE_ERROR, pickle.dumps((e.args[0], e.hint)))
+        inferred = onnx.ModelProto.FromString(_cpp.infer_shapes(data, True, False, True))
+    except MemoryError:
         return
-    if plain is None:
-        send(_TYPES, pickle.dumps(value_types(onnx.ModelProto.FromString(data))))
+    except Exception:  # noqa: BLE001 - InferenceError and others
+        send(_RETRY, b"")
         return
-    if not _long_vector(plain):
-        _cap_address_space(CHILD_MEMORY)
-        plain = _run(data, data_prop=True) or plain
-    send(_TYPES, pickle.dumps(value_types(plain)))
+    if _long_vector(inferred):
+        plain = _run(data, data_prop=False)
+        if plain is None:
+            inferred = onnx.ModelProto.FromString(data)  # (as `infer_shapes`: the declared types)
+        elif _long_vector(plain):
+            inferred = plain
+    send(_TYPES, pickle.dumps(value_types(inferred)))
 
 
 class _Child:

@@ -148,9 +148,10 @@ def test_failing_inference_leaves_what_is_known(use_child, failing, monkeypatch)
 
 
 @needs_child
-def test_the_child_runs_both_passes_and_the_guard(monkeypatch):
-    """The caller runs no inference when the child answers: the long-vector model still gets the
-    plain pass's shapes (the guard, in the child), and a type error is still a ModelError."""
+def test_the_child_answers_with_one_pass_and_applies_the_guard(monkeypatch):
+    """The caller runs no inference when the child answers: blocks(40) gets data propagation's
+    shapes, the long-vector model the plain pass's (the guard, in the child); a type error is
+    still a ModelError (the child asks the caller to retry in-process)."""
     real = shape_inference._cpp
 
     class Counting:  # (the child is forked after this patch: its calls are not counted here)
@@ -164,8 +165,10 @@ def test_the_child_runs_both_passes_and_the_guard(monkeypatch):
     monkeypatch.setattr(shape_inference, "_cpp", Counting)
     m = _long_vector_model()
     assert shape_inference.start(m).value_types() == _types(onnx.shape_inference.infer_shapes(m))
+    blocks = bench_pipeline.blocks_model(40)
+    assert shape_inference.start(blocks).value_types() == _types(onnx.shape_inference.infer_shapes(blocks, data_prop=True))
+    assert Counting.calls == 0
     bad = bench_pipeline.chain_model(3)
     bad.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), "k"))  # Trilu's k as float
     with pytest.raises(ModelError, match="type error"):
         shape_inference.start(bad).value_types()
-    assert Counting.calls == 0

@@ -13,9 +13,11 @@ Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
   propagation first, with the type check: when that finds no long vector, the plain pass would
   find none either, and one pass is the answer (`_infer_job`). A length that only data
   propagation computes (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a
-  failed or killed child and the plain pass in-process, not a hang; so does a long vector the
-  plain pass alone would have caught (seconds at most, where the guard ahead took none: the price
-  of one pass instead of two on every other model). Elsewhere both passes run in-process when
+  failed or killed child and the plain pass in-process, not a hang. A long vector declared or
+  stored in the model sends the child's caller to the in-process path (plain pass first) at once;
+  one that only the plain pass computes from constants (`Range(0, 10^9)` of constants -> Cast)
+  costs the deadline or the memory cap first (the price of one pass instead of two on every
+  other model). Elsewhere both passes run in-process when
   the result is asked for, and only the first guard holds. (Two children, one per pass, measured
   slower on two CPUs: three processes share them.)
 
@@ -189,15 +191,27 @@ def _run(data: bytes, data_prop: bool) -> onnx.ModelProto | None:
         return None
 
 
-def _long_vector(model: onnx.ModelProto) -> bool:
-    """Whether a 1-D value of `model` (an inferred one) has a static length over the limit."""
+def _long_vector(model: onnx.ModelProto, stored: bool = False) -> bool:
+    """Whether a 1-D value of `model` (an inferred one) has a static length over the limit;
+    `stored`: or a 1-D initializer or Constant value (what the plain pass finds without computing)."""
     for g, _ in _iter_graphs(model.graph):
         for infos in (g.input, g.output, g.value_info):
             for vi in infos:
                 dims = vi.type.tensor_type.shape.dim
                 if len(dims) == 1 and dims[0].dim_value > MAX_DATA_PROP_LENGTH:
                     return True
+        if stored and _stores_long_vector(g):
+            return True
     return False
+
+
+def _stores_long_vector(g: onnx.GraphProto) -> bool:
+    if any(len(t.dims) == 1 and t.dims[0] > MAX_DATA_PROP_LENGTH for t in g.initializer):
+        return True
+    # A Constant that long is that many bytes at least (sizes read in C: no Python step per node).
+    return any(size > MAX_DATA_PROP_LENGTH and n.op_type == "Constant" and any(
+        (len(a.t.dims) == 1 and a.t.dims[0] > MAX_DATA_PROP_LENGTH) or max(len(a.ints), len(a.floats)) >
+        MAX_DATA_PROP_LENGTH for a in n.attribute) for n, size in zip(g.node, map(onnx.NodeProto.ByteSize, g.node)))
 
 
 # The child's answer: a kind byte and a length, then that many bytes (the pickled value types;
@@ -211,8 +225,12 @@ def _infer_job(model: onnx.ModelProto, send: Send) -> None:
     """What `infer_shapes(model, check_types=True)` finds, in one pass where it can: data
     propagation with the type check, under a memory cap. When its shapes hold no long vector the
     plain pass's hold none either (data propagation only adds dims): that is the answer, and the
-    plain pass is run only to apply the guard to a long vector. A type error or another failure
-    is answered "retry" (the caller's in-process path tells them apart); a runaway dies unanswered."""
+    plain pass is run only to apply the guard to a long vector. A model that declares or stores a
+    long vector, a type error, or another failure is answered "retry" (the caller's in-process
+    path, plain pass first, tells them apart); a runaway dies unanswered."""
+    if _long_vector(model, stored=True):  # the guard holds without inference: the caller's path, plain first
+        send(_RETRY, b"")
+        return
     data = _view(model)
     _cap_address_space(CHILD_MEMORY)
     try:

@@ -17,9 +17,9 @@ Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
   stored in the model sends the child's caller to the in-process path (plain pass first) at once;
   one that only the plain pass computes from constants (`Range(0, 10^9)` of constants -> Cast)
   costs the deadline or the memory cap first (the price of one pass instead of two on every
-  other model). Elsewhere both passes run in-process when
-  the result is asked for, and only the first guard holds. (Two children, one per pass, measured
-  slower on two CPUs: three processes share them.)
+  other model). Elsewhere both passes run in-process when the result is asked for, and only the
+  first guard holds. (Two children, one per pass, measured slower on two CPUs: three processes
+  share them.)
 
 Either way the result is the model `onnx.shape_inference.infer_shapes` returns (the tests compare
 the two paths with it), or the plain pass's when data propagation is skipped, fails or runs out of
@@ -117,8 +117,8 @@ CHILD_MIN_NODES = 200
 
 
 class PendingShapes:
-    """Shapes being inferred: both passes and the guard by a child (which sends the value types
-    decoded) while the caller goes on; what the child cannot answer, in-process when asked."""
+    """Shapes being inferred by a child (`_infer_job`, which sends the value types decoded) while
+    the caller goes on; what the child does not answer, in-process when the result is asked for."""
 
     def __init__(self, model: onnx.ModelProto):
         self.model = model

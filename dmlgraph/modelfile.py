@@ -200,9 +200,13 @@ def _any_external(graph: onnx.GraphProto) -> bool:
         return True
     for node in graph.node:
         for attr in node.attribute if node.attribute else ():
-            if attr.type in _PLAIN_ATTRIBUTES:
+            kind = attr.type
+            if kind in _PLAIN_ATTRIBUTES:
                 continue
-            if (attr.HasField("t") and _uses_external(attr.t)) or any(map(_uses_external, attr.tensors)) or \
+            if kind == _A.TENSOR:  # (the common one, a Constant's or a DML node's value, read alone: the
+                if _uses_external(attr.t):  # checker allows an attribute only its type's value field)
+                    return True
+            elif (attr.HasField("t") and _uses_external(attr.t)) or any(map(_uses_external, attr.tensors)) or \
                     any(_any_external(sub) for _, sub in _subgraphs_of(attr)):
                 return True
     return False

@@ -19,10 +19,12 @@ from onnx import TensorProto, numpy_helper
 from dmlgraph.errors import InternalError, ModelError
 from dmlgraph.modelfile import (
     _PROTOBUF_LIMIT,
+    STRIP_BYTES,
     _any_external,
     _check_inline_data,
     _external_span,
     _iter_tensors,
+    _may_hold_big,
     _read_span,
     _uses_external,
     tensor_nbytes,
@@ -42,12 +44,16 @@ def check_for_save(model: onnx.ModelProto) -> None:
     """Raise InternalError unless `model` passes `onnx.checker.check_model(full_check=True)`.
 
     Run on every model dmlgraph is about to write: an invalid one is a bug of ours, and nothing
-    must reach the disk. It is the full check split in its two parts, each on a view without the
-    weights (`without_weights`): the checker proper, then strict, type-checking shape inference
-    (what full_check adds), which reads the dims of big tensors but never their bytes.
+    must reach the disk. A model without external data or big tensors gets exactly that call. Any
+    other is checked in the full check's two parts, each on a view without the weights
+    (`without_weights`): the checker proper, then strict, type-checking shape inference (what
+    full_check adds), which reads the dims of big tensors but never their bytes.
     """
     has_external = _any_external(model.graph)
     try:
+        if not has_external and not _may_hold_big(model, STRIP_BYTES):  # (one serialization, no copy back)
+            onnx.checker.check_model(model, full_check=True)
+            return
         onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external))
         onnx.shape_inference.infer_shapes(without_weights(model, keep_dims=True, has_external=has_external),
                                           check_type=True, strict_mode=True)

@@ -8,11 +8,16 @@ Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
 
 * the plain pass looks for 1-D values longer than MAX_DATA_PROP_LENGTH, and data propagation is
   skipped when one exists;
-* where the process can fork (Linux) and has a second CPU, data propagation runs in a child,
-  under a memory cap and a deadline, while the caller goes on (the import builds the graph
-  meanwhile, then runs the plain pass and the guard itself). A length that only data propagation
-  computes (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a killed child,
-  not a hang. Elsewhere both passes run in-process when the result is asked for, and only the
+* where the process can fork (Linux) and has a second CPU, a child infers under a memory cap and
+  a deadline while the caller goes on (the import builds the graph meanwhile). It runs data
+  propagation first, with the type check: when that finds no long vector, the plain pass would
+  find none either, and one pass is the answer (`_infer_job`). A length that only data
+  propagation computes (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a
+  failed or killed child and the plain pass in-process, not a hang. A long vector declared or
+  stored in the model sends the child's caller to the in-process path (plain pass first) at once;
+  one that only the plain pass computes from constants (`Range(0, 10^9)` of constants -> Cast)
+  costs the deadline or the memory cap first (the price of one pass instead of two on every
+  other model). Elsewhere both passes run in-process when the result is asked for, and only the
   first guard holds. (Two children, one per pass, measured slower on two CPUs: three processes
   share them.)
 
@@ -126,46 +131,39 @@ CHILD_MIN_NODES = 200
 
 
 class PendingShapes:
-    """Shapes being inferred: data propagation by a child (which sends them decoded) while the
-    caller goes on; the plain pass and the guard in-process when the result is asked for."""
+    """Shapes being inferred by a child (`_infer_job`, which sends the value types decoded) while
+    the caller goes on; what the child does not answer, in-process when the result is asked for."""
 
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.child: _Child | None = None
+        self.started = 0.0
 
     def start(self) -> None:
-        """Fork the data-propagation child where that pays. Call it inside the `try` whose
-        `finally` calls `close`: a Ctrl-C then finds the child either unborn or known here."""
+        """Fork the inference child where that pays. Call it inside the `try` whose `finally`
+        calls `close`: a Ctrl-C then finds the child either unborn or known here."""
         if children_available() and len(self.model.graph.node) >= CHILD_MIN_NODES:
             with _interrupts_deferred():
-                self.child = _Child.start(lambda send: _data_prop_job(self.model, send))
+                self.started = time.perf_counter()
+                self.child = _Child.start(lambda send: _infer_job(self.model, send))
 
     def value_types(self) -> list[ValueType]:
         """`value_types` of the inferred model."""
         try:
             if self.child is None:
                 return value_types(infer_shapes(self.model, check_types=True))
-            t0 = time.perf_counter()
-            data = _view(self.model)
-            plain = _plain(data)
-            if plain is None:
-                return value_types(onnx.ModelProto.FromString(data))
-            # The guard decides on the plain pass's shapes. Data propagation only adds to them, so
-            # when the child found no long vector in its own, there is none in the plain pass's
-            # either; the walk is made here only when the child has not answered (or found one).
-            assert self.child.fd is not None  # (stopped only by close)
-            answered = select.select([self.child.fd], [], [], 0)[0]
-            if not answered and _long_vector(plain):
-                return value_types(plain)
-            # Normally data propagation takes about as long as the plain pass; the deadline ends a runaway.
+            # Normally the child answers about when the caller has built its graph (the two take
+            # about as long); the deadline ends a runaway data propagation.
             now = time.perf_counter()
-            kind, payload = self.child.read(deadline=now + max(CHILD_SECONDS, 20 * (now - t0)))
-            if kind != _DATA_PROP:
-                return value_types(plain)
-            long, types = pickle.loads(payload)
-            if answered and long and _long_vector(plain):  # (the walk skipped above)
-                return value_types(plain)
-            return types
+            kind, payload = self.child.read(deadline=now + max(CHILD_SECONDS, 20 * (now - self.started)))
+            if kind == _TYPES:
+                return pickle.loads(payload)
+            if kind == _RETRY:  # (a type error raises here as it does without a child)
+                return value_types(infer_shapes(self.model, check_types=True))
+            # The child died (out of memory) or ran out of time: data propagation ran away, and
+            # the plain pass is what is known.
+            data = _view(self.model)
+            return value_types(_plain(data) or onnx.ModelProto.FromString(data))
         finally:
             self.close()
 
@@ -207,28 +205,62 @@ def _run(data: bytes, data_prop: bool) -> onnx.ModelProto | None:
         return None
 
 
-def _long_vector(model: onnx.ModelProto) -> bool:
-    """Whether a 1-D value of `model` (an inferred one) has a static length over the limit."""
+def _long_vector(model: onnx.ModelProto, stored: bool = False) -> bool:
+    """Whether a 1-D value of `model` (an inferred one) has a static length over the limit;
+    `stored`: or a 1-D initializer or Constant value (what the plain pass finds without computing)."""
     for g, _ in _iter_graphs(model.graph):
         for infos in (g.input, g.output, g.value_info):
             for vi in infos:
                 dims = vi.type.tensor_type.shape.dim
                 if len(dims) == 1 and dims[0].dim_value > MAX_DATA_PROP_LENGTH:
                     return True
+        if stored and _stores_long_vector(g):
+            return True
     return False
 
 
-# The child's answer: a kind byte and a length, then that many bytes (pickled).
-_DATA_PROP = b"D"
+def _stores_long_vector(g: onnx.GraphProto) -> bool:
+    if any(len(t.dims) == 1 and t.dims[0] > MAX_DATA_PROP_LENGTH for t in g.initializer):
+        return True
+    # A Constant that long is that many bytes at least (sizes read in C: no Python step per node).
+    return any(size > MAX_DATA_PROP_LENGTH and n.op_type == "Constant" and any(
+        (len(a.t.dims) == 1 and a.t.dims[0] > MAX_DATA_PROP_LENGTH) or max(len(a.ints), len(a.floats)) >
+        MAX_DATA_PROP_LENGTH for a in n.attribute) for n, size in zip(g.node, map(onnx.NodeProto.ByteSize, g.node)))
+
+
+# The child's answer: a kind byte and a length, then that many bytes (the pickled value types;
+# nothing for a retry).
+_TYPES = b"T"
+_RETRY = b"R"
 _HEADER = struct.Struct("<cQ")
 
 
-def _data_prop_job(model: onnx.ModelProto, send: Send) -> None:
-    """Data propagation; the answer: whether its shapes hold a long vector, and their value types."""
+def _infer_job(model: onnx.ModelProto, send: Send) -> None:
+    """What `infer_shapes(model, check_types=True)` finds, in one pass where it can: data
+    propagation with the type check, under a memory cap. When its shapes hold no long vector the
+    plain pass's hold none either (data propagation only adds dims): that is the answer, and the
+    plain pass is run only to apply the guard to a long vector. A model that declares or stores a
+    long vector, a type error, or another failure is answered "retry" (the caller's in-process
+    path, plain pass first, tells them apart); a runaway dies unanswered."""
+    if _long_vector(model, stored=True):  # the guard holds without inference: the caller's path, plain first
+        send(_RETRY, b"")
+        return
     data = _view(model)
     _cap_address_space(CHILD_MEMORY)
-    inferred = onnx.ModelProto.FromString(_cpp.infer_shapes(data, False, False, True))
-    send(_DATA_PROP, pickle.dumps((_long_vector(inferred), value_types(inferred))))
+    try:
+        inferred = onnx.ModelProto.FromString(_cpp.infer_shapes(data, True, False, True))
+    except MemoryError:
+        return
+    except Exception:  # noqa: BLE001 - InferenceError and others
+        send(_RETRY, b"")
+        return
+    if _long_vector(inferred):
+        plain = _run(data, data_prop=False)
+        if plain is None:
+            inferred = onnx.ModelProto.FromString(data)  # (as `infer_shapes`: the declared types)
+        elif _long_vector(plain):
+            inferred = plain
+    send(_TYPES, pickle.dumps(value_types(inferred)))
 
 
 class _Child:

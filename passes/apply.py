@@ -111,6 +111,8 @@ def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
         if arr.size == 0 or arr.dtype.kind not in "biuf":
             return None
         first = arr.reshape(-1)[:1].reshape(())
+        if arr.size == 1:  # (a scalar: the common case, and trivially one value)
+            return first.copy()
         return first.copy() if bitwise_equal(np.broadcast_to(first, arr.shape), arr) else None
     p = v.producer
     if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):

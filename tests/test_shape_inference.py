@@ -14,6 +14,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 from dmlgraph import bench_pipeline, shape_inference
+from dmlgraph.errors import ModelError
 from dmlgraph.modelfile import load_model, without_weights
 from dmlgraph.process import process_wide
 
@@ -147,15 +148,45 @@ def test_failing_inference_leaves_what_is_known(use_child, failing, monkeypatch)
 
 
 @needs_child
-@pytest.mark.parametrize("answered", [True, False], ids=["child first", "plain pass first"])
-def test_the_guard_picks_the_plain_shapes_whichever_answer_comes_first(answered, monkeypatch):
-    real = shape_inference.select.select
+def test_the_child_answers_with_one_pass(monkeypatch):
+    """The caller runs no inference when the child answers (blocks(40): data propagation's
+    shapes); a declared long vector still gets the plain pass's shapes (the caller's path, plain
+    pass first), and a type error is still a ModelError (the child asks the caller to retry)."""
+    real = shape_inference._cpp
 
-    def select(r, w, x, timeout=None):
-        if timeout == 0:  # the look after the plain pass: has the child answered?
-            return real(r, w, x, None) if answered else ([], [], [])
-        return real(r, w, x, timeout)
+    class Counting:  # (the child is forked after this patch: its calls are not counted here)
+        calls = 0
 
-    monkeypatch.setattr(shape_inference.select, "select", select)
+        @staticmethod
+        def infer_shapes(*args):
+            Counting.calls += 1
+            return real.infer_shapes(*args)
+
+    monkeypatch.setattr(shape_inference, "_cpp", Counting)
+    blocks = bench_pipeline.blocks_model(40)
+    assert shape_inference.start(blocks).value_types() == _types(onnx.shape_inference.infer_shapes(blocks, data_prop=True))
+    assert Counting.calls == 0
     m = _long_vector_model()
+    assert shape_inference.start(m).value_types() == _types(onnx.shape_inference.infer_shapes(m))
+    bad = bench_pipeline.chain_model(3)
+    bad.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), "k"))  # Trilu's k as float
+    with pytest.raises(ModelError, match="type error"):
+        shape_inference.start(bad).value_types()
+
+
+@needs_child
+def test_a_long_vector_only_inference_computes_gets_the_plain_shapes():
+    """Data propagation first (the child) finds the long vector the plain pass computes from a
+    stored size, and answers with the plain pass's shapes, as the guard ahead of it would."""
+    n = shape_inference.MAX_DATA_PROP_LENGTH + 1
+    nodes = [h.make_node("ConstantOfShape", ["size"], ["z"], value=numpy_helper.from_array(np.array([1], np.int64))),
+             h.make_node("Cast", ["z"], ["c"], to=T.DOUBLE), h.make_node("Shape", ["x"], ["s"]),
+             h.make_node("Mul", ["s", "c2"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["n"])],
+                     [h.make_tensor_value_info("c", T.DOUBLE, None), h.make_tensor_value_info("y", T.INT64, None)],
+                     [numpy_helper.from_array(np.array([n], np.int64), "size"),
+                      numpy_helper.from_array(np.array([2], np.int64), "c2")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    assert not shape_inference._long_vector(m, stored=True)
+    assert shape_inference._long_vector(onnx.shape_inference.infer_shapes(m))
     assert shape_inference.start(m).value_types() == _types(onnx.shape_inference.infer_shapes(m))

@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class ProcessPolicy:
-    """Which process-wide measures are allowed (all off: what a library call gets)."""
+class ProcessPolicy(NamedTuple):
+    """Which process-wide measures are allowed (all off: what a library call gets). (A NamedTuple:
+    the command line imports this module, and `dataclasses` would cost `--help` a third of its time.)"""
 
     pause_gc: bool = False
     memory_caps: bool = False
@@ -28,7 +28,7 @@ class ProcessPolicy:
 
 
 _POLICY: contextvars.ContextVar[ProcessPolicy] = contextvars.ContextVar("dmlgraph_process_policy",
-                                                                        default=ProcessPolicy())  # noqa: B039 - frozen
+                                                                        default=ProcessPolicy())  # noqa: B039 - immutable
 
 
 def policy() -> ProcessPolicy:

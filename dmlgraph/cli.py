@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from dmlgraph import __version__
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.process import process_wide
+from dmlgraph.process import interrupts_deferred, process_wide
 
 if TYPE_CHECKING:
     from dmlgraph.rewrite import Options
@@ -367,6 +367,20 @@ def entry() -> None:
     sys.exit(code)
 
 
+def _load_onnx() -> None:
+    """onnx (and numpy), which every command uses, with Ctrl-C held back: an interrupt landing in
+    its C++ extension's import aborts the process (std::terminate). The collector is paused: an
+    import makes only objects that live as long as the process, its passes would free nothing."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with interrupts_deferred():
+            import onnx  # noqa: F401
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
     parser = build_parser()
     try:
@@ -378,6 +392,7 @@ def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
         return EXIT_USAGE
     try:
         with process_wide():  # this process is ours: gc pauses, memory caps, an inference child
+            _load_onnx()
             return args.func(args)
     except KeyboardInterrupt:
         if not interrupts.count:  # raised by something other than our handler: still an interrupt

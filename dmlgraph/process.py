@@ -13,6 +13,7 @@ are enormous fails with MemoryError instead of a clear decline.
 from __future__ import annotations
 
 import contextvars
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -49,3 +50,18 @@ def process_wide(*, pause_gc: bool = True, memory_caps: bool = True, children: b
         yield
     finally:
         _POLICY.reset(token)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT held back during the block, then delivered (as KeyboardInterrupt) when it ends; for
+    steps an interrupt must not cut in two (a fork, a C++ extension's import). Where signals cannot
+    be held (Windows), the block runs as it is."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

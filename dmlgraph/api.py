@@ -92,6 +92,8 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
 
 @dataclass
 class OptimizeResult:
+    """The optimized graph, the rules' results, the model to write and its report."""
+
     graph: Graph
     passes: PassResult
     before: dict

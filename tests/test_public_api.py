@@ -55,6 +55,7 @@ def test_optimize_a_model_in_memory_without_changing_it(tmp_path):
 
 def test_optimize_a_path_and_the_options():
     exact = dmlgraph.optimize(DEMO, exact=True, target="onnx")
+    assert exact.report["model"] == DEMO  # (the report named every input "<in-memory model>")
     assert "DiagonalMatrix1" not in {n.op_type for n in exact.model.graph.node}  # expanded to standard ops
     low = dmlgraph.optimize(_trilu_model(), feature_level="4_0")
     assert low.counts["trilu"] == 0 and [d.rule for d in low.declined] == ["trilu"]

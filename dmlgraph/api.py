@@ -11,16 +11,19 @@ import onnx
 
 from dmlgraph.dtypes import bitwise_equal
 from dmlgraph.errors import DmlgraphError, InternalError, ModelError
-from dmlgraph.executor import Executor, numpy_dtype
 from dmlgraph.graph import DmlNode, Graph, Node, Value, gc_paused
 from dmlgraph.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes
 from dmlgraph.nested import nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Match, Options, PassManager, PassResult
+from dmlgraph.runtime import numpy_dtype
 from dmlgraph.saving import atomic_writer, check_for_save, save_model
 
 ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
 IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelProto
+# A checked model's bytes are kept with the result up to this size, so that saving it unchanged
+# skips a second full check; a bigger copy would cost more memory than the check costs time.
+KEEP_CHECKED_BYTES = 64 << 20
 
 
 @gc_paused
@@ -89,6 +92,8 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
 
 @dataclass
 class OptimizeResult:
+    """The optimized graph, the rules' results, the model to write and its report."""
+
     graph: Graph
     passes: PassResult
     before: dict
@@ -97,6 +102,7 @@ class OptimizeResult:
     report: dict = field(default_factory=dict)
     source_model: onnx.ModelProto | None = None  # the model as loaded (not modified)
     checked: bool = False  # `model` passed `check_for_save` (optimize checks before it returns)
+    serialized: bytes | None = None  # what `check_for_save` checked `model` from (up to KEEP_CHECKED_BYTES)
 
 
 @gc_paused
@@ -109,7 +115,9 @@ def optimize(model: ModelLike, options: Options | None = None, target: str = "dm
     result = optimize_graph(g, options, progress)
     g.remove_dead()
     model = export_model(g, target)
-    _check_output(model, source, label)
+    serialized = _check_output(model, source, label)
+    if serialized is not None and len(serialized) > KEEP_CHECKED_BYTES:
+        serialized = None
     # The numbers describe the file written: the portable target expands each DML node.
     if target == "dml":
         after = graph_stats(g)
@@ -119,22 +127,23 @@ def optimize(model: ModelLike, options: Options | None = None, target: str = "dm
         except DmlgraphError as e:  # what we made does not load: our bug, not the user's input
             raise InternalError(f"the exported model does not load again: {e}") from e
     report = {
-        "model": model_label(model), "target": target, "feature_level": options.feature_level.label,
+        "model": label, "target": target, "feature_level": options.feature_level.label,
         "exact_only": options.exact_only,
         "rewrites": result.counts,
         "lowered": [match_record(m) | {"dml": _dml_summary(m)} for m in result.applied],
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
     }
-    return OptimizeResult(g, result, before, after, model, report, source, checked=True)
+    return OptimizeResult(g, result, before, after, model, report, source, True, serialized)
 
 
-def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -> None:
-    """The model to be written must pass the full ONNX check. When it fails, the source is checked
-    the same way: a source that fails too is the user's (exit 2: the loader's check is the lighter
-    one), one that passes means our rewrite broke it (InternalError)."""
+def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -> bytes | None:
+    """The model to be written must pass the full ONNX check (returns what `check_for_save` does).
+    When it fails, the source is checked the same way: a source that fails too is the user's
+    (exit 2: the loader's check is the lighter one), one that passes means our rewrite broke it
+    (InternalError)."""
     try:
-        check_for_save(model)
+        return check_for_save(model)
     except InternalError as e:
         try:
             check_for_save(source)
@@ -306,6 +315,7 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
 
 
 def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np.ndarray]:
+    from dmlgraph.executor import Executor  # (the executor's kernels: not for optimize)
     check_feeds(g, feeds)
     return Executor(g, threads).run(_override(g, feeds))
 
@@ -405,6 +415,7 @@ def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: b
     outputs, whether every rewrite was bit-exact; `nested_exact`: whether the DML nodes inside
     If/Loop/Scan bodies are). Both graphs get the rewritten tensors as extra outputs: use graphs
     made for this call."""
+    from dmlgraph.executor import Executor
     dml = [n for n in lowered.nodes.values() if isinstance(n, DmlNode)]
     rewritten = [n.outputs[0].name for n in dml if n.outputs[0].name in original.values]
     output_names = [v.name for v in original.outputs]

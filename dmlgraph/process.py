@@ -13,14 +13,15 @@ are enormous fails with MemoryError instead of a clear decline.
 from __future__ import annotations
 
 import contextvars
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class ProcessPolicy:
-    """Which process-wide measures are allowed (all off: what a library call gets)."""
+class ProcessPolicy(NamedTuple):
+    """Which process-wide measures are allowed (all off: what a library call gets). (A NamedTuple:
+    the command line imports this module, and `dataclasses` would cost `--help` a third of its time.)"""
 
     pause_gc: bool = False
     memory_caps: bool = False
@@ -28,7 +29,7 @@ class ProcessPolicy:
 
 
 _POLICY: contextvars.ContextVar[ProcessPolicy] = contextvars.ContextVar("dmlgraph_process_policy",
-                                                                        default=ProcessPolicy())  # noqa: B039 - frozen
+                                                                        default=ProcessPolicy())  # noqa: B039 - immutable
 
 
 def policy() -> ProcessPolicy:
@@ -49,3 +50,18 @@ def process_wide(*, pause_gc: bool = True, memory_caps: bool = True, children: b
         yield
     finally:
         _POLICY.reset(token)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT held back during the block, then delivered (as KeyboardInterrupt) when it ends; for
+    steps an interrupt must not cut in two (a fork, a C++ extension's import). Where signals cannot
+    be held (Windows), the block runs as it is."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

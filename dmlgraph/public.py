@@ -59,6 +59,7 @@ class OptimizeResult:
     report: dict[str, Any] = field(repr=False)  # the `dmlgraph optimize --json` document
     source: str | None = None  # the input model's path (its folder holds any external data)
     original: onnx.ModelProto | None = field(default=None, repr=False)  # the input, as loaded
+    checked_bytes: bytes | None = field(default=None, repr=False)  # `model` as `optimize` checked it, if kept
 
     def check(self) -> None:
         """onnx's checker with full_check on the model (weights left out); where the input model
@@ -78,9 +79,11 @@ class OptimizeResult:
         """Write the model atomically after onnx's full check; returns the file's size in bytes.
 
         Refuses to replace the input model unless `in_place`. Weights the input kept as external
-        data are copied from beside it.
+        data are copied from beside it. A model that serializes to the bytes `optimize` checked
+        (one still as it made it) is not checked again.
         """
-        self.check()
+        if self.checked_bytes is None or self.model.SerializeToString(deterministic=True) != self.checked_bytes:
+            self.check()
         out = os.fspath(path)
         base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
         saving.save_model(self.model, out, input_path=self.source, in_place=in_place, base_dir=base_dir)
@@ -130,7 +133,7 @@ def optimize(model: ModelLike, *, target: str = "dml", exact: bool = False, feat
                 for m in result.passes.declined]
     source = None if isinstance(model, onnx.ModelProto) else os.fspath(model)
     return OptimizeResult(result.model, rewrites, declined, dict(result.passes.counts), result.before,
-                          result.after, result.report, source, result.source_model)
+                          result.after, result.report, source, result.source_model, result.serialized)
 
 
 def _op(dml: object) -> str | None:

@@ -19,12 +19,10 @@ from onnx import TensorProto, numpy_helper
 from dmlgraph.errors import InternalError, ModelError
 from dmlgraph.modelfile import (
     _PROTOBUF_LIMIT,
-    STRIP_BYTES,
     _any_external,
     _check_inline_data,
     _external_span,
     _iter_tensors,
-    _may_hold_big,
     _read_span,
     _uses_external,
     tensor_nbytes,
@@ -40,26 +38,32 @@ _INLINE_BELOW = 1024
 # Streaming copy chunk: external data is copied in pieces, never held in memory as a whole.
 _CHUNK = 16 * 1024 * 1024
 
-def check_for_save(model: onnx.ModelProto) -> None:
-    """Raise InternalError unless `model` passes `onnx.checker.check_model(full_check=True)`.
+def check_for_save(model: onnx.ModelProto) -> bytes | None:
+    """Raise InternalError unless `model` passes `onnx.checker.check_model(full_check=True)`;
+    return the bytes it was checked from, when it was: the model serialized as `save_model`
+    writes it (so a caller can tell later whether the model is still the one checked), else None.
 
     Run on every model dmlgraph is about to write: an invalid one is a bug of ours, and nothing
-    must reach the disk. A model without external data or big tensors gets exactly that call. Any
-    other is checked in the full check's two parts, each on a view without the weights
-    (`without_weights`): the checker proper, then strict, type-checking shape inference (what
-    full_check adds), which reads the dims of big tensors but never their bytes.
+    must reach the disk. A model without weights to leave out is serialized once and checked from
+    those bytes in one call. Otherwise it is the full check split in its two parts, each on a view
+    without the weights (`without_weights`): the checker proper, then strict, type-checking shape
+    inference (what full_check adds), which reads the dims of big tensors but never their bytes.
     """
     has_external = _any_external(model.graph)
+    data = None
     try:
-        if not has_external and not _may_hold_big(model, STRIP_BYTES):  # (one serialization, no copy back)
-            onnx.checker.check_model(model, full_check=True)
-            return
-        onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external))
-        onnx.shape_inference.infer_shapes(without_weights(model, keep_dims=True, has_external=has_external),
-                                          check_type=True, strict_mode=True)
+        view = without_weights(model, keep_dims=False, has_external=has_external)
+        if view is model:  # (then the keep_dims view is the model too)
+            data = model.SerializeToString(deterministic=True)
+            onnx.checker.check_model(data, full_check=True)
+        else:
+            onnx.checker.check_model(view)
+            onnx.shape_inference.infer_shapes(without_weights(model, keep_dims=True, has_external=has_external),
+                                              check_type=True, strict_mode=True)
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise InternalError(f"the model to be written fails the ONNX checker ({first}); nothing was written") from e
+    return data
 
 
 def _write_bytes(f: BinaryIO, data: bytes) -> None:

@@ -37,13 +37,14 @@ import struct
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import onnx
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
 from dmlgraph.errors import ModelError
 from dmlgraph.modelfile import _iter_graphs, without_weights
+from dmlgraph.process import interrupts_deferred as _interrupts_deferred
 from dmlgraph.process import policy
 
 MAX_DATA_PROP_LENGTH = 1 << 18  # dims data propagation may make of one value (tens of milliseconds)
@@ -343,16 +344,6 @@ class _Child:
                     os.kill(pid, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
-
-
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """SIGINT held back during the block, then delivered (as KeyboardInterrupt) when it ends."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _die_with_parent() -> None:

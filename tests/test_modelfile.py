@@ -665,6 +665,30 @@ def test_checker_sees_a_weightless_view_and_still_catches_errors(tmp_path):
         load_model(write(_weighty_model(bad_op=True), tmp_path / "bad.onnx"))
 
 
+def _small_model(bad_op: bool = False) -> onnx.ModelProto:
+    return make_model(nodes=[h.make_node("Add", ["x", "w"], ["a"]), h.make_node("NoSuchOp" if bad_op else "Relu",
+                                                                                  ["a"], ["y"])])
+
+
+@pytest.mark.parametrize("weighty", [False, True])
+def test_check_for_save_agrees_with_the_full_check(weighty):
+    """A model without weights to leave out is checked from its bytes in one call, which are
+    returned; one with weights by the split check on views. Both refuse what full_check refuses:
+    a checker error, and a shape only strict inference finds wrong."""
+    from dmlgraph.errors import InternalError
+    model = _weighty_model if weighty else _small_model
+    ok = model()
+    assert saving.check_for_save(ok) == (None if weighty else ok.SerializeToString(deterministic=True))
+    wrong_shape = model()
+    wrong_shape.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 5
+    onnx.checker.check_model(wrong_shape)  # (only the full check sees it)
+    for bad in (model(bad_op=True), wrong_shape):
+        with pytest.raises((onnx.checker.ValidationError, onnx.shape_inference.InferenceError)):
+            onnx.checker.check_model(bad, full_check=True)
+        with pytest.raises(InternalError, match="fails the ONNX checker"):
+            saving.check_for_save(bad)
+
+
 @pytest.mark.parametrize("where", ["none", "initializer", "sparse values", "Constant value", "Constant tensors",
                                    "subgraph initializer", "subgraph Constant", "nested subgraph"])
 def test_any_external_agrees_with_the_labelled_walk(where):

@@ -55,6 +55,7 @@ def test_optimize_a_model_in_memory_without_changing_it(tmp_path):
 
 def test_optimize_a_path_and_the_options():
     exact = dmlgraph.optimize(DEMO, exact=True, target="onnx")
+    assert exact.report["model"] == DEMO  # (the report named every input "<in-memory model>")
     assert "DiagonalMatrix1" not in {n.op_type for n in exact.model.graph.node}  # expanded to standard ops
     low = dmlgraph.optimize(_trilu_model(), feature_level="4_0")
     assert low.counts["trilu"] == 0 and [d.rule for d in low.declined] == ["trilu"]
@@ -188,3 +189,19 @@ def test_the_wheel_installs_a_working_demo_and_bench(tmp_path):
                             "print(dmlgraph.__file__); print(b.executor_models())"],
                            cwd=away, env=env, capture_output=True, text=True, check=True).stdout
     assert ROOT not in where and "gpt2_ts.onnx" in where and "causal_attention.onnx" in where
+
+
+def test_save_checks_again_only_a_model_changed_since_optimize(tmp_path, monkeypatch):
+    """optimize checks what it made; saving it unchanged does not check again, a changed one is checked."""
+    from dmlgraph import public
+    calls = []
+    real = public._full_check_failure
+    monkeypatch.setattr(public, "_full_check_failure", lambda m: calls.append(m) or real(m))
+    result = dmlgraph.optimize(DEMO)
+    assert result.checked_bytes == result.model.SerializeToString(deterministic=True)
+    result.save(tmp_path / "a.onnx")
+    assert calls == []
+    result.model.graph.node[0].input[0] = "nowhere"  # no longer the model optimize checked: refused
+    with pytest.raises(AssertionError, match="fails onnx's"):
+        result.save(tmp_path / "b.onnx")
+    assert not os.path.exists(tmp_path / "b.onnx")

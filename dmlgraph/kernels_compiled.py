@@ -90,10 +90,10 @@ def _stream_function(module: Any) -> Any:
 
 
 def _sfence_typer(typingctx: Any) -> Any:
-    """Order the non-temporal stores before whatever follows (they are weakly ordered)."""
+    """Order the non-temporal stores before whatever follows (they are weakly ordered): LLVM's
+    portable `fence seq_cst` (x86: `mfence`, which orders them as `sfence` does; ARM: `dmb`)."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        fnty = ir.FunctionType(ir.VoidType(), [])
-        builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse.sfence"), [])
+        builder.fence("seq_cst")
         return context.get_dummy_value()
     return types.void(), codegen
 

@@ -16,6 +16,7 @@ to its numpy path when numba is absent.
 """
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 import llvmlite.ir as ir  # type: ignore[import-untyped]  # numba's own dependency, no stubs
@@ -90,12 +91,20 @@ def _stream_function(module: Any) -> Any:
 
 
 def _sfence_typer(typingctx: Any) -> Any:
-    """Order the non-temporal stores before whatever follows (they are weakly ordered): LLVM's
-    portable `fence seq_cst` (x86: `mfence`, which orders them as `sfence` does; ARM: `dmb`)."""
+    """Order the non-temporal stores before whatever follows (they are weakly ordered): `sfence`
+    on x86 (LLVM may lower a plain fence there to a locked instruction, which is not documented to
+    order them), LLVM's portable `fence seq_cst` elsewhere (ARM: `dmb`)."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        builder.fence("seq_cst")
+        if _X86:
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse.sfence"), [])
+        else:
+            builder.fence("seq_cst")
         return context.get_dummy_value()
     return types.void(), codegen
+
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
 
 _memcpy: Any = intrinsic(_memcpy_typer)

@@ -219,12 +219,19 @@ def _subgraph_names(holders: list[OnnxNode]) -> set[str]:
     for n in holders:
         for a in n.attributes:
             for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
-                for sub, _ in _iter_graphs(body):
-                    names.update(vi.name for vi in sub.input)
-                    names.update(t.name for t in sub.initializer)
-                    for x in sub.node:
-                        names.update(x.input)
-                        names.update(x.output)
+                names |= _graph_names(body)
+    return names
+
+
+def _graph_names(body: onnx.GraphProto) -> set[str]:
+    """The names `body` and its own bodies read, define or take as inputs ('' left out)."""
+    names: set[str] = set()
+    for sub, _ in _iter_graphs(body):
+        names.update(vi.name for vi in sub.input)
+        names.update(t.name for t in sub.initializer)
+        for x in sub.node:
+            names.update(x.input)
+            names.update(x.output)
     names.discard("")
     return names
 
@@ -568,13 +575,7 @@ def _import_together(info: ModelInfo, specs: list[_Spec]) -> list[Graph] | None:
 
 def _names(proto: onnx.GraphProto) -> set[str]:
     """Every name a body and its own bodies use."""
-    names = {o.name for o in proto.output} | {vi.name for vi in proto.value_info}
-    for sub, _ in _iter_graphs(proto):
-        names.update(vi.name for vi in sub.input)
-        names.update(t.name for t in sub.initializer)
-        for x in sub.node:
-            names.update(x.input)
-            names.update(x.output)
+    names = _graph_names(proto) | {o.name for o in proto.output} | {vi.name for vi in proto.value_info}
     names.discard("")
     return names
 

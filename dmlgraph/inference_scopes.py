@@ -126,20 +126,18 @@ def scoped(model: onnx.ModelProto, min_ifs: int | None = None) -> Scoped | None:
     available = {vi.name for vi in mg.input} | {t.name for t in mg.initializer}  # (sparse ones: not read by branches)
     body_names: set[str] = set()
     scoped_model = onnx.ModelProto()
-    _copy_fields(scoped_model, model, skip="graph")
-    _copy_fields(scoped_model.graph, mg, skip="node")
+    scoped_model.CopyFrom(model)
+    calls = scoped_model.graph.node
     functions: dict[tuple[int, int], onnx.FunctionProto] = {}
     ifs = []
-    for n, holder in zip(nodes, holders):
+    for i, (n, holder) in enumerate(zip(nodes, holders)):
         if holder:
             bodies = [a.g for a in n.attribute]
             reads = _outer_reads(bodies, main_names, body_names, available)
             if reads is None:
                 return None
             ifs.append((reads, bodies))
-            scoped_model.graph.node.append(_call(n, reads, functions, model.opset_import))
-        else:
-            scoped_model.graph.node.append(n)
+            _make_call(calls[i], reads, functions, model.opset_import)
         available.update(n.output)
     scoped_model.functions.extend(functions.values())
     scoped_model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
@@ -189,9 +187,10 @@ def _outer_reads(bodies: list[onnx.GraphProto], main_names: set[str], body_names
     return outer if all(r in available for r in outer) else None
 
 
-def _call(n: onnx.NodeProto, reads: list[str], functions: dict[tuple[int, int], onnx.FunctionProto],
-          opsets: list[onnx.OperatorSetIdProto]) -> onnx.NodeProto:
-    """The call that replaces If `n` (the branches renamed to read the formals), adding its function."""
+def _make_call(n: onnx.NodeProto, reads: list[str], functions: dict[tuple[int, int], onnx.FunctionProto],
+               opsets: list[onnx.OperatorSetIdProto]) -> None:
+    """Turn If `n` (the scoped model's copy) into a call of its function (added to `functions`),
+    its branches renamed to read the formals."""
     formals = {name: f"{PREFIX}u{i}" for i, name in enumerate(reads)}
     key = (len(reads), len(n.output))
     if key not in functions:
@@ -203,17 +202,14 @@ def _call(n: onnx.NodeProto, reads: list[str], functions: dict[tuple[int, int], 
         f.node.append(inner)
         f.opset_import.extend(opsets)
         functions[key] = f
-    call = onnx.NodeProto(name=n.name, op_type=functions[key].name, domain=DOMAIN, input=[*n.input, *reads],
-                          output=n.output)
+    n.op_type, n.domain = functions[key].name, DOMAIN
+    n.input.extend(reads)
     for a in n.attribute:
-        branch = call.attribute.add()
-        branch.CopyFrom(a)
-        for sub, _ in _iter_graphs(branch.g):
+        for sub, _ in _iter_graphs(a.g):
             for x in sub.node:
                 for i, name in enumerate(x.input):
                     if name in formals:
                         x.input[i] = formals[name]
-    return call
 
 
 def _main_types(g: onnx.GraphProto) -> dict[str, onnx.TypeProto]:

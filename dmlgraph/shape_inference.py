@@ -121,12 +121,12 @@ def inferred_value_types(model: onnx.ModelProto, scope: bool = True) -> list[Val
     plain = _plain(target.data)
     if plain is None:
         return value_types(onnx.ModelProto.FromString(target.data))
+    if _long_vector(plain):
+        return value_types(plain)
     try:
-        if target.long_vector(plain):
-            return value_types(plain)
+        return target.choose(plain, _run(target.data, data_prop=True))
     except _CannotTell:
         return inferred_value_types(model, scope=False)
-    return value_types(_run(target.data, data_prop=True) or plain)
 
 
 def children_available() -> bool:
@@ -212,6 +212,16 @@ class _Target:
         view = without_weights(model, keep_dims=True)
         self.scoped = inference_scopes.scoped(view) if scope else None
         self.data = (self.scoped.model if self.scoped is not None else view).SerializeToString()
+
+    def choose(self, plain: onnx.ModelProto, propagated: onnx.ModelProto | None) -> list[ValueType]:
+        """`value_types` of what `infer_shapes` returns, given both passes' results (`propagated`:
+        None if data propagation failed): the plain pass's when it has a long vector anywhere,
+        else data propagation's. Where both type the main graph alike, that is the answer either way."""
+        plain_types = value_types(plain)
+        if propagated is None:
+            return plain_types
+        propagated_types = value_types(propagated)
+        return plain_types if propagated_types != plain_types and self.long_vector(plain) else propagated_types
 
     def long_vector(self, plain: onnx.ModelProto) -> bool:
         """`_long_vector` of what the plain pass gives the model (`plain`: its result on `data`): a
@@ -308,12 +318,11 @@ def _infer_job(model: onnx.ModelProto, send: Send) -> None:
         try:
             if plain is None:
                 raise _CannotTell()
-            if target.long_vector(plain):
-                inferred = plain
+            send(_TYPES, pickle.dumps(target.choose(plain, inferred)))
         except _CannotTell:
             send(_RETRY, b"")
-            return
-    elif _long_vector(inferred):
+        return
+    if _long_vector(inferred):
         plain = _run(target.data, data_prop=False)
         if plain is None:
             inferred = onnx.ModelProto.FromString(target.data)  # (as `infer_shapes`: the declared types)

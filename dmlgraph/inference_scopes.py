@@ -59,15 +59,26 @@ PREFIX = "__dmlgraph_scope_"
 FRESH_DIM = "unk__"  # onnx's fresh symbols: unk__0, unk__1, ...
 MIN_IFS = 16  # below this many If nodes the quadratic costs less than the wrapping
 _BRANCHES = {"then_branch", "else_branch"}
+_IF_OP_TYPE = b'"\x02If'  # NodeProto.op_type (field 4, length-delimited) == "If", as serialized
 
 
-def strict_inference(model: onnx.ModelProto, data: bytes | None = None) -> None:
-    """What `onnx.checker.check_model(full_check=True)` runs after the checker: strict,
-    type-checking shape inference, which raises on any error; on the scoped model where there is
-    one (it fails exactly when the model's does). `data`: `model` serialized, if at hand."""
-    s = scoped(model)
-    _cpp.infer_shapes(s.model.SerializeToString() if s is not None else data or model.SerializeToString(),
-                      True, True, False)
+def full_check(model: onnx.ModelProto, data: bytes) -> None:
+    """`onnx.checker.check_model(data, full_check=True)` (`data`: `model` serialized): the checker,
+    then strict, type-checking shape inference, which raises on any error; that on the scoped model
+    where there is one (it fails exactly when the model's does)."""
+    s = scoped(model, data=data)
+    if s is None:
+        onnx.checker.check_model(data, full_check=True)
+        return
+    onnx.checker.check_model(data)
+    _cpp.infer_shapes(s.model.SerializeToString(), True, True, False)
+
+
+def strict_inference(model: onnx.ModelProto) -> None:
+    """The second part of `full_check` alone (for a view of a model whose weights are left out)."""
+    data = model.SerializeToString()
+    s = scoped(model, data=data)
+    _cpp.infer_shapes(s.model.SerializeToString() if s is not None else data, True, True, False)
 
 
 class Scoped:
@@ -103,18 +114,22 @@ class Scoped:
         return m
 
 
-def scoped(model: onnx.ModelProto, min_ifs: int | None = None) -> Scoped | None:
+def scoped(model: onnx.ModelProto, min_ifs: int | None = None, data: bytes | None = None) -> Scoped | None:
     """`model` (weights left out: it is only inferred) with each main-graph If in a scope of its
     own, or None when it has fewer than `min_ifs` (`MIN_IFS`) If nodes or a condition of the
-    module's docstring fails."""
+    module's docstring fails. `data`: `model` serialized, if at hand (a model whose bytes do not
+    spell "If" that often is let go without a step per node)."""
     mg = model.graph
+    least = max(MIN_IFS if min_ifs is None else min_ifs, 1)
+    if data is not None and data.count(_IF_OP_TYPE) < least:
+        return None
     if model.ir_version < 4 or any(o.domain == DOMAIN for o in model.opset_import) or \
             any(f.domain == DOMAIN for f in model.functions):
         return None
     nodes = list(mg.node)
     holders = [bool(n.attribute) and any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute)
                for n in nodes]
-    if sum(holders) < max(MIN_IFS if min_ifs is None else min_ifs, 1) or \
+    if sum(holders) < least or \
             not all(_plain_if(n) for n, holder in zip(nodes, holders) if holder):
         return None
     main_names = set(itertools.chain((vi.name for vi in mg.input), (vi.name for vi in mg.output),

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from dmlgraph.errors import InternalError, ModelError
-from dmlgraph.inference_scopes import strict_inference
+from dmlgraph.inference_scopes import full_check, strict_inference
 from dmlgraph.modelfile import (
     _PROTOBUF_LIMIT,
     _any_external,
@@ -45,11 +45,11 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
     writes it (so a caller can tell later whether the model is still the one checked), else None.
 
     Run on every model dmlgraph is about to write: an invalid one is a bug of ours, and nothing
-    must reach the disk. The full check is run as its two parts: the checker proper, then strict,
-    type-checking shape inference (what full_check adds; `strict_inference`: with each If of a
-    graph of many in a scope of its own, where onnx's own is quadratic). A model without weights
-    to leave out is serialized once and checked from those bytes; otherwise each part runs on a
-    view without the weights (`without_weights`): inference reads the dims of big tensors but
+    must reach the disk. A model without weights to leave out is serialized once and checked from
+    those bytes (`full_check`: its shape inference with each If of a graph of many in a scope of
+    its own, where onnx's own is quadratic). Otherwise it is the full check split in its two parts,
+    each on a view without the weights (`without_weights`): the checker proper, then strict,
+    type-checking shape inference (what full_check adds), which reads the dims of big tensors but
     never their bytes.
     """
     has_external = _any_external(model.graph)
@@ -58,8 +58,7 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
         view = without_weights(model, keep_dims=False, has_external=has_external)
         if view is model:  # (then the keep_dims view is the model too)
             data = model.SerializeToString(deterministic=True)
-            onnx.checker.check_model(data)
-            strict_inference(model, data)
+            full_check(model, data)
         else:
             onnx.checker.check_model(view)
             strict_inference(without_weights(model, keep_dims=True, has_external=has_external))

@@ -210,8 +210,10 @@ class _Target:
 
     def __init__(self, model: onnx.ModelProto, scope: bool = True) -> None:
         view = without_weights(model, keep_dims=True)
-        self.scoped = inference_scopes.scoped(view) if scope else None
-        self.data = (self.scoped.model if self.scoped is not None else view).SerializeToString()
+        self.data = view.SerializeToString()
+        self.scoped = inference_scopes.scoped(view, data=self.data) if scope else None
+        if self.scoped is not None:
+            self.data = self.scoped.model.SerializeToString()
 
     def choose(self, plain: onnx.ModelProto, propagated: onnx.ModelProto | None) -> list[ValueType]:
         """`value_types` of what `infer_shapes` returns, given both passes' results (`propagated`:

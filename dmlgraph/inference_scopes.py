@@ -160,10 +160,10 @@ def scoped(model: onnx.ModelProto, min_ifs: int | None = None, data: bytes | Non
 
 
 def _plain_if(n: onnx.NodeProto) -> bool:
+    """An If of the standard domain: one named condition, named outputs, two branches of no inputs."""
     return n.op_type == "If" and n.domain in ("", "ai.onnx") and len(n.input) == 1 and n.input[0] != "" and \
-        all(n.output) and \
-        {a.name for a in n.attribute} == _BRANCHES and all(a.type == AttributeProto.GRAPH and not a.g.input
-                                                            for a in n.attribute)
+        all(n.output) and len(n.attribute) == 2 and {a.name for a in n.attribute} == _BRANCHES and \
+        all(a.type == AttributeProto.GRAPH and not a.g.input for a in n.attribute)
 
 
 def _outer_reads(bodies: list[onnx.GraphProto], main_names: set[str], body_names: set[str],

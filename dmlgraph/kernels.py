@@ -683,7 +683,7 @@ def _fill_tiny(out: np.ndarray, input: np.ndarray | None, idx: np.ndarray, v: np
     if input is None:
         out.fill(0)
     else:
-        np.copyto(out, input)
+        out[...] = input
     out.put(idx, v)
     return out
 

@@ -45,7 +45,8 @@ copy plus an in-cache fill of the value half, so it runs at ~0.85-1.0x a plain c
 generated triangle without input runs at ~0.6-0.9x a typed `fill(0)`. With numba installed
 (`dmlgraph[fast]`), every output of at least COMPILED_MIN_BYTES with two regions goes through
 `dmlgraph.kernels_compiled` instead, which writes each row's spans once with memcpy/memset
-(non-temporal stores from STREAM_MIN_BYTES), see `_compiled_rows`.
+(non-temporal stores from STREAM_MIN_BYTES), or large outputs without an input as streamed
+64-byte lines, see `_compiled_call`.
 
 `diagonal_matrix1_reference` is the plain vectorized form (np.where over an index grid); tests
 use it, and a literal transcription of the pseudocode, as oracles for the fast path.
@@ -660,8 +661,8 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
             call = sig.calls[key] = (_compiled_call(sig.plan, sig.size, dtype.itemsize, None if input is None else sig.size)
                                      if _wants_compiled(sig.plan, out.nbytes) else None)
         if call is not None and (compiled := _COMPILED or _compiled()) is not None:
-            getattr(compiled, call[0])(out.ravel().view(np.uint8),
-                                       _NO_INPUT if input is None else input.ravel().view(np.uint8),
+            getattr(compiled, call[0])(np.frombuffer(out, np.uint8),  # the bytes of a C-contiguous array
+                                       _NO_INPUT if input is None else np.frombuffer(input, np.uint8),
                                        int.from_bytes(v.tobytes(), "little", signed=True), call[1])
             return out
     if dtype == np.bool_:

@@ -26,7 +26,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["generated", "rows", "value_bytes"]
+__all__ = ["generated", "rows"]
 
 
 def _memcpy_typer(typingctx: Any, o: Any, oi: Any, s: Any, si: Any, n: Any) -> Any:
@@ -205,20 +205,10 @@ _misalignment: Any = intrinsic(_misalignment_typer)
 
 
 @njit(cache=True, nogil=True)
-def value_bytes(value: int, isz: int) -> np.ndarray:
-    """The isz bytes of an element whose bits are `value` (little-endian, as
-    ``int.from_bytes(element.tobytes(), "little", signed=True)`` gives them)."""
-    out = np.empty(isz, np.uint8)
-    for k in range(isz):
-        out[k] = (value >> (8 * k)) & 0xFF
-    return out
-
-
-@njit(cache=True, nogil=True)
 def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
     """Write `batch` h x w matrices of isz-byte elements into the flat C-order bytes `o`;
     params = (isz, s_batch, batch, h, w, p0, q0, p1, q1, base, stream) as int64, `value` the
-    element's bits as an int (see `value_bytes`). Few and cheap arguments: numba's dispatcher
+    element's bits as an int (byte k of the element: (value >> 8k) & 0xFF). Few and cheap arguments: numba's dispatcher
     costs ~100 ns per argument (a bytes object ~400 ns), a good share of a call on a 256x256 matrix.
 
     Value goes on topX = x - y in [p0, q0) and [p1, q1) (sorted,
@@ -234,22 +224,24 @@ def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
     isz, s_batch, batch, h, w = params[0], params[1], params[2], params[3], params[4]
     p0, q0, p1, q1 = params[5], params[6], params[7], params[8]
     base, stream = params[9] != 0, params[10] != 0
-    vbytes = value_bytes(value, isz)
     rb = w * isz
     mb = h * rb
-    byte = int(vbytes[0])  # >= 0: every byte of Value is this one (a memset), else -1
+    byte = value & 0xFF  # >= 0: every byte of Value is this one (a memset), else -1
     for k in range(isz):
-        if vbytes[k] != vbytes[0]:
+        if (value >> (8 * k)) & 0xFF != byte:
             byte = -1
-    vrow = np.empty(rb if byte < 0 or stream else 0, np.uint8)  # a row of Values, filled by doubling
-    for k in range(min(isz, vrow.size)):
-        vrow[k] = vbytes[k]
+    # one allocation (each costs ~0.2 us, a good share of a call on a 256x256 matrix): a row of
+    # Values (one Value when it is a memset and nothing streams), filled by doubling, then a
+    # row of zeros when streaming
+    nv = rb if byte < 0 or stream else isz
+    vrow = np.zeros(nv + (rb if stream else 0), np.uint8)
+    for k in range(isz):
+        vrow[k] = (value >> (8 * k)) & 0xFF
     filled = isz
-    while filled < vrow.size:
-        n = min(filled, vrow.size - filled)
+    while filled < nv:
+        n = min(filled, nv - filled)
         _memcpy(vrow, filled, vrow, 0, n)
         filled += n
-    zrow = np.zeros(rb if stream else 0, np.uint8)
     for b in range(batch):
         if b and s_batch == 0:
             if stream:
@@ -277,7 +269,7 @@ def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
                         elif s.size:
                             _memcpy(o, oi + a, s, si + a, e - a)
                         elif stream:
-                            _stream(o, oi + a, zrow, 0, e - a)
+                            _stream(o, oi + a, vrow, nv, e - a)
                         else:
                             _memset(o, oi + a, e - a, 0)
             for a, e in ((a0, e0), (a1, e1)):  # Value: a memset when its bytes are all `byte`
@@ -285,7 +277,7 @@ def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
                     if stream:
                         _stream(o, oi + a, vrow, 0, e - a)
                     elif e - a == isz:
-                        _element(o, oi + a, vbytes, isz)
+                        _element(o, oi + a, vrow, isz)
                     elif byte >= 0:
                         _memset(o, oi + a, e - a, byte)
                     else:
@@ -309,12 +301,11 @@ def generated(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> N
     """
     isz, batch, h, w = params[0], params[1], params[2], params[3]
     p0, q0, p1, q1 = params[4], params[5], params[6], params[7]
-    vbytes = value_bytes(value, isz)
     rb = w * isz
     mis = _misalignment(o)
     pattern = np.zeros(128, np.uint8)  # a line of zeros, then a line of Values (by address)
     for k in range(64):
-        pattern[64 + k] = vbytes[(k - mis) % isz]
+        pattern[64 + k] = (value >> (8 * ((k - mis) % isz))) & 0xFF
     acc = np.empty(64, np.uint8)
     cur = -mis  # the line being assembled starts here (flat offset; o[cur] is 64-byte aligned)
     pos = 0  # acc holds bytes [cur, pos)

@@ -160,6 +160,19 @@ def _lines_function(module: Any) -> Any:
     return fn
 
 
+def _line_store_typer(typingctx: Any, o: Any, oi: Any, src: Any) -> Any:
+    """`_lines` for one line from src[0:64], inline (a call per row measured ~10 ns)."""
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        line = _LINE.as_pointer()
+        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+        src = context.make_array(sig.args[2])(context, builder, args[2]).data
+        value = builder.load(builder.bitcast(src, line), align=1)
+        store = builder.store(value, builder.bitcast(dst, line), align=64)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
+        return context.get_dummy_value()
+    return types.void(o, oi, src), codegen
+
+
 def _misalignment_typer(typingctx: Any, o: Any) -> Any:
     """The address of o's data modulo 64."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
@@ -201,6 +214,7 @@ _stream: Any = intrinsic(_stream_typer)
 _sfence: Any = intrinsic(_sfence_typer)
 _line: Any = intrinsic(_line_typer)
 _lines: Any = intrinsic(_lines_typer)
+_line_store: Any = intrinsic(_line_store_typer)
 _misalignment: Any = intrinsic(_misalignment_typer)
 
 
@@ -326,11 +340,12 @@ def generated(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> N
                     if cur < 0:  # the first line starts before o
                         _memcpy(o, 0, acc, -cur, 64 + cur)
                     else:
-                        _lines(o, cur, 1, acc, 0)
+                        _line_store(o, cur, acc)
                     cur += 64
                     n = (e - cur) >> 6
-                    _lines(o, cur, n, pattern, si)
-                    cur += n << 6
+                    if n:
+                        _lines(o, cur, n, pattern, si)
+                        cur += n << 6
                     if e > cur:
                         _line(acc, 0, e - cur, pattern, si)
                 pos = e

@@ -650,21 +650,24 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
         input = np.broadcast_to(input, shape)
     if sig.tiny is not None:
         return _fill_tiny(out, input, sig.tiny, v)
+    # straight to the compiled kernel, its parameters made once per signature
+    key = (input is None, COMPILED_MIN_BYTES, STREAM_MIN_BYTES, GENERATED_MIN_BYTES)
+    try:
+        call = sig.calls[key]
+    except KeyError:
+        call = sig.calls[key] = (_compiled_call(sig.plan, sig.size, dtype.itemsize, None if input is None else sig.size)
+                                 if _wants_compiled(sig.plan, sig.size * dtype.itemsize) else None)
+    if call is not None and (compiled := _COMPILED or _compiled()) is not None:
+        try:  # the bytes of C-contiguous arrays; other layouts raise, and take the paths below
+            o8 = np.frombuffer(out, np.uint8)
+            s8 = _NO_INPUT if input is None else np.frombuffer(input, np.uint8)
+        except ValueError:
+            pass
+        else:
+            getattr(compiled, call[0])(o8, s8, int.from_bytes(v.tobytes(), "little", signed=True), call[1])
+            return out
     if sig.size == 0:
         return out
-    if out.flags.c_contiguous and (input is None or input.flags.c_contiguous):
-        # the common layouts straight to the compiled kernel, its parameters made once per signature
-        key = (input is None, COMPILED_MIN_BYTES, STREAM_MIN_BYTES, GENERATED_MIN_BYTES)
-        try:
-            call = sig.calls[key]
-        except KeyError:
-            call = sig.calls[key] = (_compiled_call(sig.plan, sig.size, dtype.itemsize, None if input is None else sig.size)
-                                     if _wants_compiled(sig.plan, out.nbytes) else None)
-        if call is not None and (compiled := _COMPILED or _compiled()) is not None:
-            getattr(compiled, call[0])(np.frombuffer(out, np.uint8),  # the bytes of a C-contiguous array
-                                       _NO_INPUT if input is None else np.frombuffer(input, np.uint8),
-                                       int.from_bytes(v.tobytes(), "little", signed=True), call[1])
-            return out
     if dtype == np.bool_:
         o, s, vv = out.view(np.uint8), None if input is None else input.view(np.uint8), v.view(np.uint8)
     else:

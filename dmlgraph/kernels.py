@@ -434,21 +434,23 @@ def _compiled_call(plan: _Plan, size: int, itemsize: int, s_size: int | None) ->
     `rows` writes each row span by span, with non-temporal stores for outputs of at least
     STREAM_MIN_BYTES (measured 1.2-1.9x the plain stores' speed on 16-128 MiB triangles and
     identities: the output is not read before it is written); but for a Value only a few
-    diagonals wide, each matrix gets the input (or zeros, unless streaming) with one call first
-    (glibc's memcpy streams a huge one itself, a small one stays in cache), and the Value spans
-    go on top. Outputs without an input from GENERATED_MIN_BYTES with rows of at most
-    GENERATED_MAX_ROW_BYTES (where a memset's start-up per span is a large share of a row) go
+    diagonals wide, the input (or, unless streaming, zeros) goes first with one call per matrix
+    (per block of rows for zeros, see `rows`), and the Value spans on top. Outputs without an
+    input from GENERATED_MIN_BYTES (a narrow Value: from STREAM_MIN_BYTES) with rows of at most
+    GENERATED_MAX_ROW_BYTES, where a memset's start-up per span is a large share of a row, go
     to `generated`, unless they are a batch of small matrices (there `rows` copies the first
-    one from cache): 4096x4096 and 8x1024x1024 uint8 identities and triangles measured
-    0.66-0.85x -> 0.81-0.91x a memset of the output."""
+    one from cache): 8x1024x1024 and 4096x4096 uint8 triangles measured 0.67-0.77x ->
+    0.81-0.90x a memset of the output, 4096x4096 uint8 identities 0.73-0.85x -> 0.78-0.87x.
+    """
     area = plan.height * plan.width
     nbytes = size * itemsize
     batch = size // area
-    if (s_size is None and nbytes >= GENERATED_MIN_BYTES and plan.width * itemsize <= GENERATED_MAX_ROW_BYTES
-            and (batch == 1 or area * itemsize > SMALL_TEMPLATE_BYTES)):
-        return "generated", np.array((itemsize, batch, *plan.rows_args), np.int64)
+    narrow = plan.value_width <= NARROW
     stream = nbytes >= STREAM_MIN_BYTES
-    base = plan.value_width <= NARROW and not (stream and s_size is None)
+    if (s_size is None and nbytes >= GENERATED_MIN_BYTES and (stream or not narrow)
+            and plan.width * itemsize <= GENERATED_MAX_ROW_BYTES and (batch == 1 or area * itemsize > SMALL_TEMPLATE_BYTES)):
+        return "generated", np.array((itemsize, batch, *plan.rows_args), np.int64)
+    base = narrow and not (stream and s_size is None)
     s_batch = area * itemsize if s_size == size else 0
     return "rows", np.array((itemsize, s_batch, batch, *plan.rows_args, base, stream), np.int64)
 

@@ -611,6 +611,19 @@ def test_compiled_calls_follow_values_inputs_and_thresholds():
                 assert spy.names[-2:] == ["rows" if generated_min else "generated", "rows"]
 
 
+@pytest.mark.parametrize("shape, dtype", [((2, 600, 1000), "uint8"), ((3, 300, 300), "float64"), ((1, 2, 700, 800), "bool")])
+def test_narrow_values_on_batches_of_large_matrices(shape, dtype):
+    """Batches of matrices too large to copy from cache: each is written again (zeros by blocks
+    of rows, then the Values), exactly; with an input the first path is unchanged."""
+    x = _random_input(shape, "uint8" if dtype == "bool" else dtype, 4)
+    x = x.astype(bool) if dtype == "bool" else x
+    for begin, end in ((0, 1), (-2, 3), (5, 6), (-599, -598)):
+        for value in ((True,) if dtype == "bool" else (1, 7)):
+            for inp in (None, x):
+                got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
+                assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp))
+
+
 def test_signature_cache_keeps_every_call_exact():
     """What is cached per (shape, dtype, Begin, End) never leaks between calls: other Values
     (-0.0 and 0.0, a 0-d array used as is, Python scalars), inputs, dtype spellings, list shapes;

@@ -14,7 +14,6 @@ carried by the node's run-time `k` input).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 from typing import Iterator, cast
@@ -110,6 +109,7 @@ def _address_space_headroom(extra: int) -> Iterator[None]:
 def _digest(graph: Graph, v: Value) -> tuple:
     """Equal digests, equal constants. Inline raw data is hashed as stored (type, dims, bytes: no
     decoding); anything else as its decoded array."""
+    import hashlib  # (here: loading OpenSSL costs a model with no stored mask to compare ~1% of its run)
     t = v.initializer
     if t is not None and v.array is None and t.HasField("raw_data") and v.name not in graph.overridable_inputs \
             and t.data_location != onnx.TensorProto.EXTERNAL:

@@ -369,7 +369,7 @@ def entry() -> None:
 
 def _one_blas_thread() -> None:
     """Optimizing does no linear algebra: one OpenBLAS thread instead of one per CPU, which numpy's
-    import starts and which spin a while on the CPUs the shape-inference child uses (2% of a small
+    import starts and which spin a while on the CPUs the command's work shares (2-5% of a small
     model's run). OpenBLAS reads the variable when numpy is first imported, so this is set before
     that (and never over the user's own setting)."""
     if "numpy" not in sys.modules:

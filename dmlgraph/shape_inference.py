@@ -132,9 +132,9 @@ def start(model: onnx.ModelProto) -> "PendingShapes":
 # Below this many nodes a fork costs more than the data propagation it moves off the main path:
 # an If/Loop body or a small model is inferred in-process. A fork of a process that has imported
 # numpy and onnx costs ~30 ms of CPU (the copy-on-write faults of both processes after it), more
-# than a few hundred nodes' inference; measured on 2 shared CPUs, in-process was 7% faster (CPU
-# and wall) on a 574-node KV decoder export and ~15% on 1,550 nodes. 250 If bodies took 3.7 s
-# with a child each, mostly fork and wait.
+# than a few hundred nodes' inference: measured on 2 shared CPUs, in-process took 10% less CPU
+# and 7-9% less wall time on a 574-node KV decoder export, and as much or less at 250-3,100
+# nodes. 250 If bodies took 3.7 s with a child each, mostly fork and wait.
 CHILD_MIN_NODES = 1000
 
 

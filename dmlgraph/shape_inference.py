@@ -133,8 +133,10 @@ def start(model: onnx.ModelProto) -> "PendingShapes":
 # an If/Loop body or a small model is inferred in-process. A fork of a process that has imported
 # numpy and onnx costs ~30 ms of CPU (the copy-on-write faults of both processes after it), more
 # than a few hundred nodes' inference: measured on 2 shared CPUs, in-process took 10% less CPU
-# and 7-9% less wall time on a 574-node KV decoder export, and as much or less at 250-3,100
-# nodes. 250 If bodies took 3.7 s with a child each, mostly fork and wait.
+# and 7-9% less wall time on a 574-node KV decoder export (7% on a 685-node one), within 4%
+# either way on 620-775-node synthetic models, 9-17% less at 1,550-3,100 nodes; that was under
+# load, where the child's parallelism helps least, so the line stays above the KV exports only.
+# 250 If bodies took 3.7 s with a child each, mostly fork and wait.
 CHILD_MIN_NODES = 1000
 
 

@@ -367,6 +367,15 @@ def entry() -> None:
     sys.exit(code)
 
 
+def _one_blas_thread() -> None:
+    """Optimizing does no linear algebra: one OpenBLAS thread instead of one per CPU, which numpy's
+    import starts and which spin a while on the CPUs the command's work shares (2-5% of a small
+    model's run). OpenBLAS reads the variable when numpy is first imported, so this is set before
+    that (and never over the user's own setting)."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def _load_onnx() -> None:
     """onnx (and numpy), which every command uses, with Ctrl-C held back: an interrupt landing in
     its C++ extension's import aborts the process (std::terminate). The collector is paused: an
@@ -392,6 +401,8 @@ def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
         return EXIT_USAGE
     try:
         with process_wide():  # this process is ours: gc pauses, memory caps, an inference child
+            if args.func is cmd_optimize:
+                _one_blas_thread()
             _load_onnx()
             return args.func(args)
     except KeyboardInterrupt:

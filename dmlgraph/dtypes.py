@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ import numpy.typing as npt
 from onnx import TensorProto
 
 from dmlgraph.errors import DmlgraphError
+from dmlgraph.frozen import Frozen
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -114,8 +114,7 @@ def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return np.array_equal(a, b)
 
 
-@dataclass(frozen=True)
-class ScalarUnion:
+class ScalarUnion(Frozen):
     """DML_SCALAR_UNION: 8 bytes, read as `data_type` (float16 carried as its 16 bits).
 
     Built with `ScalarUnion.of(value, data_type)`, which refuses a value the type cannot hold
@@ -124,6 +123,9 @@ class ScalarUnion:
 
     data_type: DmlDataType
     raw: bytes  # 8 bytes, little-endian, value in the low bytes
+
+    def __init__(self, data_type: DmlDataType, raw: bytes) -> None:
+        self.__dict__.update(data_type=data_type, raw=raw)
 
     @classmethod
     def of(cls, value: Any, data_type: DmlDataType) -> "ScalarUnion":

@@ -108,7 +108,7 @@ def operator_json(desc: DiagonalMatrix1Desc | DiagonalMatrixDesc) -> dict:
 
 
 def _total_bytes(desc: BufferTensorDesc) -> int:
-    """`desc.total_bytes`: never None once built (`BufferTensorDesc.__post_init__` computes a missing one)."""
+    """`desc.total_bytes`: never None once built (`BufferTensorDesc.__init__` computes a missing one)."""
     return cast(int, desc.total_bytes)
 
 

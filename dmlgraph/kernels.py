@@ -45,7 +45,8 @@ copy plus an in-cache fill of the value half, so it runs at ~0.85-1.0x a plain c
 generated triangle without input runs at ~0.6-0.9x a typed `fill(0)`. With numba installed
 (`dmlgraph[fast]`), every output of at least COMPILED_MIN_BYTES with two regions goes through
 `dmlgraph.kernels_compiled` instead, which writes each row's spans once with memcpy/memset
-(non-temporal stores from STREAM_MIN_BYTES), see `_compiled_rows`.
+(non-temporal stores from STREAM_MIN_BYTES), or large outputs without an input as streamed
+64-byte lines, see `_compiled_call`.
 
 `diagonal_matrix1_reference` is the plain vectorized form (np.where over an index grid); tests
 use it, and a literal transcription of the pseudocode, as oracles for the fast path.
@@ -89,6 +90,8 @@ TEMPLATE_CACHE_BYTES = 64 * 1024 * 1024
 SMALL_TEMPLATE_BYTES = 512 * 1024  # any matrix up to this size uses a cached template
 COMPILED_MIN_BYTES = 64 * 1024  # outputs from this size use the compiled kernel when numba is there
 STREAM_MIN_BYTES = 16 * 1024 * 1024  # the compiled kernel writes outputs from this size past the cache
+GENERATED_MIN_BYTES = 4 * 1024 * 1024  # outputs without an input from this size, with rows up to
+GENERATED_MAX_ROW_BYTES = 16 * 1024  # this long: full-line streaming stores (see _compiled_call)
 
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float64", "float32", "float16", "int64", "int32", "int16", "int8",
@@ -391,11 +394,14 @@ def numpy_only() -> Iterator[None]:
 
 
 def _compiled_for(plan: _Plan, nbytes: int) -> ModuleType | None:
-    """The compiled kernel if it should write this output: two regions, at least
-    COMPILED_MIN_BYTES (below, numpy's template calls cost less than the kernel's call)."""
-    if nbytes >= COMPILED_MIN_BYTES and plan.value_intervals and plan.keep_intervals:
-        return _compiled()
-    return None
+    """The compiled kernel if it should write this output (see `_wants_compiled`)."""
+    return _compiled() if _wants_compiled(plan, nbytes) else None
+
+
+def _wants_compiled(plan: _Plan, nbytes: int) -> bool:
+    """Two regions and at least COMPILED_MIN_BYTES (below, numpy's template calls cost less than
+    the kernel's call)."""
+    return nbytes >= COMPILED_MIN_BYTES and bool(plan.value_intervals) and bool(plan.keep_intervals)
 
 
 def _run_compiled(compiled: ModuleType, o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> bool:
@@ -415,18 +421,38 @@ def _run_compiled(compiled: ModuleType, o3: np.ndarray, s3: np.ndarray | None, v
 
 
 def _compiled_rows(compiled: ModuleType, o: np.ndarray, s: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
-    """`compiled.rows` on C-contiguous `o` and `s` (as many matrices as `o`, or one).
+    """The compiled kernel on C-contiguous `o` and `s` (as many matrices as `o`, or one)."""
+    name, params = _compiled_call(plan, o.size, o.itemsize, None if s is None else s.size)
+    getattr(compiled, name)(o.ravel().view(np.uint8), _NO_INPUT if s is None else s.ravel().view(np.uint8),
+                            int.from_bytes(v.tobytes(), "little", signed=True), params)
 
-    Each row span by span, with non-temporal stores for outputs of at least STREAM_MIN_BYTES
-    (measured 1.2-1.9x the plain stores' speed on 16-128 MiB triangles and identities: the
-    output is not read before it is written); but for a Value only a few diagonals wide, each
-    matrix gets the input (or zeros, unless streaming) with one call first (glibc's memcpy
-    streams a huge one itself, a small one stays in cache), and the Value spans go on top."""
+
+def _compiled_call(plan: _Plan, size: int, itemsize: int, s_size: int | None) -> tuple[str, np.ndarray]:
+    """(kernel, its int64 parameters) for an output of `size` elements (an input of `s_size`, or
+    None); one parameter array because numba's dispatcher costs ~100 ns per argument.
+
+    `rows` writes each row span by span, with non-temporal stores for outputs of at least
+    STREAM_MIN_BYTES (measured 1.2-1.9x the plain stores' speed on 16-128 MiB triangles and
+    identities: the output is not read before it is written); but for a Value only a few
+    diagonals wide, the input (or, unless streaming, zeros) goes first with one call per matrix
+    (per block of rows for zeros, see `rows`), and the Value spans on top. Outputs without an
+    input from GENERATED_MIN_BYTES (a narrow Value: from STREAM_MIN_BYTES) with rows of at most
+    GENERATED_MAX_ROW_BYTES, where a memset's start-up per span is a large share of a row, go
+    to `generated`, unless they are a batch of small matrices (there `rows` copies the first
+    one from cache): 8x1024x1024 and 4096x4096 uint8 triangles measured 0.67-0.77x ->
+    0.81-0.90x a memset of the output, 4096x4096 uint8 identities 0.73-0.85x -> 0.78-0.87x.
+    """
     area = plan.height * plan.width
-    stream = o.nbytes >= STREAM_MIN_BYTES
-    compiled.rows(o.ravel().view(np.uint8), _NO_INPUT if s is None else s.ravel().view(np.uint8),
-                  0 if s is None or s.size != o.size else area * o.itemsize, v.tobytes(), o.size // area,
-                  *plan.rows_args, plan.value_width <= NARROW and not (stream and s is None), stream)
+    nbytes = size * itemsize
+    batch = size // area
+    narrow = plan.value_width <= NARROW
+    stream = nbytes >= STREAM_MIN_BYTES
+    if (s_size is None and nbytes >= GENERATED_MIN_BYTES and (stream or not narrow)
+            and plan.width * itemsize <= GENERATED_MAX_ROW_BYTES and (batch == 1 or area * itemsize > SMALL_TEMPLATE_BYTES)):
+        return "generated", np.array((itemsize, batch, *plan.rows_args), np.int64)
+    base = narrow and not (stream and s_size is None)
+    s_batch = area * itemsize if s_size == size else 0
+    return "rows", np.array((itemsize, s_batch, batch, *plan.rows_args, base, stream), np.int64)
 
 
 _NO_INPUT = np.empty(0, np.uint8)  # "no input" for the compiled kernel
@@ -575,6 +601,8 @@ class _Signature(NamedTuple):
     size: int
     plan: _Plan
     tiny: np.ndarray | None  # flat Value positions, for outputs of at most TINY_ELEMENTS
+    # the compiled kernel's call (or None: not for it) per (input given, thresholds), made on first use
+    calls: dict[tuple[bool, int, int, int], tuple[str, np.ndarray] | None]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -586,7 +614,7 @@ def _signature(shape: tuple[int, ...], dtype: npt.DTypeLike, begin: int, end: in
         raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
     size = math.prod(shape)
     tiny = _tiny_index(shape, begin, end) if 0 < size <= TINY_ELEMENTS else None
-    return _Signature(shape, dt, size, _plan(shape[-2], shape[-1], begin, end), tiny)
+    return _Signature(shape, dt, size, _plan(shape[-2], shape[-1], begin, end), tiny, {})
 
 
 def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike, begin: SupportsIndex,
@@ -622,13 +650,25 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
         if input.dtype != dtype:
             input = input.astype(dtype)
         input = np.broadcast_to(input, shape)
-    if sig.tiny is not None and sig.size <= TINY_ELEMENTS:
+    if sig.tiny is not None:
         return _fill_tiny(out, input, sig.tiny, v)
+    # straight to the compiled kernel, its parameters made once per signature
+    key = (input is None, COMPILED_MIN_BYTES, STREAM_MIN_BYTES, GENERATED_MIN_BYTES)
+    try:
+        call = sig.calls[key]
+    except KeyError:
+        call = sig.calls[key] = (_compiled_call(sig.plan, sig.size, dtype.itemsize, None if input is None else sig.size)
+                                 if _wants_compiled(sig.plan, sig.size * dtype.itemsize) else None)
+    if call is not None and (compiled := _COMPILED or _compiled()) is not None:
+        try:  # the bytes of C-contiguous arrays; other layouts raise, and take the paths below
+            o8 = np.frombuffer(out, np.uint8)
+            s8 = _NO_INPUT if input is None else np.frombuffer(input, np.uint8)
+        except ValueError:
+            pass
+        else:
+            getattr(compiled, call[0])(o8, s8, int.from_bytes(v.tobytes(), "little", signed=True), call[1])
+            return out
     if sig.size == 0:
-        return out
-    compiled = _compiled_for(sig.plan, out.nbytes)
-    if compiled is not None and out.flags.c_contiguous and (input is None or input.flags.c_contiguous):
-        _compiled_rows(compiled, out, input, v, sig.plan)  # the common layouts, straight away
         return out
     if dtype == np.bool_:
         o, s, vv = out.view(np.uint8), None if input is None else input.view(np.uint8), v.view(np.uint8)
@@ -649,7 +689,7 @@ def _fill_tiny(out: np.ndarray, input: np.ndarray | None, idx: np.ndarray, v: np
     if input is None:
         out.fill(0)
     else:
-        np.copyto(out, input)
+        out[...] = input
     out.put(idx, v)
     return out
 

@@ -7,7 +7,8 @@ path in `dmlgraph.kernels` writes a base and then overlays; this kernel writes e
 one memcpy or memset (glibc's: `rep movsb` / `rep stosb` for long spans, which measured up to
 1.5x faster than a vectorized loop on batched triangles). It moves bytes (every DML type,
 float16 and bool included, is moved as bits), so it is bit-exact by construction, and one
-compiled version serves every type.
+compiled version serves every type. Outputs without an input go through `generated` instead when
+they are large and their rows short, see there.
 
 Importing this module imports numba (about 0.3 s) and, on the first call, loads `rows` from
 numba's on-disk cache (compiled once per machine, a few seconds; `cache=True`).
@@ -25,7 +26,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["rows"]
+__all__ = ["generated", "rows"]
 
 
 def _memcpy_typer(typingctx: Any, o: Any, oi: Any, s: Any, si: Any, n: Any) -> Any:
@@ -104,83 +105,260 @@ def _sfence_typer(typingctx: Any) -> Any:
     return types.void(), codegen
 
 
+def _line_typer(typingctx: Any, acc: Any, a: Any, e: Any, src: Any, si: Any) -> Any:
+    """acc[a:e] = src[si + a : si + e] on 64-byte uint8 arrays (0 <= a <= e <= 64) with one
+    vector blend: a line is assembled in registers and cache before one full store writes it."""
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        line = _LINE.as_pointer()
+        accp = builder.bitcast(context.make_array(sig.args[0])(context, builder, args[0]).data, line)
+        srcp = context.make_array(sig.args[3])(context, builder, args[3]).data
+        value = builder.load(builder.bitcast(builder.gep(srcp, [args[4]]), line), align=1)
+        lo = builder.trunc(args[1], cgutils.int8_t)
+        inside = builder.icmp_unsigned("<", builder.sub(_IOTA, _splat(builder, lo)),
+                                       _splat(builder, builder.sub(builder.trunc(args[2], cgutils.int8_t), lo)))
+        builder.store(builder.select(inside, value, builder.load(accp, align=1)), accp, align=1)
+        return context.get_dummy_value()
+    return types.void(acc, a, e, src, si), codegen
+
+
+def _splat(builder: Any, byte: Any) -> Any:
+    one = builder.insert_element(ir.Constant(_LINE, ir.Undefined), byte, ir.IntType(32)(0))
+    return builder.shuffle_vector(one, ir.Constant(_LINE, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), 64), [0] * 64))
+
+
+def _lines_typer(typingctx: Any, o: Any, oi: Any, n: Any, src: Any, si: Any) -> Any:
+    """Store src[si : si + 64] into the n 64-byte lines from o[oi] (aligned: o's address + oi is a
+    multiple of 64), each with one non-temporal full-line store."""
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+        src = builder.gep(context.make_array(sig.args[3])(context, builder, args[3]).data, [args[4]])
+        builder.call(_lines_function(builder.module), [dst, args[2], src])
+        return context.get_dummy_value()
+    return types.void(o, oi, n, src, si), codegen
+
+
+def _lines_function(module: Any) -> Any:
+    """The loop behind `_lines`, out of line (see `_stream_function`)."""
+    fn = module.globals.get("dmlgraph_stream_lines")
+    if fn is not None:
+        return fn
+    i64 = ir.IntType(64)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i64, cgutils.voidptr_t]),
+                     "dmlgraph_stream_lines")
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    builder = ir.IRBuilder(fn.append_basic_block())
+    dst, n, src = fn.args
+    line = _LINE.as_pointer()
+    value = builder.load(builder.bitcast(src, line), align=1)
+    nontemporal = module.add_metadata([ir.IntType(32)(1)])
+    with cgutils.for_range(builder, n) as loop:
+        at = builder.bitcast(builder.gep(dst, [builder.shl(loop.index, i64(6))]), line)
+        builder.store(value, at, align=64).set_metadata("nontemporal", nontemporal)
+    builder.ret_void()
+    return fn
+
+
+def _line_store_typer(typingctx: Any, o: Any, oi: Any, src: Any) -> Any:
+    """`_lines` for one line from src[0:64], inline (a call per row measured ~10 ns)."""
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        line = _LINE.as_pointer()
+        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+        src = context.make_array(sig.args[2])(context, builder, args[2]).data
+        value = builder.load(builder.bitcast(src, line), align=1)
+        store = builder.store(value, builder.bitcast(dst, line), align=64)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
+        return context.get_dummy_value()
+    return types.void(o, oi, src), codegen
+
+
+def _misalignment_typer(typingctx: Any, o: Any) -> Any:
+    """The address of o's data modulo 64."""
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.and_(builder.ptrtoint(data, ir.IntType(64)), ir.IntType(64)(63))
+    return types.int64(o), codegen
+
+
+_LINE = ir.VectorType(ir.IntType(8), 64)
+_IOTA = ir.Constant(_LINE, list(range(64)))
+
+
+ZERO_BLOCK_BYTES = 16 * 1024  # `rows` zeroes this much at a time under a narrow Value (see there)
+COPY_MAX_BYTES = 512 * 1024  # `rows` writes zero-based matrices up to this size at once, and copies the first
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
 
+def _element_typer(typingctx: Any, o: Any, oi: Any, s: Any, n: Any) -> Any:
+    """o[oi : oi + n] = s[0 : n] for n in (1, 2, 4, 8): one plain store (a memcpy call costs more)."""
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+        src = context.make_array(sig.args[2])(context, builder, args[2]).data
+        done = builder.append_basic_block("element.done")
+        switch = builder.switch(args[3], done)
+        for size in (1, 2, 4, 8):
+            block = builder.append_basic_block(f"element.{size}")
+            switch.add_case(args[3].type(size), block)
+            builder.position_at_end(block)
+            ptr = ir.IntType(8 * size).as_pointer()
+            builder.store(builder.load(builder.bitcast(src, ptr), align=1), builder.bitcast(dst, ptr), align=1)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return types.void(o, oi, s, n), codegen
+
+
 _memcpy: Any = intrinsic(_memcpy_typer)
+_element: Any = intrinsic(_element_typer)
 _memset: Any = intrinsic(_memset_typer)
 _stream: Any = intrinsic(_stream_typer)
 _sfence: Any = intrinsic(_sfence_typer)
+_line: Any = intrinsic(_line_typer)
+_lines: Any = intrinsic(_lines_typer)
+_line_store: Any = intrinsic(_line_store_typer)
+_misalignment: Any = intrinsic(_misalignment_typer)
 
 
 @njit(cache=True, nogil=True)
-def rows(o: np.ndarray, s: np.ndarray, s_batch: int, vbytes: bytes, batch: int, h: int, w: int,
-         p0: int, q0: int, p1: int, q1: int, base: bool, stream: bool) -> None:
-    """Write `batch` h x w matrices of len(vbytes)-byte elements into the flat C-order bytes `o`.
+def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
+    """Write `batch` h x w matrices of isz-byte elements into the flat C-order bytes `o`;
+    params = (isz, s_batch, batch, h, w, p0, q0, p1, q1, base, stream) as int64, `value` the
+    element's bits as an int (byte k of the element: (value >> 8k) & 0xFF). Few and cheap arguments: numba's dispatcher
+    costs ~100 ns per argument (a bytes object ~400 ns), a good share of a call on a 256x256 matrix.
 
-    Value (its bytes: `vbytes`) goes on topX = x - y in [p0, q0) and [p1, q1) (sorted,
+    Value goes on topX = x - y in [p0, q0) and [p1, q1) (sorted,
     disjoint, clipped to [-h, w]; an unused interval is (w, w)); elsewhere the input `s` (flat
     bytes; matrix i starts at byte i * s_batch, 0 = one matrix broadcast over the batch), or
     zeros when `s` is empty.
 
     base False: every row is written span by span, each byte once. base True (for a Value a
     few diagonals wide): each matrix gets the input (or zeros) with one call, then the Value
-    spans. When every matrix is the same (no input, or one broadcast), the first is copied.
-    stream: write with non-temporal stores (outputs far larger than the cache).
+    spans; zeros for a matrix larger than COPY_MAX_BYTES with shorter rows than ZERO_BLOCK_BYTES
+    go block by block (ZERO_BLOCK_BYTES of rows, then their Values while in cache: the 8x1024x1024 uint8 identity 0.85-0.89x one
+    memset of the output, where a memset per matrix then its Values, or copies of the first
+    matrix, measured 0.67-0.8x). When every matrix is the same (no input, or one broadcast),
+    the first is copied (zero-based: up to COPY_MAX_BYTES, larger ones are cheaper to write
+    again). stream: write with non-temporal stores (outputs far larger than the cache).
     """
-    isz = len(vbytes)
+    isz, s_batch, batch, h, w = params[0], params[1], params[2], params[3], params[4]
+    p0, q0, p1, q1 = params[5], params[6], params[7], params[8]
+    base, stream = params[9] != 0, params[10] != 0
     rb = w * isz
     mb = h * rb
-    byte = int(vbytes[0])  # >= 0: every byte of Value is this one (a memset), else -1
+    byte = value & 0xFF  # >= 0: every byte of Value is this one (a memset), else -1
     for k in range(isz):
-        if vbytes[k] != vbytes[0]:
+        if (value >> (8 * k)) & 0xFF != byte:
             byte = -1
-    vrow = np.empty(rb if byte < 0 or stream else 0, np.uint8)  # a row of Values, filled by doubling
-    for k in range(min(isz, vrow.size)):
-        vrow[k] = vbytes[k]
+    # one allocation (each costs ~0.2 us, a good share of a call on a 256x256 matrix): a row of
+    # Values (one Value when it is a memset and nothing streams), filled by doubling, then a
+    # row of zeros when streaming
+    nv = rb if byte < 0 or stream else isz
+    vrow = np.zeros(nv + (rb if stream else 0), np.uint8)
+    for k in range(isz):
+        vrow[k] = (value >> (8 * k)) & 0xFF
     filled = isz
-    while filled < vrow.size:
-        n = min(filled, vrow.size - filled)
+    while filled < nv:
+        n = min(filled, nv - filled)
         _memcpy(vrow, filled, vrow, 0, n)
         filled += n
-    zrow = np.zeros(rb if stream else 0, np.uint8)
+    zero_blocks = base and not s.size and mb > COPY_MAX_BYTES and rb < ZERO_BLOCK_BYTES
+    block = ZERO_BLOCK_BYTES // rb if zero_blocks else h  # rows written at a time
     for b in range(batch):
-        if b and s_batch == 0:
+        if b and s_batch == 0 and not zero_blocks:  # the same matrix again
             if stream:
                 _stream(o, b * mb, o, 0, mb)
             else:
                 _memcpy(o, b * mb, o, 0, mb)
             continue
-        if base:  # one call per matrix (glibc streams a huge one; a small one stays in cache)
-            if s.size:
-                _memcpy(o, b * mb, s, b * s_batch, mb)
-            else:
-                _memset(o, b * mb, mb, 0)
-        for y in range(h):
-            oi = b * mb + y * rb
-            si = b * s_batch + y * rb
-            a0 = min(max(p0 + y, 0), w) * isz
-            e0 = min(max(q0 + y, 0), w) * isz
-            a1 = min(max(p1 + y, 0), w) * isz
-            e1 = min(max(q1 + y, 0), w) * isz
-            if not base:  # the input (or zeros) on the three keep spans
-                for a, e in ((0, a0), (e0, a1), (e1, rb)):
+        for y0 in range(0, h, block):
+            y1 = min(h, y0 + block)
+            if base:  # the input or zeros with one call, then the Values while in cache
+                if s.size:
+                    _memcpy(o, b * mb + y0 * rb, s, b * s_batch + y0 * rb, (y1 - y0) * rb)
+                else:
+                    _memset(o, b * mb + y0 * rb, (y1 - y0) * rb, 0)
+            for y in range(y0, y1):
+                oi = b * mb + y * rb
+                si = b * s_batch + y * rb
+                a0 = min(max(p0 + y, 0), w) * isz
+                e0 = min(max(q0 + y, 0), w) * isz
+                a1 = min(max(p1 + y, 0), w) * isz
+                e1 = min(max(q1 + y, 0), w) * isz
+                if not base:  # the input (or zeros) on the three keep spans
+                    for a, e in ((0, a0), (e0, a1), (e1, rb)):
+                        if e > a:
+                            if s.size and stream:
+                                _stream(o, oi + a, s, si + a, e - a)
+                            elif s.size:
+                                _memcpy(o, oi + a, s, si + a, e - a)
+                            elif stream:
+                                _stream(o, oi + a, vrow, nv, e - a)
+                            else:
+                                _memset(o, oi + a, e - a, 0)
+                for a, e in ((a0, e0), (a1, e1)):  # Value: a memset when its bytes are all `byte`
                     if e > a:
-                        if s.size and stream:
-                            _stream(o, oi + a, s, si + a, e - a)
-                        elif s.size:
-                            _memcpy(o, oi + a, s, si + a, e - a)
-                        elif stream:
-                            _stream(o, oi + a, zrow, 0, e - a)
+                        if stream:
+                            _stream(o, oi + a, vrow, 0, e - a)
+                        elif e - a == isz:
+                            _element(o, oi + a, vrow, isz)
+                        elif byte >= 0:
+                            _memset(o, oi + a, e - a, byte)
                         else:
-                            _memset(o, oi + a, e - a, 0)
-            for a, e in ((a0, e0), (a1, e1)):  # Value: a memset when its bytes are all `byte`
-                if e > a:
-                    if stream:
-                        _stream(o, oi + a, vrow, 0, e - a)
-                    elif byte >= 0:
-                        _memset(o, oi + a, e - a, byte)
-                    else:
-                        _memcpy(o, oi + a, vrow, 0, e - a)
+                            _memcpy(o, oi + a, vrow, 0, e - a)
     if stream:
         _sfence()
+
+
+@njit(cache=True, nogil=True)
+def generated(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
+    """`rows` without an input (`s` is empty): Value on topX in [p0, q0) and [p1, q1), zeros
+    elsewhere; params = (isz, batch, h, w, p0, q0, p1, q1).
+
+    The output is written as a sequence of aligned 64-byte lines, each with one non-temporal
+    full-line store: the runs of zeros or Values between two boundaries in a loop,
+    a line holding boundaries (rows' ends included) assembled in `acc` first. On 8-16 MiB uint8
+    identities and triangles, against one memset of the whole output: a memset per span (two per
+    row) 0.66-0.8x (each pays `rep stosb`'s start-up, and two calls share a line); one memset per
+    block of rows then the Values in cache, or a copy per row from a pattern, 0.75-0.87x; this
+    0.81-1.0x streamed (0.7x with plain stores, which read each line before writing it).
+    """
+    isz, batch, h, w = params[0], params[1], params[2], params[3]
+    p0, q0, p1, q1 = params[4], params[5], params[6], params[7]
+    rb = w * isz
+    mis = _misalignment(o)
+    pattern = np.zeros(128, np.uint8)  # a line of zeros, then a line of Values (by address)
+    for k in range(64):
+        pattern[64 + k] = (value >> (8 * ((k - mis) % isz))) & 0xFF
+    acc = np.empty(64, np.uint8)
+    cur = -mis  # the line being assembled starts here (flat offset; o[cur] is 64-byte aligned)
+    pos = 0  # acc holds bytes [cur, pos)
+    for b in range(batch):
+        for y in range(h):
+            oi = (b * h + y) * rb
+            a0 = oi + min(max(p0 + y, 0), w) * isz
+            e0 = oi + min(max(q0 + y, 0), w) * isz
+            a1 = oi + min(max(p1 + y, 0), w) * isz
+            e1 = oi + min(max(q1 + y, 0), w) * isz
+            for e, si in ((a0, 0), (e0, 64), (a1, 0), (e1, 64), (oi + rb, 0)):  # runs up to e of si's line
+                if e <= pos:
+                    continue
+                if e < cur + 64:
+                    _line(acc, pos - cur, e - cur, pattern, si)
+                else:
+                    _line(acc, pos - cur, 64, pattern, si)
+                    if cur < 0:  # the first line starts before o
+                        _memcpy(o, 0, acc, -cur, 64 + cur)
+                    else:
+                        _line_store(o, cur, acc)
+                    cur += 64
+                    n = (e - cur) >> 6
+                    if n:
+                        _lines(o, cur, n, pattern, si)
+                        cur += n << 6
+                    if e > cur:
+                        _line(acc, 0, e - cur, pattern, si)
+                pos = e
+    if pos > max(cur, 0):
+        _memcpy(o, max(cur, 0), acc, max(-cur, 0), pos - max(cur, 0))
+    _sfence()

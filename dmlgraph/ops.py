@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, ScalarUnion
+from dmlgraph.frozen import Frozen
 from dmlgraph.tensor import BufferTensorDesc, DescError
 
 _T = DmlDataType
@@ -72,8 +72,7 @@ def _types(types: Iterable[DmlDataType]) -> str:
     return ", ".join(t.name for t in sorted(types))
 
 
-@dataclass(frozen=True)
-class DiagonalMatrix1Desc:
+class DiagonalMatrix1Desc(Frozen):
     """DML_DIAGONAL_MATRIX1_OPERATOR_DESC.
 
     out[..., y, x] = value if (end >= begin) ^ (x - y >= begin) ^ (x - y < end)
@@ -84,7 +83,11 @@ class DiagonalMatrix1Desc:
     value: ScalarUnion
     begin: int
     end: int
-    input: BufferTensorDesc | None = None
+    input: BufferTensorDesc | None
+
+    def __init__(self, output: BufferTensorDesc, value: ScalarUnion, begin: int, end: int,
+                 input: BufferTensorDesc | None = None) -> None:
+        self.__dict__.update(output=output, value=value, begin=begin, end=end, input=input)
 
     name = "DIAGONAL_MATRIX1"
 
@@ -137,8 +140,7 @@ class DiagonalMatrix1Desc:
         }
 
 
-@dataclass(frozen=True)
-class DiagonalMatrixDesc:
+class DiagonalMatrixDesc(Frozen):
     """DML_DIAGONAL_MATRIX_OPERATOR_DESC: out[..., y, x] = value if y + offset == x else 0.
 
     `value` is a FLOAT; integer outputs get it truncated toward zero (10.6 -> 10).
@@ -146,7 +148,10 @@ class DiagonalMatrixDesc:
 
     output: BufferTensorDesc
     offset: int
-    value: float = 1.0
+    value: float
+
+    def __init__(self, output: BufferTensorDesc, offset: int, value: float = 1.0) -> None:
+        self.__dict__.update(output=output, offset=offset, value=value)
 
     name = "DIAGONAL_MATRIX"
 

@@ -13,6 +13,7 @@ are enormous fails with MemoryError instead of a clear decline.
 from __future__ import annotations
 
 import contextvars
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,3 +66,28 @@ def interrupts_deferred() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextmanager
+def address_space_headroom(extra: int) -> Iterator[None]:
+    """The process's address space capped at its current size + `extra` during the block (never
+    above a limit already set): a runaway allocation then fails (MemoryError, std::bad_alloc)
+    instead of exhausting the machine's memory. Where there is no such limit (not Linux) or a
+    sandbox refuses it, the block runs uncapped."""
+    try:
+        import resource
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = current + extra
+        for cap in (soft, hard):  # never raise a limit the user set
+            if cap != resource.RLIM_INFINITY:
+                limit = min(limit, cap)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

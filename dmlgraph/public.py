@@ -82,12 +82,16 @@ class OptimizeResult:
         data are copied from beside it. A model that serializes to the bytes `optimize` checked
         (one still as it made it) is not checked again.
         """
-        if self.checked_bytes is None or self.model.SerializeToString(deterministic=True) != self.checked_bytes:
-            self.check()
         out = os.fspath(path)
         base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
-        saving.save_model(self.model, out, input_path=self.source, in_place=in_place, base_dir=base_dir)
+        saving.save_model(self.model, out, input_path=self.source, in_place=in_place, base_dir=base_dir,
+                          check=self._check_unless_checked)
         return os.path.getsize(out)
+
+    def _check_unless_checked(self, data: bytes | None) -> None:
+        """`check`, unless `data` (the bytes the save writes) are the bytes `optimize` checked."""
+        if data is None or data != self.checked_bytes:
+            self.check()
 
     def to_json(self) -> str:
         return json.dumps(self.report, indent=2, sort_keys=True, default=str)

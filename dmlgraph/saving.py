@@ -10,7 +10,7 @@ import contextlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import onnx
@@ -197,7 +197,8 @@ def _copy_span(src: str, offset: int, length: int, dst: BinaryIO) -> None:
 
 def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                input_path: str | os.PathLike | None = None, in_place: bool = False,
-               external_data: bool | None = None, base_dir: str | os.PathLike | None = None) -> None:
+               external_data: bool | None = None, base_dir: str | os.PathLike | None = None,
+               check: Callable[[bytes | None], None] | None = None) -> None:
     """Write `model` to `out_path` atomically and deterministically (same model, same bytes).
 
     - Refuses to overwrite `input_path` (same real path or same file) unless `in_place=True`, and
@@ -209,6 +210,10 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
       `<out_basename>.data` beside the output, 4096-byte aligned, initializers of 1 KiB or more.
       The data file is committed first, then the model; if the process dies between the two
       renames, the old model may be left beside the new data file.
+    - `check`, if given, is called before anything is committed with the bytes about to be written
+      (None where they are not `model`'s own: external data moved out); when it raises, nothing is
+      written. (A caller that checked the model before can tell from them whether it changed since,
+      without serializing it once more.)
     - `model` itself is not modified.
     """
     out = os.path.abspath(os.fspath(out_path))
@@ -317,6 +322,8 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
         if len(serialized) > _PROTOBUF_LIMIT:
             raise ModelError(f"cannot write {out}: the model proto is over protobuf's 2 GiB limit",
                              hint="write it with external data")
+        if check is not None:
+            check(None if placing else serialized)
         del result
         model_tmp = _TempFile(out)
         temps.append(model_tmp)

@@ -8,8 +8,9 @@ Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
 
 * the plain pass looks for 1-D values longer than MAX_DATA_PROP_LENGTH, and data propagation is
   skipped when one exists;
-* where the process can fork (Linux) and has a second CPU, a child infers under a memory cap and
-  a deadline while the caller goes on (the import builds the graph meanwhile). It runs data
+* for a model of CHILD_MIN_NODES or more, where the process can fork (Linux) and has a second
+  CPU, a child infers under a memory cap and a deadline while the caller goes on (the import
+  builds the graph meanwhile). It runs data
   propagation first, with the type check: when that finds no long vector, the plain pass would
   find none either, and one pass is the answer (`_infer_job`). A length that only data
   propagation computes (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a
@@ -17,9 +18,11 @@ Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
   stored in the model sends the child's caller to the in-process path (plain pass first) at once;
   one that only the plain pass computes from constants (`Range(0, 10^9)` of constants -> Cast)
   costs the deadline or the memory cap first (the price of one pass instead of two on every
-  other model). Elsewhere both passes run in-process when the result is asked for, and only the
-  first guard holds. (Two children, one per pass, measured slower on two CPUs: three processes
-  share them.)
+  other model). Elsewhere both passes run in-process when the result is asked for: data
+  propagation under the same memory cap where the process owner allows caps
+  (`dmlgraph.process.process_wide`; it fails when the cap is reached, in about the time a child
+  takes to reach it), else with only the first guard. (Two children, one per pass, measured
+  slower on two CPUs: three processes share them.)
 
 Either way the result is the model `onnx.shape_inference.infer_shapes` returns (the tests compare
 the two paths with it), or the plain pass's when data propagation is skipped, fails or runs out of
@@ -45,11 +48,11 @@ from onnx.onnx_cpp2py_export import shape_inference as _cpp
 from dmlgraph import inference_scopes
 from dmlgraph.errors import ModelError
 from dmlgraph.modelfile import _iter_graphs, without_weights
+from dmlgraph.process import address_space_headroom, policy
 from dmlgraph.process import interrupts_deferred as _interrupts_deferred
-from dmlgraph.process import policy
 
 MAX_DATA_PROP_LENGTH = 1 << 18  # dims data propagation may make of one value (tens of milliseconds)
-CHILD_MEMORY = 2 << 30  # bytes of address space data propagation may add to what the child inherits
+CHILD_MEMORY = 2 << 30  # bytes of address space data propagation may add (in the child, or in-process)
 CHILD_SECONDS = 10.0  # data propagation's deadline: this, or 20x the time to the plain pass if longer
 USE_CHILD = sys.platform.startswith("linux") and hasattr(os, "fork")  # (macOS: fork without exec is unsafe)
 
@@ -64,7 +67,8 @@ def infer_shapes(model: onnx.ModelProto, check_types: bool = False) -> onnx.Mode
         return onnx.ModelProto.FromString(data)
     if _long_vector(plain):
         return plain
-    return _run(data, data_prop=True) or plain
+    with address_space_headroom(CHILD_MEMORY) if policy().memory_caps else contextlib.nullcontext():
+        return _run(data, data_prop=True) or plain
 
 
 ValueType = tuple[str, "int | None", "tuple | None"]  # name, element type, shape (None: unknown)
@@ -123,8 +127,10 @@ def inferred_value_types(model: onnx.ModelProto, scope: bool = True) -> list[Val
         return value_types(onnx.ModelProto.FromString(target.data))
     if _long_vector(plain):
         return value_types(plain)
+    with address_space_headroom(CHILD_MEMORY) if policy().memory_caps else contextlib.nullcontext():
+        propagated = _run(target.data, data_prop=True)
     try:
-        return target.choose(plain, _run(target.data, data_prop=True))
+        return target.choose(plain, propagated)
     except _CannotTell:
         return inferred_value_types(model, scope=False)
 
@@ -143,10 +149,15 @@ def start(model: onnx.ModelProto) -> "PendingShapes":
     return pending
 
 
-# Below this many nodes a fork costs more than the data propagation it moves off the main path
-# (a fork of a large process takes milliseconds): an If/Loop body or a small model is inferred
-# in-process. Measured: 250 If bodies took 3.7 s with a child each, mostly fork and wait.
-CHILD_MIN_NODES = 200
+# Below this many nodes a fork costs more than the data propagation it moves off the main path:
+# an If/Loop body or a small model is inferred in-process. A fork of a process that has imported
+# numpy and onnx costs ~30 ms of CPU (the copy-on-write faults of both processes after it), more
+# than a few hundred nodes' inference: measured on 2 shared CPUs, in-process took 10% less CPU
+# and 7-9% less wall time on a 574-node KV decoder export (7% on a 685-node one), within 4%
+# either way on 620-775-node synthetic models, 9-17% less at 1,550-3,100 nodes; that was under
+# load, where the child's parallelism helps least, so the line stays above the KV exports only.
+# 250 If bodies took 3.7 s with a child each, mostly fork and wait.
+CHILD_MIN_NODES = 1000
 
 
 class PendingShapes:
@@ -307,30 +318,30 @@ def _infer_job(model: onnx.ModelProto, send: Send) -> None:
         send(_RETRY, b"")
         return
     target = _Target(model)
-    _cap_address_space(CHILD_MEMORY)
-    try:
-        inferred = onnx.ModelProto.FromString(_cpp.infer_shapes(target.data, True, False, True))
-    except MemoryError:
-        return
-    except Exception:  # noqa: BLE001 - InferenceError and others
-        send(_RETRY, b"")
-        return
-    if target.scoped is not None:  # (its branches' propagated types are not kept: the plain pass decides)
-        plain = _run(target.data, data_prop=False)
+    with address_space_headroom(CHILD_MEMORY):  # (the child's whole life from here)
         try:
-            if plain is None:
-                raise _CannotTell()
-            send(_TYPES, pickle.dumps(target.choose(plain, inferred)))
-        except _CannotTell:
+            inferred = onnx.ModelProto.FromString(_cpp.infer_shapes(target.data, True, False, True))
+        except MemoryError:
+            return
+        except Exception:  # noqa: BLE001 - InferenceError and others
             send(_RETRY, b"")
-        return
-    if _long_vector(inferred):
-        plain = _run(target.data, data_prop=False)
-        if plain is None:
-            inferred = onnx.ModelProto.FromString(target.data)  # (as `infer_shapes`: the declared types)
-        elif _long_vector(plain):
-            inferred = plain
-    send(_TYPES, pickle.dumps(value_types(inferred)))
+            return
+        if target.scoped is not None:  # (its branches' propagated types are not kept: the plain pass decides)
+            plain = _run(target.data, data_prop=False)
+            try:
+                if plain is None:
+                    raise _CannotTell()
+                send(_TYPES, pickle.dumps(target.choose(plain, inferred)))
+            except _CannotTell:
+                send(_RETRY, b"")
+            return
+        if _long_vector(inferred):
+            plain = _run(target.data, data_prop=False)
+            if plain is None:
+                inferred = onnx.ModelProto.FromString(target.data)  # (as `infer_shapes`: the declared types)
+            elif _long_vector(plain):
+                inferred = plain
+        send(_TYPES, pickle.dumps(value_types(inferred)))
 
 
 class _Child:
@@ -420,18 +431,3 @@ def _die_with_parent() -> None:
     with contextlib.suppress(Exception):
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-
-
-def _cap_address_space(extra: int) -> None:
-    """Limit this process's address space to its current size + `extra` (never above a set limit).
-    Where a sandbox refuses it, the child runs on under the deadline alone."""
-    import resource
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/self/statm") as f:
-            current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = current + extra
-        for cap in (soft, hard):
-            if cap != resource.RLIM_INFINITY:
-                limit = min(limit, cap)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

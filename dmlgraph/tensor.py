@@ -6,13 +6,13 @@ sizes/strides into a numpy strided view, so zero strides broadcast and padded ro
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
 from dmlgraph.dtypes import DmlDataType, DmlTensorFlags
 from dmlgraph.errors import DmlgraphError
+from dmlgraph.frozen import Frozen
 
 MAX_DIMENSIONS = 8
 MAX_ELEMENTS = 2**32 - 1
@@ -48,27 +48,25 @@ def calc_buffer_tensor_size(data_type: DmlDataType, sizes: Iterable[int], stride
     return _round_up(n * elem, 4)
 
 
-@dataclass(frozen=True)
-class BufferTensorDesc:
+class BufferTensorDesc(Frozen):
     """DML_BUFFER_TENSOR_DESC. `total_bytes` defaults to DMLCalcBufferTensorSize."""
 
     data_type: DmlDataType
     sizes: tuple[int, ...]
-    strides: tuple[int, ...] | None = None
-    total_bytes: int | None = None
-    alignment: int = 0  # GuaranteedBaseOffsetAlignment; 0 = none guaranteed
-    flags: DmlTensorFlags = DmlTensorFlags.NONE
+    strides: tuple[int, ...] | None
+    total_bytes: int | None  # never None once built
+    alignment: int  # GuaranteedBaseOffsetAlignment; 0 = none guaranteed
+    flags: DmlTensorFlags
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "data_type", DmlDataType(self.data_type))
-        object.__setattr__(self, "sizes", tuple(int(s) for s in self.sizes))
-        if self.strides is not None:
-            object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
-        object.__setattr__(self, "flags", DmlTensorFlags(self.flags))
-        if self.total_bytes is None:
+    def __init__(self, data_type: DmlDataType, sizes: tuple[int, ...], strides: tuple[int, ...] | None = None,
+                 total_bytes: int | None = None, alignment: int = 0, flags: DmlTensorFlags = DmlTensorFlags.NONE
+                 ) -> None:
+        self.__dict__.update(data_type=DmlDataType(data_type), sizes=tuple(int(s) for s in sizes),
+                             strides=None if strides is None else tuple(int(s) for s in strides),
+                             total_bytes=total_bytes, alignment=alignment, flags=DmlTensorFlags(flags))
+        if total_bytes is None:
             self._validate_shape()
-            object.__setattr__(self, "total_bytes",
-                               calc_buffer_tensor_size(self.data_type, self.sizes, self.strides))
+            self.__dict__["total_bytes"] = calc_buffer_tensor_size(self.data_type, self.sizes, self.strides)
         self.validate()
 
     @property

@@ -18,6 +18,7 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
+from dmlgraph.frozen import Frozen
 from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
 from dmlgraph.rewrite import detached, detached_constant
@@ -47,14 +48,17 @@ class Built:
         return out
 
 
-@dataclass(frozen=True)
-class ShapeSource:
+class ShapeSource(Frozen):
     """Where one operand's sizes come from: a static tuple, a 1-D int64 value, or Shape(of)."""
 
     rank: int
-    static: tuple[int, ...] | None = None
-    vector: Value | None = None  # a 1-D int64 value holding the sizes
-    of: Value | None = None      # a value whose Shape() gives the sizes
+    static: tuple[int, ...] | None
+    vector: Value | None  # a 1-D int64 value holding the sizes
+    of: Value | None      # a value whose Shape() gives the sizes
+
+    def __init__(self, rank: int, static: tuple[int, ...] | None = None, vector: Value | None = None,
+                 of: Value | None = None) -> None:
+        self.__dict__.update(rank=rank, static=static, vector=vector, of=of)
 
 
 def shape_source(graph: Graph, v: Value) -> ShapeSource | None:

@@ -13,11 +13,8 @@ carried by the node's run-time `k` input).
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import math
-import os
-from typing import Iterator, cast
+from typing import cast
 
 import numpy as np
 import onnx
@@ -43,6 +40,7 @@ from dmlgraph.passes.symbolic import (
     sized_fill,
 )
 from dmlgraph.passes.symbolic_ops import evaluate
+from dmlgraph.process import address_space_headroom
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
 from dmlgraph.runtime import OnnxRunner, numpy_dtype
 from dmlgraph.shape_inference import infer_shapes
@@ -81,35 +79,10 @@ def _mask_model(graph: Graph, nodes: list[Node], inputs: list[Value], target: Va
 EVAL_HEADROOM = 4 << 30  # bytes of address space one mask evaluation may add
 
 
-@contextlib.contextmanager
-def _address_space_headroom(extra: int) -> Iterator[None]:
-    """Cap the process's address space at its current size + `extra` (Linux; elsewhere no cap).
-
-    Evaluating a subgraph whose sizes shape inference could not bound (a corrupt 2^40 dim, or a
-    static side we cannot see) then fails with an allocation error instead of exhausting memory.
-    """
-    try:
-        import resource
-        with open("/proc/self/statm") as f:
-            current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (ImportError, OSError, ValueError):
-        yield
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = current + extra
-    for cap in (soft, hard):  # never raise a limit the user set
-        if cap != resource.RLIM_INFINITY:
-            limit = min(limit, cap)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
 def _digest(graph: Graph, v: Value) -> tuple:
     """Equal digests, equal constants. Inline raw data is hashed as stored (type, dims, bytes: no
     decoding); anything else as its decoded array."""
+    import hashlib  # (here: loading OpenSSL costs a model with no stored mask to compare ~1% of its run)
     t = v.initializer
     if t is not None and v.array is None and t.HasField("raw_data") and v.name not in graph.overridable_inputs \
             and t.data_location != onnx.TensorProto.EXTERNAL:
@@ -125,7 +98,7 @@ def _evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], target: Valu
     model = _mask_model(graph, nodes, inputs, target, dims)
     # Only the shapes of these inputs are read: zeros (calloc'd, pages untouched) stand in.
     feeds = {v.name: np.zeros(_sample_shape(v, dims), numpy_dtype(_input_type(v))) for v in inputs}
-    with _address_space_headroom(EVAL_HEADROOM):
+    with address_space_headroom(EVAL_HEADROOM):
         return np.asarray(OnnxRunner(model, threads=1).run(feeds)[0])
 
 
@@ -191,7 +164,7 @@ def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], t
 
     The inputs fed and the output are bounded by MAX_EVAL_ELEMENTS: from the output's dims when
     they are known, else from shape inference. When neither can tell, the evaluation still runs
-    under an address-space cap (`_address_space_headroom`).
+    under an address-space cap (`dmlgraph.process.address_space_headroom`).
     """
     if any(v.elem_type is None or any(isinstance(d, int) and d < 0 for d in _input_shape(v)) for v in inputs):
         return "an input feeding it has an unknown type or a negative dim"

@@ -25,10 +25,11 @@ from __future__ import annotations
 import ast
 import functools
 import math
-from dataclasses import dataclass
 from typing import Callable, Sequence, Union
 
 import numpy as np
+
+from dmlgraph.frozen import Frozen
 
 Symbol = str  # a dim's name: the dim_param the model (or shape inference) gives it
 DIM_MAX = 2**31 - 1
@@ -46,12 +47,14 @@ class NotAMask(Unprovable):
 
 
 # ---- integer affine expressions of the dims ---------------------------------------------------
-@dataclass(frozen=True)
-class Lin:
+class Lin(Frozen):
     """const + sum(coef * symbol), exact Python integers; `terms` sorted, no zero coefficients."""
 
-    terms: tuple[tuple[Symbol, int], ...] = ()
-    const: int = 0
+    terms: tuple[tuple[Symbol, int], ...]
+    const: int
+
+    def __init__(self, terms: tuple[tuple[Symbol, int], ...] = (), const: int = 0) -> None:
+        self.__dict__.update(terms=terms, const=const)
 
     @staticmethod
     def of(c: int) -> "Lin":
@@ -124,13 +127,15 @@ class Lin:
         return text.replace("+ -", "- ")
 
 
-@dataclass(frozen=True)
-class Clamp:
+class Clamp(Frozen):
     """min(max(inner, lo), hi): a size that a Range or a Slice clamps (lo/hi None = no clamp)."""
 
     inner: Lin
-    lo: int | None = 0
-    hi: int | None = None
+    lo: int | None
+    hi: int | None
+
+    def __init__(self, inner: Lin, lo: int | None = 0, hi: int | None = None) -> None:
+        self.__dict__.update(inner=inner, lo=lo, hi=hi)
 
     def bounds(self, max_dim: int) -> tuple[int, int]:
         a, b = self.inner.bounds(max_dim)
@@ -169,12 +174,14 @@ class Clamp:
         return render_dim(self, names)
 
 
-@dataclass(frozen=True)
-class Difference:
+class Difference(Frozen):
     """a - b of two sizes, a >= b at every size (a slice's length between clamped bounds)."""
 
     a: "Lin | Clamp"
     b: "Lin | Clamp"
+
+    def __init__(self, a: "Lin | Clamp", b: "Lin | Clamp") -> None:
+        self.__dict__.update(a=a, b=b)
 
     def bounds(self, max_dim: int) -> tuple[int, int]:
         (a0, a1), (b0, b1) = self.a.bounds(max_dim), self.b.bounds(max_dim)
@@ -210,27 +217,30 @@ def as_lin(d: object, what: str) -> Lin:
 
 
 # ---- abstract tensors -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Opaque:
+class Opaque(Frozen):
     """A tensor whose data is unknown: only its shape may be read. `why` says what made its data
     unknown inside the cone (None for the cone's inputs), so a later use of the data can say so."""
 
     dtype: np.dtype
     shape: tuple[Dim, ...]
-    why: str | None = None
+    why: str | None
+
+    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], why: str | None = None) -> None:
+        self.__dict__.update(dtype=dtype, shape=shape, why=why)
 
 
-@dataclass(frozen=True)
-class Elems:
+class Elems(Frozen):
     """A small tensor of static shape with every element known: Lin for integers, else a numpy scalar."""
 
     dtype: np.dtype
     shape: tuple[int, ...]
     items: tuple
 
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...], items: tuple) -> None:
+        self.__dict__.update(dtype=dtype, shape=shape, items=items)
 
-@dataclass(frozen=True)
-class Affine:
+
+class Affine(Frozen):
     """Element (i_0, ..., i_r-1) = sum(coef[a] * i_a) + base; integer-valued (ints or exact floats)."""
 
     dtype: np.dtype
@@ -238,9 +248,11 @@ class Affine:
     coef: tuple[int, ...]
     base: Lin
 
+    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], coef: tuple[int, ...], base: Lin) -> None:
+        self.__dict__.update(dtype=dtype, shape=shape, coef=coef, base=base)
 
-@dataclass(frozen=True)
-class Band:
+
+class Band(Frozen):
     """Element (..., i, j) = values[k] where breaks[k-1] <= j - i < breaks[k]; the same in every batch slice.
 
     `breaks` are strictly increasing at every size (proved when made); values are numpy scalars.
@@ -252,9 +264,11 @@ class Band:
     breaks: tuple[Lin, ...]
     values: tuple
 
+    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], breaks: tuple[Lin, ...], values: tuple) -> None:
+        self.__dict__.update(dtype=dtype, shape=shape, breaks=breaks, values=values)
 
-@dataclass(frozen=True)
-class Pieces:
+
+class Pieces(Frozen):
     """An integer-valued tensor that is a different index grid on each run of diagonals: pieces[k]
     holds where breaks[k-1] <= j - i < breaks[k]. Min/Max/Abs of grids whose difference runs along
     the diagonals make it (T5's -min(relative_position, 0); |j - i|), and a comparison of it with a
@@ -265,15 +279,20 @@ class Pieces:
     breaks: tuple[Lin, ...]
     pieces: tuple[Affine, ...]
 
+    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], breaks: tuple[Lin, ...], pieces: tuple[Affine, ...]) -> None:
+        self.__dict__.update(dtype=dtype, shape=shape, breaks=breaks, pieces=pieces)
 
-@dataclass(frozen=True)
-class Stack:
+
+class Stack(Frozen):
     """Index grids stacked along a last axis of size len(parts): the index tuples GatherND reads
     (exporters build them as Concat of Unsqueeze(grid, -1)). Each part has the shape without it."""
 
     dtype: np.dtype
     shape: tuple[Dim, ...]
     parts: tuple[Affine, ...]
+
+    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], parts: tuple[Affine, ...]) -> None:
+        self.__dict__.update(dtype=dtype, shape=shape, parts=parts)
 
 
 AbstractValue = Union[Opaque, Elems, Affine, Band, Pieces, Stack]
@@ -669,8 +688,7 @@ def _sorted(xs: list[Lin], order: Callable[[Lin, Lin], int]) -> list[Lin]:
 
 
 # ---- the DIAGONAL_MATRIX1 fill a band is -----------------------------------------------------------
-@dataclass(frozen=True)
-class SizedFill:
+class SizedFill(Frozen):
     """One DIAGONAL_MATRIX1 fill whose sizes, and bounds, may be expressions of the dims.
 
     The bounds are `begin + shift` and `end + shift` (None: unbounded, never shifted): DML compiles
@@ -685,7 +703,13 @@ class SizedFill:
     shift: "Lin | Clamp"
     value: np.generic
     other: np.generic
-    derived: tuple[tuple[Symbol, Lin, int], ...] = ()  # symbols standing for e // k, as (name, e, k)
+    derived: tuple[tuple[Symbol, Lin, int], ...]  # symbols standing for e // k, as (name, e, k)
+
+    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], begin: int | None, end: int | None,
+                 shift: "Lin | Clamp", value: np.generic, other: np.generic,
+                 derived: tuple[tuple[Symbol, Lin, int], ...] = ()) -> None:
+        self.__dict__.update(dtype=dtype, shape=shape, begin=begin, end=end, shift=shift, value=value, other=other,
+                             derived=derived)
 
     def sizes(self) -> list[Lin]:
         """Every affine expression the node reads at run time, in its dims and its shift."""

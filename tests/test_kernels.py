@@ -554,6 +554,76 @@ def test_compiled_kernel_spans_and_bases(dtype, stream):
                     assert_bits_equal(got, want)
 
 
+class _KernelSpy:
+    """Stands in for the compiled module and records which kernel each call took."""
+
+    def __init__(self, real):
+        self.real, self.names = real, []
+
+    def __getattr__(self, name: str):
+        self.names.append(name)
+        return getattr(self.real, name)
+
+
+@pytest.mark.skipif(not kernels.compiled_available(), reason="numba is not installed (the dmlgraph[fast] extra)")
+@pytest.mark.parametrize("dtype", ["uint8", "bool", "float16", "int32", "float64"])
+def test_generated_kernel_writes_whole_lines_exactly(dtype):
+    """The streamed line writer for outputs without an input: rows shorter and longer than a line,
+    batches, every Value interval shape, byte-uniform and other Values, and outputs starting at
+    every offset within a 64-byte line (bytes around the output untouched)."""
+    spy = _KernelSpy(kernels._compiled())
+    itemsize = np.dtype(dtype).itemsize
+    values = (False, True) if dtype == "bool" else (0, 1, -1 if dtype[0] != "u" else 255, 2.5 if dtype[0] == "f" else 77)
+    with patch.multiple(kernels, _COMPILED=spy, COMPILED_MIN_BYTES=0, GENERATED_MIN_BYTES=0,
+                        GENERATED_MAX_ROW_BYTES=1 << 40, SMALL_TEMPLATE_BYTES=0):
+        for shape in ((1, 1), (1, 37), (37, 1), (3, 7, 9), (2, 33, 70), (65, 65), (2, 1, 40, 129)):
+            nbytes = math.prod(shape) * itemsize
+            for begin, end in ((INT32_MIN, 1), (1, INT32_MAX), (0, 1), (-2, 3), (3, -2), (30, -20), (INT32_MIN, 85)):
+                for k, value in enumerate(values):
+                    offset = (7 * k + len(shape) + begin % 64) % 64 // itemsize * itemsize
+                    buf = np.full(nbytes + 128, 0xA5, np.uint8)
+                    out = buf[offset:offset + nbytes].view(dtype).reshape(shape)
+                    kernels.diagonal_matrix1(shape, dtype, value, begin, end, out=out)
+                    assert_bits_equal(out, kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end))
+                    assert (buf[:offset] == 0xA5).all() and (buf[offset + nbytes:] == 0xA5).all()
+    assert "generated" in spy.names
+
+
+@pytest.mark.skipif(not kernels.compiled_available(), reason="numba is not installed (the dmlgraph[fast] extra)")
+def test_compiled_calls_follow_values_inputs_and_thresholds():
+    """The compiled call made once per signature serves every Value (all 64 bits of a uint64,
+    -0.0 and NaN payloads), with and without an input, and follows thresholds changed after it
+    was made (tests and benchmarks patch them)."""
+    spy = _KernelSpy(kernels._compiled())
+    shape = (130, 140)
+    with patch.multiple(kernels, _COMPILED=spy, COMPILED_MIN_BYTES=0):
+        for dtype, values in (("uint64", (2**64 - 1, 2**63, 1)), ("int64", (-1, -(2**63), 5)),
+                              ("float32", (-0.0, np.frombuffer(b"\x01\x00\xc0\x7f", np.float32)[0], 1.0))):
+            x = _random_input(shape, dtype, 3)
+            for generated_min in (1 << 40, 0):
+                with patch.object(kernels, "GENERATED_MIN_BYTES", generated_min):
+                    for value in values:
+                        v = np.array(value, dtype)
+                        for inp in (None, x):
+                            got = kernels.diagonal_matrix1(shape, dtype, v, INT32_MIN, 1, input=inp)
+                            assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, v, INT32_MIN, 1,
+                                                                                      input=inp))
+                assert spy.names[-2:] == ["rows" if generated_min else "generated", "rows"]
+
+
+@pytest.mark.parametrize("shape, dtype", [((2, 600, 1000), "uint8"), ((3, 300, 300), "float64"), ((1, 2, 700, 800), "bool")])
+def test_narrow_values_on_batches_of_large_matrices(shape, dtype):
+    """Batches of matrices too large to copy from cache: each is written again (zeros by blocks
+    of rows, then the Values), exactly; with an input the first path is unchanged."""
+    x = _random_input(shape, "uint8" if dtype == "bool" else dtype, 4)
+    x = x.astype(bool) if dtype == "bool" else x
+    for begin, end in ((0, 1), (-2, 3), (5, 6), (-599, -598)):
+        for value in ((True,) if dtype == "bool" else (1, 7)):
+            for inp in (None, x):
+                got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
+                assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp))
+
+
 def test_signature_cache_keeps_every_call_exact():
     """What is cached per (shape, dtype, Begin, End) never leaks between calls: other Values
     (-0.0 and 0.0, a 0-d array used as is, Python scalars), inputs, dtype spellings, list shapes;

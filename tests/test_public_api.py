@@ -205,3 +205,14 @@ def test_save_checks_again_only_a_model_changed_since_optimize(tmp_path, monkeyp
     with pytest.raises(AssertionError, match="fails onnx's"):
         result.save(tmp_path / "b.onnx")
     assert not os.path.exists(tmp_path / "b.onnx")
+
+
+def test_save_serializes_an_unchanged_model_once(tmp_path, monkeypatch):
+    """The bytes written are the bytes compared with what optimize checked: one serialization."""
+    result = dmlgraph.optimize(DEMO)
+    calls = []
+    real = onnx.ModelProto.SerializeToString
+    monkeypatch.setattr(onnx.ModelProto, "SerializeToString", lambda m, **k: calls.append(m) or real(m, **k))
+    result.save(tmp_path / "a.onnx")
+    assert len(calls) == 1
+    assert (tmp_path / "a.onnx").read_bytes() == result.checked_bytes

@@ -491,6 +491,31 @@ def test_argparse_errors_in_a_real_process(tmp_path):
     assert_clean_error(proc.returncode, proc.stdout, proc.stderr, "--seed")
 
 
+_BLAS_PROBE = """import os, sys
+from dmlgraph import cli
+real = cli._load_onnx
+def probe():
+    print("numpy" in sys.modules, os.environ.get("OPENBLAS_NUM_THREADS"))
+    real()
+cli._load_onnx = probe
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("user", [None, "3"])
+def test_optimize_sets_one_blas_thread_before_numpy(user, tmp_path):
+    """OPENBLAS_NUM_THREADS is read at numpy's first import: optimize sets it before that, unless
+    the user set it; other commands leave it alone."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | ({} if user is None else
+                                                                                  {"OPENBLAS_NUM_THREADS": user})
+    for argv, want in ((["optimize", CAUSAL, "-o", str(tmp_path / "o.onnx")], user or "1"),
+                       (["inspect", CAUSAL], user)):
+        proc = subprocess.run([PY, "-c", _BLAS_PROBE, *argv], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[0] == f"False {want}"
+
+
 # ---- nothing is lost -----------------------------------------------------------------------------
 def _copy_causal(folder) -> str:
     p = os.path.join(folder, "model.onnx")

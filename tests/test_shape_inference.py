@@ -125,6 +125,35 @@ def test_runaway_data_propagation_is_stopped(limit, monkeypatch):
     assert got == _types(onnx.shape_inference.infer_shapes(m))  # the plain pass's shapes
 
 
+@pytest.mark.skipif(not hasattr(os, "sysconf"), reason="address-space caps are a POSIX measure")
+@pytest.mark.parametrize("caps", [True, False], ids=["caps allowed", "no caps"])
+def test_in_process_data_propagation_runs_under_the_memory_cap(caps, monkeypatch):
+    """Without a child (a model below CHILD_MIN_NODES, or no fork), data propagation runs under the
+    child's memory cap where the process owner allows caps (a runaway fails there as in a child),
+    and the limit is restored after it."""
+    import resource
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    if before[0] != resource.RLIM_INFINITY:
+        pytest.skip("an address-space limit is already set")
+    monkeypatch.setattr(shape_inference, "USE_CHILD", False)
+    real, seen = shape_inference._cpp, []
+
+    class Recording:
+        @staticmethod
+        def infer_shapes(data, check_type, strict_mode, data_prop):
+            if data_prop:
+                seen.append(resource.getrlimit(resource.RLIMIT_AS)[0])
+            return real.infer_shapes(data, check_type, strict_mode, data_prop)
+
+    monkeypatch.setattr(shape_inference, "_cpp", Recording)
+    m = bench_pipeline.blocks_model(2)
+    with process_wide(memory_caps=caps):
+        got = shape_inference.start(m).value_types()
+    assert got == _types(onnx.shape_inference.infer_shapes(m, data_prop=True))
+    assert len(seen) == 1 and (seen[0] != resource.RLIM_INFINITY) == caps
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
 @pytest.mark.parametrize("use_child", [True, False], ids=["child", "in-process"])
 @pytest.mark.parametrize("failing", ["data propagation", "both passes"])
 def test_failing_inference_leaves_what_is_known(use_child, failing, monkeypatch):

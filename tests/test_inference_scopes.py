@@ -117,7 +117,7 @@ def _body_types(model: onnx.ModelProto, include_main: bool) -> dict:
 def assert_same_inference(model: onnx.ModelProto) -> None:
     """Every mode: both raise, or the main graphs' types are equal byte for byte; and the branches,
     inferred together from the scoped plain pass's types, get the types the whole inference gives them."""
-    s = inference_scopes.scoped(model, min_ifs=1)
+    s = inference_scopes.scoped(model, always=True)
     assert s is not None
     direct, scoped = model.SerializeToString(), s.model.SerializeToString()
     for mode in MODES.values():
@@ -155,7 +155,7 @@ def test_corpus_infers_the_same(name):
     """Every graph of the corpus with an If in it (a Loop body's graph as the import sees it)."""
     model = _corpus()[name]
     for g, _ in _iter_graphs(model.graph):
-        if inference_scopes.scoped(_as_model(model, g), min_ifs=1) is not None:
+        if inference_scopes.scoped(_as_model(model, g), always=True) is not None:
             assert_same_inference(_as_model(model, g))
 
 
@@ -183,14 +183,15 @@ def _graph_types(model: onnx.ModelProto) -> list:
 @pytest.mark.parametrize("name", sorted(_corpus()) + ["generated 3", "generated 11"])
 def test_import_and_written_model_are_the_same_either_way(name, tmp_path, monkeypatch):
     """The import's types of every value, and the written model byte for byte, with every If
-    scoped (MIN_IFS 1) and none; the written model passes onnx's real full check."""
+    scoped (from one If in a graph of any size) and none; the written model passes onnx's real full check."""
     model = _corpus()[name] if not name.startswith("generated") else _checked(generated_model(int(name.split()[1])))
     src = str(tmp_path / "m.onnx")
     onnx.save(model, src)
     results = []
-    for min_ifs in (1, 10**9):
-        monkeypatch.setattr(inference_scopes, "MIN_IFS", min_ifs)
-        out = str(tmp_path / f"out{min_ifs}.onnx")
+    for least in (1, 10**9):
+        monkeypatch.setattr(inference_scopes, "MIN_IFS", least)
+        monkeypatch.setattr(inference_scopes, "MIN_NODES", least)
+        out = str(tmp_path / f"out{least}.onnx")
         api.write(api.optimize(src), out, src)
         with open(out, "rb") as f:
             results.append((_graph_types(model), f.read()))
@@ -209,7 +210,7 @@ def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def test_bench_model_is_scoped_and_its_write_passes_the_full_check(tmp_path):
-    model = nested_model(400)
+    model = nested_model(2 * inference_scopes.MIN_NODES)
     assert inference_scopes.scoped(model) is not None
     src, out = str(tmp_path / "m.onnx"), str(tmp_path / "out.onnx")
     onnx.save(model, src)
@@ -224,7 +225,7 @@ def test_the_full_check_fails_where_onnx_fails(weights):
     """A branch whose declared output disagrees with what it computes (rank 2 declared, 3 made):
     onnx's full check and `check_for_save` both refuse the model; fixed, both accept it. (`weights`:
     a large initializer, which the check leaves out of the view it infers.)"""
-    model = nested_model(100)
+    model = nested_model(2 * inference_scopes.MIN_NODES)
     if weights:
         model.graph.initializer.append(numpy_helper.from_array(np.zeros(1 << 15, np.float32), "w"))
     branch = model.graph.node[6].attribute[0].g
@@ -246,9 +247,12 @@ def _with_ifs(n: int, then: onnx.GraphProto | None = None) -> onnx.ModelProto:
     return model
 
 
-def test_what_is_not_scoped():
-    """Few If nodes; branches that share a name, annotate or output an outer value, declare an
-    `unk__` dim, read a function attribute; a Loop in the main graph; ir_version 3."""
+def test_what_is_not_scoped(monkeypatch):
+    """A small graph, few If nodes; branches that share a name, annotate or output an outer value,
+    declare an `unk__` dim, read a function attribute; a Loop in the main graph; ir_version 3."""
+    assert inference_scopes.scoped(nested_model(2 * inference_scopes.MIN_NODES - 4)) is None
+    assert inference_scopes.scoped(nested_model(2 * inference_scopes.MIN_NODES)) is not None
+    monkeypatch.setattr(inference_scopes, "MIN_NODES", 0)
     assert inference_scopes.scoped(_with_ifs(inference_scopes.MIN_IFS - 1)) is None
     assert inference_scopes.scoped(_with_ifs(inference_scopes.MIN_IFS)) is not None
     same_name = h.make_graph([h.make_node("Trilu", ["x", "k"], ["i1_then"])], "t", [], [_vi("i1_then")])
@@ -270,10 +274,11 @@ def test_what_is_not_scoped():
     assert inference_scopes.scoped(old) is None
 
 
-def test_a_long_vector_in_a_branch_gets_the_plain_shapes():
+def test_a_long_vector_in_a_branch_gets_the_plain_shapes(monkeypatch):
     """A branch flattens a [1, 1024, 1024] value (a 1-D value over the data-propagation limit that
     only the branch's inference finds): scoped or not, the import gets the plain pass's types
     (the main graph's Reshape by a Shape stays unknown), and the bodies are not imported together."""
+    monkeypatch.setattr(inference_scopes, "MIN_NODES", 0)
     model = nested_model(4 * 20)
     model.graph.input[0].CopyFrom(_vi("x", [1, 1024, 1024]))
     then = model.graph.node[0].attribute[0].g

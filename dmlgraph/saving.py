@@ -17,6 +17,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from dmlgraph.errors import InternalError, ModelError
+from dmlgraph.inference_scopes import full_check, strict_inference
 from dmlgraph.modelfile import (
     _PROTOBUF_LIMIT,
     _any_external,
@@ -45,9 +46,11 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
 
     Run on every model dmlgraph is about to write: an invalid one is a bug of ours, and nothing
     must reach the disk. A model without weights to leave out is serialized once and checked from
-    those bytes in one call. Otherwise it is the full check split in its two parts, each on a view
-    without the weights (`without_weights`): the checker proper, then strict, type-checking shape
-    inference (what full_check adds), which reads the dims of big tensors but never their bytes.
+    those bytes (`full_check`: its shape inference with each If of a graph of many in a scope of
+    its own, where onnx's own is quadratic). Otherwise it is the full check split in its two parts,
+    each on a view without the weights (`without_weights`): the checker proper, then strict,
+    type-checking shape inference (what full_check adds), which reads the dims of big tensors but
+    never their bytes.
     """
     has_external = _any_external(model.graph)
     data = None
@@ -55,11 +58,10 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
         view = without_weights(model, keep_dims=False, has_external=has_external)
         if view is model:  # (then the keep_dims view is the model too)
             data = model.SerializeToString(deterministic=True)
-            onnx.checker.check_model(data, full_check=True)
+            full_check(model, data)
         else:
             onnx.checker.check_model(view)
-            onnx.shape_inference.infer_shapes(without_weights(model, keep_dims=True, has_external=has_external),
-                                              check_type=True, strict_mode=True)
+            strict_inference(without_weights(model, keep_dims=True, has_external=has_external))
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise InternalError(f"the model to be written fails the ONNX checker ({first}); nothing was written") from e

@@ -45,6 +45,7 @@ from collections.abc import Callable
 import onnx
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
+from dmlgraph import inference_scopes
 from dmlgraph.errors import ModelError
 from dmlgraph.modelfile import _iter_graphs, without_weights
 from dmlgraph.process import address_space_headroom, policy
@@ -101,18 +102,37 @@ def type_shape(tp: onnx.TypeProto, cache: dict[bytes, TypeShape] | None = None) 
     return decoded
 
 
-def whole_value_types(model: onnx.ModelProto) -> list[ValueType] | None:
+def whole_value_types(model: onnx.ModelProto, scope: bool = True) -> list[ValueType] | None:
     """`value_types(infer_shapes(model, check_types=True))` when every pass ran on the whole model
     (no error, no value over the data-propagation limit), else None: a model made of independent
-    parts (`nested`'s bodies) then gets each part's types from the part alone."""
-    data = _view(model)
+    parts (`nested`'s bodies) then gets each part's types from the part alone. (`scope`: see `_Target`.)"""
+    target = _Target(model, scope)
     try:
-        plain = onnx.ModelProto.FromString(_cpp.infer_shapes(data, True, False, False))
-        if _long_vector(plain):
+        plain = onnx.ModelProto.FromString(_cpp.infer_shapes(target.data, True, False, False))
+        if target.long_vector(plain):
             return None
-        return value_types(onnx.ModelProto.FromString(_cpp.infer_shapes(data, False, False, True)))
+        return value_types(onnx.ModelProto.FromString(_cpp.infer_shapes(target.data, False, False, True)))
+    except _CannotTell:
+        return whole_value_types(model, scope=False)
     except Exception:  # noqa: BLE001 - inference errors of every kind
         return None
+
+
+def inferred_value_types(model: onnx.ModelProto, scope: bool = True) -> list[ValueType]:
+    """`value_types(infer_shapes(model, check_types=True))`, with each If in a scope of its own
+    where that pays (`_Target`)."""
+    target = _Target(model, scope)
+    plain = _plain(target.data)
+    if plain is None:
+        return value_types(onnx.ModelProto.FromString(target.data))
+    if _long_vector(plain):
+        return value_types(plain)
+    with address_space_headroom(CHILD_MEMORY) if policy().memory_caps else contextlib.nullcontext():
+        propagated = _run(target.data, data_prop=True)
+    try:
+        return target.choose(plain, propagated)
+    except _CannotTell:
+        return inferred_value_types(model, scope=False)
 
 
 def children_available() -> bool:
@@ -161,7 +181,7 @@ class PendingShapes:
         """`value_types` of the inferred model."""
         try:
             if self.child is None:
-                return value_types(infer_shapes(self.model, check_types=True))
+                return inferred_value_types(self.model)
             # Normally the child answers about when the caller has built its graph (the two take
             # about as long); the deadline ends a runaway data propagation.
             now = time.perf_counter()
@@ -169,7 +189,7 @@ class PendingShapes:
             if kind == _TYPES:
                 return pickle.loads(payload)
             if kind == _RETRY:  # (a type error raises here as it does without a child)
-                return value_types(infer_shapes(self.model, check_types=True))
+                return inferred_value_types(self.model)
             # The child died (out of memory) or ran out of time: data propagation ran away, and
             # the plain pass is what is known.
             data = _view(self.model)
@@ -188,6 +208,47 @@ def _view(model: onnx.ModelProto) -> bytes:
     """The model without its weights, serialized: inference reads their dims and types, and copying
     them in and out would cost more than inference itself."""
     return without_weights(model, keep_dims=True).SerializeToString()
+
+
+class _CannotTell(Exception):
+    """The branches of a scoped model could not be inferred on their own: infer it unscoped."""
+
+
+class _Target:
+    """What inference runs on: the model without its weights (`_view`), with each If of its main
+    graph in a scope of its own where it has many (`inference_scopes`: the same main-graph types
+    in linear time; onnx's own is quadratic in the If nodes). `scope=False`: as it is."""
+
+    def __init__(self, model: onnx.ModelProto, scope: bool = True) -> None:
+        view = without_weights(model, keep_dims=True)
+        self.data = view.SerializeToString()
+        self.scoped = inference_scopes.scoped(view, data=self.data) if scope else None
+        if self.scoped is not None:
+            self.data = self.scoped.model.SerializeToString()
+
+    def choose(self, plain: onnx.ModelProto, propagated: onnx.ModelProto | None) -> list[ValueType]:
+        """`value_types` of what `infer_shapes` returns, given both passes' results (`propagated`:
+        None if data propagation failed): the plain pass's when it has a long vector anywhere,
+        else data propagation's. Where both type the main graph alike, that is the answer either way."""
+        plain_types = value_types(plain)
+        if propagated is None:
+            return plain_types
+        propagated_types = value_types(propagated)
+        return plain_types if propagated_types != plain_types and self.long_vector(plain) else propagated_types
+
+    def long_vector(self, plain: onnx.ModelProto) -> bool:
+        """`_long_vector` of what the plain pass gives the model (`plain`: its result on `data`): a
+        scoped model's branches, whose inferred types onnx does not keep, inferred on their own."""
+        if _long_vector(plain):
+            return True
+        if self.scoped is None:
+            return False
+        try:
+            bodies = onnx.ModelProto.FromString(_cpp.infer_shapes(
+                self.scoped.bodies_model(plain).SerializeToString(), True, False, False))
+        except Exception as e:
+            raise _CannotTell() from e
+        return _long_vector(bodies)
 
 
 # What onnx's type check says when an input's type is not one its op accepts (Trilu's k as float):
@@ -249,25 +310,35 @@ def _infer_job(model: onnx.ModelProto, send: Send) -> None:
     """What `infer_shapes(model, check_types=True)` finds, in one pass where it can: data
     propagation with the type check, under a memory cap. When its shapes hold no long vector the
     plain pass's hold none either (data propagation only adds dims): that is the answer, and the
-    plain pass is run only to apply the guard to a long vector. A model that declares or stores a
+    plain pass is run only to apply the guard to a long vector (or, for a scoped model, whose
+    branches' propagated types onnx does not keep, to decide). A model that declares or stores a
     long vector, a type error, or another failure is answered "retry" (the caller's in-process
     path, plain pass first, tells them apart); a runaway dies unanswered."""
     if _long_vector(model, stored=True):  # the guard holds without inference: the caller's path, plain first
         send(_RETRY, b"")
         return
-    data = _view(model)
+    target = _Target(model)
     with address_space_headroom(CHILD_MEMORY):  # (the child's whole life from here)
         try:
-            inferred = onnx.ModelProto.FromString(_cpp.infer_shapes(data, True, False, True))
+            inferred = onnx.ModelProto.FromString(_cpp.infer_shapes(target.data, True, False, True))
         except MemoryError:
             return
         except Exception:  # noqa: BLE001 - InferenceError and others
             send(_RETRY, b"")
             return
+        if target.scoped is not None:  # (its branches' propagated types are not kept: the plain pass decides)
+            plain = _run(target.data, data_prop=False)
+            try:
+                if plain is None:
+                    raise _CannotTell()
+                send(_TYPES, pickle.dumps(target.choose(plain, inferred)))
+            except _CannotTell:
+                send(_RETRY, b"")
+            return
         if _long_vector(inferred):
-            plain = _run(data, data_prop=False)
+            plain = _run(target.data, data_prop=False)
             if plain is None:
-                inferred = onnx.ModelProto.FromString(data)  # (as `infer_shapes`: the declared types)
+                inferred = onnx.ModelProto.FromString(target.data)  # (as `infer_shapes`: the declared types)
             elif _long_vector(plain):
                 inferred = plain
         send(_TYPES, pickle.dumps(value_types(inferred)))

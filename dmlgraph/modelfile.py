@@ -186,6 +186,7 @@ def _expected_nbytes(tensor: TensorProto, label: str) -> int | None:
 
 
 _EXTERNAL = TensorProto.EXTERNAL
+_EXTERNAL_FIELD = bytes([TensorProto.DESCRIPTOR.fields_by_name["data_location"].number << 3, _EXTERNAL])
 
 
 def _uses_external(tensor: TensorProto) -> bool:
@@ -198,6 +199,11 @@ def _any_external(graph: onnx.GraphProto) -> bool:
     if any(t.data_location == _EXTERNAL for t in graph.initializer) or \
             any(_uses_external(sp.values) or _uses_external(sp.indices) for sp in graph.sparse_initializer):
         return True
+    # An external tensor's data_location = EXTERNAL is serialized as the bytes 0x70 0x01 (field 14,
+    # varint 1): nodes whose bytes lack them hold none, at any depth (one C call per node instead
+    # of a Python step per attribute). The walk tells the rest (the bytes may be other data).
+    if _EXTERNAL_FIELD not in b"".join(map(onnx.NodeProto.SerializeToString, graph.node)):
+        return False
     for node in graph.node:
         for attr in node.attribute if node.attribute else ():
             kind = attr.type

@@ -327,10 +327,10 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     for v in g.outputs:
         value_info(v, graph.output.add())
     graph.initializer.extend(initializers)
-    for v in annotated:
-        if v is not None and v.producer is not None and v.producer.id in g.nodes and v.elem_type \
-                and not g.is_graph_output(v):
-            value_info(v, graph.value_info.add())
+    for a in annotated:
+        if a is not None and a.producer is not None and a.producer.id in g.nodes and a.elem_type \
+                and not g.is_graph_output(a):
+            value_info(a, graph.value_info.add())
     if g.info.graph_doc_string:
         graph.doc_string = g.info.graph_doc_string
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))

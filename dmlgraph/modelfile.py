@@ -751,7 +751,7 @@ def check_model_proto(model: onnx.ModelProto, label: str, base_dir: str | None, 
 
 
 def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
-               check: bool = True) -> onnx.ModelProto:
+               check: bool = True, parsed: Callable[[onnx.ModelProto], None] | None = None) -> onnx.ModelProto:
     """Read and validate an ONNX model file; every failure is a ModelError naming the path.
 
     Weights stored as external data are not read: their locations, offsets and lengths are
@@ -760,7 +760,8 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     callers that need a self-contained proto (it must then stay under protobuf's 2 GB).
 
     `check=True` also rejects dangling inputs, cycles and misordered nodes with a specific message
-    and runs `onnx.checker.check_model`.
+    and runs `onnx.checker.check_model`. `parsed(model)` is called once the file has parsed, before
+    any check (to start work that must not wait for them; the caller discards it on an error).
     """
     p = os.fspath(path)
     try:
@@ -796,6 +797,8 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     except Exception as e:  # noqa: BLE001 - any parse failure of untrusted bytes is a user-facing error
         raise ModelError(f"{p} is not a valid ONNX model (protobuf parse failed: {e}); "
                          "is the file complete?") from None
+    if parsed is not None:
+        parsed(model)
     data = data if len(data) <= _UTF8_TWIN_MAX_BYTES else None  # kept for _check_utf8 only when small
     base_dir = os.path.dirname(os.path.abspath(p))
     has_external = check_model_proto(model, p, base_dir, check=check, data=data)

@@ -79,8 +79,11 @@ _register_schemas()
 
 # ---- import ----------------------------------------------------------------------------------
 @gc_paused
-def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
-    """Build a Graph from a loaded model (external data stays unread: `base_dir` locates it)."""
+def import_model(model: onnx.ModelProto, base_dir: str | None = None,
+                 shapes: shape_inference.PendingShapes | None = None) -> Graph:
+    """Build a Graph from a loaded model (external data stays unread: `base_dir` locates it).
+    `shapes`: the inference of `model` when the caller started it (closed here, as one started
+    here is)."""
     opsets = {o.domain or "": o.version for o in model.opset_import}
     info = ModelInfo(
         ir_version=model.ir_version, opset_imports=opsets, producer_name=model.producer_name,
@@ -89,12 +92,14 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         graph_name=model.graph.name or "graph", graph_doc_string=model.graph.doc_string,
         functions=list(model.functions), base_dir=base_dir)
     g = Graph(info)
-    shapes = shape_inference.PendingShapes(model)
     try:
-        shapes.start()  # (where it can, a child infers while the graph is built)
+        if shapes is None:
+            shapes = shape_inference.PendingShapes(model)
+            shapes.start()  # (where it can, a child infers while the graph is built)
         return _build(g, model, shapes, base_dir)
     finally:
-        shapes.close()
+        if shapes is not None:
+            shapes.close()
 
 
 def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShapes, base_dir: str | None) -> Graph:

@@ -18,6 +18,7 @@ from dmlgraph.onnx_io import export_model, import_model
 from dmlgraph.rewrite import Match, Options, PassManager, PassResult
 from dmlgraph.runtime import numpy_dtype
 from dmlgraph.saving import atomic_writer, check_for_save, save_model
+from dmlgraph.shape_inference import PendingShapes
 
 ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
 IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelProto
@@ -29,7 +30,9 @@ KEEP_CHECKED_BYTES = 64 << 20
 @gc_paused
 def load(model: ModelLike) -> tuple[onnx.ModelProto, Graph]:
     """Read a model safely (external data stays on disk) and import it; a ModelProto is checked
-    as a file would be, and only read.
+    as a file would be, and only read. A file's shape inference starts as soon as it has parsed
+    (in a child where allowed: it then runs beside the checks and the build; a file that fails a
+    check stops it).
 
     Like every whole-model step, with the cyclic collector paused where allowed (see `gc_paused`):
     its full passes over the proto walk and the new graph find nothing to free."""
@@ -37,8 +40,18 @@ def load(model: ModelLike) -> tuple[onnx.ModelProto, Graph]:
         check_model_proto(model, IN_MEMORY, None)
         return model, import_model(model)
     path = os.fspath(model)
-    proto = load_model(path)
-    return proto, import_model(proto, os.path.dirname(os.path.abspath(path)))
+    shapes: PendingShapes | None = None
+
+    def infer(parsed: onnx.ModelProto) -> None:  # (the child infers while the file is checked, then built)
+        nonlocal shapes
+        shapes = PendingShapes(parsed)
+        shapes.start()
+    try:
+        proto = load_model(path, parsed=infer)
+        return proto, import_model(proto, os.path.dirname(os.path.abspath(path)), shapes)
+    finally:
+        if shapes is not None:
+            shapes.close()
 
 
 def model_label(model: ModelLike) -> str:

@@ -79,8 +79,11 @@ _register_schemas()
 
 # ---- import ----------------------------------------------------------------------------------
 @gc_paused
-def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
-    """Build a Graph from a loaded model (external data stays unread: `base_dir` locates it)."""
+def import_model(model: onnx.ModelProto, base_dir: str | None = None,
+                 shapes: shape_inference.PendingShapes | None = None) -> Graph:
+    """Build a Graph from a loaded model (external data stays unread: `base_dir` locates it).
+    `shapes`: the inference of `model` when the caller started it (closed here, as one started
+    here is)."""
     opsets = {o.domain or "": o.version for o in model.opset_import}
     info = ModelInfo(
         ir_version=model.ir_version, opset_imports=opsets, producer_name=model.producer_name,
@@ -89,12 +92,14 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         graph_name=model.graph.name or "graph", graph_doc_string=model.graph.doc_string,
         functions=list(model.functions), base_dir=base_dir)
     g = Graph(info)
-    shapes = shape_inference.PendingShapes(model)
     try:
-        shapes.start()  # (where it can, a child infers while the graph is built)
+        if shapes is None:
+            shapes = shape_inference.PendingShapes(model)
+            shapes.start()  # (where it can, a child infers while the graph is built)
         return _build(g, model, shapes, base_dir)
     finally:
-        shapes.close()
+        if shapes is not None:
+            shapes.close()
 
 
 def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShapes, base_dir: str | None) -> Graph:
@@ -264,7 +269,12 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     """A ModelProto for `g`: `dml` keeps DML nodes as custom ops, `onnx` writes standard ops only."""
     if target not in ("dml", "onnx"):
         raise UnsupportedError(f"unknown export target {target!r}", hint="use --target dml or --target onnx")
-    nodes: list[onnx.NodeProto] = []
+    # Filled in place, as helper.make_graph + make_model would: make_model copies the graph, which
+    # for inline weights is one more copy of all of them (and a node list extended into the graph
+    # is one more copy of every node).
+    model = onnx.ModelProto()
+    graph = model.graph
+    nodes = graph.node
     extra_init: list[onnx.TensorProto] = []
     opsets = dict(g.info.opset_imports)
     dml_outputs: list[Value] = []
@@ -287,7 +297,7 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
         else:
             assert isinstance(n, DmlNode)  # (a graph's nodes are ONNX or DML nodes)
             if target == "dml":
-                nodes.append(dml_node_proto(n))
+                dml_node_proto(n, nodes.add())
                 dml_outputs.append(n.outputs[0])
             else:
                 assert names is not None  # (made for target onnx)
@@ -313,20 +323,19 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     # standard ops that onnx infers itself). Optimizing the output again writes the same list.
     annotated = [g.values.get(name) for name in g.value_info_names]
     annotated += [v for v in dml_outputs if v.name not in g.value_info_names]
-    infos = [value_info(v) for v in annotated
-             if v is not None and v.producer is not None and v.producer.id in g.nodes and v.elem_type
-             and not g.is_graph_output(v)]
-    # Filled in place, as helper.make_graph + make_model would: make_model copies the graph, which
-    # for inline weights is one more copy of all of them.
-    model = onnx.ModelProto()
-    graph = model.graph
-    graph.node.extend(nodes)
     graph.name = g.info.graph_name
-    graph.input.extend(value_info(v) for v in g.inputs)
-    graph.input.extend(value_info(g.initializers[name]) for name in g.overridable_inputs if name in g.initializers)
-    graph.output.extend(value_info(v) for v in g.outputs)
+    for v in g.inputs:
+        value_info(v, graph.input.add())
+    for name in g.overridable_inputs:
+        if name in g.initializers:
+            value_info(g.initializers[name], graph.input.add())
+    for v in g.outputs:
+        value_info(v, graph.output.add())
     graph.initializer.extend(initializers)
-    graph.value_info.extend(infos)
+    for a in annotated:
+        if a is not None and a.producer is not None and a.producer.id in g.nodes and a.elem_type \
+                and not g.is_graph_output(a):
+            value_info(a, graph.value_info.add())
     if g.info.graph_doc_string:
         graph.doc_string = g.info.graph_doc_string
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
@@ -453,11 +462,15 @@ def onnx_node_proto(n: OnnxNode) -> onnx.NodeProto:
     return proto
 
 
-def value_info(v: Value) -> onnx.ValueInfoProto:
-    """The ValueInfo of `v`. Shape inference's invented `unk__N` dim names are written as unknown
-    dims: they are numbered per run, so keeping them would make the same graph export differently."""
-    return onnx.ValueInfoProto(name=v.name, type=_type_proto(v.elem_type or 0,
-                                                             None if v.shape is None else tuple(v.shape)))
+def value_info(v: Value, into: onnx.ValueInfoProto | None = None) -> onnx.ValueInfoProto:
+    """The ValueInfo of `v` (filled into `into`, an empty one, when given: one in the graph being
+    written, which saves a copy). Shape inference's invented `unk__N` dim names are written as
+    unknown dims: they are numbered per run, so keeping them would make the same graph export
+    differently."""
+    proto = onnx.ValueInfoProto() if into is None else into
+    proto.name = v.name
+    proto.type.CopyFrom(_type_proto(v.elem_type or 0, None if v.shape is None else tuple(v.shape)))
+    return proto
 
 
 @functools.lru_cache(maxsize=4096)  # most values of a model share a few types: each is built once
@@ -477,26 +490,30 @@ def _trim(names: list[str]) -> list[str]:
     return names
 
 
-def dml_node_proto(n: DmlNode) -> onnx.NodeProto:
-    ins = _trim([_name(v) for v in (n.inputs[1:] if n.kind == "DiagonalMatrix" else n.inputs)])
-    proto = onnx.NodeProto(op_type=n.kind, domain=DOMAIN, input=ins, output=[n.outputs[0].name])
-    if n.name:
-        proto.name = n.name
-    # A model's DML nodes share a few attribute sets (one per mask kind): each is built once. The
-    # value's bytes tell apart values that compare equal, or print the same, but are stored
-    # differently (-0.0 and 0.0; NaNs with other payloads).
+def dml_node_proto(n: DmlNode, into: onnx.NodeProto | None = None) -> onnx.NodeProto:
+    """The NodeProto of `n` (filled into `into`, an empty one, when given: one in the graph being
+    written, which saves a copy of the node)."""
+    # A model's DML nodes share a few attribute sets (one per mask kind): each is built once, in a
+    # node that is copied whole (one C call instead of one per attribute). The value's bytes tell
+    # apart values that compare equal, or print the same, but are stored differently (-0.0 and
+    # 0.0; NaNs with other payloads).
     value = np.asarray(n.value)
     key = (n.kind, n.elem_type, value.dtype.str, value.tobytes(), n.begin, n.end, n.static_shape, n.rule, n.exact)
-    attributes = _DML_ATTRIBUTES.get(key)
-    if attributes is None:
-        if len(_DML_ATTRIBUTES) > 256:
-            _DML_ATTRIBUTES.clear()
-        attributes = _DML_ATTRIBUTES[key] = _dml_attributes(n)
-    proto.attribute.extend(attributes)
+    template = _DML_TEMPLATES.get(key)
+    if template is None:
+        if len(_DML_TEMPLATES) > 256:
+            _DML_TEMPLATES.clear()
+        template = _DML_TEMPLATES[key] = onnx.NodeProto(op_type=n.kind, domain=DOMAIN, attribute=_dml_attributes(n))
+    proto = onnx.NodeProto() if into is None else into
+    proto.CopyFrom(template)
+    proto.input.extend(_trim([_name(v) for v in (n.inputs[1:] if n.kind == "DiagonalMatrix" else n.inputs)]))
+    proto.output.append(n.outputs[0].name)
+    if n.name:
+        proto.name = n.name
     return proto
 
 
-_DML_ATTRIBUTES: dict[tuple, tuple] = {}
+_DML_TEMPLATES: dict[tuple, onnx.NodeProto] = {}
 
 
 def _dml_attributes(n: DmlNode) -> tuple[onnx.AttributeProto, ...]:

@@ -11,7 +11,7 @@ per rule and keeping every decline once.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,8 +284,9 @@ class Rule:
 
     `anchors` are the op types worth trying; "*" tries every node and "Initializer" offers each
     stored constant (a Value) instead of a node. `candidates`, when set, replaces the anchors: it
-    returns the nodes worth trying in this sweep (an analysis may know them all at once, where
-    offering every node would call `match` on each), tried after the anchored items of the sweep.
+    returns the nodes (or stored constants) worth trying in this sweep (an analysis may know them
+    all at once, where offering every node would call `match` on each), tried after the anchored
+    items of the sweep.
     Rules run in ascending `phase`, each phase to its own fixed point, so a rule that wants to see
     a whole subgraph runs before rules that rewrite its parts.
     """
@@ -297,7 +298,7 @@ class Rule:
     exact: str = "bit-exact"  # or e.g. "equal for finite inputs"
     description: str = ""
     phase: int = 0
-    candidates: Callable[[Graph], list[Node]] | None = None
+    candidates: Callable[[Graph], Sequence[Node | Value]] | None = None
 
 
 @dataclass

@@ -54,10 +54,13 @@ class DataFree:
         # a node read before its producer was visited is settled afterwards, as `update` does.
         visited: set[int] = set()
         late: list[Value] = []
+        status = self.status
         for n in graph.nodes.values():
             visited.add(n.id)
-            for v in n.outputs:
-                self._recompute(v)
+            new = self._node_status(n)
+            if new is not None:  # (all of a node's outputs share its status)
+                for v in n.outputs:
+                    status[v.name] = new
             for x in n.inputs:
                 if x is not None and x.producer is not None and x.producer.id not in visited:
                     late.extend(n.outputs)
@@ -84,21 +87,24 @@ class DataFree:
                 self._constants[v.name] = arr is not None and (arr.size <= SMALL_CONSTANT or band_of(arr) is not None)
         return self._constants[v.name]
 
+    def _node_status(self, p: Node) -> bool | None:
+        """The status of the outputs of `p`, a node of the graph, from its inputs' statuses: None
+        when not free, else whether index_only."""
+        if p.op_type in SHAPE_OPS:
+            return True if _eligible(p) else None
+        g, status = self.graph, self.status
+        for x in p.inputs:  # (the hottest loop of the analysis: is_free inlined, cheapest test first)
+            if x is not None and x.name not in status and \
+                    (x.name not in g.initializers or x.name in g.overridable_inputs):
+                return None
+        if not _eligible(p):
+            return None
+        return p.op_type in INDEX_OPS and all(x is None or self.index_only(x) for x in p.inputs)
+
     def _recompute(self, v: Value) -> bool:
         """Set `v`'s status from its producer and its inputs' statuses; True if it changed."""
-        p, g, status = v.producer, self.graph, self.status
-        new = None  # not free
-        if p is not None and p.id in g.nodes:
-            if p.op_type in SHAPE_OPS:
-                new = True if _eligible(p) else None
-            else:  # (the hottest loop of the analysis: is_free inlined, cheapest test first)
-                for x in p.inputs:
-                    if x is not None and x.name not in status and \
-                            (x.name not in g.initializers or x.name in g.overridable_inputs):
-                        break
-                else:
-                    if _eligible(p):
-                        new = p.op_type in INDEX_OPS and all(x is None or self.index_only(x) for x in p.inputs)
+        p, status = v.producer, self.status
+        new = self._node_status(p) if p is not None and p.id in self.graph.nodes else None
         old = status.get(v.name)
         if new == old:
             return False
@@ -115,13 +121,14 @@ class DataFree:
         g, status = self.graph, self.status
         found = []
         read_by_bodies = g.body_reads()
+        outputs = {id(o) for o in g.outputs}
         for name in status:
             v = g.values.get(name)
             p = v.producer if v is not None else None
             if p is None or p.id not in g.nodes or not p.outputs or p.outputs[0] is not v:
                 continue
-            if g.is_graph_output(v) or name in read_by_bodies or \
-                    not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c in v.consumers):
+            if id(v) in outputs or name in read_by_bodies or \
+                    not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c, _ in v.uses):
                 found.append(p)
         found.sort(key=lambda n: n.added)
         return found

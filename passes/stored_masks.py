@@ -75,6 +75,14 @@ def _rewrite_stored(graph: Graph, m: Match, options: Options) -> Replacement:
                        removes=list(m.nodes))
 
 
+def _stored_candidates(graph: Graph) -> list[Value | Node]:
+    """What `_match_stored` looks at, in the order the anchors offer it: stored constants of 2 or
+    more dims (most stored constants of a model are scalars and vectors, offered in vain), then
+    Constant nodes."""
+    return [*(v for v in graph.initializers.values() if v.shape is not None and len(v.shape) >= 2),
+            *graph.by_op.get("Constant", {}).values()]
+
+
 STORED_MASK = Rule("stored_mask", ("Initializer", "Constant"), _match_stored, _rewrite_stored,
-                   exact="bit-exact", phase=1,
+                   exact="bit-exact", phase=1, candidates=_stored_candidates,
                    description="constant band mask -> DIAGONAL_MATRIX1 generator (the constant leaves the model)")

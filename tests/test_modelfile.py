@@ -689,15 +689,17 @@ def test_check_for_save_agrees_with_the_full_check(weighty):
             saving.check_for_save(bad)
 
 
-@pytest.mark.parametrize("where", ["none", "initializer", "sparse values", "Constant value", "Constant tensors",
-                                   "subgraph initializer", "subgraph Constant", "nested subgraph"])
+@pytest.mark.parametrize("where", ["none", "none, its bytes in data", "initializer", "sparse values", "Constant value",
+                                   "Constant tensors", "subgraph initializer", "subgraph Constant", "nested subgraph"])
 def test_any_external_agrees_with_the_labelled_walk(where):
     """save_model asks `_any_external` (one pass, no labels) before walking `_iter_tensors` (the oracle)."""
     ext = external_tensor("k", [2, 3], T.FLOAT, "w.bin", 0, 24)
     inline = numpy_helper.from_array(np.ones((2, 3), np.float32), "k")
-    t = ext if where != "none" else inline
+    t = ext if not where.startswith("none") else inline
+    if where == "none, its bytes in data":  # int64 368 is the bytes 0x70 0x01 that mark external data
+        t = numpy_helper.from_array(np.full((2, 3), 368, np.int64), "k")
     inits, sparse, body_inits, body_nodes = [], [], [], [h.make_node("Identity", ["x"], ["t"])]
-    if where in ("initializer", "none"):
+    if where == "initializer" or where.startswith("none"):
         inits = [t]
     elif where == "sparse values":
         sparse = [h.make_sparse_tensor(external_tensor("sv", [1], T.FLOAT, "w.bin", 0, 4),
@@ -718,6 +720,10 @@ def test_any_external_agrees_with_the_labelled_walk(where):
     nodes.append(h.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body))
     m = make_model(nodes=nodes, inits=inits, inputs=[h.make_tensor_value_info("x", T.FLOAT, [2, 3])])
     m.graph.sparse_initializer.extend(sparse)
+    if where == "none, its bytes in data":
+        nodes.insert(0, h.make_node("Constant", [], ["v"], value=t))  # (in a node too: the scan finds the bytes)
+        m = make_model(nodes=nodes, inits=inits, inputs=[h.make_tensor_value_info("x", T.FLOAT, [2, 3])])
+        assert b"\x70\x01" in m.graph.node[0].SerializeToString()
     walked = any(modelfile._uses_external(t) for t, _, _ in modelfile._iter_tensors(m))
-    assert walked == (where != "none")
+    assert walked == (not where.startswith("none"))
     assert modelfile._any_external(m.graph) == walked

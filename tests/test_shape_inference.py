@@ -219,3 +219,34 @@ def test_a_long_vector_only_inference_computes_gets_the_plain_shapes():
     assert not shape_inference._long_vector(m, stored=True)
     assert shape_inference._long_vector(onnx.shape_inference.infer_shapes(m))
     assert shape_inference.start(m).value_types() == _types(onnx.shape_inference.infer_shapes(m))
+
+
+@needs_child
+def test_a_file_is_inferred_beside_its_checks_and_a_failed_check_stops_the_child(tmp_path, monkeypatch):
+    """`api.load` forks the inference child once the file has parsed, before the checks (it infers
+    while they run); the graph gets the same types, and a file that fails a check leaves no child."""
+    from dmlgraph import api, modelfile
+    model = bench_pipeline.blocks_model(3)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    events, pids = [], []
+    real_start, real_check = shape_inference._Child.start, modelfile.check_model_proto
+
+    def start(job):
+        events.append("fork")
+        child = real_start(job)
+        pids.append(child.pid)
+        return child
+    monkeypatch.setattr(shape_inference._Child, "start", start)
+    monkeypatch.setattr(modelfile, "check_model_proto", lambda *a, **k: events.append("check") or real_check(*a, **k))
+    _, g = api.load(str(path))
+    assert events == ["fork", "check"]
+    in_process = {name: (v.elem_type, v.shape) for name, v in api.import_model(model).values.items()}
+    assert {name: (v.elem_type, v.shape) for name, v in g.values.items()} == in_process
+    model.graph.node[0].op_type = "NoSuchOp"  # fails onnx's checker
+    onnx.save(model, path)
+    with pytest.raises(ModelError, match="failed the ONNX checker"):
+        api.load(str(path))
+    assert events[-2:] == ["fork", "check"]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pids[-1], os.WNOHANG)  # the child was stopped and reaped

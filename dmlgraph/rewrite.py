@@ -317,6 +317,13 @@ class PassManager:
         self.rules = rules
         self.options = options or Options()
         self.max_iterations = max_iterations
+        self._plans: list[_Plan] | None = None  # per phase, made on the first run (one per manager)
+
+    def _phase_plans(self) -> list[_Plan]:
+        if self._plans is None:
+            self._plans = [_Plan([r for r in self.rules if r.phase == phase])
+                           for phase in sorted({r.phase for r in self.rules})]
+        return self._plans
 
     @gc_paused
     def run(self, graph: Graph, progress: Callable[[str], None] | None = None) -> PassResult:
@@ -326,16 +333,15 @@ class PassManager:
         applied: list[Match] = []
         iterations = 0
         try:
-            for phase in sorted({r.phase for r in self.rules}):
-                rules = [r for r in self.rules if r.phase == phase]
+            for plan in self._phase_plans():
                 for _ in range(self.max_iterations):
                     iterations += 1
-                    changed = self._sweep(rewriter, rules, counts, declined, applied)
+                    changed = self._sweep(rewriter, plan, counts, declined, applied)
                     if not changed:
                         break
                     rewriter.collect_dead()
                     if progress:
-                        progress(f"phase {phase}, sweep {iterations}: {sum(counts.values())} rewrites")
+                        progress(f"phase {plan.phase}, sweep {iterations}: {sum(counts.values())} rewrites")
             rewriter.finish()
         finally:
             graph.scratch.clear()  # sampled masks and decoded constants: not kept with the graph
@@ -344,11 +350,11 @@ class PassManager:
                 if all(n.id in graph.nodes for n in m.nodes) and all(i in graph.initializers for i in m.initializers)]
         return PassResult(bool(applied), counts, live, applied, iterations)
 
-    def _sweep(self, rewriter: Rewriter, rules: list[Rule], counts: dict[str, int],
+    def _sweep(self, rewriter: Rewriter, plan: _Plan, counts: dict[str, int],
                declined: dict[tuple[Any, ...], Match], applied: list[Match]) -> bool:
         graph = rewriter.graph
         changed = False
-        for item, item_rules in _candidates(graph, rules):
+        for item, item_rules in plan.candidates(graph):
             for rule in item_rules:
                 if isinstance(item, Node) and item.id not in graph.nodes:
                     break  # removed by an earlier rewrite in this sweep
@@ -377,31 +383,44 @@ class PassManager:
         return changed
 
 
-def _candidates(graph: Graph, rules: list[Rule]) -> list[tuple[Any, list[Rule]]]:
-    """(item, the rules to try on it) for one sweep: stored constants, anchored nodes in graph
-    order, then each rule's own candidates."""
-    by_anchor: dict[str, list[Rule]] = {}
-    for r in rules:
-        for a in (r.anchors if r.candidates is None else ()):
-            by_anchor.setdefault(a, []).append(r)
-    candidates: list[tuple[Any, list[Rule]]] = []
-    if "Initializer" in by_anchor:
-        candidates += [(v, by_anchor["Initializer"]) for v in graph.initializers.values()]
-    every = by_anchor.get("*", [])
-    nodes: Iterable[Node]
-    if every:
-        nodes = graph.iter_nodes()
-    else:  # only the anchors' op types, in graph order
-        nodes = sorted((n for op in by_anchor for n in graph.by_op.get(op, {}).values()), key=lambda n: n.added)
-    per_op: dict[str, list[Rule]] = {}  # one list per op type, not one per node
-    for n in nodes:
-        item_rules = per_op.get(n.op_type)
-        if item_rules is None:
-            item_rules = per_op[n.op_type] = by_anchor.get(n.op_type, []) + every
-        if item_rules:  # most nodes have no rule in a given phase
-            candidates.append((n, item_rules))
-    candidates += [(n, [r]) for r in rules if r.candidates is not None for n in r.candidates(graph)]
-    return candidates
+class _Plan:
+    """One phase's rules by what they are offered, worked out once per PassManager (a run per
+    If/Loop/Scan body made this setup a fixed cost per body)."""
+
+    def __init__(self, rules: list[Rule]):
+        self.phase = rules[0].phase
+        self.by_anchor: dict[str, list[Rule]] = {}
+        for r in rules:
+            for a in (r.anchors if r.candidates is None else ()):
+                self.by_anchor.setdefault(a, []).append(r)
+        self.every = self.by_anchor.get("*", [])
+        self.ops = [op for op in self.by_anchor if op not in ("*", "Initializer")]
+        self.own = [(r, r.candidates) for r in rules if r.candidates is not None]  # rules naming their own
+
+    def candidates(self, graph: Graph) -> list[tuple[Any, list[Rule]]]:
+        """(item, the rules to try on it) for one sweep: stored constants, anchored nodes in graph
+        order, then each rule's own candidates."""
+        by_anchor = self.by_anchor
+        candidates: list[tuple[Any, list[Rule]]] = []
+        if "Initializer" in by_anchor:
+            candidates += [(v, by_anchor["Initializer"]) for v in graph.initializers.values()]
+        every = self.every
+        nodes: Iterable[Node]
+        if every:
+            nodes = graph.iter_nodes()
+        else:  # only the anchors' op types, in graph order
+            present = [found for found in map(graph.by_op.get, self.ops) if found]
+            nodes = present[0].values() if len(present) == 1 else \
+                sorted((n for found in present for n in found.values()), key=lambda n: n.added)
+        per_op: dict[str, list[Rule]] = {}  # one list per op type, not one per node
+        for n in nodes:
+            item_rules = per_op.get(n.op_type)
+            if item_rules is None:
+                item_rules = per_op[n.op_type] = by_anchor.get(n.op_type, []) + every
+            if item_rules:  # most nodes have no rule in a given phase
+                candidates.append((n, item_rules))
+        candidates += [(n, [r]) for r, offered in self.own for n in offered(graph)]
+        return candidates
 
 
 __all__ = ["Match", "Options", "PassManager", "PassResult", "Replacement", "RewriteRefused",

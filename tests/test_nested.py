@@ -609,3 +609,27 @@ def test_body_left_to_onnxruntime_reads_a_main_graph_generator(tmp_path):
         feeds = {"X": _x((5, 5)), "c": np.array(c)}
         assert _same(api.run_graph(import_model(out), feeds)["Y"], _ort(model, feeds)[0])
         assert api.validate(src, feeds=feeds)["ok"]
+
+
+def test_sibling_bodies_with_constants_of_one_name_each_use_their_own(tmp_path):
+    """The bodies share one cache of decoded constants: two branches each holding its own `k`
+    (1 and -2), and two more reading the main graph's `k` (0), each lower their Trilu with the k
+    they hold or read."""
+    def branch(name: str, local_k: int | None) -> onnx.GraphProto:
+        inits = [] if local_k is None else [_const("k", local_k)]
+        return h.make_graph([h.make_node("Trilu", ["X", "k"], [name], upper=1)], name, [],
+                            [_vi(name, shape=[6, 6])], inits)
+
+    model = _model([h.make_node("If", ["c"], ["A"], then_branch=branch("a_then", 1), else_branch=branch("a_else", -2)),
+                    h.make_node("If", ["c"], ["B"], then_branch=branch("b_then", None), else_branch=branch("b_else", None)),
+                    h.make_node("Add", ["A", "B"], ["Y"])],
+                   [_vi("X", shape=[6, 6]), _vi("c", T.BOOL, [])], [_vi("Y", shape=[6, 6])], [_const("k", 0)])
+    src = str(tmp_path / "m.onnx")
+    onnx.save(model, src)
+    result = api.optimize(src)
+    assert result.passes.counts["trilu"] == 4
+    out = result.model
+    onnx.checker.check_model(out, full_check=True)
+    for c in (True, False):
+        feeds = {"X": _x((6, 6)), "c": np.array(c)}
+        assert _same(_ort(model, feeds)[0], api.run_graph(import_model(out), feeds)["Y"])

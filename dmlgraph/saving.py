@@ -19,11 +19,14 @@ from onnx import TensorProto, numpy_helper
 from dmlgraph.errors import InternalError, ModelError
 from dmlgraph.inference_scopes import full_check, strict_inference
 from dmlgraph.modelfile import (
+    _EXTERNAL_FIELD,
     _PROTOBUF_LIMIT,
+    STRIP_BYTES,
     _any_external,
     _check_inline_data,
     _external_span,
     _iter_tensors,
+    _may_hold_big,
     _read_span,
     _uses_external,
     tensor_nbytes,
@@ -45,27 +48,33 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
     writes it (so a caller can tell later whether the model is still the one checked), else None.
 
     Run on every model dmlgraph is about to write: an invalid one is a bug of ours, and nothing
-    must reach the disk. A model without weights to leave out is serialized once and checked from
-    those bytes (`full_check`: its shape inference with each If of a graph of many in a scope of
-    its own, where onnx's own is quadratic). Otherwise it is the full check split in its two parts,
-    each on a view without the weights (`without_weights`): the checker proper, then strict,
-    type-checking shape inference (what full_check adds), which reads the dims of big tensors but
-    never their bytes.
+    must reach the disk. A model without weights to leave out (nor external data, which its bytes
+    tell) is serialized once and checked from those bytes (`full_check`: its shape inference with
+    each If of a graph of many in a scope of its own, where onnx's own is quadratic). Otherwise it
+    is the full check split in its two parts, each on a view without the weights
+    (`without_weights`): the checker proper, then strict, type-checking shape inference (what
+    full_check adds), which reads the dims of big tensors but never their bytes.
     """
-    has_external = _any_external(model.graph)
-    data = None
     try:
-        view = without_weights(model, keep_dims=False, has_external=has_external)
-        if view is model:  # (then the keep_dims view is the model too)
+        if not _may_hold_big(model, STRIP_BYTES):
             data = model.SerializeToString(deterministic=True)
-            full_check(model, data)
-        else:
-            onnx.checker.check_model(view)
-            strict_inference(without_weights(model, keep_dims=True, has_external=has_external))
+            if not _has_external(model, data):
+                full_check(model, data)
+                return data
+        has_external = _any_external(model.graph)
+        onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external))
+        strict_inference(without_weights(model, keep_dims=True, has_external=has_external))
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise InternalError(f"the model to be written fails the ONNX checker ({first}); nothing was written") from e
-    return data
+    return None
+
+
+def _has_external(model: onnx.ModelProto, data: bytes) -> bool:
+    """`_any_external(model.graph)`, given `model` serialized: a tensor stored as external data has
+    the bytes of data_location = EXTERNAL in it, so bytes without them answer at once (one C search
+    instead of serializing every node once more)."""
+    return _EXTERNAL_FIELD in data and _any_external(model.graph)
 
 
 def _write_bytes(f: BinaryIO, data: bytes) -> None:
@@ -233,7 +242,13 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     # One entry per tensor in `_iter_tensors` order (None: not external).
     # (Most models have none: a first walk skips the rest without labelling every tensor.)
     sources: list[tuple[str, int, int] | None] = []
-    if _any_external(model.graph):
+    serialized = None  # a model without external data is serialized once, here: its size decides
+    if external_data is not True:  # (and its bytes tell most models hold none: `_has_external`)
+        try:
+            serialized = model.SerializeToString(deterministic=True)
+        except Exception:  # noqa: BLE001 - over protobuf's limit: external data or an error below
+            pass
+    if _has_external(model, serialized) if serialized is not None else _any_external(model.graph):
         for tensor, label, _ in _iter_tensors(model):
             span = None
             if _uses_external(tensor):
@@ -243,12 +258,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                 span = _external_span(tensor, base_dir, label)
             sources.append(span)
     external_bytes = sum(span[2] for span in sources if span is not None)
-    serialized = None  # a model without external data is serialized once, here: its size decides
     if external_bytes == 0 and external_data is not True:  # (ByteSize would cost one more pass)
-        try:
-            serialized = model.SerializeToString(deterministic=True)
-        except Exception:  # noqa: BLE001 - over protobuf's limit: external data or an error below
-            pass
         total = len(serialized) if serialized is not None else _PROTOBUF_LIMIT + 1
     else:
         total = model.ByteSize() + external_bytes

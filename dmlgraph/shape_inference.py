@@ -32,6 +32,7 @@ simply has fewer known shapes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pickle
 import select
@@ -40,7 +41,7 @@ import struct
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import onnx
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
@@ -276,18 +277,33 @@ def _run(data: bytes, data_prop: bool) -> onnx.ModelProto | None:
         return None
 
 
-def _long_vector(model: onnx.ModelProto, stored: bool = False) -> bool:
+def _long_vector(model: onnx.ModelProto, stored: bool = False,
+                 graphs: list[tuple[onnx.GraphProto, str]] | None = None) -> bool:
     """Whether a 1-D value of `model` (an inferred one) has a static length over the limit;
-    `stored`: or a 1-D initializer or Constant value (what the plain pass finds without computing)."""
-    for g, _ in _iter_graphs(model.graph):
-        for infos in (g.input, g.output, g.value_info):
-            for vi in infos:
-                dims = vi.type.tensor_type.shape.dim
-                if len(dims) == 1 and dims[0].dim_value > MAX_DATA_PROP_LENGTH:
-                    return True
+    `stored`: or a 1-D initializer or Constant value (what the plain pass finds without computing).
+    `graphs`: `_iter_graphs(model.graph)`, when the caller has it."""
+    for g, _ in graphs if graphs is not None else _iter_graphs(model.graph):
+        if _declares_long_vector(g.input, g.output, g.value_info):
+            return True
         if stored and _stores_long_vector(g):
             return True
     return False
+
+
+def _declares_long_vector(*infos: Iterable[onnx.ValueInfoProto]) -> bool:
+    for vi in itertools.chain(*infos):
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) == 1 and dims[0].dim_value > MAX_DATA_PROP_LENGTH:
+            return True
+    return False
+
+
+def _flat_long_vector(model: onnx.ModelProto, types: list[ValueType]) -> bool:
+    """`_long_vector(model)` for a model without subgraphs whose `value_types` are `types` (their
+    decoded shapes read instead of walking its value_info a second time)."""
+    return _declares_long_vector(model.graph.input, model.graph.output) or any(
+        shape is not None and len(shape) == 1 and isinstance(shape[0], int) and shape[0] > MAX_DATA_PROP_LENGTH
+        for _, _, shape in types)
 
 
 def _stores_long_vector(g: onnx.GraphProto) -> bool:
@@ -314,7 +330,8 @@ def _infer_job(model: onnx.ModelProto, send: Send) -> None:
     branches' propagated types onnx does not keep, to decide). A model that declares or stores a
     long vector, a type error, or another failure is answered "retry" (the caller's in-process
     path, plain pass first, tells them apart); a runaway dies unanswered."""
-    if _long_vector(model, stored=True):  # the guard holds without inference: the caller's path, plain first
+    graphs = list(_iter_graphs(model.graph))
+    if _long_vector(model, stored=True, graphs=graphs):  # the guard holds without inference: the caller's path, plain first
         send(_RETRY, b"")
         return
     target = _Target(model)
@@ -335,13 +352,15 @@ def _infer_job(model: onnx.ModelProto, send: Send) -> None:
             except _CannotTell:
                 send(_RETRY, b"")
             return
-        if _long_vector(inferred):
+        types = value_types(inferred)
+        if _flat_long_vector(inferred, types) if len(graphs) == 1 else _long_vector(inferred):
             plain = _run(target.data, data_prop=False)
             if plain is None:
                 inferred = onnx.ModelProto.FromString(target.data)  # (as `infer_shapes`: the declared types)
             elif _long_vector(plain):
                 inferred = plain
-        send(_TYPES, pickle.dumps(value_types(inferred)))
+            types = value_types(inferred)
+        send(_TYPES, pickle.dumps(types))
 
 
 class _Child:

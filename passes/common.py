@@ -1,6 +1,7 @@
 """What every rule needs: constant values, scalar attributes-as-inputs, and the lowering check."""
 from __future__ import annotations
 
+import functools
 from typing import Sequence, cast
 
 import numpy as np
@@ -58,10 +59,12 @@ def _initializer_value(graph: Graph, v: Value) -> np.ndarray:
     return arr
 
 
+@functools.cache  # (numpy scalars are immutable: one per type, not one per rewritten node)
 def zero_of(elem_type: int) -> np.generic:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).type(0)
 
 
+@functools.cache
 def one_of(elem_type: int) -> np.generic:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).type(1)
 

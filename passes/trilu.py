@@ -7,8 +7,6 @@ wrapped); a run-time k stays an input that shifts the bounded end when the node 
 """
 from __future__ import annotations
 
-import numpy as np
-
 from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
 from dmlgraph.ops import clamp_bound
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin, zero_of
@@ -29,11 +27,11 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
         kc = const_value(graph, k_in)
         if kc is None:
             k_value = k_in
-        elif kc.size != 1 or not np.issubdtype(kc.dtype, np.integer):
+        elif kc.size != 1 or kc.dtype.kind not in "iu":  # (np.issubdtype(dtype, np.integer), without its cost)
             m.reason = f"k is not an integer scalar (shape {list(kc.shape)}, {kc.dtype})"
             return m
         else:
-            k = int(kc.reshape(-1)[0])
+            k = int(kc.item())
     if x.elem_type is None:
         m.reason = "the input type is unknown"
         return m

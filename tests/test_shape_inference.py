@@ -204,20 +204,24 @@ def test_the_child_answers_with_one_pass(monkeypatch):
 
 
 @needs_child
-def test_a_long_vector_only_inference_computes_gets_the_plain_shapes():
+@pytest.mark.parametrize("as_output", [True, False], ids=["graph output", "intermediate value"])
+def test_a_long_vector_only_inference_computes_gets_the_plain_shapes(as_output):
     """Data propagation first (the child) finds the long vector the plain pass computes from a
-    stored size, and answers with the plain pass's shapes, as the guard ahead of it would."""
+    stored size, and answers with the plain pass's shapes, as the guard ahead of it would (the
+    vector a graph output, or an intermediate value the child reads from its decoded types)."""
     n = shape_inference.MAX_DATA_PROP_LENGTH + 1
     nodes = [h.make_node("ConstantOfShape", ["size"], ["z"], value=numpy_helper.from_array(np.array([1], np.int64))),
              h.make_node("Cast", ["z"], ["c"], to=T.DOUBLE), h.make_node("Shape", ["x"], ["s"]),
              h.make_node("Mul", ["s", "c2"], ["y"])]
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["n"])],
-                     [h.make_tensor_value_info("c", T.DOUBLE, None), h.make_tensor_value_info("y", T.INT64, None)],
+    outputs = [h.make_tensor_value_info("c", T.DOUBLE, None)] * as_output + [h.make_tensor_value_info("y", T.INT64, None)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["n"])], outputs,
                      [numpy_helper.from_array(np.array([n], np.int64), "size"),
                       numpy_helper.from_array(np.array([2], np.int64), "c2")])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
     assert not shape_inference._long_vector(m, stored=True)
-    assert shape_inference._long_vector(onnx.shape_inference.infer_shapes(m))
+    inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    assert shape_inference._long_vector(inferred)
+    assert shape_inference._flat_long_vector(inferred, _types(inferred))  # (the child's test of a flat model)
     assert shape_inference.start(m).value_types() == _types(onnx.shape_inference.infer_shapes(m))
 
 

@@ -416,15 +416,15 @@ def _run_compiled(compiled: ModuleType, o3: np.ndarray, s3: np.ndarray | None, v
         s3 = s3[0]
     else:
         return False
-    _compiled_rows(compiled, o3, s3, v, plan)
+    call = _compiled_call(plan, o3.size, o3.itemsize, None if s3 is None else s3.size)
+    _call_compiled(compiled, call, o3.ravel().view(np.uint8), _NO_INPUT if s3 is None else s3.ravel().view(np.uint8), v)
     return True
 
 
-def _compiled_rows(compiled: ModuleType, o: np.ndarray, s: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
-    """The compiled kernel on C-contiguous `o` and `s` (as many matrices as `o`, or one)."""
-    name, params = _compiled_call(plan, o.size, o.itemsize, None if s is None else s.size)
-    getattr(compiled, name)(o.ravel().view(np.uint8), _NO_INPUT if s is None else s.ravel().view(np.uint8),
-                            int.from_bytes(v.tobytes(), "little", signed=True), params)
+def _call_compiled(compiled: ModuleType, call: tuple[str, np.ndarray], o8: np.ndarray, s8: np.ndarray,
+                   v: np.ndarray) -> None:
+    """The compiled kernel `call` names (see `_compiled_call`) on the bytes of the output and input."""
+    getattr(compiled, call[0])(o8, s8, int.from_bytes(v.tobytes(), "little", signed=True), call[1])
 
 
 def _compiled_call(plan: _Plan, size: int, itemsize: int, s_size: int | None) -> tuple[str, np.ndarray]:
@@ -601,8 +601,9 @@ class _Signature(NamedTuple):
     size: int
     plan: _Plan
     tiny: np.ndarray | None  # flat Value positions, for outputs of at most TINY_ELEMENTS
-    # the compiled kernel's call (or None: not for it) per (input given, thresholds), made on first use
-    calls: dict[tuple[bool, int, int, int], tuple[str, np.ndarray] | None]
+    # the compiled kernel's call (or None: not for it) per (input given, the settings it depends on),
+    # made on first use
+    calls: dict[tuple[bool, int, int, int, int, int, int], tuple[str, np.ndarray] | None]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -653,7 +654,8 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     if sig.tiny is not None:
         return _fill_tiny(out, input, sig.tiny, v)
     # straight to the compiled kernel, its parameters made once per signature
-    key = (input is None, COMPILED_MIN_BYTES, STREAM_MIN_BYTES, GENERATED_MIN_BYTES)
+    key = (input is None, COMPILED_MIN_BYTES, STREAM_MIN_BYTES, GENERATED_MIN_BYTES, GENERATED_MAX_ROW_BYTES,
+           SMALL_TEMPLATE_BYTES, NARROW)
     try:
         call = sig.calls[key]
     except KeyError:
@@ -666,7 +668,7 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
         except ValueError:
             pass
         else:
-            getattr(compiled, call[0])(o8, s8, int.from_bytes(v.tobytes(), "little", signed=True), call[1])
+            _call_compiled(compiled, call, o8, s8, v)
             return out
     if sig.size == 0:
         return out
@@ -705,25 +707,22 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
     through `diagonal_matrix1` itself. For an executor that runs one node at one shape many times.
     """
     shape = tuple(operator.index(s) for s in shape)
-    dtype = np.dtype(dtype)
     begin = operator.index(begin)
     end = operator.index(end)
-    _check_dtype(dtype)
-    if len(shape) < 2:
-        raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
+    sig = _signature(shape, np.dtype(dtype), begin, end)  # (checks the type and the rank)
     if any(d < 0 for d in shape):
         raise DmlgraphError(f"DIAGONAL_MATRIX1 shape {list(shape)} has a negative size")
+    dtype, size, plan = sig.dtype, sig.size, sig.plan
     v = np.array(value, dtype)
 
     def generic(input: npt.ArrayLike | None = None) -> np.ndarray:
         return diagonal_matrix1(shape, dtype, value, begin, end, input=input)
 
-    size = math.prod(shape)
     h, w = shape[-2], shape[-1]
     if size == 0:
         return generic
-    if size <= TINY_ELEMENTS:
-        idx = _tiny_index(shape, begin, end)
+    if sig.tiny is not None:
+        idx = sig.tiny
 
         def run_tiny(input: npt.ArrayLike | None = None) -> np.ndarray:
             if input is not None and (type(input) is not np.ndarray or input.shape != shape
@@ -732,7 +731,6 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
             return _fill_tiny(np.empty(shape, dtype), input, idx, v)
         return run_tiny
     vv = v.view(np.uint8) if dtype == np.bool_ else v
-    plan = _plan(h, w, begin, end)
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
         return generic  # one region everywhere, or big matrices: the block writers (planning is cheap there)
     if _compiled_for(plan, size * dtype.itemsize) is not None:

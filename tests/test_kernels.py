@@ -611,6 +611,19 @@ def test_compiled_calls_follow_values_inputs_and_thresholds():
                 assert spy.names[-2:] == ["rows" if generated_min else "generated", "rows"]
 
 
+def test_compiled_call_follows_every_setting_it_reads():
+    """The call cached per signature is made again when any setting `_compiled_call` reads
+    changes, not only the size thresholds (here the longest row `generated` takes)."""
+    spy = _KernelSpy(kernels._compiled())
+    shape, dtype = (130, 140), "uint8"
+    with patch.multiple(kernels, _COMPILED=spy, COMPILED_MIN_BYTES=0, GENERATED_MIN_BYTES=0):
+        for max_row, name in ((1 << 20, "generated"), (0, "rows")):
+            with patch.object(kernels, "GENERATED_MAX_ROW_BYTES", max_row):
+                got = kernels.diagonal_matrix1(shape, dtype, 7, INT32_MIN, 1)
+            assert spy.names[-1] == name
+            assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, dtype, 7, INT32_MIN, 1))
+
+
 @pytest.mark.parametrize("shape, dtype", [((2, 600, 1000), "uint8"), ((3, 300, 300), "float64"), ((1, 2, 700, 800), "bool")])
 def test_narrow_values_on_batches_of_large_matrices(shape, dtype):
     """Batches of matrices too large to copy from cache: each is written again (zeros by blocks

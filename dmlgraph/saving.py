@@ -56,12 +56,15 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
     full_check adds), which reads the dims of big tensors but never their bytes.
     """
     try:
+        has_external = None
         if not _may_hold_big(model, STRIP_BYTES):
             data = model.SerializeToString(deterministic=True)
-            if not _has_external(model, data):
+            has_external = _has_external(model, data)
+            if not has_external:
                 full_check(model, data)
                 return data
-        has_external = _any_external(model.graph)
+        if has_external is None:
+            has_external = _any_external(model.graph)
         onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external))
         strict_inference(without_weights(model, keep_dims=True, has_external=has_external))
     except Exception as e:

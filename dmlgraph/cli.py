@@ -6,13 +6,14 @@ Exit codes: 0 success; 1 the check failed (validate found a mismatch); 2 bad inp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -50,11 +51,21 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         return _optimize_folder(args)
     # One model: what the command makes (the modules it imports, the graph) lives until the exit,
     # and the collector's passes over it would free nothing (a tenth of a small model's run).
+    with _collector_paused():
+        return _optimize_file(args)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic collector off during the block, as it was after (not `graph.gc_paused`: that
+    module imports numpy and onnx, which `_load_onnx` must import first)."""
+    enabled = gc.isenabled()
     gc.disable()
     try:
-        return _optimize_file(args)
+        yield
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()
 
 
 def _optimize_file(args: argparse.Namespace) -> int:
@@ -380,14 +391,8 @@ def _load_onnx() -> None:
     """onnx (and numpy), which every command uses, with Ctrl-C held back: an interrupt landing in
     its C++ extension's import aborts the process (std::terminate). The collector is paused: an
     import makes only objects that live as long as the process, its passes would free nothing."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with interrupts_deferred():
-            import onnx  # noqa: F401
-    finally:
-        if enabled:
-            gc.enable()
+    with _collector_paused(), interrupts_deferred():
+        import onnx  # noqa: F401
 
 
 def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:

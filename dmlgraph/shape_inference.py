@@ -68,7 +68,7 @@ def infer_shapes(model: onnx.ModelProto, check_types: bool = False) -> onnx.Mode
         return onnx.ModelProto.FromString(data)
     if _long_vector(plain):
         return plain
-    with address_space_headroom(CHILD_MEMORY) if policy().memory_caps else contextlib.nullcontext():
+    with _in_process_cap():
         return _run(data, data_prop=True) or plain
 
 
@@ -103,6 +103,12 @@ def type_shape(tp: onnx.TypeProto, cache: dict[bytes, TypeShape] | None = None) 
     return decoded
 
 
+def _in_process_cap() -> contextlib.AbstractContextManager:
+    """Data propagation in-process: under the child's address-space cap where the process owner
+    allows caps (`dmlgraph.process.process_wide`), else uncapped."""
+    return address_space_headroom(CHILD_MEMORY) if policy().memory_caps else contextlib.nullcontext()
+
+
 def whole_value_types(model: onnx.ModelProto, scope: bool = True) -> list[ValueType] | None:
     """`value_types(infer_shapes(model, check_types=True))` when every pass ran on the whole model
     (no error, no value over the data-propagation limit), else None: a model made of independent
@@ -128,7 +134,7 @@ def inferred_value_types(model: onnx.ModelProto, scope: bool = True) -> list[Val
         return value_types(onnx.ModelProto.FromString(target.data))
     if _long_vector(plain):
         return value_types(plain)
-    with address_space_headroom(CHILD_MEMORY) if policy().memory_caps else contextlib.nullcontext():
+    with _in_process_cap():
         propagated = _run(target.data, data_prop=True)
     try:
         return target.choose(plain, propagated)

@@ -215,7 +215,10 @@ def _dim(d, length):
     return length
 
 
-def make_feeds(model: onnx.ModelProto, length: int, seed: int, pad: bool) -> dict:
+def random_feeds(model: onnx.ModelProto, size: Callable[[onnx.TensorShapeProto.Dimension], int], seed: int,
+                 mask: Callable[[str, np.ndarray], np.ndarray | None]) -> dict:
+    """Random data for every graph input that is not an initializer: `size` gives each dim, `mask`
+    an attention mask (ones, with the caller's padding) for an input it recognizes, else None."""
     rng = np.random.default_rng(seed)
     inits = {i.name for i in model.graph.initializer}
     feeds = {}
@@ -223,19 +226,27 @@ def make_feeds(model: onnx.ModelProto, length: int, seed: int, pad: bool) -> dic
         if i.name in inits:
             continue
         tt = i.type.tensor_type
-        shape = [_dim(d, length) for d in tt.shape.dim]
-        dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        if i.name == "attention_mask":
-            a = np.ones(shape, dt)
-            if pad:
-                a[-1, -2:] = 0  # right padding in the last row
-                a[0, :1] = 0  # left padding in the first row
-            feeds[i.name] = a
-        elif np.issubdtype(dt, np.integer):
-            feeds[i.name] = rng.integers(0, 100, shape).astype(dt)
+        ones = np.ones([size(d) for d in tt.shape.dim], onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        given = mask(i.name, ones)
+        if given is not None:
+            feeds[i.name] = given
+        elif np.issubdtype(ones.dtype, np.integer):
+            feeds[i.name] = rng.integers(0, 100, ones.shape).astype(ones.dtype)
         else:
-            feeds[i.name] = rng.standard_normal(shape).astype(dt)
+            feeds[i.name] = rng.standard_normal(ones.shape).astype(ones.dtype)
     return feeds
+
+
+def make_feeds(model: onnx.ModelProto, length: int, seed: int, pad: bool) -> dict:
+    def mask(name: str, a: np.ndarray) -> np.ndarray | None:
+        if name != "attention_mask":
+            return None
+        if pad:
+            a[-1, -2:] = 0  # right padding in the last row
+            a[0, :1] = 0  # left padding in the first row
+        return a
+
+    return random_feeds(model, lambda d: _dim(d, length), seed, mask)
 
 
 def has_dynamic(model: onnx.ModelProto) -> bool:
@@ -494,26 +505,16 @@ PADDED_SIZE = (7, 1)
 
 def symbolic_feeds(model: onnx.ModelProto, seq: int, past: int, seed: int, pad: bool) -> dict:
     """Feeds for a model whose inputs use the dims batch, sequence, past_sequence and their sum."""
-    rng = np.random.default_rng(seed)
     sizes = {"batch": 2, "sequence": seq, "past_sequence": past, TOTAL: past + seq, "encoder_sequence": 5}
-    inits = {i.name for i in model.graph.initializer}
-    feeds = {}
-    for i in model.graph.input:
-        if i.name in inits:
-            continue
-        tt = i.type.tensor_type
-        shape = [d.dim_value if d.dim_value else sizes[d.dim_param] for d in tt.shape.dim]
-        dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        if i.name.endswith("attention_mask"):
-            a = np.ones(shape, dt)
-            if pad and i.name == "attention_mask":
-                a[0, :2] = 0  # left padding in the first row
-            feeds[i.name] = a
-        elif np.issubdtype(dt, np.integer):
-            feeds[i.name] = rng.integers(0, 100, shape).astype(dt)
-        else:
-            feeds[i.name] = rng.standard_normal(shape).astype(dt)
-    return feeds
+
+    def mask(name: str, a: np.ndarray) -> np.ndarray | None:
+        if not name.endswith("attention_mask"):
+            return None
+        if pad and name == "attention_mask":
+            a[0, :2] = 0  # left padding in the first row
+        return a
+
+    return random_feeds(model, lambda d: d.dim_value if d.dim_value else sizes[d.dim_param], seed, mask)
 
 
 def _fit_affine(points: list[tuple[int, int, int]]) -> tuple[int, int, int] | None:

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from fuzz_masks import special_values
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
@@ -34,20 +35,6 @@ BITS = {np.float16: np.uint16, np.float32: np.uint32, np.float64: np.uint64}
 
 
 # ---- bit patterns ----------------------------------------------------------------------------------
-def special_values(dt) -> np.ndarray:
-    """One value of every bit-pattern class of float type `dt`: +-0, +-inf, quiet and signaling
-    NaNs with payloads and both signs, +-smallest subnormal, +-largest, +-1."""
-    it = BITS[dt]
-    fi = np.finfo(dt)
-    nbits, nmant = fi.bits, fi.nmant
-    sign, quiet = 1 << (nbits - 1), 1 << (nmant - 1)
-    expo = (sign - 1) & ~((1 << nmant) - 1)
-    values = [np.array(v, dt).view(it) for v in (0.0, -0.0, np.inf, -np.inf, fi.smallest_subnormal,
-                                                 -fi.smallest_subnormal, fi.max, fi.min, 1.0, -1.0)]
-    values += [expo | quiet, expo | quiet | sign, expo | quiet | 5, expo | 1, expo | 1 | sign, (1 << nbits) - 1]
-    return np.array([int(v) for v in values], it).view(dt)
-
-
 def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint8)
 

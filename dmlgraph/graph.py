@@ -10,6 +10,7 @@ import functools
 import gc
 import heapq
 import itertools
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, ParamSpec, Protocol, TypeVar, cast
 
@@ -95,7 +96,7 @@ class Value:
 class Node:
     """Common part of ONNX and DML nodes: inputs (None = absent optional) and outputs."""
 
-    __slots__ = ("id", "name", "inputs", "outputs", "rule", "added")
+    __slots__ = ("id", "name", "inputs", "outputs", "rule", "added", "place")
     _ids = itertools.count()
     op_type: str = ""
     domain: str = ""
@@ -107,6 +108,8 @@ class Node:
         self.outputs: list[Value] = list(outputs)
         self.rule: str | None = None  # the rule that created this node
         self.added = -1  # set by Graph.add_node: orders nodes as `Graph.nodes` does
+        # Where export puts the node among those ready at once: (the place of what it replaced, added).
+        self.place = (-1, -1)
 
     def input(self, i: int) -> Value | None:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -277,10 +280,12 @@ class Graph:
         return value
 
     # ---- nodes ----------------------------------------------------------------------------
-    def add_node(self, node: Node) -> Node:
+    def add_node(self, node: Node, instead_of: int | None = None) -> Node:
+        """Add `node`; `instead_of` (the place of what it replaces) puts it there in the export order."""
         self.nodes[node.id] = node
         self.by_op.setdefault(node.op_type, {})[node.id] = node
-        node.added = next(self._added)
+        node.added = added = next(self._added)
+        node.place = (added if instead_of is None else instead_of, added)
         for i, v in enumerate(node.inputs):
             if v is not None:
                 v.uses[node, i] = None
@@ -356,11 +361,13 @@ class Graph:
         """Nodes in a dependency order that keeps the original order where it can (stable).
 
         The order networkx's `lexicographical_topological_sort` gives on `to_networkx()` keyed by
-        insertion order (the tests compare the two), computed on the node links directly: building
-        the networkx graph costs more than the sort on a large model. When insertion order already
-        is a dependency order (an imported model before any rewrite), it is the answer.
+        `Node.place`: a node a rewrite added takes the place of what it replaced, so that optimizing
+        a written model again gives the same order (the tests compare the two), computed on the node
+        links directly: building the networkx graph costs more than the sort on a large model. When
+        that order already is a dependency order (an imported model before any rewrite), it is the
+        answer.
         """
-        nodes = list(self.nodes.values())
+        nodes = sorted(self.nodes.values(), key=_place)
         position = {n.id: i for i, n in enumerate(nodes)}
         preds: list[list[int]] = []  # (a producer read twice is listed twice: counted and released twice)
         in_order = True
@@ -459,6 +466,9 @@ def outer_names(node: OnnxNode) -> set[str]:
         for g in graphs:
             names |= free_names(g)
     return names
+
+
+_place = operator.attrgetter("place")
 
 
 def free_names(g: onnx.GraphProto) -> set[str]:

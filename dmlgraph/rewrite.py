@@ -132,6 +132,8 @@ class Rewriter:
         """
         standin = self._check(r)
         g = self.graph
+        replaced = [old.producer for old, _ in r.replaces if old.producer is not None] + r.removes
+        instead = min((n.place[0] for n in replaced), default=None)  # (the new nodes' place in the export order)
         for v in r.initializers:
             self._adopt(v)
             g.initializers[v.name] = v
@@ -158,7 +160,7 @@ class Rewriter:
             if isinstance(n, OnnxNode) and not n.name:
                 n.name = n.outputs[0].name  # named by what it makes, once its output's name is unique
             n.rule = n.rule or r.rule
-            g.add_node(n)
+            g.add_node(n, instead)
         if not self._dirty:  # (else the next walk finds what became dead all at once: cheaper)
             keep = self._keep_names()
             if r.removes:

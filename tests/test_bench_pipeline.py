@@ -225,8 +225,7 @@ def test_incremental_data_free_on_the_bench_model():
 
 # ---- topological order vs networkx ----------------------------------------------------------------
 def _nx_order(g):
-    order = {nid: i for i, nid in enumerate(g.nodes)}
-    ids = nx.lexicographical_topological_sort(g.to_networkx(), key=order.__getitem__)
+    ids = nx.lexicographical_topological_sort(g.to_networkx(), key=lambda nid: g.nodes[nid].place)
     return [g.nodes[i] for i in ids]
 
 

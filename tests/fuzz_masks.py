@@ -18,8 +18,8 @@ Exact rewrites must reproduce the original bit for bit (where onnxruntime itself
 selection -- its Where drops -0.0 from the true branch and rewrites float16 NaN payloads -- the
 ONNX reference evaluator is the judge); the finite-input rules are compared on finite data.
 
-`KNOWN_UNSOUND_SAMPLING` names the families where `mask_subgraph`'s sampling proof is known to be
-unsound past the sampled sizes; the tests mark them xfail(strict=False) until a symbolic proof lands.
+`KNOWN_UNSOUND_SAMPLING` names the families an earlier sampling proof of `mask_subgraph` got wrong
+past the sampled sizes; they are regression tests of the symbolic proof that replaced it.
 """
 from __future__ import annotations
 
@@ -39,13 +39,12 @@ from onnx.reference import ReferenceEvaluator
 from dmlgraph import api
 from dmlgraph.rewrite import Options
 
-# Found by this fuzzer in the rules, not fixed yet: excluded from the bounded run (each has an xfail
-# regression test in test_fuzz_masks.py), so that a new finding stands out.
-# Findings not fixed yet: a family here is left out of the bounded run (`make fuzz` runs it). The
-# last one (a run-time-k Trilu applied by Where lost x's -0.0) is fixed and kept as a regression test.
+# Findings of this fuzzer in the rules not fixed yet: a family here is left out of the bounded run
+# (`make fuzz` runs it), so that a new finding stands out. The last one (a run-time-k Trilu applied
+# by Where lost x's -0.0) is fixed and kept as a regression test.
 OPEN_FINDINGS: dict[str, str] = {}
 
-# Families whose masks the sampling proof of `mask_subgraph` can get wrong past the sampled sizes.
+# Families whose masks the earlier sampling proof of `mask_subgraph` got wrong past the sampled sizes.
 KNOWN_UNSOUND_SAMPLING = {
     "float_constant": "a threshold that is a float constant",
     "product_constant": "a threshold computed as a product of small constants (8*8)",

@@ -29,12 +29,36 @@ from numba.extending import intrinsic
 __all__ = ["generated", "rows"]
 
 
+def _data(context: Any, builder: Any, sig: Any, args: Any, i: int, at: int | None = None) -> Any:
+    """A pointer to the data of the 1-D uint8 array argument `i`, plus the offset argument `at`."""
+    data = context.make_array(sig.args[i])(context, builder, args[i]).data
+    return data if at is None else builder.gep(data, [args[at]])
+
+
+def _store_line(builder: Any, value: Any, at: Any) -> None:
+    """One non-temporal store of a 64-byte line to the aligned byte pointer `at`."""
+    store = builder.store(value, builder.bitcast(at, _LINE.as_pointer()), align=64)
+    store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
+
+
+def _out_of_line(module: Any, name: str, params: list[Any]) -> tuple[Any, Any]:
+    """An internal, never-inlined void function of this module (the one already made, or a new
+    one with an IRBuilder at its entry): its loop inlined into the row loop measured 2x slower
+    on the rows that never take it."""
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn, None
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), params), name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    return fn, ir.IRBuilder(fn.append_basic_block())
+
+
 def _memcpy_typer(typingctx: Any, o: Any, oi: Any, s: Any, si: Any, n: Any) -> Any:
     """o[oi : oi + n] = s[si : si + n] on 1-D uint8 arrays, as one llvm.memcpy (glibc's memcpy)."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
-        src = builder.gep(context.make_array(sig.args[2])(context, builder, args[2]).data, [args[3]])
-        cgutils.raw_memcpy(builder, dst, src, args[4], 1)
+        cgutils.raw_memcpy(builder, _data(context, builder, sig, args, 0, 1), _data(context, builder, sig, args, 2, 3),
+                           args[4], 1)
         return context.get_dummy_value()
     return types.void(o, oi, s, si, n), codegen
 
@@ -42,8 +66,7 @@ def _memcpy_typer(typingctx: Any, o: Any, oi: Any, s: Any, si: Any, n: Any) -> A
 def _memset_typer(typingctx: Any, o: Any, oi: Any, n: Any, byte: Any) -> Any:
     """o[oi : oi + n] = byte on a 1-D uint8 array, as one llvm.memset (glibc's memset)."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
-        cgutils.memset(builder, dst, args[2], builder.trunc(args[3], cgutils.int8_t))
+        cgutils.memset(builder, _data(context, builder, sig, args, 0, 1), args[2], builder.trunc(args[3], cgutils.int8_t))
         return context.get_dummy_value()
     return types.void(o, oi, n, byte), codegen
 
@@ -53,38 +76,28 @@ def _stream_typer(typingctx: Any, o: Any, oi: Any, s: Any, si: Any, n: Any) -> A
     bypasses the cache does not read the line first: for outputs far larger than the cache,
     writing costs one memory transfer instead of two (what glibc's memcpy does for huge copies)."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
-        src = builder.gep(context.make_array(sig.args[2])(context, builder, args[2]).data, [args[3]])
-        builder.call(_stream_function(builder.module), [dst, src, args[4]])
+        builder.call(_stream_function(builder.module),
+                     [_data(context, builder, sig, args, 0, 1), _data(context, builder, sig, args, 2, 3), args[4]])
         return context.get_dummy_value()
     return types.void(o, oi, s, si, n), codegen
 
 
 def _stream_function(module: Any) -> Any:
-    """The LLVM function behind `_stream`, kept out of line: its loop inlined into the row loop
-    measured 2x slower on the rows that never stream."""
-    fn = module.globals.get("dmlgraph_stream_copy")
-    if fn is not None:
-        return fn
+    """The LLVM function behind `_stream` (out of line)."""
     i64 = ir.IntType(64)
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, cgutils.voidptr_t, i64]),
-                     "dmlgraph_stream_copy")
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    builder = ir.IRBuilder(fn.append_basic_block())
+    fn, builder = _out_of_line(module, "dmlgraph_stream_copy", [cgutils.voidptr_t, cgutils.voidptr_t, i64])
+    if builder is None:
+        return fn
     dst, src, n = fn.args
     head = builder.and_(builder.neg(builder.ptrtoint(dst, i64)), i64(63))  # up to a 64-byte line
     head = builder.select(builder.icmp_unsigned("<", n, head), n, head)
     cgutils.raw_memcpy(builder, dst, src, head, 1)
     dst, src, rest = builder.gep(dst, [head]), builder.gep(src, [head]), builder.sub(n, head)
     lines = builder.lshr(rest, i64(6))
-    line = ir.VectorType(ir.IntType(8), 64).as_pointer()
-    nontemporal = module.add_metadata([ir.IntType(32)(1)])
     with cgutils.for_range(builder, lines) as loop:
         off = builder.shl(loop.index, i64(6))
-        value = builder.load(builder.bitcast(builder.gep(src, [off]), line), align=1)
-        store = builder.store(value, builder.bitcast(builder.gep(dst, [off]), line), align=64)
-        store.set_metadata("nontemporal", nontemporal)
+        _store_line(builder, builder.load(builder.bitcast(builder.gep(src, [off]), _LINE.as_pointer()), align=1),
+                    builder.gep(dst, [off]))
     done = builder.shl(lines, i64(6))
     cgutils.raw_memcpy(builder, builder.gep(dst, [done]), builder.gep(src, [done]), builder.sub(rest, done), 1)
     builder.ret_void()
@@ -110,9 +123,8 @@ def _line_typer(typingctx: Any, acc: Any, a: Any, e: Any, src: Any, si: Any) -> 
     vector blend: a line is assembled in registers and cache before one full store writes it."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         line = _LINE.as_pointer()
-        accp = builder.bitcast(context.make_array(sig.args[0])(context, builder, args[0]).data, line)
-        srcp = context.make_array(sig.args[3])(context, builder, args[3]).data
-        value = builder.load(builder.bitcast(builder.gep(srcp, [args[4]]), line), align=1)
+        accp = builder.bitcast(_data(context, builder, sig, args, 0), line)
+        value = builder.load(builder.bitcast(_data(context, builder, sig, args, 3, 4), line), align=1)
         lo = builder.trunc(args[1], cgutils.int8_t)
         inside = builder.icmp_unsigned("<", builder.sub(_IOTA, _splat(builder, lo)),
                                        _splat(builder, builder.sub(builder.trunc(args[2], cgutils.int8_t), lo)))
@@ -131,31 +143,22 @@ def _lines_typer(typingctx: Any, o: Any, oi: Any, n: Any, src: Any, si: Any) -> 
     """Store src[si : si + 64] into the n 64-byte lines from o[oi] (aligned: o's address + oi is a
     multiple of 64), each with one non-temporal full-line store."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
-        src = builder.gep(context.make_array(sig.args[3])(context, builder, args[3]).data, [args[4]])
-        builder.call(_lines_function(builder.module), [dst, args[2], src])
+        builder.call(_lines_function(builder.module),
+                     [_data(context, builder, sig, args, 0, 1), args[2], _data(context, builder, sig, args, 3, 4)])
         return context.get_dummy_value()
     return types.void(o, oi, n, src, si), codegen
 
 
 def _lines_function(module: Any) -> Any:
-    """The loop behind `_lines`, out of line (see `_stream_function`)."""
-    fn = module.globals.get("dmlgraph_stream_lines")
-    if fn is not None:
-        return fn
+    """The loop behind `_lines` (out of line)."""
     i64 = ir.IntType(64)
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i64, cgutils.voidptr_t]),
-                     "dmlgraph_stream_lines")
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    builder = ir.IRBuilder(fn.append_basic_block())
+    fn, builder = _out_of_line(module, "dmlgraph_stream_lines", [cgutils.voidptr_t, i64, cgutils.voidptr_t])
+    if builder is None:
+        return fn
     dst, n, src = fn.args
-    line = _LINE.as_pointer()
-    value = builder.load(builder.bitcast(src, line), align=1)
-    nontemporal = module.add_metadata([ir.IntType(32)(1)])
+    value = builder.load(builder.bitcast(src, _LINE.as_pointer()), align=1)
     with cgutils.for_range(builder, n) as loop:
-        at = builder.bitcast(builder.gep(dst, [builder.shl(loop.index, i64(6))]), line)
-        builder.store(value, at, align=64).set_metadata("nontemporal", nontemporal)
+        _store_line(builder, value, builder.gep(dst, [builder.shl(loop.index, i64(6))]))
     builder.ret_void()
     return fn
 
@@ -163,12 +166,8 @@ def _lines_function(module: Any) -> Any:
 def _line_store_typer(typingctx: Any, o: Any, oi: Any, src: Any) -> Any:
     """`_lines` for one line from src[0:64], inline (a call per row measured ~10 ns)."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        line = _LINE.as_pointer()
-        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
-        src = context.make_array(sig.args[2])(context, builder, args[2]).data
-        value = builder.load(builder.bitcast(src, line), align=1)
-        store = builder.store(value, builder.bitcast(dst, line), align=64)
-        store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
+        value = builder.load(builder.bitcast(_data(context, builder, sig, args, 2), _LINE.as_pointer()), align=1)
+        _store_line(builder, value, _data(context, builder, sig, args, 0, 1))
         return context.get_dummy_value()
     return types.void(o, oi, src), codegen
 
@@ -176,8 +175,7 @@ def _line_store_typer(typingctx: Any, o: Any, oi: Any, src: Any) -> Any:
 def _misalignment_typer(typingctx: Any, o: Any) -> Any:
     """The address of o's data modulo 64."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        return builder.and_(builder.ptrtoint(data, ir.IntType(64)), ir.IntType(64)(63))
+        return builder.and_(builder.ptrtoint(_data(context, builder, sig, args, 0), ir.IntType(64)), ir.IntType(64)(63))
     return types.int64(o), codegen
 
 
@@ -193,8 +191,7 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 def _element_typer(typingctx: Any, o: Any, oi: Any, s: Any, n: Any) -> Any:
     """o[oi : oi + n] = s[0 : n] for n in (1, 2, 4, 8): one plain store (a memcpy call costs more)."""
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
-        src = context.make_array(sig.args[2])(context, builder, args[2]).data
+        dst, src = _data(context, builder, sig, args, 0, 1), _data(context, builder, sig, args, 2)
         done = builder.append_basic_block("element.done")
         switch = builder.switch(args[3], done)
         for size in (1, 2, 4, 8):

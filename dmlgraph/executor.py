@@ -414,19 +414,19 @@ class Executor:
 
     def _bind_dml(self, node: DmlNode, env: dict[str, np.ndarray]) -> tuple:
         """(x's name, x's shape, the output's name, prepared kernel) for a node whose shape and k
-        are constants at these input shapes, when x has the output's shape; () otherwise (the node
-        then takes `_run_dml`, as it does whenever x comes with another shape)."""
+        are constants at these input shapes; () otherwise (the node then takes `_run_dml`, as it
+        does whenever x comes with another shape). x may broadcast to the output (a padding row)."""
         if node.id not in self._bindable:
             return ()
         x_name = cast(Value, node.inputs[0]).name  # a bindable node has x
         x = env.get(x_name)
         if type(x) is not np.ndarray:
             return ()
-        shape, dtype, _, bound = self._dml_checked(node, env)
-        if x.shape != shape or not bound:  # broadcast, a zero-size output: the general path
+        shape, dtype, _, bound = self._dml_checked(node, env)  # (checks that x broadcasts)
+        if not bound:  # a zero-size output: the general path
             return ()
         return (x_name, x.shape, node.outputs[0].name,
-                kernels.prepare_diagonal_matrix1(shape, dtype, node.value, *bound))
+                kernels.prepare_diagonal_matrix1(shape, dtype, node.value, *bound, input_shape=x.shape))
 
     def _value(self, v: Value, env: dict[str, np.ndarray]) -> np.ndarray:
         if v.name in env:

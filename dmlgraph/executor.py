@@ -29,6 +29,8 @@ and run exactly as above.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -75,6 +77,8 @@ class Region:
     runner: OnnxRunner | None = None
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    twin_model: onnx.ModelProto | None = None  # the region less its shape constants (`Executor._twin`)
+    twin: OnnxRunner | None = None  # what the fast path runs: the twin's session, else `runner`
 
 
 def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
@@ -166,6 +170,10 @@ class Executor:
         self.last_path = ""
         self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
         self._cache_bytes = 0
+        self._const: set[str] = set()
+        self._keep: list[str] = []
+        self._const_outputs: set[str] = set()
+        self._outputs: list[tuple[str, int]] = []
         if self.fast:
             self._plan_fast(order)
 
@@ -253,8 +261,72 @@ class Executor:
             model = helper.make_model(proto, opset_imports=opsets, ir_version=g.info.ir_version)
             hosted = control_flow.dml_functions(g) if self._hosts else set()  # (run here, never in a session)
             model.functions.extend(f for f in g.info.functions if (f.domain, f.name, f.overload) not in hosted)
-            region.runner = OnnxRunner(model, self.threads, external, self.optimize)
-        return region.runner
+            if not (self.fast and not external and self._twin(region, model)):
+                region.runner = OnnxRunner(model, self.threads, external, self.optimize)
+        return cast(OnnxRunner, region.runner)
+
+    def _twin(self, region: Region, model: onnx.ModelProto) -> bool:
+        """Give the region a twin without its shape constants, for the fast path; False if it has none.
+
+        onnxruntime would redo a region's Shape/Gather/Concat arithmetic on every run. The twin is
+        the region's graph as onnxruntime optimized it, less every node whose outputs are all shape
+        constants: the fast path feeds it their values from the cache. The region's own session
+        becomes that same optimized graph, which also outputs what the twin reads, and neither is
+        optimized again: both run the very same kernels (a fusion that matches a computed shape
+        may not match a fed one), so the two paths agree bit for bit. It costs a second session
+        over the region's weights, made at the first fast run (regions with external data keep one).
+        """
+        const = self._const
+        if not any(v.name in const for n in region.nodes for v in n.outputs):
+            return False
+        opt = model
+        if self.optimize:
+            fd, path = tempfile.mkstemp(suffix=".onnx")  # (a file, not a folder: rmdir costs ms on some disks)
+            os.close(fd)
+            try:
+                if OnnxRunner(model, self.threads, optimized_path=path).backend != "onnxruntime":
+                    return False
+                opt = onnx.load(path)
+            finally:
+                os.remove(path)
+        g = opt.graph
+        keep = [n for n in g.node if not all(o in const for o in n.output if o)]
+        if not keep or len(keep) == len(g.node) or any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in keep for a in n.attribute):
+            return False  # a region the fast path skips, nothing to drop, or bodies that read values by name
+        produced = {o for n in keep for o in n.output}
+        used = {name for n in keep for name in n.input}
+        known = produced | {v.name for v in g.input} | {t.name for t in g.initializer}
+        needs = list(dict.fromkeys(name for n in keep for name in n.input if name and name not in known))
+        if any(not self.graph.values[name].elem_type for name in needs):
+            return False
+        twin = helper.make_graph(keep, g.name, [v for v in g.input if v.name in used]
+                                 + [value_info(self.graph.values[name]) for name in needs],
+                                 [v for v in g.output if v.name in produced],
+                                 [t for t in g.initializer if t.name in used])
+        g.output.extend(onnx.ValueInfoProto(name=name) for name in needs if name not in {v.name for v in g.output})
+        runner = OnnxRunner(opt, self.threads, optimize=False)
+        if runner.backend != "onnxruntime":
+            return False
+        region.runner = runner
+        region.twin_model = helper.make_model(twin, opset_imports=opt.opset_import, ir_version=opt.ir_version)
+        # what the twin reads, and the region's outputs it no longer makes, now come from the cache
+        cached = set(needs) | {name for name in region.outputs if name not in produced}
+        self._keep = sorted(set(self._keep) | cached)
+        self._const_outputs |= cached & {name for name, _ in self._outputs}
+        self._outputs = [(name, 1 if name in self._const_outputs else how) for name, how in self._outputs]
+        return True
+
+    def _fast_runner(self, region: Region) -> OnnxRunner:
+        """What the fast path runs for the region: its twin, made now, or its own session (also
+        when onnxruntime will not take the twin: the region's session computes all it does)."""
+        runner = self._runner(region)
+        if region.twin_model is not None:
+            twin = OnnxRunner(region.twin_model, self.threads, optimize=False)
+            if twin.backend == "onnxruntime":
+                runner = twin
+        region.twin = runner
+        return runner
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         key = self._key(feeds) if self.fast else None
@@ -319,7 +391,7 @@ class Executor:
     # ---- the fast path ------------------------------------------------------------------------
     def _plan_fast(self, order: list[Node]) -> None:
         g = self.graph
-        const = shape_constants(g, order)
+        const = self._const = shape_constants(g, order)
         skipped = [s for s in self.steps if (s.outputs[0].name in const if isinstance(s, DmlNode)
                                               else all(name in const for name in s.outputs))]
         skip_ids = {id(s) for s in skipped}
@@ -333,7 +405,7 @@ class Executor:
                 read.update(v.name for v in s.inputs if v is not None)
             else:
                 read.update(s.inputs)
-        self._keep = sorted(made & read)  # what the fast path reads from the cache
+        self._keep = sorted(made & read)  # what the fast path reads from the cache (twins add theirs)
         outputs = {v.name for v in g.outputs}
         self._const_outputs = outputs & made  # handed out as copies: the cached array stays intact
         produced = {v.name for n in order for v in n.outputs} | {v.name for v in g.inputs}
@@ -385,7 +457,7 @@ class Executor:
         for step in self._fast_steps:
             t0 = perf()
             if isinstance(step, Region):
-                runner = step.runner or self._runner(step)
+                runner = step.twin or self._fast_runner(step)
                 env.update(zip(runner.output_names, runner.run_exact({k: env[k] for k in runner.input_names})))
                 t_ort += perf() - t0
                 continue

@@ -15,11 +15,13 @@ tables never yields one). The first run at a given set of input shapes and dtype
 path; the shape constants a later step reads are then kept for those shapes (an LRU of
 CACHE_ENTRIES sets, CACHE_BYTES at most), and later runs at the same shapes skip every step whose
 outputs are all shape constants (a region of shape arithmetic, a DML generator) and run the other
-DML nodes through kernels prepared once for those shapes. The regions and their sessions are the
-simple path's own, so the two paths run the same onnxruntime sessions on the same inputs and agree
-bit for bit. A skipped step does not run, so it cannot raise either: a node whose output only
-reaches a Shape inside a skipped region (a Gather whose indices are out of range, say) fails the
-first run at those shapes and not the later ones.
+DML nodes through kernels prepared once for those shapes. A region that mixes shape arithmetic
+with data runs as its *twin* there: the graph onnxruntime optimized for the region, less the nodes
+whose outputs are all shape constants, whose values it is fed from the cache (`_twin`). The
+region's own session is then that same optimized graph, not optimized again, so twin and region
+run the same kernels on the same values and the two paths agree bit for bit. A skipped step or
+node does not run, so it cannot raise either: a node whose output only reaches a Shape (a Gather
+whose indices are out of range, say) fails the first run at those shapes and not the later ones.
 
 An If/Loop/Scan node or local-function call whose body holds DML nodes cannot run in a session:
 it is a step of its own, like a DML node (`control_flow.HostStep`, each body run by a sub-executor),

@@ -279,11 +279,15 @@ class Executor:
         over the region's weights, made at the first fast run (regions with external data keep one).
         """
         const = self._const
-        if not any(v.name in const for n in region.nodes for v in n.outputs):
-            return False
+        if not (any(step is region for step in self._fast_steps)
+                and any(v.name in const for n in region.nodes for v in n.outputs)):
+            return False  # a region the fast path skips, or one without shape constants
         opt = model
         if self.optimize:
-            fd, path = tempfile.mkstemp(suffix=".onnx")  # (a file, not a folder: rmdir costs ms on some disks)
+            try:
+                fd, path = tempfile.mkstemp(suffix=".onnx")  # (a file, not a folder: rmdir costs ms on some disks)
+            except OSError:  # nowhere to write: no twin
+                return False
             os.close(fd)
             try:
                 if OnnxRunner(model, self.threads, optimized_path=path).backend != "onnxruntime":
@@ -295,15 +299,16 @@ class Executor:
         keep = [n for n in g.node if not all(o in const for o in n.output if o)]
         if not keep or len(keep) == len(g.node) or any(
                 a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in keep for a in n.attribute):
-            return False  # a region the fast path skips, nothing to drop, or bodies that read values by name
+            return False  # nothing to drop, or bodies that read values by name
         produced = {o for n in keep for o in n.output}
         used = {name for n in keep for name in n.input}
         known = produced | {v.name for v in g.input} | {t.name for t in g.initializer}
         needs = list(dict.fromkeys(name for n in keep for name in n.input if name and name not in known))
-        if any(not self.graph.values[name].elem_type for name in needs):
+        types = [self.graph.values[name].elem_type or 0 for name in needs]
+        if not all(types):
             return False
-        twin = helper.make_graph(keep, g.name, [v for v in g.input if v.name in used]
-                                 + [value_info(self.graph.values[name]) for name in needs],
+        twin = helper.make_graph(keep, g.name, [v for v in g.input if v.name in used]  # (fed: typed, any shape)
+                                 + [helper.make_tensor_value_info(name, t, None) for name, t in zip(needs, types)],
                                  [v for v in g.output if v.name in produced],
                                  [t for t in g.initializer if t.name in used])
         g.output.extend(onnx.ValueInfoProto(name=name) for name in needs if name not in {v.name for v in g.output})

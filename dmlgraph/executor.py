@@ -17,9 +17,10 @@ CACHE_ENTRIES sets, CACHE_BYTES at most), and later runs at the same shapes skip
 outputs are all shape constants (a region of shape arithmetic, a DML generator) and run the other
 DML nodes through kernels prepared once for those shapes. A region that mixes shape arithmetic
 with data runs as its *twin* there: the graph onnxruntime optimized for the region, less the nodes
-whose outputs are all shape constants, whose values it is fed from the cache (`_twin`). The
-region's own session is then that same optimized graph, not optimized again, so twin and region
-run the same kernels on the same values and the two paths agree bit for bit. A skipped step or
+whose outputs are all shape constants, whose values it is fed from the cache (`_twin`; made at the
+first fast run, which runs the regions themselves once more to keep those values). The region's
+own session is then that same optimized graph, not optimized again, so twin and region run the
+same kernels on the same values and the two paths agree bit for bit. A skipped step or
 node does not run, so it cannot raise either: a node whose output only reaches a Shape (a Gather
 whose indices are out of range, say) fails the first run at those shapes and not the later ones.
 
@@ -79,8 +80,7 @@ class Region:
     runner: OnnxRunner | None = None
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
-    twin_model: onnx.ModelProto | None = None  # the region less its shape constants (`Executor._twin`)
-    twin: OnnxRunner | None = None  # what the fast path runs: the twin's session, else `runner`
+    twin: OnnxRunner | None = None  # what the fast path runs instead, when there is one (`Executor._twin`)
 
 
 def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
@@ -146,6 +146,7 @@ class _Entry:
     consts: dict[str, np.ndarray]  # outputs of skipped steps that later steps or the caller read
     nbytes: int
     bound: dict[int, tuple] = field(default_factory=dict)  # DML node id -> `_bind_dml`'s answer
+    twinned: bool = False  # holds what the twins read (kept after they were made)
 
 
 class Executor:
@@ -176,6 +177,7 @@ class Executor:
         self._keep: list[str] = []
         self._const_outputs: set[str] = set()
         self._outputs: list[tuple[str, int]] = []
+        self._twinned = False
         if self.fast:
             self._plan_fast(order)
 
@@ -263,9 +265,17 @@ class Executor:
             model = helper.make_model(proto, opset_imports=opsets, ir_version=g.info.ir_version)
             hosted = control_flow.dml_functions(g) if self._hosts else set()  # (run here, never in a session)
             model.functions.extend(f for f in g.info.functions if (f.domain, f.name, f.overload) not in hosted)
-            if not (self.fast and not external and self._twin(region, model)):
-                region.runner = OnnxRunner(model, self.threads, external, self.optimize)
-        return cast(OnnxRunner, region.runner)
+            region.runner = OnnxRunner(model, self.threads, external, self.optimize)
+        return region.runner
+
+    def _make_twins(self) -> None:
+        """Twins for the regions the fast path runs, made once, when it first runs (a one-off run
+        pays for no second session). Entries kept before hold no values for them: the fast path
+        runs the regions themselves at their shapes once more and keeps those values then."""
+        for step in self._fast_steps:
+            if isinstance(step, Region) and step.runner is not None and not step.runner.external:
+                self._twin(step, step.runner.model)
+        self._twinned = True
 
     def _twin(self, region: Region, model: onnx.ModelProto) -> bool:
         """Give the region a twin without its shape constants, for the fast path; False if it has none.
@@ -276,12 +286,12 @@ class Executor:
         becomes that same optimized graph, which also outputs what the twin reads, and neither is
         optimized again: both run the very same kernels (a fusion that matches a computed shape
         may not match a fed one), so the two paths agree bit for bit. It costs a second session
-        over the region's weights, made at the first fast run (regions with external data keep one).
+        over the region's weights (regions with external data keep one).
         """
         const = self._const
-        if not (any(step is region for step in self._fast_steps)
-                and any(v.name in const for n in region.nodes for v in n.outputs)):
-            return False  # a region the fast path skips, or one without shape constants
+        if region.runner is None or region.runner.backend != "onnxruntime" or not any(
+                v.name in const for n in region.nodes for v in n.outputs):
+            return False
         opt = model
         if self.optimize:
             try:
@@ -313,10 +323,11 @@ class Executor:
                                  [t for t in g.initializer if t.name in used])
         g.output.extend(onnx.ValueInfoProto(name=name) for name in needs if name not in {v.name for v in g.output})
         runner = OnnxRunner(opt, self.threads, optimize=False)
-        if runner.backend != "onnxruntime":
+        fast = OnnxRunner(helper.make_model(twin, opset_imports=opt.opset_import, ir_version=opt.ir_version),
+                          self.threads, optimize=False)
+        if runner.backend != "onnxruntime" or fast.backend != "onnxruntime":
             return False
-        region.runner = runner
-        region.twin_model = helper.make_model(twin, opset_imports=opt.opset_import, ir_version=opt.ir_version)
+        region.runner, region.twin = runner, fast
         # what the twin reads, and the region's outputs it no longer makes, now come from the cache
         cached = set(needs) | {name for name in region.outputs if name not in produced}
         self._keep = sorted(set(self._keep) | cached)
@@ -324,24 +335,15 @@ class Executor:
         self._outputs = [(name, 1 if name in self._const_outputs else how) for name, how in self._outputs]
         return True
 
-    def _fast_runner(self, region: Region) -> OnnxRunner:
-        """What the fast path runs for the region: its twin, made now, or its own session (also
-        when onnxruntime will not take the twin: the region's session computes all it does)."""
-        runner = self._runner(region)
-        if region.twin_model is not None:
-            twin = OnnxRunner(region.twin_model, self.threads, optimize=False)
-            if twin.backend == "onnxruntime":
-                runner = twin
-        region.twin = runner
-        return runner
-
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         key = self._key(feeds) if self.fast else None
         if key is not None:
             entry = self._cache.get(key)
             if entry is not None:
+                if not self._twinned:
+                    self._make_twins()
                 self._cache.move_to_end(key)
-                return self._run_fast(entry, feeds)
+                return self._run_fast(key, entry, feeds)
         out, env = self._run_simple(feeds)
         if key is not None:
             self._remember(key, env)
@@ -448,23 +450,27 @@ class Executor:
         nbytes = sum(a.nbytes for a in consts.values())
         if nbytes > CACHE_BYTES:
             return
-        self._cache[key] = _Entry(consts, nbytes)
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cache_bytes -= old.nbytes
+        self._cache[key] = _Entry(consts, nbytes, twinned=self._twinned)
         self._cache_bytes += nbytes
         while len(self._cache) > CACHE_ENTRIES or self._cache_bytes > CACHE_BYTES:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= old.nbytes
 
-    def _run_fast(self, entry: _Entry, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_fast(self, key: tuple, entry: _Entry, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         perf = time.perf_counter
         t_start = perf()
         env = dict(feeds)
         env.update(entry.consts)
         t_ort = t_dml = 0.0
         bound_all = entry.bound
+        twinned = entry.twinned
         for step in self._fast_steps:
             t0 = perf()
             if isinstance(step, Region):
-                runner = step.twin or self._fast_runner(step)
+                runner = (twinned and step.twin) or step.runner or self._runner(step)
                 env.update(zip(runner.output_names, runner.run_exact({k: env[k] for k in runner.input_names})))
                 t_ort += perf() - t0
                 continue
@@ -487,6 +493,10 @@ class Executor:
                 out[name] = env[name].copy()
             else:  # an initializer
                 out[name] = initializer_array(self.graph.initializers[name])
+        if not twinned:  # the regions ran, so env holds what their twins read: keep it now
+            self._remember(key, env)
+            if key in self._cache:
+                self._cache[key].bound = bound_all
         self.timings = {"onnx": t_ort, "dml": t_dml, "total": perf() - t_start, "skipped": self._skipped}
         self.last_path = "fast"
         return out

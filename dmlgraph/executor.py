@@ -274,7 +274,10 @@ class Executor:
         runs the regions themselves at their shapes once more and keeps those values then."""
         for step in self._fast_steps:
             if isinstance(step, Region) and step.runner is not None and not step.runner.external:
-                self._twin(step, step.runner.model)
+                try:
+                    self._twin(step, step.runner.model)
+                except DmlgraphError:  # onnxruntime would not load its own optimized graph: no twin
+                    pass
         self._twinned = True
 
     def _twin(self, region: Region, model: onnx.ModelProto) -> bool:

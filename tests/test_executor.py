@@ -147,6 +147,21 @@ def test_twins_run_without_the_shape_constants_and_hand_out_copies():
     assert "s" in region.twin.input_names and "s" in region.runner.output_names
 
 
+def test_a_twin_onnxruntime_refuses_leaves_the_region_as_it_is(monkeypatch):
+    from dmlgraph.errors import DmlgraphError
+
+    def refuse(self, region, model):
+        raise DmlgraphError("onnxruntime cannot load the model")
+    monkeypatch.setattr(Executor, "_twin", refuse)
+    g = api.optimize(CORPUS[-1]).graph
+    ex, feeds = Executor(g, 1), _feeds(g, 16, 0)
+    want = Executor(g, 1, fast=False).run(feeds)
+    for _ in range(3):
+        got = ex.run(feeds)
+        assert all(same_bits(got[k], want[k]) for k in want)
+    assert ex.last_path == "fast" and all(s.twin is None for s in ex._fast_steps if isinstance(s, executor.Region))
+
+
 def _reshaped_mask_model():
     """The mask's size comes from Reshape(x, s): same input shapes, different sizes per values of s."""
     inputs = [h.make_tensor_value_info("x", T.FLOAT, [12]), h.make_tensor_value_info("s", T.INT64, [2])]

@@ -15,11 +15,14 @@ tables never yields one). The first run at a given set of input shapes and dtype
 path; the shape constants a later step reads are then kept for those shapes (an LRU of
 CACHE_ENTRIES sets, CACHE_BYTES at most), and later runs at the same shapes skip every step whose
 outputs are all shape constants (a region of shape arithmetic, a DML generator) and run the other
-DML nodes through kernels prepared once for those shapes. The regions and their sessions are the
-simple path's own, so the two paths run the same onnxruntime sessions on the same inputs and agree
-bit for bit. A skipped step does not run, so it cannot raise either: a node whose output only
-reaches a Shape inside a skipped region (a Gather whose indices are out of range, say) fails the
-first run at those shapes and not the later ones.
+DML nodes through kernels prepared once for those shapes. A region that mixes shape arithmetic
+with data runs as its *twin* there: the graph onnxruntime optimized for the region, less the nodes
+whose outputs are all shape constants, whose values it is fed from the cache (`_twin`; made at the
+first fast run, which runs the regions themselves once more to keep those values). The region's
+own session is then that same optimized graph, not optimized again, so twin and region run the
+same kernels on the same values and the two paths agree bit for bit. A skipped step or
+node does not run, so it cannot raise either: a node whose output only reaches a Shape (a Gather
+whose indices are out of range, say) fails the first run at those shapes and not the later ones.
 
 An If/Loop/Scan node or local-function call whose body holds DML nodes cannot run in a session:
 it is a step of its own, like a DML node (`control_flow.HostStep`, each body run by a sub-executor),
@@ -29,6 +32,8 @@ and run exactly as above.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -75,6 +80,7 @@ class Region:
     runner: OnnxRunner | None = None
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    twin: OnnxRunner | None = None  # what the fast path runs instead, when there is one (`Executor._twin`)
 
 
 def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
@@ -140,6 +146,7 @@ class _Entry:
     consts: dict[str, np.ndarray]  # outputs of skipped steps that later steps or the caller read
     nbytes: int
     bound: dict[int, tuple] = field(default_factory=dict)  # DML node id -> `_bind_dml`'s answer
+    twinned: bool = False  # holds what the twins read (kept after they were made)
 
 
 class Executor:
@@ -166,6 +173,11 @@ class Executor:
         self.last_path = ""
         self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
         self._cache_bytes = 0
+        self._const: set[str] = set()
+        self._keep: list[str] = []
+        self._const_outputs: set[str] = set()
+        self._outputs: list[tuple[str, int]] = []
+        self._twinned = False
         if self.fast:
             self._plan_fast(order)
 
@@ -256,13 +268,85 @@ class Executor:
             region.runner = OnnxRunner(model, self.threads, external, self.optimize)
         return region.runner
 
+    def _make_twins(self) -> None:
+        """Twins for the regions the fast path runs, made once, when it first runs (a one-off run
+        pays for no second session). Entries kept before hold no values for them: the fast path
+        runs the regions themselves at their shapes once more and keeps those values then."""
+        for step in self._fast_steps:
+            if isinstance(step, Region) and step.runner is not None and not step.runner.external:
+                try:
+                    self._twin(step, step.runner.model)
+                except DmlgraphError:  # onnxruntime would not load its own optimized graph: no twin
+                    pass
+        self._twinned = True
+
+    def _twin(self, region: Region, model: onnx.ModelProto) -> bool:
+        """Give the region a twin without its shape constants, for the fast path; False if it has none.
+
+        onnxruntime would redo a region's Shape/Gather/Concat arithmetic on every run. The twin is
+        the region's graph as onnxruntime optimized it, less every node whose outputs are all shape
+        constants: the fast path feeds it their values from the cache. The region's own session
+        becomes that same optimized graph, which also outputs what the twin reads, and neither is
+        optimized again: both run the very same kernels (a fusion that matches a computed shape
+        may not match a fed one), so the two paths agree bit for bit. It costs a second session
+        over the region's weights (regions with external data keep one).
+        """
+        const = self._const
+        if region.runner is None or region.runner.backend != "onnxruntime" or not any(
+                v.name in const for n in region.nodes for v in n.outputs):
+            return False
+        opt = model
+        if self.optimize:
+            try:
+                fd, path = tempfile.mkstemp(suffix=".onnx")  # (a file, not a folder: rmdir costs ms on some disks)
+            except OSError:  # nowhere to write: no twin
+                return False
+            os.close(fd)
+            try:
+                if OnnxRunner(model, self.threads, optimized_path=path).backend != "onnxruntime":
+                    return False
+                opt = onnx.load(path)
+            finally:
+                os.remove(path)
+        g = opt.graph
+        keep = [n for n in g.node if not all(o in const for o in n.output if o)]
+        if not keep or len(keep) == len(g.node) or any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in keep for a in n.attribute):
+            return False  # nothing to drop, or bodies that read values by name
+        produced = {o for n in keep for o in n.output}
+        used = {name for n in keep for name in n.input}
+        known = produced | {v.name for v in g.input} | {t.name for t in g.initializer}
+        needs = list(dict.fromkeys(name for n in keep for name in n.input if name and name not in known))
+        types = [self.graph.values[name].elem_type or 0 for name in needs]
+        if not all(types):
+            return False
+        twin = helper.make_graph(keep, g.name, [v for v in g.input if v.name in used]  # (fed: typed, any shape)
+                                 + [helper.make_tensor_value_info(name, t, None) for name, t in zip(needs, types)],
+                                 [v for v in g.output if v.name in produced],
+                                 [t for t in g.initializer if t.name in used])
+        g.output.extend(onnx.ValueInfoProto(name=name) for name in needs if name not in {v.name for v in g.output})
+        runner = OnnxRunner(opt, self.threads, optimize=False)
+        fast = OnnxRunner(helper.make_model(twin, opset_imports=opt.opset_import, ir_version=opt.ir_version),
+                          self.threads, optimize=False)
+        if runner.backend != "onnxruntime" or fast.backend != "onnxruntime":
+            return False
+        region.runner, region.twin = runner, fast
+        # what the twin reads, and the region's outputs it no longer makes, now come from the cache
+        cached = set(needs) | {name for name in region.outputs if name not in produced}
+        self._keep = sorted(set(self._keep) | cached)
+        self._const_outputs |= cached & {name for name, _ in self._outputs}
+        self._outputs = [(name, 1 if name in self._const_outputs else how) for name, how in self._outputs]
+        return True
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         key = self._key(feeds) if self.fast else None
         if key is not None:
             entry = self._cache.get(key)
             if entry is not None:
+                if not self._twinned:
+                    self._make_twins()
                 self._cache.move_to_end(key)
-                return self._run_fast(entry, feeds)
+                return self._run_fast(key, entry, feeds)
         out, env = self._run_simple(feeds)
         if key is not None:
             self._remember(key, env)
@@ -319,7 +403,7 @@ class Executor:
     # ---- the fast path ------------------------------------------------------------------------
     def _plan_fast(self, order: list[Node]) -> None:
         g = self.graph
-        const = shape_constants(g, order)
+        const = self._const = shape_constants(g, order)
         skipped = [s for s in self.steps if (s.outputs[0].name in const if isinstance(s, DmlNode)
                                               else all(name in const for name in s.outputs))]
         skip_ids = {id(s) for s in skipped}
@@ -333,7 +417,7 @@ class Executor:
                 read.update(v.name for v in s.inputs if v is not None)
             else:
                 read.update(s.inputs)
-        self._keep = sorted(made & read)  # what the fast path reads from the cache
+        self._keep = sorted(made & read)  # what the fast path reads from the cache (twins add theirs)
         outputs = {v.name for v in g.outputs}
         self._const_outputs = outputs & made  # handed out as copies: the cached array stays intact
         produced = {v.name for n in order for v in n.outputs} | {v.name for v in g.inputs}
@@ -369,23 +453,27 @@ class Executor:
         nbytes = sum(a.nbytes for a in consts.values())
         if nbytes > CACHE_BYTES:
             return
-        self._cache[key] = _Entry(consts, nbytes)
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cache_bytes -= old.nbytes
+        self._cache[key] = _Entry(consts, nbytes, twinned=self._twinned)
         self._cache_bytes += nbytes
         while len(self._cache) > CACHE_ENTRIES or self._cache_bytes > CACHE_BYTES:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= old.nbytes
 
-    def _run_fast(self, entry: _Entry, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_fast(self, key: tuple, entry: _Entry, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         perf = time.perf_counter
         t_start = perf()
         env = dict(feeds)
         env.update(entry.consts)
         t_ort = t_dml = 0.0
         bound_all = entry.bound
+        twinned = entry.twinned
         for step in self._fast_steps:
             t0 = perf()
             if isinstance(step, Region):
-                runner = step.runner or self._runner(step)
+                runner = (twinned and step.twin) or step.runner or self._runner(step)
                 env.update(zip(runner.output_names, runner.run_exact({k: env[k] for k in runner.input_names})))
                 t_ort += perf() - t0
                 continue
@@ -408,25 +496,29 @@ class Executor:
                 out[name] = env[name].copy()
             else:  # an initializer
                 out[name] = initializer_array(self.graph.initializers[name])
+        if not twinned:  # the regions ran, so env holds what their twins read: keep it now
+            self._remember(key, env)
+            if key in self._cache:
+                self._cache[key].bound = bound_all
         self.timings = {"onnx": t_ort, "dml": t_dml, "total": perf() - t_start, "skipped": self._skipped}
         self.last_path = "fast"
         return out
 
     def _bind_dml(self, node: DmlNode, env: dict[str, np.ndarray]) -> tuple:
         """(x's name, x's shape, the output's name, prepared kernel) for a node whose shape and k
-        are constants at these input shapes, when x has the output's shape; () otherwise (the node
-        then takes `_run_dml`, as it does whenever x comes with another shape)."""
+        are constants at these input shapes; () otherwise (the node then takes `_run_dml`, as it
+        does whenever x comes with another shape). x may broadcast to the output (a padding row)."""
         if node.id not in self._bindable:
             return ()
         x_name = cast(Value, node.inputs[0]).name  # a bindable node has x
         x = env.get(x_name)
         if type(x) is not np.ndarray:
             return ()
-        shape, dtype, _, bound = self._dml_checked(node, env)
-        if x.shape != shape or not bound:  # broadcast, a zero-size output: the general path
+        shape, dtype, _, bound = self._dml_checked(node, env)  # (checks that x broadcasts)
+        if not bound:  # a zero-size output: the general path
             return ()
         return (x_name, x.shape, node.outputs[0].name,
-                kernels.prepare_diagonal_matrix1(shape, dtype, node.value, *bound))
+                kernels.prepare_diagonal_matrix1(shape, dtype, node.value, *bound, input_shape=x.shape))
 
     def _value(self, v: Value, env: dict[str, np.ndarray]) -> np.ndarray:
         if v.name in env:

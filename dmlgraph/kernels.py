@@ -697,14 +697,17 @@ def _fill_tiny(out: np.ndarray, input: np.ndarray | None, idx: np.ndarray, v: np
 
 
 def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike,
-                             begin: SupportsIndex, end: SupportsIndex) -> Callable[..., np.ndarray]:
+                             begin: SupportsIndex, end: SupportsIndex,
+                             input_shape: Iterable[int] | None = None) -> Callable[..., np.ndarray]:
     """`diagonal_matrix1` with everything that depends only on its arguments done once.
 
     Returns ``run(input=None) -> new array``, equal bit for bit to
     ``diagonal_matrix1(shape, dtype, value, begin, end, input=input)`` for every input: the
     prepared paths (tiny tensors: a cached flat index; small matrices: the cached templates)
-    take a C-contiguous ndarray of exactly `shape` and `dtype` (or no input), anything else goes
-    through `diagonal_matrix1` itself. For an executor that runs one node at one shape many times.
+    take a C-contiguous ndarray of `input_shape` (default `shape`; another shape must broadcast
+    to `shape`, like a padding row applied to every row of a mask) and `dtype`, or no input;
+    anything else goes through `diagonal_matrix1` itself. For an executor that runs one node at
+    one shape many times.
     """
     shape = tuple(operator.index(s) for s in shape)
     begin = operator.index(begin)
@@ -712,6 +715,13 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
     sig = _signature(shape, np.dtype(dtype), begin, end)  # (checks the type and the rank)
     if any(d < 0 for d in shape):
         raise DmlgraphError(f"DIAGONAL_MATRIX1 shape {list(shape)} has a negative size")
+    in_shape = shape if input_shape is None else tuple(operator.index(s) for s in input_shape)
+    try:
+        broadcasts = in_shape == shape or np.broadcast_shapes(in_shape, shape) == shape
+    except ValueError:
+        broadcasts = False
+    if not broadcasts:
+        raise DmlgraphError(f"input shape {list(in_shape)} does not broadcast to {list(shape)}")
     dtype, size, plan = sig.dtype, sig.size, sig.plan
     v = np.array(value, dtype)
 
@@ -725,10 +735,10 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
         idx = sig.tiny
 
         def run_tiny(input: npt.ArrayLike | None = None) -> np.ndarray:
-            if input is not None and (type(input) is not np.ndarray or input.shape != shape
+            if input is not None and (type(input) is not np.ndarray or input.shape != in_shape
                                       or input.dtype != dtype):
                 return generic(input)
-            return _fill_tiny(np.empty(shape, dtype), input, idx, v)
+            return _fill_tiny(np.empty(shape, dtype), input, idx, v)  # (broadcasts the input)
         return run_tiny
     vv = v.view(np.uint8) if dtype == np.bool_ else v
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
@@ -739,6 +749,19 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
     u = keep.dtype
     b3 = (size // (h * w), h, w)
     step = max(1, BLOCK_BYTES // keep.nbytes)
+    if in_shape != shape:
+        if b3[0] > step:
+            return generic  # (the blocked template loop wants inputs of the output's shape)
+
+        def run_broadcast(input: npt.ArrayLike | None = None) -> np.ndarray:
+            if input is not None and (type(input) is not np.ndarray or input.shape != in_shape
+                                      or input.dtype != dtype):
+                return generic(input)
+            out = np.empty(shape, dtype)
+            _apply_templates(out.view(u)[None], None if input is None else input.view(u)[None], keep,
+                             value_bits, 1)  # one step: the input and the templates broadcast
+            return out
+        return run_broadcast
     if 1 < b3[0] <= step:
         # the whole batch in one block: templates as big as the output (numpy's loops over
         # same-shape operands run about twice as fast as over one broadcast along the batch)

@@ -32,7 +32,8 @@ class OnnxRunner:
     """One model run by onnxruntime, or by onnx.reference where onnxruntime lacks a kernel."""
 
     def __init__(self, model: onnx.ModelProto, threads: int | None = None,
-                 external: dict[str, np.ndarray] | None = None, optimize: bool = True):
+                 external: dict[str, np.ndarray] | None = None, optimize: bool = True,
+                 optimized_path: str | None = None):
         self.model = model
         self.input_names = [i.name for i in model.graph.input]
         self._input_set = frozenset(self.input_names)
@@ -45,6 +46,8 @@ class OnnxRunner:
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         if threads:
             opts.intra_op_num_threads = threads
+        if optimized_path:  # where onnxruntime writes the graph as it optimized it
+            opts.optimized_model_filepath = optimized_path
         self.external = external or {}
         self._ort_values = []  # onnxruntime borrows these buffers: keep them alive
         if self.external:  # the graph declares them as external data; these buffers stand in for the files

@@ -4,6 +4,7 @@ shape that depends on input values."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import numpy as np
@@ -67,6 +68,29 @@ def test_fast_path_is_bit_exact_with_the_simple_path_on_the_corpus(path):
     assert len(fast._cache) == len(seen)
 
 
+with open(os.path.join(ROOT, "models", "expected.json")) as f:
+    KV_MODELS = [e for e in json.load(f)["symbolic_models"] if "past_sequence" in e["dynamic_axes"]]
+
+
+@pytest.mark.parametrize("entry", KV_MODELS, ids=lambda e: e["file"])
+def test_kv_cache_input_sets_on_the_fast_path(entry):
+    """The deployed KV-cache input sets (an empty past, a past, one decode step, a left-padded
+    batch), interleaved and each run twice: from the second run on at a set's shapes the fast path
+    serves it (twins without the shape constants, prepared kernels), bit for bit the simple path."""
+    g = api.optimize(os.path.join(ROOT, "models", entry["file"])).graph
+    fast, simple = Executor(g), Executor(g, fast=False)
+    sets = {}
+    for name, rel in entry["input_sets"].items():
+        with np.load(os.path.join(ROOT, "models", rel)) as z:
+            sets[name] = {k: z[k] for k in z.files}
+    assert any(v.shape[2] > 0 for feeds in sets.values() for k, v in feeds.items() if k.startswith("past"))
+    for name in list(sets) * 2:
+        got, want = fast.run(sets[name]), simple.run(sets[name])
+        assert list(got) == list(want)
+        assert all(same_bits(got[k], want[k]) for k in want), name
+    assert fast.last_path == "fast" and len(fast._cache) == len(sets)
+
+
 def test_the_demo_skips_the_generator_and_times_the_applied_mask():
     g = api.optimize(CORPUS[-1]).graph
     ex = Executor(g, 1)
@@ -96,6 +120,46 @@ def test_gpt2_runs_two_sessions_around_its_padded_mask_at_steady_state():
     assert [type(s).__name__ for s in ex._fast_steps] == ["Region", "DmlNode", "Region"]
     assert ex.timings["dml"] > 0
     assert all(same_bits(got[k], want[k]) for k in want)
+
+
+def test_twins_run_without_the_shape_constants_and_hand_out_copies():
+    """A region whose Shape reads a value it computes: the fast path's first run makes the twin
+    (and runs the region once more, to keep the shape it reads), later ones run the twin (fewer
+    nodes), feed it the kept shape, and hand out a copy of a graph output only a dropped node made.
+    One-off runs make no twin."""
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, ["n", "m"])]
+    nodes = [h.make_node("Relu", ["x"], ["y"]), h.make_node("Shape", ["y"], ["s"]),
+             h.make_node("Reshape", ["y", "s"], ["z"]), h.make_node("Trilu", ["z"], ["out"], upper=1)]
+    outputs = [h.make_tensor_value_info("out", T.FLOAT, None), h.make_tensor_value_info("s", T.INT64, None)]
+    g = lowered(_model(nodes, inputs, outputs))
+    ex, simple = Executor(g, 1), Executor(g, 1, fast=False)
+    x = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)
+    want = simple.run({"x": x})
+    ex.run({"x": x})
+    assert not any(isinstance(s, executor.Region) and s.twin is not None for s in ex._fast_steps)
+    for _ in range(3):
+        got = ex.run({"x": x})
+        assert all(same_bits(got[k], want[k]) for k in want)
+        got["s"][:] = 0  # the caller's copy
+    assert ex.last_path == "fast"
+    region = next(s for s in ex._fast_steps if isinstance(s, executor.Region) and s.twin is not None)
+    assert len(region.twin.model.graph.node) < len(region.runner.model.graph.node)
+    assert "s" in region.twin.input_names and "s" in region.runner.output_names
+
+
+def test_a_twin_onnxruntime_refuses_leaves_the_region_as_it_is(monkeypatch):
+    from dmlgraph.errors import DmlgraphError
+
+    def refuse(self, region, model):
+        raise DmlgraphError("onnxruntime cannot load the model")
+    monkeypatch.setattr(Executor, "_twin", refuse)
+    g = api.optimize(CORPUS[-1]).graph
+    ex, feeds = Executor(g, 1), _feeds(g, 16, 0)
+    want = Executor(g, 1, fast=False).run(feeds)
+    for _ in range(3):
+        got = ex.run(feeds)
+        assert all(same_bits(got[k], want[k]) for k in want)
+    assert ex.last_path == "fast" and all(s.twin is None for s in ex._fast_steps if isinstance(s, executor.Region))
 
 
 def _reshaped_mask_model():

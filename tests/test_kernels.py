@@ -368,6 +368,31 @@ def test_prepared_kernel_equals_the_plain_call(dtype, lead, h, w, begin, end, in
     assert got.flags.c_contiguous and got.flags.writeable
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(TYPES + ["bool"]), st.lists(st.integers(1, 3), max_size=2),
+       st.sampled_from([1, 3, 7, 20, 33, 64, 130]), st.sampled_from([1, 4, 7, 20, 33, 64, 130]),
+       st.integers(-140, 140), st.integers(-140, 140), st.sampled_from(["row", "column", "matrix", "vector"]),
+       st.integers(0, 2**32 - 1), st.sampled_from([None, 4096]))
+def test_prepared_kernel_for_a_broadcast_input_shape(dtype, lead, h, w, begin, end, kind, seed, block_bytes):
+    """Prepared for inputs of a shape that broadcasts to the output (a padding row, one matrix for
+    a batch, a lower rank), the kernel is the plain call on the broadcast input, bit for bit; an
+    input of another shape still gets the plain call."""
+    shape = tuple(lead) + (h, w)
+    rng = np.random.default_rng(seed)
+    value = np.array(True) if dtype == "bool" else np.array(rng.integers(0, 100), dtype)
+    full = (rng.integers(0, 2, shape).astype(bool) if dtype == "bool" else _random_input(shape, dtype, seed))
+    inp = np.ascontiguousarray({"row": full[..., :1, :], "column": full[..., :, :1],
+                                "matrix": full.reshape(-1, h, w)[0], "vector": full.reshape(-1, w)[0]}[kind])
+    with patch.object(kernels, "BLOCK_BYTES", block_bytes or kernels.BLOCK_BYTES):
+        run = kernels.prepare_diagonal_matrix1(shape, dtype, value, begin, end, input_shape=inp.shape)
+        for x in (inp, inp, full, None):  # reused, never written; another shape; no input
+            got = run(x)
+            assert_bits_equal(got, kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=x))
+            assert got.shape == shape and got.flags.c_contiguous and got.flags.writeable
+    with pytest.raises(DmlgraphError):
+        kernels.prepare_diagonal_matrix1(shape, dtype, value, begin, end, input_shape=(h + 1, w + 1))
+
+
 def test_prepared_kernel_refuses_what_the_plain_call_refuses():
     with pytest.raises(DmlgraphError):
         kernels.prepare_diagonal_matrix1((4,), np.float32, 1, 0, 1)

@@ -53,6 +53,9 @@ from dmlgraph.runtime import OnnxRunner, initializer_array, numpy_dtype
 MAX_ELEMENTS = 2**32 - 1  # DML_BUFFER_TENSOR_DESC's limit; a bigger DML output is refused, not allocated
 CACHE_ENTRIES = 8  # input-shape sets whose shape constants are kept (least recently used dropped)
 CACHE_BYTES = 256 * 1024 * 1024  # at most this many bytes of kept constants over all entries
+# A twin is a second session over its region's weights: regions holding more stored bytes than
+# this run as they are (their runs are long enough that the shape arithmetic matters little).
+TWIN_MAX_WEIGHT_BYTES = 64 * 1024 * 1024
 
 # ONNX ops (default domain, no subgraph) whose outputs are a deterministic function of their inputs,
 # grouped by what their output *shapes* depend on. Anything else is never a shape constant.
@@ -273,7 +276,8 @@ class Executor:
         pays for no second session). Entries kept before hold no values for them: the fast path
         runs the regions themselves at their shapes once more and keeps those values then."""
         for step in self._fast_steps:
-            if isinstance(step, Region) and step.runner is not None and not step.runner.external:
+            if isinstance(step, Region) and step.runner is not None and not step.runner.external \
+                    and sum(t.ByteSize() for t in step.runner.model.graph.initializer) <= TWIN_MAX_WEIGHT_BYTES:
                 try:
                     self._twin(step, step.runner.model)
                 except DmlgraphError:  # onnxruntime would not load its own optimized graph: no twin

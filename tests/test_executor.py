@@ -147,6 +147,23 @@ def test_twins_run_without_the_shape_constants_and_hand_out_copies():
     assert "s" in region.twin.input_names and "s" in region.runner.output_names
 
 
+def test_regions_with_large_weights_get_no_twin(monkeypatch):
+    """A twin would hold a second copy of its region's weights: above the limit, none is made."""
+    monkeypatch.setattr(executor, "TWIN_MAX_WEIGHT_BYTES", 0)
+    g = api.optimize(CORPUS[-1]).graph
+    ex, feeds = Executor(g, 1), _feeds(g, 16, 0)
+    want = Executor(g, 1, fast=False).run(feeds)
+    for _ in range(3):
+        got = ex.run(feeds)
+        assert all(same_bits(got[k], want[k]) for k in want)
+    assert ex.last_path == "fast" and all(s.twin is None for s in ex._fast_steps if isinstance(s, executor.Region))
+    monkeypatch.setattr(executor, "TWIN_MAX_WEIGHT_BYTES", 64 * 1024 * 1024)
+    ex = Executor(g, 1)
+    for _ in range(3):
+        ex.run(feeds)
+    assert any(s.twin is not None for s in ex._fast_steps if isinstance(s, executor.Region))
+
+
 def test_a_twin_onnxruntime_refuses_leaves_the_region_as_it_is(monkeypatch):
     from dmlgraph.errors import DmlgraphError
 

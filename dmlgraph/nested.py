@@ -17,7 +17,8 @@ for the time of its lowering:
 
 The bodies of one graph are imported as one model where they can share it (one shape inference
 and one import for all, then one Graph each, as importing each alone makes it), and lowered one
-by one.
+by one; bodies that repeat up to their names (a key seen twice) are lowered once and the result
+renamed for each (`body_reuse`, which says why that is the same).
 
 A dim nothing states, or that may differ between iterations (a loop-carried value whose initial,
 declared input and declared output sizes do not all agree), becomes a fresh symbolic dim named

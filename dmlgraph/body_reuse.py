@@ -51,7 +51,7 @@ import copy
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import onnx
@@ -105,10 +105,9 @@ def rename_graph(g: onnx.GraphProto, f: Callable[[str], str]) -> None:
     for n in g.node:
         if n.name:
             n.name = f(n.name)
-        ins, outs = [f(x) for x in n.input], [f(x) for x in n.output]
-        del n.input[:], n.output[:]
-        n.input.extend(ins)
-        n.output.extend(outs)
+        for names in (n.input, n.output):
+            for i, x in enumerate(names):
+                names[i] = f(x)
     for t in g.initializer:
         t.name = f(t.name)
     for field in (g.input, g.output, g.value_info):
@@ -134,7 +133,7 @@ def _rename_dims(vi: onnx.ValueInfoProto, f: Callable[[str], str]) -> onnx.Value
 def _input_dims(inputs: list[onnx.ValueInfoProto]) -> Iterator[str]:
     for vi in inputs:
         for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_param"):
+            if d.dim_param:
                 yield d.dim_param
 
 
@@ -242,6 +241,14 @@ class SeenValues(dict):
     def __contains__(self, name: object) -> bool:
         self.seen.add(name)  # type: ignore[arg-type]
         return dict.__contains__(self, name)
+
+    def __getitem__(self, name: str) -> Value:
+        self.seen.add(name)
+        return dict.__getitem__(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.seen.add(name)
+        return dict.get(self, name, default)
 
 
 class AskedReserved:

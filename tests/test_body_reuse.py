@@ -193,7 +193,7 @@ def test_a_fresh_name_another_scope_takes_is_not_reused(monkeypatch):
     assert refused and not all(refused)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ifs=st.lists(st.sampled_from(list(SOURCES)).flatmap(lambda s: st.tuples(
     st.just(s), st.sampled_from(KINDS[s]), st.sampled_from(KINDS[s]), st.sampled_from(["a", "b", "c"]),
     st.sampled_from(["d", "e"]), st.integers(0, 2), st.integers(0, 1))), min_size=2, max_size=6),

@@ -18,7 +18,9 @@ Why the instance equals the body's own lowering (byte for byte, and the same rep
   attributes, doc strings, literal dims), the input types (fresh dims canonical), each borrowed
   constant (small: its bytes, dtype, shape, TensorProto encoding; large: the very object), the
   varying set, op, attribute, opsets. So two bodies of one key build the same Graph up to a
-  bijective renaming of names and fresh dims.
+  bijective renaming of names and fresh dims (a constant off by one, a type, a dim, an attribute
+  that differs makes another key). The cache of decoded constants the bodies share changes only
+  how fast a constant is read.
 * The rules treat names and dims as opaque: they compare them for equality, hash them and build
   new names by formatting (`f"{name}__gen"`, `repr` in reasons); they order by name only where a
   node reads a nested body (`Graph.reads`) and order symbolic dims (`symbolic.Lin`). One weighs a
@@ -29,12 +31,14 @@ Why the instance equals the body's own lowering (byte for byte, and the same rep
   order against a canonical fresh dim is decided before the token. A string repr would quote
   otherwise than a token (a quote, a backslash, a control character) is not renamed: no reuse.
 * Fresh names: a new value takes its hint, or `hint__N`, the first not taken (a value of the body,
-  or a name its scopes reserve). The template records every name it tested against the graph's
-  values and every answer of its reserved set (evaluated in the first body's names). An instance
-  is used only if renaming is one-to-one on every name the template saw or made (then "taken by a
-  value" answers the same) and each reserved answer is the same in the instance's scopes: then the
-  body's own lowering makes exactly the choices the template made, renamed. Node names `hint__N`
-  count the same in both.
+  or a name its scopes reserve). The template records every name looked up in its values (`in`,
+  `get`, `[]`; a value enters a graph by its import or under a name so tested) and every answer of
+  its reserved set (asked in the first body's names). An instance is made only if renaming is
+  one-to-one on every name the template held, looked up or made (then "taken by a value" answers
+  the same) and each reserved answer is the same in the instance's scopes: the body's own lowering
+  then makes exactly the choices the template made, renamed. Node names `hint__N` count the same
+  in both. So the instance is not equal up to a renaming of fresh names: it is the same, byte for
+  byte, or it is not made.
 * Where the key cannot cover what the rules see, nothing is reused: a body holding bodies of its
   own (their reads are ordered across scopes, and they recurse with scopes of their own), one that
   calls a model-local function (its call types feed the function's typing), one with sparse

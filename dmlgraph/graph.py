@@ -253,6 +253,9 @@ class Graph:
         # Names used by other scopes of the model (subgraph bodies, enclosing graphs): a new value
         # never takes one, so a lowered body never redefines a name its scopes can see.
         self.reserved: ReservedNames = set()
+        # Whether a rule weighed a node's serialized size, which its names' lengths are part of
+        # (`body_reuse` does not rename such a lowering into another body's names).
+        self.sized_names = False
 
     # ---- values ---------------------------------------------------------------------------
     def value(self, name: str) -> Value:

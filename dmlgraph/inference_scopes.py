@@ -150,10 +150,11 @@ def scoped(model: onnx.ModelProto, data: bytes | None = None, always: bool = Fal
     calls = scoped_model.graph.node
     functions: dict[tuple[int, int], onnx.FunctionProto] = {}
     ifs = []
+    fresh = data is None or FRESH_DIM.encode() in data  # (else no branch holds one: not looked for in each)
     for i, (n, holder) in enumerate(zip(nodes, holders)):
         if holder:
             bodies = [a.g for a in n.attribute]
-            reads = _outer_reads(bodies, main_names, body_names, available)
+            reads = _outer_reads(bodies, main_names, body_names, available, fresh)
             if reads is None:
                 return None
             ifs.append((reads, bodies))
@@ -172,10 +173,10 @@ def _plain_if(n: onnx.NodeProto) -> bool:
 
 
 def _outer_reads(bodies: list[onnx.GraphProto], main_names: set[str], body_names: set[str],
-                 available: set[str]) -> list[str] | None:
+                 available: set[str], fresh: bool = True) -> list[str] | None:
     """The outer names the branches read, in order; None when a condition fails (`body_names`
-    collects what every branch so far defines)."""
-    if any(FRESH_DIM.encode() in b.SerializeToString() for b in bodies):  # (a dim, or any other string)
+    collects what every branch so far defines; `fresh`: whether the model may hold `unk__` at all)."""
+    if fresh and any(FRESH_DIM.encode() in b.SerializeToString() for b in bodies):  # (a dim, or any other string)
         return None
     defined: list[str] = []
     annotated: list[str] = []

@@ -17,7 +17,8 @@ for the time of its lowering:
 
 The bodies of one graph are imported as one model where they can share it (one shape inference
 and one import for all, then one Graph each, as importing each alone makes it), and lowered one
-by one.
+by one; bodies that repeat up to their names (a key seen twice) are lowered once and the result
+renamed for each (`body_reuse`, which says why that is the same).
 
 A dim nothing states, or that may differ between iterations (a loop-carried value whose initial,
 declared input and declared output sizes do not all agree), becomes a fresh symbolic dim named
@@ -32,7 +33,10 @@ nested nodes as `scope/node`.
 """
 from __future__ import annotations
 
+import collections
+import functools
 import itertools
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, cast
 
@@ -40,6 +44,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from dmlgraph import body_reuse
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
 from dmlgraph.modelfile import _iter_graphs
@@ -102,19 +107,25 @@ class _Driver:
         self.iterations = main.iterations
         self.dims = FreshDims()
         self.calls = _CallSites(functions, self.dims)
+        self.templates: dict[tuple, body_reuse.Template | None] = {}  # None: that key is lowered body by body
+        self.memo: dict = {}  # `body_reuse.key`'s, for one optimize
+        self.sightings: collections.Counter = collections.Counter()  # key -> bodies seen with it
 
     def result(self) -> PassResult:
         return PassResult(bool(self.applied), self.counts, self.declined, self.applied, self.iterations)
 
     def _add(self, scope: str, result: PassResult, g: Graph) -> None:
-        for rule, n in result.counts.items():
-            self.counts[rule] = self.counts.get(rule, 0) + n
-        self.iterations += result.iterations
         for m in result.applied:
             dml = m.captures.get("dml")
             m.captures.update({SCOPE: scope, LOWERED: isinstance(dml, DmlNode) and dml.id in g.nodes})
         for m in result.declined:
             m.captures[SCOPE] = scope
+        self._count(result)
+
+    def _count(self, result: PassResult) -> None:
+        for rule, n in result.counts.items():
+            self.counts[rule] = self.counts.get(rule, 0) + n
+        self.iterations += result.iterations
         self.applied += result.applied
         self.declined += result.declined
 
@@ -136,13 +147,26 @@ class _Driver:
                     found.append((node, i, [(a.name, a.g)]))
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
-        built = build_bodies(parent, [(node, node.attributes[i].name, body) for node, i, bodies in found
-                                      for _, body in bodies], self.dims)
+        each = [(node, node.attributes[i].name, body) for node, i, bodies in found for _, body in bodies]
+        specs = [_body_spec(parent, node, attr, proto, self.dims) for node, attr, proto in each]
+        keys = [self._key(parent, node, attr, proto, s, varying or {}) if isinstance(s, _Spec) else None
+                for (node, attr, proto), s in zip(each, specs)]
+        self.sightings.update(k[0] for k in keys if k is not None)
+        reused = [k is not None and self.sightings[k[0]] > 1 for k in keys]
+        built = built_bodies(parent, [s for s, r in zip(specs, reused) if not r])
+        plan = iter(zip(specs, keys, reused))
         touched: dict[OnnxNode, list[onnx.AttributeProto]] = {}
         for node, i, bodies in found:
             a = node.attributes[i]
-            new = [self._lower_body(parent, node, a.name, label, body, next(built), scope, varying or {})
-                   for label, body in bodies]
+            new = []
+            for label, body in bodies:
+                spec, k, r = next(plan)
+                path = f"{scope}{node.name or node.op_type}/{label}"
+                done = self._reuse(parent, node, a.name, spec, k, path, varying or {}) if r else None
+                if done is None:
+                    made = next(built) if not r else _build_alone(parent, cast(_Spec, spec))
+                    done = (self._lower_body(parent, node, a.name, label, body, made, scope, varying or {}),)
+                new.append(done[0])
             if any(b is not None for b in new):
                 kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
                 touched.setdefault(node, list(node.attributes))[i] = _graph_attribute(a, kept)
@@ -150,6 +174,56 @@ class _Driver:
             node.set_attributes(attributes)
             parent.changes.append(node)  # (its outer reads may have changed: remove_dead looks again)
         return bool(touched)
+
+    def _key(self, parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, s: _Spec,
+             outer_varying: dict[str, str]) -> tuple | None:
+        """The body's `body_reuse.key`, and what its template is built from."""
+        context = (node.op_type, node.domain, attr, parent.info.ir_version,
+                   tuple(sorted(parent.info.opset_imports.items())))
+        varying = _body_varying(node, attr, proto, s.outer, outer_varying)
+        return body_reuse.key(s.proto, s.inputs, s.constants, s.borrowed, s.outer, varying, context, self.calls.keys,
+                              self.memo)
+
+    def _reuse(self, parent: Graph, node: OnnxNode, attr: str, spec: _Spec | str, k: tuple | None, path: str,
+               outer_varying: dict[str, str]) -> tuple[onnx.GraphProto | None] | None:
+        """The body lowered as its key's template renamed (a 1-tuple of what `_lower_body` returns), or
+        None when it is to be lowered itself."""
+        assert isinstance(spec, _Spec) and k is not None  # (a body with a key)
+        key, c, cproto = k
+        if key not in self.templates:
+            cspec = _Spec(cproto, [body_reuse.canonical_input(vi, c) for vi in spec.inputs],
+                          [body_reuse.canonical_tensor(t, c) for t in spec.constants],
+                          {c.to_token(name): body_reuse.canonical_constant(const, c) for name, const in spec.borrowed.items()},
+                          frozenset(map(c.to_token, spec.outer)))
+            cvarying = {c.to_token(name): what for name, what in _body_varying(node, attr, spec.proto, spec.outer,
+                                                                               outer_varying).items()}
+            self.templates[key] = self._template(parent, cspec, c, cvarying)
+        template = self.templates[key]
+        made = None if template is None else template.instance(c, EnclosingNames(parent, set()), path)
+        if made is None:
+            return None
+        result, explained, written = made
+        self._count(result)
+        self.declined += explained
+        return (written,)
+
+    def _template(self, parent: Graph, cspec: _Spec, c: body_reuse.Canonical, varying: dict[str, str]
+                  ) -> body_reuse.Template | None:
+        """The lowering of a body in tokens (None: its bodies are lowered each as usual)."""
+        g = _import(parent.info, cspec.proto, cspec.inputs, parent.info.opset_imports, cspec.constants)
+        if isinstance(g, str) or body_reuse.has_invented_dims(g):
+            return None
+        body = _finish(parent, cspec, g)
+
+        def run(g: Graph) -> tuple[PassResult, list[Match], onnx.GraphProto | None]:
+            result = self.flat(g)
+            g.remove_dead()
+            explained = self.explain(g, varying) if varying else []
+            if not result.applied:
+                return result, explained, None
+            g.remove_dead()
+            return result, explained, write_back(body, cspec.proto)
+        return body_reuse.Template.lower(g, c, run)
 
     def _lower_body(self, parent: Graph, node: OnnxNode, attr: str, label: str, proto: onnx.GraphProto,
                     body: Body | str, scope: str, outer_varying: dict[str, str]) -> onnx.GraphProto | None:
@@ -164,10 +238,7 @@ class _Driver:
         result = self.flat(g)
         g.remove_dead()
         self._add(path, result, g)
-        # What changes per iteration here: this Loop/Scan body's formal inputs, and what it reads of
-        # an enclosing body's (an If inside a Loop reading the loop-carried value).
-        varying = {name: what for name, what in outer_varying.items() if name in body.outer}
-        varying |= _varying(node, attr, proto)
+        varying = _body_varying(node, attr, proto, body.outer, outer_varying)
         if varying:
             for m in self.explain(g, varying):
                 m.captures[SCOPE] = path
@@ -269,8 +340,14 @@ def _declared(vi: onnx.ValueInfoProto) -> tuple | None:
 
 
 def _value_info(name: str, spec: TypeSpec) -> onnx.ValueInfoProto:
-    et, shape = spec
-    return helper.make_tensor_value_info(name, et, None if shape is None else list(shape))
+    vi = onnx.ValueInfoProto(name=name)
+    vi.type.CopyFrom(_tensor_type(*spec))
+    return vi
+
+
+@functools.lru_cache(maxsize=1024)  # (the bodies of a model read values of a few types: each built once)
+def _tensor_type(elem_type: int, shape: tuple | None) -> onnx.TypeProto:
+    return helper.make_tensor_type_proto(elem_type, None if shape is None else list(shape))
 
 
 def _state_type(outer: Value | None, declared_in: onnx.ValueInfoProto, declared_out: onnx.ValueInfoProto | None,
@@ -334,6 +411,13 @@ def formal_types(parent: Graph, node: OnnxNode, attr: str, body: onnx.GraphProto
             types.append((outer.elem_type, shape))
         return types
     return f"bodies of {op} are not lowered (If, Loop and Scan bodies are)"
+
+
+def _body_varying(node: OnnxNode, attr: str, body: onnx.GraphProto, outer: frozenset[str],
+                  outer_varying: dict[str, str]) -> dict[str, str]:
+    """What changes per iteration in a body: its formal inputs if it is a Loop/Scan body, and what it
+    reads of an enclosing body's (an If inside a Loop reading the loop-carried value)."""
+    return {name: what for name, what in outer_varying.items() if name in outer} | _varying(node, attr, body)
 
 
 def _varying(node: OnnxNode, attr: str, body: onnx.GraphProto) -> dict[str, str]:
@@ -411,10 +495,14 @@ def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
 
 def build_bodies(parent: Graph, bodies: list[tuple[OnnxNode, str, onnx.GraphProto]],
                  dims: FreshDims) -> Iterator[Body | str]:
-    """`build_body` of each (node, attribute, body) of `parent`, in order: imported together where
-    they can share one model (`_import_together`), else each when it is asked for (one large body
-    in memory at a time)."""
-    specs = [_body_spec(parent, node, attr, proto, dims) for node, attr, proto in bodies]
+    """`build_body` of each (node, attribute, body) of `parent`, in order."""
+    return built_bodies(parent, [_body_spec(parent, node, attr, proto, dims) for node, attr, proto in bodies])
+
+
+def built_bodies(parent: Graph, specs: list[_Spec | str]) -> Iterator[Body | str]:
+    """The body of each spec (or why it has none), in order: imported together where they can
+    share one model (`_import_together`), else each when it is asked for (one large body in memory
+    at a time)."""
     ready = [s for s in specs if isinstance(s, _Spec)]
     together = _import_together(parent.info, ready) if len(ready) > 1 else None
     made = iter(together or ())
@@ -422,8 +510,13 @@ def build_bodies(parent: Graph, bodies: list[tuple[OnnxNode, str, onnx.GraphProt
         if isinstance(s, str):
             yield s
             continue
-        g = next(made) if together else _import(parent.info, s.proto, s.inputs, parent.info.opset_imports, s.constants)
-        yield g if isinstance(g, str) else _finish(parent, s, g)
+        yield _finish(parent, s, next(made)) if together else _build_alone(parent, s)
+
+
+def _build_alone(parent: Graph, s: _Spec) -> Body | str:
+    """One body imported alone."""
+    g = _import(parent.info, s.proto, s.inputs, parent.info.opset_imports, s.constants)
+    return g if isinstance(g, str) else _finish(parent, s, g)
 
 
 class EnclosingNames:
@@ -468,7 +561,7 @@ def _small_tensor(name: str, const: Value | np.ndarray | DmlNode) -> onnx.Tensor
     if isinstance(const, np.ndarray):
         return numpy_helper.from_array(const, name) if const.size <= SMALL_CONSTANT else None
     if isinstance(const, Value) and const.shape is not None and all(isinstance(d, int) for d in const.shape) \
-            and int(np.prod(cast(tuple[int, ...], const.shape))) <= SMALL_CONSTANT:
+            and math.prod(cast(tuple[int, ...], const.shape)) <= SMALL_CONSTANT:
         if const.array is not None:
             return numpy_helper.from_array(np.asarray(const.array), name)
         if const.initializer is not None and const.initializer.data_location != TensorProto.EXTERNAL:

@@ -48,5 +48,7 @@ def band_of(arr: np.ndarray) -> BandPattern | None:
     return p if use.any() and not use.all() else None
 
 
-def _node_bytes(node: DmlNode) -> int:
+def _node_bytes(g: Graph, node: DmlNode) -> int:
+    """`node`'s size as written: its names' included (so `g` notes that a decision read them)."""
+    g.sized_names = True
     return len(dml_node_proto(node).SerializeToString())

@@ -42,7 +42,7 @@ def _match_stored(graph: Graph, item: Value | Node, options: Options) -> Match |
                   begin=_bounds(p)[0], end=_bounds(p)[1], static_shape=arr.shape)
     m.captures.update(dml=dml, pattern=p, nbytes=int(arr.nbytes))
     m.reason = lowering_reason(dml, arr.shape, options)
-    threshold = options.min_mask_bytes if options.min_mask_bytes is not None else _node_bytes(dml)
+    threshold = options.min_mask_bytes if options.min_mask_bytes is not None else _node_bytes(graph, dml)
     if m.reason is None and arr.nbytes <= threshold:
         m.reason = f"the constant ({arr.nbytes} bytes) is not bigger than the node replacing it ({threshold} bytes)"
     return m

@@ -48,6 +48,13 @@ def test_cli_entry_points(tmp_path, monkeypatch):
     assert calls == [(True, str(tmp_path / "x.json")), (True, None)]
 
 
+def test_rates_count_the_nodes_of_bodies_too():
+    """nested_model(n): n/4 If nodes and their Relus in the main graph, a one-node body per branch."""
+    assert bench_pipeline.nodes_at_every_depth(bench_pipeline.nested_model(40)) == 40
+    assert api.optimize(bench_pipeline.nested_model(40)).before["nodes"] == 20  # (the main graph's)
+    assert bench_pipeline.nodes_at_every_depth(bench_pipeline.chain_model(50)) == 50
+
+
 def test_blocks_model_is_valid_and_fully_lowered(tmp_path):
     model = bench_pipeline.blocks_model(4)
     onnx.checker.check_model(model, full_check=True)

@@ -71,6 +71,7 @@ _TOKEN = re.compile(f"{_OPEN}\\d{{6}}{_CLOSE}|{_DIM}\\d{{6}}")
 _ONNX_FRESH = re.compile(r"unk__\d+")
 _MARKS = (_OPEN.encode(), _CLOSE.encode(), FRESH.encode())
 _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
+TOKENS = 10 ** 6  # tokens have six digits: a body of more names or fresh dims is not reused
 SMALL = 4096  # elements: a borrowed constant keyed by its bytes (a larger one by its identity)
 
 
@@ -220,7 +221,8 @@ def key(proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], constants: li
     raw = proto.SerializeToString()
     given = list(_input_dims(inputs))
     dims = {d for d in given if d.startswith(FRESH)}
-    if any(m in raw for m in _MARKS) or not _plain("".join(names)) or not _plain("".join(given)):
+    if len(names) >= TOKENS or len(dims) >= TOKENS or any(m in raw for m in _MARKS) \
+            or not _plain("".join(names)) or not _plain("".join(given)):
         return None
     c = Canonical(names, dims)
     cproto = onnx.GraphProto()

@@ -209,3 +209,10 @@ def test_bench_model_lowers_each_branch_kind_once(monkeypatch):
     monkeypatch.setattr(nested._Driver, "_template", lambda self, *a: made.append(1) or template(self, *a))
     api.optimize(nested_model(200))
     assert len(made) == 2  # (then: upper, else: lower)
+
+
+def test_a_body_with_more_names_than_tokens_is_not_reused(monkeypatch):
+    """Tokens have a fixed number of digits: a body with as many names as there are tokens is
+    lowered on its own (here the limit is lowered to 2, below the bench branch's names)."""
+    monkeypatch.setattr(body_reuse, "TOKENS", 2)
+    assert _same_with_and_without_reuse(nested_model(40), monkeypatch) == 0

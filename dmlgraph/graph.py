@@ -286,7 +286,10 @@ class Graph:
     def add_node(self, node: Node, instead_of: int | None = None) -> Node:
         """Add `node`; `instead_of` (the place of what it replaces) puts it there in the export order."""
         self.nodes[node.id] = node
-        self.by_op.setdefault(node.op_type, {})[node.id] = node
+        same_op = self.by_op.get(node.op_type)
+        if same_op is None:
+            same_op = self.by_op[node.op_type] = {}
+        same_op[node.id] = node
         node.added = added = next(self._added)
         node.place = (added if instead_of is None else instead_of, added)
         for i, v in enumerate(node.inputs):
@@ -328,7 +331,7 @@ class Graph:
         return iter(list(self.nodes.values()))
 
     def is_graph_output(self, v: Value) -> bool:
-        return any(o is v for o in self.outputs)
+        return v in self.outputs  # (a Value equals only itself: no __eq__)
 
     def body_reads(self) -> set[str]:
         """The names the bodies of this graph's If/Loop/Scan nodes read from it (a value read there

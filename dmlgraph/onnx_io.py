@@ -105,7 +105,7 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None,
 def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShapes, base_dir: str | None) -> Graph:
     """The values and nodes of `model`, then their inferred types and shapes (`shapes.value_types()`)."""
     mg = model.graph
-    value = g.value
+    value, values = g.value, g.values
     g.value_info_names = dict.fromkeys(vi.name for vi in mg.value_info)
     for t in mg.initializer:
         v = value(t.name)
@@ -119,7 +119,7 @@ def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShap
     # (The hottest loop of a load: each proto field is read once, a repeated one as a slice: upb's
     # containers have no iterator, and a loop over one ends by raising IndexError, ~1 us.)
     for i, n in enumerate(mg.node):
-        ins = [value(x) if x else None for x in n.input[:]]
+        ins = [(values.get(x) or value(x)) if x else None for x in n.input[:]]  # (read: mostly there)
         out_names = n.output[:]
         outs = [value(x) if x else _unnamed(unnamed, f"{n.name or n.op_type}__unused{i}") for x in out_names]
         domain = n.domain

@@ -389,22 +389,32 @@ class Graph:
             preds.append(ps)
         if in_order:
             return nodes
-        # Kahn's algorithm, always taking the ready node that came first.
+        # Kahn's algorithm, always taking the ready node that came first: a scan takes the nodes in
+        # order, each one ready when reached; one that becomes ready only after the scan passed it
+        # waits in a heap, which goes first (all it holds came before the scan's next node). The
+        # heap stays small where most of the order holds (rewritten nodes appended at the end).
         succs: list[list[int]] = [[] for _ in nodes]
         for i, ps in enumerate(preds):
             for p in ps:
                 succs[p].append(i)
         waiting = [len(ps) for ps in preds]
-        ready = [i for i, w in enumerate(waiting) if w == 0]
-        heapq.heapify(ready)
         order = []
-        while ready:
-            i = heapq.heappop(ready)
+        late: list[int] = []
+        scan, end = 0, len(nodes)
+        while True:
+            if late:
+                i = heapq.heappop(late)
+            else:
+                while scan < end and waiting[scan]:
+                    scan += 1
+                if scan == end:
+                    break
+                i, scan = scan, scan + 1
             order.append(nodes[i])
             for s in succs[i]:
                 waiting[s] -= 1
-                if waiting[s] == 0:
-                    heapq.heappush(ready, s)
+                if waiting[s] == 0 and s < scan:
+                    heapq.heappush(late, s)
         if len(order) < len(nodes):
             import networkx as nx
 

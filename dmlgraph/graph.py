@@ -478,8 +478,8 @@ def outer_names(node: OnnxNode) -> set[str]:
     """Names a node's subgraph attributes (If/Loop/Scan bodies) read from the enclosing scope."""
     names: set[str] = set()
     for a in node.attributes:
-        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-        for g in graphs:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]  # (a slice: a loop over a
+        for g in graphs:  # upb container ends by raising IndexError, and most attributes hold no graph)
             names |= free_names(g)
     return names
 
@@ -494,7 +494,7 @@ def free_names(g: onnx.GraphProto) -> set[str]:
     for n in g.node:
         used.update(x for x in n.input if x)
         for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]):
                 used |= free_names(sub)
         defined.update(n.output)
     used.update(o.name for o in g.output)

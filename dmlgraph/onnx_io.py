@@ -361,7 +361,7 @@ def _graphs_of(attributes: Iterable[onnx.AttributeProto]) -> list[onnx.GraphProt
         if a.type == onnx.AttributeProto.GRAPH:
             graphs.append(a.g)
         elif a.type == onnx.AttributeProto.GRAPHS:
-            graphs.extend(a.graphs)
+            graphs.extend(a.graphs[:])
     return graphs
 
 
@@ -556,7 +556,7 @@ class _NameSet:
             taken.update(v.name for v in n.outputs)
             if isinstance(n, OnnxNode):
                 for a in n.attributes:
-                    for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]):
                         _graph_names(sub, taken)
         for f in g.info.functions:
             taken.update(f.input)
@@ -596,7 +596,7 @@ def _node_names(n: onnx.NodeProto, out: set[str]) -> None:
     out.update(n.input)
     out.update(n.output)
     for a in n.attribute:
-        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]):
             _graph_names(sub, out)
 
 

@@ -392,7 +392,7 @@ class Graph:
         # Kahn's algorithm, always taking the ready node that came first: a scan takes the nodes in
         # order, each one ready when reached; one that becomes ready only after the scan passed it
         # waits in a heap, which goes first (all it holds came before the scan's next node). The
-        # heap stays small where most of the order holds (rewritten nodes appended at the end).
+        # heap stays small where most of the order holds.
         succs: list[list[int]] = [[] for _ in nodes]
         for i, ps in enumerate(preds):
             for p in ps:

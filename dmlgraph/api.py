@@ -186,10 +186,9 @@ def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = Fa
     """Check the model (an invalid one is a bug: InternalError, nothing written), save it
     atomically; returns the written file's size in bytes."""
     assert result.model is not None, "optimize always exports a model"
-    if not result.checked:
-        check_for_save(result.model)
+    serialized = result.serialized if result.checked else check_for_save(result.model)
     save_model(result.model, out, input_path=input_path, in_place=in_place,
-               base_dir=os.path.dirname(os.path.abspath(input_path)))
+               base_dir=os.path.dirname(os.path.abspath(input_path)), serialized=serialized)
     return os.path.getsize(out)
 
 

@@ -286,7 +286,10 @@ class Graph:
     def add_node(self, node: Node, instead_of: int | None = None) -> Node:
         """Add `node`; `instead_of` (the place of what it replaces) puts it there in the export order."""
         self.nodes[node.id] = node
-        self.by_op.setdefault(node.op_type, {})[node.id] = node
+        same_op = self.by_op.get(node.op_type)
+        if same_op is None:
+            same_op = self.by_op[node.op_type] = {}
+        same_op[node.id] = node
         node.added = added = next(self._added)
         node.place = (added if instead_of is None else instead_of, added)
         for i, v in enumerate(node.inputs):
@@ -328,7 +331,7 @@ class Graph:
         return iter(list(self.nodes.values()))
 
     def is_graph_output(self, v: Value) -> bool:
-        return any(o is v for o in self.outputs)
+        return v in self.outputs  # (a Value equals only itself: no __eq__)
 
     def body_reads(self) -> set[str]:
         """The names the bodies of this graph's If/Loop/Scan nodes read from it (a value read there
@@ -386,22 +389,32 @@ class Graph:
             preds.append(ps)
         if in_order:
             return nodes
-        # Kahn's algorithm, always taking the ready node that came first.
+        # Kahn's algorithm, always taking the ready node that came first: a scan takes the nodes in
+        # order, each one ready when reached; one that becomes ready only after the scan passed it
+        # waits in a heap, which goes first (all it holds came before the scan's next node). The
+        # heap stays small where most of the order holds.
         succs: list[list[int]] = [[] for _ in nodes]
         for i, ps in enumerate(preds):
             for p in ps:
                 succs[p].append(i)
         waiting = [len(ps) for ps in preds]
-        ready = [i for i, w in enumerate(waiting) if w == 0]
-        heapq.heapify(ready)
         order = []
-        while ready:
-            i = heapq.heappop(ready)
+        late: list[int] = []
+        scan, end = 0, len(nodes)
+        while True:
+            if late:
+                i = heapq.heappop(late)
+            else:
+                while scan < end and waiting[scan]:
+                    scan += 1
+                if scan == end:
+                    break
+                i, scan = scan, scan + 1
             order.append(nodes[i])
             for s in succs[i]:
                 waiting[s] -= 1
-                if waiting[s] == 0:
-                    heapq.heappush(ready, s)
+                if waiting[s] == 0 and s < scan:
+                    heapq.heappush(late, s)
         if len(order) < len(nodes):
             import networkx as nx
 
@@ -465,8 +478,8 @@ def outer_names(node: OnnxNode) -> set[str]:
     """Names a node's subgraph attributes (If/Loop/Scan bodies) read from the enclosing scope."""
     names: set[str] = set()
     for a in node.attributes:
-        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-        for g in graphs:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]  # (a slice: a loop over a
+        for g in graphs:  # upb container ends by raising IndexError, and most attributes hold no graph)
             names |= free_names(g)
     return names
 
@@ -481,7 +494,7 @@ def free_names(g: onnx.GraphProto) -> set[str]:
     for n in g.node:
         used.update(x for x in n.input if x)
         for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]):
                 used |= free_names(sub)
         defined.update(n.output)
     used.update(o.name for o in g.output)

@@ -97,7 +97,7 @@ def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx
     for i, node in enumerate(graph.node):
         if not node.attribute:  # most nodes: no attribute, so no subgraph
             continue
-        for attr in node.attribute:
+        for attr in node.attribute[:]:  # (a slice: a loop over a upb container ends in an IndexError)
             if attr.type in _GRAPHLESS_ATTRIBUTES:  # (most attributes: no subgraph, no generator to start)
                 continue
             for attr_name, sub in _subgraphs_of(attr):
@@ -113,22 +113,51 @@ def _iter_tensors(model: onnx.ModelProto, graphs: Iterable[tuple[onnx.GraphProto
     `graphs`: `_iter_graphs(model.graph)` when the caller already has it. `skip(tensor)`: tensors it
     accepts are left out before their labels are built (most of a model's tensors, on hot paths).
     """
-    keep = (lambda t: True) if skip is None else (lambda t: not skip(t))
     for graph, where in (graphs if graphs is not None else _iter_graphs(model.graph)):
-        for t in graph.initializer:
+        yield from _graph_tensors(graph, where, _attribute_tensors(graph), skip)
+
+
+def _graph_tensors(graph: onnx.GraphProto, where: str, attribute_tensors: list[tuple[TensorProto, int, str]],
+                   skip: Callable[[TensorProto], bool] | None) -> Iterator[tuple[TensorProto, str, bool]]:
+    """`_iter_tensors` of one graph, given its nodes' tensors (`_attribute_tensors`)."""
+    keep = (lambda t: True) if skip is None else (lambda t: not skip(t))
+    for t in graph.initializer:
+        if keep(t):
+            yield t, f"initializer '{t.name}'{where}", True
+    for sp in graph.sparse_initializer:
+        for part, t in (("values", sp.values), ("indices", sp.indices)):
             if keep(t):
-                yield t, f"initializer '{t.name}'{where}", True
-        for sp in graph.sparse_initializer:
-            for part, t in (("values", sp.values), ("indices", sp.indices)):
-                if keep(t):
-                    yield t, f"sparse initializer '{sp.values.name}' {part}{where}", False
-        for i, node in enumerate(graph.node):
-            if not node.attribute:  # most nodes
-                continue
-            for attr in node.attribute:
-                for t in ([attr.t] if attr.HasField("t") else []) + list(attr.tensors):
-                    if keep(t):
-                        yield t, f"attribute '{attr.name}' of {_node_label(node, i)}{where}", False
+                yield t, f"sparse initializer '{sp.values.name}' {part}{where}", False
+    for t, i, name in attribute_tensors:
+        if keep(t):
+            yield t, f"attribute '{name}' of {_node_label(graph.node[i], i)}{where}", False
+
+
+def _attribute_tensors(graph: onnx.GraphProto,
+                       subgraphs: list[tuple[str, int, onnx.GraphProto]] | None = None) -> list[tuple[TensorProto, int, str]]:
+    """The tensors of `graph`'s node attributes, each with its node's index and attribute's name;
+    the subgraphs met on the way go to `subgraphs` (attribute name, node index, body), when given:
+    one walk for both."""
+    found = []
+    for i, node in enumerate(graph.node):
+        if not node.attribute:  # most nodes
+            continue
+        for attr in node.attribute[:]:  # (all: a load that skips the checker reads them too; a slice, as above)
+            if attr.HasField("t"):
+                found.append((attr.t, i, attr.name))
+            if attr.tensors:
+                found += [(t, i, attr.name) for t in attr.tensors]
+            if subgraphs is not None and attr.type not in _GRAPHLESS_ATTRIBUTES:
+                subgraphs += [(name, i, sub) for name, sub in _subgraphs_of(attr)]
+    return found
+
+
+def _walk(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.GraphProto, str, list[tuple[TensorProto, int, str]]]]:
+    """`_iter_graphs`, each graph with its `_attribute_tensors`, in one pass over the nodes."""
+    subgraphs: list[tuple[str, int, onnx.GraphProto]] = []
+    yield graph, where, _attribute_tensors(graph, subgraphs)
+    for attr_name, i, sub in subgraphs:
+        yield from _walk(sub, f" (in subgraph '{attr_name}' of {_node_label(graph.node[i], i)}{where})")
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,7 +165,7 @@ def _iter_tensors(model: onnx.ModelProto, graphs: Iterable[tuple[onnx.GraphProto
 
 
 def _num_elements(tensor: TensorProto, label: str) -> int:
-    dims = tensor.dims
+    dims = tensor.dims[:]  # (a list: a loop over a upb container ends in an IndexError, ~1 us)
     if not dims:
         return 1
     n = math.prod(dims)
@@ -234,7 +263,7 @@ def _plain_inline(tensor: TensorProto) -> bool:
     size = RAW_ITEMSIZE.get(tensor.data_type)
     if not raw or size is None:
         return False
-    dims = tensor.dims
+    dims = tensor.dims[:]  # (a list, as in `_num_elements`)
     n = math.prod(dims)
     return len(raw) == n * size and n <= _MAX_ELEMENTS and (not dims or min(dims) > 0) \
         and tensor.data_location != _EXTERNAL and not tensor.HasField("segment")
@@ -405,7 +434,7 @@ def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
     if not _uses_external(tensor):
         dtype = _PLAIN_NUMPY.get(tensor.data_type)
         if dtype is not None and tensor.HasField("raw_data"):  # the common case, ~10x faster than to_array
-            raw, shape = tensor.raw_data, tuple(tensor.dims)
+            raw, shape = tensor.raw_data, tuple(tensor.dims[:])
             if len(raw) == dtype.itemsize * _num_elements(tensor, label):
                 return np.frombuffer(raw, dtype).reshape(shape).astype(dtype.newbyteorder("="))
         _check_inline_data(tensor, label)
@@ -724,8 +753,9 @@ def check_model_proto(model: onnx.ModelProto, label: str, base_dir: str | None, 
         raise ModelError(f"{label} is not a valid ONNX model (it parses, but has no {', '.join(missing)}); "
                          "is the file complete?")
     has_external = False
-    graphs = list(_iter_graphs(model.graph))  # walked once, read twice
-    for tensor, where, _ in _iter_tensors(model, graphs, skip=_plain_inline):
+    walked = list(_walk(model.graph))  # (the graphs, read twice, and their nodes' tensors)
+    graphs = [(g, where) for g, where, _ in walked]
+    for tensor, where, _ in (x for g, w, found in walked for x in _graph_tensors(g, w, found, _plain_inline)):
         if tensor.HasField("segment"):
             raise ModelError(f"{where} is stored in segments, which is not supported")
         if _uses_external(tensor):

@@ -277,7 +277,7 @@ def _shape_compatible(old: tuple[Dim, ...], new: tuple[Dim, ...]) -> bool:
 
 
 def _is_input(g: Graph, v: Value) -> bool:
-    return any(i is v for i in g.inputs)
+    return v in g.inputs  # (a Value equals only itself)
 
 
 @dataclass

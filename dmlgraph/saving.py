@@ -210,7 +210,7 @@ def _copy_span(src: str, offset: int, length: int, dst: BinaryIO) -> None:
 def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                input_path: str | os.PathLike | None = None, in_place: bool = False,
                external_data: bool | None = None, base_dir: str | os.PathLike | None = None,
-               check: Callable[[bytes | None], None] | None = None) -> None:
+               check: Callable[[bytes | None], None] | None = None, serialized: bytes | None = None) -> None:
     """Write `model` to `out_path` atomically and deterministically (same model, same bytes).
 
     - Refuses to overwrite `input_path` (same real path or same file) unless `in_place=True`, and
@@ -226,6 +226,8 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
       (None where they are not `model`'s own: external data moved out); when it raises, nothing is
       written. (A caller that checked the model before can tell from them whether it changed since,
       without serializing it once more.)
+    - `serialized`, if given, is `model` as `check_for_save` serialized it (the caller vouches that
+      `model` has not changed since): it is not serialized again.
     - `model` itself is not modified.
     """
     out = os.path.abspath(os.fspath(out_path))
@@ -245,8 +247,11 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     # One entry per tensor in `_iter_tensors` order (None: not external).
     # (Most models have none: a first walk skips the rest without labelling every tensor.)
     sources: list[tuple[str, int, int] | None] = []
-    serialized = None  # a model without external data is serialized once, here: its size decides
-    if external_data is not True:  # (and its bytes tell most models hold none: `_has_external`)
+    # A model without external data is serialized once (here, unless the caller has): its size
+    # decides, and its bytes tell most models hold none (`_has_external`).
+    if external_data is True:
+        serialized = None
+    elif serialized is None:
         try:
             serialized = model.SerializeToString(deterministic=True)
         except Exception:  # noqa: BLE001 - over protobuf's limit: external data or an error below

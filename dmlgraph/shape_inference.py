@@ -315,10 +315,10 @@ def _flat_long_vector(model: onnx.ModelProto, types: list[ValueType]) -> bool:
 def _stores_long_vector(g: onnx.GraphProto) -> bool:
     if any(len(t.dims) == 1 and t.dims[0] > MAX_DATA_PROP_LENGTH for t in g.initializer):
         return True
-    # A Constant that long is that many bytes at least (sizes read in C: no Python step per node).
-    return any(size > MAX_DATA_PROP_LENGTH and n.op_type == "Constant" and any(
+    # A Constant that long is that many bytes at least (its size, read in C, before its attributes).
+    return any(n.op_type == "Constant" and n.ByteSize() > MAX_DATA_PROP_LENGTH and any(
         (len(a.t.dims) == 1 and a.t.dims[0] > MAX_DATA_PROP_LENGTH) or max(len(a.ints), len(a.floats)) >
-        MAX_DATA_PROP_LENGTH for a in n.attribute) for n, size in zip(g.node, map(onnx.NodeProto.ByteSize, g.node)))
+        MAX_DATA_PROP_LENGTH for a in n.attribute) for n in g.node)
 
 
 # The child's answer: a kind byte and a length, then that many bytes (the pickled value types;

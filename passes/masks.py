@@ -87,7 +87,7 @@ def _digest(graph: Graph, v: Value) -> tuple:
     if t is not None and v.array is None and t.HasField("raw_data") and v.name not in graph.overridable_inputs \
             and t.data_location != onnx.TensorProto.EXTERNAL:
         raw = t.raw_data  # (a small index constant is its own digest)
-        return "raw", t.data_type, tuple(t.dims), raw if len(raw) <= 64 else hashlib.sha256(raw).hexdigest()
+        return "raw", t.data_type, tuple(t.dims[:]), raw if len(raw) <= 64 else hashlib.sha256(raw).hexdigest()
     arr = np.asarray(const_value(graph, v))
     data = onnx.numpy_helper.from_array(arr).SerializeToString() if arr.dtype == object else arr.tobytes()
     return "array", arr.dtype.str, arr.shape, hashlib.sha256(data).hexdigest()

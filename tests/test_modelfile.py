@@ -727,3 +727,40 @@ def test_any_external_agrees_with_the_labelled_walk(where):
     walked = any(modelfile._uses_external(t) for t, _, _ in modelfile._iter_tensors(m))
     assert walked == (not where.startswith("none"))
     assert modelfile._any_external(m.graph) == walked
+
+
+@pytest.mark.parametrize("path", sorted(p for p in __import__("glob").glob(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "**", "*.onnx"),
+    recursive=True)), ids=os.path.basename)
+def test_one_walk_finds_the_graphs_and_tensors_of_two(path):
+    """`_walk` (the load's one pass) yields `_iter_graphs`' graphs, and with them `_iter_tensors`'
+    tensors and labels, in the same order."""
+    model = onnx.load(path, load_external_data=False)
+    walked = list(modelfile._walk(model.graph))
+    graphs = list(modelfile._iter_graphs(model.graph))
+    assert [(g, w) for g, w, _ in walked] == graphs
+    one = [(id(t), label) for g, w, found in walked for t, label, _ in modelfile._graph_tensors(g, w, found, None)]
+    two = [(id(t), label) for t, label, _ in modelfile._iter_tensors(model, graphs)]
+    assert [label for _, label in one] == [label for _, label in two]
+
+
+def test_one_walk_labels_constants_and_subgraph_tensors():
+    """A Constant in an If branch: the same tensor labels through `_walk` as through `_iter_tensors`."""
+    const = h.make_node("Constant", [], ["c"], name="k", value=numpy_helper.from_array(np.ones(3, np.float32)))
+    branch = h.make_graph([const, h.make_node("Identity", ["c"], ["b"])], "then", [],
+                          [h.make_tensor_value_info("b", T.FLOAT, [3])])
+    node = h.make_node("If", ["cond"], ["y"], name="if", then_branch=branch, else_branch=branch)
+    model = make_model([node], inits=[numpy_helper.from_array(np.array(True), "cond")],
+                       inputs=[h.make_tensor_value_info("x", T.FLOAT, [3])],
+                       outputs=[h.make_tensor_value_info("y", T.FLOAT, [3])])
+    walked = list(modelfile._walk(model.graph))
+    labels = [label for g, w, found in walked for _, label, _ in modelfile._graph_tensors(g, w, found, None)]
+    assert labels == [label for _, label, _ in modelfile._iter_tensors(model)]
+    assert any("attribute 'value' of node 'k' (Constant) (in subgraph 'then_branch'" in x for x in labels)
+
+
+def test_save_given_the_checked_bytes_writes_what_it_would_serialize(tmp_path):
+    model = make_model()
+    save_model(model, tmp_path / "a.onnx")
+    save_model(model, tmp_path / "b.onnx", serialized=saving.check_for_save(model))
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()

@@ -215,7 +215,8 @@ def key(proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], constants: li
         names.update(n.output)
     names.update(t.name for t in proto.initializer)
     for field in (proto.input, proto.output, proto.value_info, inputs):
-        names.update(vi.name for vi in field)
+        if field:  # (a body's inputs and value_info are often empty: no generator for them)
+            names.update(vi.name for vi in field)
     names.update(const.name for const in borrowed.values() if isinstance(const, DmlNode))
     names.discard("")
     raw = proto.SerializeToString()

@@ -489,13 +489,19 @@ _place = operator.attrgetter("place")
 
 def free_names(g: onnx.GraphProto) -> set[str]:
     """Names a graph (with its own subgraphs) reads but does not define: its outer-scope reads."""
-    defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+    defined = {i.name for i in g.input} | {t.name for t in g.initializer} if g.input or g.initializer else set()
+    read: set[str] = set()  # (the nodes' inputs, "" for a missing one dropped below: no step per name)
     used: set[str] = set()
     for n in g.node:
-        used.update(x for x in n.input if x)
+        read.update(n.input)
         for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]):
-                used |= free_names(sub)
+            if a.type == onnx.AttributeProto.GRAPH:
+                used |= free_names(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    used |= free_names(sub)
         defined.update(n.output)
+    read.discard("")
+    used |= read
     used.update(o.name for o in g.output)
     return used - defined

@@ -298,8 +298,9 @@ def _graph_names(body: onnx.GraphProto) -> set[str]:
     """The names `body` and its own bodies read, define or take as inputs ('' left out)."""
     names: set[str] = set()
     for sub, _ in _iter_graphs(body):
-        names.update(vi.name for vi in sub.input)
-        names.update(t.name for t in sub.initializer)
+        if sub.input or sub.initializer:  # (an If branch has neither: no generators for them)
+            names.update(vi.name for vi in sub.input)
+            names.update(t.name for t in sub.initializer)
         for x in sub.node:
             names.update(x.input)
             names.update(x.output)

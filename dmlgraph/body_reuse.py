@@ -81,13 +81,24 @@ def _plain(s: str) -> bool:
     return s.isprintable() and "'" not in s and "\\" not in s and _OPEN not in s and _CLOSE not in s and _DIM not in s
 
 
+_NAME_TOKENS: list[str] = []
+_DIM_TOKENS: list[str] = []
+
+
+def _tokens(made: list[str], form: str, n: int) -> list[str]:
+    """`made` holding at least `form.format(i)` for i < n (each token made once for all bodies)."""
+    made += [form.format(i) for i in range(len(made), n)]
+    return made
+
+
 class Canonical:
     """A body's names and fresh dims as tokens, both ways."""
 
     def __init__(self, names: set[str], dims: set[str]) -> None:
-        self.token = {s: f"{_OPEN}{i:06d}{_CLOSE}" for i, s in enumerate(sorted(names))}
-        self.token |= {d: f"{_DIM}{i:06d}" for i, d in enumerate(sorted(dims))}
-        self.real = {t: s for s, t in self.token.items()}
+        self.token = dict(zip(sorted(names), _tokens(_NAME_TOKENS, f"{_OPEN}{{:06d}}{_CLOSE}", len(names))))
+        if dims:
+            self.token.update(zip(sorted(dims), _tokens(_DIM_TOKENS, f"{_DIM}{{:06d}}", len(dims))))
+        self.real = dict(zip(self.token.values(), self.token))
 
     def to_token(self, s: str) -> str:
         return self.token.get(s, s)

@@ -131,8 +131,8 @@ def scoped(model: onnx.ModelProto, data: bytes | None = None, always: bool = Fal
     if model.ir_version < 4 or any(o.domain == DOMAIN for o in model.opset_import) or \
             any(f.domain == DOMAIN for f in model.functions):
         return None
-    nodes = list(mg.node)
-    holders = [bool(n.attribute) and any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute)
+    nodes = mg.node[:]  # (`graph.free_names` says why [:])
+    holders = [bool(n.attribute) and any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute[:])
                for n in nodes]
     if sum(holders) < least or \
             not all(_plain_if(n) for n, holder in zip(nodes, holders) if holder):
@@ -141,8 +141,8 @@ def scoped(model: onnx.ModelProto, data: bytes | None = None, always: bool = Fal
                                      (vi.name for vi in mg.value_info), (t.name for t in mg.initializer),
                                      (t.values.name for t in mg.sparse_initializer)))
     for n in nodes:
-        main_names.update(n.input)
-        main_names.update(n.output)
+        main_names.update(n.input[:])
+        main_names.update(n.output[:])
     available = {vi.name for vi in mg.input} | {t.name for t in mg.initializer}  # (sparse ones: not read by branches)
     body_names: set[str] = set()
     scoped_model = onnx.ModelProto()
@@ -154,13 +154,13 @@ def scoped(model: onnx.ModelProto, data: bytes | None = None, always: bool = Fal
     for i, (n, holder) in enumerate(zip(nodes, holders)):
         if holder:
             call = calls[i]
-            walked = _outer_reads([a.g for a in call.attribute], main_names, body_names, available, fresh)
+            walked = _outer_reads([a.g for a in call.attribute[:]], main_names, body_names, available, fresh)
             if walked is None:
                 return None
             reads, readers = walked
-            ifs.append((reads, [a.g for a in n.attribute]))
+            ifs.append((reads, [a.g for a in n.attribute[:]]))
             _make_call(call, reads, readers, functions, model.opset_import)
-        available.update(n.output)
+        available.update(n.output[:])
     scoped_model.functions.extend(functions.values())
     scoped_model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return Scoped(scoped_model, ifs, model)
@@ -168,9 +168,10 @@ def scoped(model: onnx.ModelProto, data: bytes | None = None, always: bool = Fal
 
 def _plain_if(n: onnx.NodeProto) -> bool:
     """An If of the standard domain: one named condition, named outputs, two branches of no inputs."""
+    attributes = n.attribute[:]  # (`graph.free_names` says why [:])
     return n.op_type == "If" and n.domain in ("", "ai.onnx") and len(n.input) == 1 and n.input[0] != "" and \
-        all(n.output) and len(n.attribute) == 2 and {a.name for a in n.attribute} == _BRANCHES and \
-        all(a.type == AttributeProto.GRAPH and not a.g.input for a in n.attribute)
+        all(n.output[:]) and len(attributes) == 2 and {a.name for a in attributes} == _BRANCHES and \
+        all(a.type == AttributeProto.GRAPH and not a.g.input for a in attributes)
 
 
 def _outer_reads(bodies: list[onnx.GraphProto], main_names: set[str], body_names: set[str],
@@ -190,12 +191,13 @@ def _outer_reads(bodies: list[onnx.GraphProto], main_names: set[str], body_names
         if sub.input or sub.initializer or sub.sparse_initializer:  # (an If branch: none of them)
             defined += [vi.name for vi in sub.input] + [t.name for t in sub.initializer] + \
                 [t.values.name for t in sub.sparse_initializer]
-        annotated += [vi.name for vi in sub.output] + [vi.name for vi in sub.value_info]
-        for x in sub.node:
-            nodes.append(x)
-            defined += x.output
-            reads += x.input
-            for a in x.attribute:
+        annotated += [vi.name for vi in sub.output[:]] + [vi.name for vi in sub.value_info[:]]
+        sub_nodes = sub.node[:]  # (`graph.free_names` says why [:])
+        nodes += sub_nodes
+        for x in sub_nodes:
+            defined += x.output[:]
+            reads += x.input[:]
+            for a in x.attribute[:]:
                 if a.ref_attr_name:
                     return None
                 if a.type == AttributeProto.GRAPH:
@@ -231,11 +233,11 @@ def _make_call(n: onnx.NodeProto, reads: list[str], readers: list[onnx.NodeProto
     n.op_type, n.domain = functions[key].name, DOMAIN
     n.input.extend(reads)
     for x in readers:
-        ins = x.input
-        if not formals.keys().isdisjoint(ins):
-            for i, name in enumerate(ins):
+        names = x.input[:]
+        if not formals.keys().isdisjoint(names):
+            for i, name in enumerate(names):
                 if name in formals:
-                    ins[i] = formals[name]
+                    x.input[i] = formals[name]
 
 
 def _main_types(g: onnx.GraphProto) -> dict[str, onnx.TypeProto]:

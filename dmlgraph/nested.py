@@ -301,9 +301,9 @@ def _graph_names(body: onnx.GraphProto) -> set[str]:
         if sub.input or sub.initializer:  # (an If branch has neither: no generators for them)
             names.update(vi.name for vi in sub.input)
             names.update(t.name for t in sub.initializer)
-        for x in sub.node:
-            names.update(x.input)
-            names.update(x.output)
+        for x in sub.node[:]:  # (`graph.free_names` says why [:])
+            names.update(x.input[:])
+            names.update(x.output[:])
     names.discard("")
     return names
 

@@ -461,7 +461,7 @@ def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
     formal = formal_types(parent, node, attr, proto, dims)
     if isinstance(formal, str):
         return formal
-    inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input, formal)]
+    inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input[:], formal)]  # (`graph.free_names` says why [:])
     outer = sorted(free_names(proto))
     borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
     constants: list[onnx.TensorProto] = []  # small enclosing constants, which shape inference reads

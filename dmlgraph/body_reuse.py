@@ -81,13 +81,24 @@ def _plain(s: str) -> bool:
     return s.isprintable() and "'" not in s and "\\" not in s and _OPEN not in s and _CLOSE not in s and _DIM not in s
 
 
+_NAME_TOKENS: list[str] = []
+_DIM_TOKENS: list[str] = []
+
+
+def _tokens(made: list[str], form: str, n: int) -> list[str]:
+    """`made` holding at least `form.format(i)` for i < n (each token made once for all bodies)."""
+    made += [form.format(i) for i in range(len(made), n)]
+    return made
+
+
 class Canonical:
     """A body's names and fresh dims as tokens, both ways."""
 
     def __init__(self, names: set[str], dims: set[str]) -> None:
-        self.token = {s: f"{_OPEN}{i:06d}{_CLOSE}" for i, s in enumerate(sorted(names))}
-        self.token |= {d: f"{_DIM}{i:06d}" for i, d in enumerate(sorted(dims))}
-        self.real = {t: s for s, t in self.token.items()}
+        self.token = dict(zip(sorted(names), _tokens(_NAME_TOKENS, f"{_OPEN}{{:06d}}{_CLOSE}", len(names))))
+        if dims:
+            self.token.update(zip(sorted(dims), _tokens(_DIM_TOKENS, f"{_DIM}{{:06d}}", len(dims))))
+        self.real = dict(zip(self.token.values(), self.token))
 
     def to_token(self, s: str) -> str:
         return self.token.get(s, s)
@@ -107,16 +118,16 @@ class Canonical:
 def rename_graph(g: onnx.GraphProto, f: Callable[[str], str]) -> None:
     """Rename, in place, every name of a graph without bodies (its own, its nodes', its values')."""
     g.name = f(g.name)
-    for n in g.node:
+    for n in g.node[:]:  # (`graph.free_names` says why [:])
         if n.name:
             n.name = f(n.name)
         for names in (n.input, n.output):
-            for i, x in enumerate(names):
+            for i, x in enumerate(names[:]):
                 names[i] = f(x)
-    for t in g.initializer:
+    for t in g.initializer[:]:
         t.name = f(t.name)
     for field in (g.input, g.output, g.value_info):
-        for vi in field:
+        for vi in field[:]:
             vi.name = f(vi.name)
 
 
@@ -137,7 +148,7 @@ def _rename_dims(vi: onnx.ValueInfoProto, f: Callable[[str], str]) -> onnx.Value
 
 def _input_dims(inputs: list[onnx.ValueInfoProto]) -> Iterator[str]:
     for vi in inputs:
-        for d in vi.type.tensor_type.shape.dim:
+        for d in vi.type.tensor_type.shape.dim[:]:
             if d.dim_param:
                 yield d.dim_param
 
@@ -204,18 +215,19 @@ def key(proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], constants: li
     if not ENABLED or proto.sparse_initializer or proto.quantization_annotation:
         return None
     names = {proto.name}
-    for n in proto.node:
-        for a in n.attribute:
+    for n in proto.node[:]:  # (`graph.free_names` says why [:])
+        for a in n.attribute[:]:
             if a.type == _GRAPH or a.type == _GRAPHS:
                 return None
         if function_keys and (n.domain, n.op_type, n.overload) in function_keys:
             return None
         names.add(n.name)
-        names.update(n.input)
-        names.update(n.output)
-    names.update(t.name for t in proto.initializer)
+        names.update(n.input[:])
+        names.update(n.output[:])
+    names.update([t.name for t in proto.initializer[:]])
     for field in (proto.input, proto.output, proto.value_info, inputs):
-        names.update(vi.name for vi in field)
+        if field:  # (a body's inputs and value_info are often empty: no generator for them)
+            names.update([vi.name for vi in field[:]])
     names.update(const.name for const in borrowed.values() if isinstance(const, DmlNode))
     names.discard("")
     raw = proto.SerializeToString()

@@ -53,7 +53,7 @@ import onnx
 from onnx import AttributeProto, helper
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
-from dmlgraph.modelfile import _copy_fields, _iter_graphs
+from dmlgraph.modelfile import _copy_fields
 
 DOMAIN = "dmlgraph.scope"
 PREFIX = "__dmlgraph_scope_"
@@ -131,8 +131,8 @@ def scoped(model: onnx.ModelProto, data: bytes | None = None, always: bool = Fal
     if model.ir_version < 4 or any(o.domain == DOMAIN for o in model.opset_import) or \
             any(f.domain == DOMAIN for f in model.functions):
         return None
-    nodes = list(mg.node)
-    holders = [bool(n.attribute) and any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute)
+    nodes = mg.node[:]  # (`graph.free_names` says why [:])
+    holders = [bool(n.attribute) and any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute[:])
                for n in nodes]
     if sum(holders) < least or \
             not all(_plain_if(n) for n, holder in zip(nodes, holders) if holder):
@@ -141,8 +141,8 @@ def scoped(model: onnx.ModelProto, data: bytes | None = None, always: bool = Fal
                                      (vi.name for vi in mg.value_info), (t.name for t in mg.initializer),
                                      (t.values.name for t in mg.sparse_initializer)))
     for n in nodes:
-        main_names.update(n.input)
-        main_names.update(n.output)
+        main_names.update(n.input[:])
+        main_names.update(n.output[:])
     available = {vi.name for vi in mg.input} | {t.name for t in mg.initializer}  # (sparse ones: not read by branches)
     body_names: set[str] = set()
     scoped_model = onnx.ModelProto()
@@ -153,13 +153,14 @@ def scoped(model: onnx.ModelProto, data: bytes | None = None, always: bool = Fal
     fresh = data is None or FRESH_DIM.encode() in data  # (else no branch holds one: not looked for in each)
     for i, (n, holder) in enumerate(zip(nodes, holders)):
         if holder:
-            bodies = [a.g for a in n.attribute]
-            reads = _outer_reads(bodies, main_names, body_names, available, fresh)
-            if reads is None:
+            call = calls[i]
+            walked = _outer_reads([a.g for a in call.attribute[:]], main_names, body_names, available, fresh)
+            if walked is None:
                 return None
-            ifs.append((reads, bodies))
-            _make_call(calls[i], reads, functions, model.opset_import)
-        available.update(n.output)
+            reads, readers = walked
+            ifs.append((reads, [a.g for a in n.attribute[:]]))
+            _make_call(call, reads, readers, functions, model.opset_import)
+        available.update(n.output[:])
     scoped_model.functions.extend(functions.values())
     scoped_model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return Scoped(scoped_model, ifs, model)
@@ -167,30 +168,36 @@ def scoped(model: onnx.ModelProto, data: bytes | None = None, always: bool = Fal
 
 def _plain_if(n: onnx.NodeProto) -> bool:
     """An If of the standard domain: one named condition, named outputs, two branches of no inputs."""
+    attributes = n.attribute[:]  # (`graph.free_names` says why [:])
     return n.op_type == "If" and n.domain in ("", "ai.onnx") and len(n.input) == 1 and n.input[0] != "" and \
-        all(n.output) and len(n.attribute) == 2 and {a.name for a in n.attribute} == _BRANCHES and \
-        all(a.type == AttributeProto.GRAPH and not a.g.input for a in n.attribute)
+        all(n.output[:]) and len(attributes) == 2 and {a.name for a in attributes} == _BRANCHES and \
+        all(a.type == AttributeProto.GRAPH and not a.g.input for a in attributes)
 
 
 def _outer_reads(bodies: list[onnx.GraphProto], main_names: set[str], body_names: set[str],
-                 available: set[str], fresh: bool = True) -> list[str] | None:
-    """The outer names the branches read, in order; None when a condition fails (`body_names`
-    collects what every branch so far defines; `fresh`: whether the model may hold `unk__` at all)."""
+                 available: set[str], fresh: bool = True) -> tuple[list[str], list[onnx.NodeProto]] | None:
+    """The outer names the branches read, in order, and their nodes; None when a condition fails
+    (`body_names` collects what every branch so far defines; `fresh`: whether the model may hold
+    `unk__` at all)."""
     if fresh and any(FRESH_DIM.encode() in b.SerializeToString() for b in bodies):  # (a dim, or any other string)
         return None
     defined: list[str] = []
     annotated: list[str] = []
     reads: list[str] = []
+    nodes: list[onnx.NodeProto] = []
     stack = list(bodies)
     while stack:
         sub = stack.pop()
-        defined += [vi.name for vi in sub.input] + [t.name for t in sub.initializer] + \
-            [t.values.name for t in sub.sparse_initializer]
-        annotated += [vi.name for vi in sub.output] + [vi.name for vi in sub.value_info]
-        for x in sub.node:
-            defined += x.output
-            reads += x.input
-            for a in x.attribute:
+        if sub.input or sub.initializer or sub.sparse_initializer:  # (an If branch: none of them)
+            defined += [vi.name for vi in sub.input] + [t.name for t in sub.initializer] + \
+                [t.values.name for t in sub.sparse_initializer]
+        annotated += [vi.name for vi in sub.output[:]] + [vi.name for vi in sub.value_info[:]]
+        sub_nodes = sub.node[:]  # (`graph.free_names` says why [:])
+        nodes += sub_nodes
+        for x in sub_nodes:
+            defined += x.output[:]
+            reads += x.input[:]
+            for a in x.attribute[:]:
                 if a.ref_attr_name:
                     return None
                 if a.type == AttributeProto.GRAPH:
@@ -205,13 +212,13 @@ def _outer_reads(bodies: list[onnx.GraphProto], main_names: set[str], body_names
         return None
     body_names |= mine
     outer = list(dict.fromkeys(r for r in reads if r and r not in mine))
-    return outer if all(r in available for r in outer) else None
+    return (outer, nodes) if all(r in available for r in outer) else None
 
 
-def _make_call(n: onnx.NodeProto, reads: list[str], functions: dict[tuple[int, int], onnx.FunctionProto],
-               opsets: list[onnx.OperatorSetIdProto]) -> None:
+def _make_call(n: onnx.NodeProto, reads: list[str], readers: list[onnx.NodeProto],
+               functions: dict[tuple[int, int], onnx.FunctionProto], opsets: list[onnx.OperatorSetIdProto]) -> None:
     """Turn If `n` (the scoped model's copy) into a call of its function (added to `functions`),
-    its branches renamed to read the formals."""
+    its branches' nodes (`readers`, at every depth) renamed to read the formals."""
     formals = {name: f"{PREFIX}u{i}" for i, name in enumerate(reads)}
     key = (len(reads), len(n.output))
     if key not in functions:
@@ -225,12 +232,12 @@ def _make_call(n: onnx.NodeProto, reads: list[str], functions: dict[tuple[int, i
         functions[key] = f
     n.op_type, n.domain = functions[key].name, DOMAIN
     n.input.extend(reads)
-    for a in n.attribute:
-        for sub, _ in _iter_graphs(a.g):
-            for x in sub.node:
-                for i, name in enumerate(x.input):
-                    if name in formals:
-                        x.input[i] = formals[name]
+    for x in readers:
+        names = x.input[:]
+        if not formals.keys().isdisjoint(names):
+            for i, name in enumerate(names):
+                if name in formals:
+                    x.input[i] = formals[name]
 
 
 def _main_types(g: onnx.GraphProto) -> dict[str, onnx.TypeProto]:

@@ -298,11 +298,12 @@ def _graph_names(body: onnx.GraphProto) -> set[str]:
     """The names `body` and its own bodies read, define or take as inputs ('' left out)."""
     names: set[str] = set()
     for sub, _ in _iter_graphs(body):
-        names.update(vi.name for vi in sub.input)
-        names.update(t.name for t in sub.initializer)
-        for x in sub.node:
-            names.update(x.input)
-            names.update(x.output)
+        if sub.input or sub.initializer:  # (an If branch has neither: no generators for them)
+            names.update(vi.name for vi in sub.input)
+            names.update(t.name for t in sub.initializer)
+        for x in sub.node[:]:  # (`graph.free_names` says why [:])
+            names.update(x.input[:])
+            names.update(x.output[:])
     names.discard("")
     return names
 
@@ -460,7 +461,7 @@ def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
     formal = formal_types(parent, node, attr, proto, dims)
     if isinstance(formal, str):
         return formal
-    inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input, formal)]
+    inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input[:], formal)]  # (`graph.free_names` says why [:])
     outer = sorted(free_names(proto))
     borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
     constants: list[onnx.TensorProto] = []  # small enclosing constants, which shape inference reads

@@ -633,3 +633,35 @@ def test_sibling_bodies_with_constants_of_one_name_each_use_their_own(tmp_path):
     for c in (True, False):
         feeds = {"X": _x((6, 6)), "c": np.array(c)}
         assert _same(_ort(model, feeds)[0], api.run_graph(import_model(out), feeds)["Y"])
+
+
+def _free_names_reference(g: onnx.GraphProto) -> set[str]:
+    """What a graph reads from enclosing scopes, spelled out (a missing input "" is no read; an
+    output is a read)."""
+    defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+    used: set[str] = set()
+    for n in g.node:
+        used.update(x for x in n.input if x)
+        for a in n.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                used |= _free_names_reference(sub)
+        defined.update(n.output)
+    used.update(o.name for o in g.output)
+    return used - defined
+
+
+def test_free_names_of_every_body():
+    """`graph.free_names` (which skips empty fields and drops "" once) against the reference, on
+    every body of the cases (at every depth) and on bodies with a missing input, an initializer,
+    a formal input and an output of the enclosing scope."""
+    from dmlgraph.graph import free_names
+    from dmlgraph.modelfile import _iter_graphs
+    inner = h.make_graph([h.make_node("Clip", ["X", "", "hi"], ["clipped"])], "inner", [], [_vi("clipped")])
+    odd = h.make_graph([h.make_node("Relu", ["n"], ["r"]),
+                        h.make_node("If", ["c"], ["i"], then_branch=inner, else_branch=inner),
+                        h.make_node("Add", ["r", "k"], ["s"])],
+                       "odd", [_vi("n")], [_vi("s"), _vi("X")], [_const("k", 1)])
+    graphs = [odd, inner] + [sub for build, _, _ in CASES.values() for sub, _ in _iter_graphs(build().graph)]
+    for g in graphs:
+        assert free_names(g) == _free_names_reference(g), g.name
+    assert free_names(odd) == {"X", "c", "hi"}

@@ -233,6 +233,8 @@ def key(proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], constants: li
     raw = proto.SerializeToString()
     given = list(_input_dims(inputs))
     dims = {d for d in given if d.startswith(FRESH)}
+    if any(FRESH in d for d in given if d not in dims):  # (a model's own dim that holds one: not a token)
+        return None
     if len(names) >= TOKENS or len(dims) >= TOKENS or any(m in raw for m in _MARKS) \
             or not _plain("".join(names)) or not _plain("".join(given)):
         return None

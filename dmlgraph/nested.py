@@ -57,6 +57,7 @@ FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
 Explain = Callable[[Graph, dict[str, str]], list[Match]]  # declines for masks reading varying values
 
 STANDARD = ("", "ai.onnx")
+FRESH_PREFIX = body_reuse.FRESH  # `FreshDims`
 SCOPE, LOWERED = "scope", "lowered"  # the captures this module adds to the matches it reports
 
 
@@ -89,7 +90,7 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain) -> PassResult:
     if not holders and not g.info.functions:
         return flat(g)  # (nearly every model: no bodies, no functions)
     g.reserved |= _subgraph_names(holders)
-    driver = _Driver(flat, explain, flat(g), g.info.functions)
+    driver = _Driver(flat, explain, flat(g), g)
     driver.calls.record(g)
     driver.lower_bodies(g, "")
     driver.lower_functions(g)
@@ -99,13 +100,13 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain) -> PassResult:
 class _Driver:
     """One optimize's walk over the bodies and functions, and what it reports."""
 
-    def __init__(self, flat: FlatPasses, explain: Explain, main: PassResult,
-                 functions: list[onnx.FunctionProto]) -> None:
+    def __init__(self, flat: FlatPasses, explain: Explain, main: PassResult, main_graph: Graph) -> None:
+        functions = main_graph.info.functions
         self.flat, self.explain = flat, explain
         self.counts = dict(main.counts)
         self.applied, self.declined = list(main.applied), list(main.declined)
         self.iterations = main.iterations
-        self.dims = FreshDims()
+        self.dims = FreshDims(lambda: _fresh_like_dims(main_graph))
         self.calls = _CallSites(functions, self.dims)
         self.templates: dict[tuple, body_reuse.Template | None] = {}  # None: that key is lowered body by body
         self.memo: dict = {}  # `body_reuse.key`'s, for one optimize
@@ -323,17 +324,42 @@ def function_path(f: onnx.FunctionProto) -> str:
 
 # ---- types ---------------------------------------------------------------------------------------
 class FreshDims:
-    """Symbolic dims that name nothing else: `unk__dmlgraph_N` (export writes `unk__` dims as unknown)."""
+    """Symbolic dims that name nothing else: `unk__dmlgraph_N` (export writes `unk__` dims as
+    unknown), skipping every dim the model itself names so (`taken`, asked on the first `new`: a
+    model's own `unk__dmlgraph_0` would otherwise be proved equal to a fresh dim)."""
 
-    def __init__(self) -> None:
+    def __init__(self, taken: Callable[[], set[str]] = set) -> None:
         self._n = itertools.count()
+        self._taken_of = taken
+        self._taken: set[str] | None = None
 
     def new(self) -> str:
-        return f"unk__dmlgraph_{next(self._n)}"
+        if self._taken is None:
+            self._taken = self._taken_of()
+        while True:
+            name = f"{FRESH_PREFIX}{next(self._n)}"
+            if name not in self._taken:
+                return name
 
     def fill(self, shape: tuple | None) -> tuple | None:
         """`shape` with every unknown dim given a fresh name."""
         return None if shape is None else tuple(self.new() if d is None else d for d in shape)
+
+
+def _fresh_like_dims(g: Graph, bodies: Iterable[onnx.GraphProto] = ()) -> set[str]:
+    """The dims named like fresh ones anywhere in the model `g` is the main graph of (its values',
+    its bodies' and functions' declarations at any depth), and in `bodies`."""
+    dims = {d for v in g.values.values() if v.shape for d in v.shape if isinstance(d, str) and FRESH_PREFIX in d}
+    graphs = [sub for n in _holders(g) for a in n.attributes
+              for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]) for sub, _ in _iter_graphs(body)]
+    graphs += [sub for body in bodies for sub, _ in _iter_graphs(body)]
+    infos = [vi for sub in graphs for vi in itertools.chain(sub.input, sub.output, sub.value_info)]
+    for f in g.info.functions:
+        infos += f.value_info
+        graphs = [sub for n in all_nodes(f.node) for a in n.attribute
+                  for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]) for sub, _ in _iter_graphs(body)]
+        infos += [vi for sub in graphs for vi in itertools.chain(sub.input, sub.output, sub.value_info)]
+    return dims | {d.dim_param for vi in infos for d in vi.type.tensor_type.shape.dim if FRESH_PREFIX in d.dim_param}
 
 
 def _declared(vi: onnx.ValueInfoProto) -> tuple | None:
@@ -734,7 +760,7 @@ def _drop(items: Any, gone: Callable[[Any], bool]) -> None:
 
 def execution_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto) -> Body:
     """The body `node` runs, as a Graph to execute (the executor runs bodies holding DML nodes)."""
-    body = build_body(parent, node, attr, proto, FreshDims())
+    body = build_body(parent, node, attr, proto, FreshDims(lambda: _fresh_like_dims(parent, [proto])))
     if isinstance(body, str):
         raise DmlgraphError(f"cannot run the {attr} of {node.op_type} node {node.name!r}: {body}")
     return body
@@ -878,7 +904,7 @@ def execution_function(parent: Graph, node: OnnxNode) -> Graph:
     f = next((f for f in parent.info.functions if function_key(f) == call_key(node)), None)
     if f is None:
         raise DmlgraphError(f"node {node.name!r} calls {node.domain}::{node.op_type}, which the model does not define")
-    dims = FreshDims()
+    dims = FreshDims(lambda: _fresh_like_dims(parent))
     types = [(v.elem_type, dims.fill(v.shape)) if v is not None and v.elem_type else None for v in node.inputs]
     reason = _attribute_reason(f) or (None if len(types) == len(f.input) and None not in types
                                       else "its inputs' types are unknown")

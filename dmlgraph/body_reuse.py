@@ -46,7 +46,7 @@ Why the instance equals the body's own lowering (byte for byte, and the same rep
   template whose shape inference invented dims (`unk__N`, numbered by the model the body is
   imported in).
 
-An instance's matches keep the captures reports read (`dml`, `scope`, `lowered`); their nodes and
+An instance's matches keep the captures reports read (`dml`, `scope`, `lowered`, `bounds`); their nodes and
 values are renamed copies.
 """
 from __future__ import annotations
@@ -387,5 +387,8 @@ class _Renamed:
             captures = {"dml": self.node(dml)} | captures
         elif "dml" in m.captures:
             captures = {"dml": dml} | captures
+        bounds = m.captures.get("bounds")  # (a mask's Begin/End as text: the KV-cache reports read them)
+        if bounds is not None:
+            captures = {"bounds": tuple(self.c.to_real(b) for b in bounds)} | captures
         return Match(m.rule, [self.node(n) for n in m.nodes], captures,
                      None if m.reason is None else self.c.to_real(m.reason), [self.c.to_real(i) for i in m.initializers])

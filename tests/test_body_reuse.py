@@ -129,11 +129,33 @@ def deep_model(n: int) -> onnx.ModelProto:
                         opset_imports=[h.make_opsetid("", 17)], ir_version=10)
 
 
+def annotated_masks_model(n: int) -> onnx.ModelProto:
+    """n If nodes whose branches build a causal mask from Shape/Range, every size annotated (no
+    invented dims: the bodies are reused, and their matches carry the mask's bounds)."""
+    def branch(p: str) -> onnx.GraphProto:
+        nodes = [h.make_node("Shape", ["X"], [f"{p}s"]), h.make_node("Gather", [f"{p}s", f"{p}one"], [f"{p}n"], axis=0),
+                 h.make_node("Range", [f"{p}zero", f"{p}n", f"{p}one"], [f"{p}i"]),
+                 h.make_node("Unsqueeze", [f"{p}i", f"{p}ax1"], [f"{p}r"]),
+                 h.make_node("Unsqueeze", [f"{p}i", f"{p}ax0"], [f"{p}c"]),
+                 h.make_node("LessOrEqual", [f"{p}c", f"{p}r"], [f"{p}m"]),
+                 h.make_node("Where", [f"{p}m", "X", f"{p}ninf"], [f"{p}o"])]
+        inits = [_const(f"{p}one", 1), _const(f"{p}zero", 0), _const(f"{p}ax1", [1]), _const(f"{p}ax0", [0]),
+                 _const(f"{p}ninf", -np.inf, np.float32)]
+        annotations = [_vi(f"{p}i", T.INT64, ["S"]), _vi(f"{p}r", T.INT64, ["S", 1]), _vi(f"{p}c", T.INT64, [1, "S"]),
+                       _vi(f"{p}m", T.BOOL, ["S", "S"])]
+        return h.make_graph(nodes, f"{p}g", [], [_vi(f"{p}o", T.FLOAT, ["S", "S"])], inits, value_info=annotations)
+    nodes = [h.make_node("If", ["cond"], [f"Y{i}"], then_branch=branch(f"t{i}"), else_branch=branch(f"e{i}"))
+             for i in range(n)]
+    graph = h.make_graph(nodes, "annotated", [_vi("X", T.FLOAT, ["S", "S"]), _vi("cond", T.BOOL, [])],
+                         [_vi(f"Y{i}", T.FLOAT, ["S", "S"]) for i in range(n)])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
 def _optimized(model: onnx.ModelProto, target: str, reuse: bool, monkeypatch) -> tuple:
     monkeypatch.setattr(body_reuse, "ENABLED", reuse)
     result = api.optimize(model, target=target)
     assert result.model is not None
-    matches = [(m.rule, m.captures.get("scope"), m.captures.get("lowered"), [n.name for n in m.nodes],
+    matches = [(m.rule, m.captures.get("scope"), m.captures.get("lowered"), m.captures.get("bounds"), [n.name for n in m.nodes],
                 [[v.name if v else None for v in n.inputs + n.outputs] for n in m.nodes], m.reason, m.initializers)
                for m in result.passes.applied + result.passes.declined]
     return (result.model.SerializeToString(), json.dumps(result.report, sort_keys=True, default=str), matches,
@@ -170,6 +192,7 @@ CASES = {  # name -> (model, whether some bodies are reused)
     "loops of masks": lambda: loops_model(3, ["S", "S"], True),
     "scans of masks": lambda: scans_model(3),
     "If in If": lambda: deep_model(3),
+    "annotated causal masks": lambda: annotated_masks_model(3),
 }
 # Masks sized by a Range: shape inference invents their dims (`unk__N`), numbered by the model the
 # body is imported in, so those bodies are lowered each (`body_reuse.has_invented_dims`).

@@ -48,7 +48,7 @@ from dmlgraph import body_reuse
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
 from dmlgraph.modelfile import _iter_graphs
-from dmlgraph.onnx_io import DOMAIN, DOMAIN_VERSION, _build, export_model, has_dml_nodes, import_model
+from dmlgraph.onnx_io import DOMAIN, DOMAIN_VERSION, _build, _graphs_of, export_model, has_dml_nodes, import_model
 from dmlgraph.rewrite import Match, PassResult
 from dmlgraph.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
 
@@ -289,9 +289,8 @@ def _subgraph_names(holders: list[OnnxNode]) -> set[str]:
     """Every name used inside the bodies of these nodes, at any depth."""
     names: set[str] = set()
     for n in holders:
-        for a in n.attributes:
-            for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
-                names |= _graph_names(body)
+        for body in _graphs_of(n.attributes):
+            names |= _graph_names(body)
     return names
 
 
@@ -350,15 +349,11 @@ def _fresh_like_dims(g: Graph, bodies: Iterable[onnx.GraphProto] = ()) -> set[st
     """The dims named like fresh ones anywhere in the model `g` is the main graph of (its values',
     its bodies' and functions' declarations at any depth), and in `bodies`."""
     dims = {d for v in g.values.values() if v.shape for d in v.shape if isinstance(d, str) and FRESH_PREFIX in d}
-    graphs = [sub for n in _holders(g) for a in n.attributes
-              for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]) for sub, _ in _iter_graphs(body)]
-    graphs += [sub for body in bodies for sub, _ in _iter_graphs(body)]
-    infos = [vi for sub in graphs for vi in itertools.chain(sub.input, sub.output, sub.value_info)]
-    for f in g.info.functions:
-        infos += f.value_info
-        graphs = [sub for n in all_nodes(f.node) for a in n.attribute
-                  for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]) for sub, _ in _iter_graphs(body)]
-        infos += [vi for sub in graphs for vi in itertools.chain(sub.input, sub.output, sub.value_info)]
+    bodies = itertools.chain((b for n in _holders(g) for b in _graphs_of(n.attributes)),
+                             (b for f in g.info.functions for n in f.node for b in _graphs_of(n.attribute)), bodies)
+    infos = [vi for body in bodies for sub, _ in _iter_graphs(body)
+             for vi in itertools.chain(sub.input, sub.output, sub.value_info)]
+    infos += [vi for f in g.info.functions for vi in f.value_info]
     return dims | {d.dim_param for vi in infos for d in vi.type.tensor_type.shape.dim if FRESH_PREFIX in d.dim_param}
 
 
@@ -804,9 +799,8 @@ class _CallSites:
             key = (n.domain, n.op_type, n.overload)
             if key in self.keys:
                 self.reasons.setdefault(key, reason)
-            for a in n.attribute:
-                for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
-                    self.untyped(body, reason)
+            for body in _graphs_of(n.attribute):
+                self.untyped(body, reason)
 
     def types(self, f: onnx.FunctionProto) -> list[TypeSpec] | str:
         """One type per input that every call agrees with: element types equal, a dim static where
@@ -857,9 +851,8 @@ def all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """NodeProtos and the nodes of their bodies, at any depth."""
     for n in nodes:
         yield n
-        for a in n.attribute:
-            for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
-                yield from all_nodes(body.node)
+        for body in _graphs_of(n.attribute):
+            yield from all_nodes(body.node)
 
 
 def _attribute_reason(f: onnx.FunctionProto) -> str | None:

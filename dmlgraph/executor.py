@@ -328,7 +328,8 @@ class Executor:
                                  + [helper.make_tensor_value_info(name, t, None) for name, t in zip(needs, types)],
                                  [v for v in g.output if v.name in produced],
                                  [t for t in g.initializer if t.name in used])
-        g.output.extend(onnx.ValueInfoProto(name=name) for name in needs if name not in {v.name for v in g.output})
+        declared = {v.name for v in g.output}
+        g.output.extend(onnx.ValueInfoProto(name=name) for name in needs if name not in declared)
         runner = OnnxRunner(opt, self.threads, optimize=False)
         fast = OnnxRunner(helper.make_model(twin, opset_imports=opt.opset_import, ir_version=opt.ir_version),
                           self.threads, optimize=False)

@@ -38,6 +38,8 @@ def goals(kernel_rows: list[dict[str, Any]], pipeline_rows: list[bench_pipeline.
             continue
         fmt = bench_pipeline.format_number
         measured = f"{fmt(r.ours)} vs {fmt(r.baseline)} {r.unit}: {fmt(r.ratio)}x"
+        if r.floor is not None and r.baseline:
+            measured += f"; onnx floor {fmt(r.floor)} {r.unit}: {fmt(r.floor / r.baseline)}x"
         if r.ratio is None:
             measured = r.note or "not measured"
         out.append(Goal("pipeline", r.case, measured, r.target, r.met))

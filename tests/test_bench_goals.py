@@ -66,14 +66,16 @@ def test_goals_take_kernel_targets_and_every_pipeline_row_with_a_target():
         bench_pipeline.Row("vs onnxscript, chain", 1.0, None, None, "s", "ratio >= 1.5", None,
                            note="skipped: onnxscript is not installed"),
         bench_pipeline.Row("untargeted", 1.0, 1.0, 1.0),
+        bench_pipeline.Row("optimize vs onnxruntime load", 350.0, 250.0, 1.4, "ms", "ratio <= 1", False, floor=240.0),
     ]
     goals = bench_goals.goals(ROWS, pipeline)
-    assert [g.suite for g in goals] == ["kernels"] * 4 + ["pipeline"] * 2
+    assert [g.suite for g in goals] == ["kernels"] * 4 + ["pipeline"] * 3
     assert goals[4].measured == "30,000 vs 25,000 nodes/s: 1.2x" and goals[4].met
     assert goals[5].measured == "skipped: onnxscript is not installed" and goals[5].met is None
+    assert goals[6].measured == "350.0 vs 250.0 ms: 1.4x; onnx floor 240.0 ms: 0.96x" and goals[6].met is False
     table = bench_goals.format_goals(goals)
     assert table.splitlines()[0].split() == ["goal", "measured", "target", "met"]
-    assert table.endswith("2 of 5 goals met (1 not measured)")
+    assert table.endswith("2 of 6 goals met (1 not measured)")
 
 
 def test_bench_without_a_suite_runs_both_and_writes_one_document(tmp_path, monkeypatch, capsys):

@@ -19,7 +19,7 @@ from dmlgraph.passes import data_free, masks
 from dmlgraph.rewrite import Options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROW_KEYS = {"case", "ours", "baseline", "ratio", "unit", "target", "met", "note", "extra"}
+ROW_KEYS = {"case", "ours", "baseline", "ratio", "unit", "target", "met", "note", "extra", "floor"}
 
 
 def test_quick_bench_writes_rows(tmp_path):
@@ -35,8 +35,21 @@ def test_quick_bench_writes_rows(tmp_path):
     for shape in ("long chain", "wide fan-out", "many small mask cones", "nested subgraphs", "identical layers"):
         assert shape in cases
     assert "peak RSS" not in cases  # the memory case is skipped with --quick
+    floors = {r["case"].split(",")[0].split(" (")[0]: r["floor"] for r in data["rows"] if r["floor"] is not None}
+    assert "optimize throughput" in floors and floors["optimize models/llama_kv_ts.onnx vs onnxruntime load"] > 0
+    assert sum(case.startswith("marginal rate") for case in floors) >= 1  # (a quick run's timer may not resolve all)
     table = bench_pipeline.table(rows)
-    assert table.splitlines()[0].split()[:4] == ["case", "ours", "baseline", "ratio"]
+    assert table.splitlines()[0].split() == ["case", "ours", "baseline", "ratio", "floor", "unit", "target", "met"]
+
+
+def test_onnx_floor_runs_onnx_calls_only_and_fails_as_the_check_does(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    onnx.save(bench_pipeline.chain_model(16), path)
+    result = api.optimize(path)
+    bench_pipeline.onnx_floor(path, result)()
+    result.model.graph.node[0].input[0] = "nowhere"  # the floor runs the output's full check
+    with pytest.raises(Exception, match="fails the ONNX checker"):
+        bench_pipeline.onnx_floor(path, result)()
 
 
 def test_cli_entry_points(tmp_path, monkeypatch):

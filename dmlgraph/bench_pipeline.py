@@ -200,11 +200,13 @@ def onnx_floor(path: str, result: OptimizeResult) -> Callable[[], object]:
     from dmlgraph.saving import check_for_save
     with open(path, "rb") as f:
         data = f.read()
+    written = result.model
+    assert written is not None, "optimize always exports a model"
 
     def run() -> None:
         onnx.ModelProto.FromString(data)
         onnx.checker.check_model(data)
-        check_for_save(result.model)
+        check_for_save(written)
     return run
 
 

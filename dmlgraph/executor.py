@@ -181,6 +181,9 @@ class Executor:
         self._const_outputs: set[str] = set()
         self._outputs: list[tuple[str, int]] = []
         self._twinned = False
+        # Initializers the model lets callers replace are baked into the plan: a feed for one
+        # is refused (api.run_graph writes it into the graph before an Executor is made).
+        self._baked = frozenset(graph.overridable_inputs)
         if self.fast:
             self._plan_fast(order)
 
@@ -344,6 +347,8 @@ class Executor:
         return True
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._baked and not self._baked.isdisjoint(feeds):
+            self._refuse_baked(feeds)
         key = self._key(feeds) if self.fast else None
         if key is not None:
             entry = self._cache.get(key)
@@ -357,11 +362,19 @@ class Executor:
             self._remember(key, env)
         return out
 
+    def _refuse_baked(self, feeds: dict[str, np.ndarray]) -> None:
+        names = ", ".join(sorted(self._baked.intersection(feeds)))
+        raise DmlgraphError(f"the feeds replace initializers this Executor was built with: {names}",
+                            hint="run through dmlgraph.run or api.run_graph, which write them into the graph "
+                                 "first (or build the Executor after doing so)")
+
     def run_traced(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[DmlCall]]:
         """Run every step (the simple path) and record each DML node's operands and output, in order.
 
         For tools that hand single operators to another runtime (a DxDispatch export): the values
         they need are the real intermediate values of this run, not re-derived ones."""
+        if self._baked and not self._baked.isdisjoint(feeds):
+            self._refuse_baked(feeds)
         trace: list[DmlCall] = []
         out, _ = self._run_simple(feeds, trace)
         return out, trace

@@ -284,3 +284,23 @@ def test_a_feed_of_the_wrong_shape_still_gets_the_simple_paths_error():
     ex.run({"x": np.zeros((2, 2), np.float32)})
     with pytest.raises(Exception):  # noqa: B017 - whichever error: the point is it raises
         ex.run({"y": np.zeros((2, 2), np.float32)})
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_feed_for_a_baked_in_initializer_is_refused_not_ignored(fast):
+    """An initializer that is also a graph input is baked into the Executor's plan: a feed for it
+    would be ignored (the default used) on either path; it is refused, naming the way that honours it."""
+    b = numpy_helper.from_array(np.array([1, 2], np.float32), "b")
+    g = import_model(_model([h.make_node("Add", ["x", "b"], ["y"])],
+                            [h.make_tensor_value_info(n, T.FLOAT, [2]) for n in ("x", "b")],
+                            [h.make_tensor_value_info("y", T.FLOAT, [2])], [b]))
+    ex = Executor(g, fast=fast)
+    x = np.ones(2, np.float32)
+    for _ in range(2):  # (the second run at these shapes takes the fast path)
+        assert ex.run({"x": x})["y"].tolist() == [2, 3]
+    feeds = {"x": x, "b": np.array([10, 20], np.float32)}
+    for run in (ex.run, ex.run_traced):
+        with pytest.raises(api.DmlgraphError, match="replace initializers.*: b") as e:
+            run(feeds)
+        assert "api.run_graph" in e.value.hint
+    assert api.run_graph(g, feeds)["y"].tolist() == [11, 21]

@@ -622,6 +622,25 @@ def _signature(shape: tuple[int, ...], dtype: npt.DTypeLike, begin: int, end: in
     return _Signature(shape, dt, size, _plan(shape[-2], shape[-1], begin, end), tiny, generated={}, calls={})
 
 
+_SEEN: dict[tuple[tuple[int, ...], npt.DTypeLike, int, int], _Signature] = {}
+SEEN_SIGNATURES = 1024
+
+
+def _seen_signature(shape: Iterable[int], dtype: npt.DTypeLike, begin: SupportsIndex, end: SupportsIndex) -> _Signature:
+    """`_signature` of a call's arguments as given, remembered in `_SEEN` when they are a tuple and
+    ints (a dict lookup costs less than operator.index twice and the lru_cache's call)."""
+    b, e = operator.index(begin), operator.index(end)
+    try:
+        sig = _signature(shape if type(shape) is tuple else tuple(shape), dtype, b, e)  # type: ignore[arg-type]
+    except TypeError:  # an unhashable dtype spec
+        return _signature(tuple(shape), np.dtype(dtype), b, e)
+    if type(shape) is tuple and type(begin) is int and type(end) is int:
+        if len(_SEEN) >= SEEN_SIGNATURES:
+            _SEEN.clear()
+        _SEEN[shape, dtype, begin, end] = sig
+    return sig
+
+
 def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike, begin: SupportsIndex,
                      end: SupportsIndex, input: npt.ArrayLike | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """DIAGONAL_MATRIX1 on numpy arrays (see the module docstring for the semantics).
@@ -634,12 +653,12 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     """
     # Per-call Python costs microseconds here (a call on a small tensor is mostly overhead):
     # what depends only on the signature is cached, a 0-d Value of the right dtype is used as is.
-    begin = operator.index(begin)
-    end = operator.index(end)
-    try:
-        sig = _signature(shape if type(shape) is tuple else tuple(shape), dtype, begin, end)  # type: ignore[arg-type]
-    except TypeError:  # an unhashable dtype spec
-        sig = _signature(tuple(shape), np.dtype(dtype), begin, end)
+    try:  # (1.0 == 1 and np.int64(1) == 1: the types are checked, operator.index refuses floats)
+        sig = _SEEN[shape, dtype, begin, end]  # type: ignore[index]
+        if type(begin) is not int or type(end) is not int:
+            raise KeyError
+    except (KeyError, TypeError):
+        sig = _seen_signature(shape, dtype, begin, end)
     shape, dtype = sig.shape, sig.dtype
     if out is None:
         out = np.empty(shape, dtype)

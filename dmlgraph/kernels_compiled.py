@@ -236,7 +236,10 @@ def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
     memset of the output, where a memset per matrix then its Values, or copies of the first
     matrix, measured 0.67-0.8x). When every matrix is the same (no input, or one broadcast),
     the first is copied (zero-based: up to COPY_MAX_BYTES, larger ones are cheaper to write
-    again). stream: write with non-temporal stores (outputs far larger than the cache).
+    again). Single diagonals on a base (identities) are written one element after the other
+    along the diagonal rather than row by row: eye 256x256 1.05x (float32) to 1.37x (uint8) as
+    fast; wider bands measured slower that way (0.7-0.96x at 16 diagonals). stream: write with
+    non-temporal stores (outputs far larger than the cache).
     """
     isz, s_batch, batch, h, w = params[0], params[1], params[2], params[3], params[4]
     p0, q0, p1, q1 = params[5], params[6], params[7], params[8]
@@ -260,6 +263,7 @@ def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
         _memcpy(vrow, filled, vrow, 0, n)
         filled += n
     zero_blocks = base and not s.size and mb > COPY_MAX_BYTES and rb < ZERO_BLOCK_BYTES
+    diagonals = base and not stream and q0 - p0 <= 1 and q1 - p1 <= 1  # (see the docstring)
     block = ZERO_BLOCK_BYTES // rb if zero_blocks else h  # rows written at a time
     for b in range(batch):
         if b and s_batch == 0 and not zero_blocks:  # the same matrix again
@@ -275,6 +279,15 @@ def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
                     _memcpy(o, b * mb + y0 * rb, s, b * s_batch + y0 * rb, (y1 - y0) * rb)
                 else:
                     _memset(o, b * mb + y0 * rb, (y1 - y0) * rb, 0)
+            if diagonals:
+                for d, e in ((p0, q0), (p1, q1)):  # diagonal x - y == d, if the interval holds it
+                    ya, yb = max(y0, -d), min(y1, w - d)
+                    if e > d and ya < yb:
+                        oi = b * mb + ya * rb + (ya + d) * isz
+                        for _ in range(ya, yb):
+                            _element(o, oi, vrow, isz)
+                            oi += rb + isz
+                continue
             for y in range(y0, y1):
                 oi = b * mb + y * rb
                 si = b * s_batch + y * rb

@@ -34,10 +34,12 @@ How the fast path works (measured on the benchmark shapes, see `dmlgraph.bench_k
   cached H x W template instead: out = (input & keep_bits) | value_bits on same-size unsigned
   views (exact for every type and value), or a copy of the value template without input. One
   template serves every matrix of the batch from cache.
-* Tiny tensors (<= 1024 elements) use a cached flat index of the value positions: one
-  copy/fill plus one `out.put(idx, value)`.
-* Per call, what depends only on (shape, dtype, Begin, End) is cached (`_signature`): on a
-  small tensor the call is mostly Python overhead.
+* Tiny tensors (<= 1024 elements): with an input, one copy of it plus ``out[mask] = value``
+  with a cached mask of the value positions; without, one copy of the whole output, cached for
+  the first few Values of each signature.
+* Per call, what depends only on (shape, dtype, Begin, End) is cached (`_signature`), found
+  with one dict lookup when the shape is a tuple and Begin/End ints: on a small tensor the
+  call is mostly Python overhead.
 
 Measured limits (see the benchmark): on this numpy path a triangle with an input costs one input
 copy plus an in-cache fill of the value half, so it runs at ~0.85-1.0x a plain copy for 4- and
@@ -79,7 +81,7 @@ __all__ = [
 ]
 
 TINY_ELEMENTS = 1024  # at most this many elements: the input or a cached output, then a masked Value
-TINY_VALUES = 4  # tiny outputs without input cached per signature for this many Values
+TINY_VALUES = 2  # tiny outputs without input cached per signature for this many Values
 BLOCK_BYTES = 512 * 1024  # rows written per block (base then overlays, while in cache)
 NARROW = 16  # overlays at most this many diagonals wide go through diagonal views
 OVERLAY_ROWS = 256  # rows per overlay step: the ragged ends are skewed views of this many rows

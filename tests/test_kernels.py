@@ -679,10 +679,10 @@ def test_signature_cache_keeps_every_call_exact():
 
 
 @pytest.mark.parametrize("dtype", TYPES + ["bool"])
-def test_tiny_outputs_cached_per_value_and_masked(dtype):
+def test_tiny_outputs_cached_per_value_and_put(dtype):
     """Tiny outputs: without an input, a cached output per Value (more Values than are cached,
-    -0.0 and NaN payloads among them, each its own); with one, a masked Value (the mask may be
-    empty); the cached outputs are never handed out or written."""
+    -0.0 and NaN payloads among them, each its own); with one, the Value put at cached positions
+    (maybe none); what is cached is never handed out or written."""
     shape = (2, 4, 5)
     full = _random_input(shape, "uint8" if dtype == "bool" else dtype, 7)
     full = full.astype(bool) if dtype == "bool" else full

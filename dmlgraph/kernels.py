@@ -34,10 +34,13 @@ How the fast path works (measured on the benchmark shapes, see `dmlgraph.bench_k
   cached H x W template instead: out = (input & keep_bits) | value_bits on same-size unsigned
   views (exact for every type and value), or a copy of the value template without input. One
   template serves every matrix of the batch from cache.
-* Tiny tensors (<= 1024 elements) use a cached flat index of the value positions: one
-  copy/fill plus one `out.put(idx, value)`.
-* Per call, what depends only on (shape, dtype, Begin, End) is cached (`_signature`): on a
-  small tensor the call is mostly Python overhead.
+* Tiny tensors (<= 1024 elements): with an input, one copy of it plus one
+  `out.put(idx, value)` at the cached flat positions of the Value (none when there are none:
+  an empty put costs as much as a short one); without, one copy of the whole output, cached
+  for the first few Values of each signature (a fill and a put cost about three copies).
+* Per call, what depends only on (shape, dtype, Begin, End) is cached (`_signature`), found
+  with one dict lookup when the shape is a tuple and Begin/End ints: on a small tensor the
+  call is mostly Python overhead.
 
 Measured limits (see the benchmark): on this numpy path a triangle with an input costs one input
 copy plus an in-cache fill of the value half, so it runs at ~0.85-1.0x a plain copy for 4- and
@@ -78,7 +81,8 @@ __all__ = [
     "diagonal_matrix_value",
 ]
 
-TINY_ELEMENTS = 1024  # at most this many elements: flat-index path
+TINY_ELEMENTS = 1024  # at most this many elements: the input and a put of Value, or a cached output
+TINY_VALUES = 2  # tiny outputs without input cached per signature for this many Values
 BLOCK_BYTES = 512 * 1024  # rows written per block (base then overlays, while in cache)
 NARROW = 16  # overlays at most this many diagonals wide go through diagonal views
 OVERLAY_ROWS = 256  # rows per overlay step: the ragged ends are skewed views of this many rows
@@ -150,16 +154,16 @@ def _plan(h: int, w: int, begin: int, end: int) -> _Plan:
 
 @functools.lru_cache(maxsize=1024)
 def _tiny_index(shape: tuple[int, ...], begin: int, end: int) -> np.ndarray:
-    """Flat C-order indices of every Value position in a tensor of `shape` (small tensors)."""
+    """Flat C-order indices of every Value position in a tensor of `shape` (small tensors).
+
+    Left writeable (it is never handed out): `ndarray.put` copies a read-only index array first,
+    which made each put cost twice as much (0.39 against 0.2 us for 10 positions)."""
     h, w = shape[-2], shape[-1]
     y = np.arange(h).reshape(h, 1)
     x = np.arange(w).reshape(1, w)
     top = x - y
     use = (end >= begin) ^ (top >= begin) ^ (top < end)
-    full = np.broadcast_to(use, shape)
-    idx = np.flatnonzero(full)
-    idx.setflags(write=False)
-    return idx
+    return np.flatnonzero(np.broadcast_to(use, shape))
 
 
 @functools.lru_cache(maxsize=256)
@@ -423,8 +427,9 @@ def _run_compiled(compiled: ModuleType, o3: np.ndarray, s3: np.ndarray | None, v
 
 def _call_compiled(compiled: ModuleType, call: tuple[str, np.ndarray], o8: np.ndarray, s8: np.ndarray,
                    v: np.ndarray) -> None:
-    """The compiled kernel `call` names (see `_compiled_call`) on the bytes of the output and input."""
-    getattr(compiled, call[0])(o8, s8, int.from_bytes(v.tobytes(), "little", signed=True), call[1])
+    """The compiled kernel `call` names (see `_compiled_call`) on the bytes of the output and input
+    (written out again in `diagonal_matrix1`, where a Python call is a good share of a 256x256 one)."""
+    getattr(compiled, call[0])(o8, s8, _FROM_BYTES(v.tobytes(), "little", signed=True), call[1])
 
 
 def _compiled_call(plan: _Plan, size: int, itemsize: int, s_size: int | None) -> tuple[str, np.ndarray]:
@@ -456,6 +461,8 @@ def _compiled_call(plan: _Plan, size: int, itemsize: int, s_size: int | None) ->
 
 
 _NO_INPUT = np.empty(0, np.uint8)  # "no input" for the compiled kernel
+_BYTE = np.dtype(np.uint8)  # (np.frombuffer given the dtype object: ~0.1 us less than given the type)
+_FROM_BYTES = int.from_bytes  # (looking the classmethod up costs ~0.06 us a call)
 
 
 def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
@@ -601,6 +608,8 @@ class _Signature(NamedTuple):
     size: int
     plan: _Plan
     tiny: np.ndarray | None  # flat Value positions, for outputs of at most TINY_ELEMENTS
+    # the whole output without an input per Value's bytes (tiny outputs; a few Values each)
+    generated: dict[bytes, np.ndarray]
     # the compiled kernel's call (or None: not for it) per (input given, the settings it depends on),
     # made on first use
     calls: dict[tuple[bool, int, int, int, int, int, int], tuple[str, np.ndarray] | None]
@@ -615,7 +624,26 @@ def _signature(shape: tuple[int, ...], dtype: npt.DTypeLike, begin: int, end: in
         raise DmlgraphError(f"DIAGONAL_MATRIX1 needs at least 2 dimensions, got shape {shape}")
     size = math.prod(shape)
     tiny = _tiny_index(shape, begin, end) if 0 < size <= TINY_ELEMENTS else None
-    return _Signature(shape, dt, size, _plan(shape[-2], shape[-1], begin, end), tiny, {})
+    return _Signature(shape, dt, size, _plan(shape[-2], shape[-1], begin, end), tiny, generated={}, calls={})
+
+
+_SEEN: dict[tuple[tuple[int, ...], npt.DTypeLike, int, int], _Signature] = {}
+SEEN_SIGNATURES = 1024
+
+
+def _seen_signature(shape: Iterable[int], dtype: npt.DTypeLike, begin: SupportsIndex, end: SupportsIndex) -> _Signature:
+    """`_signature` of a call's arguments as given, remembered in `_SEEN` when they are a tuple and
+    ints (a dict lookup costs less than operator.index twice and the lru_cache's call)."""
+    b, e = operator.index(begin), operator.index(end)
+    try:
+        sig = _signature(shape if type(shape) is tuple else tuple(shape), dtype, b, e)  # type: ignore[arg-type]
+    except TypeError:  # an unhashable dtype spec
+        return _signature(tuple(shape), np.dtype(dtype), b, e)
+    if type(shape) is tuple and type(begin) is int and type(end) is int:
+        if len(_SEEN) >= SEEN_SIGNATURES:
+            _SEEN.clear()
+        _SEEN[shape, dtype, begin, end] = sig
+    return sig
 
 
 def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike, begin: SupportsIndex,
@@ -630,29 +658,34 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     """
     # Per-call Python costs microseconds here (a call on a small tensor is mostly overhead):
     # what depends only on the signature is cached, a 0-d Value of the right dtype is used as is.
-    begin = operator.index(begin)
-    end = operator.index(end)
-    try:
-        sig = _signature(shape if type(shape) is tuple else tuple(shape), dtype, begin, end)  # type: ignore[arg-type]
-    except TypeError:  # an unhashable dtype spec
-        sig = _signature(tuple(shape), np.dtype(dtype), begin, end)
+    try:  # (1.0 == 1 and np.int64(1) == 1: the types are checked, operator.index refuses floats)
+        sig = _SEEN[shape, dtype, begin, end]  # type: ignore[index]
+        if type(begin) is not int or type(end) is not int:
+            raise KeyError
+    except (KeyError, TypeError):
+        sig = _seen_signature(shape, dtype, begin, end)
     shape, dtype = sig.shape, sig.dtype
     if out is None:
         out = np.empty(shape, dtype)
     elif out.shape != shape or (out.dtype is not dtype and out.dtype != dtype):
         raise DmlgraphError(f"out has shape {out.shape} and dtype {out.dtype}; expected {shape} and {dtype}")
-    if type(value) is np.ndarray and value.dtype is dtype and value.ndim == 0:
-        v = value
-    else:
-        v = np.array(value, dtype)
+    # (an array of the dtype as is: np.array would copy it, shape and bits unchanged)
+    v = value if type(value) is np.ndarray and value.dtype is dtype else np.array(value, dtype)
     if input is not None and (type(input) is not np.ndarray or input.shape != shape
                               or input.dtype is not dtype):
         input = np.asarray(input)
         if input.dtype != dtype:
             input = input.astype(dtype)
         input = np.broadcast_to(input, shape)
-    if sig.tiny is not None:
-        return _fill_tiny(out, input, sig.tiny, v)
+    tiny = sig.tiny
+    if tiny is not None and sig.size <= TINY_ELEMENTS:  # (a signature outlives a change of the setting)
+        if input is None:
+            out[...] = _generated_tiny(sig, v)
+        else:
+            out[...] = input
+            if len(tiny):
+                out.put(tiny, v)
+        return out
     # straight to the compiled kernel, its parameters made once per signature
     key = (input is None, COMPILED_MIN_BYTES, STREAM_MIN_BYTES, GENERATED_MIN_BYTES, GENERATED_MAX_ROW_BYTES,
            SMALL_TEMPLATE_BYTES, NARROW)
@@ -663,12 +696,12 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
                                  if _wants_compiled(sig.plan, sig.size * dtype.itemsize) else None)
     if call is not None and (compiled := _COMPILED or _compiled()) is not None:
         try:  # the bytes of C-contiguous arrays; other layouts raise, and take the paths below
-            o8 = np.frombuffer(out, np.uint8)
-            s8 = _NO_INPUT if input is None else np.frombuffer(input, np.uint8)
+            o8 = np.frombuffer(out, _BYTE)
+            s8 = _NO_INPUT if input is None else np.frombuffer(input, _BYTE)
         except ValueError:
             pass
         else:
-            _call_compiled(compiled, call, o8, s8, v)
+            getattr(compiled, call[0])(o8, s8, _FROM_BYTES(v.tobytes(), "little", signed=True), call[1])
             return out
     if sig.size == 0:
         return out
@@ -686,14 +719,18 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     return out
 
 
-def _fill_tiny(out: np.ndarray, input: np.ndarray | None, idx: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """A tiny output: the input (or zeros), then Value at the flat positions `idx`."""
-    if input is None:
-        out.fill(0)
-    else:
-        out[...] = input
-    out.put(idx, v)
-    return out
+def _generated_tiny(sig: _Signature, v: np.ndarray) -> np.ndarray:
+    """A tiny output without input (zeros, Value where `sig.tiny` says), made once for each of
+    the first few Values of a signature: one copy instead of a fill and a scatter."""
+    raw = v.tobytes()
+    t = sig.generated.get(raw)
+    if t is None:
+        t = np.zeros(sig.shape, sig.dtype)
+        t.put(cast(np.ndarray, sig.tiny), v)
+        t.setflags(write=False)
+        if len(sig.generated) < TINY_VALUES:
+            sig.generated[raw] = t
+    return t
 
 
 def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.ArrayLike,
@@ -731,14 +768,18 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
     h, w = shape[-2], shape[-1]
     if size == 0:
         return generic
-    if sig.tiny is not None:
-        idx = sig.tiny
+    if sig.tiny is not None and size <= TINY_ELEMENTS:
+        idx, generated = sig.tiny, _generated_tiny(sig, v)
 
         def run_tiny(input: npt.ArrayLike | None = None) -> np.ndarray:
-            if input is not None and (type(input) is not np.ndarray or input.shape != in_shape
-                                      or input.dtype != dtype):
+            if input is None:
+                return generated.copy()
+            if type(input) is not np.ndarray or input.shape != in_shape or input.dtype != dtype:
                 return generic(input)
-            return _fill_tiny(np.empty(shape, dtype), input, idx, v)  # (broadcasts the input)
+            out = np.empty(shape, dtype)
+            out[...] = input  # (broadcasts it)
+            out.put(idx, v)
+            return out
         return run_tiny
     vv = v.view(np.uint8) if dtype == np.bool_ else v
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):

@@ -206,7 +206,50 @@ def _element_typer(typingctx: Any, o: Any, oi: Any, s: Any, n: Any) -> Any:
     return types.void(o, oi, s, n), codegen
 
 
+def _diagonal_typer(typingctx: Any, o: Any, oi: Any, y0: Any, y1: Any, p: Any, q: Any, w: Any, rb: Any, isz: Any,
+                    s: Any) -> Any:
+    """Value (s[0 : isz], isz in 1, 2, 4, 8) on diagonal x - y == p of rows [y0, y1) of the matrix
+    at o[oi:] (rows of rb bytes, w elements) when q == p + 1 (q <= p: nothing), one element
+    after the other; out of line (see there), which leaves `rows`' own code as it was."""
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        builder.call(_diagonal_function(builder.module),
+                     [_data(context, builder, sig, args, 0, 1), *args[2:9], _data(context, builder, sig, args, 9)])
+        return context.get_dummy_value()
+    return types.void(o, oi, y0, y1, p, q, w, rb, isz, s), codegen
+
+
+def _diagonal_function(module: Any) -> Any:
+    """The loops behind `_diagonal` (one per element size)."""
+    i64 = ir.IntType(64)
+    fn, builder = _out_of_line(module, "dmlgraph_diagonal", [cgutils.voidptr_t, *[i64] * 7, cgutils.voidptr_t])
+    if builder is None:
+        return fn
+    dst, y0, y1, d, q, w, rb, isz, src = fn.args
+    ya = builder.select(builder.icmp_signed(">", y0, builder.neg(d)), y0, builder.neg(d))
+    yb = builder.select(builder.icmp_signed("<", y1, builder.sub(w, d)), y1, builder.sub(w, d))
+    done = builder.append_basic_block("done")
+    start = builder.append_basic_block("start")
+    builder.cbranch(builder.and_(builder.icmp_signed(">", q, d), builder.icmp_signed("<", ya, yb)), start, done)
+    builder.position_at_end(start)
+    dst = builder.gep(dst, [builder.add(builder.mul(ya, rb), builder.mul(builder.add(ya, d), isz))])
+    step, n = builder.add(rb, isz), builder.sub(yb, ya)
+    switch = builder.switch(isz, done)
+    for size in (1, 2, 4, 8):
+        block = builder.append_basic_block(f"size{size}")
+        switch.add_case(i64(size), block)
+        builder.position_at_end(block)
+        ptr = ir.IntType(8 * size).as_pointer()
+        value = builder.load(builder.bitcast(src, ptr), align=1)
+        with cgutils.for_range(builder, n) as loop:
+            builder.store(value, builder.bitcast(builder.gep(dst, [builder.mul(loop.index, step)]), ptr), align=1)
+        builder.branch(done)
+    builder.position_at_end(done)
+    builder.ret_void()
+    return fn
+
+
 _memcpy: Any = intrinsic(_memcpy_typer)
+_diagonal: Any = intrinsic(_diagonal_typer)
 _element: Any = intrinsic(_element_typer)
 _memset: Any = intrinsic(_memset_typer)
 _stream: Any = intrinsic(_stream_typer)
@@ -236,7 +279,11 @@ def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
     memset of the output, where a memset per matrix then its Values, or copies of the first
     matrix, measured 0.67-0.8x). When every matrix is the same (no input, or one broadcast),
     the first is copied (zero-based: up to COPY_MAX_BYTES, larger ones are cheaper to write
-    again). stream: write with non-temporal stores (outputs far larger than the cache).
+    again). A Value on one diagonal over a base (identities) is written along the diagonal
+    rather than row by row (`_diagonal`): the kernel on eye 256x256 1.06-1.15x (float32, int64)
+    to 1.2-1.6x (float16, uint8) as fast; bands of 16 diagonals measured 0.7-0.96x that way, so
+    wider Values keep the rows. stream: write with non-temporal stores (outputs far larger than
+    the cache).
     """
     isz, s_batch, batch, h, w = params[0], params[1], params[2], params[3], params[4]
     p0, q0, p1, q1 = params[5], params[6], params[7], params[8]
@@ -260,6 +307,7 @@ def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
         _memcpy(vrow, filled, vrow, 0, n)
         filled += n
     zero_blocks = base and not s.size and mb > COPY_MAX_BYTES and rb < ZERO_BLOCK_BYTES
+    diagonals = base and not stream and q0 - p0 <= 1 and q1 - p1 <= 1  # (see the docstring)
     block = ZERO_BLOCK_BYTES // rb if zero_blocks else h  # rows written at a time
     for b in range(batch):
         if b and s_batch == 0 and not zero_blocks:  # the same matrix again
@@ -275,6 +323,10 @@ def rows(o: np.ndarray, s: np.ndarray, value: int, params: np.ndarray) -> None:
                     _memcpy(o, b * mb + y0 * rb, s, b * s_batch + y0 * rb, (y1 - y0) * rb)
                 else:
                     _memset(o, b * mb + y0 * rb, (y1 - y0) * rb, 0)
+            if diagonals:
+                _diagonal(o, b * mb, y0, y1, p0, q0, w, rb, isz, vrow)
+                _diagonal(o, b * mb, y0, y1, p1, q1, w, rb, isz, vrow)
+                continue
             for y in range(y0, y1):
                 oi = b * mb + y * rb
                 si = b * s_batch + y * rb

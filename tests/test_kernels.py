@@ -676,3 +676,82 @@ def test_signature_cache_keeps_every_call_exact():
                     assert_bits_equal(got, want)
         with pytest.raises(TypeError):
             kernels.diagonal_matrix1(shape, np.float32, 1, -3.0, 4)
+
+
+@pytest.mark.parametrize("dtype", TYPES + ["bool"])
+def test_tiny_outputs_cached_per_value_and_put(dtype):
+    """Tiny outputs: without an input, a cached output per Value (more Values than are cached,
+    -0.0 and NaN payloads among them, each its own); with one, the Value put at cached positions
+    (maybe none); what is cached is never handed out or written."""
+    shape = (2, 4, 5)
+    full = _random_input(shape, "uint8" if dtype == "bool" else dtype, 7)
+    full = full.astype(bool) if dtype == "bool" else full
+    if dtype == "bool":
+        values = [np.array(True), np.array(False), 1, 0]
+    elif np.dtype(dtype).kind == "f":
+        isz = np.dtype(dtype).itemsize
+        payload = np.array((0x7C01, 0x7F801234, 0x7FF0000000000123)[isz // 4], f"u{isz}").view(dtype)  # signaling
+        values = [np.array(v, dtype) for v in (0.0, -0.0, 1.0, np.nan, -np.inf, 2.5, 7.0)] + [payload]
+    else:
+        info = np.iinfo(dtype)
+        values = [np.array(v, dtype) for v in (0, 1, info.min, info.max, 3, 5)] + [7]
+    for begin, end in ((0, 1), (INT32_MIN, 0), (3, -2), (-3, -3), (INT32_MIN, -4), (INT32_MIN, INT32_MAX)):
+        for _ in range(2):
+            for value in values:
+                for inp in (None, full, np.broadcast_to(full[..., :1, :], shape), (full != 0).astype(np.int16)):
+                    want = kernels.diagonal_matrix1_reference(shape, dtype, value, begin, end, input=inp)
+                    got = kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp)
+                    assert_bits_equal(got, want)
+                    got[...] = 1  # (a returned array is the caller's)
+                    out = np.zeros(shape[:-1] + (7,), dtype)[..., 1:6]
+                    assert kernels.diagonal_matrix1(shape, dtype, value, begin, end, input=inp, out=out) is out
+                    assert_bits_equal(out, want)
+
+
+def test_tiny_setting_and_signature_lookups_follow_changes(monkeypatch):
+    """A signature made while TINY_ELEMENTS allowed the tiny path follows the setting when it
+    changes; signatures found by a plain dict lookup (tuple shapes, int bounds) agree with the
+    other spellings (list shapes, numpy ints, bools), also after the dict was emptied."""
+    shape = (4, 5)
+    x = _random_input(shape, "float32", 3)
+    want = kernels.diagonal_matrix1_reference(shape, "float32", 2, -1, 2, input=x)
+    assert_bits_equal(kernels.diagonal_matrix1(shape, "float32", 2, -1, 2, input=x), want)
+    monkeypatch.setattr(kernels, "TINY_ELEMENTS", 0)
+    spied = []
+    run3 = kernels._run3
+    monkeypatch.setattr(kernels, "_run3", lambda *args: spied.append(args) or run3(*args))
+    with kernels.numpy_only():
+        assert_bits_equal(kernels.diagonal_matrix1(shape, "float32", 2, -1, 2, input=x), want)
+    assert spied
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels, "SEEN_SIGNATURES", 2)
+    for _ in range(3):
+        for begin, end in ((-1, 2), (np.int64(-1), np.int32(2)), (False, True), (-1, 2)):
+            for s in (shape, list(shape), (np.int64(4), 5)):
+                got = kernels.diagonal_matrix1(s, np.float32, 2, begin, end, input=x)
+                assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, "float32", 2, int(begin), int(end),
+                                                                          input=x))
+    with pytest.raises(TypeError):
+        kernels.diagonal_matrix1(shape, np.float32, 2, -1.0, 2)
+    with pytest.raises(TypeError):
+        kernels.diagonal_matrix1(shape, np.float32, 2, -1, 2.0)
+
+
+@pytest.mark.skipif(not kernels.compiled_available(), reason="numba is not installed (the dmlgraph[fast] extra)")
+@pytest.mark.parametrize("dtype", ["uint8", "bool", "float16", "float32", "int64"])
+def test_compiled_single_diagonals(dtype):
+    """The compiled kernel writes a one-diagonal Value along the diagonal (identities and
+    DIAGONAL_MATRIX): every offset in and around the matrix, batches, full, batch-broadcast and
+    absent inputs, byte-uniform and other Values, exactly."""
+    values = (True,) if dtype == "bool" else (1, 0, -1 if dtype[0] != "u" else 255)
+    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, STREAM_MIN_BYTES=1 << 40):
+        for shape in ((1, 1), (5, 9), (9, 5), (3, 17, 16), (2, 2, 33, 40)):
+            x = _random_input(shape, "uint8" if dtype == "bool" else dtype, 8)
+            x = x.astype(bool) if dtype == "bool" else x
+            h, w = shape[-2:]
+            for d in range(-h - 1, w + 2):
+                for value in values:
+                    for inp in (None, x, np.broadcast_to(x[..., :1, :, :] if len(shape) > 2 else x, shape)):
+                        got = kernels.diagonal_matrix1(shape, dtype, value, d, d + 1, input=inp)
+                        want = kernels.diagonal_matrix1_reference(shape, dtype, value, d, d + 1, input=inp)
+                        assert_bits_equal(got, want)

@@ -16,7 +16,8 @@ Cases (each row: case, ours, baseline, ratio, target, met; medians of repeated r
 2b. Graph shapes. Marginal optimizer rate (extra nodes / extra seconds between a small and a
    large model; nodes at every depth, If bodies' included, with the main graph's alone as
    `main_graph_rate`) on a long chain, a wide fan-out, many small mask cones and nested If subgraphs,
-   each against onnxscript's one-rule rewriter on the large model; time per layer of 50
+   each against onnxscript's one-rule rewriter on the large model (both sizes, the floor and
+   onnxscript in the same five rounds); time per layer of 50
    identical decoder-like layers against 5 (flat: within 1.3x).
 3. End to end. `dmlgraph optimize` on a KV-cache decoder export from models/ against onnxruntime
    loading the same model with ORT_ENABLE_ALL, and `dmlgraph --help` against a bare interpreter,
@@ -340,21 +341,22 @@ def bench_graph_shapes(tmp: str, quick: bool) -> list[Row]:
     for name, (build, sizes) in GRAPH_SHAPES.items():
         if quick:
             sizes = (sizes[0] // 20, sizes[1] // 20)
-        measured = {}
-        theirs = None
+        counts, fns = [], []
         for n in sizes:
             path, out = os.path.join(tmp, f"shape{n}.onnx"), os.path.join(tmp, f"shape{n}.out.onnx")
             model = build(n)
             onnx.save(model, path)
             result = _ours(path, out)  # warm-up, and the main graph's node count
-            fns: list[Callable[[], object]] = [partial(_ours, path, out), onnx_floor(path, result)]
-            if rule is not None and n == sizes[1]:  # onnxscript on the large model, in the same rounds
-                _onnxscript(path, out + ".os.onnx", rule)
-                fns.append(partial(_onnxscript, path, out + ".os.onnx", rule))
-            took, floor, *other = _median_times(fns, 1 if quick else 3)
-            theirs = other[0] if other else None
-            measured[n] = (path, out, nodes_at_every_depth(model), took, result.before["nodes"], floor)
-        (_, _, n0, t0, m0, f0), (path, out, n1, t1, m1, f1) = measured[sizes[0]], measured[sizes[1]]
+            counts.append((nodes_at_every_depth(model), result.before["nodes"]))
+            fns += [partial(_ours, path, out), onnx_floor(path, result)]
+        if rule is not None:  # onnxscript on the large model
+            _onnxscript(path, out + ".os.onnx", rule)
+            fns.append(partial(_onnxscript, path, out + ".os.onnx", rule))
+        # both sizes and the baselines in the same rounds: load that drifts between the small and the
+        # large model's runs would skew the marginal rate (two runs a minute apart: 11.5k and 18.6k)
+        t0, f0, t1, f1, *other = _median_times(fns, 1 if quick else 5)
+        theirs = other[0] if other else None
+        (n0, m0), (n1, m1) = counts
         case = f"marginal rate, {name} ({n0} -> {n1} nodes)"
         if t1 > t0:
             rate = (n1 - n0) / (t1 - t0)

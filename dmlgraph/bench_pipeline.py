@@ -341,7 +341,8 @@ def bench_graph_shapes(tmp: str, quick: bool) -> list[Row]:
     for name, (build, sizes) in GRAPH_SHAPES.items():
         if quick:
             sizes = (sizes[0] // 20, sizes[1] // 20)
-        counts, fns = [], []
+        counts: list[tuple[int, int]] = []
+        fns: list[Callable[[], object]] = []
         for n in sizes:
             path, out = os.path.join(tmp, f"shape{n}.onnx"), os.path.join(tmp, f"shape{n}.out.onnx")
             model = build(n)

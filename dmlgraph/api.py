@@ -334,10 +334,10 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
 def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np.ndarray]:
     from dmlgraph.executor import Executor  # (the executor's kernels: not for optimize)
     check_feeds(g, feeds)
-    return Executor(g, threads).run(_override(g, feeds))
+    return Executor(g, threads).run(apply_overrides(g, feeds))
 
 
-def _override(g: Graph, feeds: dict) -> dict:
+def apply_overrides(g: Graph, feeds: dict) -> dict:
     """The feeds of `g.inputs`; a fed initializer that is also a graph input (a default the model
     lets callers replace, as ONNX allows) replaces its value in `g`."""
     rest = dict(feeds)
@@ -442,8 +442,8 @@ def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: b
                             hint="compare a model with the model it was lowered from")
     for g in (original, lowered):  # expose the rewritten tensors as extra outputs on both sides
         g.outputs = g.outputs + [g.values[name] for name in rewritten if not g.is_graph_output(g.values[name])]
-    expected = Executor(original, optimize=False).run(_override(original, feeds))
-    got = Executor(lowered, optimize=False).run(_override(lowered, feeds))
+    expected = Executor(original, optimize=False).run(apply_overrides(original, feeds))
+    got = Executor(lowered, optimize=False).run(apply_overrides(lowered, feeds))
     exact = {n.outputs[0].name: n.exact for n in dml}
     # (a DML node inside a body is checked through the model outputs it reaches)
     all_exact = all(exact.values()) and nested_exact

@@ -352,7 +352,7 @@ def export(model_path: str, out_dir: str, feeds: dict[str, np.ndarray] | None = 
     if lowered_here:
         api.optimize_graph(g, options)
         g.remove_dead()
-    calls = trace(g, feeds)
+    calls = trace(g, api.apply_overrides(g, feeds))  # (a fed initializer the model lets callers replace)
     if not calls:
         raise DmlgraphError(f"{model_path} has nothing to export: no computation lowers to a DML operator "
                             f"at feature level {options.feature_level.label}",

@@ -366,7 +366,7 @@ class Executor:
         names = ", ".join(sorted(self._baked.intersection(feeds)))
         raise DmlgraphError(f"the feeds replace initializers this Executor was built with: {names}",
                             hint="run through dmlgraph.run or api.run_graph, which write them into the graph "
-                                 "first (or build the Executor after doing so)")
+                                 "before the run (api.apply_overrides)")
 
     def run_traced(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[DmlCall]]:
         """Run every step (the simple path) and record each DML node's operands and output, in order.

@@ -311,6 +311,19 @@ def test_an_already_lowered_model_is_exported_as_it_is(tmp_path):
     assert verify_export(str(tmp_path / "dx")) == 1
 
 
+def test_a_fed_initializer_that_is_a_graph_input_is_traced_with_the_fed_value(tmp_path):
+    b = numpy_helper.from_array(np.ones((4, 6), np.float32), "b")
+    m = _model([h.make_node("Add", ["x", "b"], ["s"]), h.make_node("Trilu", ["s"], ["y"], upper=1)],
+               [h.make_tensor_value_info(n, T.FLOAT, [4, 6]) for n in ("x", "b")],
+               [h.make_tensor_value_info("y", T.FLOAT, [4, 6])], [b])
+    path = _save(m, tmp_path)
+    feeds = {"x": np.arange(24, dtype=np.float32).reshape(4, 6), "b": np.full((4, 6), 5, np.float32)}
+    report = export(path, tmp_path / "dx", feeds=feeds)
+    assert report["inputs"]["b"] == ["float32", [4, 6]] and verify_export(str(tmp_path / "dx")) == 1
+    expected = np.load(tmp_path / "dx" / "expected" / f"{report['operators'][0]['output']}.npy")
+    assert np.array_equal(expected, np.triu(feeds["x"] + 5))  # the fed b, not the stored ones
+
+
 # ---- the command line ------------------------------------------------------------------------
 def _cli(*args: object) -> int:
     return cli.main([str(a) for a in args])

@@ -62,6 +62,7 @@ import importlib
 import math
 import operator
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -526,6 +527,7 @@ def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> 
 
 
 _TEMPLATES: dict[tuple[_Plan, str, bytes], tuple[np.ndarray, np.ndarray | None]] = {}
+_TEMPLATES_LOCK = threading.Lock()  # (eviction walks the dict: two threads adding at once broke it)
 
 
 def _templates(plan: _Plan, v: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -543,9 +545,10 @@ def _templates(plan: _Plan, v: np.ndarray) -> tuple[np.ndarray, np.ndarray | Non
         vbits = v.reshape(1).view(u)[0]
         value = np.where(use, vbits, u.type(0)).astype(u) if vbits else None
         hit = (keep, value)
-        while _TEMPLATES and sum(k.nbytes for k, _ in _TEMPLATES.values()) > TEMPLATE_CACHE_BYTES:
-            _TEMPLATES.pop(next(iter(_TEMPLATES)))
-        _TEMPLATES[key] = hit
+        with _TEMPLATES_LOCK:
+            while _TEMPLATES and sum(k.nbytes for k, _ in _TEMPLATES.values()) > TEMPLATE_CACHE_BYTES:
+                _TEMPLATES.pop(next(iter(_TEMPLATES)))
+            _TEMPLATES[key] = hit
     return hit
 
 
@@ -657,7 +660,8 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     shape and dtype, may be non-contiguous; it is returned.
     """
     # Per-call Python costs microseconds here (a call on a small tensor is mostly overhead):
-    # what depends only on the signature is cached, a 0-d Value of the right dtype is used as is.
+    # what depends only on the signature is cached, a 0-d Value of the right dtype that owns its
+    # element is used as is (a view could be of `out`, which is written before Value is read).
     try:  # (1.0 == 1 and np.int64(1) == 1: the types are checked, operator.index refuses floats)
         sig = _SEEN[shape, dtype, begin, end]  # type: ignore[index]
         if type(begin) is not int or type(end) is not int:
@@ -669,8 +673,14 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
         out = np.empty(shape, dtype)
     elif out.shape != shape or (out.dtype is not dtype and out.dtype != dtype):
         raise DmlgraphError(f"out has shape {out.shape} and dtype {out.dtype}; expected {shape} and {dtype}")
-    # (an array of the dtype as is: np.array would copy it, shape and bits unchanged)
-    v = value if type(value) is np.ndarray and value.dtype is dtype else np.array(value, dtype)
+    if type(value) is np.ndarray and value.dtype is dtype and value.ndim == 0 and value.base is None:
+        v = value
+    else:
+        v = np.array(value, dtype)
+        if v.ndim:
+            if v.size != 1:
+                raise DmlgraphError(f"Value must be one element; got an array of shape {v.shape}")
+            v = v.reshape(())
     if input is not None and (type(input) is not np.ndarray or input.shape != shape
                               or input.dtype is not dtype):
         input = np.asarray(input)
@@ -680,7 +690,15 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     tiny = sig.tiny
     if tiny is not None and sig.size <= TINY_ELEMENTS:  # (a signature outlives a change of the setting)
         if input is None:
-            out[...] = _generated_tiny(sig, v)
+            t = sig.generated.get(v.tobytes())
+            if t is None and len(sig.generated) < TINY_VALUES:
+                t = _tiny_template(sig, v)
+            if t is not None:
+                out[...] = t
+            else:  # (a Value past the cached ones: a template made for one call costs more)
+                out.fill(0)
+                if len(tiny):
+                    out.put(tiny, v)
         else:
             out[...] = input
             if len(tiny):
@@ -701,6 +719,8 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
         except ValueError:
             pass
         else:
+            if not o8.flags.writeable:  # (numpy refuses to write a read-only array; the kernel would)
+                raise DmlgraphError("out is read-only", hint="pass a writeable array, or none")
             getattr(compiled, call[0])(o8, s8, _FROM_BYTES(v.tobytes(), "little", signed=True), call[1])
             return out
     if sig.size == 0:
@@ -719,16 +739,16 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     return out
 
 
-def _generated_tiny(sig: _Signature, v: np.ndarray) -> np.ndarray:
-    """A tiny output without input (zeros, Value where `sig.tiny` says), made once for each of
-    the first few Values of a signature: one copy instead of a fill and a scatter."""
+def _tiny_template(sig: _Signature, v: np.ndarray) -> np.ndarray:
+    """A tiny output without input (zeros, Value where `sig.tiny` says), kept for each of the
+    first TINY_VALUES Values of a signature: one copy instead of a fill and a scatter."""
     raw = v.tobytes()
     t = sig.generated.get(raw)
     if t is None:
         t = np.zeros(sig.shape, sig.dtype)
         t.put(cast(np.ndarray, sig.tiny), v)
-        t.setflags(write=False)
         if len(sig.generated) < TINY_VALUES:
+            t.setflags(write=False)
             sig.generated[raw] = t
     return t
 
@@ -769,7 +789,7 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
     if size == 0:
         return generic
     if sig.tiny is not None and size <= TINY_ELEMENTS:
-        idx, generated = sig.tiny, _generated_tiny(sig, v)
+        idx, generated = sig.tiny, _tiny_template(sig, v)
 
         def run_tiny(input: npt.ArrayLike | None = None) -> np.ndarray:
             if input is None:

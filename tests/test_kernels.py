@@ -744,7 +744,7 @@ def test_compiled_single_diagonals(dtype):
     DIAGONAL_MATRIX): every offset in and around the matrix, batches, full, batch-broadcast and
     absent inputs, byte-uniform and other Values, exactly."""
     values = (True,) if dtype == "bool" else (1, 0, -1 if dtype[0] != "u" else 255)
-    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, STREAM_MIN_BYTES=1 << 40):
+    with patch.multiple(kernels, COMPILED_MIN_BYTES=0, STREAM_MIN_BYTES=1 << 40, TINY_ELEMENTS=0):
         for shape in ((1, 1), (5, 9), (9, 5), (3, 17, 16), (2, 2, 33, 40)):
             x = _random_input(shape, "uint8" if dtype == "bool" else dtype, 8)
             x = x.astype(bool) if dtype == "bool" else x
@@ -755,3 +755,66 @@ def test_compiled_single_diagonals(dtype):
                         got = kernels.diagonal_matrix1(shape, dtype, value, d, d + 1, input=inp)
                         want = kernels.diagonal_matrix1_reference(shape, dtype, value, d, d + 1, input=inp)
                         assert_bits_equal(got, want)
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (300, 300)])  # the tiny path, and the compiled or numpy one
+def test_a_value_that_is_a_view_of_out_is_read_before_out_is_written(shape):
+    """Value given as a view of `out` (a 0-d or 1-element one): `out` gets the input first, so the
+    Value must be taken before that, as the reference does."""
+    x = np.full(shape, 5, np.float32)
+    for view in (lambda o: o[:1, :1], lambda o: o[0, 0, ...]):
+        out = np.zeros(shape, np.float32)
+        out[0, 0] = 7
+        want = kernels.diagonal_matrix1_reference(shape, np.float32, 7, 0, 1, input=x)
+        assert_bits_equal(kernels.diagonal_matrix1(shape, np.float32, view(out), 0, 1, input=x, out=out), want)
+
+
+def test_value_must_be_one_element_and_out_writeable():
+    """A Value of one element in any shape is that element; more is refused, as is a read-only
+    `out` on every path (numpy's own error; the compiled kernel would write through it)."""
+    for shape in ((4, 5), (300, 300)):
+        want = kernels.diagonal_matrix1_reference(shape, np.float32, 3, -1, 2)
+        for value in (np.array([3], np.float32), np.array([[3]], np.int64), [3]):
+            assert_bits_equal(kernels.diagonal_matrix1(shape, np.float32, value, -1, 2), want)
+        with pytest.raises(DmlgraphError, match="one element"):
+            kernels.diagonal_matrix1(shape, np.float32, np.array([3, 4], np.float32), -1, 2)
+        out = np.zeros(shape, np.float32)
+        out.setflags(write=False)
+        with pytest.raises((DmlgraphError, ValueError), match="read-only"):
+            kernels.diagonal_matrix1(shape, np.float32, 3, -1, 2, out=out)
+        assert not out.any()
+
+
+def test_template_cache_takes_calls_from_many_threads(monkeypatch):
+    """The numpy path's template cache, evicting all the time (a small budget), under 8 threads
+    switching every microsecond: every result exact, no error (eviction walked the dict while
+    another thread added to it: ~1% of calls raised)."""
+    import threading
+    monkeypatch.setattr(kernels, "TEMPLATE_CACHE_BYTES", 64 << 10)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            with kernels.numpy_only():
+                for _ in range(300):
+                    h, w = int(rng.integers(8, 40)), int(rng.integers(8, 40))
+                    begin = int(rng.integers(-h, w))
+                    shape = (3, h, w)
+                    x = np.ones(shape, np.float32)
+                    got = kernels.diagonal_matrix1(shape, np.float32, 2, begin, begin + 20, input=x)
+                    assert_bits_equal(got, kernels.diagonal_matrix1_reference(shape, np.float32, 2, begin,
+                                                                              begin + 20, input=x))
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]

@@ -144,10 +144,6 @@ def blocks_model(n_blocks: int, d: int = 8, seed: int = 0) -> onnx.ModelProto:
                         producer_name="dmlgraph-bench")
 
 
-def _median_time(fn: Callable[[], object], repeats: int) -> float:
-    return _median_times([fn], repeats)[0]
-
-
 def _median_times(fns: list[Callable[[], object]], repeats: int) -> list[float]:
     """The median time of each of `fns`, run round by round in alternating order: ours and a
     baseline measured this way see the same load (other processes come and go between rounds;
@@ -372,15 +368,16 @@ def bench_graph_shapes(tmp: str, quick: bool) -> list[Row]:
             rows.append(Row(f"vs onnxscript rewriter, {name} ({n1} nodes)", t1, theirs, theirs / t1, "s",
                             "ratio >= 1.5 (baseline / ours)", theirs / t1 >= 1.5))
     layers = (1, 5) if quick else (5, 50)
-    per_layer = {}
+    runs: list[Callable[[], object]] = []
     for n in layers:
         path, out = os.path.join(tmp, f"layers{n}.onnx"), os.path.join(tmp, f"layers{n}.out.onnx")
         onnx.save(blocks_model(n), path)
         _ours(path, out)
-        per_layer[n] = _median_time(partial(_ours, path, out), 1 if quick else 5) / n
-    ratio = per_layer[layers[1]] / per_layer[layers[0]]
-    rows.append(Row(f"time per layer, {layers[1]} vs {layers[0]} identical layers", per_layer[layers[1]] * 1e3,
-                    per_layer[layers[0]] * 1e3, ratio, "ms/layer", "ratio <= 1.3 (flat)", ratio <= 1.3))
+        runs.append(partial(_ours, path, out))
+    few, many = (t / n for t, n in zip(_median_times(runs, 1 if quick else 5), layers))  # (same rounds)
+    ratio = many / few
+    rows.append(Row(f"time per layer, {layers[1]} vs {layers[0]} identical layers", many * 1e3, few * 1e3, ratio,
+                    "ms/layer", "ratio <= 1.3 (flat)", ratio <= 1.3))
     if rule is None:
         rows[-1].note = "onnxscript is not installed (pip install onnxscript): its rows are skipped"
     return rows

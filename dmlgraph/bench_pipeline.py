@@ -23,15 +23,15 @@ Cases (each row: case, ours, baseline, ratio, target, met; medians of repeated r
    loading the same model with ORT_ENABLE_ALL, and `dmlgraph --help` against a bare interpreter,
    each a fresh process, in alternating pairs; the ratio is the median of per-pair ratios.
    Targets: optimize no slower than the onnxruntime load; --help within 3x of `python -c pass`.
+4. Memory (skipped with --quick). A model whose initializers are external data totalling >= 2 GB,
+   written by the benchmark in chunks through numpy memmaps; `optimize` + `write` (and `inspect`
+   when dmlgraph.inspection exists) each run in a fresh subprocess that reports its peak RSS
+   (VmHWM) above its own baseline after imports. Target: under 500 MB. The temp folder is removed.
 
 Rows whose goal has a floor carry it (`floor`, in the row's unit, measured in the same rounds):
 what onnx alone spends on the same job (the interpreter and `import onnx` for a fresh `optimize`;
 the parse, the input's checker and the output's full check for the optimizer rates). A goal past
 its floor is out of reach while dmlgraph reads, checks and writes models with the onnx package.
-4. Memory (skipped with --quick). A model whose initializers are external data totalling >= 2 GB,
-   written by the benchmark in chunks through numpy memmaps; `optimize` + `write` (and `inspect`
-   when dmlgraph.inspection exists) each run in a fresh subprocess that reports its peak RSS
-   (VmHWM) above its own baseline after imports. Target: under 500 MB. The temp folder is removed.
 
 Run: `dmlgraph bench pipeline [--quick] [--json FILE]` (or `dmlgraph bench` for both suites and the goals).
 """

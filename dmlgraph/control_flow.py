@@ -25,7 +25,7 @@ import onnx
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.graph import CONTROL_FLOW, Graph, OnnxNode, Value
 from dmlgraph.nested import STANDARD, all_nodes, call_key, execution_body, execution_function
-from dmlgraph.onnx_io import dml_function_keys, has_dml
+from dmlgraph.onnx_io import _graphs_of, dml_function_keys, has_dml
 from dmlgraph.runtime import numpy_dtype
 
 Read = Callable[[str], np.ndarray]  # an enclosing value by name
@@ -52,8 +52,8 @@ def host_nodes(g: Graph) -> dict[int, OnnxNode]:
 
 def _calls_any(n: OnnxNode, keys: set) -> bool:
     """Whether `n`'s bodies call one of these functions."""
-    return any((x.domain, x.op_type, x.overload) in keys for a in n.attributes
-               for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs) for x in all_nodes(body.node))
+    return any((x.domain, x.op_type, x.overload) in keys for body in _graphs_of(n.attributes)
+               for x in all_nodes(body.node))
 
 
 class HostStep:

@@ -555,9 +555,8 @@ class _NameSet:
             taken.update(v.name for v in n.inputs if v is not None)
             taken.update(v.name for v in n.outputs)
             if isinstance(n, OnnxNode):
-                for a in n.attributes:
-                    for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]):
-                        _graph_names(sub, taken)
+                for sub in _graphs_of(n.attributes):
+                    _graph_names(sub, taken)
         for f in g.info.functions:
             taken.update(f.input)
             taken.update(f.output)
@@ -595,9 +594,8 @@ def _graph_names(gp: onnx.GraphProto, out: set[str]) -> None:
 def _node_names(n: onnx.NodeProto, out: set[str]) -> None:
     out.update(n.input)
     out.update(n.output)
-    for a in n.attribute:
-        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]):
-            _graph_names(sub, out)
+    for sub in _graphs_of(n.attribute):
+        _graph_names(sub, out)
 
 
 def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet) -> list[onnx.NodeProto]:

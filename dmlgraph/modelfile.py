@@ -93,15 +93,7 @@ def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
 
 def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.GraphProto, str]]:
     """The graph and every subgraph (If/Loop/Scan bodies), each with a suffix saying where it is."""
-    yield graph, where
-    for i, node in enumerate(graph.node):
-        if not node.attribute:  # most nodes: no attribute, so no subgraph
-            continue
-        for attr in node.attribute[:]:  # (a slice: a loop over a upb container ends in an IndexError)
-            if attr.type in _GRAPHLESS_ATTRIBUTES:  # (most attributes: no subgraph, no generator to start)
-                continue
-            for attr_name, sub in _subgraphs_of(attr):
-                yield from _iter_graphs(sub, f" (in subgraph '{attr_name}' of {_node_label(node, i)}{where})")
+    return ((g, w) for g, w, _ in _walk(graph, where, tensors=False))
 
 
 def _iter_tensors(model: onnx.ModelProto, graphs: Iterable[tuple[onnx.GraphProto, str]] | None = None,
@@ -113,8 +105,9 @@ def _iter_tensors(model: onnx.ModelProto, graphs: Iterable[tuple[onnx.GraphProto
     `graphs`: `_iter_graphs(model.graph)` when the caller already has it. `skip(tensor)`: tensors it
     accepts are left out before their labels are built (most of a model's tensors, on hot paths).
     """
-    for graph, where in (graphs if graphs is not None else _iter_graphs(model.graph)):
-        yield from _graph_tensors(graph, where, _attribute_tensors(graph), skip)
+    walked = _walk(model.graph) if graphs is None else ((g, w, _attribute_tensors(g)) for g, w in graphs)
+    for graph, where, found in walked:
+        yield from _graph_tensors(graph, where, found, skip)
 
 
 def _graph_tensors(graph: onnx.GraphProto, where: str, attribute_tensors: list[tuple[TensorProto, int, str]],
@@ -133,31 +126,36 @@ def _graph_tensors(graph: onnx.GraphProto, where: str, attribute_tensors: list[t
             yield t, f"attribute '{name}' of {_node_label(graph.node[i], i)}{where}", False
 
 
-def _attribute_tensors(graph: onnx.GraphProto,
-                       subgraphs: list[tuple[str, int, onnx.GraphProto]] | None = None) -> list[tuple[TensorProto, int, str]]:
-    """The tensors of `graph`'s node attributes, each with its node's index and attribute's name;
-    the subgraphs met on the way go to `subgraphs` (attribute name, node index, body), when given:
-    one walk for both."""
+def _attribute_tensors(graph: onnx.GraphProto, subgraphs: list[tuple[str, int, onnx.GraphProto]] | None = None,
+                       tensors: bool = True) -> list[tuple[TensorProto, int, str]]:
+    """The tensors of `graph`'s node attributes (none unless `tensors`), each with its node's index
+    and attribute's name; the subgraphs met on the way go to `subgraphs` (attribute name, node
+    index, body), when given: one walk for both."""
     found = []
     for i, node in enumerate(graph.node):
-        if not node.attribute:  # most nodes
+        if not node.attribute:  # most nodes: no attribute, so no tensor and no subgraph
             continue
-        for attr in node.attribute[:]:  # (all: a load that skips the checker reads them too; a slice, as above)
-            if attr.HasField("t"):
-                found.append((attr.t, i, attr.name))
-            if attr.tensors:
-                found += [(t, i, attr.name) for t in attr.tensors]
+        # (all: a load that skips the checker reads them too; a slice: a loop over a upb container
+        # ends in an IndexError)
+        for attr in node.attribute[:]:
+            if tensors:
+                if attr.HasField("t"):
+                    found.append((attr.t, i, attr.name))
+                if attr.tensors:
+                    found += [(t, i, attr.name) for t in attr.tensors]
             if subgraphs is not None and attr.type not in _GRAPHLESS_ATTRIBUTES:
                 subgraphs += [(name, i, sub) for name, sub in _subgraphs_of(attr)]
     return found
 
 
-def _walk(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.GraphProto, str, list[tuple[TensorProto, int, str]]]]:
-    """`_iter_graphs`, each graph with its `_attribute_tensors`, in one pass over the nodes."""
+def _walk(graph: onnx.GraphProto, where: str = "",
+          tensors: bool = True) -> Iterator[tuple[onnx.GraphProto, str, list[tuple[TensorProto, int, str]]]]:
+    """The graph and every subgraph with its suffix (`_iter_graphs`), each with its
+    `_attribute_tensors` when `tensors`, in one pass over the nodes."""
     subgraphs: list[tuple[str, int, onnx.GraphProto]] = []
-    yield graph, where, _attribute_tensors(graph, subgraphs)
+    yield graph, where, _attribute_tensors(graph, subgraphs, tensors)
     for attr_name, i, sub in subgraphs:
-        yield from _walk(sub, f" (in subgraph '{attr_name}' of {_node_label(graph.node[i], i)}{where})")
+        yield from _walk(sub, f" (in subgraph '{attr_name}' of {_node_label(graph.node[i], i)}{where})", tensors)
 
 
 # --------------------------------------------------------------------------------------------

@@ -132,17 +132,14 @@ def rename_graph(g: onnx.GraphProto, f: Callable[[str], str]) -> None:
 
 
 def canonical_input(vi: onnx.ValueInfoProto, c: Canonical) -> onnx.ValueInfoProto:
-    return _rename_dims(vi, c.to_token)
-
-
-def _rename_dims(vi: onnx.ValueInfoProto, f: Callable[[str], str]) -> onnx.ValueInfoProto:
+    """A formal input under the template's names: its name and its symbolic dims as tokens."""
     new = onnx.ValueInfoProto()
     new.CopyFrom(vi)
-    new.name = f(vi.name)
+    new.name = c.to_token(vi.name)
     if new.type.HasField("tensor_type"):
         for d in new.type.tensor_type.shape.dim:
             if d.HasField("dim_param"):
-                d.dim_param = f(d.dim_param)
+                d.dim_param = c.to_token(d.dim_param)
     return new
 
 
@@ -243,7 +240,7 @@ def key(proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], constants: li
     cproto.CopyFrom(proto)
     rename_graph(cproto, c.to_token)
     k = (context, cproto.SerializeToString(),
-         tuple((c.to_token(vi.name), (_rename_dims(vi, c.to_token) if dims else vi).type.SerializeToString()) for vi in inputs),
+         tuple((c.to_token(vi.name), (canonical_input(vi, c) if dims else vi).type.SerializeToString()) for vi in inputs),
          tuple((c.to_token(t.name), _tensor_bytes(t, memo)) for t in constants),
          tuple((c.to_token(name), _constant_key(const, c, memo)) for name, const in borrowed.items()),
          tuple(sorted(c.to_token(name) for name in outer)),

@@ -282,12 +282,12 @@ class Executor:
             if isinstance(step, Region) and step.runner is not None and not step.runner.external \
                     and sum(t.ByteSize() for t in step.runner.model.graph.initializer) <= TWIN_MAX_WEIGHT_BYTES:
                 try:
-                    self._twin(step, step.runner.model)
+                    self._twin(step)
                 except DmlgraphError:  # onnxruntime would not load its own optimized graph: no twin
                     pass
         self._twinned = True
 
-    def _twin(self, region: Region, model: onnx.ModelProto) -> bool:
+    def _twin(self, region: Region) -> bool:
         """Give the region a twin without its shape constants, for the fast path; False if it has none.
 
         onnxruntime would redo a region's Shape/Gather/Concat arithmetic on every run. The twin is
@@ -302,7 +302,7 @@ class Executor:
         if region.runner is None or region.runner.backend != "onnxruntime" or not any(
                 v.name in const for n in region.nodes for v in n.outputs):
             return False
-        opt = model
+        opt = model = region.runner.model
         if self.optimize:
             try:
                 fd, path = tempfile.mkstemp(suffix=".onnx")  # (a file, not a folder: rmdir costs ms on some disks)

@@ -169,7 +169,7 @@ def test_regions_with_large_weights_get_no_twin(monkeypatch):
 def test_a_twin_onnxruntime_refuses_leaves_the_region_as_it_is(monkeypatch):
     from dmlgraph.errors import DmlgraphError
 
-    def refuse(self, region, model):
+    def refuse(self, region):
         raise DmlgraphError("onnxruntime cannot load the model")
     monkeypatch.setattr(Executor, "_twin", refuse)
     assert not _twins_after_fast_runs(api.optimize(CORPUS[-1]).graph)

@@ -30,7 +30,7 @@ fuzz: $(STAMP)
 # Both suites and the goals table (several minutes; writes 2 GiB to a temporary folder).
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
-	$(BIN)/dmlgraph bench
+	$(BIN)/python -m benchmarks
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis

@@ -18,9 +18,7 @@ __all__ = ["Decline", "DmlgraphError", "Inspection", "ModelError", "OptimizeResu
            "validate"]
 
 if TYPE_CHECKING:
-    from dmlgraph.errors import DmlgraphError, ModelError, UnsupportedError
-    from dmlgraph.process import process_wide
-    from dmlgraph.public import (
+    from dmlgraph.api import (
         Decline,
         Inspection,
         OptimizeResult,
@@ -32,6 +30,8 @@ if TYPE_CHECKING:
         run,
         validate,
     )
+    from dmlgraph.errors import DmlgraphError, ModelError, UnsupportedError
+    from dmlgraph.process import process_wide
 
 _HOMES = {"DmlgraphError": "dmlgraph.errors", "ModelError": "dmlgraph.errors", "UnsupportedError": "dmlgraph.errors",
           "process_wide": "dmlgraph.process"}
@@ -42,6 +42,6 @@ def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'dmlgraph' has no attribute {name!r}")
     import importlib
-    value = getattr(importlib.import_module(_HOMES.get(name, "dmlgraph.public")), name)
+    value = getattr(importlib.import_module(_HOMES.get(name, "dmlgraph.api")), name)
     globals()[name] = value
     return value

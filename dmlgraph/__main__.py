@@ -1,3 +1,3 @@
-from dmlgraph.cli import entry
+from dmlgraph.tools.cli import entry
 
 entry()

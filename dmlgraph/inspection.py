@@ -29,15 +29,15 @@ import onnx
 from onnx import TensorProto
 
 from dmlgraph import mask_census
-from dmlgraph.api import IN_MEMORY, ModelLike
-from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.modelfile import tensor_nbytes
-from dmlgraph.nested import SCOPE, in_lowered_graph, nested_dml_nodes, qualified_name
-from dmlgraph.ops import FeatureLevel, bind_range
+from dmlgraph.io.modelfile import tensor_nbytes
+from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
+from dmlgraph.ir.ops import FeatureLevel, bind_range
+from dmlgraph.pipeline import IN_MEMORY, ModelLike
+from dmlgraph.rewrite.nested import SCOPE, in_lowered_graph, nested_dml_nodes, qualified_name
 
 if TYPE_CHECKING:
-    from dmlgraph.graph import Dim, DmlNode, Graph, Node
+    from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node
     from dmlgraph.rewrite import Match, Options
 
 Progress = Callable[[str], None]
@@ -82,7 +82,7 @@ def _shape_text(shape: Iterable[object] | None) -> str:
 
 
 def _bytes(n: int) -> str:
-    from dmlgraph.report import _bytes as fmt
+    from dmlgraph.tools.report import _bytes as fmt
     return fmt(n)
 
 
@@ -221,7 +221,7 @@ def _bounds(dml: DmlNode) -> tuple[int | None, int | None]:
 
 def _symbolic_desc(dml: DmlNode, out_shape: tuple[Dim, ...], level: FeatureLevel) -> dict:
     """The desc with symbolic sizes (strides and byte counts as expressions); bounds unclamped."""
-    from dmlgraph.binding import min_rank
+    from dmlgraph.runtime.binding import min_rank
     dtype = DmlDataType.from_onnx(dml.elem_type)
     elem = dtype.element_size
     rank = len(out_shape)
@@ -262,7 +262,7 @@ def _symbolic_desc(dml: DmlNode, out_shape: tuple[Dim, ...], level: FeatureLevel
 
 def _bound_desc(dml: DmlNode, out_shape: tuple[int, ...], level: FeatureLevel) -> dict:
     """binding.node_desc at a static shape (symbolic input dims, if any, take REPRESENTATIVE_DIM)."""
-    from dmlgraph.binding import node_desc
+    from dmlgraph.runtime.binding import node_desc
     x = dml.inputs[0]
     x_shape = None
     if x is not None and x.shape is not None:
@@ -396,7 +396,7 @@ def _model_stats(model: onnx.ModelProto) -> dict:
     mg = model.graph
     ops = collections.Counter(n.op_type for n in mg.node)
     init_bytes = sum(int(tensor_nbytes(t)) for t in mg.initializer)
-    # As api.graph_stats: Constant nodes store tensors too.
+    # As pipeline.graph_stats: Constant nodes store tensors too.
     const_bytes = sum(int(tensor_nbytes(a.t)) for n in mg.node if n.op_type == "Constant"
                       for a in n.attribute if a.name == "value")
     return {"nodes": len(mg.node), "ops": dict(sorted(ops.items())), "initializers": len(mg.initializer),
@@ -418,9 +418,9 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
             progress: Progress | None = None) -> Inspection:
     """Everything `inspect` reports, plus the graph snapshot for DOT output (`source`: a path or
     a ModelProto, which is only read)."""
-    from dmlgraph import api
-    from dmlgraph.graph import DmlNode
-    from dmlgraph.onnx_io import export_model
+    from dmlgraph import pipeline
+    from dmlgraph.io.onnx_io import export_model
+    from dmlgraph.ir.graph import DmlNode
     from dmlgraph.rewrite import Options
 
     options = options or Options()
@@ -431,7 +431,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     say = progress or (lambda msg: None)
     path = None if isinstance(source, onnx.ModelProto) else os.fspath(source)
     say(f"loading {path or IN_MEMORY}")
-    model, g = api.load(source)
+    model, g = pipeline.load(source)
     report = _header(path, model, top)
     report["schema"] = SCHEMA
     report["options"] = {"feature_level": options.feature_level.label, "target": target,
@@ -441,11 +441,11 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     sizes = _init_sizes(g)
     shapes = {name: (_shape(v.shape), onnx_type_name(v.elem_type) if v.elem_type else None)
               for name, v in g.initializers.items()}
-    before = api.graph_stats(g)
+    before = pipeline.graph_stats(g)
     sites = mask_census.take(g)
     original_dml = {n.id for n in g.nodes.values() if isinstance(n, DmlNode)}
     say(f"running rules on {before['nodes']} nodes (feature level {options.feature_level.label})")
-    result = api.optimize_graph(g, options, progress)
+    result = pipeline.optimize_graph(g, options, progress)
     g.remove_dead()
     rules = _rule_table(options)
     report["masks"] = mask_census.classify(sites, g, result)

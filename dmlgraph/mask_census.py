@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
 
 if TYPE_CHECKING:
     from dmlgraph.rewrite import PassResult

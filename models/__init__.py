@@ -1,1 +1,1 @@
-"""The bundled ONNX models (installed as package data; see dmlgraph.resources)."""
+"""The bundled ONNX models (installed as package data; see dmlgraph.io.resources)."""

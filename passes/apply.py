@@ -26,8 +26,8 @@ from typing import Callable, Iterable, Union, cast
 import numpy as np
 import onnx
 
-from dmlgraph.dtypes import bitwise_equal
-from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.dtypes import bitwise_equal
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.broadcast import (
     Built,
     ShapeSource,
@@ -45,7 +45,7 @@ from dmlgraph.passes.broadcast import (
 )
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
-from dmlgraph.runtime import numpy_dtype
+from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 INF = math.inf
 Region = tuple[Union[int, None], Union[int, None]]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dmlgraph.graph import OnnxNode
+from dmlgraph.ir.graph import OnnxNode
 from dmlgraph.passes.apply import Operand, Part, application_rule
 
 EXACTNESS = ("equal where the data X is finite and, under a lowest-float fill, |X| < 2^103 (float32) "

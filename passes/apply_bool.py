@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from dmlgraph.graph import OnnxNode
+from dmlgraph.ir.graph import OnnxNode
 from dmlgraph.passes.apply import Operand, Part, application_rule
 
 

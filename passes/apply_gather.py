@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.apply import _outside, complement
 from dmlgraph.passes.broadcast import keeps_matrix
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
-from dmlgraph.runtime import numpy_dtype
+from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 
 def _producer(v: Value | None, op_type: str) -> OnnxNode | None:

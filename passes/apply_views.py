@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.apply import band_operands
 from dmlgraph.passes.broadcast import (
     Built,

@@ -18,8 +18,8 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
-from dmlgraph.frozen import Frozen
-from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.frozen import Frozen
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
 from dmlgraph.rewrite import detached, detached_constant
 

@@ -7,10 +7,10 @@ from typing import Sequence, cast
 import numpy as np
 import onnx
 
-from dmlgraph.binding import decline_reason
-from dmlgraph.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.rewrite import Options, Replacement
-from dmlgraph.runtime import initializer_array
+from dmlgraph.runtime.binding import decline_reason
+from dmlgraph.runtime.onnx_runner import initializer_array
 
 
 def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:

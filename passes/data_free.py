@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
 from dmlgraph.passes.generators import band_of
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from dmlgraph.dtypes import INT32_MAX, INT32_MIN
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
-from dmlgraph.ops import FeatureLevel
+from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode
+from dmlgraph.ir.ops import FeatureLevel
 from dmlgraph.passes.common import lowering_reason, one_of, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule, detached
 

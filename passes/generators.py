@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from dmlgraph.band import BandPattern, analyze_band, diagonal_use_mask
-from dmlgraph.dtypes import INT32_MAX, INT32_MIN
-from dmlgraph.graph import DmlNode, Graph, Value
-from dmlgraph.onnx_io import dml_node_proto
-from dmlgraph.ops import bind_range
+from dmlgraph.io.onnx_io import dml_node_proto
+from dmlgraph.ir.band import BandPattern, analyze_band, diagonal_use_mask
+from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN
+from dmlgraph.ir.graph import DmlNode, Graph, Value
+from dmlgraph.ir.ops import bind_range
 from dmlgraph.passes.sizes import Made, constant
-from dmlgraph.runtime import numpy_dtype
+from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 
 def _bounds(p: BandPattern) -> tuple[int | None, int | None]:

@@ -20,9 +20,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dmlgraph.band import BandPattern
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode, Value
-from dmlgraph.onnx_io import onnx_node_proto
+from dmlgraph.io.onnx_io import onnx_node_proto
+from dmlgraph.io.shape_inference import infer_shapes
+from dmlgraph.ir.band import BandPattern
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value, lowering_reason, standin
 from dmlgraph.passes.data_free import INDEX_OPS, MASK_OPS, SHAPE_OPS, DataFree, _ancestors, _data_free
 from dmlgraph.passes.generators import _bounds, _is_zero, band_of, generator
@@ -42,8 +43,7 @@ from dmlgraph.passes.symbolic import (
 from dmlgraph.passes.symbolic_ops import evaluate
 from dmlgraph.process import address_space_headroom
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
-from dmlgraph.runtime import OnnxRunner, numpy_dtype
-from dmlgraph.shape_inference import infer_shapes
+from dmlgraph.runtime.onnx_runner import OnnxRunner, numpy_dtype
 
 
 def _input_shape(v: Value) -> tuple[int | str, ...]:

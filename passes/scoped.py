@@ -9,7 +9,7 @@ passing over them in silence.
 """
 from __future__ import annotations
 
-from dmlgraph.graph import Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
 from dmlgraph.passes.data_free import INDEX_OPS, MASK_OPS, SHAPE_OPS
 from dmlgraph.rewrite import Match
 

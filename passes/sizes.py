@@ -14,8 +14,8 @@ from typing import Callable, Sequence, TypeGuard
 import numpy as np
 from onnx import TensorProto, helper
 
-from dmlgraph.dtypes import bitwise_equal
-from dmlgraph.graph import Graph, Node, OnnxNode, Value
+from dmlgraph.ir.dtypes import bitwise_equal
+from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
 from dmlgraph.passes.symbolic import Clamp, Difference, Dim, Lin, Symbol
 from dmlgraph.rewrite import detached, detached_constant

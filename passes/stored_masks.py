@@ -8,8 +8,8 @@ from typing import cast
 import numpy as np
 from onnx import TensorProto, helper
 
-from dmlgraph.graph import DmlNode, Graph, Node, Value
-from dmlgraph.modelfile import RAW_ITEMSIZE
+from dmlgraph.io.modelfile import RAW_ITEMSIZE
+from dmlgraph.ir.graph import DmlNode, Graph, Node, Value
 from dmlgraph.passes.common import const_value, lowering_reason, standin
 from dmlgraph.passes.generators import _bounds, _node_bytes, band_of, generator
 from dmlgraph.passes.sizes import Made

@@ -29,7 +29,7 @@ from typing import Callable, Sequence, Union
 
 import numpy as np
 
-from dmlgraph.frozen import Frozen
+from dmlgraph.ir.frozen import Frozen
 
 Symbol = str  # a dim's name: the dim_param the model (or shape inference) gives it
 DIM_MAX = 2**31 - 1

@@ -15,9 +15,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dmlgraph.band import analyze_band
-from dmlgraph.dtypes import INT32_MAX, INT32_MIN
-from dmlgraph.graph import DmlNode, Node, OnnxNode, Value
+from dmlgraph.ir.band import analyze_band
+from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN
+from dmlgraph.ir.graph import DmlNode, Node, OnnxNode, Value
 from dmlgraph.passes.symbolic import (
     BOOL,
     INT64,

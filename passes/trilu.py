@@ -7,8 +7,8 @@ wrapped); a run-time k stays an input that shifts the bounded end when the node 
 """
 from __future__ import annotations
 
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
-from dmlgraph.ops import clamp_bound
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode
+from dmlgraph.ir.ops import clamp_bound
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin, zero_of
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
 

@@ -36,7 +36,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from dmlgraph import api
+from dmlgraph import pipeline
 from dmlgraph.rewrite import Options
 
 # Findings of this fuzzer in the rules not fixed yet: a family here is left out of the bounded run
@@ -329,9 +329,9 @@ def lower(case: Case, folder: str) -> list[Lowered]:
     out = []
     for exact in (False, True):
         for target in ("dml", "onnx"):
-            result = api.optimize(src, Options(exact_only=exact), target)
+            result = pipeline.optimize(src, Options(exact_only=exact), target)
             path = os.path.join(folder, f"{target}{int(exact)}.onnx")
-            api.write(result, path, src)
+            pipeline.write(result, path, src)
             exact_result = exact or all(m.captures["dml"].exact for m in result.passes.applied if "dml" in m.captures)
             label = f"{target}{' --exact' if exact else ''}"
             rules = {name for name, count in result.passes.counts.items() if count}
@@ -339,9 +339,9 @@ def lower(case: Case, folder: str) -> list[Lowered]:
                 sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
                 out.append(Lowered(label, exact_result, lambda feeds, s=sess: s.run(None, feeds)[0], rules))
             else:
-                _, g = api.load(path)
+                _, g = pipeline.load(path)
                 out.append(Lowered(label, exact_result,
-                                   lambda feeds, g=g: next(iter(api.run_graph(g, feeds).values())), rules))
+                                   lambda feeds, g=g: next(iter(pipeline.run_graph(g, feeds).values())), rules))
     return out
 
 

@@ -13,13 +13,13 @@ from onnx import helper as h
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from dmlgraph import api
-from dmlgraph.dtypes import bitwise_equal
-from dmlgraph.executor import Executor
-from dmlgraph.graph import DmlNode
-from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph import pipeline
+from dmlgraph.io.onnx_io import export_model, import_model
+from dmlgraph.ir.dtypes import bitwise_equal
+from dmlgraph.ir.graph import DmlNode
 from dmlgraph.passes.apply_arith import absorbing_bound
 from dmlgraph.rewrite import Options
+from dmlgraph.runtime.executor import Executor
 
 
 def model_of(nodes, inputs, outputs, inits=(), opset=18) -> onnx.ModelProto:
@@ -35,7 +35,7 @@ def c(name: str, arr) -> onnx.TensorProto:
 
 def lower(model: onnx.ModelProto, **opts):
     g = import_model(model)
-    return g, api.optimize_graph(g, Options(**opts))
+    return g, pipeline.optimize_graph(g, Options(**opts))
 
 
 def applied(result) -> dict:
@@ -314,13 +314,13 @@ TRANSFORMERS = [f"{m}_{e}.onnx" for m in ("llama", "gpt2", "mistral_sw4") for e 
 @pytest.mark.parametrize("name", TRANSFORMERS)
 def test_transformers_masks_lower_and_validate_with_left_padding(name, exact_only):
     path = os.path.join(MODELS, name)
-    _, g = api.load(path)
+    _, g = pipeline.load(path)
     for s in (1, 4, 9):
-        feeds = api.make_inputs(g, {"batch": 2, "sequence": s}, seed=s)
+        feeds = pipeline.make_inputs(g, {"batch": 2, "sequence": s}, seed=s)
         am = np.ones((2, s), np.int64)
         am[0, :min(2, s)] = 0  # left padding: the first positions of row 0 are padding
         feeds["attention_mask"] = am
-        r = api.validate(path, Options(exact_only=exact_only), feeds=feeds)
+        r = pipeline.validate(path, Options(exact_only=exact_only), feeds=feeds)
         assert r["ok"], (s, r["tensors"], r["outputs"])
         assert r["rewrites"]["mask_bool"] == 1 and r["rewrites"]["mask_where"] == 1
         assert r["rewrites"]["mask_arith"] == 0  # each layer's Add(scores, mask) reads the one padded mask
@@ -334,8 +334,8 @@ def test_unsqueeze_of_an_application_whose_data_has_no_shape_is_declined_not_a_c
     from onnx import helper as oh
     from onnx import numpy_helper as nh
 
-    from dmlgraph import api as dapi
-    from dmlgraph.onnx_io import import_model as imp
+    from dmlgraph import pipeline as dapi
+    from dmlgraph.io.onnx_io import import_model as imp
     from dmlgraph.rewrite import Options as Opts
     inits = [nh.from_array(np.triu(np.ones((4, 4), bool)), "band"), nh.from_array(np.array([4, 4], np.int64), "t"),
              nh.from_array(np.array(-1.0, np.float32), "c"), nh.from_array(np.array([0], np.int64), "ax")]

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dmlgraph.band import BandPattern, analyze_band
-from dmlgraph.dtypes import INT32_MAX, INT32_MIN
+from dmlgraph.ir.band import BandPattern, analyze_band
+from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN
 
 DTYPES = [np.float64, np.float32, np.float16, np.int64, np.int32, np.int16, np.int8,
           np.uint64, np.uint32, np.uint16, np.uint8, np.bool_]

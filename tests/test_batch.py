@@ -7,8 +7,8 @@ import shutil
 
 import onnx
 
-from dmlgraph.cli import main
-from dmlgraph.resources import DEMO_MODEL, bundled_model, models_dir
+from dmlgraph.io.resources import DEMO_MODEL, bundled_model, models_dir
+from dmlgraph.tools.cli import main
 
 
 def _folder(tmp_path):

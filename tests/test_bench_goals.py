@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
-from dmlgraph import bench_goals, bench_kernels, bench_pipeline
-from dmlgraph.cli import main
+from benchmarks import goals as bench_goals
+from benchmarks import kernels as bench_kernels
+from benchmarks import pipeline as bench_pipeline
+from benchmarks.__main__ import main
 
 
 def _row(case: str, shape: list[int], x_copy: float, x_ort: float | None, ours_us: float = 10.0,
@@ -92,7 +94,7 @@ def test_bench_without_a_suite_runs_both_and_writes_one_document(tmp_path, monke
     monkeypatch.setattr(bench_kernels, "run", kernels_run)
     monkeypatch.setattr(bench_pipeline, "run", pipeline_run)
     out = tmp_path / "bench.json"
-    assert main(["bench", "--quick", "--json", str(out)]) == 0
+    assert main(["--quick", "--json", str(out)]) == 0
     assert calls == [("kernels", True), ("pipeline", True)]
     document = json.loads(out.read_text())
     assert set(document) == {"suite", "quick", "python", "cpus", "goals", "kernels", "pipeline"}

@@ -12,9 +12,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from dmlgraph import api, bench_pipeline
-from dmlgraph.graph import DmlNode
-from dmlgraph.onnx_io import import_model
+from benchmarks import pipeline as bench_pipeline
+from dmlgraph import pipeline as api
+from dmlgraph.io.onnx_io import import_model
+from dmlgraph.ir.graph import DmlNode
 from dmlgraph.passes import data_free, masks
 from dmlgraph.rewrite import Options
 
@@ -55,8 +56,8 @@ def test_onnx_floor_runs_onnx_calls_only_and_fails_as_the_check_does(tmp_path):
 def test_cli_entry_points(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(bench_pipeline, "run", lambda quick, json_out: calls.append((quick, json_out)))
-    from dmlgraph.cli import main
-    assert main(["bench", "pipeline", "--quick", "--json", str(tmp_path / "x.json")]) == 0
+    from benchmarks.__main__ import main
+    assert main(["pipeline", "--quick", "--json", str(tmp_path / "x.json")]) == 0
     assert bench_pipeline.main(["--quick"]) == 0
     assert calls == [(True, str(tmp_path / "x.json")), (True, None)]
 
@@ -266,7 +267,7 @@ def test_topological_order_matches_networkx(seed):
 def test_topological_order_of_random_dags_matches_networkx(seed):
     """Random DAGs added in a random order (most out of dependency order): the scan with a heap for
     late nodes gives networkx's lexicographic order."""
-    from dmlgraph.graph import Graph, OnnxNode
+    from dmlgraph.ir.graph import Graph, OnnxNode
     rng = random.Random(seed)
     g = Graph()
     values = [g.value("x0"), g.value("x1")]

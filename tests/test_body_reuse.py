@@ -14,8 +14,9 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import api, body_reuse, nested
-from dmlgraph.bench_pipeline import nested_model
+from benchmarks.pipeline import nested_model
+from dmlgraph import pipeline
+from dmlgraph.rewrite import body_reuse, nested
 
 
 def _vi(name: str, elem=T.FLOAT, shape=None) -> onnx.ValueInfoProto:
@@ -153,7 +154,7 @@ def annotated_masks_model(n: int) -> onnx.ModelProto:
 
 def _optimized(model: onnx.ModelProto, target: str, reuse: bool, monkeypatch) -> tuple:
     monkeypatch.setattr(body_reuse, "ENABLED", reuse)
-    result = api.optimize(model, target=target)
+    result = pipeline.optimize(model, target=target)
     assert result.model is not None
     matches = [(m.rule, m.captures.get("scope"), m.captures.get("lowered"), m.captures.get("bounds"), [n.name for n in m.nodes],
                 [[v.name if v else None for v in n.inputs + n.outputs] for n in m.nodes], m.reason, m.initializers)
@@ -212,7 +213,7 @@ def test_a_fresh_name_another_scope_takes_is_not_reused(monkeypatch):
     instance = body_reuse.Template.instance
     monkeypatch.setattr(body_reuse.Template, "instance",
                         lambda self, *a: refused.append(instance(self, *a) is None) or instance(self, *a))
-    api.optimize(model)
+    pipeline.optimize(model)
     assert refused and not all(refused)
 
 
@@ -230,7 +231,7 @@ def test_bench_model_lowers_each_branch_kind_once(monkeypatch):
     made = []
     template = nested._Driver._template
     monkeypatch.setattr(nested._Driver, "_template", lambda self, *a: made.append(1) or template(self, *a))
-    api.optimize(nested_model(200))
+    pipeline.optimize(nested_model(200))
     assert len(made) == 2  # (then: upper, else: lower)
 
 

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
 
-from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, DmlTensorFlags, ScalarUnion
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.ops import DiagonalMatrix1Desc, DiagonalMatrixDesc, FeatureLevel
-from dmlgraph.tensor import BufferTensorDesc, DescError, calc_buffer_tensor_size, packed_strides, view
+from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN, DmlDataType, DmlTensorFlags, ScalarUnion
+from dmlgraph.ir.ops import DiagonalMatrix1Desc, DiagonalMatrixDesc, FeatureLevel
+from dmlgraph.ir.tensor import BufferTensorDesc, DescError, calc_buffer_tensor_size, packed_strides, view
 
 T = DmlDataType
 ALL_11 = [t for t in DmlDataType if t != T.UNKNOWN]

@@ -24,11 +24,12 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import api, cli, dxdispatch
-from dmlgraph.dtypes import DmlDataType, ScalarUnion
+from dmlgraph import pipeline
 from dmlgraph.errors import DmlgraphError, UnsupportedError
-from dmlgraph.ops import FeatureLevel
+from dmlgraph.ir.dtypes import DmlDataType, ScalarUnion
+from dmlgraph.ir.ops import FeatureLevel
 from dmlgraph.rewrite import Options
+from dmlgraph.tools import cli, dxdispatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -133,7 +134,7 @@ def verify_export(folder: str) -> int:
         assert writes[b["OutputTensor"]]["dimensions"] == list(expected.shape)
         assert expected.size == n and DmlDataType.from_numpy(expected.dtype).name == out_desc["DataType"]
         got = recompute(op, buffer)
-        assert api.bitwise_equal(got, expected.reshape(-1)), cmd["dispatchable"]
+        assert pipeline.bitwise_equal(got, expected.reshape(-1)), cmd["dispatchable"]
         count += 1
     return count
 
@@ -225,7 +226,7 @@ def test_one_operator_models_equal_onnxruntime_on_the_original(case, tmp_path):
     expected = np.load(tmp_path / "dx" / "expected" / f"{report['operators'][0]['output']}.npy")
     if ort_out.dtype == np.bool_:
         ort_out = ort_out.view(np.uint8)  # ONNX bool is DML UINT8
-    assert api.bitwise_equal(expected, ort_out)
+    assert pipeline.bitwise_equal(expected, ort_out)
 
 
 def test_non_finite_values_are_spelled_as_the_parser_reads_them(tmp_path):
@@ -267,12 +268,12 @@ def test_a_two_valued_stored_mask_binds_its_scalar_with_zero_strides(tmp_path):
 
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "models")))
 def test_corpus_exports_validate_and_recompute_exactly(path, tmp_path):
-    _, g = api.load(path)
+    _, g = pipeline.load(path)
     dims = {d: 2 if "batch" in d.lower() else 6 for v in g.inputs for d in (v.shape or ()) if isinstance(d, str)}
     # models with saved input sets (KV caches: the mask length is past + sequence) run on a real one
     sets = sorted(glob.glob(os.path.join(ROOT, "models", "inputs", pathlib.Path(path).stem, "*.npz")))
     feeds = dict(np.load(sets[0])) if sets else None
-    lowered = api.optimize(path).after["dml_nodes"]
+    lowered = pipeline.optimize(path).after["dml_nodes"]
     if lowered == 0:
         with pytest.raises(DmlgraphError, match="nothing to export"):
             export(path, tmp_path / "dx", feeds=feeds, dims=dims)
@@ -293,9 +294,9 @@ def test_feature_level_below_5_1_exports_diagonal_matrix(tmp_path):
     assert [o["operator"] for o in r["operators"]] == ["DML_OPERATOR_DIAGONAL_MATRIX"]
     assert verify_export(str(tmp_path / "dx")) == 1
     # a model lowered for 5_1 cannot be exported at 4_0: DIAGONAL_MATRIX1 does not exist there
-    lowered = api.optimize(path)
+    lowered = pipeline.optimize(path)
     lowered_path = str(tmp_path / "lowered.onnx")
-    api.write(lowered, lowered_path, path)
+    pipeline.write(lowered, lowered_path, path)
     with pytest.raises(UnsupportedError, match="needs feature level 5_1"):
         export(lowered_path, tmp_path / "dx2", options=Options(feature_level=FeatureLevel.L4_0),
                feeds={"x": np.zeros((4, 6), np.float32)})
@@ -305,7 +306,7 @@ def test_an_already_lowered_model_is_exported_as_it_is(tmp_path):
     _, model, feeds = ONE_OP[0]
     path = _save(model, tmp_path)
     lowered_path = str(tmp_path / "lowered.onnx")
-    api.write(api.optimize(path), lowered_path, path)
+    pipeline.write(pipeline.optimize(path), lowered_path, path)
     r = export(lowered_path, tmp_path / "dx", feeds=feeds)
     assert not r["lowered_here"] and len(r["operators"]) == 1
     assert verify_export(str(tmp_path / "dx")) == 1
@@ -404,13 +405,13 @@ def test_a_node_bound_to_a_zero_size_shape_is_not_exported(tmp_path):
 
 
 def test_run_traced_returns_the_runs_outputs_and_each_nodes_raw_operands(tmp_path):
-    from dmlgraph.executor import Executor
+    from dmlgraph.runtime.executor import Executor
     path = os.path.join(ROOT, "models", "trilu_offsets_dynamo.onnx")
-    g = api.optimize(path).graph
+    g = pipeline.optimize(path).graph
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, 7)).astype(np.float32)}
     out, calls = Executor(g).run_traced(feeds)
     plain = Executor(g, fast=False).run(feeds)
-    assert all(api.bitwise_equal(out[k], plain[k]) for k in plain)
+    assert all(pipeline.bitwise_equal(out[k], plain[k]) for k in plain)
     assert len(calls) == 4
     for c in calls:
         assert c.output.shape == c.shape and (c.x is None or c.x.shape == (2, 5, 7))

@@ -9,7 +9,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import dmlgraph
-from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.passes import default_rules
 from dmlgraph.rewrite import Options, PassManager
 

@@ -13,11 +13,12 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import api, executor
-from dmlgraph.executor import Executor, shape_constants
-from dmlgraph.graph import DmlNode
-from dmlgraph.onnx_io import import_model
+from dmlgraph import pipeline
+from dmlgraph.io.onnx_io import import_model
+from dmlgraph.ir.graph import DmlNode
 from dmlgraph.rewrite import Options
+from dmlgraph.runtime import executor
+from dmlgraph.runtime.executor import Executor, shape_constants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = sorted(glob.glob(os.path.join(ROOT, "models", "*.onnx"))) + \
@@ -25,12 +26,12 @@ CORPUS = sorted(glob.glob(os.path.join(ROOT, "models", "*.onnx"))) + \
 
 
 def same_bits(a, b) -> bool:
-    return api.bitwise_equal(np.asarray(a), np.asarray(b))
+    return pipeline.bitwise_equal(np.asarray(a), np.asarray(b))
 
 
 def lowered(model):
     g = import_model(model)
-    api.optimize_graph(g, Options())
+    pipeline.optimize_graph(g, Options())
     return g
 
 
@@ -44,14 +45,14 @@ def _feeds(g, size: int, seed: int):
     dims.update({d: 2 for d in dims if "batch" in d.lower()})
     # a KV-cache model names the attention_mask length after the sum it is ("past_sequence + sequence")
     dims.update({d: sum(dims.get(p.strip(), size) for p in d.split("+")) for d in dims if "+" in d})
-    feeds = api.make_inputs(g, dims, seed=seed)
+    feeds = pipeline.make_inputs(g, dims, seed=seed)
     # masks are 0/1 (OPT's positions are a CumSum of attention_mask, bounded by its table)
     return {k: v % 2 if k.endswith("attention_mask") else v for k, v in feeds.items()}
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "models")))
 def test_fast_path_is_bit_exact_with_the_simple_path_on_the_corpus(path):
-    g = api.optimize(path).graph
+    g = pipeline.optimize(path).graph
     fast, simple = Executor(g), Executor(g, fast=False)
     runs = [(5, 0), (5, 1), (9, 2), (5, 3), (9, 4), (9, 5)]  # a new shape, then back: the cache per shape
     seen = set()
@@ -77,7 +78,7 @@ def test_kv_cache_input_sets_on_the_fast_path(entry):
     """The deployed KV-cache input sets (an empty past, a past, one decode step, a left-padded
     batch), interleaved and each run twice: from the second run on at a set's shapes the fast path
     serves it (twins without the shape constants, prepared kernels), bit for bit the simple path."""
-    g = api.optimize(os.path.join(ROOT, "models", entry["file"])).graph
+    g = pipeline.optimize(os.path.join(ROOT, "models", entry["file"])).graph
     fast, simple = Executor(g), Executor(g, fast=False)
     sets = {}
     for name, rel in entry["input_sets"].items():
@@ -92,7 +93,7 @@ def test_kv_cache_input_sets_on_the_fast_path(entry):
 
 
 def test_the_demo_skips_the_generator_and_times_the_applied_mask():
-    g = api.optimize(CORPUS[-1]).graph
+    g = pipeline.optimize(CORPUS[-1]).graph
     ex = Executor(g, 1)
     feeds = _feeds(g, 16, 0)
     ex.run(feeds)
@@ -111,7 +112,7 @@ def test_gpt2_runs_two_sessions_around_its_padded_mask_at_steady_state():
     its kernel between the session computing the padding and the rest (the causal generator it
     absorbed is gone)."""
     path = os.path.join(ROOT, "models", "gpt2_dynamo.onnx")
-    g = api.optimize(path).graph
+    g = pipeline.optimize(path).graph
     ex = Executor(g, 1)
     feeds = _feeds(g, 8, 0)
     want = Executor(g, fast=False).run(feeds)
@@ -160,7 +161,7 @@ def _twins_after_fast_runs(g) -> bool:
 
 def test_regions_with_large_weights_get_no_twin(monkeypatch):
     """A twin would hold a second copy of its region's weights: above the limit, none is made."""
-    g = api.optimize(CORPUS[-1]).graph
+    g = pipeline.optimize(CORPUS[-1]).graph
     assert _twins_after_fast_runs(g)
     monkeypatch.setattr(executor, "TWIN_MAX_WEIGHT_BYTES", 0)
     assert not _twins_after_fast_runs(g)
@@ -172,7 +173,7 @@ def test_a_twin_onnxruntime_refuses_leaves_the_region_as_it_is(monkeypatch):
     def refuse(self, region):
         raise DmlgraphError("onnxruntime cannot load the model")
     monkeypatch.setattr(Executor, "_twin", refuse)
-    assert not _twins_after_fast_runs(api.optimize(CORPUS[-1]).graph)
+    assert not _twins_after_fast_runs(pipeline.optimize(CORPUS[-1]).graph)
 
 
 def _reshaped_mask_model():
@@ -300,7 +301,7 @@ def test_a_feed_for_a_baked_in_initializer_is_refused_not_ignored(fast):
         assert ex.run({"x": x})["y"].tolist() == [2, 3]
     feeds = {"x": x, "b": np.array([10, 20], np.float32)}
     for run in (ex.run, ex.run_traced):
-        with pytest.raises(api.DmlgraphError, match="replace initializers.*: b") as e:
+        with pytest.raises(pipeline.DmlgraphError, match="replace initializers.*: b") as e:
             run(feeds)
-        assert "api.run_graph" in e.value.hint
-    assert api.run_graph(g, feeds)["y"].tolist() == [11, 21]
+        assert "pipeline.run_graph" in e.value.hint
+    assert pipeline.run_graph(g, feeds)["y"].tolist() == [11, 21]

@@ -1,4 +1,4 @@
-"""dmlgraph.frozen.Frozen keeps what the frozen dataclasses it replaced gave: value equality and
+"""dmlgraph.ir.frozen.Frozen keeps what the frozen dataclasses it replaced gave: value equality and
 hash within a class, read-only fields, the dataclass repr, pickling."""
 import dataclasses
 import pickle

@@ -25,8 +25,10 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 from test_reliability import assert_clean_error, assert_ok, model, run_cli, save, tree_digest, vi
 
-from dmlgraph import api, cli, onnx_io
+from dmlgraph import pipeline as api
+from dmlgraph.io import onnx_io
 from dmlgraph.rewrite import Options
+from dmlgraph.tools import cli
 
 PY = sys.executable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -377,11 +379,12 @@ def test_run_with_an_empty_output_path_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("where", ["missing_folder", "directory"])
 def test_bench_json_path_is_checked_before_the_run(where, tmp_path, capsys, monkeypatch):
-    from dmlgraph import bench_kernels
+    from benchmarks import kernels as bench_kernels
     monkeypatch.setattr(bench_kernels, "run", lambda **kw: pytest.fail("the benchmark ran before the path was checked"))
     path = tmp_path / "no" / "rows.json" if where == "missing_folder" else tmp_path
-    code, o, e = run_cli(["bench", "kernels", "--quick", "--json", path], capsys)
-    assert_clean_error(code, o, e, "cannot write")
+    from benchmarks.__main__ import main
+    assert main(["kernels", "--quick", "--json", str(path)]) == 2
+    assert "cannot write" in capsys.readouterr().err
 
 
 def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path, capsys, monkeypatch):
@@ -448,7 +451,7 @@ class Interrupt:  # SIGINT at the moment onnx's C++ extension is about to be imp
             os.kill(os.getpid(), signal.SIGINT)
         return None
 sys.meta_path.insert(0, Interrupt())
-from dmlgraph.cli import entry
+from dmlgraph.tools.cli import entry
 sys.argv = ["dmlgraph", "optimize", sys.argv[1], "-o", sys.argv[2]]
 entry()
 """
@@ -459,7 +462,7 @@ def test_ctrl_c_during_onnx_import_waits_for_it(tmp_path):
     """An interrupt landing inside onnx's C++ extension import aborted the process (std::terminate,
     exit -6, seen 1 in 40 interrupts): the CLI holds it back until onnx is loaded, then ends as
     interrupted."""
-    from dmlgraph.resources import DEMO_MODEL, bundled_model
+    from dmlgraph.io.resources import DEMO_MODEL, bundled_model
     out = tmp_path / "o.onnx"
     proc = subprocess.run([PY, "-c", _INTERRUPT_IN_ONNX_IMPORT, bundled_model(DEMO_MODEL), str(out)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -472,7 +475,7 @@ def test_ctrl_c_during_optimize(tmp_path):
     """SIGINT to the process group (as a terminal's Ctrl-C) at spread-out moments of a real optimize
     of a generated model big enough to take a while: exit 130, one line, no partial output (the
     output is absent or complete), no child process left, the input untouched."""
-    from dmlgraph.bench_pipeline import blocks_model
+    from benchmarks.pipeline import blocks_model
     src = tmp_path / "src"
     src.mkdir()
     path = save(blocks_model(1500), src / "big.onnx")

@@ -15,11 +15,12 @@ from onnx import helper as h
 from onnx import numpy_helper
 from onnx.onnx_cpp2py_export import shape_inference as cpp
 
-from dmlgraph import api, inference_scopes, saving, shape_inference
-from dmlgraph.bench_pipeline import nested_model
+from benchmarks.pipeline import nested_model
+from dmlgraph import pipeline
 from dmlgraph.errors import InternalError
-from dmlgraph.modelfile import _iter_graphs
-from dmlgraph.onnx_io import import_model
+from dmlgraph.io import inference_scopes, saving, shape_inference
+from dmlgraph.io.modelfile import _iter_graphs
+from dmlgraph.io.onnx_io import import_model
 
 MODES = {"plain, type check": (True, False, False), "plain": (False, False, False),
          "data propagation, type check": (True, False, True), "strict (full check)": (True, True, False)}
@@ -192,7 +193,7 @@ def test_import_and_written_model_are_the_same_either_way(name, tmp_path, monkey
         monkeypatch.setattr(inference_scopes, "MIN_IFS", least)
         monkeypatch.setattr(inference_scopes, "MIN_NODES", least)
         out = str(tmp_path / f"out{least}.onnx")
-        api.write(api.optimize(src), out, src)
+        pipeline.write(pipeline.optimize(src), out, src)
         with open(out, "rb") as f:
             results.append((_graph_types(model), f.read()))
     assert results[0] == results[1]
@@ -214,7 +215,7 @@ def test_bench_model_is_scoped_and_its_write_passes_the_full_check(tmp_path):
     assert inference_scopes.scoped(model) is not None
     src, out = str(tmp_path / "m.onnx"), str(tmp_path / "out.onnx")
     onnx.save(model, src)
-    api.write(api.optimize(src), out, src)
+    pipeline.write(pipeline.optimize(src), out, src)
     written = onnx.load(out)
     assert inference_scopes.scoped(written) is not None  # (the write's check ran scoped)
     onnx.checker.check_model(written, full_check=True)

@@ -15,10 +15,11 @@ from onnx import helper as h
 from onnx import numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 
-from dmlgraph import inspection, inspection_render
-from dmlgraph.cli import main as cli_main
+from dmlgraph import inspection
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.rewrite import Options
+from dmlgraph.tools import inspection_render
+from dmlgraph.tools.cli import main as cli_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dmlgraph import binding, kernels
-from dmlgraph.dtypes import INT32_MAX, INT32_MIN, DmlDataType, ScalarUnion
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.ops import DiagonalMatrix1Desc, DiagonalMatrixDesc
-from dmlgraph.tensor import BufferTensorDesc
+from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN, DmlDataType, ScalarUnion
+from dmlgraph.ir.ops import DiagonalMatrix1Desc, DiagonalMatrixDesc
+from dmlgraph.ir.tensor import BufferTensorDesc
+from dmlgraph.runtime import binding, kernels
 
 TYPES = ["float64", "float32", "float16", "int64", "int32", "int16", "int8",
          "uint64", "uint32", "uint16", "uint8"]
@@ -540,7 +540,7 @@ def test_compiled_kernel_takes_wide_triangles_and_matches(dtype):
 
 def test_numpy_path_when_numba_is_absent(monkeypatch):
     """Without numba the lookup answers None once and every call takes the numpy path."""
-    monkeypatch.setitem(sys.modules, "dmlgraph.kernels_compiled", None)  # import fails
+    monkeypatch.setitem(sys.modules, "dmlgraph.runtime.kernels_compiled", None)  # import fails
     monkeypatch.setattr(kernels, "_COMPILED", None)
     assert not kernels.compiled_available()
     shape = (3, 200, 150)

@@ -17,11 +17,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from dmlgraph import cli
+from dmlgraph.tools import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
-sys.path.insert(0, MODELS)
+sys.path.insert(0, os.path.join(MODELS, "scripts"))
 import inspect_masks  # noqa: E402  (models/ is a folder of scripts, not a package)
 
 with open(os.path.join(MODELS, "expected.json")) as f:

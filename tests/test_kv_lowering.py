@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from dmlgraph import api
-from dmlgraph.onnx_io import import_model
+from dmlgraph import pipeline
+from dmlgraph.io.onnx_io import import_model
 from dmlgraph.rewrite import Options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,9 +30,9 @@ SAME_WHERE_IT_RUNS = {("MIN", "past_sequence + 1"): ("MIN", "min(past_sequence +
 
 
 def _optimized(file: str, **options: object):
-    from dmlgraph.modelfile import load_model
+    from dmlgraph.io.modelfile import load_model
     g = import_model(load_model(os.path.join(MODELS, file)), base_dir=MODELS)
-    return api.optimize_graph(g, Options(**options))  # type: ignore[arg-type]
+    return pipeline.optimize_graph(g, Options(**options))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("file", sorted(ENTRIES))
@@ -57,8 +57,8 @@ CASES = [(file, name) for file, e in sorted(ENTRIES.items()) for name in sorted(
 
 @pytest.mark.parametrize("file,input_set", CASES)
 def test_lowered_model_equals_onnxruntime_at_every_input_set(file, input_set):
-    feeds = api.load_inputs(os.path.join(MODELS, ENTRIES[file]["input_sets"][input_set]))
-    report = api.validate(os.path.join(MODELS, file), Options(exact_only=True), feeds=feeds)
+    feeds = pipeline.load_inputs(os.path.join(MODELS, ENTRIES[file]["input_sets"][input_set]))
+    report = pipeline.validate(os.path.join(MODELS, file), Options(exact_only=True), feeds=feeds)
     assert report["ok"], [t for t in report["tensors"] if not t.get("ok", True)]
     assert sum(report["rewrites"].values()) >= 1
 
@@ -72,10 +72,10 @@ def test_a_stored_mask_sliced_past_its_end_clamps_as_the_original_does(file):
     import onnxruntime as ort
 
     from dmlgraph.errors import DmlgraphError
-    from dmlgraph.executor import Executor
+    from dmlgraph.runtime.executor import Executor
     model = onnx.load(os.path.join(MODELS, file))
     g = import_model(model)
-    api.optimize_graph(g, Options())
+    pipeline.optimize_graph(g, Options())
     sess, ex = ort.InferenceSession(model.SerializeToString()), Executor(g)
     rng = np.random.default_rng(0)
     ran = 0
@@ -92,6 +92,6 @@ def test_a_stored_mask_sliced_past_its_end_clamps_as_the_original_does(file):
                     ex.run(feeds)
                 continue
             got = ex.run(feeds)
-            assert all(api.bitwise_equal(got[o.name], e) for o, e in zip(model.graph.output, expected)), (past, seq)
+            assert all(pipeline.bitwise_equal(got[o.name], e) for o, e in zip(model.graph.output, expected)), (past, seq)
             ran += 1
     assert ran >= 10

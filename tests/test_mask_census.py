@@ -14,7 +14,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 from dmlgraph import inspection
-from dmlgraph.cli import main
+from dmlgraph.tools.cli import main
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
 CORPUS = sorted(glob.glob(os.path.join(MODELS, "*.onnx")))

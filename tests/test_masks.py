@@ -10,9 +10,9 @@ from onnx import helper as h
 from onnx import numpy_helper
 from test_apply import check
 
-from dmlgraph import api
-from dmlgraph.graph import DmlNode
-from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph import pipeline
+from dmlgraph.io.onnx_io import export_model, import_model
+from dmlgraph.ir.graph import DmlNode
 from dmlgraph.passes.apply import complement, union
 from dmlgraph.rewrite import Options, Replacement, Rewriter
 
@@ -32,7 +32,7 @@ def c(name, arr):
 
 def lower(model, **opts):
     g = import_model(model)
-    result = api.optimize_graph(g, Options(**opts))
+    result = pipeline.optimize_graph(g, Options(**opts))
     return g, result
 
 
@@ -92,7 +92,7 @@ def test_stored_mask_becomes_generator(kind):
     g, result = lower(model)
     assert "mask" not in g.initializers
     assert result.counts["stored_mask"] + result.counts["mask_subgraph"] == 1
-    init_bytes = api.graph_stats(g)["initializer_bytes"]
+    init_bytes = pipeline.graph_stats(g)["initializer_bytes"]
     assert init_bytes < 64, "the mask constant left the model"
     check(model, g, [{"x": np.random.default_rng(1).standard_normal((2, 2, s, s)).astype(np.float32)}],
                 exact=kind != "band_int64")
@@ -396,8 +396,8 @@ def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
 
 # ---- the stored-mask pre-filter never turns away a band ----------------------------------------
 
-from dmlgraph.band import analyze_band, diagonal_use_mask  # noqa: E402
-from dmlgraph.graph import Value  # noqa: E402
+from dmlgraph.ir.band import analyze_band, diagonal_use_mask  # noqa: E402
+from dmlgraph.ir.graph import Value  # noqa: E402
 from dmlgraph.passes import stored_masks  # noqa: E402
 
 _DTYPES = [np.float32, np.float16, np.float64, np.bool_, np.int8, np.int32, np.int64, np.uint8, np.uint16]

@@ -11,10 +11,10 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import modelfile, saving
 from dmlgraph.errors import ModelError
-from dmlgraph.modelfile import load_model, read_tensor, tensor_nbytes
-from dmlgraph.saving import save_model
+from dmlgraph.io import modelfile, saving
+from dmlgraph.io.modelfile import load_model, read_tensor, tensor_nbytes
+from dmlgraph.io.saving import save_model
 
 
 def make_model(nodes=None, inits=None, inputs=None, outputs=None, **graph_kw) -> onnx.ModelProto:
@@ -639,7 +639,7 @@ def _weighty_model(bad_op: bool = False) -> onnx.ModelProto:
 
 
 def test_without_weights_keeps_shapes_and_leaves_the_model_alone():
-    from dmlgraph.shape_inference import infer_shapes
+    from dmlgraph.io.shape_inference import infer_shapes
     m = _weighty_model()
     before = m.SerializeToString()
     view = modelfile.without_weights(m, keep_dims=True)

@@ -12,11 +12,12 @@ import os
 import numpy as np
 import pytest
 
-from dmlgraph import api, kernels
-from dmlgraph.executor import initializer_array
-from dmlgraph.graph import DmlNode
-from dmlgraph.ops import bind_range
+from dmlgraph import pipeline
+from dmlgraph.ir.graph import DmlNode
+from dmlgraph.ir.ops import bind_range
 from dmlgraph.rewrite import Options
+from dmlgraph.runtime import kernels
+from dmlgraph.runtime.executor import initializer_array
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
@@ -39,8 +40,8 @@ def expected_array(entry) -> np.ndarray | None:
 
 
 def lowered(entry):
-    _, g = api.load(os.path.join(MODELS, entry["file"]))
-    result = api.optimize_graph(g, Options())
+    _, g = pipeline.load(os.path.join(MODELS, entry["file"]))
+    result = pipeline.optimize_graph(g, Options())
     return g, result
 
 
@@ -65,7 +66,7 @@ def test_every_band_tensor_is_lowered(entry):
             node = v.producer
             assert isinstance(node, DmlNode), f"{name} ({mask['kind']}) is still made by {node.op_type}"
             if mask["kind"] == "mask_application":
-                assert node.inputs[0] is not None and api.bitwise_equal(
+                assert node.inputs[0] is not None and pipeline.bitwise_equal(
                     np.asarray(node.value), np.asarray(node.value).dtype.type(float(mask["value"])))
         # else: the band was fused into the node applying it (checked through that node's entry)
 
@@ -86,7 +87,7 @@ def test_generators_reproduce_the_expected_band(entry):
         b, e = bind_range(node.begin, node.end, 0, h, w)
         got = kernels.diagonal_matrix1(expected.shape, expected.dtype, node.value, b, e,
                                        input=np.broadcast_to(other, expected.shape))
-        assert api.bitwise_equal(got, expected), mask["onnx_nodes_or_initializer"]
+        assert pipeline.bitwise_equal(got, expected), mask["onnx_nodes_or_initializer"]
 
 
 @pytest.mark.parametrize("entry", EXPECTED, ids=[e["file"] for e in EXPECTED])
@@ -94,7 +95,7 @@ def test_validates_against_onnxruntime_at_two_lengths(entry):
     path = os.path.join(MODELS, entry["file"])
     dynamic = entry.get("dynamic_axes") or []
     for size in (7, 12):
-        report = api.validate(path, dims={d: (2 if d == "batch" else size) for d in dynamic})
+        report = pipeline.validate(path, dims={d: (2 if d == "batch" else size) for d in dynamic})
         assert report["ok"], [r for r in report["tensors"] + report["outputs"] if not r["match"]]
         for row in report["tensors"]:
             assert row["detail"] in ("bit-exact", "equal values (signed zeros or NaN payloads differ)")

@@ -12,9 +12,10 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import api, body_reuse, nested
-from dmlgraph.bench_pipeline import nested_model
-from dmlgraph.shape_inference import CHILD_MIN_NODES
+from benchmarks.pipeline import nested_model
+from dmlgraph import pipeline
+from dmlgraph.io.shape_inference import CHILD_MIN_NODES
+from dmlgraph.rewrite import body_reuse, nested
 
 
 def _vi(name: str, elem=T.FLOAT, shape=None) -> onnx.ValueInfoProto:
@@ -133,7 +134,7 @@ CASES = {  # name -> (model, whether some bodies are imported together)
 
 
 def _optimized(model: onnx.ModelProto) -> tuple[bytes, str]:
-    result = api.optimize(model)
+    result = pipeline.optimize(model)
     assert result.model is not None
     return result.model.SerializeToString(), json.dumps(result.report, sort_keys=True, default=str)
 

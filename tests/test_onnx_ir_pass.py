@@ -14,10 +14,10 @@ import onnx_ir.passes.common as common_passes
 import onnxruntime as ort
 import pytest
 
-from dmlgraph import api
-from dmlgraph.executor import Executor
+from dmlgraph import pipeline
 from dmlgraph.integrations.onnx_ir import LowerToDiagonalMatrix
-from dmlgraph.onnx_io import import_model
+from dmlgraph.io.onnx_io import import_model
+from dmlgraph.runtime.executor import Executor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ["gpt2_dynamo.onnx", "mistral_sw4_dynamo.onnx", "trilu_offsets_dynamo.onnx", "eye_static8_dynamo.onnx",
@@ -25,9 +25,9 @@ MODELS = ["gpt2_dynamo.onnx", "mistral_sw4_dynamo.onnx", "trilu_offsets_dynamo.o
 
 
 def _feeds(path: str) -> dict:
-    _, g = api.load(path)
+    _, g = pipeline.load(path)
     dims = {d: 2 if "batch" in d.lower() else 7 for v in g.inputs for d in (v.shape or ()) if isinstance(d, str)}
-    return api.make_inputs(g, dims, seed=3)
+    return pipeline.make_inputs(g, dims, seed=3)
 
 
 def _run(model: ir.Model, feeds: dict, target: str, base_dir: str | None = None) -> list[np.ndarray]:
@@ -45,7 +45,7 @@ def _assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and a.shape == b.shape
         if a.dtype.kind == "f":  # several sessions: onnxruntime's reductions may differ in the last bit
-            np.testing.assert_allclose(a, b, rtol=api.OUTPUT_RTOL, atol=api.OUTPUT_ATOL)
+            np.testing.assert_allclose(a, b, rtol=pipeline.OUTPUT_RTOL, atol=pipeline.OUTPUT_ATOL)
         else:
             assert np.array_equal(a, b)
 
@@ -76,8 +76,8 @@ def test_the_readme_calls_on_an_ir_model(tmp_path):
     model = ir.load(path)  # stands in for onnx_program.model
     result = LowerToDiagonalMatrix()(model)
     ir.save(result.model, str(tmp_path / "lowered.onnx"))
-    _, g = api.load(str(tmp_path / "lowered.onnx"))  # dmlgraph's loader runs the ONNX checker
-    assert api.graph_stats(g)["dml_nodes"] == 1
+    _, g = pipeline.load(str(tmp_path / "lowered.onnx"))  # dmlgraph's loader runs the ONNX checker
+    assert pipeline.graph_stats(g)["dml_nodes"] == 1
     feeds = _feeds(path)
     want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
     out = Executor(g).run(feeds)

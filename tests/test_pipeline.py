@@ -15,12 +15,12 @@ from onnx import numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 from onnx.reference import ReferenceEvaluator
 
-from dmlgraph import api
-from dmlgraph.executor import Executor
-from dmlgraph.graph import DmlNode
-from dmlgraph.onnx_io import DOMAIN, export_model, import_model
-from dmlgraph.ops import FeatureLevel
+from dmlgraph import pipeline
+from dmlgraph.io.onnx_io import DOMAIN, export_model, import_model
+from dmlgraph.ir.graph import DmlNode
+from dmlgraph.ir.ops import FeatureLevel
 from dmlgraph.rewrite import Options
+from dmlgraph.runtime.executor import Executor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")
@@ -31,7 +31,7 @@ ALL_TYPES = [T.FLOAT, T.FLOAT16, T.DOUBLE, T.INT8, T.INT16, T.INT32, T.INT64, T.
 
 def lower(model: onnx.ModelProto, level="5_1"):
     g = import_model(model)
-    result = api.optimize_graph(g, Options(feature_level=FeatureLevel.parse(level)))
+    result = pipeline.optimize_graph(g, Options(feature_level=FeatureLevel.parse(level)))
     return g, result
 
 
@@ -40,7 +40,7 @@ def dml_nodes(g):
 
 
 def same_bits(a, b):
-    return api.bitwise_equal(np.asarray(a), np.asarray(b))
+    return pipeline.bitwise_equal(np.asarray(a), np.asarray(b))
 
 
 def one_node(op, elem_type, shape, *, trilu_k=None, k_input=False, out_type=None, **attrs):
@@ -187,7 +187,7 @@ def test_round_trip_without_passes_is_equivalent():
     model = onnx.load(DEMO)
     out = export_model(import_model(model))
     onnx.checker.check_model(out, full_check=True)
-    feeds = api.make_inputs(import_model(model), {"batch": 2, "seq": 5})
+    feeds = pipeline.make_inputs(import_model(model), {"batch": 2, "seq": 5})
     a = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
     b = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
     assert all(same_bits(x, y) for x, y in zip(a, b))
@@ -206,7 +206,7 @@ def test_export_targets_are_checker_valid_and_run(target, tmp_path):
     domains = {n.domain for n in out.graph.node}
     assert (DOMAIN in domains) == (target == "dml")
     for seq in (3, 9):
-        feeds = api.make_inputs(g, {"batch": 2, "seq": seq}, seed=seq)
+        feeds = pipeline.make_inputs(g, {"batch": 2, "seq": seq}, seed=seq)
         expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
         if target == "onnx":
             got = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
@@ -245,7 +245,7 @@ def test_optimizing_twice_changes_nothing():
 # ---- validation ------------------------------------------------------------------------------
 def test_validate_demo_model_bit_exact():
     for seq in (4, 11):
-        report = api.validate(DEMO, dims={"batch": 2, "seq": seq})
+        report = pipeline.validate(DEMO, dims={"batch": 2, "seq": seq})
         assert report["ok"], report
         assert all(r["detail"] == "bit-exact" for r in report["outputs"] + report["tensors"])
         assert sorted(r["name"] for r in report["tensors"]) == ["eye", "masked_scores"]

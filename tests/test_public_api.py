@@ -23,7 +23,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import dmlgraph
-from dmlgraph.resources import DEMO_MODEL, bundled_model
+from dmlgraph.io.resources import DEMO_MODEL, bundled_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = bundled_model(DEMO_MODEL)
@@ -161,9 +161,10 @@ def test_the_process_owner_can_opt_in(watched):
 
 # ---- installed ---------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_the_wheel_installs_a_working_demo_and_bench(tmp_path):
+def test_the_wheel_installs_a_working_demo_and_its_models(tmp_path):
     """Build the wheel, install it into a fresh venv (reusing this one's packages), and run
-    `dmlgraph demo` and the bundled-model bench from a folder with no checkout in sight."""
+    `dmlgraph demo` from a folder with no checkout in sight; the wheel carries the bundled models, not the
+    benchmarks or the torch export scripts."""
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
                     ROOT], check=True, capture_output=True)
@@ -185,18 +186,21 @@ def test_the_wheel_installs_a_working_demo_and_bench(tmp_path):
     assert demo.returncode == 0, demo.stderr
     assert "PASS" in demo.stdout
     where = subprocess.run([str(env_dir / "bin" / "python"), "-c",
-                            "import dmlgraph, dmlgraph.resources as r, dmlgraph.bench_pipeline as b; "
-                            "print(dmlgraph.__file__); print(b.executor_models())"],
+                            "import os, dmlgraph, dmlgraph.io.resources as r; print(dmlgraph.__file__); "
+                            "print(sorted(os.listdir(r.models_dir()))); print(os.listdir(r.bundled_model('synthetic')))"],
                            cwd=away, env=env, capture_output=True, text=True, check=True).stdout
     assert ROOT not in where and "gpt2_ts.onnx" in where and "causal_attention.onnx" in where
+    assert "scripts" not in where and "make_models" not in where
+    names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True).stdout
+    assert "benchmarks/" not in names and "make_kv_models" not in names
 
 
 def test_save_checks_again_only_a_model_changed_since_optimize(tmp_path, monkeypatch):
     """optimize checks what it made; saving it unchanged does not check again, a changed one is checked."""
-    from dmlgraph import public
+    from dmlgraph import api
     calls = []
-    real = public._full_check_failure
-    monkeypatch.setattr(public, "_full_check_failure", lambda m: calls.append(m) or real(m))
+    real = api._full_check_failure
+    monkeypatch.setattr(api, "_full_check_failure", lambda m: calls.append(m) or real(m))
     result = dmlgraph.optimize(DEMO)
     assert result.checked_bytes == result.model.SerializeToString(deterministic=True)
     result.save(tmp_path / "a.onnx")

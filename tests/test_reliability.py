@@ -31,7 +31,9 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import api, cli, saving
+from dmlgraph import pipeline
+from dmlgraph.io import saving
+from dmlgraph.tools import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAUSAL = os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")
@@ -406,13 +408,13 @@ def test_generated_inputs_refused_before_allocation(shape, words, tmp_path, caps
 
 
 def test_make_inputs_limit_is_documented_and_overridable():
-    _, g = api.load(CAUSAL)
-    with pytest.raises(api.DmlgraphError, match="GiB"):
-        api.make_inputs(g, {"seq": 2**20, "batch": 64})
-    feeds = api.make_inputs(g, {"seq": 8, "batch": 1}, max_bytes=4096)
+    _, g = pipeline.load(CAUSAL)
+    with pytest.raises(pipeline.DmlgraphError, match="GiB"):
+        pipeline.make_inputs(g, {"seq": 2**20, "batch": 64})
+    feeds = pipeline.make_inputs(g, {"seq": 8, "batch": 1}, max_bytes=4096)
     assert feeds["q"].shape == (1, 2, 8, 8)
-    with pytest.raises(api.DmlgraphError):
-        api.make_inputs(g, {"seq": 64, "batch": 1}, max_bytes=4096)
+    with pytest.raises(pipeline.DmlgraphError):
+        pipeline.make_inputs(g, {"seq": 64, "batch": 1}, max_bytes=4096)
 
 
 def test_negative_declared_dim_refused(tmp_path, capsys):
@@ -492,7 +494,7 @@ def test_argparse_errors_in_a_real_process(tmp_path):
 
 
 _BLAS_PROBE = """import os, sys
-from dmlgraph import cli
+from dmlgraph.tools import cli
 real = cli._load_onnx
 def probe():
     print("numpy" in sys.modules, os.environ.get("OPENBLAS_NUM_THREADS"))

@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
-from dmlgraph.graph import DmlNode, Graph, Node, OnnxNode
-from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph.io.onnx_io import export_model, import_model
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode
 from dmlgraph.passes import default_rules
 from dmlgraph.rewrite import (
     Match,

@@ -13,9 +13,10 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import bench_pipeline, shape_inference
+from benchmarks import pipeline as bench_pipeline
 from dmlgraph.errors import ModelError
-from dmlgraph.modelfile import load_model, without_weights
+from dmlgraph.io import shape_inference
+from dmlgraph.io.modelfile import load_model, without_weights
 from dmlgraph.process import process_wide
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,9 +228,10 @@ def test_a_long_vector_only_inference_computes_gets_the_plain_shapes(as_output):
 
 @needs_child
 def test_a_file_is_inferred_beside_its_checks_and_a_failed_check_stops_the_child(tmp_path, monkeypatch):
-    """`api.load` forks the inference child once the file has parsed, before the checks (it infers
+    """`pipeline.load` forks the inference child once the file has parsed, before the checks (it infers
     while they run); the graph gets the same types, and a file that fails a check leaves no child."""
-    from dmlgraph import api, modelfile
+    from dmlgraph import pipeline
+    from dmlgraph.io import modelfile
     model = bench_pipeline.blocks_model(3)
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
@@ -243,14 +245,14 @@ def test_a_file_is_inferred_beside_its_checks_and_a_failed_check_stops_the_child
         return child
     monkeypatch.setattr(shape_inference._Child, "start", start)
     monkeypatch.setattr(modelfile, "check_model_proto", lambda *a, **k: events.append("check") or real_check(*a, **k))
-    _, g = api.load(str(path))
+    _, g = pipeline.load(str(path))
     assert events == ["fork", "check"]
-    in_process = {name: (v.elem_type, v.shape) for name, v in api.import_model(model).values.items()}
+    in_process = {name: (v.elem_type, v.shape) for name, v in pipeline.import_model(model).values.items()}
     assert {name: (v.elem_type, v.shape) for name, v in g.values.items()} == in_process
     model.graph.node[0].op_type = "NoSuchOp"  # fails onnx's checker
     onnx.save(model, path)
     with pytest.raises(ModelError, match="failed the ONNX checker"):
-        api.load(str(path))
+        pipeline.load(str(path))
     assert events[-2:] == ["fork", "check"]
     with pytest.raises(ChildProcessError):
         os.waitpid(pids[-1], os.WNOHANG)  # the child was stopped and reaped

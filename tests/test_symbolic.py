@@ -13,12 +13,12 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import api
-from dmlgraph.executor import Executor
-from dmlgraph.graph import DmlNode
-from dmlgraph.onnx_io import export_model, import_model
+from dmlgraph import pipeline
+from dmlgraph.io.onnx_io import export_model, import_model
+from dmlgraph.ir.graph import DmlNode
 from dmlgraph.passes.symbolic import Analysis, Band, Lin, Unprovable, sized_fill
 from dmlgraph.rewrite import Options
+from dmlgraph.runtime.executor import Executor
 
 
 def c(name, arr):
@@ -34,7 +34,7 @@ def model_of(nodes, inputs, outputs, inits=(), opset=18):
 
 def lower(model, **opts):
     g = import_model(model)
-    return g, api.optimize_graph(g, Options(**opts))
+    return g, pipeline.optimize_graph(g, Options(**opts))
 
 
 def run_both(model, g, feeds):
@@ -98,12 +98,12 @@ def test_kv_cache_mask_lowers_with_a_bound_that_moves_with_the_cache(window):
     for past, seq in KV_SIZES:  # prefill (empty cache), prefill with past, decode steps
         expected, got, portable = run_both(model, g, kv_feeds(past, seq))
         for e, x, p in zip(expected, got, portable):
-            assert api.bitwise_equal(x, e) and api.bitwise_equal(p, e), (past, seq)
+            assert pipeline.bitwise_equal(x, e) and pipeline.bitwise_equal(p, e), (past, seq)
 
 
 def test_kv_cache_mask_bounds_are_reported_as_expressions_of_the_dims():
     g = import_model(kv_mask_model(window=4))
-    result = api.optimize_graph(g, Options(exact_only=True))
+    result = pipeline.optimize_graph(g, Options(exact_only=True))
     (m,) = [m for m in result.applied if m.rule == "mask_subgraph"]
     assert m.captures["bounds"] == ("past - 3", "past + 1")
 
@@ -143,7 +143,7 @@ def test_an_index_through_a_narrow_type_is_declined_naming_the_node(to, reason):
     for s in (3, 130):
         feeds = {"x": rng.standard_normal((1, 1, s, s)).astype(np.float32)}
         expected, got, _ = run_both(model, g, feeds)
-        assert api.bitwise_equal(got[0], expected[0])
+        assert pipeline.bitwise_equal(got[0], expected[0])
 
 
 def test_an_index_through_int32_is_exact_for_every_size():
@@ -171,7 +171,7 @@ def test_float_and_product_thresholds_are_exact():
         result.counts["mask_subgraph"] == 1
     for s in (1, 3, 64, 65):
         expected, got, _ = run_both(model, g, {"x": np.ones((1, 1, s, s), np.float32)})
-        assert api.bitwise_equal(got[0], expected[0])
+        assert pipeline.bitwise_equal(got[0], expected[0])
     # ... and the integer-only part is proved
     def build_int(nodes, inits):
         inits += [c("eight", np.int64(8))]
@@ -188,7 +188,7 @@ def test_float_and_product_thresholds_are_exact():
     for s in (1, 63, 64, 65, 66, 129):
         feeds = {"x": rng.standard_normal((1, 1, s, s)).astype(np.float32)}
         expected, got, portable = run_both(model, g, feeds)
-        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), s
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s
 
 
 def test_a_row_predicate_is_not_a_band():
@@ -317,7 +317,7 @@ def test_whatever_is_lowered_equals_onnxruntime_at_every_threshold(case):
         except Exception:  # noqa: BLE001 - the original cannot run at this size (Range length, broadcast)
             continue
         got = ex.run(feeds)["y"]
-        assert api.bitwise_equal(got, expected), (s, t, [m.captures.get("bounds") for m in result.applied])
+        assert pipeline.bitwise_equal(got, expected), (s, t, [m.captures.get("bounds") for m in result.applied])
 
 
 # ---- masks reached through Split / Concat / Slice / floor division ---------------------------------
@@ -328,7 +328,7 @@ def _check_sizes(model, sizes, feeds_of, rule_counts):
     for size in sizes:
         expected, got, portable = run_both(model, g, feeds_of(size))
         for e, x, p in zip(expected, got, portable):
-            assert api.bitwise_equal(x, e) and api.bitwise_equal(p, e), size
+            assert pipeline.bitwise_equal(x, e) and pipeline.bitwise_equal(p, e), size
 
 
 def _scores(s, t=None, seed=0):
@@ -389,7 +389,7 @@ def test_zeros_for_the_past_concatenated_with_a_causal_block():
     assert m.captures["bounds"] == ("MIN", "past + 1")
     for past, seq in KV_SIZES:
         expected, got, portable = run_both(model, g, kv_feeds(past, seq))
-        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), (past, seq)
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), (past, seq)
 
 
 def test_a_band_inside_a_cone_that_is_not_a_mask_is_lowered_on_its_own():
@@ -411,7 +411,7 @@ def test_a_band_inside_a_cone_that_is_not_a_mask_is_lowered_on_its_own():
     assert m.captures["bounds"] == ("MIN", "1")
     for s in (1, 2, 5, 17):
         expected, got, portable = run_both(model, g, _scores(s))
-        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), s
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s
 
 
 def test_a_piecewise_grid_compared_with_a_bound_is_a_band():
@@ -434,7 +434,7 @@ def test_a_piecewise_grid_compared_with_a_bound_is_a_band():
     assert m.captures["bounds"] == ("-2", "3")
     for s in (1, 2, 3, 4, 5, 9):
         expected, got, portable = run_both(model, g, _scores(s))
-        assert api.bitwise_equal(got[0], expected[0]) and api.bitwise_equal(portable[0], expected[0]), s
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s
     # Xor: true at d = -3 and d >= 3: two runs of true, no single fill
     g, result = lower(threshold_mask_model(build("Xor")))
     assert not result.counts["mask_subgraph"]

@@ -18,11 +18,11 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
-from dmlgraph.api import optimize_graph
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.modelfile import without_weights
-from dmlgraph.onnx_io import export_model, import_model
-from dmlgraph.ops import FeatureLevel
+from dmlgraph.io.modelfile import without_weights
+from dmlgraph.io.onnx_io import export_model, import_model
+from dmlgraph.ir.ops import FeatureLevel
+from dmlgraph.pipeline import optimize_graph
 from dmlgraph.rewrite import Options
 
 TARGETS = ("dml", "onnx")

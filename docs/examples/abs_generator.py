@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dmlgraph.graph import DmlNode, Graph, Node
+from dmlgraph.ir.graph import DmlNode, Graph, Node
 from dmlgraph.passes.common import lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
 

@@ -1,1 +1,1 @@
-"""Small synthetic models: the demo model (see dmlgraph.resources)."""
+"""Small synthetic models: the demo model (see dmlgraph.io.resources)."""

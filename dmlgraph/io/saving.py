@@ -1,0 +1,361 @@
+"""The only place dmlgraph writes model files: atomically and deterministically.
+
+Writes are atomic: a temp file in the destination folder, fsync, `os.replace`. On any failure the
+temp file is removed and an existing output is left exactly as it was. External data the source
+model keeps beside it is validated as loading validates it (`dmlgraph.io.modelfile`), then streamed.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
+
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from dmlgraph.errors import InternalError, ModelError
+from dmlgraph.io.inference_scopes import full_check, strict_inference
+from dmlgraph.io.modelfile import (
+    _EXTERNAL_FIELD,
+    _PROTOBUF_LIMIT,
+    STRIP_BYTES,
+    _any_external,
+    _check_inline_data,
+    _external_span,
+    _iter_tensors,
+    _may_hold_big,
+    _read_span,
+    _uses_external,
+    tensor_nbytes,
+    without_weights,
+)
+
+# Above this the model proto is written with external data (leaves headroom under the limit).
+_EXTERNAL_THRESHOLD = 1_800_000_000
+# Offsets of tensors in a written data file are aligned so runtimes can mmap them.
+_ALIGN = 4096
+# Tensors smaller than this stay inline when writing external data (as onnx's own converter does).
+_INLINE_BELOW = 1024
+# Streaming copy chunk: external data is copied in pieces, never held in memory as a whole.
+_CHUNK = 16 * 1024 * 1024
+
+def check_for_save(model: onnx.ModelProto) -> bytes | None:
+    """Raise InternalError unless `model` passes `onnx.checker.check_model(full_check=True)`;
+    return the bytes it was checked from, when it was: the model serialized as `save_model`
+    writes it (so a caller can tell later whether the model is still the one checked), else None.
+
+    Run on every model dmlgraph is about to write: an invalid one is a bug of ours, and nothing
+    must reach the disk. A model without weights to leave out (nor external data, which its bytes
+    tell) is serialized once and checked from those bytes (`full_check`: its shape inference with
+    each If of a graph of many in a scope of its own, where onnx's own is quadratic). Otherwise it
+    is the full check split in its two parts, each on a view without the weights
+    (`without_weights`): the checker proper, then strict, type-checking shape inference (what
+    full_check adds), which reads the dims of big tensors but never their bytes.
+    """
+    try:
+        has_external = None
+        if not _may_hold_big(model, STRIP_BYTES):
+            data = model.SerializeToString(deterministic=True)
+            has_external = _has_external(model, data)
+            if not has_external:
+                full_check(model, data)
+                return data
+        if has_external is None:
+            has_external = _any_external(model.graph)
+        onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external))
+        strict_inference(without_weights(model, keep_dims=True, has_external=has_external))
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise InternalError(f"the model to be written fails the ONNX checker ({first}); nothing was written") from e
+    return None
+
+
+def _has_external(model: onnx.ModelProto, data: bytes) -> bool:
+    """`_any_external(model.graph)`, given `model` serialized: a tensor stored as external data has
+    the bytes of data_location = EXTERNAL in it, so bytes without them answer at once (one C search
+    instead of serializing every node once more)."""
+    return _EXTERNAL_FIELD in data and _any_external(model.graph)
+
+
+def _write_bytes(f: BinaryIO, data: bytes) -> None:
+    """The one place bytes go to disk (a seam for fault-injection tests)."""
+    f.write(data)
+
+
+def _default_mode() -> int:
+    umask = 0o022
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    umask = int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o666 & ~umask
+
+
+class _TempFile:
+    """A temp file beside `final`, committed with fsync + os.replace or removed on failure."""
+
+    path: str | None  # None once committed
+
+    def __init__(self, final: str) -> None:
+        self.final = final
+        folder, base = os.path.split(final)
+        fd, self.path = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
+        self.file = os.fdopen(fd, "wb")
+        try:
+            mode = stat.S_IMODE(os.stat(final).st_mode)
+        except OSError:
+            mode = _default_mode()
+        try:
+            os.chmod(self.path, mode)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+    def commit(self) -> None:
+        assert self.path is not None, "committed twice"
+        os.replace(self.path, self.final)
+        self.path = None
+
+    def discard(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str) -> Iterator[BinaryIO]:
+    """A binary file that becomes `path` only if the block completes (temp file + fsync + rename).
+
+    On any failure nothing is left behind and an existing file at `path` is untouched; an OSError
+    becomes a ModelError naming the path.
+    """
+    try:
+        tmp = _TempFile(os.path.abspath(path))
+    except OSError as e:
+        raise ModelError(f"cannot write {path}: {e.strerror or e}", hint="check the folder and permissions") from None
+    try:
+        yield tmp.file
+        tmp.finish()
+        tmp.commit()
+    except OSError as e:
+        tmp.discard()
+        raise ModelError(f"cannot write {path}: {e.strerror or e}", hint="check free space and permissions") from None
+    except BaseException:
+        tmp.discard()
+        raise
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _set_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
+    for field in ("raw_data", "float_data", "int32_data", "string_data", "int64_data",
+                  "double_data", "uint64_data"):
+        tensor.ClearField(field)
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key = key
+        entry.value = value
+
+
+def _copy_span(src: str, offset: int, length: int, dst: BinaryIO) -> None:
+    with open(src, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left:
+            chunk = f.read(min(_CHUNK, left))
+            if not chunk:
+                raise ModelError(f"external data file {src} shrank while copying it")
+            _write_bytes(dst, chunk)
+            left -= len(chunk)
+
+
+def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
+               input_path: str | os.PathLike | None = None, in_place: bool = False,
+               external_data: bool | None = None, base_dir: str | os.PathLike | None = None,
+               check: Callable[[bytes | None], None] | None = None, serialized: bytes | None = None) -> None:
+    """Write `model` to `out_path` atomically and deterministically (same model, same bytes).
+
+    - Refuses to overwrite `input_path` (same real path or same file) unless `in_place=True`, and
+      refuses a missing output folder.
+    - Tensors that are external in the source model are read from `base_dir` (the source model's
+      folder), after the same location checks as loading, and streamed in chunks.
+    - `external_data=None` writes one file unless the model would exceed ~1.8 GB; `True` forces
+      external data; `False` forbids it (error if too large). External data goes to
+      `<out_basename>.data` beside the output, 4096-byte aligned, initializers of 1 KiB or more.
+      The data file is committed first, then the model; if the process dies between the two
+      renames, the old model may be left beside the new data file.
+    - `check`, if given, is called before anything is committed with the bytes about to be written
+      (None where they are not `model`'s own: external data moved out); when it raises, nothing is
+      written. (A caller that checked the model before can tell from them whether it changed since,
+      without serializing it once more.)
+    - `serialized`, if given, is `model` as `check_for_save` serialized it (the caller vouches that
+      `model` has not changed since): it is not serialized again.
+    - `model` itself is not modified.
+    """
+    out = os.path.abspath(os.fspath(out_path))
+    folder, base = os.path.split(out)
+    if not os.path.isdir(folder):
+        raise ModelError(f"cannot write {out}: the folder {folder} does not exist",
+                         hint="create the folder first or choose another output path")
+    if os.path.isdir(out):
+        raise ModelError(f"cannot write {out}: it is a directory", hint="pass a file path for the output")
+    if input_path is not None and not in_place and _same_file(out, os.fspath(input_path)):
+        raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with the output",
+                         hint="choose a different output path, or pass --in-place to replace the input")
+    data_path = out + ".data"
+    data_name = base + ".data"
+
+    # Spans of tensors that are external in the source, validated before anything is written.
+    # One entry per tensor in `_iter_tensors` order (None: not external).
+    # (Most models have none: a first walk skips the rest without labelling every tensor.)
+    sources: list[tuple[str, int, int] | None] = []
+    # A model without external data is serialized once (here, unless the caller has): its size
+    # decides, and its bytes tell most models hold none (`_has_external`).
+    if external_data is True:
+        serialized = None
+    elif serialized is None:
+        try:
+            serialized = model.SerializeToString(deterministic=True)
+        except Exception:  # noqa: BLE001 - over protobuf's limit: external data or an error below
+            pass
+    if _has_external(model, serialized) if serialized is not None else _any_external(model.graph):
+        for tensor, label, _ in _iter_tensors(model):
+            span = None
+            if _uses_external(tensor):
+                if base_dir is None:
+                    raise ModelError(f"{label} is stored as external data, but the source model's folder "
+                                     "is unknown", hint="pass base_dir (the input model's folder)")
+                span = _external_span(tensor, base_dir, label)
+            sources.append(span)
+    external_bytes = sum(span[2] for span in sources if span is not None)
+    if external_bytes == 0 and external_data is not True:  # (ByteSize would cost one more pass)
+        total = len(serialized) if serialized is not None else _PROTOBUF_LIMIT + 1
+    else:
+        total = model.ByteSize() + external_bytes
+    if external_data is None:
+        use_external = total > _EXTERNAL_THRESHOLD
+    elif not external_data and total > _EXTERNAL_THRESHOLD:
+        raise ModelError(f"cannot write {out} as a single file: the model is {total / 2**30:.2f} GiB, "
+                         "over protobuf's 2 GiB limit", hint="write it with external data")
+    else:
+        use_external = bool(external_data)
+    if use_external or total > _EXTERNAL_THRESHOLD:
+        serialized = None
+    if use_external:
+        if os.path.isdir(data_path):
+            raise ModelError(f"cannot write external data {data_path}: it is a directory")
+        if input_path is not None and _same_file(data_path, os.fspath(input_path)):
+            raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with "
+                             "the output's external data", hint="choose a different output path")
+
+    # A single-file save of a model without external data leaves every tensor as it is: the
+    # per-tensor pass over a copy is needed only for external data (in the source or the save).
+    placing = use_external or any(span is not None for span in sources)
+    if placing and not sources:
+        sources = [None] * sum(1 for _ in _iter_tensors(model))
+    result = model
+    if placing:  # work on a copy so the caller's model is untouched (tensors in the copy are
+        result = onnx.ModelProto()  # visited in the same order as in the original: `sources`)
+        result.CopyFrom(model)
+    temps: list[_TempFile] = []
+    try:
+        data_tmp = _TempFile(data_path) if use_external else None
+        if data_tmp is not None:
+            temps.append(data_tmp)
+        offset = 0
+        for span, (tensor, label, is_init) in zip(sources, _iter_tensors(result), strict=True) if placing else ():
+            if not use_external:
+                if span is not None:
+                    tensor.raw_data = _read_span(*span)
+                    del tensor.external_data[:]
+                    tensor.data_location = TensorProto.DEFAULT
+                continue
+            assert data_tmp is not None  # use_external
+            if span is None:
+                if not is_init or tensor.data_type == TensorProto.STRING:
+                    continue
+                if tensor_nbytes(tensor) < _INLINE_BELOW:
+                    continue
+            pad = -offset % _ALIGN
+            if pad:
+                _write_bytes(data_tmp.file, b"\0" * pad)
+                offset += pad
+            if span is not None:
+                _copy_span(*span, data_tmp.file)
+                length = span[2]
+            else:
+                _check_inline_data(tensor, label)
+                if tensor.HasField("raw_data"):
+                    payload = tensor.raw_data
+                else:
+                    payload = numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
+                _write_bytes(data_tmp.file, payload)
+                length = len(payload)
+            _set_external(tensor, data_name, offset, length)
+            offset += length
+        try:
+            if serialized is None or placing:
+                serialized = result.SerializeToString(deterministic=True)
+        except Exception as e:  # noqa: BLE001 - protobuf raises various types for oversized messages
+            raise ModelError(f"cannot serialize the model for {out}: {e}",
+                             hint="a model over 2 GiB must be written with external data") from None
+        if len(serialized) > _PROTOBUF_LIMIT:
+            raise ModelError(f"cannot write {out}: the model proto is over protobuf's 2 GiB limit",
+                             hint="write it with external data")
+        if check is not None:
+            check(None if placing else serialized)
+        del result
+        model_tmp = _TempFile(out)
+        temps.append(model_tmp)
+        _write_bytes(model_tmp.file, serialized)
+        for t in temps:
+            t.finish()
+        for t in temps:  # data file first, then the model that refers to it
+            t.commit()
+        _fsync_dir(folder)
+    except OSError as e:
+        for t in temps:
+            t.discard()
+        raise ModelError(f"cannot write {out}: {e}", hint="check free space and permissions") from None
+    except BaseException:
+        for t in temps:
+            t.discard()
+        raise

@@ -1,0 +1,509 @@
+"""The graph IR: Values and Nodes (ONNX nodes and DML nodes side by side), with explicit links.
+
+Every Value knows its producer and its uses, so a rule looks at neighbours in O(1) (the onnx-ir
+design). The data-dependency DAG over nodes is a networkx DiGraph built on demand (`to_networkx`)
+for what networkx does well: topological order and partitioning.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import heapq
+import itertools
+import operator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, ParamSpec, Protocol, TypeVar, cast
+
+import numpy as np
+import onnx
+
+from dmlgraph.errors import ModelError
+from dmlgraph.ir.ops import clamp_bound
+from dmlgraph.process import policy
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+if TYPE_CHECKING:  # networkx costs ~0.15 s to import; only analyses that ask for it load it
+    import networkx as nx
+
+Dim = int | str | None  # static size, symbolic name, or unknown
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard ops with graph attributes
+
+
+def gc_paused(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run `fn` with Python's cyclic garbage collector paused (restored after, even on error),
+    where the process owner allowed it (`dmlgraph.process.process_wide`; the CLI does).
+
+    Importing, rewriting and exporting a graph allocate hundreds of thousands of small objects
+    (Values, Nodes, their lists) that all live as long as the graph. The collector's full passes
+    over them find nothing to free and cost about a third of an optimize at 25k nodes; reference
+    counting still frees everything not in a cycle, and cycles left behind are collected after.
+
+    On resuming, what the step allocated moves to the oldest generation (`gc.freeze` then
+    `gc.unfreeze`, a list splice): else the first young collection after the pause would walk all
+    of it (a tenth of a second at 30k nodes) to find it alive. Full collections still visit it.
+    (Not when the process froze objects itself: unfreezing would release those too.)
+    """
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not policy().pause_gc or not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
+            gc.enable()
+    return wrapper
+
+
+class Value:
+    """A tensor edge: name, ONNX element type, shape, one producer, many uses.
+
+    `initializer` (a TensorProto, possibly external data) stays unread until `const_array` asks.
+    `array` holds a constant made by a rule.
+    """
+
+    __slots__ = ("name", "elem_type", "shape", "producer", "uses", "initializer", "array", "base_dir")
+
+    def __init__(self, name: str, elem_type: int | None = None, shape: tuple[Dim, ...] | None = None):
+        self.name = name
+        self.elem_type = elem_type
+        self.shape = shape
+        self.producer: Node | None = None
+        self.uses: dict[tuple[Node, int], None] = {}  # (node, input index); a dict: O(1) removal, in order
+        self.initializer: onnx.TensorProto | None = None
+        self.array: np.ndarray | None = None
+        self.base_dir: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Value({self.name!r})"
+
+    @property
+    def static_shape(self) -> tuple[int, ...] | None:
+        if self.shape is None or not all(isinstance(d, int) for d in self.shape):
+            return None
+        return tuple(cast("tuple[int, ...]", self.shape))
+
+    @property
+    def consumers(self) -> list["Node"]:
+        return [n for n, _ in self.uses]
+
+
+class Node:
+    """Common part of ONNX and DML nodes: inputs (None = absent optional) and outputs."""
+
+    __slots__ = ("id", "name", "inputs", "outputs", "rule", "added", "place")
+    _ids = itertools.count()
+    op_type: str = ""
+    domain: str = ""
+
+    def __init__(self, name: str, inputs: Iterable[Value | None], outputs: Iterable[Value]):
+        self.id = next(Node._ids)
+        self.name = name
+        self.inputs: list[Value | None] = list(inputs)
+        self.outputs: list[Value] = list(outputs)
+        self.rule: str | None = None  # the rule that created this node
+        self.added = -1  # set by Graph.add_node: orders nodes as `Graph.nodes` does
+        # Where export puts the node among those ready at once: (the place of what it replaced, added).
+        self.place = (-1, -1)
+
+    def input(self, i: int) -> Value | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.op_type}, {self.name!r})"
+
+
+class OnnxNode(Node):
+    """An ONNX node passed through unchanged (attributes kept as protos, subgraphs included)."""
+
+    __slots__ = ("op_type", "domain", "attributes", "doc_string", "source", "rewired", "_outer")
+
+    def __init__(self, name: str, op_type: str, inputs: Iterable[Value | None], outputs: Iterable[Value],
+                 attributes: Iterable[onnx.AttributeProto] = (), domain: str = "", doc_string: str = "",
+                 source: onnx.NodeProto | None = None):
+        super().__init__(name, inputs, outputs)
+        self.op_type = op_type
+        self.domain = domain
+        self.attributes: list[onnx.AttributeProto] = list(attributes)
+        self.doc_string = doc_string
+        # The proto it was read from: export writes it back as read (with fields this class does not
+        # model: metadata_props, overload), with the current value names once they differ from it
+        # (`rewired`: by `Graph.replace_uses`, the only change rules make to an ONNX node, or by
+        # import naming an unused output).
+        self.source = source
+        self.rewired = False
+        self._outer: frozenset[str] | None = None
+
+    @property
+    def has_subgraph(self) -> bool:
+        """An If/Loop/Scan-style node: a graph-valued attribute."""
+        return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in self.attributes)
+
+    @property
+    def subgraph_reads(self) -> frozenset[str]:
+        """`outer_names(self)`, computed once (and again after `set_attributes`)."""
+        if self._outer is None:
+            self._outer = frozenset(outer_names(self)) if self.attributes else frozenset()
+        return self._outer
+
+    def set_attributes(self, attributes: list[onnx.AttributeProto]) -> None:
+        """Replace the attributes (a lowered If/Loop/Scan body written back), in the proto export
+        writes too."""
+        self.attributes = list(attributes)
+        if self.source is not None:
+            proto = onnx.NodeProto()
+            proto.CopyFrom(self.source)
+            del proto.attribute[:]
+            proto.attribute.extend(self.attributes)
+            self.source = proto
+        self._outer = None
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for a in self.attributes:
+            if a.name == name:
+                return onnx.helper.get_attribute_value(a)
+        return default
+
+
+class DmlNode(Node):
+    """A DIAGONAL_MATRIX1 (or DIAGONAL_MATRIX) node, as a template bound at run time.
+
+    inputs: [x, shape, k], each optional.
+      x     -- the input tensor (broadcast to the output shape; a scalar is broadcast by zero strides)
+      shape -- int64 1-D output sizes computed at run time (else `static_shape`, else x's shape)
+      k     -- int64 scalar shifting every bounded end of [begin, end) at run time (Trilu's k)
+    begin/end are int64-space bounds (None = unbounded, never shifted). They are clamped to the
+    matrix ([-H, W]) only when bound to a concrete shape, so a huge k never wraps. `exact` says
+    whether the rewrite that made it is bit-exact for every input.
+    """
+
+    __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind")
+    domain = "com.dmlgraph"
+
+    def __init__(self, name: str, x: Value | None, shape: Value | None, k: Value | None, output: Value, *,
+                 elem_type: int, value: np.generic, begin: int | None, end: int | None,
+                 static_shape: Iterable[int] | None = None, exact: bool = True, kind: str = "DiagonalMatrix1"):
+        super().__init__(name, [x, shape, k], [output])
+        self.elem_type = elem_type
+        self.value = value
+        # (Kept inside +-2^62, as `ops.clamp_bound` does: a bound past any matrix means the same
+        # there, and k + 1 of a k = 2^63 - 1 would not fit the int64 attribute it is written to.)
+        self.begin = clamp_bound(begin)
+        self.end = clamp_bound(end)
+        self.static_shape = None if static_shape is None else tuple(int(s) for s in static_shape)
+        self.exact = exact
+        self.kind = kind  # "DiagonalMatrix1", or "DiagonalMatrix" below feature level 5_1
+
+    @property
+    def op_type(self) -> str:  # type: ignore[override]
+        return self.kind
+
+
+@dataclass
+class ModelInfo:
+    """What a model carries besides its graph, kept so export round-trips it."""
+
+    ir_version: int = 10
+    opset_imports: dict[str, int] = field(default_factory=dict)
+    producer_name: str = ""
+    producer_version: str = ""
+    domain: str = ""
+    model_version: int = 0
+    doc_string: str = ""
+    metadata_props: list[tuple[str, str]] = field(default_factory=list)
+    graph_name: str = "graph"
+    graph_doc_string: str = ""
+    functions: list[onnx.FunctionProto] = field(default_factory=list)
+    base_dir: str | None = None  # where the model's external data is (its subgraphs' tensors too)
+
+
+class ReservedNames(Protocol):
+    """`Graph.reserved`: a set of names, or a body's view of its enclosing scopes' (`nested.EnclosingNames`)."""
+
+    def __contains__(self, name: object, /) -> bool: ...
+
+    def __ior__(self, names: set[str], /) -> ReservedNames: ...
+
+
+class Graph:
+    """Values, nodes, graph inputs/outputs and initializers of one (main) ONNX graph."""
+
+    def __init__(self, info: ModelInfo | None = None):
+        self.info = info or ModelInfo()
+        self.values: dict[str, Value] = {}
+        self.nodes: dict[int, Node] = {}  # insertion-ordered: original order first
+        self.by_op: dict[str, dict[int, Node]] = {}  # op type -> its nodes, each in `nodes` order
+        self._added = itertools.count()  # Node.added: the position in `nodes` order
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.initializers: dict[str, Value] = {}
+        self.value_info_names: dict[str, None] = {}  # values the source model annotated, in its order (kept on export)
+        self.overridable_inputs: list[str] = []  # initializers the source also listed as graph inputs
+        self.scratch: dict = {}  # rules' caches for one PassManager.run (cleared at its end)
+        # Every node added, removed or rewired (replace_uses), oldest first: an analysis that read
+        # the graph at len(changes) == i can update itself from changes[i:] instead of starting over.
+        self.changes: list[Node] = []
+        self._clean: tuple | None = None  # the graph's state after remove_dead last ran
+        self._names = itertools.count()
+        # Names used by other scopes of the model (subgraph bodies, enclosing graphs): a new value
+        # never takes one, so a lowered body never redefines a name its scopes can see.
+        self.reserved: ReservedNames = set()
+        # Whether a rule weighed a node's serialized size, which its names' lengths are part of
+        # (`body_reuse` does not rename such a lowering into another body's names).
+        self.sized_names = False
+
+    # ---- values ---------------------------------------------------------------------------
+    def value(self, name: str) -> Value:
+        v = self.values.get(name)
+        if v is None:
+            v = self.values[name] = Value(name)
+        return v
+
+    def fresh_value(self, hint: str, elem_type: int | None = None, shape: tuple[Dim, ...] | None = None) -> Value:
+        name = hint
+        while name in self.values or name in self.reserved:
+            name = f"{hint}__{next(self._names)}"
+        v = self.values[name] = Value(name, elem_type, shape)
+        return v
+
+    def fresh_name(self, hint: str) -> str:
+        """A node name: unique enough for readers; ONNX does not require node names to be unique."""
+        return f"{hint}__{next(self._names)}"
+
+    def add_initializer(self, value: Value, array: np.ndarray) -> Value:
+        value.array = np.asarray(array)
+        value.elem_type = onnx.helper.np_dtype_to_tensor_dtype(value.array.dtype)
+        value.shape = tuple(value.array.shape)
+        self.initializers[value.name] = value
+        return value
+
+    # ---- nodes ----------------------------------------------------------------------------
+    def add_node(self, node: Node, instead_of: int | None = None) -> Node:
+        """Add `node`; `instead_of` (the place of what it replaces) puts it there in the export order."""
+        self.nodes[node.id] = node
+        same_op = self.by_op.get(node.op_type)
+        if same_op is None:
+            same_op = self.by_op[node.op_type] = {}
+        same_op[node.id] = node
+        node.added = added = next(self._added)
+        node.place = (added if instead_of is None else instead_of, added)
+        for i, v in enumerate(node.inputs):
+            if v is not None:
+                v.uses[node, i] = None
+        for v in node.outputs:
+            if v.producer is not None and v.producer is not node:
+                raise ModelError(f"value {v.name!r} is produced by two nodes "
+                                 f"({v.producer.name!r} and {node.name!r})")
+            v.producer = node
+        self.changes.append(node)
+        return node
+
+    def remove_node(self, node: Node) -> None:
+        del self.nodes[node.id]
+        del self.by_op[node.op_type][node.id]
+        for i, v in enumerate(node.inputs):
+            if v is not None:
+                del v.uses[node, i]
+        for v in node.outputs:
+            if v.producer is node:
+                v.producer = None
+        self.changes.append(node)
+
+    def replace_uses(self, old: Value, new: Value) -> None:
+        """Point every use of `old` (and graph outputs) at `new`."""
+        for node, i in list(old.uses):
+            node.inputs[i] = new
+            if isinstance(node, OnnxNode):
+                node.rewired = True
+            new.uses[node, i] = None
+            self.changes.append(node)
+        old.uses.clear()
+        for i, out in enumerate(self.outputs):
+            if out is old:
+                self.outputs[i] = new
+
+    def iter_nodes(self) -> Iterator[Node]:
+        return iter(list(self.nodes.values()))
+
+    def is_graph_output(self, v: Value) -> bool:
+        return v in self.outputs  # (a Value equals only itself: no __eq__)
+
+    def body_reads(self) -> set[str]:
+        """The names the bodies of this graph's If/Loop/Scan nodes read from it (a value read there
+        meets data as an output does)."""
+        names: set[str] = set()
+        for op in CONTROL_FLOW:
+            for n in self.by_op.get(op, {}).values():
+                names |= cast(OnnxNode, n).subgraph_reads  # by_op holds these ops' OnnxNodes
+        return names
+
+    # ---- analysis -------------------------------------------------------------------------
+    def to_networkx(self) -> nx.DiGraph:
+        """The node DAG (node id -> node id per data edge); node attr 'node' is the Node."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for n in self.nodes.values():
+            g.add_node(n.id, node=n)
+        for n in self.nodes.values():
+            for v in self.reads(n):
+                if v is not None and v.producer is not None and v.producer.id in self.nodes:
+                    g.add_edge(v.producer.id, n.id)
+        return g
+
+    def reads(self, n: Node) -> list[Value | None]:
+        """The values `n` reads: its inputs, and the enclosing-scope values its subgraphs read by name."""
+        if n.__class__ is not OnnxNode or not n.attributes or not n.subgraph_reads:
+            return n.inputs
+        values = self.values
+        return n.inputs + [values[name] for name in sorted(n.subgraph_reads) if name in values]
+
+    def topological_order(self) -> list[Node]:
+        """Nodes in a dependency order that keeps the original order where it can (stable).
+
+        The order networkx's `lexicographical_topological_sort` gives on `to_networkx()` keyed by
+        `Node.place`: a node a rewrite added takes the place of what it replaced, so that optimizing
+        a written model again gives the same order (the tests compare the two), computed on the node
+        links directly: building the networkx graph costs more than the sort on a large model. When
+        that order already is a dependency order (an imported model before any rewrite), it is the
+        answer.
+        """
+        nodes = sorted(self.nodes.values(), key=_place)
+        position = {n.id: i for i, n in enumerate(nodes)}
+        preds: list[list[int]] = []  # (a producer read twice is listed twice: counted and released twice)
+        in_order = True
+        reads = self.reads
+        for i, n in enumerate(nodes):  # (plain loops: this runs on every export)
+            ps = []
+            for v in (n.inputs if n.__class__ is not OnnxNode or not n.attributes else reads(n)):
+                if v is not None and v.producer is not None:
+                    j = position.get(v.producer.id)
+                    if j is not None:
+                        ps.append(j)
+                        in_order = in_order and j < i
+            preds.append(ps)
+        if in_order:
+            return nodes
+        # Kahn's algorithm, always taking the ready node that came first: a scan takes the nodes in
+        # order, each one ready when reached; one that becomes ready only after the scan passed it
+        # waits in a heap, which goes first (all it holds came before the scan's next node). The
+        # heap stays small where most of the order holds.
+        succs: list[list[int]] = [[] for _ in nodes]
+        for i, ps in enumerate(preds):
+            for p in ps:
+                succs[p].append(i)
+        waiting = [len(ps) for ps in preds]
+        order = []
+        late: list[int] = []
+        scan, end = 0, len(nodes)
+        while True:
+            if late:
+                i = heapq.heappop(late)
+            else:
+                while scan < end and waiting[scan]:
+                    scan += 1
+                if scan == end:
+                    break
+                i, scan = scan, scan + 1
+            order.append(nodes[i])
+            for s in succs[i]:
+                waiting[s] -= 1
+                if waiting[s] == 0 and s < scan:
+                    heapq.heappush(late, s)
+        if len(order) < len(nodes):
+            import networkx as nx
+
+            cycle = nx.find_cycle(self.to_networkx())
+            names = [self.nodes[a].name or self.nodes[a].op_type for a, _ in cycle]
+            raise ModelError(f"the graph has a cycle through nodes {names}",
+                             hint="an ONNX graph must be acyclic; re-export the model")
+        return order
+
+    def remove_dead(self) -> int:
+        """Remove nodes whose outputs reach no graph output, and unused initializers.
+
+        Nothing new can be dead while no node, initializer or graph output changed since the last
+        call (the pass manager calls it after each sweep that rewrote something, then the caller):
+        that call returns at once."""
+        if self._dead_state() == self._clean:
+            return 0
+        removed = self._remove_dead()
+        self._clean = self._dead_state()
+        return removed
+
+    def mark_clean(self) -> None:
+        """Record that nothing in the graph is dead (the caller removed what its changes left)."""
+        self._clean = self._dead_state()
+
+    def _dead_state(self) -> tuple:
+        return len(self.changes), tuple(self.initializers), tuple(map(id, self.outputs))
+
+    def _remove_dead(self) -> int:
+        live: set[int] = set()
+        read_by_subgraphs: set[str] = set()
+        stack = [v.producer for v in self.outputs if v.producer is not None]
+        while stack:  # (the hottest loop of a sweep's clean-up: kept plain)
+            n = stack.pop()
+            if n.id in live:
+                continue
+            live.add(n.id)
+            for v in n.inputs:
+                if v is not None:
+                    p = v.producer
+                    if p is not None and p.id not in live:
+                        stack.append(p)
+            # ONNX subgraph attributes may read outer values by name: keep their producers alive.
+            if isinstance(n, OnnxNode) and n.attributes:  # (no attributes: no subgraphs)
+                for name in n.subgraph_reads:
+                    read_by_subgraphs.add(name)
+                    v = self.values.get(name)
+                    if v is not None and v.producer is not None:
+                        stack.append(v.producer)
+        dead = [n for n in self.nodes.values() if n.id not in live]
+        for n in dead:
+            self.remove_node(n)
+        outputs = {v.name for v in self.outputs}
+        for name in [k for k, v in self.initializers.items()
+                     if not v.uses and k not in outputs and k not in read_by_subgraphs]:
+            del self.initializers[name]
+        return len(dead)
+
+
+def outer_names(node: OnnxNode) -> set[str]:
+    """Names a node's subgraph attributes (If/Loop/Scan bodies) read from the enclosing scope."""
+    names: set[str] = set()
+    for a in node.attributes:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]  # (a slice: a loop over a
+        for g in graphs:  # upb container ends by raising IndexError, and most attributes hold no graph)
+            names |= free_names(g)
+    return names
+
+
+_place = operator.attrgetter("place")
+
+
+def free_names(g: onnx.GraphProto) -> set[str]:
+    """Names a graph (with its own subgraphs) reads but does not define: its outer-scope reads."""
+    defined = {i.name for i in g.input} | {t.name for t in g.initializer} if g.input or g.initializer else set()
+    read: set[str] = set()  # (the nodes' inputs, "" for a missing one dropped below: no step per name)
+    used: set[str] = set()
+    # ([:]: a protobuf repeated field read as a list in one call; iterated as it is, it ends by raising
+    # and formatting an IndexError, ~0.5 us, which is most of the cost for a field of 1-3 items)
+    for n in g.node[:]:
+        read.update(n.input[:])
+        for a in n.attribute[:]:
+            if a.type == onnx.AttributeProto.GRAPH:
+                used |= free_names(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs[:]:
+                    used |= free_names(sub)
+        defined.update(n.output[:])
+    read.discard("")
+    used |= read
+    used.update([o.name for o in g.output[:]])
+    return used - defined

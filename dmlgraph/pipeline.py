@@ -1,0 +1,452 @@
+"""load -> passes -> export / run / validate, as plain functions (the CLI is a thin face on these)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Union, cast
+
+import numpy as np
+import onnx
+
+from dmlgraph.errors import DmlgraphError, InternalError, ModelError
+from dmlgraph.io.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes
+from dmlgraph.io.onnx_io import export_model, import_model
+from dmlgraph.io.saving import atomic_writer, check_for_save, save_model
+from dmlgraph.io.shape_inference import PendingShapes
+from dmlgraph.ir.dtypes import bitwise_equal
+from dmlgraph.ir.graph import DmlNode, Graph, Node, Value, gc_paused
+from dmlgraph.rewrite import Match, Options, PassManager, PassResult
+from dmlgraph.rewrite.nested import nested_dml_nodes, optimize_nested, qualified_name
+from dmlgraph.runtime.onnx_runner import numpy_dtype
+
+ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
+IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelProto
+# A checked model's bytes are kept with the result up to this size, so that saving it unchanged
+# skips a second full check; a bigger copy would cost more memory than the check costs time.
+KEEP_CHECKED_BYTES = 64 << 20
+
+
+@gc_paused
+def load(model: ModelLike) -> tuple[onnx.ModelProto, Graph]:
+    """Read a model safely (external data stays on disk) and import it; a ModelProto is checked
+    as a file would be, and only read. A file's shape inference starts as soon as it has parsed
+    (in a child where allowed: it then runs beside the checks and the build; a file that fails a
+    check stops it).
+
+    Like every whole-model step, with the cyclic collector paused where allowed (see `gc_paused`):
+    its full passes over the proto walk and the new graph find nothing to free."""
+    if isinstance(model, onnx.ModelProto):
+        check_model_proto(model, IN_MEMORY, None)
+        return model, import_model(model)
+    path = os.fspath(model)
+    shapes: PendingShapes | None = None
+
+    def infer(parsed: onnx.ModelProto) -> None:  # (the child infers while the file is checked, then built)
+        nonlocal shapes
+        shapes = PendingShapes(parsed)
+        shapes.start()
+    try:
+        proto = load_model(path, parsed=infer)
+        return proto, import_model(proto, os.path.dirname(os.path.abspath(path)), shapes)
+    finally:
+        if shapes is not None:
+            shapes.close()
+
+
+def model_label(model: ModelLike) -> str:
+    return IN_MEMORY if isinstance(model, onnx.ModelProto) else os.fspath(model)
+
+
+def graph_stats(g: Graph) -> dict:
+    """Node count, op histogram and initializer bytes: the numbers of a before/after table."""
+    ops = {op: len(nodes) for op, nodes in g.by_op.items() if nodes}  # (the graph's op index)
+    init_bytes = sum(_value_nbytes(v) for v in g.initializers.values())
+    # Constant nodes store tensors too (TorchScript exports put masks there).
+    const_bytes = sum(tensor_nbytes(a.t) for n in g.by_op.get("Constant", {}).values()
+                      for a in getattr(n, "attributes", ()) if a.name == "value")
+    dml = sum(isinstance(n, DmlNode) for op in ("DiagonalMatrix1", "DiagonalMatrix") for n in g.by_op.get(op, {}).values())
+    return {"nodes": len(g.nodes), "ops": dict(sorted(ops.items())), "initializers": len(g.initializers),
+            "initializer_bytes": init_bytes, "constant_bytes": init_bytes + const_bytes, "dml_nodes": dml}
+
+
+def _value_nbytes(v: Value) -> int:
+    """An initializer's bytes from its type and shape (which load_model checked against its data)."""
+    if v.initializer is None:
+        assert v.array is not None, "a constant holds a TensorProto or an array"
+        return int(v.array.nbytes)
+    assert v.elem_type is not None, "import sets an initializer's type from its TensorProto"
+    n = data_nbytes(v.elem_type, cast("tuple[int, ...]", v.shape))  # (an initializer's dims: tuple(t.dims))
+    return tensor_nbytes(v.initializer) if n is None else n
+
+
+def node_label(n: Node, m: Match | None = None) -> dict:
+    """A covered node; a node inside a body or function is named with its path (`If_3/then_branch/x`)."""
+    return {"name": n.name if m is None else qualified_name(m, n), "op_type": n.op_type}
+
+
+def match_record(m: Match, with_reason: bool = False) -> dict:
+    rec: dict[str, Any] = {"rule": m.rule, "nodes": [node_label(n, m) for n in m.nodes]}
+    if with_reason:
+        rec["reason"] = m.reason
+    return rec
+
+
+def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] | None = None) -> PassResult:
+    """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place."""
+    from dmlgraph.passes import default_rules  # the one place where core and passes meet
+    from dmlgraph.passes.scoped import varying_masks
+
+    manager = PassManager(default_rules(options), options)  # (one for the main graph and every body)
+    arrays: dict = {}  # the bodies' small constants decoded (`passes.common.const_value`), shared by all
+
+    def flat(graph: Graph) -> PassResult:
+        if graph is not g:  # (each body reads the enclosing constants its siblings read: decoded once)
+            graph.scratch["constant_arrays"] = arrays
+        return manager.run(graph, progress if graph is g else None)
+
+    return optimize_nested(g, flat, varying_masks)
+
+
+@dataclass
+class OptimizeResult:
+    """The optimized graph, the rules' results, the model to write and its report."""
+
+    graph: Graph
+    passes: PassResult
+    before: dict
+    after: dict
+    model: onnx.ModelProto | None = None
+    report: dict = field(default_factory=dict)
+    source_model: onnx.ModelProto | None = None  # the model as loaded (not modified)
+    checked: bool = False  # `model` passed `check_for_save` (optimize checks before it returns)
+    serialized: bytes | None = None  # what `check_for_save` checked `model` from (up to KEEP_CHECKED_BYTES)
+
+
+@gc_paused
+def optimize(model: ModelLike, options: Options | None = None, target: str = "dml",
+             progress: Callable[[str], None] | None = None) -> OptimizeResult:
+    options = options or Options()
+    label = model_label(model)
+    source, g = load(model)
+    before = graph_stats(g)
+    result = optimize_graph(g, options, progress)
+    g.remove_dead()
+    model = export_model(g, target)
+    serialized = _check_output(model, source, label)
+    if serialized is not None and len(serialized) > KEEP_CHECKED_BYTES:
+        serialized = None
+    # The numbers describe the file written: the portable target expands each DML node.
+    if target == "dml":
+        after = graph_stats(g)
+    else:
+        try:
+            after = graph_stats(import_model(model))
+        except DmlgraphError as e:  # what we made does not load: our bug, not the user's input
+            raise InternalError(f"the exported model does not load again: {e}") from e
+    report = {
+        "model": label, "target": target, "feature_level": options.feature_level.label,
+        "exact_only": options.exact_only,
+        "rewrites": result.counts,
+        "lowered": [match_record(m) | {"dml": _dml_summary(m)} for m in result.applied],
+        "declined": [match_record(m, True) for m in result.declined],
+        "before": before, "after": after,
+    }
+    return OptimizeResult(g, result, before, after, model, report, source, True, serialized)
+
+
+def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -> bytes | None:
+    """The model to be written must pass the full ONNX check (returns what `check_for_save` does).
+    When it fails, the source is checked the same way: a source that fails too is the user's
+    (exit 2: the loader's check is the lighter one), one that passes means our rewrite broke it
+    (InternalError)."""
+    try:
+        return check_for_save(model)
+    except InternalError as e:
+        try:
+            check_for_save(source)
+        except InternalError as src:
+            reason = str(src.__cause__ or src).strip().splitlines()[0]
+            raise ModelError(f"{label} fails the ONNX checker's full check (strict shape and type inference): "
+                             f"{reason}", hint="fix the model (re-export it); run and inspect do not need "
+                             "the full check") from None
+        raise e
+
+
+def _dml_summary(m: Match) -> dict | None:
+    dml = m.captures.get("dml")
+    if dml is None:
+        return None
+    return {"op": dml.kind, "begin": dml.begin, "end": dml.end, "value": np.asarray(dml.value).item(),
+            "has_input": dml.inputs[0] is not None, "runtime_k": dml.inputs[2] is not None}
+
+
+@gc_paused
+def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = False) -> int:
+    """Check the model (an invalid one is a bug: InternalError, nothing written), save it
+    atomically; returns the written file's size in bytes."""
+    assert result.model is not None, "optimize always exports a model"
+    serialized = result.serialized if result.checked else check_for_save(result.model)
+    save_model(result.model, out, input_path=input_path, in_place=in_place,
+               base_dir=os.path.dirname(os.path.abspath(input_path)), serialized=serialized)
+    return os.path.getsize(out)
+
+
+# ---- running and validation ------------------------------------------------------------------
+def parse_dims(items: Iterable[str] | None) -> dict[str, int]:
+    dims = {}
+    for item in items or ():
+        name, sep, size = item.partition("=")
+        if not sep or not size.strip().isdigit() or not name.strip():
+            raise DmlgraphError(f"--dim {item!r} is not NAME=SIZE", hint="for example --dim sequence=16")
+        dims[name.strip()] = int(size)
+    return dims
+
+
+# Generated inputs are refused above this many bytes in total (and any tensor above DirectML's
+# 2^32 - 1 elements), before anything is allocated: a declared [70000, 70000] float32 input would
+# otherwise ask numpy for 18 GiB. Real inputs (--inputs) are not limited.
+MAX_GENERATED_INPUT_BYTES = 1 << 30
+MAX_TENSOR_ELEMENTS = 2**32 - 1
+
+
+def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, default_dim: int = 4,
+                max_bytes: int = MAX_GENERATED_INPUT_BYTES) -> dict:
+    """Random inputs from the graph's input types; symbolic dims from `dims` (else `default_dim`).
+
+    Shapes are checked before any allocation: negative dims, a tensor of more than 2^32 - 1 elements
+    or more than `max_bytes` in all are refused with a DmlgraphError.
+    """
+    dims = dims or {}
+    known = sorted({d for v in g.inputs for d in (v.shape or ()) if isinstance(d, str) and d})
+    unknown = sorted(set(dims) - set(known))
+    if unknown:
+        raise DmlgraphError(f"--dim {unknown[0]}: the model's inputs have no dim of that name",
+                            hint=f"its dim names are: {', '.join(known)}" if known else
+                            "its inputs have no named (symbolic) dims")
+    hint = "give symbolic dims smaller sizes with --dim NAME=SIZE, or pass real inputs with --inputs IN.npz"
+    plan = []
+    total = 0
+    for v in g.inputs:
+        if v.elem_type is None or v.shape is None:
+            raise DmlgraphError(f"input {v.name!r} has no known type or shape",
+                                hint="pass real inputs with --inputs IN.npz")
+        shape = tuple(d if isinstance(d, int) else dims.get(d, default_dim) if d else default_dim
+                      for d in v.shape)
+        if any(d < 0 for d in shape):
+            raise DmlgraphError(f"input {v.name!r} has a negative dimension in its shape {list(shape)}",
+                                hint="the model is corrupt; re-export it, or pass real inputs with --inputs")
+        try:
+            dt = numpy_dtype(v.elem_type)
+        except Exception:  # noqa: BLE001 - an unknown or non-numeric ONNX type
+            raise DmlgraphError(f"cannot generate values for input {v.name!r} of ONNX type {v.elem_type}",
+                                hint="pass real inputs with --inputs IN.npz") from None
+        if dt.kind not in "biuf":
+            raise DmlgraphError(f"cannot generate values for input {v.name!r} of type {dt}",
+                                hint="pass real inputs with --inputs IN.npz")
+        n = 1
+        for d in shape:
+            n *= d
+        if n > MAX_TENSOR_ELEMENTS:
+            raise DmlgraphError(f"input {v.name!r} would have shape {list(shape)}: {n} elements, more than "
+                                f"a tensor can hold (2^32 - 1); refusing to generate it", hint=hint)
+        total += n * dt.itemsize
+        plan.append((v.name, shape, dt))
+    if total > max_bytes:
+        raise DmlgraphError(f"generated inputs would take {total / 2**30:.2f} GiB "
+                            f"({', '.join(f'{name} {list(shape)}' for name, shape, _ in plan)}); the limit "
+                            f"for generated inputs is {max_bytes / 2**30:.3g} GiB", hint=hint)
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, shape, dt in plan:
+        if dt == np.bool_:
+            arr = np.asarray(rng.random(shape) < 0.5)  # (a 0-d comparison gives a numpy scalar)
+        elif np.issubdtype(dt, np.integer):
+            arr = rng.integers(0, 4, shape).astype(dt)
+        else:
+            arr = rng.standard_normal(shape).astype(dt)
+        feeds[name] = arr
+    return feeds
+
+
+def check_feeds(g: Graph, feeds: dict) -> None:
+    """User-supplied inputs must match the graph: names, dtypes, ranks, static and symbolic sizes.
+
+    Checked up front so a wrong file gets a message naming the input, instead of whatever the
+    first kernel that reads it says (or does).
+    """
+    names = [v.name for v in g.inputs]
+    hint = f"the model's inputs are {', '.join(names) or '(none)'}"
+    if g.overridable_inputs:
+        hint += f"; these initializers may be fed too: {', '.join(g.overridable_inputs)}"
+    unknown = sorted(set(feeds) - set(names) - set(g.overridable_inputs))
+    if unknown:
+        raise DmlgraphError(f"inputs file has names the model does not take: {', '.join(unknown)}", hint=hint)
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise DmlgraphError(f"inputs file is missing inputs: {', '.join(missing)}", hint=hint)
+    want: np.dtype[Any] | None
+    for name in g.overridable_inputs:  # a default the model lets callers replace: same type and shape
+        v = g.initializers[name]
+        assert v.elem_type is not None and v.shape is not None, "import sets an initializer's type and shape"
+        if name in feeds:
+            arr, want = np.asarray(feeds[name]), numpy_dtype(v.elem_type)
+            if arr.dtype != want or tuple(arr.shape) != tuple(v.shape):
+                raise DmlgraphError(f"input {name!r} is {arr.dtype} {list(arr.shape)}; the model declares it "
+                                    f"{want} {list(v.shape)} (an initializer it lets callers replace)")
+    bound: dict[str, tuple[int, str]] = {}
+    for v in g.inputs:
+        arr = feeds[v.name]
+        if v.elem_type:
+            try:
+                want = numpy_dtype(v.elem_type)
+            except Exception:  # noqa: BLE001 - a type numpy cannot name: leave it to the runtime
+                want = None
+            if want is not None and arr.dtype != want:
+                raise DmlgraphError(f"input {v.name!r} is {arr.dtype}, the model declares {want}",
+                                    hint=f"convert it, e.g. arr.astype(numpy.{want})")
+        if v.shape is None:
+            continue
+        if arr.ndim != len(v.shape):
+            raise DmlgraphError(f"input {v.name!r} has rank {arr.ndim} (shape {list(arr.shape)}), the model "
+                                f"declares rank {len(v.shape)} ({list(v.shape)})")
+        for axis, (d, got) in enumerate(zip(v.shape, arr.shape)):
+            if isinstance(d, int) and d != got:
+                raise DmlgraphError(f"input {v.name!r} has shape {list(arr.shape)}, the model declares "
+                                    f"{list(v.shape)} (axis {axis} must be {d})")
+            if isinstance(d, str) and d:
+                if d in bound and bound[d][0] != got:
+                    raise DmlgraphError(f"symbolic dim {d!r} is {bound[d][0]} in input {bound[d][1]!r} but "
+                                        f"{got} in input {v.name!r}", hint="inputs sharing a dim name must agree")
+                bound.setdefault(d, (got, v.name))
+
+
+def load_inputs(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise DmlgraphError(f"inputs file {path} does not exist") from None
+    except Exception as e:  # noqa: BLE001 - any unreadable npz is the same user error
+        raise DmlgraphError(f"cannot read inputs {path}: {e}", hint="give an .npz made by numpy.savez") from None
+
+
+def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np.ndarray]:
+    from dmlgraph.runtime.executor import Executor  # (the executor's kernels: not for optimize)
+    check_feeds(g, feeds)
+    return Executor(g, threads).run(apply_overrides(g, feeds))
+
+
+def apply_overrides(g: Graph, feeds: dict) -> dict:
+    """The feeds of `g.inputs`; a fed initializer that is also a graph input (a default the model
+    lets callers replace, as ONNX allows) replaces its value in `g`."""
+    rest = dict(feeds)
+    for name in g.overridable_inputs:
+        if name in rest:
+            v = g.initializers[name]
+            v.initializer, v.array = None, np.asarray(rest.pop(name))
+    return rest
+
+
+def check_output_path(path: str, model_path: str | None = None, what: str = "the outputs") -> None:
+    """Refuse an output path whose folder is missing, that is a directory, or that is the model."""
+    if not path:
+        raise DmlgraphError(f"the path for {what} is empty", hint="pass a file name")
+    out = os.path.abspath(path)
+    folder = os.path.dirname(out)
+    if not os.path.isdir(folder):
+        raise DmlgraphError(f"cannot write {path}: the folder {folder} does not exist",
+                            hint="create the folder first or choose another output path")
+    if os.path.isdir(out):
+        raise DmlgraphError(f"cannot write {path}: it is a directory", hint="pass a file path for the output")
+    if model_path is not None and os.path.exists(out) and os.path.exists(model_path) \
+            and os.path.samefile(out, model_path):
+        raise DmlgraphError(f"refusing to overwrite the input model {model_path} with {what}",
+                            hint="choose a different output path")
+    if not os.access(folder, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
+        raise DmlgraphError(f"cannot write {path}: permission denied", hint="choose a writable output path")
+
+
+def save_outputs(outputs: dict[str, np.ndarray], path: str, model_path: str | None = None) -> None:
+    """Write outputs as an .npz at exactly `path`, atomically (temp file beside it, then rename).
+
+    On any failure nothing is left behind and an existing file at `path` is untouched. Refuses a
+    missing folder, a directory, and the model file itself.
+    """
+    check_output_path(path, model_path)
+    with atomic_writer(path) as f:
+        np.savez(f, **outputs)  # type: ignore[arg-type]  # (numpy's stub misreads **kwds)  # a file object: numpy appends no .npz suffix
+
+
+# Float outputs downstream of a rewrite may differ in the last bits: onnxruntime's reductions
+# (LayerNorm, Softmax) take other SIMD paths when the graph runs as several sessions. The rewrites
+# themselves are checked bit for bit on the tensors they produce; outputs get this tolerance.
+OUTPUT_RTOL, OUTPUT_ATOL = 1e-5, 1e-6
+
+
+def _compare_one(name: str, e: np.ndarray, g: np.ndarray | None, exact: bool, tolerance: bool) -> dict:
+    e = np.asarray(e)
+    row = {"name": name, "shape": list(e.shape), "dtype": str(e.dtype)}
+    if g is None:
+        return row | {"match": False, "detail": "missing from the lowered model"}
+    g = np.asarray(g)
+    if bitwise_equal(e, g):
+        return row | {"match": True, "detail": "bit-exact"}
+    if e.shape != g.shape or e.dtype != g.dtype:
+        return row | {"match": False, "detail": f"shape/dtype differ: {list(g.shape)} {g.dtype}"}
+    if not exact and np.array_equal(e, g, equal_nan=e.dtype.kind == "f"):
+        return row | {"match": True, "detail": "equal values (signed zeros or NaN payloads differ)"}
+    if tolerance and e.dtype.kind == "f" and np.allclose(g, e, rtol=OUTPUT_RTOL, atol=OUTPUT_ATOL, equal_nan=True):
+        err = float(np.nanmax(np.abs(g.astype(np.float64) - e)))
+        return row | {"match": True, "detail": f"within rtol {OUTPUT_RTOL:g} (max abs diff {err:.3g})"}
+    return row | {"match": False, "detail": f"{int(np.sum(e != g))} of {e.size} elements differ"}
+
+
+def validate(path: str, options: Options | None = None, feeds: dict | None = None,
+             dims: dict | None = None, seed: int = 0) -> dict:
+    """Lower in memory, run both on the same inputs, compare.
+
+    Every rewritten tensor keeps its name, so each DML node's output is compared with the same
+    tensor of the original model: bit for bit for exact rules, as values for the rules that are
+    only equal for finite inputs. Model outputs must then match bit-exactly or within OUTPUT_RTOL.
+    onnxruntime's graph optimizations are off on both sides so its fusions don't blur the check.
+    """
+    options = options or Options()
+    _, original = load(path)
+    if feeds is not None:
+        check_feeds(original, feeds)
+    else:
+        feeds = make_inputs(original, dims, seed)
+    _, lowered = load(path)
+    result = optimize_graph(lowered, options)
+    tensors, outputs, exact = compare_graphs(original, lowered, feeds,
+                                             all(n.exact for n in nested_dml_nodes(result)))
+    return {"model": path, "inputs": {k: list(v.shape) for k, v in feeds.items()},
+            "rewrites": result.counts, "exact": exact, "tensors": tensors, "outputs": outputs,
+            "ok": all(r["match"] for r in tensors + outputs)}
+
+
+def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: bool = True,
+                   ) -> tuple[list[dict], list[dict], bool]:
+    """Run both graphs on `feeds` and compare (rows for the rewritten tensors, rows for the model
+    outputs, whether every rewrite was bit-exact; `nested_exact`: whether the DML nodes inside
+    If/Loop/Scan bodies are). Both graphs get the rewritten tensors as extra outputs: use graphs
+    made for this call."""
+    from dmlgraph.runtime.executor import Executor
+    dml = [n for n in lowered.nodes.values() if isinstance(n, DmlNode)]
+    rewritten = [n.outputs[0].name for n in dml if n.outputs[0].name in original.values]
+    output_names = [v.name for v in original.outputs]
+    missing = [name for name in output_names if name not in lowered.values]
+    if missing:
+        raise DmlgraphError(f"the lowered model has no output {missing[0]!r} of the original",
+                            hint="compare a model with the model it was lowered from")
+    for g in (original, lowered):  # expose the rewritten tensors as extra outputs on both sides
+        g.outputs = g.outputs + [g.values[name] for name in rewritten if not g.is_graph_output(g.values[name])]
+    expected = Executor(original, optimize=False).run(apply_overrides(original, feeds))
+    got = Executor(lowered, optimize=False).run(apply_overrides(lowered, feeds))
+    exact = {n.outputs[0].name: n.exact for n in dml}
+    # (a DML node inside a body is checked through the model outputs it reaches)
+    all_exact = all(exact.values()) and nested_exact
+    tensors = [_compare_one(name, expected[name], got.get(name), exact[name], False) for name in rewritten]
+    outputs = [_compare_one(name, expected[name], got.get(name), all_exact, True) for name in output_names]
+    return tensors, outputs, all_exact

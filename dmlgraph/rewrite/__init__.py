@@ -1,0 +1,16 @@
+"""Rules propose, one rewriter applies: the engine, and the scopes (If/Loop/Scan bodies, functions) it runs in."""
+from dmlgraph.rewrite.engine import (
+    Match,
+    Options,
+    PassManager,
+    PassResult,
+    Replacement,
+    Rewriter,
+    RewriteRefused,
+    Rule,
+    detached,
+    detached_constant,
+)
+
+__all__ = ["Match", "Options", "PassManager", "PassResult", "Replacement", "RewriteRefused", "Rewriter", "Rule", "detached",
+           "detached_constant"]

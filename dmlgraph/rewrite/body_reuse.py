@@ -1,0 +1,391 @@
+"""Bodies that repeat up to their names lowered once: the lowering of one, renamed, is every other's.
+
+Real models repeat If/Loop/Scan bodies (one per layer, identical but for names), and so does a graph
+of many If nodes. `nested` asks `key` for each body; bodies of one key are lowered once, as a
+*template*: the body with every name (values, nodes, the graph's) replaced by a token `⦃000012⦄`
+and every fresh dim (`unk__dmlgraph_N`, the dims `nested.FreshDims` gives what nothing states) by
+`unk__dmlgraph_c000003`. `Template.instance` renames the template's written body and its matches
+and declines back into one body's names (tokens -> that body's strings, also inside derived names
+such as `⦃000003⦄__gen` and inside reasons), or returns None: that body is then lowered as usual.
+
+Why the instance equals the body's own lowering (byte for byte, and the same report):
+
+* What a lowering can read is its Graph, built from the body's `_Spec` (its proto, the types of its
+  formal inputs and of the enclosing values it reads, the enclosing constants it borrows), the
+  holder's op, attribute and the varying set (Loop/Scan: `explain`), the model's opsets and IR
+  version, the options (one per optimize), and the names its scopes reserve. The key holds all of
+  them but the names: the proto with tokens in place of names (every other byte of it as it is:
+  attributes, doc strings, literal dims), the input types (fresh dims canonical), each borrowed
+  constant (small: its bytes, dtype, shape, TensorProto encoding; large: the very object), the
+  varying set, op, attribute, opsets. So two bodies of one key build the same Graph up to a
+  bijective renaming of names and fresh dims (a constant off by one, a type, a dim, an attribute
+  that differs makes another key). The cache of decoded constants the bodies share changes only
+  how fast a constant is read.
+* The rules treat names and dims as opaque: they compare them for equality, hash them and build
+  new names by formatting (`f"{name}__gen"`, `repr` in reasons); they order by name only where a
+  node reads a nested body (`Graph.reads`) and order symbolic dims (`symbolic.Lin`). One weighs a
+  node's serialized size, names included (`stored_mask`: is the constant bigger than the node?):
+  it sets `Graph.sized_names`, and such a lowering is not a template. Tokens are
+  numbered in the sort order of the body's own strings, so each order is the body's own: the key
+  (tokens included) holds that order. Literal dims never start with `unk__dmlgraph_`, so their
+  order against a canonical fresh dim is decided before the token. A string repr would quote
+  otherwise than a token (a quote, a backslash, a control character) is not renamed: no reuse.
+* Fresh names: a new value takes its hint, or `hint__N`, the first not taken (a value of the body,
+  or a name its scopes reserve). The template records every name looked up in its values (`in`,
+  `get`, `[]`; a value enters a graph by its import or under a name so tested) and every answer of
+  its reserved set (asked in the first body's names). An instance is made only if renaming is
+  one-to-one on every name the template held, looked up or made (then "taken by a value" answers
+  the same) and each reserved answer is the same in the instance's scopes: the body's own lowering
+  then makes exactly the choices the template made, renamed. Node names `hint__N` count the same
+  in both. So the instance is not equal up to a renaming of fresh names: it is the same, byte for
+  byte, or it is not made.
+* Where the key cannot cover what the rules see, nothing is reused: a body holding bodies of its
+  own (their reads are ordered across scopes, and they recurse with scopes of their own), one that
+  calls a model-local function (its call types feed the function's typing), one with sparse
+  initializers or quantization annotations, a string that holds a token's characters, and a
+  template whose shape inference invented dims (`unk__N`, numbered by the model the body is
+  imported in).
+
+An instance's matches keep the captures reports read (`dml`, `scope`, `lowered`, `bounds`); their nodes and
+values are renamed copies.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import onnx
+
+from dmlgraph.ir.graph import DmlNode, Graph, Node, ReservedNames, Value
+from dmlgraph.rewrite import Match, PassResult
+
+ENABLED = True  # (tests compare the written models with reuse off)
+_OPEN, _CLOSE = "\u2983", "\u2984"
+_DIM = "unk__dmlgraph_c"
+FRESH = "unk__dmlgraph_"  # `nested.FreshDims`
+_TOKEN = re.compile(f"{_OPEN}\\d{{6}}{_CLOSE}|{_DIM}\\d{{6}}")
+_ONNX_FRESH = re.compile(r"unk__\d+")
+_MARKS = (_OPEN.encode(), _CLOSE.encode(), FRESH.encode())
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
+TOKENS = 10 ** 6  # tokens have six digits: a body of more names or fresh dims is not reused
+SMALL = 4096  # elements: a borrowed constant keyed by its bytes (a larger one by its identity)
+
+
+def _plain(s: str) -> bool:
+    """Strings repr quotes as a token is quoted (so a reason renames to the body's own), free of
+    tokens' characters."""
+    return s.isprintable() and "'" not in s and "\\" not in s and _OPEN not in s and _CLOSE not in s and _DIM not in s
+
+
+_NAME_TOKENS: list[str] = []
+_DIM_TOKENS: list[str] = []
+
+
+def _tokens(made: list[str], form: str, n: int) -> list[str]:
+    """`made` holding at least `form.format(i)` for i < n (each token made once for all bodies)."""
+    made += [form.format(i) for i in range(len(made), n)]
+    return made
+
+
+class Canonical:
+    """A body's names and fresh dims as tokens, both ways."""
+
+    def __init__(self, names: set[str], dims: set[str]) -> None:
+        self.token = dict(zip(sorted(names), _tokens(_NAME_TOKENS, f"{_OPEN}{{:06d}}{_CLOSE}", len(names))))
+        if dims:
+            self.token.update(zip(sorted(dims), _tokens(_DIM_TOKENS, f"{_DIM}{{:06d}}", len(dims))))
+        self.real = dict(zip(self.token.values(), self.token))
+
+    def to_token(self, s: str) -> str:
+        return self.token.get(s, s)
+
+    def to_real(self, s: str) -> str:
+        r = self.real.get(s)
+        if r is not None:
+            return r
+        if _OPEN in s or _DIM in s:
+            return _TOKEN.sub(lambda m: self.real[m.group()], s)
+        return s
+
+    def dims(self, shape: tuple | None) -> tuple | None:
+        return None if shape is None else tuple(self.to_real(d) if isinstance(d, str) else d for d in shape)
+
+
+def rename_graph(g: onnx.GraphProto, f: Callable[[str], str]) -> None:
+    """Rename, in place, every name of a graph without bodies (its own, its nodes', its values')."""
+    g.name = f(g.name)
+    for n in g.node[:]:  # (`graph.free_names` says why [:])
+        if n.name:
+            n.name = f(n.name)
+        for names in (n.input, n.output):
+            for i, x in enumerate(names[:]):
+                names[i] = f(x)
+    for t in g.initializer[:]:
+        t.name = f(t.name)
+    for field in (g.input, g.output, g.value_info):
+        for vi in field[:]:
+            vi.name = f(vi.name)
+
+
+def canonical_input(vi: onnx.ValueInfoProto, c: Canonical) -> onnx.ValueInfoProto:
+    """A formal input under the template's names: its name and its symbolic dims as tokens."""
+    new = onnx.ValueInfoProto()
+    new.CopyFrom(vi)
+    new.name = c.to_token(vi.name)
+    if new.type.HasField("tensor_type"):
+        for d in new.type.tensor_type.shape.dim:
+            if d.HasField("dim_param"):
+                d.dim_param = c.to_token(d.dim_param)
+    return new
+
+
+def _input_dims(inputs: list[onnx.ValueInfoProto]) -> Iterator[str]:
+    for vi in inputs:
+        for d in vi.type.tensor_type.shape.dim[:]:
+            if d.dim_param:
+                yield d.dim_param
+
+
+def _tensor_bytes(t: onnx.TensorProto, memo: dict) -> bytes:
+    """A TensorProto serialized without its name (once per TensorProto: bodies share them)."""
+    got = memo.get(id(t))
+    if got is None:
+        blank = onnx.TensorProto()
+        blank.CopyFrom(t)
+        blank.name = ""
+        got = memo[id(t)] = (t, blank.SerializeToString())  # (t kept: its id stays its own)
+    return got[1]
+
+
+def _constant_key(const: Value | np.ndarray | DmlNode, c: Canonical, memo: dict) -> tuple:
+    """What the rules can read of a borrowed enclosing constant."""
+    if isinstance(const, DmlNode):
+        value = np.asarray(const.value)
+        return ("dml", c.to_token(const.name), const.elem_type, const.kind, value.dtype.str, value.tobytes(),
+                const.begin, const.end, const.static_shape, const.exact, const.rule, const.outputs[0].elem_type)
+    array = const if isinstance(const, np.ndarray) else const.array
+    if isinstance(const, Value) and const.initializer is not None:
+        t = const.initializer
+        if const.static_shape is not None and math.prod(const.static_shape) <= SMALL \
+                and t.data_location != onnx.TensorProto.EXTERNAL:
+            return ("tensor", const.elem_type, const.shape, _tensor_bytes(t, memo))
+    elif array is not None and array.size <= SMALL:
+        return ("array", array.dtype.str, array.shape, np.ascontiguousarray(array).tobytes(),
+                const.elem_type if isinstance(const, Value) else None)
+    memo[id(const)] = const  # (its id stays its own while the key lives)
+    return ("object", id(const))
+
+
+def canonical_tensor(t: onnx.TensorProto, c: Canonical) -> onnx.TensorProto:
+    new = onnx.TensorProto()
+    new.CopyFrom(t)
+    new.name = c.to_token(t.name)
+    return new
+
+
+def canonical_constant(const: Value | np.ndarray | DmlNode, c: Canonical) -> Value | np.ndarray | DmlNode:
+    """A borrowed constant under the template's names (a TensorProto renamed: export writes its name)."""
+    if isinstance(const, DmlNode):
+        new = copy.copy(const)
+        new.name = c.to_token(const.name)
+        return new
+    if isinstance(const, np.ndarray):
+        return const
+    v = Value(c.to_token(const.name), const.elem_type, const.shape)
+    v.array, v.base_dir = const.array, const.base_dir
+    if const.initializer is not None:
+        v.initializer = canonical_tensor(const.initializer, c)
+    return v
+
+
+def key(proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], constants: list[onnx.TensorProto],
+        borrowed: dict, outer: frozenset[str], varying: dict[str, str], context: tuple,
+        function_keys: set, memo: dict
+        ) -> tuple[tuple, Canonical, onnx.GraphProto] | None:
+    """The key of a body (`nested._Spec`'s fields, its varying set, `context`: the holder's op and
+    attribute, the model's opsets), its names as tokens, and its proto in tokens; None where it may
+    not be reused."""
+    if not ENABLED or proto.sparse_initializer or proto.quantization_annotation:
+        return None
+    names = {proto.name}
+    for n in proto.node[:]:  # (`graph.free_names` says why [:])
+        for a in n.attribute[:]:
+            if a.type == _GRAPH or a.type == _GRAPHS:
+                return None
+        if function_keys and (n.domain, n.op_type, n.overload) in function_keys:
+            return None
+        names.add(n.name)
+        names.update(n.input[:])
+        names.update(n.output[:])
+    names.update([t.name for t in proto.initializer[:]])
+    for field in (proto.input, proto.output, proto.value_info, inputs):
+        if field:  # (a body's inputs and value_info are often empty: no generator for them)
+            names.update([vi.name for vi in field[:]])
+    names.update(const.name for const in borrowed.values() if isinstance(const, DmlNode))
+    names.discard("")
+    raw = proto.SerializeToString()
+    given = list(_input_dims(inputs))
+    dims = {d for d in given if d.startswith(FRESH)}
+    if any(FRESH in d for d in given if d not in dims):  # (a model's own dim that holds one: not a token)
+        return None
+    if len(names) >= TOKENS or len(dims) >= TOKENS or any(m in raw for m in _MARKS) \
+            or not _plain("".join(names)) or not _plain("".join(given)):
+        return None
+    c = Canonical(names, dims)
+    cproto = onnx.GraphProto()
+    cproto.CopyFrom(proto)
+    rename_graph(cproto, c.to_token)
+    k = (context, cproto.SerializeToString(),
+         tuple((c.to_token(vi.name), (canonical_input(vi, c) if dims else vi).type.SerializeToString()) for vi in inputs),
+         tuple((c.to_token(t.name), _tensor_bytes(t, memo)) for t in constants),
+         tuple((c.to_token(name), _constant_key(const, c, memo)) for name, const in borrowed.items()),
+         tuple(sorted(c.to_token(name) for name in outer)),
+         tuple(sorted((c.to_token(name), what) for name, what in varying.items())))
+    return k, c, cproto
+
+
+class SeenValues(dict):
+    """A graph's values that remember every name looked up in them."""
+
+    def __init__(self, values: dict[str, Value], seen: set[str]) -> None:
+        super().__init__(values)
+        self.seen = seen
+
+    def __contains__(self, name: object) -> bool:
+        self.seen.add(name)  # type: ignore[arg-type]
+        return dict.__contains__(self, name)
+
+    def __getitem__(self, name: str) -> Value:
+        self.seen.add(name)
+        return dict.__getitem__(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.seen.add(name)
+        return dict.get(self, name, default)
+
+
+class AskedReserved:
+    """A template's reserved names: the first body's scopes', asked in its names, every answer kept."""
+
+    def __init__(self, c: Canonical, reserved: ReservedNames) -> None:
+        self.c, self.reserved = c, reserved
+        self.answers: dict[str, bool] = {}
+
+    def __contains__(self, name: object) -> bool:
+        assert isinstance(name, str)  # (graphs ask for names)
+        answer = self.answers.get(name)
+        if answer is None:
+            answer = self.answers[name] = self.c.to_real(name) in self.reserved
+        return answer
+
+    def __ior__(self, names: set[str]) -> "AskedReserved":
+        raise AssertionError("a template holds no bodies")
+
+
+@dataclass
+class Template:
+    """One lowering in tokens: what it reported, the body it wrote (None: unchanged), what it asked."""
+
+    result: PassResult
+    explained: list[Match]
+    lowered: list[bool]  # per applied match: its DML node stayed in the body
+    written: onnx.GraphProto | None
+    seen: set[str]  # every name the lowering tested, held or made
+    reserved: dict[str, bool]
+
+    @staticmethod
+    def lower(g: Graph, c: Canonical, run: Callable[[Graph], tuple[PassResult, list[Match], onnx.GraphProto | None]]
+              ) -> Template | None:
+        seen = set(g.values)
+        g.values = SeenValues(g.values, seen)
+        asked = AskedReserved(c, g.reserved)
+        g.reserved = asked
+        result, explained, written = run(g)
+        if g.sized_names:
+            return None
+        seen.update(g.values)
+        lowered = [isinstance(m.captures.get("dml"), DmlNode) and m.captures["dml"].id in g.nodes for m in result.applied]
+        return Template(result, explained, lowered, written, seen, asked.answers)
+
+    def instance(self, c: Canonical, reserved: ReservedNames, scope: str
+                 ) -> tuple[PassResult, list[Match], onnx.GraphProto | None] | None:
+        """The lowering renamed into the body of `c` (under `scope`), or None where that body's own
+        lowering could choose other names."""
+        real = {c.to_real(s) for s in self.seen}
+        if len(real) != len(self.seen):
+            return None
+        if any((c.to_real(name) in reserved) != answer for name, answer in self.reserved.items()):
+            return None
+        r = _Renamed(c)
+        applied = [r.match(m, {"scope": scope, "lowered": low}) for m, low in zip(self.result.applied, self.lowered)]
+        declined = [r.match(m, {"scope": scope}) for m in self.result.declined]
+        explained = [r.match(m, {"scope": scope}) for m in self.explained]
+        written = None
+        if self.written is not None:
+            written = onnx.GraphProto()
+            written.CopyFrom(self.written)
+            rename_graph(written, c.to_real)
+        res = self.result
+        return PassResult(res.changed, dict(res.counts), declined, applied, res.iterations), explained, written
+
+
+def has_invented_dims(g: Graph) -> bool:
+    """Whether shape inference invented dims in `g` (numbered by the model it ran on)."""
+    return any(isinstance(d, str) and _ONNX_FRESH.fullmatch(d) for v in g.values.values() for d in v.shape or ())
+
+
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    slots = _SLOTS.get(cls)
+    if slots is None:
+        slots = _SLOTS[cls] = tuple(a for c in cls.__mro__ for a in getattr(c, "__slots__", ()))
+    return slots
+
+
+class _Renamed:
+    """Copies of a template's nodes and values in one body's names (each copied once)."""
+
+    def __init__(self, c: Canonical) -> None:
+        self.c = c
+        self.nodes: dict[int, Node] = {}
+        self.values: dict[int, Value] = {}
+
+    def value(self, v: Value | None) -> Value | None:
+        if v is None:
+            return None
+        new = self.values.get(id(v))
+        if new is None:
+            new = self.values[id(v)] = Value(self.c.to_real(v.name), v.elem_type, self.c.dims(v.shape))
+            new.initializer, new.array, new.base_dir = v.initializer, v.array, v.base_dir
+        return new
+
+    def node(self, n: Node) -> Node:
+        new = self.nodes.get(n.id)
+        if new is None:
+            cls = n.__class__
+            new = self.nodes[n.id] = cls.__new__(cls)
+            for slot in _slots(cls):
+                setattr(new, slot, getattr(n, slot))
+            new.id = next(Node._ids)
+            new.name = self.c.to_real(n.name)
+            new.inputs = [self.value(v) for v in n.inputs]
+            new.outputs = [v for v in map(self.value, n.outputs) if v is not None]
+        return new
+
+    def match(self, m: Match, captures: dict) -> Match:
+        dml = m.captures.get("dml")
+        if isinstance(dml, Node):
+            captures = {"dml": self.node(dml)} | captures
+        elif "dml" in m.captures:
+            captures = {"dml": dml} | captures
+        bounds = m.captures.get("bounds")  # (a mask's Begin/End as text: the KV-cache reports read them)
+        if bounds is not None:
+            captures = {"bounds": tuple(self.c.to_real(b) for b in bounds)} | captures
+        return Match(m.rule, [self.node(n) for n in m.nodes], captures,
+                     None if m.reason is None else self.c.to_real(m.reason), [self.c.to_real(i) for i in m.initializers])

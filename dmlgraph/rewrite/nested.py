@@ -1,0 +1,906 @@
+"""Masks inside If/Loop/Scan bodies and model-local functions, lowered in place.
+
+The passes work on one flat Graph, so a body (a GRAPH attribute) or a function body becomes one
+for the time of its lowering:
+
+* its formal inputs keep their names and get their types from the node that runs it (If: none;
+  Loop: iteration number, condition, loop-carried values; Scan: state values, then one slice of
+  each scanned input); a function's inputs get the types all of its call sites agree on;
+* what a body reads from enclosing scopes by name becomes an extra input typed from the enclosing
+  graph, except an enclosing constant (an initializer, a Constant node's tensor, a DML generator
+  of static sizes), which becomes a constant of the body: a Trilu's k or a stored mask read from
+  outside is then seen as one;
+* after the passes the body is exported (DML nodes as `com.dmlgraph` nodes, as in a `dml` model)
+  and written back under the same attribute: the formal inputs exactly as they were, no extra
+  inputs (they are outer-scope reads again), no enclosing constant copied in. New values never
+  take a name an enclosing scope or a nested body uses (`Graph.reserved`).
+
+The bodies of one graph are imported as one model where they can share it (one shape inference
+and one import for all, then one Graph each, as importing each alone makes it), and lowered one
+by one; bodies that repeat up to their names (a key seen twice) are lowered once and the result
+renamed for each (`body_reuse`, which says why that is the same).
+
+A dim nothing states, or that may differ between iterations (a loop-carried value whose initial,
+declared input and declared output sizes do not all agree), becomes a fresh symbolic dim named
+`unk__dmlgraph_N` (written back as an unknown dim): a mask sized by it is proved for every size.
+
+Bodies are lowered after the graph that holds them (inner bodies after outer ones), functions
+after every graph that calls them, callers before callees. What cannot be typed is declined with
+the reason, and so is a mask in a Loop or Scan body whose cone reads the value of something that
+changes per iteration (`explain`). Every match carries `captures["scope"]`, the path of the body
+it is in (`If_3/then_branch`, `Loop_1/body/If_2/else_branch`, `local::MaskFn`), so reports name
+nested nodes as `scope/node`.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Iterator, cast
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from dmlgraph.errors import DmlgraphError
+from dmlgraph.io.modelfile import _iter_graphs
+from dmlgraph.io.onnx_io import DOMAIN, DOMAIN_VERSION, _build, _graphs_of, export_model, has_dml_nodes, import_model
+from dmlgraph.io.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
+from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
+from dmlgraph.rewrite import Match, PassResult, body_reuse
+
+TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
+FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
+Explain = Callable[[Graph, dict[str, str]], list[Match]]  # declines for masks reading varying values
+
+STANDARD = ("", "ai.onnx")
+FRESH_PREFIX = body_reuse.FRESH  # `FreshDims`
+SCOPE, LOWERED = "scope", "lowered"  # the captures this module adds to the matches it reports
+
+
+# ---- what reports show ---------------------------------------------------------------------------
+def qualified_name(m: Match, n: Node) -> str:
+    """`n`'s name, prefixed with the path of the body it is in when the match is a nested one."""
+    scope = m.captures.get(SCOPE)
+    return f"{scope}/{n.name or n.op_type}" if scope else n.name
+
+
+def in_lowered_graph(m: Match, g: Graph) -> bool:
+    """Whether the DML node a match made is in the lowered model (its body's graph, if nested)."""
+    if SCOPE in m.captures:
+        return bool(m.captures.get(LOWERED))
+    dml = m.captures.get("dml")
+    return isinstance(dml, DmlNode) and dml.id in g.nodes
+
+
+def nested_dml_nodes(result: PassResult) -> list[DmlNode]:
+    """The DML nodes the nested lowerings put into bodies and functions (and that stayed there)."""
+    return [m.captures["dml"] for m in result.applied
+            if m.captures.get(LOWERED) and isinstance(m.captures.get("dml"), DmlNode)]
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain) -> PassResult:
+    """`flat` on `g`, then on every If/Loop/Scan body and model-local function, written back in
+    place; one PassResult for all of them."""
+    holders = _holders(g)
+    if not holders and not g.info.functions:
+        return flat(g)  # (nearly every model: no bodies, no functions)
+    g.reserved |= _subgraph_names(holders)
+    driver = _Driver(flat, explain, flat(g), g)
+    driver.calls.record(g)
+    driver.lower_bodies(g, "")
+    driver.lower_functions(g)
+    return driver.result()
+
+
+class _Driver:
+    """One optimize's walk over the bodies and functions, and what it reports."""
+
+    def __init__(self, flat: FlatPasses, explain: Explain, main: PassResult, main_graph: Graph) -> None:
+        functions = main_graph.info.functions
+        self.flat, self.explain = flat, explain
+        self.counts = dict(main.counts)
+        self.applied, self.declined = list(main.applied), list(main.declined)
+        self.iterations = main.iterations
+        self.dims = FreshDims(lambda: _fresh_like_dims(main_graph))
+        self.calls = _CallSites(functions, self.dims)
+        self.templates: dict[tuple, body_reuse.Template | None] = {}  # None: that key is lowered body by body
+        self.memo: dict = {}  # `body_reuse.key`'s, for one optimize
+        self.sightings: collections.Counter = collections.Counter()  # key -> bodies seen with it
+
+    def result(self) -> PassResult:
+        return PassResult(bool(self.applied), self.counts, self.declined, self.applied, self.iterations)
+
+    def _add(self, scope: str, result: PassResult, g: Graph) -> None:
+        for m in result.applied:
+            dml = m.captures.get("dml")
+            m.captures.update({SCOPE: scope, LOWERED: isinstance(dml, DmlNode) and dml.id in g.nodes})
+        for m in result.declined:
+            m.captures[SCOPE] = scope
+        self._count(result)
+
+    def _count(self, result: PassResult) -> None:
+        for rule, n in result.counts.items():
+            self.counts[rule] = self.counts.get(rule, 0) + n
+        self.iterations += result.iterations
+        self.applied += result.applied
+        self.declined += result.declined
+
+    def _decline(self, scope: str, rule: str, nodes: list[Node], reason: str) -> None:
+        m = Match(rule, nodes, reason=reason)
+        if scope:
+            m.captures[SCOPE] = scope
+        self.declined.append(m)
+
+    # -- If/Loop/Scan bodies
+    def lower_bodies(self, parent: Graph, scope: str, varying: dict[str, str] | None = None) -> bool:
+        """Lower every body of `parent`'s nodes (`scope`: `parent`'s own path, '' for the main
+        graph; `varying`: `parent`'s values that change per iteration of an enclosing Loop/Scan);
+        True if any body was written back."""
+        found = []  # (node, attribute index, [(label, body)])
+        for node in _holders(parent):
+            for i, a in enumerate(node.attributes):
+                if a.type == onnx.AttributeProto.GRAPH:
+                    found.append((node, i, [(a.name, a.g)]))
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
+        each = [(node, node.attributes[i].name, body) for node, i, bodies in found for _, body in bodies]
+        specs = [_body_spec(parent, node, attr, proto, self.dims) for node, attr, proto in each]
+        keys = [self._key(parent, node, attr, proto, s, varying or {}) if isinstance(s, _Spec) else None
+                for (node, attr, proto), s in zip(each, specs)]
+        self.sightings.update(k[0] for k in keys if k is not None)
+        reused = [k is not None and self.sightings[k[0]] > 1 for k in keys]
+        built = built_bodies(parent, [s for s, r in zip(specs, reused) if not r])
+        plan = iter(zip(specs, keys, reused))
+        touched: dict[OnnxNode, list[onnx.AttributeProto]] = {}
+        for node, i, bodies in found:
+            a = node.attributes[i]
+            new = []
+            for label, body in bodies:
+                spec, k, r = next(plan)
+                path = f"{scope}{node.name or node.op_type}/{label}"
+                done = self._reuse(parent, node, a.name, spec, k, path, varying or {}) if r else None
+                if done is None:
+                    made = next(built) if not r else _build_alone(parent, cast(_Spec, spec))
+                    done = (self._lower_body(parent, node, a.name, label, body, made, scope, varying or {}),)
+                new.append(done[0])
+            if any(b is not None for b in new):
+                kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
+                touched.setdefault(node, list(node.attributes))[i] = _graph_attribute(a, kept)
+        for node, attributes in touched.items():
+            node.set_attributes(attributes)
+            parent.changes.append(node)  # (its outer reads may have changed: remove_dead looks again)
+        return bool(touched)
+
+    def _key(self, parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, s: _Spec,
+             outer_varying: dict[str, str]) -> tuple | None:
+        """The body's `body_reuse.key`, and what its template is built from."""
+        context = (node.op_type, node.domain, attr, parent.info.ir_version,
+                   tuple(sorted(parent.info.opset_imports.items())))
+        varying = _body_varying(node, attr, proto, s.outer, outer_varying)
+        return body_reuse.key(s.proto, s.inputs, s.constants, s.borrowed, s.outer, varying, context, self.calls.keys,
+                              self.memo)
+
+    def _reuse(self, parent: Graph, node: OnnxNode, attr: str, spec: _Spec | str, k: tuple | None, path: str,
+               outer_varying: dict[str, str]) -> tuple[onnx.GraphProto | None] | None:
+        """The body lowered as its key's template renamed (a 1-tuple of what `_lower_body` returns), or
+        None when it is to be lowered itself."""
+        assert isinstance(spec, _Spec) and k is not None  # (a body with a key)
+        key, c, cproto = k
+        if key not in self.templates:
+            cspec = _Spec(cproto, [body_reuse.canonical_input(vi, c) for vi in spec.inputs],
+                          [body_reuse.canonical_tensor(t, c) for t in spec.constants],
+                          {c.to_token(name): body_reuse.canonical_constant(const, c) for name, const in spec.borrowed.items()},
+                          frozenset(map(c.to_token, spec.outer)))
+            cvarying = {c.to_token(name): what for name, what in _body_varying(node, attr, spec.proto, spec.outer,
+                                                                               outer_varying).items()}
+            self.templates[key] = self._template(parent, cspec, c, cvarying)
+        template = self.templates[key]
+        made = None if template is None else template.instance(c, EnclosingNames(parent, set()), path)
+        if made is None:
+            return None
+        result, explained, written = made
+        self._count(result)
+        self.declined += explained
+        return (written,)
+
+    def _template(self, parent: Graph, cspec: _Spec, c: body_reuse.Canonical, varying: dict[str, str]
+                  ) -> body_reuse.Template | None:
+        """The lowering of a body in tokens (None: its bodies are lowered each as usual)."""
+        g = _import(parent.info, cspec.proto, cspec.inputs, parent.info.opset_imports, cspec.constants)
+        if isinstance(g, str) or body_reuse.has_invented_dims(g):
+            return None
+        body = _finish(parent, cspec, g)
+
+        def run(g: Graph) -> tuple[PassResult, list[Match], onnx.GraphProto | None]:
+            result = self.flat(g)
+            g.remove_dead()
+            explained = self.explain(g, varying) if varying else []
+            if not result.applied:
+                return result, explained, None
+            g.remove_dead()
+            return result, explained, write_back(body, cspec.proto)
+        return body_reuse.Template.lower(g, c, run)
+
+    def _lower_body(self, parent: Graph, node: OnnxNode, attr: str, label: str, proto: onnx.GraphProto,
+                    body: Body | str, scope: str, outer_varying: dict[str, str]) -> onnx.GraphProto | None:
+        """The lowered body (`body`: it as built, or why it cannot be), or None when nothing in it (or
+        in its own bodies) changed."""
+        path = f"{scope}{node.name or node.op_type}/{label}"
+        if isinstance(body, str):
+            self._decline(scope.rstrip("/"), "nested_body", [node], f"its {label} is not lowered: {body}")
+            self.calls.untyped(proto, f"it is called in {path}, which is not lowered")
+            return None
+        g = body.graph
+        result = self.flat(g)
+        g.remove_dead()
+        self._add(path, result, g)
+        varying = _body_varying(node, attr, proto, body.outer, outer_varying)
+        if varying:
+            for m in self.explain(g, varying):
+                m.captures[SCOPE] = path
+                self.declined.append(m)
+        self.calls.record(g)
+        changed = self.lower_bodies(g, path + "/", varying)
+        if not result.applied and not changed:
+            return None
+        g.remove_dead()
+        return write_back(body, proto)
+
+    # -- model-local functions
+    def lower_functions(self, main: Graph) -> None:
+        """Lower each function with the input types its call sites agree on, callers first."""
+        functions = main.info.functions
+        order = _call_order(functions)
+        if isinstance(order, str):
+            self._decline("", "local_function", [], order)
+            return
+        for i in order:
+            f = functions[i]
+            path = function_path(f)
+            types = self.calls.types(f)
+            reason = types if isinstance(types, str) else _attribute_reason(f)
+            g = reason or build_function(main.info, f, cast(list[TypeSpec], types), self.dims)  # reason: types is a list
+            if isinstance(g, str):
+                self._decline("", "local_function", [], f"function {path} is not lowered: {g}")
+                self.calls.untyped_nodes(f.node, f"it is called by function {path}, which is not lowered")
+                continue
+            result = self.flat(g)
+            g.remove_dead()
+            self._add(path, result, g)
+            self.calls.record(g)
+            changed = self.lower_bodies(g, path + "/")
+            if result.applied or changed:
+                g.remove_dead()
+                functions[i] = write_back_function(g, f)
+
+
+def _holders(g: Graph) -> list[OnnxNode]:
+    """The nodes of `g` with graph-valued attributes, in graph order."""
+    return [n for n in g.nodes.values() if n.__class__ is OnnxNode
+            and (n.op_type in CONTROL_FLOW or n.domain not in STANDARD) and n.has_subgraph]
+
+
+def _subgraph_names(holders: list[OnnxNode]) -> set[str]:
+    """Every name used inside the bodies of these nodes, at any depth."""
+    names: set[str] = set()
+    for n in holders:
+        for body in _graphs_of(n.attributes):
+            names |= _graph_names(body)
+    return names
+
+
+def _graph_names(body: onnx.GraphProto) -> set[str]:
+    """The names `body` and its own bodies read, define or take as inputs ('' left out)."""
+    names: set[str] = set()
+    for sub, _ in _iter_graphs(body):
+        if sub.input or sub.initializer:  # (an If branch has neither: no generators for them)
+            names.update(vi.name for vi in sub.input)
+            names.update(t.name for t in sub.initializer)
+        for x in sub.node[:]:  # (`graph.free_names` says why [:])
+            names.update(x.input[:])
+            names.update(x.output[:])
+    names.discard("")
+    return names
+
+
+def _graph_attribute(a: onnx.AttributeProto, bodies: list[onnx.GraphProto]) -> onnx.AttributeProto:
+    new = onnx.AttributeProto(name=a.name, type=a.type, doc_string=a.doc_string)
+    if a.type == onnx.AttributeProto.GRAPH:
+        new.g.CopyFrom(bodies[0])
+    else:
+        new.graphs.extend(bodies)
+    return new
+
+
+def function_path(f: onnx.FunctionProto) -> str:
+    return f"{f.domain}::{f.name}" + (f":{f.overload}" if f.overload else "")
+
+
+# ---- types ---------------------------------------------------------------------------------------
+class FreshDims:
+    """Symbolic dims that name nothing else: `unk__dmlgraph_N` (export writes `unk__` dims as
+    unknown), skipping every dim the model itself names so (`taken`, asked on the first `new`: a
+    model's own `unk__dmlgraph_0` would otherwise be proved equal to a fresh dim)."""
+
+    def __init__(self, taken: Callable[[], set[str]] = set) -> None:
+        self._n = itertools.count()
+        self._taken_of = taken
+        self._taken: set[str] | None = None
+
+    def new(self) -> str:
+        if self._taken is None:
+            self._taken = self._taken_of()
+        while True:
+            name = f"{FRESH_PREFIX}{next(self._n)}"
+            if name not in self._taken:
+                return name
+
+    def fill(self, shape: tuple | None) -> tuple | None:
+        """`shape` with every unknown dim given a fresh name."""
+        return None if shape is None else tuple(self.new() if d is None else d for d in shape)
+
+
+def _fresh_like_dims(g: Graph, bodies: Iterable[onnx.GraphProto] = ()) -> set[str]:
+    """The dims named like fresh ones anywhere in the model `g` is the main graph of (its values',
+    its bodies' and functions' declarations at any depth), and in `bodies`."""
+    dims = {d for v in g.values.values() if v.shape for d in v.shape if isinstance(d, str) and FRESH_PREFIX in d}
+    bodies = itertools.chain((b for n in _holders(g) for b in _graphs_of(n.attributes)),
+                             (b for f in g.info.functions for n in f.node for b in _graphs_of(n.attribute)), bodies)
+    infos = [vi for body in bodies for sub, _ in _iter_graphs(body)
+             for vi in itertools.chain(sub.input, sub.output, sub.value_info)]
+    infos += [vi for f in g.info.functions for vi in f.value_info]
+    return dims | {d.dim_param for vi in infos for d in vi.type.tensor_type.shape.dim if FRESH_PREFIX in d.dim_param}
+
+
+def _declared(vi: onnx.ValueInfoProto) -> tuple | None:
+    return type_shape(vi.type)[1]
+
+
+def _value_info(name: str, spec: TypeSpec) -> onnx.ValueInfoProto:
+    vi = onnx.ValueInfoProto(name=name)
+    vi.type.CopyFrom(_tensor_type(*spec))
+    return vi
+
+
+@functools.lru_cache(maxsize=1024)  # (the bodies of a model read values of a few types: each built once)
+def _tensor_type(elem_type: int, shape: tuple | None) -> onnx.TypeProto:
+    return helper.make_tensor_type_proto(elem_type, None if shape is None else list(shape))
+
+
+def _state_type(outer: Value | None, declared_in: onnx.ValueInfoProto, declared_out: onnx.ValueInfoProto | None,
+                dims: FreshDims, what: str) -> TypeSpec | str:
+    """A value carried from one iteration to the next: the initial value's element type; a dim is
+    static only where the initial value, the body's declared input and its declared output all give
+    the same size (the value may change shape between iterations), else fresh."""
+    if outer is None or not outer.elem_type:
+        return f"the {what} {declared_in.name!r} has no known type"
+    shapes = [outer.shape, _declared(declared_in), None if declared_out is None else _declared(declared_out)]
+    rank = {len(s) for s in shapes if s is not None}
+    if outer.shape is None or len(rank) != 1:
+        return outer.elem_type, None
+    given = [s for s in shapes if s is not None]
+    known = len(given) == len(shapes)
+    return outer.elem_type, tuple(d if known and isinstance(d, int) and all(s[a] == d for s in given) else dims.new()
+                                  for a, d in enumerate(outer.shape))
+
+
+def formal_types(parent: Graph, node: OnnxNode, attr: str, body: onnx.GraphProto,
+                 dims: FreshDims) -> list[TypeSpec] | str:
+    """The types of a body's formal inputs, from the node that runs it; a reason when they cannot
+    be known (or the op's bodies are not lowered)."""
+    op = node.op_type if node.domain in STANDARD else f"{node.domain}::{node.op_type}"
+    n_in, n_out = len(body.input), len(body.output)
+    if op == "If":
+        return [] if n_in == 0 else "an If branch takes no inputs, and this one declares some"
+    if op == "Loop" and attr == "body":
+        carried = len(node.inputs) - 2
+        if carried < 0 or n_in != 2 + carried or n_out < 1 + carried:
+            return "its inputs and outputs do not match the Loop's"
+        types: list[TypeSpec] = [(TensorProto.INT64, ()), (TensorProto.BOOL, ())]
+        for i in range(carried):
+            t = _state_type(node.inputs[2 + i], body.input[2 + i], body.output[1 + i], dims, "loop-carried value")
+            if isinstance(t, str):
+                return t
+            types.append(t)
+        return types
+    if op == "Scan" and attr == "body":
+        if parent.info.opset_imports.get("", 0) < 9:
+            return "Scan before opset 9 (with a batch axis) is not lowered"
+        m = node.attr("num_scan_inputs", 0)
+        n_state = len(node.inputs) - m
+        if m <= 0 or n_state < 0 or n_in != n_state + m or n_out < n_state:
+            return "its inputs and outputs do not match the Scan's"
+        types = []
+        for i in range(n_state):
+            t = _state_type(node.inputs[i], body.input[i], body.output[i], dims, "scan state")
+            if isinstance(t, str):
+                return t
+            types.append(t)
+        axes = node.attr("scan_input_axes") or [0] * m
+        for j in range(m):
+            outer = node.inputs[n_state + j]
+            if outer is None or not outer.elem_type:
+                return f"the scanned input {j} has no known type"
+            shape = dims.fill(outer.shape)
+            if shape is not None:
+                axis = axes[j] + len(shape) if axes[j] < 0 else axes[j]
+                shape = shape[:axis] + shape[axis + 1:]
+            types.append((outer.elem_type, shape))
+        return types
+    return f"bodies of {op} are not lowered (If, Loop and Scan bodies are)"
+
+
+def _body_varying(node: OnnxNode, attr: str, body: onnx.GraphProto, outer: frozenset[str],
+                  outer_varying: dict[str, str]) -> dict[str, str]:
+    """What changes per iteration in a body: its formal inputs if it is a Loop/Scan body, and what it
+    reads of an enclosing body's (an If inside a Loop reading the loop-carried value)."""
+    return {name: what for name, what in outer_varying.items() if name in outer} | _varying(node, attr, body)
+
+
+def _varying(node: OnnxNode, attr: str, body: onnx.GraphProto) -> dict[str, str]:
+    """The formal inputs of a Loop or Scan body, which change per iteration, each described."""
+    if node.domain not in STANDARD or attr != "body":
+        return {}
+    names = [vi.name for vi in body.input]
+    if node.op_type == "Loop" and len(names) >= 2:
+        return {names[0]: "the iteration number", names[1]: "the loop condition"} | \
+            {name: "a loop-carried value" for name in names[2:]}
+    if node.op_type == "Scan":
+        n_state = len(names) - node.attr("num_scan_inputs", 0)
+        return {name: "a scan state value" if i < n_state else "a scanned slice" for i, name in enumerate(names)}
+    return {}
+
+
+# ---- bodies as graphs of their own ---------------------------------------------------------------
+@dataclass
+class Body:
+    """A body as a standalone Graph: its formal inputs, then extra inputs for the enclosing values it
+    reads (`outer`; the enclosing constants among them are constants of the body instead)."""
+
+    graph: Graph
+    outer: frozenset[str]
+
+
+@dataclass
+class _Spec:
+    """What a body's model is made of: its GraphProto, the inputs (formal ones, then the enclosing
+    values it reads), the small enclosing constants shape inference reads, every enclosing constant."""
+
+    proto: onnx.GraphProto
+    inputs: list[onnx.ValueInfoProto]
+    constants: list[onnx.TensorProto]
+    borrowed: dict[str, Value | np.ndarray | DmlNode]
+    outer: frozenset[str]
+
+
+def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> _Spec | str:
+    formal = formal_types(parent, node, attr, proto, dims)
+    if isinstance(formal, str):
+        return formal
+    inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input[:], formal)]  # (`graph.free_names` says why [:])
+    outer = sorted(free_names(proto))
+    borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
+    constants: list[onnx.TensorProto] = []  # small enclosing constants, which shape inference reads
+    for name in outer:
+        v = parent.values.get(name)
+        if v is None:
+            return f"it reads {name!r}, which no enclosing scope defines"
+        if not v.elem_type:
+            return f"the enclosing value {name!r} it reads has no known tensor type"
+        const = _constant(parent, v)
+        if const is not None:
+            borrowed[name] = const
+            small = _small_tensor(name, const)
+            if small is not None:
+                constants.append(small)
+                continue
+        inputs.append(_value_info(name, (v.elem_type, dims.fill(v.shape))))
+    return _Spec(proto, inputs, constants, borrowed, frozenset(outer))
+
+
+def _finish(parent: Graph, spec: _Spec, g: Graph) -> Body:
+    for name, const in spec.borrowed.items():
+        _borrow(g, g.values[name], const)
+    g.reserved = EnclosingNames(parent, _subgraph_names(_holders(g)))
+    return Body(g, spec.outer)
+
+
+def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> Body | str:
+    """The body of `node`'s `attr` as a Graph (or why it cannot be one)."""
+    return next(build_bodies(parent, [(node, attr, proto)], dims))
+
+
+def build_bodies(parent: Graph, bodies: list[tuple[OnnxNode, str, onnx.GraphProto]],
+                 dims: FreshDims) -> Iterator[Body | str]:
+    """`build_body` of each (node, attribute, body) of `parent`, in order."""
+    return built_bodies(parent, [_body_spec(parent, node, attr, proto, dims) for node, attr, proto in bodies])
+
+
+def built_bodies(parent: Graph, specs: list[_Spec | str]) -> Iterator[Body | str]:
+    """The body of each spec (or why it has none), in order: imported together where they can
+    share one model (`_import_together`), else each when it is asked for (one large body in memory
+    at a time)."""
+    ready = [s for s in specs if isinstance(s, _Spec)]
+    together = _import_together(parent.info, ready) if len(ready) > 1 else None
+    made = iter(together or ())
+    for s in specs:
+        if isinstance(s, str):
+            yield s
+            continue
+        yield _finish(parent, s, next(made)) if together else _build_alone(parent, s)
+
+
+def _build_alone(parent: Graph, s: _Spec) -> Body | str:
+    """One body imported alone."""
+    g = _import(parent.info, s.proto, s.inputs, parent.info.opset_imports, s.constants)
+    return g if isinstance(g, str) else _finish(parent, s, g)
+
+
+class EnclosingNames:
+    """The names a body must not define: its own nested bodies' (`own`) and every name of the
+    enclosing graph, looked up there when asked rather than copied (a copy per body made a graph
+    of many If nodes quadratic: 2,000 bodies spent 0.5 s copying the outer names)."""
+
+    def __init__(self, parent: Graph, own: set[str]):
+        self.parent = parent
+        self.own = own
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.own or name in self.parent.values or name in self.parent.reserved
+
+    def __ior__(self, names: set[str]) -> "EnclosingNames":
+        self.own |= names
+        return self
+
+
+def _constant(g: Graph, v: Value) -> Value | np.ndarray | DmlNode | None:
+    """An enclosing constant: the initializer (shared, not copied), a Constant node's tensor, or a
+    DML generator of static sizes (a stored mask the enclosing graph lowered: the body gets a copy,
+    so its rules can fuse it with what applies it there)."""
+    if v.name in g.initializers and v.name not in g.overridable_inputs:
+        return g.initializers[v.name]
+    p = v.producer
+    if isinstance(p, DmlNode) and all(x is None for x in p.inputs) and p.static_shape is not None:
+        return p
+    if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in STANDARD:
+        for a in p.attributes:
+            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                return numpy_helper.to_array(a.t)
+    return None
+
+
+SMALL_CONSTANT = 4096  # elements: an index constant (an axis, a k, a size), not weights
+
+
+def _small_tensor(name: str, const: Value | np.ndarray | DmlNode) -> onnx.TensorProto | None:
+    """An enclosing constant small enough to copy into the model shape inference sees (whose
+    Unsqueeze axes or Reshape sizes it then reads), as a TensorProto; None for anything else."""
+    if isinstance(const, np.ndarray):
+        return numpy_helper.from_array(const, name) if const.size <= SMALL_CONSTANT else None
+    if isinstance(const, Value) and const.shape is not None and all(isinstance(d, int) for d in const.shape) \
+            and math.prod(cast(tuple[int, ...], const.shape)) <= SMALL_CONSTANT:
+        if const.array is not None:
+            return numpy_helper.from_array(np.asarray(const.array), name)
+        if const.initializer is not None and const.initializer.data_location != TensorProto.EXTERNAL:
+            return const.initializer
+    return None
+
+
+def _borrow(g: Graph, v: Value, const: Value | np.ndarray | DmlNode) -> None:
+    """Make `v` (an extra input, or a copied small constant) the enclosing constant itself in the
+    body (`write_back` leaves it out again)."""
+    g.inputs = [x for x in g.inputs if x is not v]
+    if isinstance(const, DmlNode):
+        copy = DmlNode(const.name, None, None, None, v, elem_type=const.elem_type, value=const.value,
+                       begin=const.begin, end=const.end, static_shape=const.static_shape, exact=const.exact,
+                       kind=const.kind)
+        copy.rule = const.rule
+        v.elem_type, v.shape = const.outputs[0].elem_type, const.static_shape
+        g.add_node(copy)
+        return
+    if isinstance(const, Value):
+        v.initializer, v.array, v.base_dir = const.initializer, const.array, const.base_dir
+        v.elem_type, v.shape = const.elem_type, const.shape
+    else:
+        v.initializer, v.array, v.shape = None, const, tuple(const.shape)
+    g.initializers[v.name] = v
+
+
+def _model(info: ModelInfo, opsets: dict[str, int], name: str, specs: list[_Spec]) -> onnx.ModelProto:
+    """One model holding these bodies with their inputs and constants (an input or constant an
+    earlier body has too is not repeated: the enclosing values they share)."""
+    model = onnx.ModelProto(ir_version=info.ir_version)
+    mg = model.graph
+    mg.name = name
+    inputs: set[str] = set()
+    initializers: set[str] = set()
+    for s in specs:
+        mg.input.extend(vi for vi in s.inputs if vi.name not in inputs)
+        mine = list(itertools.chain(s.proto.initializer, s.constants))
+        mg.initializer.extend(t for t in mine if t.name not in initializers)
+        inputs.update(vi.name for vi in s.inputs)
+        initializers.update(t.name for t in mine)
+        mg.output.extend(s.proto.output)
+        mg.node.extend(s.proto.node)
+        mg.value_info.extend(s.proto.value_info)
+    opsets = opsets | {DOMAIN: DOMAIN_VERSION}  # (a lowered body's DML nodes: their schemas type them)
+    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
+    model.functions.extend(info.functions)
+    return model
+
+
+def _import(info: ModelInfo, proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto],
+            opsets: dict[str, int], constants: list[onnx.TensorProto] | None = None) -> Graph | str:
+    """A model whose graph is `proto` with these inputs and extra constants, imported (shape
+    inference included)."""
+    model = _model(info, opsets, proto.name or "body", [_Spec(proto, inputs, constants or [], {}, frozenset())])
+    try:
+        return import_model(model, info.base_dir)
+    except DmlgraphError as e:
+        return f"it cannot be read as a graph of its own ({e})"
+
+
+class _Inferred(PendingShapes):
+    """Shapes inferred already, where the import asks for them."""
+
+    def __init__(self, types: list[ValueType]) -> None:
+        super().__init__(onnx.ModelProto())
+        self.types = types
+
+    def value_types(self) -> list[ValueType]:
+        return self.types
+
+
+def _import_together(info: ModelInfo, specs: list[_Spec]) -> list[Graph] | None:
+    """The bodies of one graph imported as one model, then split into one Graph each, as `_import`
+    makes them: one shape inference and one import instead of one per body (2,500 If nodes with a
+    one-node branch each spent half their lowering importing 5,000 models). None when they cannot
+    share a model (a name two of them define, or one defines and another reads; an output or an
+    annotation naming an enclosing value; an unnamed output), when its inference may differ from
+    each body's own (an error, a value over the data-propagation limit), or when a body is large
+    enough that its own import infers in a child, under a deadline: each is imported alone."""
+    owner: dict[str, int] = {}
+    for i, s in enumerate(specs):
+        if len(s.proto.node) >= CHILD_MIN_NODES or any(not o for n in s.proto.node for o in n.output) \
+                or any(o.name in s.outer for o in s.proto.output) or any(vi.name in s.outer for vi in s.proto.value_info):
+            return None
+        for name in _names(s.proto) - s.outer:
+            if owner.setdefault(name, i) != i:
+                return None
+    if any(name in owner for s in specs for name in s.outer):
+        return None
+    model = _model(info, info.opset_imports, "bodies", specs)
+    types = whole_value_types(model)
+    if types is None:
+        return None
+    whole = Graph(ModelInfo(ir_version=model.ir_version, opset_imports={o.domain or "": o.version for o in model.opset_import},
+                            functions=list(model.functions), base_dir=info.base_dir))  # (as `import_model`)
+    try:
+        _build(whole, model, _Inferred(types), info.base_dir)
+    except DmlgraphError:
+        return None
+    nodes = iter(list(whole.nodes.values()))  # (one per NodeProto, in order)
+    return [_split(whole, s, [next(nodes) for _ in s.proto.node]) for s in specs]
+
+
+def _names(proto: onnx.GraphProto) -> set[str]:
+    """Every name a body and its own bodies use."""
+    names = _graph_names(proto) | {o.name for o in proto.output} | {vi.name for vi in proto.value_info}
+    names.discard("")
+    return names
+
+
+def _split(whole: Graph, s: _Spec, nodes: list[Node]) -> Graph:
+    """Body `s`'s Graph out of `whole`: its nodes and values, and a copy of each enclosing value it
+    reads (so that the uses of one are its own), in the order `_import` would make them."""
+    g = Graph(replace(whole.info, graph_name=s.proto.name or "body", functions=list(whole.info.functions)))
+    values = g.values
+    initializers = [t.name for t in itertools.chain(s.proto.initializer, s.constants)]
+    names = initializers + [vi.name for vi in s.inputs]
+    for n in nodes:
+        names += [v.name for v in itertools.chain(n.inputs, n.outputs) if v is not None]
+    names += [o.name for o in s.proto.output] + [vi.name for vi in s.proto.value_info]
+    for name in names:
+        if name not in values:
+            v = whole.values[name]
+            if name in s.outer:
+                copy = Value(name, v.elem_type, v.shape)
+                copy.initializer, copy.array, copy.base_dir = v.initializer, v.array, v.base_dir
+                v = copy
+            values[name] = v
+    for n in nodes:
+        n.inputs = [None if v is None else values[v.name] for v in n.inputs]
+        g.add_node(n)
+    g.initializers = {name: values[name] for name in initializers}
+    g.inputs = [values[vi.name] for vi in s.inputs if vi.name not in g.initializers]
+    g.overridable_inputs = [vi.name for vi in s.inputs if vi.name in g.initializers]
+    g.outputs = [values[o.name] for o in s.proto.output]
+    g.value_info_names = dict.fromkeys(vi.name for vi in s.proto.value_info)
+    return g
+
+
+def write_back(body: Body, proto: onnx.GraphProto) -> onnx.GraphProto:
+    """The lowered body as a GraphProto for the same attribute: `proto`'s formal inputs, no extra
+    inputs, no enclosing constants (edited in the exported graph rather than copied out of it: a
+    copy per field was a third of the write-back of a small body)."""
+    new = export_model(body.graph, "dml").graph
+    outer = body.outer
+    new.name = proto.name
+    new.doc_string = proto.doc_string
+    del new.input[:]
+    new.input.extend(proto.input)
+    declared = {vi.name: vi for vi in proto.output}
+    for i, vi in enumerate(new.output):
+        if vi.name in declared:
+            new.output[i].CopyFrom(declared[vi.name])
+    _drop(new.initializer, lambda t: t.name in outer)
+    new.sparse_initializer.extend(proto.sparse_initializer)
+    _drop(new.value_info, lambda vi: vi.name in outer)
+    _drop(new.node, lambda n: all(o in outer for o in n.output))  # (copied generators)
+    new.quantization_annotation.extend(proto.quantization_annotation)
+    new.metadata_props.extend(proto.metadata_props)
+    return new
+
+
+def _drop(items: Any, gone: Callable[[Any], bool]) -> None:
+    """Delete the items of a repeated proto field that are `gone`, keeping the others' order."""
+    for i in reversed([i for i, x in enumerate(items) if gone(x)]):
+        del items[i]
+
+
+def execution_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto) -> Body:
+    """The body `node` runs, as a Graph to execute (the executor runs bodies holding DML nodes)."""
+    body = build_body(parent, node, attr, proto, FreshDims(lambda: _fresh_like_dims(parent, [proto])))
+    if isinstance(body, str):
+        raise DmlgraphError(f"cannot run the {attr} of {node.op_type} node {node.name!r}: {body}")
+    return body
+
+
+# ---- model-local functions -----------------------------------------------------------------------
+FunctionKey = tuple[str, str, str]  # domain, name, overload
+
+
+def function_key(f: onnx.FunctionProto) -> FunctionKey:
+    return f.domain, f.name, f.overload
+
+
+def call_key(n: OnnxNode) -> FunctionKey:
+    return n.domain, n.op_type, n.source.overload if n.source is not None else ""
+
+
+class _CallSites:
+    """The input types each local function is called with, and why some calls have none."""
+
+    def __init__(self, functions: list[onnx.FunctionProto], dims: FreshDims) -> None:
+        self.keys = {function_key(f) for f in functions}
+        self.dims = dims
+        self.sites: dict[FunctionKey, list[list[TypeSpec | None]]] = {}
+        self.reasons: dict[FunctionKey, str] = {}
+
+    def record(self, g: Graph) -> None:
+        if not self.keys:
+            return
+        for n in g.nodes.values():
+            if n.__class__ is OnnxNode and n.domain not in STANDARD and call_key(n) in self.keys:
+                self.sites.setdefault(call_key(n), []).append(
+                    [(v.elem_type, v.shape) if v is not None and v.elem_type else None for v in n.inputs])
+
+    def untyped(self, proto: onnx.GraphProto, reason: str) -> None:
+        for sub, _ in _iter_graphs(proto):
+            self.untyped_nodes(sub.node, reason)
+
+    def untyped_nodes(self, nodes: Iterable[onnx.NodeProto], reason: str) -> None:
+        for n in nodes:
+            key = (n.domain, n.op_type, n.overload)
+            if key in self.keys:
+                self.reasons.setdefault(key, reason)
+            for body in _graphs_of(n.attribute):
+                self.untyped(body, reason)
+
+    def types(self, f: onnx.FunctionProto) -> list[TypeSpec] | str:
+        """One type per input that every call agrees with: element types equal, a dim static where
+        every call gives it the same size or name, else fresh (any size)."""
+        key = function_key(f)
+        if key in self.reasons:
+            return self.reasons[key]
+        calls = self.sites.get(key)
+        if not calls:
+            return "it is never called, so its input types are unknown"
+        types: list[TypeSpec] = []
+        for i, name in enumerate(f.input):
+            given = [c[i] if i < len(c) else None for c in calls]
+            specs = [s for s in given if s is not None]
+            if len(specs) != len(given):
+                return f"a call gives its input {name!r} no value of a known type"
+            if len({s[0] for s in specs}) != 1:
+                return f"its calls give input {name!r} different element types"
+            shapes = [s[1] for s in specs if s[1] is not None]
+            if len(shapes) != len(specs) or len({len(s) for s in shapes}) != 1:
+                types.append((specs[0][0], None))
+                continue
+            types.append((specs[0][0], tuple(
+                dims[0] if dims[0] is not None and all(d == dims[0] for d in dims) else self.dims.new()
+                for dims in zip(*shapes))))
+        return types
+
+
+def _call_order(functions: list[onnx.FunctionProto]) -> list[int] | str:
+    """Function indices, every caller before the functions it calls."""
+    index = {function_key(f): i for i, f in enumerate(functions)}
+    import networkx as nx  # only models with local functions need it (0.15 s to import)
+
+    calls = nx.DiGraph()
+    calls.add_nodes_from(range(len(functions)))
+    for i, f in enumerate(functions):
+        for n in all_nodes(f.node):
+            j = index.get((n.domain, n.op_type, n.overload))
+            if j is not None:
+                calls.add_edge(i, j)
+    try:
+        return list(nx.lexicographical_topological_sort(calls))
+    except nx.NetworkXUnfeasible:
+        return "the model's local functions call each other in a cycle, which ONNX does not allow"
+
+
+def all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """NodeProtos and the nodes of their bodies, at any depth."""
+    for n in nodes:
+        yield n
+        for body in _graphs_of(n.attribute):
+            yield from all_nodes(body.node)
+
+
+def _attribute_reason(f: onnx.FunctionProto) -> str | None:
+    refs = sorted({a.ref_attr_name for n in all_nodes(f.node) for a in n.attribute if a.ref_attr_name})
+    if refs:
+        return f"its nodes take the caller's attributes ({', '.join(refs)}), which may differ per call"
+    return None
+
+
+def build_function(info: ModelInfo, f: onnx.FunctionProto, types: list[TypeSpec], dims: FreshDims) -> Graph | str:
+    """A function body as a Graph whose inputs have `types`."""
+    proto = onnx.GraphProto(name=f.name)
+    proto.node.extend(f.node)
+    proto.output.extend(onnx.ValueInfoProto(name=o) for o in f.output)
+    proto.value_info.extend(f.value_info)
+    opsets = dict(info.opset_imports) | {o.domain: o.version for o in f.opset_import}
+    g = _import(info, proto, [_value_info(name, t) for name, t in zip(f.input, types)], opsets)
+    if not isinstance(g, str):
+        g.reserved = _subgraph_names(_holders(g))
+    return g
+
+
+def write_back_function(g: Graph, f: onnx.FunctionProto) -> onnx.FunctionProto:
+    """The lowered function: same signature; constants the rules made become Constant nodes (a
+    function has no initializers)."""
+    exported = export_model(g, "dml").graph
+    new = onnx.FunctionProto()
+    new.CopyFrom(f)
+    del new.node[:], new.output[:], new.value_info[:]
+    new.node.extend(helper.make_node("Constant", [], [t.name], value=t) for t in exported.initializer)
+    new.node.extend(exported.node)
+    new.output.extend(vi.name for vi in exported.output)
+    new.value_info.extend(exported.value_info)
+    if has_dml_nodes(new.node) and all(o.domain != DOMAIN for o in new.opset_import):
+        new.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    return new
+
+
+def execution_function(parent: Graph, node: OnnxNode) -> Graph:
+    """The function `node` calls, as a Graph typed by this call (the executor runs functions
+    holding DML nodes)."""
+    f = next((f for f in parent.info.functions if function_key(f) == call_key(node)), None)
+    if f is None:
+        raise DmlgraphError(f"node {node.name!r} calls {node.domain}::{node.op_type}, which the model does not define")
+    dims = FreshDims(lambda: _fresh_like_dims(parent))
+    types = [(v.elem_type, dims.fill(v.shape)) if v is not None and v.elem_type else None for v in node.inputs]
+    reason = _attribute_reason(f) or (None if len(types) == len(f.input) and None not in types
+                                      else "its inputs' types are unknown")
+    g = reason or build_function(parent.info, f, cast(list[TypeSpec], types), dims)  # reason: no None in types
+    if isinstance(g, str):
+        raise DmlgraphError(f"cannot run function {function_path(f)} called by {node.name!r}: {g}")
+    return g

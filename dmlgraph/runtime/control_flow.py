@@ -1,0 +1,187 @@
+"""If/Loop/Scan nodes and function calls whose bodies hold DML nodes, run by the executor itself.
+
+onnxruntime cannot run a body with `com.dmlgraph` nodes, so such a node is a step of its own: its
+bodies become Graphs (`nested.execution_body`, outer-scope values as extra inputs) run by a
+sub-executor, per ONNX semantics:
+
+* If: the condition picks a branch; the branch's outputs are the node's.
+* Loop: `M` (trip count) and `cond` (either may be absent), loop-carried values fed back each
+  iteration, scan outputs stacked along a new first axis; the body gets the iteration number and
+  the condition as int64 / bool scalars.
+* Scan (opset 9+): state values fed back; each scanned input sliced along its axis (forward or
+  reversed per `scan_input_directions`); scan outputs stacked along `scan_output_axes`, in reverse
+  order where `scan_output_directions` says so.
+* A call of a model-local function: its body, typed by this call, with the inputs by position.
+
+Control-flow nodes whose bodies hold no DML node stay in onnxruntime sessions as before.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, cast
+
+import numpy as np
+import onnx
+
+from dmlgraph.errors import DmlgraphError
+from dmlgraph.io.onnx_io import _graphs_of, dml_function_keys, has_dml
+from dmlgraph.ir.graph import CONTROL_FLOW, Graph, OnnxNode, Value
+from dmlgraph.rewrite.nested import STANDARD, all_nodes, call_key, execution_body, execution_function
+from dmlgraph.runtime.onnx_runner import numpy_dtype
+
+Read = Callable[[str], np.ndarray]  # an enclosing value by name
+MakeExecutor = Callable[[Graph], Any]  # an Executor for a body's Graph
+
+
+def dml_functions(g: Graph) -> set[tuple[str, str, str]]:
+    """The local functions that hold DML nodes, or call one that does."""
+    return dml_function_keys(g.info.functions)
+
+
+def host_nodes(g: Graph) -> dict[int, OnnxNode]:
+    """The nodes of `g` onnxruntime cannot run: bodies holding DML nodes, calls of such functions."""
+    hosted = dml_functions(g) if g.info.functions else set()
+    found = {}
+    for n in g.nodes.values():
+        if n.__class__ is not OnnxNode or (n.op_type not in CONTROL_FLOW and n.domain in STANDARD):
+            continue  # (the standard ops without bodies: nearly every node)
+        if (n.domain not in STANDARD and call_key(n) in hosted) or \
+                (n.has_subgraph and (has_dml(n.attributes) or (hosted and _calls_any(n, hosted)))):
+            found[n.id] = n
+    return found
+
+
+def _calls_any(n: OnnxNode, keys: set) -> bool:
+    """Whether `n`'s bodies call one of these functions."""
+    return any((x.domain, x.op_type, x.overload) in keys for body in _graphs_of(n.attributes)
+               for x in all_nodes(body.node))
+
+
+class HostStep:
+    """One node run here; `inputs` / `outputs` are value names, as a Region's."""
+
+    def __init__(self, graph: Graph, node: OnnxNode, make_executor: MakeExecutor) -> None:
+        self.graph, self.node, self._make = graph, node, make_executor
+        self.inputs = list(dict.fromkeys(v.name for v in graph.reads(node) if v is not None))
+        self.outputs = [v.name for v in node.outputs]
+        self._bodies: dict[str, Any] = {}  # attribute name -> sub-executor
+
+    def run(self, read: Read) -> dict[str, np.ndarray]:
+        n = self.node
+        if n.domain not in STANDARD:
+            results = self._call(read)
+        elif n.op_type == "If":
+            results = self._if(read)
+        elif n.op_type == "Loop":
+            results = self._loop(read)
+        elif n.op_type == "Scan":
+            results = self._scan(read)
+        else:
+            raise DmlgraphError(f"cannot run {n.op_type} node {n.name!r}: its bodies hold DML nodes, and only "
+                                "If, Loop, Scan and local functions are run with them")
+        if len(results) < len(n.outputs):
+            raise DmlgraphError(f"{n.op_type} node {n.name!r}: its body gives {len(results)} outputs, the node "
+                                f"has {len(n.outputs)}")
+        return {v.name: r for v, r in zip(n.outputs, results) if v.name}
+
+    # -- bodies
+    def _executor(self, attr: str) -> Any:
+        """The sub-executor of the body under `attr` ('' for the called function), made once."""
+        ex = self._bodies.get(attr)
+        if ex is None:
+            if attr == "":
+                g = execution_function(self.graph, self.node)
+            else:
+                proto = next(a.g for a in self.node.attributes if a.name == attr)
+                g = execution_body(self.graph, self.node, attr, proto).graph
+            ex = self._bodies[attr] = self._make(g)
+        return ex
+
+    def _run_body(self, attr: str, formal: list[np.ndarray], read: Read) -> list[np.ndarray]:
+        """The body's outputs for these formal inputs (the enclosing values it reads by `read`)."""
+        ex = self._executor(attr)
+        g = ex.graph
+        feeds = dict(zip((v.name for v in g.inputs), formal))
+        for v in g.inputs[len(formal):]:  # the enclosing values the body reads
+            feeds[v.name] = read(v.name)
+        out = ex.run(feeds)
+        return [out[v.name] for v in g.outputs]
+
+    def _inputs(self, read: Read) -> list[np.ndarray | None]:
+        return [None if v is None else read(v.name) for v in self.node.inputs]
+
+    # -- the ops
+    def _call(self, read: Read) -> list[np.ndarray]:
+        return self._run_body("", [a for a in self._inputs(read) if a is not None], read)
+
+    def _if(self, read: Read) -> list[np.ndarray]:
+        cond = np.asarray(read(cast(Value, self.node.inputs[0]).name))  # If's cond is a required input
+        if cond.size != 1:
+            raise DmlgraphError(f"If node {self.node.name!r}: the condition has {cond.size} elements, not one")
+        return self._run_body("then_branch" if bool(cond.reshape(-1)[0]) else "else_branch", [], read)
+
+    def _loop(self, read: Read) -> list[np.ndarray]:
+        ins = self._inputs(read)
+        trip = None if ins[0] is None else int(np.asarray(ins[0]).reshape(-1)[0])
+        cond = True if len(ins) < 2 or ins[1] is None else bool(np.asarray(ins[1]).reshape(-1)[0])
+        # ONNX requires the loop-carried inputs (only M and cond are optional), so they are arrays here
+        state = list(cast(list[np.ndarray], ins[2:]))
+        scans: list[list[np.ndarray]] | None = None
+        i = 0
+        while (trip is None or i < trip) and cond:
+            out = self._run_body("body", [np.array(i, np.int64), np.array(cond)] + state, read)
+            cond = bool(np.asarray(out[0]).reshape(-1)[0])
+            state = out[1:1 + len(state)]
+            per = out[1 + len(state):]
+            scans = [[] for _ in per] if scans is None else scans
+            for acc, x in zip(scans, per):
+                acc.append(np.asarray(x))
+            i += 1
+        return state + self._stacked(scans, len(self.node.outputs) - len(state), "body", 1 + len(state))
+
+    def _stacked(self, scans: list[list[np.ndarray]] | None, count: int, attr: str, first: int,
+                 axes: list[int] | None = None, reverse: list[int] | None = None) -> list[np.ndarray]:
+        """Per-iteration outputs stacked along their axis. With no iteration, as onnxruntime: empty
+        arrays of the body output's type and rank, 0 on that axis and for every dim not static."""
+        axes = axes or [0] * count
+        if scans is None:
+            ex = self._executor(attr)
+            result = []
+            for v, axis in zip(ex.graph.outputs[first:first + count], axes):
+                shape = [d if isinstance(d, int) else 0 for d in v.shape or ()]
+                shape.insert(axis + len(shape) + 1 if axis < 0 else axis, 0)
+                result.append(np.zeros(shape, numpy_dtype(v.elem_type or onnx.TensorProto.FLOAT)))
+            return result
+        result = []
+        for k, acc in enumerate(scans):
+            if reverse is not None and reverse[k]:
+                acc = acc[::-1]
+            axis = axes[k]
+            result.append(np.stack(acc, axis=axis + acc[0].ndim + 1 if axis < 0 else axis))
+        return result
+
+    def _scan(self, read: Read) -> list[np.ndarray]:
+        n = self.node
+        m = n.attr("num_scan_inputs")
+        ins = self._inputs(read)
+        n_state = len(ins) - m
+        # ONNX requires Scan's state inputs, so they are arrays here
+        state, scanned = cast(list[np.ndarray], ins[:n_state]), [np.asarray(x) for x in ins[n_state:]]
+        in_axes = list(n.attr("scan_input_axes") or [0] * m)
+        in_dirs = list(n.attr("scan_input_directions") or [0] * m)
+        in_axes = [a + x.ndim if a < 0 else a for a, x in zip(in_axes, scanned)]
+        lengths = {x.shape[a] for a, x in zip(in_axes, scanned)}
+        if len(lengths) != 1:
+            raise DmlgraphError(f"Scan node {n.name!r}: the scanned inputs have different lengths {sorted(lengths)}")
+        length = lengths.pop()
+        k = len(n.outputs) - n_state
+        out_axes = list(n.attr("scan_output_axes") or [0] * k)
+        out_dirs = list(n.attr("scan_output_directions") or [0] * k)
+        scans: list[list[np.ndarray]] | None = None
+        for t in range(length):
+            slices = [np.take(x, length - 1 - t if d else t, axis=a) for x, a, d in zip(scanned, in_axes, in_dirs)]
+            out = self._run_body("body", state + slices, read)
+            state = out[:n_state]
+            scans = [[] for _ in out[n_state:]] if scans is None else scans
+            for acc, x in zip(scans, out[n_state:]):
+                acc.append(np.asarray(x))
+        return state + self._stacked(scans, k, "body", n_state, out_axes, out_dirs)

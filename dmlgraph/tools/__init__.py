@@ -1,0 +1,1 @@
+"""The faces: the command line, folder batches, text reports, inspection views and the DxDispatch export."""

@@ -56,7 +56,7 @@ DECLINED_KEYS = ("rule", "scope", "nodes", "initializers", "reason")
 
 
 # ---- small helpers -----------------------------------------------------------------------------
-def _progress_printer(enabled: bool) -> Progress | None:
+def progress_printer(enabled: bool) -> Progress | None:
     """Progress lines on stderr, only on a terminal (quiet when piped or with --json)."""
     if not enabled or not sys.stderr.isatty():
         return None
@@ -75,15 +75,20 @@ def _shape(shape: Iterable[Dim | np.integer] | None) -> list[int | str | None] |
     return None if shape is None else [_dim(d) for d in shape]
 
 
-def _shape_text(shape: Iterable[object] | None) -> str:
+def shape_text(shape: Iterable[object] | None) -> str:
     if shape is None:
         return "(unknown rank)"
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def _bytes(n: int) -> str:
-    from dmlgraph.tools.report import _bytes as fmt
-    return fmt(n)
+def format_bytes(n: float) -> str:
+    """A byte count as people read it: 512 B, 1.5 KiB, 3.0 MiB."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
 
 
 def _json_safe(x: Any) -> Any:
@@ -104,7 +109,7 @@ def _scalar(v: Any) -> Any:
     return int(v) if isinstance(v, bool) else v
 
 
-def _fmt_scalar(v: Any) -> str:
+def fmt_scalar(v: Any) -> str:
     v = _scalar(v)
     if isinstance(v, float):
         if math.isfinite(v) and v.is_integer():
@@ -113,7 +118,7 @@ def _fmt_scalar(v: Any) -> str:
     return str(v)
 
 
-def _bound_text(b: int) -> str:
+def bound_text(b: int) -> str:
     return {INT32_MIN: "INT32_MIN", INT32_MAX: "INT32_MAX"}.get(b, str(b))
 
 
@@ -336,7 +341,7 @@ def picture(dml: DmlNode) -> dict:
     b, e = bind_range(begin, end, 0, max(h, 1), max(w, 1))
     top_x = np.arange(w)[None, :] - np.arange(h)[:, None]
     use = (e >= b) ^ (top_x >= b) ^ (top_x < e)
-    value = _fmt_scalar(dml.value)
+    value = fmt_scalar(dml.value)
     other = "x" if dml.inputs[0] is not None else "0"
     rows = [[value if u else other for u in row] for row in use.tolist()]
     representative = not all(isinstance(d, (int, np.integer)) for d in hw)

@@ -19,7 +19,7 @@ from benchmarks.pipeline import nested_model
 from dmlgraph import pipeline
 from dmlgraph.errors import InternalError
 from dmlgraph.io import inference_scopes, saving, shape_inference
-from dmlgraph.io.modelfile import _iter_graphs
+from dmlgraph.io.modelfile import iter_graphs
 from dmlgraph.io.onnx_io import import_model
 
 MODES = {"plain, type check": (True, False, False), "plain": (False, False, False),
@@ -111,7 +111,7 @@ def _fresh_names_normalized(types: dict) -> dict:
 
 
 def _body_types(model: onnx.ModelProto, include_main: bool) -> dict:
-    graphs = list(_iter_graphs(model.graph))
+    graphs = list(iter_graphs(model.graph))
     return {vi.name: vi.type for g, _ in (graphs if include_main else graphs[1:]) for vi in g.value_info}
 
 
@@ -155,7 +155,7 @@ def _corpus() -> dict[str, onnx.ModelProto]:
 def test_corpus_infers_the_same(name):
     """Every graph of the corpus with an If in it (a Loop body's graph as the import sees it)."""
     model = _corpus()[name]
-    for g, _ in _iter_graphs(model.graph):
+    for g, _ in iter_graphs(model.graph):
         if inference_scopes.scoped(_as_model(model, g), always=True) is not None:
             assert_same_inference(_as_model(model, g))
 
@@ -168,9 +168,9 @@ def _as_model(model: onnx.ModelProto, g: onnx.GraphProto) -> onnx.ModelProto:
     m.CopyFrom(model)
     m.graph.CopyFrom(g)
     whole = onnx.shape_inference.infer_shapes(model)
-    known = {vi.name: vi for sub, _ in _iter_graphs(whole.graph) for vi in [*sub.input, *sub.value_info, *sub.output]}
-    defined = {o for sub, _ in _iter_graphs(g) for n in sub.node for o in n.output} | {vi.name for vi in g.input}
-    reads = dict.fromkeys(x for sub, _ in _iter_graphs(g) for n in sub.node for x in n.input if x and x not in defined)
+    known = {vi.name: vi for sub, _ in iter_graphs(whole.graph) for vi in [*sub.input, *sub.value_info, *sub.output]}
+    defined = {o for sub, _ in iter_graphs(g) for n in sub.node for o in n.output} | {vi.name for vi in g.input}
+    reads = dict.fromkeys(x for sub, _ in iter_graphs(g) for n in sub.node for x in n.input if x and x not in defined)
     m.graph.input.extend(known[x] for x in reads if x in known)
     m.graph.initializer.extend(t for t in model.graph.initializer if t.name in reads)
     return m

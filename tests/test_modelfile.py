@@ -733,11 +733,11 @@ def test_any_external_agrees_with_the_labelled_walk(where):
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "**", "*.onnx"),
     recursive=True)), ids=os.path.basename)
 def test_one_walk_finds_the_graphs_and_tensors_of_two(path):
-    """`_walk` (the load's one pass) yields `_iter_graphs`' graphs, and with them `_iter_tensors`'
+    """`_walk` (the load's one pass) yields `iter_graphs`' graphs, and with them `_iter_tensors`'
     tensors and labels, in the same order."""
     model = onnx.load(path, load_external_data=False)
     walked = list(modelfile._walk(model.graph))
-    graphs = list(modelfile._iter_graphs(model.graph))
+    graphs = list(modelfile.iter_graphs(model.graph))
     assert [(g, w) for g, w, _ in walked] == graphs
     one = [(id(t), label) for g, w, found in walked for t, label, _ in modelfile._graph_tensors(g, w, found, None)]
     two = [(id(t), label) for t, label, _ in modelfile._iter_tensors(model, graphs)]

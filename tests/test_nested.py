@@ -655,14 +655,14 @@ def test_free_names_of_every_body():
     """`graph.free_names` (which skips empty fields and drops "" once) against the reference, on
     every body of the cases (at every depth) and on bodies with a missing input, an initializer,
     a formal input and an output of the enclosing scope."""
-    from dmlgraph.io.modelfile import _iter_graphs
+    from dmlgraph.io.modelfile import iter_graphs
     from dmlgraph.ir.graph import free_names
     inner = h.make_graph([h.make_node("Clip", ["X", "", "hi"], ["clipped"])], "inner", [], [_vi("clipped")])
     odd = h.make_graph([h.make_node("Relu", ["n"], ["r"]),
                         h.make_node("If", ["c"], ["i"], then_branch=inner, else_branch=inner),
                         h.make_node("Add", ["r", "k"], ["s"])],
                        "odd", [_vi("n")], [_vi("s"), _vi("X")], [_const("k", 1)])
-    graphs = [odd, inner] + [sub for build, _, _ in CASES.values() for sub, _ in _iter_graphs(build().graph)]
+    graphs = [odd, inner] + [sub for build, _, _ in CASES.values() for sub, _ in iter_graphs(build().graph)]
     for g in graphs:
         assert free_names(g) == _free_names_reference(g), g.name
     assert free_names(odd) == {"X", "c", "hi"}

@@ -53,7 +53,7 @@ import onnx
 from onnx import AttributeProto, helper
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
-from dmlgraph.io.modelfile import _copy_fields
+from dmlgraph.io.modelfile import copy_fields
 
 DOMAIN = "dmlgraph.scope"
 PREFIX = "__dmlgraph_scope_"
@@ -99,7 +99,7 @@ class Scoped:
         the whole model would."""
         types = _main_types(inferred.graph)
         m = onnx.ModelProto()
-        _copy_fields(m, self.source, skip="graph")
+        copy_fields(m, self.source, skip="graph")
         g = m.graph
         g.name = "bodies"
         seen: set[str] = set()

@@ -91,7 +91,7 @@ def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
         yield from _subgraphs_of(attr)
 
 
-def _iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.GraphProto, str]]:
+def iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.GraphProto, str]]:
     """The graph and every subgraph (If/Loop/Scan bodies), each with a suffix saying where it is."""
     return ((g, w) for g, w, _ in _walk(graph, where, tensors=False))
 
@@ -102,7 +102,7 @@ def _iter_tensors(model: onnx.ModelProto, graphs: Iterable[tuple[onnx.GraphProto
 
     Covers initializers, sparse initializers and tensor-valued node attributes (Constant) in the
     main graph and all subgraphs: any of them may carry data or point at external data.
-    `graphs`: `_iter_graphs(model.graph)` when the caller already has it. `skip(tensor)`: tensors it
+    `graphs`: `iter_graphs(model.graph)` when the caller already has it. `skip(tensor)`: tensors it
     accepts are left out before their labels are built (most of a model's tensors, on hot paths).
     """
     walked = _walk(model.graph) if graphs is None else ((g, w, _attribute_tensors(g)) for g, w in graphs)
@@ -150,7 +150,7 @@ def _attribute_tensors(graph: onnx.GraphProto, subgraphs: list[tuple[str, int, o
 
 def _walk(graph: onnx.GraphProto, where: str = "",
           tensors: bool = True) -> Iterator[tuple[onnx.GraphProto, str, list[tuple[TensorProto, int, str]]]]:
-    """The graph and every subgraph with its suffix (`_iter_graphs`), each with its
+    """The graph and every subgraph with its suffix (`iter_graphs`), each with its
     `_attribute_tensors` when `tensors`, in one pass over the nodes."""
     subgraphs: list[tuple[str, int, onnx.GraphProto]] = []
     yield graph, where, _attribute_tensors(graph, subgraphs, tensors)
@@ -549,7 +549,8 @@ _DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_da
 STRIP_BYTES = 1 << 16  # tensors this big carry weights, not the shapes and indices inference reads
 
 
-def _copy_fields(dst: Message, src: Message, skip: str = "") -> None:
+def copy_fields(dst: Message, src: Message, skip: str = "") -> None:
+    """Copy every set field of `src` into `dst` but `skip` (a shallow proto copy without one big field)."""
     for fd, value in src.ListFields():
         if fd.name == skip:
             continue
@@ -609,16 +610,16 @@ def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int =
     if not (has_external and not keep_dims) and not _may_hold_big(model, min_bytes):
         return model
     view = onnx.ModelProto()
-    _copy_fields(view, model, skip="graph")
-    _copy_fields(view.graph, mg, skip="initializer")
+    copy_fields(view, model, skip="graph")
+    copy_fields(view.graph, mg, skip="initializer")
     for t in mg.initializer:
         if _big(t, min_bytes):
             stub = view.graph.initializer.add()
-            _copy_fields(stub, t, skip="raw_data")
+            copy_fields(stub, t, skip="raw_data")
             _strip(stub, keep_dims)
         else:
             view.graph.initializer.add().CopyFrom(t)
-    for g, _ in _iter_graphs(view.graph):  # Constant values, subgraph initializers
+    for g, _ in iter_graphs(view.graph):  # Constant values, subgraph initializers
         dense = list(g.initializer) if g is not view.graph else []
         for n in g.node:
             for a in n.attribute if n.attribute else ():
@@ -717,7 +718,7 @@ _TENSOR_TYPES = frozenset(v for _, v in onnx.TensorProto.DataType.items())  # UN
 
 def _check_value_types(graphs: Iterable[tuple[onnx.GraphProto, str]], path: str) -> None:
     """Declared element types of inputs, outputs and value_info must be ONNX types (the checker lets
-    e.g. -1 through), in every graph of `graphs` (`_iter_graphs`)."""
+    e.g. -1 through), in every graph of `graphs` (`iter_graphs`)."""
     for g, _ in graphs:
         for infos in (g.input, g.output, g.value_info):
             for vi in infos:

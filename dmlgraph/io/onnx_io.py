@@ -96,13 +96,13 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None,
         if shapes is None:
             shapes = shape_inference.PendingShapes(model)
             shapes.start()  # (where it can, a child infers while the graph is built)
-        return _build(g, model, shapes, base_dir)
+        return build_graph(g, model, shapes, base_dir)
     finally:
         if shapes is not None:
             shapes.close()
 
 
-def _build(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShapes, base_dir: str | None) -> Graph:
+def build_graph(g: Graph, model: onnx.ModelProto, shapes: shape_inference.PendingShapes, base_dir: str | None) -> Graph:
     """The values and nodes of `model`, then their inferred types and shapes (`shapes.value_types()`)."""
     mg = model.graph
     value, values = g.value, g.values
@@ -355,7 +355,8 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
 
 
 # ---- DML nodes inside bodies and functions ---------------------------------------------------------
-def _graphs_of(attributes: Iterable[onnx.AttributeProto]) -> list[onnx.GraphProto]:
+def graphs_of(attributes: Iterable[onnx.AttributeProto]) -> list[onnx.GraphProto]:
+    """The bodies (GRAPH and GRAPHS attributes) among a node's attributes."""
     graphs: list[onnx.GraphProto] = []
     for a in attributes:
         if a.type == onnx.AttributeProto.GRAPH:
@@ -390,14 +391,14 @@ def _all_protos(nodes: Iterable[onnx.NodeProto]) -> list[onnx.NodeProto]:
     for n in nodes:
         out.append(n)
         if n.attribute:
-            for body in _graphs_of(n.attribute):
+            for body in graphs_of(n.attribute):
                 out.extend(_all_protos(body.node))
     return out
 
 
 def has_dml(attributes: Iterable[onnx.AttributeProto]) -> bool:
     """Whether the bodies among these attributes hold a DML node (at any depth)."""
-    return any(has_dml_nodes(g.node) for g in _graphs_of(attributes))
+    return any(has_dml_nodes(g.node) for g in graphs_of(attributes))
 
 
 def _portable_protos(nodes: Iterable[onnx.NodeProto], opset: int) -> list[onnx.NodeProto]:
@@ -421,7 +422,7 @@ def portable_node(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
     proto = onnx.NodeProto()
     proto.CopyFrom(node)
     for a in proto.attribute:
-        for body in _graphs_of([a]):
+        for body in graphs_of([a]):
             if has_dml_nodes(body.node):
                 made = {o for n in body.node if n.domain == DOMAIN for o in n.output}
                 nodes = _portable_protos(body.node, opset)
@@ -555,7 +556,7 @@ class _NameSet:
             taken.update(v.name for v in n.inputs if v is not None)
             taken.update(v.name for v in n.outputs)
             if isinstance(n, OnnxNode):
-                for sub in _graphs_of(n.attributes):
+                for sub in graphs_of(n.attributes):
                     _graph_names(sub, taken)
         for f in g.info.functions:
             taken.update(f.input)
@@ -594,7 +595,7 @@ def _graph_names(gp: onnx.GraphProto, out: set[str]) -> None:
 def _node_names(n: onnx.NodeProto, out: set[str]) -> None:
     out.update(n.input)
     out.update(n.output)
-    for sub in _graphs_of(n.attribute):
+    for sub in graphs_of(n.attribute):
         _graph_names(sub, out)
 
 

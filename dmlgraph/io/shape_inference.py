@@ -48,7 +48,7 @@ from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
 from dmlgraph.errors import ModelError
 from dmlgraph.io import inference_scopes
-from dmlgraph.io.modelfile import _iter_graphs, without_weights
+from dmlgraph.io.modelfile import iter_graphs, without_weights
 from dmlgraph.process import address_space_headroom, policy
 from dmlgraph.process import interrupts_deferred as _interrupts_deferred
 
@@ -287,8 +287,8 @@ def _long_vector(model: onnx.ModelProto, stored: bool = False,
                  graphs: list[tuple[onnx.GraphProto, str]] | None = None) -> bool:
     """Whether a 1-D value of `model` (an inferred one) has a static length over the limit;
     `stored`: or a 1-D initializer or Constant value (what the plain pass finds without computing).
-    `graphs`: `_iter_graphs(model.graph)`, when the caller has it."""
-    for g, _ in graphs if graphs is not None else _iter_graphs(model.graph):
+    `graphs`: `iter_graphs(model.graph)`, when the caller has it."""
+    for g, _ in graphs if graphs is not None else iter_graphs(model.graph):
         if _declares_long_vector(g.input, g.output, g.value_info):
             return True
         if stored and _stores_long_vector(g):
@@ -336,7 +336,7 @@ def _infer_job(model: onnx.ModelProto, send: Send) -> None:
     branches' propagated types onnx does not keep, to decide). A model that declares or stores a
     long vector, a type error, or another failure is answered "retry" (the caller's in-process
     path, plain pass first, tells them apart); a runaway dies unanswered."""
-    graphs = list(_iter_graphs(model.graph))
+    graphs = list(iter_graphs(model.graph))
     if _long_vector(model, stored=True, graphs=graphs):  # the guard holds without inference: the caller's path, plain first
         send(_RETRY, b"")
         return

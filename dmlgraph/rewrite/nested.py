@@ -45,8 +45,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.io.modelfile import _iter_graphs
-from dmlgraph.io.onnx_io import DOMAIN, DOMAIN_VERSION, _build, _graphs_of, export_model, has_dml_nodes, import_model
+from dmlgraph.io.modelfile import iter_graphs
+from dmlgraph.io.onnx_io import DOMAIN, DOMAIN_VERSION, build_graph, export_model, graphs_of, has_dml_nodes, import_model
 from dmlgraph.io.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
 from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
 from dmlgraph.rewrite import Match, PassResult, body_reuse
@@ -288,7 +288,7 @@ def _subgraph_names(holders: list[OnnxNode]) -> set[str]:
     """Every name used inside the bodies of these nodes, at any depth."""
     names: set[str] = set()
     for n in holders:
-        for body in _graphs_of(n.attributes):
+        for body in graphs_of(n.attributes):
             names |= _graph_names(body)
     return names
 
@@ -296,7 +296,7 @@ def _subgraph_names(holders: list[OnnxNode]) -> set[str]:
 def _graph_names(body: onnx.GraphProto) -> set[str]:
     """The names `body` and its own bodies read, define or take as inputs ('' left out)."""
     names: set[str] = set()
-    for sub, _ in _iter_graphs(body):
+    for sub, _ in iter_graphs(body):
         if sub.input or sub.initializer:  # (an If branch has neither: no generators for them)
             names.update(vi.name for vi in sub.input)
             names.update(t.name for t in sub.initializer)
@@ -348,9 +348,9 @@ def _fresh_like_dims(g: Graph, bodies: Iterable[onnx.GraphProto] = ()) -> set[st
     """The dims named like fresh ones anywhere in the model `g` is the main graph of (its values',
     its bodies' and functions' declarations at any depth), and in `bodies`."""
     dims = {d for v in g.values.values() if v.shape for d in v.shape if isinstance(d, str) and FRESH_PREFIX in d}
-    bodies = itertools.chain((b for n in _holders(g) for b in _graphs_of(n.attributes)),
-                             (b for f in g.info.functions for n in f.node for b in _graphs_of(n.attribute)), bodies)
-    infos = [vi for body in bodies for sub, _ in _iter_graphs(body)
+    bodies = itertools.chain((b for n in _holders(g) for b in graphs_of(n.attributes)),
+                             (b for f in g.info.functions for n in f.node for b in graphs_of(n.attribute)), bodies)
+    infos = [vi for body in bodies for sub, _ in iter_graphs(body)
              for vi in itertools.chain(sub.input, sub.output, sub.value_info)]
     infos += [vi for f in g.info.functions for vi in f.value_info]
     return dims | {d.dim_param for vi in infos for d in vi.type.tensor_type.shape.dim if FRESH_PREFIX in d.dim_param}
@@ -680,7 +680,7 @@ def _import_together(info: ModelInfo, specs: list[_Spec]) -> list[Graph] | None:
     whole = Graph(ModelInfo(ir_version=model.ir_version, opset_imports={o.domain or "": o.version for o in model.opset_import},
                             functions=list(model.functions), base_dir=info.base_dir))  # (as `import_model`)
     try:
-        _build(whole, model, _Inferred(types), info.base_dir)
+        build_graph(whole, model, _Inferred(types), info.base_dir)
     except DmlgraphError:
         return None
     nodes = iter(list(whole.nodes.values()))  # (one per NodeProto, in order)
@@ -790,7 +790,7 @@ class _CallSites:
                     [(v.elem_type, v.shape) if v is not None and v.elem_type else None for v in n.inputs])
 
     def untyped(self, proto: onnx.GraphProto, reason: str) -> None:
-        for sub, _ in _iter_graphs(proto):
+        for sub, _ in iter_graphs(proto):
             self.untyped_nodes(sub.node, reason)
 
     def untyped_nodes(self, nodes: Iterable[onnx.NodeProto], reason: str) -> None:
@@ -798,7 +798,7 @@ class _CallSites:
             key = (n.domain, n.op_type, n.overload)
             if key in self.keys:
                 self.reasons.setdefault(key, reason)
-            for body in _graphs_of(n.attribute):
+            for body in graphs_of(n.attribute):
                 self.untyped(body, reason)
 
     def types(self, f: onnx.FunctionProto) -> list[TypeSpec] | str:
@@ -850,7 +850,7 @@ def all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """NodeProtos and the nodes of their bodies, at any depth."""
     for n in nodes:
         yield n
-        for body in _graphs_of(n.attribute):
+        for body in graphs_of(n.attribute):
             yield from all_nodes(body.node)
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.io.onnx_io import _graphs_of, dml_function_keys, has_dml
+from dmlgraph.io.onnx_io import dml_function_keys, graphs_of, has_dml
 from dmlgraph.ir.graph import CONTROL_FLOW, Graph, OnnxNode, Value
 from dmlgraph.rewrite.nested import STANDARD, all_nodes, call_key, execution_body, execution_function
 from dmlgraph.runtime.onnx_runner import numpy_dtype
@@ -52,7 +52,7 @@ def host_nodes(g: Graph) -> dict[int, OnnxNode]:
 
 def _calls_any(n: OnnxNode, keys: set) -> bool:
     """Whether `n`'s bodies call one of these functions."""
-    return any((x.domain, x.op_type, x.overload) in keys for body in _graphs_of(n.attributes)
+    return any((x.domain, x.op_type, x.overload) in keys for body in graphs_of(n.attributes)
                for x in all_nodes(body.node))
 
 

@@ -18,13 +18,13 @@ from dmlgraph.errors import DmlgraphError
 from dmlgraph.inspection import (
     PICTURE_MAX,
     Inspection,
-    _bound_text,
-    _bytes,
-    _fmt_scalar,
-    _progress_printer,
-    _shape_text,
     analyze,
+    bound_text,
+    fmt_scalar,
+    format_bytes,
     picture_text,
+    progress_printer,
+    shape_text,
 )
 from dmlgraph.io.saving import atomic_writer
 from dmlgraph.ir.ops import FeatureLevel
@@ -57,10 +57,10 @@ def _nodes_text(nodes: Iterable[dict[str, Any]], inits: Iterable[dict[str, Any]]
 def _desc_lines(desc: dict, indent: str) -> list[str]:
     lines = []
     if desc.get("operator") == "DIAGONAL_MATRIX":
-        lines.append(f"{indent}DIAGONAL_MATRIX Offset {desc['offset']}, Value {_fmt_scalar(desc['value'])} (FLOAT)")
+        lines.append(f"{indent}DIAGONAL_MATRIX Offset {desc['offset']}, Value {fmt_scalar(desc['value'])} (FLOAT)")
     else:
-        lines.append(f"{indent}DIAGONAL_MATRIX1 DiagonalFillBegin {_bound_text(desc['begin'])}, "
-                     f"DiagonalFillEnd {_bound_text(desc['end'])}, Value {_fmt_scalar(desc['value'])}, "
+        lines.append(f"{indent}DIAGONAL_MATRIX1 DiagonalFillBegin {bound_text(desc['begin'])}, "
+                     f"DiagonalFillEnd {bound_text(desc['end'])}, Value {fmt_scalar(desc['value'])}, "
                      f"ValueDataType {desc['value_data_type']}")
     for role, key in (("InputTensor ", "input"), ("OutputTensor", "output")):
         if key not in desc:
@@ -69,8 +69,8 @@ def _desc_lines(desc: dict, indent: str) -> list[str]:
         if t is None:
             lines.append(f"{indent}  {role}: none")
             continue
-        sizes = "folded at bind time (rank > 4)" if t["sizes"] is None else _shape_text(t["sizes"])
-        strides = "packed" if t["strides"] is None else _shape_text(t["strides"])
+        sizes = "folded at bind time (rank > 4)" if t["sizes"] is None else shape_text(t["sizes"])
+        strides = "packed" if t["strides"] is None else shape_text(t["strides"])
         lines.append(f"{indent}  {role}: {t['data_type']} sizes {sizes} strides {strides} "
                      f"TotalTensorSizeInBytes {t['total_bytes']} alignment {t['alignment']} flags {t['flags']}")
     return lines
@@ -79,24 +79,24 @@ def _desc_lines(desc: dict, indent: str) -> list[str]:
 def format_text(r: dict) -> str:
     m = r["model"]
     init = r["initializers"]
-    L = [f"model     {m['path']} ({_bytes(m['file_bytes'])}"
-         + (f" + {_bytes(m['external_data_bytes'])} external data in {', '.join(m['external_data_files'])}"
+    L = [f"model     {m['path']} ({format_bytes(m['file_bytes'])}"
+         + (f" + {format_bytes(m['external_data_bytes'])} external data in {', '.join(m['external_data_files'])}"
             if m["external_data_files"] else "") + ")",
          f"format    IR {m['ir_version']}, opsets "
          + ", ".join(f"{d} {v}" for d, v in m["opset_imports"].items())
          + (f", producer {m['producer_name']} {m['producer_version']}".rstrip() if m["producer_name"] else ""),
          f"graph     {m['graph_name'] or '(unnamed)'}: {m['nodes']} nodes, {init['count']} initializers "
-         f"({_bytes(init['bytes'])}; {init['external_count']} external)"]
+         f"({format_bytes(init['bytes'])}; {init['external_count']} external)"]
     L.append("inputs:")
-    L += _table([[v["name"], v["type"] or "?", _shape_text(v["shape"])] for v in r["inputs"]],
+    L += _table([[v["name"], v["type"] or "?", shape_text(v["shape"])] for v in r["inputs"]],
                 ["name", "type", "shape"]) if r["inputs"] else ["  (none)"]
     L.append("outputs:")
-    L += _table([[v["name"], v["type"] or "?", _shape_text(v["shape"])] for v in r["outputs"]],
+    L += _table([[v["name"], v["type"] or "?", shape_text(v["shape"])] for v in r["outputs"]],
                 ["name", "type", "shape"]) if r["outputs"] else ["  (none)"]
     L.append("ops:      " + (", ".join(f"{k} {v}" for k, v in r["ops"].items()) or "(none)"))
     if init["top"]:
         L.append(f"largest initializers (top {len(init['top'])} of {init['count']}):")
-        L += _table([[t["name"], _shape_text(t["shape"]), t["type"], _bytes(t["bytes"]),
+        L += _table([[t["name"], shape_text(t["shape"]), t["type"], format_bytes(t["bytes"]),
                       t["storage"] + (f" ({t['location']})" if t["location"] else "")] for t in init["top"]],
                     ["name", "shape", "type", "bytes", "storage"])
     o = r["options"]
@@ -108,20 +108,20 @@ def format_text(r: dict) -> str:
         L.append(f"[{c['id']}] {c['rule']}" + (f" in {c['scope']}" if c["scope"] else "") + ": "
                  + (_nodes_text(c["nodes"], (), c["scope"]) if c["nodes"] else _nodes_text([], c["initializers"])))
         if c["initializers"]:
-            L.append("    constants: " + ", ".join(f"{i['name']} {_shape_text(i['shape'])} {i['type']} "
-                                                   f"{_bytes(i['bytes'])}" for i in c["initializers"]))
+            L.append("    constants: " + ", ".join(f"{i['name']} {shape_text(i['shape'])} {i['type']} "
+                                                   f"{format_bytes(i['bytes'])}" for i in c["initializers"]))
         t = c["lowers_to"]
         if t is not None:
-            b = _bound_text(t["begin"]) + (" (unbounded)" if t["begin_unbounded"] else "")
-            e = _bound_text(t["end"]) + (" (unbounded)" if t["end_unbounded"] else "")
+            b = bound_text(t["begin"]) + (" (unbounded)" if t["begin_unbounded"] else "")
+            e = bound_text(t["end"]) + (" (unbounded)" if t["end_unbounded"] else "")
             extras = [f"input {t['input']!r}" if t["has_input"] else "no input"]
             if t["runtime_k"]:
                 extras.append(f"run-time k {t['k_input']!r}")
             if t["runtime_shape"]:
                 extras.append(f"run-time shape {t['shape_input']!r}")
-            L.append(f"    lowers to {t['operator']}: Begin {b}, End {e}, Value {_fmt_scalar(t['value'])} "
+            L.append(f"    lowers to {t['operator']}: Begin {b}, End {e}, Value {fmt_scalar(t['value'])} "
                      f"({t['value_data_type']}), {', '.join(extras)}")
-            L.append(f"    output {t['output']['name']!r} {t['onnx_type']} {_shape_text(t['output']['shape'])}"
+            L.append(f"    output {t['output']['name']!r} {t['onnx_type']} {shape_text(t['output']['shape'])}"
                      + ("" if t["shape_static"] else ": sizes bound at run time"))
             if t["desc"] is not None:
                 L.append(f"    desc ({'exact' if t['desc_kind'] == 'exact' else 'symbolic sizes'}):")
@@ -141,16 +141,16 @@ def format_text(r: dict) -> str:
         if s["shared_nodes"]:
             shared.append(_plural(s["shared_nodes"], "node"))
         if s["shared_initializer_bytes"]:
-            shared.append(_bytes(s["shared_initializer_bytes"]))
+            shared.append(format_bytes(s["shared_initializer_bytes"]))
         L.append(f"    saves: {_plural(s['nodes'], 'node')}, {_plural(s['initializers'], 'initializer')} "
-                 f"({_bytes(s['initializer_bytes'])})"
+                 f"({format_bytes(s['initializer_bytes'])})"
                  + (f", plus {' and '.join(shared)} shared with other candidates" if shared else "")
                  + f"; adds {_plural(s['dml_nodes_added'], 'DML node')}"
                  + (f" (absorbed by [{c['superseded_by']}])" if c["superseded_by"] else
                     " (absorbed by a later rewrite)" if c["lowers_to"] and not c["in_lowered_graph"] else ""))
         p = c["picture"]
         if p is not None:
-            of = _shape_text(p["of"])
+            of = shape_text(p["of"])
             what = f"top-left {p['height']}x{p['width']} of one {of} slice"
             if p["representative"]:
                 what += f", symbolic sides drawn at {PICTURE_MAX}"
@@ -177,12 +177,12 @@ def format_text(r: dict) -> str:
                 f"{_plural(t['nodes_added'], 'standard ONNX node')}")
     if t["initializers_added"]:
         adds += (f", and {_plural(t['initializers_added'], 'initializer')} "
-                 f"({_bytes(t['initializer_bytes_added'])})")
+                 f"({format_bytes(t['initializer_bytes_added'])})")
     if t["nested_dml_nodes"]:
         adds += (f"; and {_plural(t['nested_dml_nodes'], 'DML node')} inside bodies and functions"
                  + ("" if t["target"] == "dml" else ", written as standard ONNX nodes"))
     L.append(f"totals (target {t['target']}): optimize would remove {_plural(t['nodes_removed'], 'node')} and "
-             f"{_plural(t['initializers_removed'], 'initializer')} ({_bytes(t['initializer_bytes_removed'])}), "
+             f"{_plural(t['initializers_removed'], 'initializer')} ({format_bytes(t['initializer_bytes_removed'])}), "
              f"{adds}")
     from dmlgraph.tools.report import before_after_table
     L.append(before_after_table(t["before"], t["after"]))
@@ -199,7 +199,7 @@ def _census_text(masks: list[dict]) -> list[str]:
             continue
         where = f"{m['op_type']} {m['producer']!r}" + (f" #{m['index']}" if m["index"] is not None else "") \
             if m["producer"] is not None else "constant"
-        L.append(f"  {m['status'].upper()} {m['value']!r} {_shape_text(m['shape'])} from {where}: {m['found']}; "
+        L.append(f"  {m['status'].upper()} {m['value']!r} {shape_text(m['shape'])} from {where}: {m['found']}; "
                  f"{m['reason']}")
     return L
 
@@ -260,7 +260,7 @@ def to_dot(ins: Inspection) -> str:
     def init_stmt(name: str, indent: str = "  ") -> str:
         shape = snap["initializers"].get(name)
         return (f"{indent}{_q('init:' + name)} [shape=note, style=filled, fillcolor=\"#eeeeee\", "
-                f"label={_q(name + chr(10) + _shape_text(shape))}];")
+                f"label={_q(name + chr(10) + shape_text(shape))}];")
 
     for c in r["candidates"]:
         if not cluster_nodes[c["id"]] and not cluster_inits[c["id"]]:
@@ -280,10 +280,10 @@ def to_dot(ins: Inspection) -> str:
             out.append(node_stmt(n))
     for name, typ, shape in snap["inputs"]:
         out.append(f"  {_q('in:' + name)} [shape=ellipse, style=filled, fillcolor=\"#e8f0ff\", "
-                   f"label={_q(name + chr(10) + typ + ' ' + _shape_text(shape))}];")
+                   f"label={_q(name + chr(10) + typ + ' ' + shape_text(shape))}];")
     for name, typ, shape in snap["outputs"]:
         out.append(f"  {_q('out:' + name)} [shape=ellipse, style=filled, fillcolor=\"#e8ffe8\", "
-                   f"label={_q(name + chr(10) + typ + ' ' + _shape_text(shape))}];")
+                   f"label={_q(name + chr(10) + typ + ' ' + shape_text(shape))}];")
     producer = {}
     for n in snap["nodes"]:
         for v in n["outputs"]:
@@ -343,7 +343,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     options = Options(feature_level=FeatureLevel.parse(getattr(args, "feature_level", "5_1")),
                       exact_only=bool(getattr(args, "exact", False)))
     as_json = bool(getattr(args, "json", False))
-    progress = _progress_printer(not as_json)
+    progress = progress_printer(not as_json)
     ins = analyze(args.model, options, getattr(args, "top", 10), getattr(args, "target", "dml"), progress)
     dot_file, svg_file = getattr(args, "dot", None), getattr(args, "svg", None)
     if svg_file and shutil.which("dot") is None:

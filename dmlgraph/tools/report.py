@@ -3,23 +3,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-
-def _bytes(n: float) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+from dmlgraph.inspection import format_bytes
 
 
 def before_after_table(before: dict, after: dict) -> str:
     rows = [("nodes", before["nodes"], after["nodes"]),
             ("initializers", before["initializers"], after["initializers"]),
-            ("initializer bytes", _bytes(before["initializer_bytes"]), _bytes(after["initializer_bytes"])),
-            ("constant bytes", _bytes(before["constant_bytes"]), _bytes(after["constant_bytes"]))]
+            ("initializer bytes", format_bytes(before["initializer_bytes"]), format_bytes(after["initializer_bytes"])),
+            ("constant bytes", format_bytes(before["constant_bytes"]), format_bytes(after["constant_bytes"]))]
     if "file_bytes" in before and "file_bytes" in after:
-        rows.append(("file bytes", _bytes(before["file_bytes"]), _bytes(after["file_bytes"])))
+        rows.append(("file bytes", format_bytes(before["file_bytes"]), format_bytes(after["file_bytes"])))
     ops = sorted(set(before["ops"]) | set(after["ops"]))
     rows += [(f"  {op}", before["ops"].get(op, 0), after["ops"].get(op, 0)) for op in ops
              if before["ops"].get(op, 0) != after["ops"].get(op, 0)]

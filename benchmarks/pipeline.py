@@ -161,8 +161,8 @@ def _median_times(fns: list[Callable[[], object]], repeats: int) -> list[float]:
 # ---- 1. optimizer scaling --------------------------------------------------------------------
 def _ours(path: str, out: str) -> OptimizeResult:
     from dmlgraph import pipeline
-    result = pipeline.optimize(path)
-    pipeline.write(result, out, path)
+    result = pipeline.lower(path)
+    result.save(out)
     return result
 
 
@@ -401,7 +401,7 @@ def bench_executor(paths: list[str], runs: int, threads: int = 1, seq: int = 64)
     from dmlgraph.runtime.executor import Executor
     rows = []
     for path in paths:
-        result = pipeline.optimize(path)
+        result = pipeline.lower(path)
         dims = {d: seq for v in result.graph.inputs for d in (v.shape or ()) if isinstance(d, str)}
         dims.update({d: 1 for d in dims if "batch" in d.lower()})
         feeds = pipeline.make_inputs(result.graph, dims)
@@ -526,8 +526,8 @@ def _peak_rss_child(command: str, path: str, out: str) -> None:
     sampler.start()
     t0 = time.perf_counter()
     if command == "optimize":
-        result = pipeline.optimize(path)
-        pipeline.write(result, out, path)
+        result = pipeline.lower(path)
+        result.save(out)
         folder, base = os.path.split(out)
         written = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.startswith(base))
         detail = {"rewrites": result.passes.counts, "out_bytes": os.path.getsize(out), "written_bytes": written}

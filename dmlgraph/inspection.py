@@ -424,34 +424,34 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     """Everything `inspect` reports, plus the graph snapshot for DOT output (`source`: a path or
     a ModelProto, which is only read)."""
     from dmlgraph import pipeline
-    from dmlgraph.io.onnx_io import export_model
     from dmlgraph.ir.graph import DmlNode
     from dmlgraph.rewrite import Options
 
     options = options or Options()
-    if target not in ("dml", "onnx"):
-        raise DmlgraphError(f"unknown target {target!r}", hint="use --target dml or --target onnx")
+    pipeline.check_target(target)
     if top < 0:
         raise DmlgraphError(f"--top {top} is negative", hint="pass --top 0 to list no initializers")
     say = progress or (lambda msg: None)
     path = None if isinstance(source, onnx.ModelProto) else os.fspath(source)
     say(f"loading {path or IN_MEMORY}")
-    model, g = pipeline.load(source)
-    report = _header(path, model, top)
+    seen: dict[str, Any] = {}
+
+    def loaded(model: onnx.ModelProto, g: Graph) -> None:  # the graph as imported, before any rule
+        seen.update(model=model, snapshot=_snapshot(g), index={n.id: i for i, n in enumerate(g.nodes.values())},
+                    sizes=_init_sizes(g), sites=mask_census.take(g),
+                    shapes={name: (_shape(v.shape), onnx_type_name(v.elem_type) if v.elem_type else None)
+                            for name, v in g.initializers.items()},
+                    original_dml={n.id for n in g.nodes.values() if isinstance(n, DmlNode)})
+        say(f"running rules on {len(g.nodes)} nodes (feature level {options.feature_level.label})")
+
+    lowered = pipeline.lower(source, options, target, progress, loaded=loaded, check=False)
+    g, result, before = lowered.graph, lowered.passes, lowered.before
+    snapshot, index, sizes, shapes = seen["snapshot"], seen["index"], seen["sizes"], seen["shapes"]
+    sites, original_dml = seen["sites"], seen["original_dml"]
+    report = _header(path, seen["model"], top)
     report["schema"] = SCHEMA
     report["options"] = {"feature_level": options.feature_level.label, "target": target,
                          "exact_only": bool(options.exact_only), "top": top}
-    snapshot = _snapshot(g)
-    index = {n.id: i for i, n in enumerate(g.nodes.values())}
-    sizes = _init_sizes(g)
-    shapes = {name: (_shape(v.shape), onnx_type_name(v.elem_type) if v.elem_type else None)
-              for name, v in g.initializers.items()}
-    before = pipeline.graph_stats(g)
-    sites = mask_census.take(g)
-    original_dml = {n.id for n in g.nodes.values() if isinstance(n, DmlNode)}
-    say(f"running rules on {before['nodes']} nodes (feature level {options.feature_level.label})")
-    result = pipeline.optimize_graph(g, options, progress)
-    g.remove_dead()
     rules = _rule_table(options)
     report["masks"] = mask_census.classify(sites, g, result)
     report["missed"] = [r for r in report["masks"] if r["status"] == "missed"]
@@ -521,7 +521,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
                            "reason": m.reason} for m in result.declined]
 
     say(f"exporting for target {target}")
-    exported = _model_stats(export_model(g, target))
+    exported = _model_stats(lowered.model)
     dml_now = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
     removed = [nid for nid in index if nid not in g.nodes]
     kept = len(index) - len(removed)
@@ -530,7 +530,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     new_inits = [name for name in new_sizes if name not in sizes]
     before_model = {"nodes": before["nodes"], "ops": before["ops"], "initializers": before["initializers"],
                     "initializer_bytes": before["initializer_bytes"],
-                    "constant_bytes": before.get("constant_bytes", _model_stats(model)["constant_bytes"]),
+                    "constant_bytes": before.get("constant_bytes", _model_stats(seen["model"])["constant_bytes"]),
                     "file_bytes": report["model"]["file_bytes"]}
     report["totals"] = {
         "target": target, "feature_level": options.feature_level.label,

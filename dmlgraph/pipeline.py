@@ -1,8 +1,13 @@
-"""load -> passes -> export / run / validate, as plain functions (the CLI is a thin face on these)."""
+"""The one pipeline: load -> rules -> export -> check (`lower`), and running and comparing graphs.
+
+The Python API (`dmlgraph.api`), the CLI, `inspect` and the onnx-ir pass all lower through `lower`,
+so a model means the same thing to each of them. Targets and rule options are defined here once.
+"""
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union, cast
 
@@ -10,12 +15,14 @@ import numpy as np
 import onnx
 
 from dmlgraph.errors import DmlgraphError, InternalError, ModelError
-from dmlgraph.io.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes
+from dmlgraph.io import saving
+from dmlgraph.io.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
 from dmlgraph.io.onnx_io import export_model, import_model
-from dmlgraph.io.saving import atomic_writer, check_for_save, save_model
+from dmlgraph.io.saving import atomic_writer, check_for_save
 from dmlgraph.io.shape_inference import PendingShapes
 from dmlgraph.ir.dtypes import bitwise_equal
 from dmlgraph.ir.graph import DmlNode, Graph, Node, Value, gc_paused
+from dmlgraph.ir.ops import FeatureLevel
 from dmlgraph.rewrite import Match, Options, PassManager, PassResult
 from dmlgraph.rewrite.nested import nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.runtime.onnx_runner import numpy_dtype
@@ -25,10 +32,26 @@ IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelPro
 # A checked model's bytes are kept with the result up to this size, so that saving it unchanged
 # skips a second full check; a bigger copy would cost more memory than the check costs time.
 KEEP_CHECKED_BYTES = 64 << 20
+TARGETS = ("dml", "onnx")  # com.dmlgraph DiagonalMatrix1 nodes (DirectML); standard ONNX (any runtime)
+
+
+def check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise DmlgraphError(f"unknown target {target!r}", hint="use target 'dml' or 'onnx'")
+    return target
+
+
+def make_options(*, exact: bool = False, feature_level: str | FeatureLevel = "5_1",
+                 min_mask_bytes: int | None = None) -> Options:
+    """The rule options from keyword arguments (a feature level as "5_1", "4_0", ...)."""
+    level = feature_level if isinstance(feature_level, FeatureLevel) else FeatureLevel.parse(feature_level)
+    if min_mask_bytes is not None and min_mask_bytes < 0:
+        raise DmlgraphError(f"min_mask_bytes {min_mask_bytes} is negative", hint="pass 0 or more, or None")
+    return Options(feature_level=level, exact_only=exact, min_mask_bytes=min_mask_bytes)
 
 
 @gc_paused
-def load(model: ModelLike) -> tuple[onnx.ModelProto, Graph]:
+def load(model: ModelLike, base_dir: str | None = None) -> tuple[onnx.ModelProto, Graph]:
     """Read a model safely (external data stays on disk) and import it; a ModelProto is checked
     as a file would be, and only read. A file's shape inference starts as soon as it has parsed
     (in a child where allowed: it then runs beside the checks and the build; a file that fails a
@@ -36,9 +59,9 @@ def load(model: ModelLike) -> tuple[onnx.ModelProto, Graph]:
 
     Like every whole-model step, with the cyclic collector paused where allowed (see `gc_paused`):
     its full passes over the proto walk and the new graph find nothing to free."""
-    if isinstance(model, onnx.ModelProto):
-        check_model_proto(model, IN_MEMORY, None)
-        return model, import_model(model)
+    if isinstance(model, onnx.ModelProto):  # (`base_dir`: where its external data lives, if any)
+        check_model_proto(model, IN_MEMORY, base_dir)
+        return model, import_model(model, base_dir)
     path = os.fspath(model)
     shapes: PendingShapes | None = None
 
@@ -108,32 +131,116 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
     return optimize_nested(g, flat, varying_masks)
 
 
+@dataclass(frozen=True)
+class Rewrite:
+    """One applied rewrite: the rule, the nodes it covered, the node it put in their place."""
+
+    rule: str
+    nodes: tuple[str, ...]
+    op: str | None  # "DiagonalMatrix1", "DiagonalMatrix", or None for a rule that makes no DML node
+    exact: bool  # bit-exact for every input (else: equal for finite inputs)
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A place a rule matched but did not rewrite, and why."""
+
+    rule: str
+    nodes: tuple[str, ...]
+    initializers: tuple[str, ...]
+    reason: str
+
+
 @dataclass
 class OptimizeResult:
-    """The optimized graph, the rules' results, the model to write and its report."""
+    """What `optimize` made: the lowered model, its rewrites and declines, before/after totals.
 
-    graph: Graph
-    passes: PassResult
-    before: dict
-    after: dict
-    model: onnx.ModelProto | None = None
-    report: dict = field(default_factory=dict)
-    source_model: onnx.ModelProto | None = None  # the model as loaded (not modified)
-    checked: bool = False  # `model` passed `check_for_save` (optimize checks before it returns)
-    serialized: bytes | None = None  # what `check_for_save` checked `model` from (up to KEEP_CHECKED_BYTES)
+    `graph` and `passes` are the lowered IR graph and the rules' own records, for tools built on
+    dmlgraph (inspect, dxdispatch); `model` is what `save` writes.
+    """
+
+    model: onnx.ModelProto
+    rewrites: list[Rewrite]
+    declined: list[Decline]
+    counts: dict[str, int]  # rewrites per rule (every rule listed)
+    before: dict[str, Any]  # nodes, ops, initializers, initializer_bytes, constant_bytes, dml_nodes
+    after: dict[str, Any]
+    report: dict[str, Any] = field(repr=False)  # the `dmlgraph optimize --json` document
+    graph: Graph = field(repr=False)
+    passes: PassResult = field(repr=False)
+    source: str | None = None  # the input model's path (its folder holds any external data)
+    original: onnx.ModelProto | None = field(default=None, repr=False)  # the input, as loaded
+    checked_bytes: bytes | None = field(default=None, repr=False)  # `model` as `optimize` checked it, if kept
+
+    def check(self) -> None:
+        """onnx's checker with full_check on the model (weights left out); where the input model
+        itself fails the full check (an exporter's inconsistent shapes), the output must pass the
+        checks the input passes. Raises AssertionError: a failure is a bug in dmlgraph."""
+        failure = full_check_failure(self.model)
+        if failure is None:
+            return
+        if self.original is None or full_check_failure(self.original) is None:
+            raise AssertionError(f"dmlgraph made a model that fails onnx's full check: {failure}")
+        try:
+            onnx.checker.check_model(without_weights(self.model, keep_dims=False), full_check=False)
+        except Exception as e:
+            raise AssertionError(f"dmlgraph made a model that fails onnx's checker: {e}") from e
+
+    @gc_paused
+    def save(self, path: str | os.PathLike[str], *, in_place: bool = False) -> int:
+        """Write the model atomically after onnx's full check; returns the file's size in bytes.
+
+        Refuses to replace the input model unless `in_place`. Weights the input kept as external
+        data are copied from beside it. A model that serializes to the bytes `optimize` checked
+        (one still as it made it) is not checked again.
+        """
+        out = os.fspath(path)
+        base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
+        saving.save_model(self.model, out, input_path=self.source, in_place=in_place, base_dir=base_dir,
+                          check=self._check_unless_checked)
+        return os.path.getsize(out)
+
+    def _check_unless_checked(self, data: bytes | None) -> None:
+        """`check`, unless `data` (the bytes the save writes) are the bytes `optimize` checked."""
+        if data is None or data != self.checked_bytes:
+            self.check()
+
+    def to_json(self) -> str:
+        return json.dumps(self.report, indent=2, sort_keys=True, default=str)
+
+
+def full_check_failure(model: onnx.ModelProto) -> str | None:
+    """What onnx.checker with full_check (strict shape inference) says about the model without
+    its weights; None when it passes."""
+    try:
+        onnx.checker.check_model(without_weights(model, keep_dims=True), full_check=True)
+    except Exception as e:  # noqa: BLE001 - checker and inference raise several types; all mean "fails"
+        return str(e).strip() or type(e).__name__
+    return None
 
 
 @gc_paused
-def optimize(model: ModelLike, options: Options | None = None, target: str = "dml",
-             progress: Callable[[str], None] | None = None) -> OptimizeResult:
+def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
+          progress: Callable[[str], None] | None = None, *, base_dir: str | None = None,
+          loaded: Callable[[onnx.ModelProto, Graph], None] | None = None, check: bool = True) -> OptimizeResult:
+    """The pipeline: load `model` (a path or a ModelProto, never modified), run every rule on
+    every scope, export to `target`, check the result as saving would.
+
+    `loaded(proto, graph)` sees the graph as imported, before any rule runs (inspect takes its
+    census there); `base_dir` is where a ModelProto's external data lives. `check=False` skips the
+    output check (inspect writes nothing; `save` checks a model that was not checked).
+    """
     options = options or Options()
+    check_target(target)
     label = model_label(model)
-    source, g = load(model)
+    source, g = load(model, base_dir)
+    if loaded is not None:
+        loaded(source, g)
     before = graph_stats(g)
     result = optimize_graph(g, options, progress)
     g.remove_dead()
-    model = export_model(g, target)
-    serialized = _check_output(model, source, label)
+    exported = export_model(g, target)
+    serialized = _check_output(exported, source, label) if check else None
     if serialized is not None and len(serialized) > KEEP_CHECKED_BYTES:
         serialized = None
     # The numbers describe the file written: the portable target expands each DML node.
@@ -141,7 +248,7 @@ def optimize(model: ModelLike, options: Options | None = None, target: str = "dm
         after = graph_stats(g)
     else:
         try:
-            after = graph_stats(import_model(model))
+            after = graph_stats(import_model(exported))
         except DmlgraphError as e:  # what we made does not load: our bug, not the user's input
             raise InternalError(f"the exported model does not load again: {e}") from e
     report = {
@@ -152,7 +259,17 @@ def optimize(model: ModelLike, options: Options | None = None, target: str = "dm
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
     }
-    return OptimizeResult(g, result, before, after, model, report, source, True, serialized)
+    rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.captures.get("dml")),
+                        bool(getattr(m.captures.get("dml"), "exact", True))) for m in result.applied]
+    declined = [Decline(m.rule, tuple(n.name for n in m.nodes), tuple(m.initializers), m.reason or "")
+                for m in result.declined]
+    path = None if isinstance(model, onnx.ModelProto) else os.fspath(model)
+    return OptimizeResult(exported, rewrites, declined, dict(result.counts), before, after, report, g, result,
+                          source=path, original=source, checked_bytes=serialized)
+
+
+def _op(dml: object) -> str | None:
+    return getattr(dml, "op_type", None) if dml is not None else None
 
 
 def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -> bytes | None:
@@ -179,17 +296,6 @@ def _dml_summary(m: Match) -> dict | None:
         return None
     return {"op": dml.kind, "begin": dml.begin, "end": dml.end, "value": np.asarray(dml.value).item(),
             "has_input": dml.inputs[0] is not None, "runtime_k": dml.inputs[2] is not None}
-
-
-@gc_paused
-def write(result: OptimizeResult, out: str, input_path: str, in_place: bool = False) -> int:
-    """Check the model (an invalid one is a bug: InternalError, nothing written), save it
-    atomically; returns the written file's size in bytes."""
-    assert result.model is not None, "optimize always exports a model"
-    serialized = result.serialized if result.checked else check_for_save(result.model)
-    save_model(result.model, out, input_path=input_path, in_place=in_place,
-               base_dir=os.path.dirname(os.path.abspath(input_path)), serialized=serialized)
-    return os.path.getsize(out)
 
 
 # ---- running and validation ------------------------------------------------------------------
@@ -402,28 +508,66 @@ def _compare_one(name: str, e: np.ndarray, g: np.ndarray | None, exact: bool, to
     return row | {"match": False, "detail": f"{int(np.sum(e != g))} of {e.size} elements differ"}
 
 
-def validate(path: str, options: Options | None = None, feeds: dict | None = None,
-             dims: dict | None = None, seed: int = 0) -> dict:
-    """Lower in memory, run both on the same inputs, compare.
+@dataclass(frozen=True)
+class TensorCheck:
+    """One compared tensor: a rewritten one (compared bit for bit, or as values for a rule that
+    is equal only for finite inputs) or a model output (bit-exact or within tolerance)."""
 
-    Every rewritten tensor keeps its name, so each DML node's output is compared with the same
-    tensor of the original model: bit for bit for exact rules, as values for the rules that are
-    only equal for finite inputs. Model outputs must then match bit-exactly or within OUTPUT_RTOL.
-    onnxruntime's graph optimizations are off on both sides so its fusions don't blur the check.
+    name: str
+    match: bool
+    detail: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class ValidationResult:
+    """`ok` when every rewritten tensor and every output matched; the rows say how."""
+
+    ok: bool
+    tensors: list[TensorCheck]
+    outputs: list[TensorCheck]
+    exact: bool  # every rewrite in the lowered model is bit-exact
+    inputs: dict[str, np.ndarray] = field(repr=False)
+    report: dict[str, Any] = field(default_factory=dict, repr=False)  # the `dmlgraph validate --json` document
+
+
+def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = None,
+             inputs: Mapping[str, np.ndarray] | None = None, *, dims: Mapping[str, int] | None = None,
+             seed: int = 0, options: Options | None = None) -> ValidationResult:
+    """Run `original` and its lowered form on the same inputs (`inputs`, else random ones with
+    symbolic dims from `dims`) and compare each rewritten tensor and each output.
+
+    Without `lowered`, `original` is lowered in memory with `options`. Every rewritten tensor keeps
+    its name, so each DML node's output is compared with the same tensor of the original: bit for
+    bit for exact rules, as values for the rules only equal for finite inputs. Model outputs must
+    match bit-exactly or within OUTPUT_RTOL. onnxruntime's graph optimizations are off on both sides.
     """
-    options = options or Options()
-    _, original = load(path)
-    if feeds is not None:
-        check_feeds(original, feeds)
+    _, g_original = load(original)
+    if inputs is not None:
+        feeds = dict(inputs)
+        check_feeds(g_original, feeds)
     else:
-        feeds = make_inputs(original, dims, seed)
-    _, lowered = load(path)
-    result = optimize_graph(lowered, options)
-    tensors, outputs, exact = compare_graphs(original, lowered, feeds,
-                                             all(n.exact for n in nested_dml_nodes(result)))
-    return {"model": path, "inputs": {k: list(v.shape) for k, v in feeds.items()},
-            "rewrites": result.counts, "exact": exact, "tensors": tensors, "outputs": outputs,
-            "ok": all(r["match"] for r in tensors + outputs)}
+        feeds = make_inputs(g_original, dict(dims or {}), seed)
+    counts: dict[str, int] = {}
+    nested_exact = True
+    if lowered is None:
+        _, g_lowered = load(original)
+        result = optimize_graph(g_lowered, options or Options())
+        counts, nested_exact = result.counts, all(n.exact for n in nested_dml_nodes(result))
+    else:
+        _, g_lowered = load(lowered.model if isinstance(lowered, OptimizeResult) else lowered)
+        if isinstance(lowered, OptimizeResult):
+            counts = lowered.counts
+    tensors, outputs, exact = compare_graphs(g_original, g_lowered, feeds, nested_exact)
+    ok = all(r["match"] for r in tensors + outputs)
+    report = {"model": model_label(original), "inputs": {k: list(np.shape(v)) for k, v in feeds.items()},
+              "rewrites": counts, "exact": exact, "tensors": tensors, "outputs": outputs, "ok": ok}
+    return ValidationResult(ok, [_row(r) for r in tensors], [_row(r) for r in outputs], exact, feeds, report)
+
+
+def _row(r: dict[str, Any]) -> TensorCheck:
+    return TensorCheck(r["name"], bool(r["match"]), str(r["detail"]), tuple(r["shape"]), r["dtype"])
 
 
 def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: bool = True,

@@ -329,9 +329,9 @@ def lower(case: Case, folder: str) -> list[Lowered]:
     out = []
     for exact in (False, True):
         for target in ("dml", "onnx"):
-            result = pipeline.optimize(src, Options(exact_only=exact), target)
+            result = pipeline.lower(src, Options(exact_only=exact), target)
             path = os.path.join(folder, f"{target}{int(exact)}.onnx")
-            pipeline.write(result, path, src)
+            result.save(path)
             exact_result = exact or all(m.captures["dml"].exact for m in result.passes.applied if "dml" in m.captures)
             label = f"{target}{' --exact' if exact else ''}"
             rules = {name for name, count in result.passes.counts.items() if count}

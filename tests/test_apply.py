@@ -320,7 +320,7 @@ def test_transformers_masks_lower_and_validate_with_left_padding(name, exact_onl
         am = np.ones((2, s), np.int64)
         am[0, :min(2, s)] = 0  # left padding: the first positions of row 0 are padding
         feeds["attention_mask"] = am
-        r = pipeline.validate(path, Options(exact_only=exact_only), feeds=feeds)
+        r = pipeline.validate(path, inputs=feeds, options=Options(exact_only=exact_only)).report
         assert r["ok"], (s, r["tensors"], r["outputs"])
         assert r["rewrites"]["mask_bool"] == 1 and r["rewrites"]["mask_where"] == 1
         assert r["rewrites"]["mask_arith"] == 0  # each layer's Add(scores, mask) reads the one padded mask

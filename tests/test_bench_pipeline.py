@@ -13,7 +13,7 @@ import pytest
 from onnx import numpy_helper
 
 from benchmarks import pipeline as bench_pipeline
-from dmlgraph import pipeline as api
+from dmlgraph import pipeline
 from dmlgraph.io.onnx_io import import_model
 from dmlgraph.ir.graph import DmlNode
 from dmlgraph.passes import data_free, masks
@@ -46,7 +46,7 @@ def test_quick_bench_writes_rows(tmp_path):
 def test_onnx_floor_runs_onnx_calls_only_and_fails_as_the_check_does(tmp_path):
     path = str(tmp_path / "m.onnx")
     onnx.save(bench_pipeline.chain_model(16), path)
-    result = api.optimize(path)
+    result = pipeline.lower(path)
     bench_pipeline.onnx_floor(path, result)()
     result.model.graph.node[0].input[0] = "nowhere"  # the floor runs the output's full check
     with pytest.raises(Exception, match="fails the ONNX checker"):
@@ -65,7 +65,7 @@ def test_cli_entry_points(tmp_path, monkeypatch):
 def test_rates_count_the_nodes_of_bodies_too():
     """nested_model(n): n/4 If nodes and their Relus in the main graph, a one-node body per branch."""
     assert bench_pipeline.nodes_at_every_depth(bench_pipeline.nested_model(40)) == 40
-    assert api.optimize(bench_pipeline.nested_model(40)).before["nodes"] == 20  # (the main graph's)
+    assert pipeline.lower(bench_pipeline.nested_model(40)).before["nodes"] == 20  # (the main graph's)
     assert bench_pipeline.nodes_at_every_depth(bench_pipeline.chain_model(50)) == 50
 
 
@@ -74,9 +74,9 @@ def test_blocks_model_is_valid_and_fully_lowered(tmp_path):
     onnx.checker.check_model(model, full_check=True)
     path = tmp_path / "blocks.onnx"
     onnx.save(model, path)
-    result = api.optimize(str(path))
+    result = pipeline.lower(str(path))
     assert result.passes.counts["mask_subgraph"] == 4 and result.passes.counts["mask_where"] == 4
-    assert api.validate(str(path), dims={"batch": 2, "seq": 7})["ok"]
+    assert pipeline.validate(str(path), dims={"batch": 2, "seq": 7}).ok
 
 
 # ---- the mask-subgraph verdict cache --------------------------------------------------------
@@ -108,7 +108,7 @@ def _set_trilu_k(model: onnx.ModelProto, block: int, k: int) -> onnx.ModelProto:
 def test_identical_mask_copies_share_one_evaluation(monkeypatch):
     calls = _count_evaluations(monkeypatch)
     g = import_model(bench_pipeline.blocks_model(4))  # blocks 0, 2: Trilu masks; 1, 3: Range masks
-    api.optimize_graph(g, Options())
+    pipeline.optimize_graph(g, Options())
     # Two distinct structures, each proved once (not once per copy).
     assert len(calls) == 2
     assert len(_lowered(g)) == 4
@@ -117,7 +117,7 @@ def test_identical_mask_copies_share_one_evaluation(monkeypatch):
 def test_copies_differing_in_a_constant_do_not_share(monkeypatch):
     calls = _count_evaluations(monkeypatch)
     g = import_model(_set_trilu_k(bench_pipeline.blocks_model(4), 2, 1))
-    api.optimize_graph(g, Options())
+    pipeline.optimize_graph(g, Options())
     assert len(calls) == 3  # block 2's Trilu k differs from block 0's: its own proof
     ends = {name: (b, e) for name, b, e, *_ in _lowered(g)}
     assert ends["b0_masked"] != ends["b2_masked"]
@@ -127,12 +127,12 @@ def test_copies_differing_in_a_constant_do_not_share(monkeypatch):
 def test_shared_verdicts_give_what_proving_each_copy_gives(monkeypatch, k):
     model = _set_trilu_k(bench_pipeline.blocks_model(4), 2, k)
     cached = import_model(model)
-    api.optimize_graph(cached, Options())
+    pipeline.optimize_graph(cached, Options())
     fresh = iter(range(10**9))  # every subgraph its own signature: nothing shared, each copy proven
     real = masks._signature
     monkeypatch.setattr(masks, "_signature", lambda *args: (real(*args), next(fresh)))
     oracle = import_model(model)
-    api.optimize_graph(oracle, Options())
+    pipeline.optimize_graph(oracle, Options())
     assert _lowered(cached) == _lowered(oracle)
 
 
@@ -190,7 +190,7 @@ def _fresh_equals(g, df) -> None:
 def test_mask_subgraph_candidates_hold_every_node_it_matches(path):
     """The rule is offered only DataFree's frontier; offering every node (its anchor "*") must find
     nothing more."""
-    g = import_model(bench_pipeline.blocks_model(6)) if path == "blocks" else api.load(path)[1]
+    g = import_model(bench_pipeline.blocks_model(6)) if path == "blocks" else pipeline.load(path)[1]
     frontier = set(masks.MASK_SUBGRAPH.candidates(g))
     matched = {n for n in list(g.nodes.values()) if masks._match_subgraph(g, n, Options()) is not None}
     assert matched <= frontier
@@ -220,7 +220,7 @@ MODELS = [os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")] + 
 
 @pytest.mark.parametrize("path", MODELS, ids=os.path.basename)
 def test_incremental_data_free_matches_a_fresh_walk(path, monkeypatch):
-    _, g = api.load(path)
+    _, g = pipeline.load(path)
     checked = []
     real = masks._rewrite_subgraph
 
@@ -231,7 +231,7 @@ def test_incremental_data_free_matches_a_fresh_walk(path, monkeypatch):
         return out
 
     monkeypatch.setattr(masks.MASK_SUBGRAPH, "rewrite", checking)
-    api.optimize_graph(g, Options())
+    pipeline.optimize_graph(g, Options())
     g.remove_dead()
     _fresh_equals(g, data_free._data_free(g))
 
@@ -239,7 +239,7 @@ def test_incremental_data_free_matches_a_fresh_walk(path, monkeypatch):
 def test_incremental_data_free_on_the_bench_model():
     g = import_model(bench_pipeline.blocks_model(6))
     df = data_free._data_free(g)
-    api.optimize_graph(g, Options())
+    pipeline.optimize_graph(g, Options())
     assert data_free._data_free(g) is df  # updated, not rebuilt
     _fresh_equals(g, df)
 
@@ -259,7 +259,7 @@ def test_topological_order_matches_networkx(seed):
     rng.shuffle(items)  # insertion order no longer a dependency order
     g.nodes = dict(items)
     assert g.topological_order() == _nx_order(g)
-    api.optimize_graph(g, Options())  # rewrites append nodes whose consumers came earlier
+    pipeline.optimize_graph(g, Options())  # rewrites append nodes whose consumers came earlier
     assert g.topological_order() == _nx_order(g)
 
 
@@ -311,8 +311,8 @@ def test_constant_digests_tell_types_dims_and_storage_apart():
 def test_op_index_follows_the_graph_through_every_rewrite(path):
     """Graph.by_op (which the pass manager reads its candidates from) names exactly the live nodes
     of each op type, in the graph's order."""
-    _, g = api.load(path)
-    api.optimize_graph(g, Options())
+    _, g = pipeline.load(path)
+    pipeline.optimize_graph(g, Options())
     g.remove_dead()
     for op, nodes in g.by_op.items():
         assert list(nodes.values()) == [n for n in g.nodes.values() if n.op_type == op], op
@@ -321,7 +321,7 @@ def test_op_index_follows_the_graph_through_every_rewrite(path):
 
 def test_remove_dead_returns_at_once_only_when_nothing_changed():
     g = import_model(bench_pipeline.blocks_model(2))
-    api.optimize_graph(g, Options())  # (its sweeps remove what they leave dead)
+    pipeline.optimize_graph(g, Options())  # (its sweeps remove what they leave dead)
     assert g.remove_dead() == 0 and g._remove_dead() == 0  # the quick answer is the full walk's
     last = g.outputs[0].producer
     g.outputs = [last.inputs[0]]  # the last Add no longer reaches an output
@@ -339,5 +339,5 @@ def test_graph_shape_models_are_valid_and_lowered(build, tmp_path):
     onnx.checker.check_model(model, full_check=True)
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    result = api.optimize(str(path))
+    result = pipeline.lower(str(path))
     assert result.passes.counts.get("trilu", 0) > 0

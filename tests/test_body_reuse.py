@@ -154,7 +154,7 @@ def annotated_masks_model(n: int) -> onnx.ModelProto:
 
 def _optimized(model: onnx.ModelProto, target: str, reuse: bool, monkeypatch) -> tuple:
     monkeypatch.setattr(body_reuse, "ENABLED", reuse)
-    result = pipeline.optimize(model, target=target)
+    result = pipeline.lower(model, target=target)
     assert result.model is not None
     matches = [(m.rule, m.captures.get("scope"), m.captures.get("lowered"), m.captures.get("bounds"), [n.name for n in m.nodes],
                 [[v.name if v else None for v in n.inputs + n.outputs] for n in m.nodes], m.reason, m.initializers)
@@ -213,7 +213,7 @@ def test_a_fresh_name_another_scope_takes_is_not_reused(monkeypatch):
     instance = body_reuse.Template.instance
     monkeypatch.setattr(body_reuse.Template, "instance",
                         lambda self, *a: refused.append(instance(self, *a) is None) or instance(self, *a))
-    pipeline.optimize(model)
+    pipeline.lower(model)
     assert refused and not all(refused)
 
 
@@ -231,7 +231,7 @@ def test_bench_model_lowers_each_branch_kind_once(monkeypatch):
     made = []
     template = nested._Driver._template
     monkeypatch.setattr(nested._Driver, "_template", lambda self, *a: made.append(1) or template(self, *a))
-    pipeline.optimize(nested_model(200))
+    pipeline.lower(nested_model(200))
     assert len(made) == 2  # (then: upper, else: lower)
 
 

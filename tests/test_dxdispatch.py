@@ -273,7 +273,7 @@ def test_corpus_exports_validate_and_recompute_exactly(path, tmp_path):
     # models with saved input sets (KV caches: the mask length is past + sequence) run on a real one
     sets = sorted(glob.glob(os.path.join(ROOT, "models", "inputs", pathlib.Path(path).stem, "*.npz")))
     feeds = dict(np.load(sets[0])) if sets else None
-    lowered = pipeline.optimize(path).after["dml_nodes"]
+    lowered = pipeline.lower(path).after["dml_nodes"]
     if lowered == 0:
         with pytest.raises(DmlgraphError, match="nothing to export"):
             export(path, tmp_path / "dx", feeds=feeds, dims=dims)
@@ -294,9 +294,9 @@ def test_feature_level_below_5_1_exports_diagonal_matrix(tmp_path):
     assert [o["operator"] for o in r["operators"]] == ["DML_OPERATOR_DIAGONAL_MATRIX"]
     assert verify_export(str(tmp_path / "dx")) == 1
     # a model lowered for 5_1 cannot be exported at 4_0: DIAGONAL_MATRIX1 does not exist there
-    lowered = pipeline.optimize(path)
+    lowered = pipeline.lower(path)
     lowered_path = str(tmp_path / "lowered.onnx")
-    pipeline.write(lowered, lowered_path, path)
+    lowered.save(lowered_path)
     with pytest.raises(UnsupportedError, match="needs feature level 5_1"):
         export(lowered_path, tmp_path / "dx2", options=Options(feature_level=FeatureLevel.L4_0),
                feeds={"x": np.zeros((4, 6), np.float32)})
@@ -306,7 +306,7 @@ def test_an_already_lowered_model_is_exported_as_it_is(tmp_path):
     _, model, feeds = ONE_OP[0]
     path = _save(model, tmp_path)
     lowered_path = str(tmp_path / "lowered.onnx")
-    pipeline.write(pipeline.optimize(path), lowered_path, path)
+    pipeline.lower(path).save(lowered_path)
     r = export(lowered_path, tmp_path / "dx", feeds=feeds)
     assert not r["lowered_here"] and len(r["operators"]) == 1
     assert verify_export(str(tmp_path / "dx")) == 1
@@ -407,7 +407,7 @@ def test_a_node_bound_to_a_zero_size_shape_is_not_exported(tmp_path):
 def test_run_traced_returns_the_runs_outputs_and_each_nodes_raw_operands(tmp_path):
     from dmlgraph.runtime.executor import Executor
     path = os.path.join(ROOT, "models", "trilu_offsets_dynamo.onnx")
-    g = pipeline.optimize(path).graph
+    g = pipeline.lower(path).graph
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, 7)).astype(np.float32)}
     out, calls = Executor(g).run_traced(feeds)
     plain = Executor(g, fast=False).run(feeds)

@@ -52,7 +52,7 @@ def _feeds(g, size: int, seed: int):
 
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "models")))
 def test_fast_path_is_bit_exact_with_the_simple_path_on_the_corpus(path):
-    g = pipeline.optimize(path).graph
+    g = pipeline.lower(path).graph
     fast, simple = Executor(g), Executor(g, fast=False)
     runs = [(5, 0), (5, 1), (9, 2), (5, 3), (9, 4), (9, 5)]  # a new shape, then back: the cache per shape
     seen = set()
@@ -78,7 +78,7 @@ def test_kv_cache_input_sets_on_the_fast_path(entry):
     """The deployed KV-cache input sets (an empty past, a past, one decode step, a left-padded
     batch), interleaved and each run twice: from the second run on at a set's shapes the fast path
     serves it (twins without the shape constants, prepared kernels), bit for bit the simple path."""
-    g = pipeline.optimize(os.path.join(ROOT, "models", entry["file"])).graph
+    g = pipeline.lower(os.path.join(ROOT, "models", entry["file"])).graph
     fast, simple = Executor(g), Executor(g, fast=False)
     sets = {}
     for name, rel in entry["input_sets"].items():
@@ -93,7 +93,7 @@ def test_kv_cache_input_sets_on_the_fast_path(entry):
 
 
 def test_the_demo_skips_the_generator_and_times_the_applied_mask():
-    g = pipeline.optimize(CORPUS[-1]).graph
+    g = pipeline.lower(CORPUS[-1]).graph
     ex = Executor(g, 1)
     feeds = _feeds(g, 16, 0)
     ex.run(feeds)
@@ -112,7 +112,7 @@ def test_gpt2_runs_two_sessions_around_its_padded_mask_at_steady_state():
     its kernel between the session computing the padding and the rest (the causal generator it
     absorbed is gone)."""
     path = os.path.join(ROOT, "models", "gpt2_dynamo.onnx")
-    g = pipeline.optimize(path).graph
+    g = pipeline.lower(path).graph
     ex = Executor(g, 1)
     feeds = _feeds(g, 8, 0)
     want = Executor(g, fast=False).run(feeds)
@@ -161,7 +161,7 @@ def _twins_after_fast_runs(g) -> bool:
 
 def test_regions_with_large_weights_get_no_twin(monkeypatch):
     """A twin would hold a second copy of its region's weights: above the limit, none is made."""
-    g = pipeline.optimize(CORPUS[-1]).graph
+    g = pipeline.lower(CORPUS[-1]).graph
     assert _twins_after_fast_runs(g)
     monkeypatch.setattr(executor, "TWIN_MAX_WEIGHT_BYTES", 0)
     assert not _twins_after_fast_runs(g)
@@ -173,7 +173,7 @@ def test_a_twin_onnxruntime_refuses_leaves_the_region_as_it_is(monkeypatch):
     def refuse(self, region):
         raise DmlgraphError("onnxruntime cannot load the model")
     monkeypatch.setattr(Executor, "_twin", refuse)
-    assert not _twins_after_fast_runs(pipeline.optimize(CORPUS[-1]).graph)
+    assert not _twins_after_fast_runs(pipeline.lower(CORPUS[-1]).graph)
 
 
 def _reshaped_mask_model():

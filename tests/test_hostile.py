@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 from test_reliability import assert_clean_error, assert_ok, model, run_cli, save, tree_digest, vi
 
-from dmlgraph import pipeline as api
+from dmlgraph import pipeline
 from dmlgraph.io import onnx_io
 from dmlgraph.rewrite import Options
 from dmlgraph.tools import cli
@@ -75,8 +75,8 @@ def run_target(target: str, path: str, feeds: dict) -> list[np.ndarray]:
     """A written model's outputs: the dml target through dmlgraph's executor, onnx through onnxruntime."""
     if target == "onnx":
         return ort_run(path, feeds)
-    _, g = api.load(path)
-    out = api.run_graph(g, feeds)
+    _, g = pipeline.load(path)
+    out = pipeline.run_graph(g, feeds)
     return [out[v.name] for v in g.outputs]
 
 
@@ -139,7 +139,7 @@ def test_portable_selection_of_every_value_class(tmp_path):
     for dtype, dt in NP.items():
         for v in special_values(dt):
             path = save(_where_band_model(dtype, np.array(v).reshape(()), False), tmp_path / "m.onnx")
-            result = api.optimize(path, Options(), "onnx")
+            result = pipeline.lower(path, Options(), "onnx")
             x = _square_of(special_values(dt), 4, 3)
             want = ReferenceEvaluator(path).run(None, {"x": x})[0]
             assert_same_bits(want, ort_run(result.model, {"x": x})[0], f"{dt.__name__} value {v!r}")
@@ -232,7 +232,7 @@ def test_an_invalid_result_is_an_internal_error_and_nothing_is_written(tmp_path,
         m = real(g, target)
         del m.graph.node[0]
         return m
-    monkeypatch.setattr(api, "export_model", broken)
+    monkeypatch.setattr(pipeline, "export_model", broken)
     for target in ("dml", "onnx"):
         code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx", "--target", target], capsys)
         assert code == 3, e
@@ -259,7 +259,7 @@ def test_portable_output_has_no_dead_nodes(tmp_path):
         inits = [numpy_helper.from_array(np.array(-1, np.int64), "k1"), numpy_helper.from_array(np.array(1, np.int64), "k2")]
         path = save(model(nodes, [vi("x", [4, 5]), vi("b", [4, 5], T.BOOL)], [vi("y", [4, 5])], inits),
                     tmp_path / f"{begin_end}.onnx")
-        written = api.optimize(path, Options(), "onnx").model
+        written = pipeline.lower(path, Options(), "onnx").model
         read = {name for n in written.graph.node for name in n.input} | {o.name for o in written.graph.output}
         dead = [n.op_type for n in written.graph.node if not set(n.output) & read]
         assert not dead, f"{begin_end}: nodes whose outputs nothing reads: {dead}"
@@ -392,7 +392,7 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path, capsys, mon
 
     def bug(*a, **k):
         raise RuntimeError("a simulated bug")
-    monkeypatch.setattr(api, "run_graph", bug)
+    monkeypatch.setattr(pipeline, "run_graph", bug)
     code, o, e = run_cli(["--debug", "run", path], capsys)
     assert code == 3 and "Traceback" in e and "a simulated bug" in e
     code, o, e = run_cli(["--debug", "run", path, "--dim", "nope=2"], capsys)

@@ -193,7 +193,7 @@ def test_import_and_written_model_are_the_same_either_way(name, tmp_path, monkey
         monkeypatch.setattr(inference_scopes, "MIN_IFS", least)
         monkeypatch.setattr(inference_scopes, "MIN_NODES", least)
         out = str(tmp_path / f"out{least}.onnx")
-        pipeline.write(pipeline.optimize(src), out, src)
+        pipeline.lower(src).save(out)
         with open(out, "rb") as f:
             results.append((_graph_types(model), f.read()))
     assert results[0] == results[1]
@@ -215,7 +215,7 @@ def test_bench_model_is_scoped_and_its_write_passes_the_full_check(tmp_path):
     assert inference_scopes.scoped(model) is not None
     src, out = str(tmp_path / "m.onnx"), str(tmp_path / "out.onnx")
     onnx.save(model, src)
-    pipeline.write(pipeline.optimize(src), out, src)
+    pipeline.lower(src).save(out)
     written = onnx.load(out)
     assert inference_scopes.scoped(written) is not None  # (the write's check ran scoped)
     onnx.checker.check_model(written, full_check=True)

@@ -58,7 +58,7 @@ CASES = [(file, name) for file, e in sorted(ENTRIES.items()) for name in sorted(
 @pytest.mark.parametrize("file,input_set", CASES)
 def test_lowered_model_equals_onnxruntime_at_every_input_set(file, input_set):
     feeds = pipeline.load_inputs(os.path.join(MODELS, ENTRIES[file]["input_sets"][input_set]))
-    report = pipeline.validate(os.path.join(MODELS, file), Options(exact_only=True), feeds=feeds)
+    report = pipeline.validate(os.path.join(MODELS, file), inputs=feeds, options=Options(exact_only=True)).report
     assert report["ok"], [t for t in report["tensors"] if not t.get("ok", True)]
     assert sum(report["rewrites"].values()) >= 1
 

@@ -95,7 +95,7 @@ def test_validates_against_onnxruntime_at_two_lengths(entry):
     path = os.path.join(MODELS, entry["file"])
     dynamic = entry.get("dynamic_axes") or []
     for size in (7, 12):
-        report = pipeline.validate(path, dims={d: (2 if d == "batch" else size) for d in dynamic})
+        report = pipeline.validate(path, dims={d: (2 if d == "batch" else size) for d in dynamic}).report
         assert report["ok"], [r for r in report["tensors"] + report["outputs"] if not r["match"]]
         for row in report["tensors"]:
             assert row["detail"] in ("bit-exact", "equal values (signed zeros or NaN payloads differ)")

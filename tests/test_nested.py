@@ -246,9 +246,9 @@ def written(tmp_path_factory):
         src = str(folder / f"{name}.onnx")
         onnx.save(build(), src)
         for target in ("dml", "onnx"):
-            result = pipeline.optimize(src, target=target)
+            result = pipeline.lower(src, target=target)
             path = str(folder / f"{name}_{target}.onnx")
-            pipeline.write(result, path, src)
+            result.save(path)
             out[name, target] = (src, result, path)
     return out
 
@@ -315,7 +315,7 @@ def test_validate_is_bit_exact(case, written):
     _, feed_sets, _ = CASES[case]
     src = written[case, "dml"][0]
     for feeds in feed_sets:
-        r = pipeline.validate(src, feeds=feeds)
+        r = pipeline.validate(src, inputs=feeds).report
         assert r["ok"] and r["exact"], r
         assert all(o["detail"] == "bit-exact" for o in r["outputs"]), r["outputs"]
 
@@ -374,7 +374,7 @@ def test_mask_of_a_loop_carried_value_in_an_inner_if_is_declined(tmp_path):
                    [_const("zero", 0), _const("one", 1), _const("ax", [1])])
     src = str(tmp_path / "m.onnx")
     onnx.save(model, src)
-    [m] = [m for m in pipeline.optimize(src).passes.declined if m.rule == "mask_subgraph"]
+    [m] = [m for m in pipeline.lower(src).passes.declined if m.rule == "mask_subgraph"]
     assert m.captures["scope"] == "Loop_1/body/If_2/then_branch"
     assert "inner_mask" in {n.name for n in m.nodes} and "a loop-carried value 'n'" in m.reason
 
@@ -389,7 +389,7 @@ def test_function_typed_by_its_calls_and_declined_when_they_disagree(tmp_path):
                    functions=[f])
     src = str(tmp_path / "m.onnx")
     onnx.save(model, src)
-    result = pipeline.optimize(src)
+    result = pipeline.lower(src)
     assert not result.passes.applied
     [m] = [m for m in result.passes.declined if m.rule == "local_function"]
     assert "local::MaskFn" in m.reason and "different element types" in m.reason
@@ -404,7 +404,7 @@ def test_function_reading_attributes_is_declined(tmp_path):
                    [_vi("Y", shape=[3, 3])], functions=[f])
     src = str(tmp_path / "m.onnx")
     onnx.save(model, src)
-    [m] = [m for m in pipeline.optimize(src).passes.declined if m.rule == "local_function"]
+    [m] = [m for m in pipeline.lower(src).passes.declined if m.rule == "local_function"]
     assert "caller's attributes (kk)" in m.reason
 
 
@@ -420,7 +420,7 @@ def test_outer_constant_is_seen_as_a_constant_and_not_copied_in(tmp_path):
                    [numpy_helper.from_array(mask, "M"), _const("fill", -1.0, np.float32)])
     src = str(tmp_path / "m.onnx")
     onnx.save(model, src)
-    result = pipeline.optimize(src)
+    result = pipeline.lower(src)
     assert {(m.captures.get("scope"), m.rule) for m in result.passes.applied} == \
         {(None, "stored_mask"), ("If_0/then_branch", "mask_where")}
     out = result.model
@@ -458,7 +458,7 @@ def test_new_names_never_clash_with_enclosing_scopes(target, tmp_path):
     names differ from every name its enclosing scopes define."""
     src = str(tmp_path / "m.onnx")
     onnx.save(shared_helpers_model(), src)
-    result = pipeline.optimize(src, target=target)
+    result = pipeline.lower(src, target=target)
     assert {(m.captures.get("scope"), m.rule) for m in result.passes.applied} == \
         {(None, "mask_subgraph"), ("If_1/then_branch", "mask_subgraph")}
     model = result.model
@@ -489,7 +489,7 @@ def test_graphs_without_bodies_are_untouched(tmp_path):
     model = _model([h.make_node("Trilu", ["X"], ["Y"], upper=1)], [_vi("X", shape=[3, 4])], [_vi("Y", shape=[3, 4])])
     src = str(tmp_path / "m.onnx")
     onnx.save(model, src)
-    r = pipeline.optimize(src)
+    r = pipeline.lower(src)
     assert [(m.rule, "scope" in m.captures) for m in r.passes.applied] == [("trilu", False)]
 
 
@@ -498,8 +498,8 @@ def test_deterministic_and_idempotent(target, written, tmp_path):
     """The same model gives the same bytes; optimizing the written model again gives them again."""
     for case in sorted(CASES):
         src, first, path = written[case, target]
-        again = pipeline.optimize(src, target=target).model.SerializeToString()
-        second = pipeline.optimize(path, target=target)
+        again = pipeline.lower(src, target=target).model.SerializeToString()
+        second = pipeline.lower(path, target=target)
         assert again == first.model.SerializeToString() == second.model.SerializeToString(), case
         if target == "dml":
             assert not second.passes.applied, case  # nothing left to lower
@@ -536,14 +536,14 @@ def test_mask_sized_by_a_carried_value_that_grows(tmp_path):
     feeds = {"s0": _x((1, 3)), "trip": np.array(4, np.int64), "total0": np.array(0.25, np.float32)}
     want = _ort(model, feeds)
     for target in ("dml", "onnx"):
-        result = pipeline.optimize(src, target=target)
+        result = pipeline.lower(src, target=target)
         assert {("Loop_1/body", "mask_subgraph"), ("Loop_1/body", "mask_where")} <= \
             {(m.captures.get("scope"), m.rule) for m in result.passes.applied}
         onnx.checker.check_model(result.model, full_check=True)
         got = _ort(result.model, feeds) if target == "onnx" else \
             [pipeline.run_graph(import_model(result.model), feeds)[o.name] for o in model.graph.output]
         assert all(_same(w, g) for w, g in zip(want, got))
-    assert pipeline.validate(src, feeds=feeds)["ok"]
+    assert pipeline.validate(src, inputs=feeds).ok
 
 
 def test_body_reading_a_value_of_unknown_type_is_declined(tmp_path):
@@ -555,7 +555,7 @@ def test_body_reading_a_value_of_unknown_type_is_declined(tmp_path):
                      "m", [_vi("X", shape=[3, 3]), _vi("c", T.BOOL, [])], [_vi("Y", shape=[3, 3])])
     src = str(tmp_path / "m.onnx")
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", OPSET), h.make_opsetid("custom", 1)], ir_version=10), src)
-    declined = [m for m in pipeline.optimize(src).passes.declined if m.rule == "nested_body"]
+    declined = [m for m in pipeline.lower(src).passes.declined if m.rule == "nested_body"]
     assert {m.reason for m in declined} == {
         "its then_branch is not lowered: the enclosing value 'V' it reads has no known tensor type",
         "its else_branch is not lowered: the enclosing value 'V' it reads has no known tensor type"}
@@ -600,7 +600,7 @@ def test_body_left_to_onnxruntime_reads_a_main_graph_generator(tmp_path):
                    [_vi("X", shape=["S", "S"]), _vi("c", T.BOOL, [])], [_vi("Y", shape=["S", "S"])], _causal_consts("m_"))
     src = str(tmp_path / "m.onnx")
     onnx.save(model, src)
-    result = pipeline.optimize(src)
+    result = pipeline.lower(src)
     assert [(m.captures.get("scope"), m.rule) for m in result.passes.applied] == [(None, "mask_subgraph")]
     out = result.model
     onnx.checker.check_model(out, full_check=True)
@@ -609,7 +609,7 @@ def test_body_left_to_onnxruntime_reads_a_main_graph_generator(tmp_path):
     for c in (True, False):
         feeds = {"X": _x((5, 5)), "c": np.array(c)}
         assert _same(pipeline.run_graph(import_model(out), feeds)["Y"], _ort(model, feeds)[0])
-        assert pipeline.validate(src, feeds=feeds)["ok"]
+        assert pipeline.validate(src, inputs=feeds).ok
 
 
 def test_sibling_bodies_with_constants_of_one_name_each_use_their_own(tmp_path):
@@ -627,7 +627,7 @@ def test_sibling_bodies_with_constants_of_one_name_each_use_their_own(tmp_path):
                    [_vi("X", shape=[6, 6]), _vi("c", T.BOOL, [])], [_vi("Y", shape=[6, 6])], [_const("k", 0)])
     src = str(tmp_path / "m.onnx")
     onnx.save(model, src)
-    result = pipeline.optimize(src)
+    result = pipeline.lower(src)
     assert result.passes.counts["trilu"] == 4
     out = result.model
     onnx.checker.check_model(out, full_check=True)
@@ -687,7 +687,7 @@ def test_fresh_dims_never_take_a_dim_the_model_names():
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
     feeds = {"X": np.zeros((1, 1), np.float32), "W": np.arange(9, dtype=np.float32).reshape(3, 3), "c": np.array(True)}
     want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-    g = pipeline.optimize(model).graph
+    g = pipeline.lower(model).graph
     try:
         np.testing.assert_array_equal(pipeline.run_graph(g, feeds)["Y"], want)
     except pipeline.DmlgraphError:  # (the documented run-time refusal of a broadcast the proof did not see)

@@ -14,6 +14,7 @@ import onnx_ir.passes.common as common_passes
 import onnxruntime as ort
 import pytest
 
+import dmlgraph
 from dmlgraph import pipeline
 from dmlgraph.integrations.onnx_ir import LowerToDiagonalMatrix
 from dmlgraph.io.onnx_io import import_model
@@ -112,5 +113,5 @@ def test_external_weights_stay_where_they_are(tmp_path):
 
 
 def test_an_unknown_target_is_refused():
-    with pytest.raises(ValueError, match="target must be one of dml, onnx"):
+    with pytest.raises(dmlgraph.DmlgraphError, match="unknown target .directml."):
         LowerToDiagonalMatrix(target="directml")

@@ -245,7 +245,7 @@ def test_optimizing_twice_changes_nothing():
 # ---- validation ------------------------------------------------------------------------------
 def test_validate_demo_model_bit_exact():
     for seq in (4, 11):
-        report = pipeline.validate(DEMO, dims={"batch": 2, "seq": seq})
+        report = pipeline.validate(DEMO, dims={"batch": 2, "seq": seq}).report
         assert report["ok"], report
         assert all(r["detail"] == "bit-exact" for r in report["outputs"] + report["tensors"])
         assert sorted(r["name"] for r in report["tensors"]) == ["eye", "masked_scores"]

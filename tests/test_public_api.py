@@ -197,10 +197,10 @@ def test_the_wheel_installs_a_working_demo_and_its_models(tmp_path):
 
 def test_save_checks_again_only_a_model_changed_since_optimize(tmp_path, monkeypatch):
     """optimize checks what it made; saving it unchanged does not check again, a changed one is checked."""
-    from dmlgraph import api
+    from dmlgraph import pipeline
     calls = []
-    real = api._full_check_failure
-    monkeypatch.setattr(api, "_full_check_failure", lambda m: calls.append(m) or real(m))
+    real = pipeline.full_check_failure
+    monkeypatch.setattr(pipeline, "full_check_failure", lambda m: calls.append(m) or real(m))
     result = dmlgraph.optimize(DEMO)
     assert result.checked_bytes == result.model.SerializeToString(deterministic=True)
     result.save(tmp_path / "a.onnx")

@@ -18,14 +18,9 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
+from dmlgraph import pipeline
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.io.modelfile import without_weights
-from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.ir.ops import FeatureLevel
-from dmlgraph.pipeline import optimize_graph
-from dmlgraph.rewrite import Options
-
-TARGETS = ("dml", "onnx")
 
 
 class LowerToDiagonalMatrix(ir.passes.FunctionalPass):
@@ -40,24 +35,19 @@ class LowerToDiagonalMatrix(ir.passes.FunctionalPass):
 
     def __init__(self, target: str = "dml", exact: bool = False,
                  feature_level: str | FeatureLevel = "5_1") -> None:
-        if target not in TARGETS:
-            raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
-        self.target = target
-        self.options = Options(feature_level=FeatureLevel.parse(feature_level), exact_only=exact)
+        self.target = pipeline.check_target(target)
+        self.options = pipeline.make_options(exact=exact, feature_level=feature_level)
         self.counts: dict[str, int] = {}  # rewrites per rule in the last call
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         proto = ir.serde.serialize_model(model)
-        g = import_model(proto, _base_dir(model))
-        result = optimize_graph(g, self.options)
-        g.remove_dead()
-        lowered = export_model(g, self.target)
-        onnx.checker.check_model(without_weights(lowered, keep_dims=False, has_external=True), full_check=False)
+        result = pipeline.lower(proto, self.options, self.target, base_dir=_base_dir(model))
+        lowered = result.model
         out = ir.serde.deserialize_model(lowered)
         _reuse_tensors(model, out)
         self.counts = dict(result.counts)
         # A portable model lowers again to the same nodes: that is no change (a PassManager stops).
-        modified = bool(result.applied) and _nodes(lowered) != _nodes(proto)
+        modified = bool(result.rewrites) and _nodes(lowered) != _nodes(proto)
         return ir.passes.PassResult(out, modified=modified)
 
 

@@ -36,9 +36,8 @@ def _progress(enabled: bool) -> Callable[[str], None] | None:
 
 
 def _options(args: argparse.Namespace) -> Options:
-    from dmlgraph.ir.ops import FeatureLevel
-    from dmlgraph.rewrite import Options
-    return Options(feature_level=FeatureLevel.parse(args.feature_level), exact_only=args.exact)
+    from dmlgraph.pipeline import make_options
+    return make_options(exact=args.exact, feature_level=args.feature_level)
 
 
 def _emit(args: argparse.Namespace, payload: dict, text: str) -> None:
@@ -116,7 +115,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from dmlgraph import pipeline
     from dmlgraph.tools.report import validate_text
     feeds = pipeline.load_inputs(args.inputs) if args.inputs else None
-    report = pipeline.validate(args.model, _options(args), feeds, pipeline.parse_dims(args.dim), args.seed)
+    report = pipeline.validate(args.model, None, feeds, dims=pipeline.parse_dims(args.dim), seed=args.seed,
+                               options=_options(args)).report
     _emit(args, report, validate_text(report))
     return EXIT_OK if report["ok"] else EXIT_MISMATCH
 
@@ -171,7 +171,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ok = True
     for seq in (5, 16):
         print(f"\n$ dmlgraph validate {os.path.relpath(model)} --dim seq={seq}")
-        report = pipeline.validate(model, _options(args), dims={"seq": seq, "batch": 2})
+        report = pipeline.validate(model, dims={"seq": seq, "batch": 2}, options=_options(args)).report
         print(validate_text(report))
         ok &= report["ok"]
     return EXIT_OK if ok else EXIT_MISMATCH

@@ -27,7 +27,7 @@ from dmlgraph.inspection import (
     shape_text,
 )
 from dmlgraph.io.saving import atomic_writer
-from dmlgraph.ir.ops import FeatureLevel
+from dmlgraph.pipeline import make_options
 
 
 # ---- text --------------------------------------------------------------------------------------
@@ -339,9 +339,7 @@ def _write_text(path: str, text: str) -> None:
 
 # ---- CLI entry ---------------------------------------------------------------------------------
 def inspect_command(args: argparse.Namespace) -> int:
-    from dmlgraph.rewrite import Options
-    options = Options(feature_level=FeatureLevel.parse(getattr(args, "feature_level", "5_1")),
-                      exact_only=bool(getattr(args, "exact", False)))
+    options = make_options(feature_level=getattr(args, "feature_level", "5_1"), exact=bool(getattr(args, "exact", False)))
     as_json = bool(getattr(args, "json", False))
     progress = progress_printer(not as_json)
     ins = analyze(args.model, options, getattr(args, "top", 10), getattr(args, "target", "dml"), progress)

@@ -1,4 +1,4 @@
-"""`dmlgraph bench`: both suites in one run, then one table of every goal and whether it is met.
+"""`python -m benchmarks`: both suites in one run, then one table of every goal and whether it is met.
 
 The kernel suite (`bench_kernels`: the DIAGONAL_MATRIX1 kernel against a copy of the same bytes
 and onnxruntime, interleaved rounds in one process) and the pipeline suite (`bench_pipeline`:

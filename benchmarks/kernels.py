@@ -1,6 +1,6 @@
 """Kernel benchmark: the DIAGONAL_MATRIX1 kernel against a plain copy and onnxruntime.
 
-    dmlgraph bench kernels [--quick] [--json FILE]    (python -m benchmarks.kernels [--rounds N])
+    python -m benchmarks kernels [--quick] [--json FILE]    (python -m benchmarks.kernels [--rounds N])
 
 For every case x shape x type, in one process, with preallocated outputs and interleaved rounds
 (ours, baseline, onnxruntime, in rotating order), the median CPU time per call (of the calling

@@ -1,4 +1,4 @@
-"""`dmlgraph bench pipeline`: the optimizer, the executor and memory at scale, each against a baseline.
+"""`python -m benchmarks pipeline`: the optimizer, the executor and memory at scale, each against a baseline.
 
 Cases (each row: case, ours, baseline, ratio, target, met; medians of repeated runs in one process):
 
@@ -33,7 +33,7 @@ what onnx alone spends on the same job (the interpreter and `import onnx` for a 
 the parse, the input's checker and the output's full check for the optimizer rates). A goal past
 its floor is out of reach while dmlgraph reads, checks and writes models with the onnx package.
 
-Run: `dmlgraph bench pipeline [--quick] [--json FILE]` (or `dmlgraph bench` for both suites and the goals).
+Run: `python -m benchmarks pipeline [--quick] [--json FILE]` (or `python -m benchmarks` for both suites and the goals).
 """
 from __future__ import annotations
 

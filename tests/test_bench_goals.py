@@ -1,4 +1,4 @@
-"""`dmlgraph bench`: the kernel suite's rows and summaries, and the goals table over both suites
+"""`python -m benchmarks`: the kernel suite's rows and summaries, and the goals table over both suites
 (smoke runs and synthetic rows: no timing asserts)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`dmlgraph bench pipeline` (smoke only: no timing asserts) and the fast paths it measures, each
+"""`python -m benchmarks pipeline` (smoke only: no timing asserts) and the fast paths it measures, each
 checked against the simple computation it replaces."""
 from __future__ import annotations
 

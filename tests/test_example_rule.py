@@ -1,4 +1,4 @@
-"""The README's example rule, written against the rule API, runs with the built-in rules."""
+"""docs/api.md's example rule, written against the rule API, runs with the built-in rules."""
 from __future__ import annotations
 
 import importlib.util

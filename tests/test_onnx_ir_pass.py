@@ -1,6 +1,6 @@
 """dmlgraph as an onnx-ir pass: both targets inside a PassManager, equal to onnxruntime on the original.
 
-torch is not installed here; `ONNXProgram.model` is an `onnx_ir.Model`, so the README's calls are
+torch is not installed here; `ONNXProgram.model` is an `onnx_ir.Model`, so docs/api.md's calls are
 made on an `onnx_ir.Model` loaded from a file instead.
 """
 from __future__ import annotations

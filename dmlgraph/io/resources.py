@@ -2,7 +2,7 @@
 
 The wheel installs the repository's models/ folder (the demo model and the corpus models the
 benchmarks run) as the package `dmlgraph.models` (pyproject.toml maps it), so `dmlgraph demo` and
-`dmlgraph bench` work from any folder.
+`python -m benchmarks` work from any folder.
 """
 from __future__ import annotations
 

@@ -409,14 +409,9 @@ def _model_stats(model: onnx.ModelProto) -> dict:
             "file_bytes": int(model.ByteSize())}
 
 
-def _rule_table(options: Options) -> dict:
+def _rule_table() -> dict:
     from dmlgraph.passes import default_rules
-    from dmlgraph.rewrite import Options
-    table: dict[str, Any] = {}
-    for opts in (Options(feature_level=options.feature_level), options):
-        for r in default_rules(opts):
-            table.setdefault(r.name, r)
-    return table
+    return {r.name: r for r in default_rules()}
 
 
 def analyze(source: ModelLike, options: Options | None = None, top: int = 10, target: str = "dml",
@@ -452,7 +447,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     report["schema"] = SCHEMA
     report["options"] = {"feature_level": options.feature_level.label, "target": target,
                          "exact_only": bool(options.exact_only), "top": top}
-    rules = _rule_table(options)
+    rules = _rule_table()
     report["masks"] = mask_census.classify(sites, g, result)
     report["missed"] = [r for r in report["masks"] if r["status"] == "missed"]
 

@@ -117,10 +117,10 @@ def match_record(m: Match, with_reason: bool = False) -> dict:
 
 def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] | None = None) -> PassResult:
     """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place."""
-    from dmlgraph.passes import default_rules  # the one place where core and passes meet
+    from dmlgraph.passes import default_phases  # the one place where core and passes meet
     from dmlgraph.passes.scoped import varying_masks
 
-    manager = PassManager(default_rules(options), options)  # (one for the main graph and every body)
+    manager = PassManager(default_phases(), options)  # (one for the main graph and every body)
     arrays: dict = {}  # the bodies' small constants decoded (`passes.common.const_value`), shared by all
 
     def flat(graph: Graph) -> PassResult:

@@ -375,7 +375,7 @@ def build(plan: Plan) -> Replacement:
 
 def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
                      exact: str, description: str, output_is_mask: bool = True, two_valued: bool = False) -> Rule:
-    """A phase-3 rule applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
+    """An application rule (the fourth phase) applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
 
     `output_is_mask`: the op's output is itself a mask (And, Not, Cast), so a band it cannot take is
     declined with the reason; an application whose output is data (Where, Add) that is no mask
@@ -398,7 +398,7 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
     def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
         return build(m.captures["plan"])
 
-    return Rule(name, op_types, match, rewrite, exact=exact, phase=3, description=description)
+    return Rule(name, op_types, match, rewrite, exact=exact, description=description)
 
 
 # ---- Where ------------------------------------------------------------------------------------------
@@ -450,5 +450,5 @@ def _rewrite_chain(graph: Graph, m: Match, options: Options) -> Replacement:
     return r
 
 
-CHAIN = Rule("chain", ("DiagonalMatrix1",), _match_chain, _rewrite_chain, exact="bit-exact", phase=4,
+CHAIN = Rule("chain", ("DiagonalMatrix1",), _match_chain, _rewrite_chain, exact="bit-exact",
              description="DIAGONAL_MATRIX1 of a DIAGONAL_MATRIX1 with the same value -> one node (region union)")

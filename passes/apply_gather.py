@@ -98,6 +98,6 @@ def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
     return replace_node(m.nodes[0], m.captures["dml"])
 
 
-MASK_GATHER = Rule("mask_gather", ("Squeeze",), _match, _rewrite, exact="bit-exact", phase=3,
+MASK_GATHER = Rule("mask_gather", ("Squeeze",), _match, _rewrite, exact="bit-exact",
                    description="the portable target's GatherElements selection of (X, c) by a band -> "
                    "DIAGONAL_MATRIX1(X, Value c)")

@@ -211,5 +211,5 @@ def _unsqueezed_source(s: ShapeSource, axes: list[int], hint: str, built: Built)
 
 
 MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape"), _match_view, _rewrite_view, exact="bit-exact",
-                 phase=3, description="Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
+                 description="Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
                                       "node at the new shape")

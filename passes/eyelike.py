@@ -54,5 +54,5 @@ def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
     return replace_node(m.nodes[0], m.captures["dml"], *([shape_node] if shape_node else []))
 
 
-RULE = Rule("eyelike", ("EyeLike",), _match, _rewrite, exact="bit-exact", phase=2,
+RULE = Rule("eyelike", ("EyeLike",), _match, _rewrite, exact="bit-exact",
             description="EyeLike(x, k) -> DIAGONAL_MATRIX1(Value 1, Begin k, End k+1)")

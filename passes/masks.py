@@ -398,6 +398,6 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
                        replaces=[(old, node.outputs[0])], removes=[cast(Node, old.producer)])  # (a node's output)
 
 
-MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,
+MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact",
                      candidates=lambda graph: _data_free(graph).frontier(),
                      description="shape-only mask subgraph -> one DIAGONAL_MATRIX1 generator")

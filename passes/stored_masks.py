@@ -84,5 +84,5 @@ def _stored_candidates(graph: Graph) -> list[Value | Node]:
 
 
 STORED_MASK = Rule("stored_mask", ("Initializer", "Constant"), _match_stored, _rewrite_stored,
-                   exact="bit-exact", phase=1, candidates=_stored_candidates,
+                   exact="bit-exact", candidates=_stored_candidates,
                    description="constant band mask -> DIAGONAL_MATRIX1 generator (the constant leaves the model)")

@@ -47,5 +47,5 @@ def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
     return replace_node(m.nodes[0], m.captures["dml"])
 
 
-RULE = Rule("trilu", ("Trilu",), _match, _rewrite, exact="bit-exact", phase=2,
+RULE = Rule("trilu", ("Trilu",), _match, _rewrite, exact="bit-exact",
             description="Trilu(x, k, upper) -> DIAGONAL_MATRIX1(x, Value 0)")

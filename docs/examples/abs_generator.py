@@ -29,5 +29,5 @@ def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
     return replace_node(m.nodes[0], m.captures["dml"])  # the generator dies with its last reader
 
 
-RULE = Rule("abs_generator", ("Abs",), match, rewrite, exact="bit-exact", phase=4,
+RULE = Rule("abs_generator", ("Abs",), match, rewrite, exact="bit-exact",
             description="Abs(DIAGONAL_MATRIX1 generator) -> DIAGONAL_MATRIX1 generator with |value|")

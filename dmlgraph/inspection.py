@@ -6,7 +6,7 @@ docs/inspect.md, version `SCHEMA`); `format_text` and `to_dot` are its faces; `i
 is the CLI entry.
 
 It works generically from the pass manager's result: every applied Match is one candidate row
-(rule, covered nodes and initializers, the DmlNode in `captures["dml"]`), every declined Match one
+(rule, covered nodes and initializers, its DmlNode in `Match.dml`), every declined Match one
 row with its reason. Nothing here knows a particular rule.
 
 Large models: the header reads metadata only (`tensor_nbytes` from dims/dtype or the stored
@@ -471,7 +471,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     candidates: list[dict[str, Any]] = []
     made_by: dict[tuple, int] = {}  # (scope, output value name) of a candidate's DML node -> candidate id
     for i, (m, init_names) in enumerate(zip(result.applied, covered_inits), 1):
-        dml = m.captures.get("dml")
+        dml = m.dml
         rule = rules.get(m.rule)
         cov_inits: list[dict[str, Any]] = [
             {"name": name, "bytes": sizes.get(name, 0), "shape": shapes.get(name, (None, None))[0],

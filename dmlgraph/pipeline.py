@@ -259,8 +259,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
     }
-    rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.captures.get("dml")),
-                        bool(getattr(m.captures.get("dml"), "exact", True))) for m in result.applied]
+    rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.dml),
+                        bool(getattr(m.dml, "exact", True))) for m in result.applied]
     declined = [Decline(m.rule, tuple(n.name for n in m.nodes), tuple(m.initializers), m.reason or "")
                 for m in result.declined]
     path = None if isinstance(model, onnx.ModelProto) else os.fspath(model)
@@ -291,7 +291,7 @@ def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -
 
 
 def _dml_summary(m: Match) -> dict | None:
-    dml = m.captures.get("dml")
+    dml = m.dml
     if dml is None:
         return None
     return {"op": dml.kind, "begin": dml.begin, "end": dml.end, "value": np.asarray(dml.value).item(),

@@ -222,7 +222,7 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
     preview = DmlNode(node.name, None if x.const is not None and _is_plus_zero(x.const) else Value("pending"), None,
                       d.inputs[2], standin(out), elem_type=out.elem_type, value=dtype.type(plan.value),
                       begin=region[0], end=region[1], exact=exact)
-    m.captures.update(plan=plan, dml=preview)
+    m.captures["plan"], m.dml = plan, preview
     m.reason = lowering_reason(preview, out.shape, options)
     return m
 
@@ -440,12 +440,12 @@ def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
         return None
     dml = DmlNode(node.name, inner.inputs[0], None, node.inputs[2], standin(node.outputs[0]), elem_type=node.elem_type,
                   value=node.value, begin=region[0], end=region[1], exact=node.exact and inner.exact)
-    return Match("chain", [inner, node], {"dml": dml})
+    return Match("chain", [inner, node], dml=dml)
 
 
 def _rewrite_chain(graph: Graph, m: Match, options: Options) -> Replacement:
     inner, outer = m.nodes
-    r = replace_node(outer, m.captures["dml"])
+    r = replace_node(outer, m.dml)
     r.removes.append(inner)  # (read only by `outer`: the match checked)
     return r
 

@@ -35,8 +35,8 @@ class Options:
 class Match:
     """What a rule found: the nodes and constants it covers, its captures, a reason if it declines.
 
-    By convention `captures["dml"]` is the DmlNode the rewrite puts in place (once applied, the
-    node the graph holds). `replacement` is set when the rewriter applied the rule's replacement.
+    `dml` is the DmlNode the rewrite puts in place (once applied, the node the graph holds);
+    `replacement` is set when the rewriter applied the rule's replacement.
     """
 
     rule: str
@@ -45,6 +45,7 @@ class Match:
     reason: str | None = None
     initializers: list[str] = field(default_factory=list)  # stored constants the rewrite makes dead
     replacement: Replacement | None = None
+    dml: DmlNode | None = None
 
     @property
     def declined(self) -> bool:
@@ -374,7 +375,7 @@ class PassManager:
                     else:
                         for n in new:
                             if isinstance(n, DmlNode):
-                                m.captures["dml"] = n
+                                m.dml = n
                         counts[rule.name] += 1
                         applied.append(m)
                         changed = True

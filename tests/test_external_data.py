@@ -32,7 +32,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 from test_hostile import ort_run, run_target
-from test_reliability import assert_ok, run_cli, tree_digest
+from test_reliability import assert_clean_error, assert_ok, run_cli, tree_digest
 
 import dmlgraph
 from dmlgraph.io import saving
@@ -140,6 +140,21 @@ def test_a_model_over_the_threshold_is_written_with_its_own_data_file(layout, tm
                 if t.data_location == T.EXTERNAL} == {f"lowered_{target}.onnx.data"}
         assert_written_well(out, target, src)
     assert {p: d for p, d in tree_digest(tmp_path / "in").items() if "lowered" not in p} == before
+
+
+def test_the_output_never_replaces_the_inputs_external_data(tmp_path, capsys, monkeypatch):
+    """The output (or its data file) named as one of the input's data files would destroy the input
+    (it was written, and the input no longer loaded): refused with exit 2, nothing written."""
+    src = export(tmp_path, "one_file")
+    before = tree_digest(tmp_path)
+    assert_clean_error(*run_cli(["optimize", src, "-o", tmp_path / "model.onnx.data"], capsys),
+                       "external data")
+    monkeypatch.setattr(saving, "_EXTERNAL_THRESHOLD", 1000)  # the output gets `model.onnx.data` beside it
+    other = tmp_path / "other.onnx"
+    shutil.copy(src, other)
+    before = tree_digest(tmp_path)
+    assert_clean_error(*run_cli(["optimize", other, "-o", tmp_path / "model.onnx"], capsys), "external data")
+    assert tree_digest(tmp_path) == before
 
 
 def test_in_place_rewrites_the_model_and_its_data(tmp_path, capsys, monkeypatch):

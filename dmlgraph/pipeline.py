@@ -173,9 +173,11 @@ class OptimizeResult:
     checked_bytes: bytes | None = field(default=None, repr=False)  # `model` as `optimize` checked it, if kept
 
     def check(self) -> None:
-        """onnx's checker with full_check on the model (weights left out); where the input model
-        itself fails the full check (an exporter's inconsistent shapes), the output must pass the
-        checks the input passes. Raises AssertionError: a failure is a bug in dmlgraph."""
+        """onnx's checker with full_check on the model, as `saving.check_for_save` runs it (weights
+        and external-data locations left out: the input's are not the output's, and a proto's are
+        looked up from the working directory); where the input model itself fails the full check
+        (an exporter's inconsistent shapes), the output must pass the checks the input passes.
+        Raises AssertionError: a failure is a bug in dmlgraph."""
         failure = full_check_failure(self.model)
         if failure is None:
             return
@@ -211,11 +213,12 @@ class OptimizeResult:
 
 def full_check_failure(model: onnx.ModelProto) -> str | None:
     """What onnx.checker with full_check (strict shape inference) says about the model without
-    its weights; None when it passes."""
+    its weights (`check_for_save`); None when it passes."""
     try:
-        onnx.checker.check_model(without_weights(model, keep_dims=True), full_check=True)
-    except Exception as e:  # noqa: BLE001 - checker and inference raise several types; all mean "fails"
-        return str(e).strip() or type(e).__name__
+        check_for_save(model)
+    except InternalError as e:
+        cause = e.__cause__ or e
+        return str(cause).strip() or type(cause).__name__
     return None
 
 

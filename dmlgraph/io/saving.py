@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 import onnx
 from onnx import TensorProto, numpy_helper
+from onnx.external_data_helper import ExternalDataInfo
 
 from dmlgraph.errors import InternalError, ModelError
 from dmlgraph.io.inference_scopes import full_check, strict_inference
@@ -170,6 +171,13 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+def _entry(path: str) -> str:
+    """The directory entry `path` names (its folder resolved, its last part kept): two spellings
+    of one entry compare equal; a symlink and its target are two entries."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(os.path.realpath(folder), name)
+
+
 def _fsync_dir(folder: str) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -213,8 +221,9 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                check: Callable[[bytes | None], None] | None = None, serialized: bytes | None = None) -> None:
     """Write `model` to `out_path` atomically and deterministically (same model, same bytes).
 
-    - Refuses to overwrite `input_path` (same real path or same file) unless `in_place=True`, and
-      refuses a missing output folder.
+    - Refuses to overwrite `input_path` (same real path or same file) unless `in_place=True`,
+      refuses to replace a file the source's external data is in (but for its data file, which
+      `in_place` replaces too), and refuses a missing output folder.
     - Tensors that are external in the source model are read from `base_dir` (the source model's
       folder), after the same location checks as loading, and streamed in chunks.
     - `external_data=None` writes one file unless the model would exceed ~1.8 GB; `True` forces
@@ -247,6 +256,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     # One entry per tensor in `_iter_tensors` order (None: not external).
     # (Most models have none: a first walk skips the rest without labelling every tensor.)
     sources: list[tuple[str, int, int] | None] = []
+    source_files: set[str] = set()  # the entries the source's locations name, and the files they reach
     # A model without external data is serialized once (here, unless the caller has): its size
     # decides, and its bytes tell most models hold none (`_has_external`).
     if external_data is True:
@@ -264,6 +274,8 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                     raise ModelError(f"{label} is stored as external data, but the source model's folder "
                                      "is unknown", hint="pass base_dir (the input model's folder)")
                 span = _external_span(tensor, base_dir, label)
+                location = ExternalDataInfo(tensor).location
+                source_files |= {span[0], _entry(os.path.join(os.fspath(base_dir), location))}
             sources.append(span)
     external_bytes = sum(span[2] for span in sources if span is not None)
     if external_bytes == 0 and external_data is not True:  # (ByteSize would cost one more pass)
@@ -285,6 +297,13 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
         if input_path is not None and _same_file(data_path, os.fspath(input_path)):
             raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with "
                              "the output's external data", hint="choose a different output path")
+    # Replacing a file the source's data is in would destroy the input (unless it is the input
+    # being replaced, data file and all: --in-place).
+    clash = [p for p in [out] + [data_path] * use_external if _entry(p) in source_files]
+    if clash and not (in_place and clash == [data_path] and input_path is not None and
+                      _same_file(out, os.fspath(input_path))):
+        raise ModelError(f"refusing to overwrite {clash[0]}, external data of the input model, with the output",
+                         hint="choose a different output path or folder")
 
     # A single-file save of a model without external data leaves every tensor as it is: the
     # per-tensor pass over a copy is needed only for external data (in the source or the save).

@@ -18,7 +18,7 @@ from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.io import saving
 from dmlgraph.io.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
 from dmlgraph.io.onnx_io import export_model, import_model
-from dmlgraph.io.saving import atomic_writer, check_for_save
+from dmlgraph.io.saving import atomic_writer, check_for_save, output_target
 from dmlgraph.io.shape_inference import PendingShapes
 from dmlgraph.ir.dtypes import bitwise_equal
 from dmlgraph.ir.graph import DmlNode, Graph, Node, Value, gc_paused
@@ -188,17 +188,17 @@ class OptimizeResult:
 
     @gc_paused
     def save(self, path: str | os.PathLike[str], *, in_place: bool = False) -> int:
-        """Write the model atomically after onnx's full check; returns the file's size in bytes.
+        """Write the model atomically after onnx's full check; returns the model file's size in bytes.
 
-        Refuses to replace the input model unless `in_place`. Weights the input kept as external
-        data are copied from beside it. A model that serializes to the bytes `optimize` checked
-        (one still as it made it) is not checked again.
+        Refuses to replace the input model unless `in_place`, and to replace anything but a
+        regular file (a character device or FIFO is written through; a folder path such as
+        `newdir/` is refused). Weights the input kept as external data are copied from beside it.
+        A model that serializes to the bytes `optimize` checked (one still as it made it) is not
+        checked again.
         """
-        out = os.fspath(path)
         base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
-        saving.save_model(self.model, out, input_path=self.source, in_place=in_place, base_dir=base_dir,
-                          check=self._check_unless_checked)
-        return os.path.getsize(out)
+        return saving.save_model(self.model, path, input_path=self.source, in_place=in_place, base_dir=base_dir,
+                                 check=self._check_unless_checked)
 
     def _check_unless_checked(self, data: bytes | None) -> None:
         """`check`, unless `data` (the bytes the save writes) are the bytes `optimize` checked."""
@@ -455,21 +455,18 @@ def apply_overrides(g: Graph, feeds: dict) -> dict:
 
 
 def check_output_path(path: str, model_path: str | None = None, what: str = "the outputs") -> None:
-    """Refuse an output path whose folder is missing, that is a directory, or that is the model."""
-    if not path:
-        raise DmlgraphError(f"the path for {what} is empty", hint="pass a file name")
-    out = os.path.abspath(path)
+    """Refuse an output path whose folder is missing, that names a folder or is not a regular
+    file, character device or FIFO (`saving.output_target`), or that is the model."""
+    out, through = output_target(path, what)
     folder = os.path.dirname(out)
     if not os.path.isdir(folder):
         raise DmlgraphError(f"cannot write {path}: the folder {folder} does not exist",
                             hint="create the folder first or choose another output path")
-    if os.path.isdir(out):
-        raise DmlgraphError(f"cannot write {path}: it is a directory", hint="pass a file path for the output")
     if model_path is not None and os.path.exists(out) and os.path.exists(model_path) \
             and os.path.samefile(out, model_path):
         raise DmlgraphError(f"refusing to overwrite the input model {model_path} with {what}",
                             hint="choose a different output path")
-    if not os.access(folder, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
+    if (not through and not os.access(folder, os.W_OK)) or (os.path.exists(out) and not os.access(out, os.W_OK)):
         raise DmlgraphError(f"cannot write {path}: permission denied", hint="choose a writable output path")
 
 

@@ -8,10 +8,15 @@ that collide, multi-output producers, the full ONNX check before every write, ma
 """
 from __future__ import annotations
 
+import io
 import os
+import select
 import signal
+import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -547,3 +552,142 @@ def test_fuzz_finding_trilu_of_a_shape_with_extreme_k(k, tmp_path):
     want = ort_run(path, {"x": x})[0]
     for target, out in outs.items():
         assert_same_bits(want, run_target(target, out, {"x": x})[0], target)
+
+
+# ---- what is at the output path (issue 28, classes 2 and 3) ---------------------------------------
+# A character device or FIFO at the output path is written through, never replaced by a regular
+# file (as root, `-o /dev/null` replaced would be /dev/null destroyed); a FIFO nobody reads is an
+# error at once, not a hang; a path naming a folder (`newdir/`) is refused and leaves nothing.
+# The device nodes are made in tmp_path (never the real /dev/null): major 1 minor 3 is null's.
+CAUSAL = os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")
+OUTPUT_COMMANDS = {"optimize": ["optimize", CAUSAL, "-o"], "run": ["run", CAUSAL, "-o"],
+                   "inspect --dot": ["inspect", CAUSAL, "--dot"]}
+
+
+def _char_device(path) -> str:
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return str(path)
+
+
+def _kind(path) -> str:
+    mode = os.lstat(path).st_mode
+    return "chr" if stat.S_ISCHR(mode) else "fifo" if stat.S_ISFIFO(mode) else "blk" if stat.S_ISBLK(mode) else \
+        "link" if stat.S_ISLNK(mode) else "reg" if stat.S_ISREG(mode) else "other"
+
+
+class _Drain:
+    """Reads a FIFO in a thread until its writer closes it (or 60 s pass): opened without blocking
+    before the writer, so neither side can hang."""
+
+    def __init__(self, path) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self.data = b""
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not select.select([self.fd], [], [], 0.1)[0]:
+                continue
+            chunk = os.read(self.fd, 1 << 16)
+            if chunk:
+                self.data += chunk
+            elif self.data:  # the writer closed it
+                return
+            else:  # no writer yet
+                time.sleep(0.02)
+
+    def result(self) -> bytes:
+        self.thread.join(70)
+        os.close(self.fd)
+        return self.data
+
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_a_character_device_at_the_output_is_written_through(command, tmp_path, capsys):
+    node = _char_device(tmp_path / "null")
+    assert_ok(*run_cli(OUTPUT_COMMANDS[command] + [node], capsys))
+    assert _kind(node) == "chr"
+    assert sorted(os.listdir(tmp_path)) == ["null"]  # no temp file left beside it
+    link = tmp_path / "link"  # through a symbolic link: the link stays, the device is written
+    os.symlink(node, link)
+    assert_ok(*run_cli(OUTPUT_COMMANDS[command] + [link], capsys))
+    assert _kind(link) == "link" and _kind(node) == "chr"
+
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_a_fifo_at_the_output_is_written_through_to_its_reader(command, tmp_path, capsys):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, o, e = run_cli(OUTPUT_COMMANDS[command] + [fifo], capsys)  # nobody reads: refused, no hang
+    assert_clean_error(code, o, e, "FIFO", "no process is reading")
+    assert _kind(fifo) == "fifo"
+    drain = _Drain(fifo)
+    assert_ok(*run_cli(OUTPUT_COMMANDS[command] + [fifo], capsys))
+    data = drain.result()
+    assert _kind(fifo) == "fifo" and sorted(os.listdir(tmp_path)) == ["fifo"]
+    if command == "optimize":
+        onnx.checker.check_model(onnx.ModelProto.FromString(data), full_check=True)
+    elif command == "run":
+        assert sorted(np.load(io.BytesIO(data)).files) == ["attn", "scores_plus_eye"]
+    else:
+        assert data.startswith(b"digraph")
+
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_a_block_device_or_socket_at_the_output_is_refused(command, tmp_path, capsys):
+    blk = tmp_path / "blk"  # a device number nothing uses: even a write would reach no disk
+    os.mknod(blk, 0o600 | stat.S_IFBLK, os.makedev(240, 99))
+    code, o, e = run_cli(OUTPUT_COMMANDS[command] + [blk], capsys)
+    assert_clean_error(code, o, e, "block device")
+    assert _kind(blk) == "blk"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "sock"))
+        code, o, e = run_cli(OUTPUT_COMMANDS[command] + [tmp_path / "sock"], capsys)
+        assert_clean_error(code, o, e, "socket")
+
+
+def test_save_writes_through_a_device_and_refuses_a_fifo_nobody_reads(tmp_path):
+    import dmlgraph
+    result = dmlgraph.optimize(CAUSAL)
+    node = _char_device(tmp_path / "null")
+    assert result.save(node) == len(result.model.SerializeToString(deterministic=True))
+    assert _kind(node) == "chr"
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(dmlgraph.DmlgraphError, match="no process is reading"):
+        result.save(tmp_path / "fifo")
+    assert _kind(tmp_path / "fifo") == "fifo" and sorted(os.listdir(tmp_path)) == ["fifo", "null"]
+
+
+def test_a_symlink_at_the_output_keeps_the_link_and_replaces_its_file(tmp_path, capsys):
+    target = tmp_path / "real.onnx"
+    target.write_bytes(b"old")
+    os.symlink("real.onnx", tmp_path / "alias.onnx")
+    assert_ok(*run_cli(["optimize", CAUSAL, "-o", tmp_path / "alias.onnx"], capsys))
+    assert _kind(tmp_path / "alias.onnx") == "link"
+    onnx.checker.check_model(onnx.load(str(target)))
+    assert sorted(os.listdir(tmp_path)) == ["alias.onnx", "real.onnx"]
+
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+@pytest.mark.parametrize("spelling", ["newdir/", "newdir/.", "newdir//", "existing/", "file.onnx/", "sub/.."])
+def test_an_output_path_naming_a_folder_is_refused_and_leaves_nothing(command, spelling, tmp_path, capsys):
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "file.onnx").write_bytes(b"keep")
+    before = tree_digest(tmp_path)
+    listing = sorted(os.listdir(tmp_path))
+    code, o, e = run_cli(OUTPUT_COMMANDS[command] + [str(tmp_path) + "/" + spelling], capsys)
+    assert_clean_error(code, o, e, "names a folder")
+    assert sorted(os.listdir(tmp_path)) == listing and tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("spelling", ["newdir/", "newdir/.", "file.onnx/"])
+def test_save_to_a_folder_path_is_refused_and_leaves_nothing(spelling, tmp_path):
+    import dmlgraph
+    (tmp_path / "file.onnx").write_bytes(b"keep")
+    result = dmlgraph.optimize(CAUSAL)
+    with pytest.raises(dmlgraph.DmlgraphError, match="names a folder"):
+        result.save(str(tmp_path) + "/" + spelling)  # (a str: pathlib would drop the slash)
+    assert sorted(os.listdir(tmp_path)) == ["file.onnx"] and (tmp_path / "file.onnx").read_bytes() == b"keep"

@@ -404,6 +404,23 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path, capsys, mon
     assert code == 2 and "Traceback" in e and "dmlgraph: error: --dim nope" in e
 
 
+@pytest.mark.parametrize("command", ["optimize", "run", "validate", "inspect", "dxdispatch", "demo"])
+def test_debug_is_accepted_after_the_command_too(command, tmp_path, capsys, monkeypatch):
+    """Issue 28, class 7: the internal-error hint says "rerun with --debug", and a rerun appends it."""
+    path = _dim_model(tmp_path)
+    argv = {"optimize": ["optimize", path, "-o", tmp_path / "o.onnx"],
+            "demo": ["demo", path, "-o", tmp_path / "o.onnx"]}.get(command, [command, path])
+
+    def bug(*a, **k):
+        raise RuntimeError("a simulated bug")
+    monkeypatch.setattr(cli, "_load_onnx", bug)  # (every command's first step)
+    for where in ("before", "after"):
+        code, o, e = run_cli(["--debug"] + argv if where == "before" else argv + ["--debug"], capsys)
+        assert code == 3 and "Traceback" in e and "a simulated bug" in e, (where, code, e)
+    code, o, e = run_cli(argv, capsys)
+    assert code == 3 and "Traceback" not in e and "rerun with --debug" in e
+
+
 def test_no_hint_names_an_option_that_does_not_exist(tmp_path, capsys):
     m = model([h.make_node("Relu", ["x"], ["y"])], [vi("x", [4])], [vi("y", [4])])
     m.graph.node[0].attribute.append(h.make_attribute("bogus", 1))  # fails the checker

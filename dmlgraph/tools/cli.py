@@ -278,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", help="keep the lowered model here")
     lowering_flags(sp)
     sp.set_defaults(func=cmd_demo)
+    for sp in sub.choices.values():  # after the command too, where the internal-error hint's rerun puts it
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show Python tracebacks on errors (also accepted before COMMAND)")
     return p
 
 

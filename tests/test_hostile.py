@@ -708,3 +708,70 @@ def test_save_to_a_folder_path_is_refused_and_leaves_nothing(spelling, tmp_path)
     with pytest.raises(dmlgraph.DmlgraphError, match="names a folder"):
         result.save(str(tmp_path) + "/" + spelling)  # (a str: pathlib would drop the slash)
     assert sorted(os.listdir(tmp_path)) == ["file.onnx"] and (tmp_path / "file.onnx").read_bytes() == b"keep"
+
+
+# ---- what callers of the Python API pass (issue 28, class 6) --------------------------------------
+# A model as a path (str or pathlib), a ModelProto or its serialized bytes; inputs as arrays, lists or
+# other array-likes (converted to the input's dtype when the values fit). Anything else is a
+# DmlgraphError with a hint, never a raw exception.
+def _api_inputs() -> dict[str, np.ndarray]:
+    import dmlgraph
+    return dmlgraph.validate(CAUSAL, CAUSAL, dims={"seq": 3, "batch": 1}).inputs
+
+
+@pytest.mark.parametrize("form", ["str", "pathlib", "proto", "bytes", "bytearray", "memoryview"])
+def test_api_takes_a_model_in_every_form_a_user_has(form):
+    import pathlib
+
+    import dmlgraph
+    data = pathlib.Path(CAUSAL).read_bytes()
+    given = {"str": CAUSAL, "pathlib": pathlib.Path(CAUSAL), "proto": onnx.ModelProto.FromString(data),
+             "bytes": data, "bytearray": bytearray(data), "memoryview": memoryview(data)}[form]
+    want = dmlgraph.optimize(CAUSAL)
+    assert dmlgraph.optimize(given).counts == want.counts
+    assert dmlgraph.inspect(given).totals == dmlgraph.inspect(CAUSAL).totals
+    feeds = _api_inputs()
+    got, expected = dmlgraph.run(given, feeds), dmlgraph.run(CAUSAL, feeds)
+    assert all(np.array_equal(got[k], expected[k]) for k in expected)
+    assert dmlgraph.validate(given, given, feeds).ok
+
+
+def test_api_inputs_as_lists_and_scalars_take_the_input_dtype():
+    import dmlgraph
+    feeds = _api_inputs()
+    expected = dmlgraph.run(CAUSAL, feeds)
+    for convert in (lambda a: a.tolist(), lambda a: a.astype(np.float64).tolist(), tuple):
+        given = {k: convert(v) for k, v in feeds.items()}
+        got = dmlgraph.run(CAUSAL, given)
+        assert all(np.array_equal(got[k], expected[k]) for k in expected)
+        assert dmlgraph.validate(CAUSAL, dmlgraph.optimize(CAUSAL), given).ok
+    m = model([h.make_node("Add", ["x", "b"], ["y"])], [vi("x", [2], T.INT8), vi("b", [], T.INT8)], [vi("y", [2], T.INT8)])
+    out = dmlgraph.run(m, {"x": [1, 2], "b": 3})
+    assert out["y"].dtype == np.int8 and out["y"].tolist() == [4, 5]
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda d: d.optimize(b"\x00\x01 not a model"), ["bytes", "not a serialized ONNX model"]),
+    (lambda d: d.optimize(None), ["NoneType"]),
+    (lambda d: d.optimize(123), ["int"]),
+    (lambda d: d.inspect(b"garbage"), ["not a serialized ONNX model"]),
+    (lambda d: d.optimize("m\0.onnx"), ["NUL"]),
+    (lambda d: d.optimize(CAUSAL, feature_level=51), ["feature level 51"]),
+    (lambda d: d.inspect(CAUSAL, top="3"), ["top"]),
+    (lambda d: d.run(CAUSAL, None), ["mapping"]),
+    (lambda d: d.run(CAUSAL, {k: "abc" for k in _api_inputs()}), ["str values", "float32"]),
+    (lambda d: d.run(CAUSAL, {k: [[1, 2], [3]] for k in _api_inputs()}), ["not an array"]),
+    (lambda d: d.run(model([h.make_node("Relu", ["x"], ["y"])], [vi("x", [2], T.INT8)], [vi("y", [2], T.INT8)]),
+                     {"x": [1.5, 2]}), ["float64", "int8"]),
+    (lambda d: d.run(model([h.make_node("Relu", ["x"], ["y"])], [vi("x", [2], T.INT8)], [vi("y", [2], T.INT8)]),
+                     {"x": [1, 300]}), ["int8", "cannot hold"]),
+    (lambda d: d.validate(CAUSAL, CAUSAL, dims={"seq": "3"}), ["seq", "not a size"]),
+    (lambda d: d.validate(CAUSAL, CAUSAL, dims={"seq": -1}), ["seq", "not a size"]),
+])
+def test_api_misuse_is_a_dmlgraph_error_with_a_hint(call, words):
+    import dmlgraph
+    with pytest.raises(dmlgraph.DmlgraphError) as info:
+        call(dmlgraph)
+    message = Exception.__str__(info.value)
+    assert all(w.lower() in message.lower() for w in words), message
+    assert info.value.hint or "feature level" in message

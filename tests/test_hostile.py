@@ -775,3 +775,51 @@ def test_api_misuse_is_a_dmlgraph_error_with_a_hint(call, words):
     message = Exception.__str__(info.value)
     assert all(w.lower() in message.lower() for w in words), message
     assert info.value.hint or "feature level" in message
+
+
+# ---- declared types the run contradicts (issue 28, class 5) ---------------------------------------
+# An intermediate value_info that contradicts what the model's inputs make of the value (a Trilu
+# output declared [7, 7] where its input is [a, b]): onnxruntime and `run` of the original accept
+# a = 3, b = 5; the lowered model (both targets) must too, and must not carry the declaration.
+def _declared_model(case: str) -> onnx.ModelProto:
+    k10 = [numpy_helper.from_array(np.array(10, np.int64), "k")]
+    nodes, inits, declared = {
+        "trilu output [7, 7]": ([h.make_node("Trilu", ["x"], ["t"], upper=1), h.make_node("Relu", ["t"], ["y"])], [],
+                                ("t", [7, 7])),
+        "trilu output [7, b]": ([h.make_node("Trilu", ["x"], ["t"], upper=0), h.make_node("Relu", ["t"], ["y"])], [],
+                                ("t", [7, "b"])),
+        "trilu output [b, a]": ([h.make_node("Trilu", ["x"], ["t"]), h.make_node("Relu", ["t"], ["y"])], [],
+                                ("t", ["b", "a"])),
+        "trilu output of rank 3": ([h.make_node("Trilu", ["x"], ["t"]), h.make_node("Relu", ["t"], ["y"])], [],
+                                   ("t", [1, 7, 7])),
+        "trilu input [7, 7], k 10": ([h.make_node("Relu", ["x"], ["r"]), h.make_node("Trilu", ["r", "k"], ["y"])], k10,
+                                     ("r", [7, 7])),
+        "eyelike input [7, 7]": ([h.make_node("Relu", ["x"], ["r"]), h.make_node("EyeLike", ["r"], ["e"]),
+                                  h.make_node("Add", ["e", "x"], ["y"])], [], ("r", [7, 7])),
+    }[case]
+    m = model(nodes, [vi("x", ["a", "b"])], [vi("y", ["a", "b"])], inits)
+    m.graph.value_info.append(vi(*declared))
+    return m
+
+
+@pytest.mark.parametrize("case", ["trilu output [7, 7]", "trilu output [7, b]", "trilu output [b, a]",
+                                  "trilu output of rank 3", "trilu input [7, 7], k 10", "eyelike input [7, 7]"])
+def test_a_contradicted_declaration_does_not_narrow_the_lowered_model(case, tmp_path, capsys):
+    path = save(_declared_model(case), tmp_path / "m.onnx")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # (onnxruntime warns that the declaration does not hold)
+    for target in ("dml", "onnx"):
+        out = str(tmp_path / f"out_{target}.onnx")
+        assert_ok(*run_cli(["optimize", path, "-o", out, "--target", target, "--json"], capsys))
+        lowered = onnx.load(out)
+        assert [list(vi_.type.tensor_type.shape.dim) for vi_ in lowered.graph.value_info
+                if vi_.name in ("t", "r") and any(d.dim_value == 7 for d in vi_.type.tensor_type.shape.dim)] == []
+        for shape in ((3, 5), (7, 7), (1, 12)):
+            x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+            want = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+            assert_same_bits(want, pipeline.run_graph(pipeline.load(path)[1], {"x": x})["y"], f"run of the original {shape}")
+            got = run_target(target, out, {"x": x})[0] if target == "dml" else \
+                ort.InferenceSession(out, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+            assert_same_bits(want, got, f"{case}, {target} target at {shape}")
+    code, o, e = run_cli(["validate", path, "--dim", "a=3", "--dim", "b=5"], capsys)
+    assert_ok(code, o, e)

@@ -424,10 +424,13 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
 
     options = options or Options()
     pipeline.check_target(target)
+    if isinstance(top, bool) or not isinstance(top, int):
+        raise DmlgraphError(f"top {top!r} is not an int", hint="pass top=0 or more")
     if top < 0:
         raise DmlgraphError(f"--top {top} is negative", hint="pass --top 0 to list no initializers")
     say = progress or (lambda msg: None)
-    path = None if isinstance(source, onnx.ModelProto) else os.fspath(source)
+    source = pipeline.as_model(source)
+    path = None if isinstance(source, onnx.ModelProto) else source
     say(f"loading {path or IN_MEMORY}")
     seen: dict[str, Any] = {}
 

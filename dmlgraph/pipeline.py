@@ -17,7 +17,7 @@ import onnx
 
 from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.io import saving
-from dmlgraph.io.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
+from dmlgraph.io.modelfile import check_model, check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
 from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.io.saving import atomic_writer, check_for_save, output_target
 from dmlgraph.io.shape_inference import PendingShapes
@@ -253,7 +253,7 @@ class OptimizeResult:
         if self.original is None or full_check_failure(self.original) is None:
             raise AssertionError(f"dmlgraph made a model that fails onnx's full check: {failure}")
         try:
-            onnx.checker.check_model(without_weights(self.model, keep_dims=False), full_check=False)
+            check_model(without_weights(self.model, keep_dims=False), full_check=False)
         except Exception as e:
             raise AssertionError(f"dmlgraph made a model that fails onnx's checker: {e}") from e
 

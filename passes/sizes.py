@@ -120,10 +120,13 @@ def claims(graph: Graph, inputs: Sequence[Value], name: Symbol) -> list[tuple[Va
     proof read), else among the graph's inputs; `locate`'s is the first. Several are a claim that
     their sizes agree, which the proof took as a premise and a model may break (Optimum's merged
     decoders name attention_mask's length like input_ids', though it is past + sequence)."""
+    # Graph inputs first, in their order: the same choice when a portable output is lowered again
+    # (its guard makes the mask read more of the inputs, in another order).
+    order = {v.name: i for i, v in enumerate(graph.inputs)}
     for values in (list(dict.fromkeys(inputs)), graph.inputs):
         found = [(v, axis) for v in values for axis, d in enumerate(v.shape or ()) if d == name]
         if found:
-            return found
+            return sorted(found, key=lambda p: order.get(p[0].name, len(order)))
     return []
 
 

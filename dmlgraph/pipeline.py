@@ -17,7 +17,7 @@ import onnx
 
 from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.io import saving
-from dmlgraph.io.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
+from dmlgraph.io.modelfile import check_model, check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
 from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.io.saving import atomic_writer, check_for_save, output_target
 from dmlgraph.io.shape_inference import PendingShapes
@@ -253,7 +253,7 @@ class OptimizeResult:
         if self.original is None or full_check_failure(self.original) is None:
             raise AssertionError(f"dmlgraph made a model that fails onnx's full check: {failure}")
         try:
-            onnx.checker.check_model(without_weights(self.model, keep_dims=False), full_check=False)
+            check_model(without_weights(self.model, keep_dims=False), full_check=False)
         except Exception as e:
             raise AssertionError(f"dmlgraph made a model that fails onnx's checker: {e}") from e
 
@@ -476,7 +476,6 @@ def check_feeds(g: Graph, feeds: dict) -> None:
             if arr.dtype != want or tuple(arr.shape) != tuple(v.shape):
                 raise DmlgraphError(f"input {name!r} is {arr.dtype} {list(arr.shape)}; the model declares it "
                                     f"{want} {list(v.shape)} (an initializer it lets callers replace)")
-    bound: dict[str, tuple[int, str]] = {}
     for v in g.inputs:
         arr = feeds[v.name]
         if v.elem_type:
@@ -496,11 +495,6 @@ def check_feeds(g: Graph, feeds: dict) -> None:
             if isinstance(d, int) and d != got:
                 raise DmlgraphError(f"input {v.name!r} has shape {list(arr.shape)}, the model declares "
                                     f"{list(v.shape)} (axis {axis} must be {d})")
-            if isinstance(d, str) and d:
-                if d in bound and bound[d][0] != got:
-                    raise DmlgraphError(f"symbolic dim {d!r} is {bound[d][0]} in input {bound[d][1]!r} but "
-                                        f"{got} in input {v.name!r}", hint="inputs sharing a dim name must agree")
-                bound.setdefault(d, (got, v.name))
 
 
 def load_inputs(path: str) -> dict[str, np.ndarray]:

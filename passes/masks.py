@@ -391,6 +391,9 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
         sizes = SizeBuilder(graph, m.captures["inputs"], made, {n: (e, k) for n, e, k in fill.derived})
         shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
         k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
+        guard = sizes.guard(fill.sizes())  # (the dim-name claims the sizes rest on, checked when it runs)
+        if guard is not None:
+            k = guard if k is None else sizes.add(k, guard)
         # What we proved about the sizes beats what shape inference guessed (often unk__N names).
         target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
         x = None if _is_zero(fill.other) else constant(

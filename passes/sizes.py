@@ -112,11 +112,22 @@ def _plumbing(n: Node) -> TypeGuard[OnnxNode]:
 def locate(graph: Graph, inputs: Sequence[Value], name: Symbol) -> tuple[Value, int] | None:
     """A value and axis whose size is the dim named `name` (the mask's own inputs first, then the
     graph's inputs), so the lowered mask reads it where the model has it."""
-    for v in list(inputs) + graph.inputs:
-        for axis, d in enumerate(v.shape or ()):
-            if d == name:
-                return v, axis
-    return None
+    return next(iter(claims(graph, inputs, name)), None)
+
+
+def claims(graph: Graph, inputs: Sequence[Value], name: Symbol) -> list[tuple[Value, int]]:
+    """Every value and axis whose dim is named `name`: among the mask's own inputs (whose shapes its
+    proof read), else among the graph's inputs; `locate`'s is the first. Several are a claim that
+    their sizes agree, which the proof took as a premise and a model may break (Optimum's merged
+    decoders name attention_mask's length like input_ids', though it is past + sequence)."""
+    # Graph inputs first, in their order: the same choice when a portable output is lowered again
+    # (its guard makes the mask read more of the inputs, in another order).
+    order = {v.name: i for i, v in enumerate(graph.inputs)}
+    for values in (list(dict.fromkeys(inputs)), graph.inputs):
+        found = [(v, axis) for v in values for axis, d in enumerate(v.shape or ()) if d == name]
+        if found:
+            return sorted(found, key=lambda p: order.get(p[0].name, len(order)))
+    return []
 
 
 class SizeBuilder:
@@ -182,9 +193,54 @@ class SizeBuilder:
             e, k = self.derived[sym]
             x = self.dim(e, chain)
             return self._node("Div", [x, self._const(k)], f"{x.name}__div{k}", chain, shape=(1,))
-        found = locate(self.graph, self.inputs, sym)
-        assert found is not None, f"no input has a dim named {sym!r} (checked when matched)"
-        v, axis = found
+        found = claims(self.graph, self.inputs, sym)
+        assert found, f"no input has a dim named {sym!r} (checked when matched)"
+        return self._read(*found[0], chain)
+
+    def guard(self, exprs: Sequence[Lin]) -> Value | None:
+        """A 0-D int64 zero that the run fails to compute where the values whose dims share the name
+        of a size `exprs` read disagree on it (None: no such claim). The proof took every dim of a
+        name for one size; this checks that claim at run time across values, where `_symbol` reads one:
+        per other value's size b, Gather([0], (a - b)^2) is [0] where they agree and an index out of
+        range (onnxruntime refuses the run, naming the node) where not. It goes to the node's bound
+        shift (adding 0), not into the sizes, which shape inference must still see through.
+        (Two axes of one value sharing a name are not checked: such a value is rarely a lie.)"""
+        syms: dict[Symbol, None] = {}
+        todo = list(exprs)
+        while todo:
+            for sym, _ in todo.pop().terms:
+                if sym in self.derived:
+                    todo.append(self.derived[sym][0])
+                else:
+                    syms[sym] = None
+        pairs = []
+        for sym in syms:
+            (v0, axis0), *others = claims(self.graph, self.inputs, sym)
+            pairs += [(sym, (v0, axis0), (v, axis)) for v, axis in dict(reversed(others)).items() if v is not v0]
+        if not pairs:
+            return None
+
+        def make(chain: list) -> Value:
+            zero = self._const(0)
+            acc = None
+            for sym, first, (v, axis) in pairs:
+                d = self._node("Sub", [self._read(*first, chain), self._read(v, axis, chain)],
+                               f"dmlgraph__{sym}__vs_{v.name}_{axis}", chain, shape=(1,))
+                sq = self._node("Mul", [d, d], f"{d.name}__squared", chain, shape=(1,))
+                ok = self._node("Gather", [zero, sq], f"dmlgraph__{sym}__same_in_{v.name}_{axis}", chain, axis=0,
+                                shape=(1,))
+                acc = ok if acc is None else self._node("Add", [acc, ok], f"{acc.name}__and", chain, shape=(1,))
+            assert acc is not None
+            empty = constant(self.graph, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
+            return self._node("Reshape", [acc, empty], f"{acc.name}__scalar", chain, shape=())
+        return self._cached(("guard", tuple((self._source(s), s) for s in syms)), make)
+
+    def add(self, a: Value, b: Value) -> Value:
+        """a + b, two 0-D int64 tensors."""
+        return self._node("Add", [a, b], f"{a.name}__plus", [], shape=())
+
+    def _read(self, v: Value, axis: int, chain: list) -> Value:
+        """A [1] int64 tensor holding v's size on `axis`."""
         shape = self._node("Shape", [v], f"{v.name}__shape", chain, shape=(len(v.shape or ()),))
         idx = constant(self.graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64), self.made)
         return self._node("Gather", [shape, idx], f"{v.name}__dim{axis}", chain, axis=0, shape=(1,))
@@ -205,8 +261,8 @@ class SizeBuilder:
         if sym in self.derived:
             e, k = self.derived[sym]
             return ("div", self._key(e), k)
-        found = locate(self.graph, self.inputs, sym)
-        return id(found[0]) if found is not None else sym
+        found = claims(self.graph, self.inputs, sym)
+        return tuple((id(v), axis) for v, axis in found) if found else sym
 
     def _cached(self, key: tuple, make: Callable[[list], Value]) -> Value:
         """The value made for `key` before, while every node of it is alive and reads what it read."""

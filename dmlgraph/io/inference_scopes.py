@@ -53,7 +53,7 @@ import onnx
 from onnx import AttributeProto, helper
 from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
-from dmlgraph.io.modelfile import copy_fields
+from dmlgraph.io.modelfile import check_model, copy_fields
 
 DOMAIN = "dmlgraph.scope"
 PREFIX = "__dmlgraph_scope_"
@@ -73,9 +73,9 @@ def full_check(model: onnx.ModelProto, data: bytes) -> None:
     where there is one (it fails exactly when the model's does)."""
     s = scoped(model, data=data)
     if s is None:
-        onnx.checker.check_model(data, full_check=True)
+        check_model(data, full_check=True)
         return
-    onnx.checker.check_model(data)
+    check_model(data)
     _cpp.infer_shapes(s.model.SerializeToString(), True, True, False)
 
 

@@ -37,7 +37,7 @@ from dmlgraph.errors import ModelError
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-__all__ = ["RAW_ITEMSIZE", "check_model_proto", "data_nbytes", "load_model", "read_tensor", "tensor_nbytes",
+__all__ = ["RAW_ITEMSIZE", "check_model", "check_model_proto", "data_nbytes", "load_model", "read_tensor", "tensor_nbytes",
            "without_weights"]
 
 # protobuf cannot parse or serialize a message of 2 GiB or more.
@@ -637,12 +637,72 @@ def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int =
     return view
 
 
+# Where onnx's checks see the default-domain ops only onnxruntime defines (`check_model`).
+RUNTIME_OPS_DOMAIN = "dmlgraph.onnxruntime_ops"
+
+
+def check_model(model: onnx.ModelProto | bytes, full_check: bool = False) -> None:
+    """`onnx.checker.check_model`, accepting what onnxruntime accepts.
+
+    onnxruntime defines ops in the default domain that onnx does not (its transformer optimizer
+    writes SimplifiedLayerNormalization there). onnx's checker refuses them ("No Op registered");
+    a model holding them is checked again with those nodes in a domain of their own, which onnx
+    checks as it checks any custom op: everything else as before, and onnxruntime checks them
+    when it loads the model. Any other refusal stands."""
+    try:
+        onnx.checker.check_model(model, full_check=full_check)
+    except onnx.checker.ValidationError as e:
+        view = _runtime_ops_apart(model) if "No Op registered for" in str(e) else None
+        if view is None:
+            raise
+        onnx.checker.check_model(view, full_check=full_check)
+
+
+def _runtime_ops() -> dict[str, int]:
+    """The default-domain ops onnxruntime defines and onnx does not: name -> first opset."""
+    global _RUNTIME_OPS
+    if _RUNTIME_OPS is None:
+        from onnxruntime.capi import _pybind_state  # (only once onnx refused an op)
+        found: dict[str, int] = {}
+        for op in _pybind_state.get_all_operator_schema():
+            if op.domain in ("", "ai.onnx") and not onnx.defs.has(op.name):
+                found[op.name] = min(op.since_version, found.get(op.name, op.since_version))
+        _RUNTIME_OPS = found
+    return _RUNTIME_OPS
+
+
+_RUNTIME_OPS: dict[str, int] | None = None
+
+
+def _runtime_ops_apart(model: onnx.ModelProto | bytes) -> onnx.ModelProto | None:
+    """A copy of `model` with its nodes of `_runtime_ops` in RUNTIME_OPS_DOMAIN; None if it has none."""
+    view = onnx.ModelProto()
+    if isinstance(model, bytes):
+        view.ParseFromString(model)
+    else:
+        view.CopyFrom(model)
+    opset = next((o.version for o in view.opset_import if o.domain in ("", "ai.onnx")), 0)
+    known = _runtime_ops()
+    graphs = [g for g, _ in iter_graphs(view.graph)] + [
+        b for f in view.functions for n in f.node for _, g in _subgraphs(n) for b, _ in iter_graphs(g)]
+    nodes = [n for g in graphs for n in g.node] + [n for f in view.functions for n in f.node]
+    moved = [n for n in nodes if n.domain in ("", "ai.onnx") and known.get(n.op_type, opset + 1) <= opset]
+    if not moved:
+        return None
+    for n in moved:
+        n.domain = RUNTIME_OPS_DOMAIN
+    view.opset_import.append(helper.make_opsetid(RUNTIME_OPS_DOMAIN, 1))
+    for f in view.functions:
+        f.opset_import.append(helper.make_opsetid(RUNTIME_OPS_DOMAIN, 1))
+    return view
+
+
 def _run_checker(model: onnx.ModelProto, path: str, has_external: bool, data: bytes | None = None) -> None:
     """onnx's checker on the model without its weights; `data`: the file's bytes, which it checks
     as they are when nothing is left out (instead of serializing the model again)."""
     view = without_weights(model, keep_dims=False, has_external=has_external)
     try:
-        onnx.checker.check_model(data if view is model and data is not None else view, full_check=False)
+        check_model(data if view is model and data is not None else view, full_check=False)
     except Exception as e:  # noqa: BLE001 - checker raises ValidationError and others; all mean "invalid"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         node = re.search(r"Bad node spec for node\. Name: (.*?) OpType: (\S+)", str(e))

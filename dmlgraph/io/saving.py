@@ -38,6 +38,7 @@ from dmlgraph.io.modelfile import (
     _may_hold_big,
     _read_span,
     _uses_external,
+    check_model,
     tensor_nbytes,
     without_weights,
 )
@@ -74,7 +75,7 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
                 return data
         if has_external is None:
             has_external = _any_external(model.graph)
-        onnx.checker.check_model(without_weights(model, keep_dims=False, has_external=has_external))
+        check_model(without_weights(model, keep_dims=False, has_external=has_external))
         strict_inference(without_weights(model, keep_dims=True, has_external=has_external))
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

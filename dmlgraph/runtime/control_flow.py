@@ -64,9 +64,13 @@ class HostStep:
         self.inputs = list(dict.fromkeys(v.name for v in graph.reads(node) if v is not None))
         self.outputs = [v.name for v in node.outputs]
         self._bodies: dict[str, Any] = {}  # attribute name -> sub-executor
+        self._trace: list | None = None  # this run's DML calls are appended here, when traced
 
-    def run(self, read: Read) -> dict[str, np.ndarray]:
+    def run(self, read: Read, trace: list | None = None) -> dict[str, np.ndarray]:
+        """The node's outputs; `trace` (the executor's `run_traced` list) gets the DML calls the
+        bodies make, in run order."""
         n = self.node
+        self._trace = trace
         if n.domain not in STANDARD:
             results = self._call(read)
         elif n.op_type == "If":
@@ -103,7 +107,11 @@ class HostStep:
         feeds = dict(zip((v.name for v in g.inputs), formal))
         for v in g.inputs[len(formal):]:  # the enclosing values the body reads
             feeds[v.name] = read(v.name)
-        out = ex.run(feeds)
+        if self._trace is None:
+            out = ex.run(feeds)
+        else:
+            out, calls = ex.run_traced(feeds)
+            self._trace.extend(calls)
         return [out[v.name] for v in g.outputs]
 
     def _inputs(self, read: Read) -> list[np.ndarray | None]:

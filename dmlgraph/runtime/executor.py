@@ -198,15 +198,19 @@ class Executor:
                 if p is not None and p.id in stage:
                     s = max(s, stage[p.id] + (1 if isinstance(p, DmlNode) or p.id in hosts else 0))
             stage[n.id] = s
-        # Then each ONNX node moves as late as its consumers allow: what only later stages need (the
+        # Then each ONNX node moves as late as its readers allow: what only later stages need (the
         # data path beside a mask, weights behind Identity nodes) runs in their region instead of
         # crossing a session boundary. Edges still never go to an earlier stage, so the invariant
-        # above holds. Values read by name from subgraph bodies keep their producers in place.
-        read_by_name = set().union(*(n.subgraph_reads for n in order if isinstance(n, OnnxNode)))
+        # above holds. A value's readers are its consumers and the nodes whose bodies read it by name.
+        by_name: dict[str, list[int]] = {}
+        for n in order:
+            if n.__class__ is OnnxNode and n.attributes:
+                for name in n.subgraph_reads:
+                    by_name.setdefault(name, []).append(n.id)
         for n in reversed(order):
-            if isinstance(n, DmlNode) or n.id in hosts or any(v.name in read_by_name for v in n.outputs):
+            if isinstance(n, DmlNode) or n.id in hosts:
                 continue
-            later = [stage[c.id] for v in n.outputs for c in v.consumers if c.id in stage]
+            later = [stage[i] for v in n.outputs for i in self._readers(v, by_name) if i in stage]
             if later:
                 stage[n.id] = max(stage[n.id], min(later))
         regions: dict[int, Region] = {}
@@ -222,11 +226,16 @@ class Executor:
         for s in sorted(set(regions) | set(dml_at)):
             if s in regions:
                 steps.append(regions[s])
-                self._wire(regions[s])
+                self._wire(regions[s], by_name)
             steps.extend(dml_at.get(s, []))
         return steps
 
-    def _wire(self, region: Region) -> None:
+    @staticmethod
+    def _readers(v: Value, by_name: dict[str, list[int]]) -> list[int]:
+        """The ids of the nodes that read `v`: as an input, or by name in their bodies."""
+        return [c.id for c in v.consumers] + by_name.get(v.name, [])
+
+    def _wire(self, region: Region, by_name: dict[str, list[int]]) -> None:
         inside = {n.id for n in region.nodes}
         produced = {v.name for n in region.nodes for v in n.outputs}
         needed: list[str] = []
@@ -240,7 +249,7 @@ class Executor:
         region.inputs = needed
         graph_out = {v.name for v in self.graph.outputs}
         region.outputs = [v.name for n in region.nodes for v in n.outputs
-                          if v.name in graph_out or any(c.id not in inside for c in v.consumers)]
+                          if v.name in graph_out or any(i not in inside for i in self._readers(v, by_name))]
 
     def _runner(self, region: Region, env: dict | None = None) -> OnnxRunner:
         """The region's session, made at its first run. A value nothing typed (the output of a
@@ -398,7 +407,7 @@ class Executor:
                 if trace is not None:
                     trace.append(DmlCall(step, *self._dml_operands(step, env), env[step.outputs[0].name]))
             elif isinstance(step, control_flow.HostStep):
-                env.update(step.run(lambda name: self._value(g.values[name], env)))
+                env.update(step.run(lambda name: self._value(g.values[name], env), trace))
                 t_dml += time.perf_counter() - t0
             else:
                 runner = self._runner(step, env)

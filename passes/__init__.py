@@ -1,6 +1,7 @@
 """The rewrite rules of dmlgraph, in the order the pipeline runs them (each phase to a fixed point).
 
 phase 0  mask_subgraph   shape-only mask subgraphs -> generators (sees whole subgraphs first)
+         data_mask       index grids compared with data: declined, naming the data (never rewritten)
 phase 1  stored_mask     constant band masks -> generators
 phase 2  trilu, eyelike  the remaining Trilu / EyeLike nodes
 phase 3  mask_view, mask_where, mask_gather, mask_bool, mask_not, mask_cast, mask_arith
@@ -15,6 +16,7 @@ from dmlgraph.passes import (
     apply_bool,
     apply_gather,
     apply_views,
+    data_masks,
     eyelike,
     masks,
     stored_masks,
@@ -22,7 +24,7 @@ from dmlgraph.passes import (
 )
 from dmlgraph.rewrite import Options, Rule
 
-ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, stored_masks.STORED_MASK, trilu.RULE, eyelike.RULE,
+ALL_RULES: list[Rule] = [masks.MASK_SUBGRAPH, data_masks.DATA_MASK, stored_masks.STORED_MASK, trilu.RULE, eyelike.RULE,
                          apply_views.MASK_VIEW, apply.MASK_WHERE, apply_gather.MASK_GATHER, apply_bool.MASK_BOOL,
                          apply_bool.MASK_NOT, apply_bool.MASK_CAST, apply_arith.MASK_ARITH, apply.CHAIN]
 

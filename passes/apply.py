@@ -413,8 +413,8 @@ APPLICATIONS: dict[str, tuple[tuple[str, ...], tuple[int, ...], Evaluator]] = {}
 
 def absorbed(graph: Graph, v: Value, band: DmlNode, outside: Operand, options: Options) -> str | None:
     """Whether every reader of `v`, a mask about to become `band` (with `outside` off its region),
-    is an application that takes it into one DIAGONAL_MATRIX1 (`Where(v, X, c)`, `And(padding, v)`,
-    ...): then the band never runs as a node of its own. Returns the applications' op types, or None.
+    is an application to data that takes it into one DIAGONAL_MATRIX1 (`Where(v, X, c)`,
+    `And(padding, v)`, ...): then the band never runs as a node of its own. Returns the applications' op types, or None.
 
     What is checked is what `plan_application` checks of the values alone (one part one constant,
     one interval, exactness under --exact, known ranks); the sizes are checked when it runs, and a
@@ -433,8 +433,8 @@ def absorbed(graph: Graph, v: Value, band: DmlNode, outside: Operand, options: O
         if chosen is None or isinstance(chosen, str) or chosen[2] is None:
             return None
         (_, value_exact), x, _ = chosen
-        if options.exact_only and not (value_exact and x.exact):
-            return None
+        if x.is_const or (options.exact_only and not (value_exact and x.exact)):
+            return None  # (a constant input part: a band again, e.g. a Cast, not a band applied to data)
         ops.append(node.op_type)
     return "/".join(dict.fromkeys(ops))
 

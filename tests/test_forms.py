@@ -266,3 +266,66 @@ def test_blend_of_a_01_mask_is_one_node_with_its_exactness():
     exact = api.optimize(m, exact=True)
     assert any(d.rule == "mask_arith" and "--exact" in d.reason for d in exact.declined)
     assert "Add" in [n.op_type for n in exact.model.graph.node]
+
+
+# ---- stacks of different bands, split back ---------------------------------------------------------
+def stack_model() -> onnx.ModelProto:
+    """A causal and a sliding-window mask (window 2) stacked along a batch axis, the stack's rows
+    sliced (`[:, :, 0:]`), split back into one piece per layer, each And-ed
+    with the padding and applied."""
+    nodes = causal("", "x") + [
+        h.make_node("Sub", ["rows", "cols"], ["dist"]), h.make_node("Less", ["dist", "two"], ["near"]),
+        h.make_node("And", ["keep", "near"], ["window"]),
+        h.make_node("Unsqueeze", ["keep", "a01"], ["causal4"]), h.make_node("Unsqueeze", ["window", "a01"], ["window4"]),
+        h.make_node("Concat", ["causal4", "window4"], ["stack"], axis=0),
+        h.make_node("Slice", ["stack", "start", "stop", "a2"], ["stack_rows"]),
+        h.make_node("Split", ["stack_rows", "ones2"], ["full_mask", "window_mask"], axis=0)]
+    outputs = []
+    for piece in ("full_mask", "window_mask"):
+        nodes += [h.make_node("And", [piece, "padding"], [piece + "_padded"]),
+                  h.make_node("Where", [piece + "_padded", "x", "ninf"], [piece + "_y"])]
+        outputs.append(vi(piece + "_y", T.FLOAT, [1, 2, "S", "S"]))
+    return model(nodes, [vi("x", T.FLOAT, [1, 2, "S", "S"]), vi("padding", T.BOOL, [1, 1, 1, "S"])], outputs,
+                 GRID + [c("two", np.int64(2)), c("a01", np.array([0, 1])), c("start", np.array([0])),
+                         c("stop", np.array([2**62])), c("a2", np.array([2])), c("ones2", np.array([1, 1]))])
+
+
+def test_stack_of_bands_split_back_lowers_each_piece():
+    """Before: the Concat of two different bands was declined ("batch slices holding different
+    bands") and each piece stayed a Where of an And. After: each piece is one DIAGONAL_MATRIX1 of
+    the padding, and each application one more (the padded mask has data: two nodes a layer)."""
+    m = stack_model()
+    r = api.optimize(m)
+    assert r.counts["split_of_concat"] == 1 and not [d for d in r.declined if "different bands" in d.reason]
+    assert {n.op_type for n in r.model.graph.node} <= {"DiagonalMatrix1", "Shape", "Gather", "Concat", "Slice",
+                                                       "Identity", "Equal", "Where", "Unsqueeze", "Reshape"}
+    assert not [n for n in r.model.graph.node if n.op_type in ("Split", "Range", "Less", "LessOrEqual", "And")]
+    assert_same(m, sizes=(1, 2, 3, 4, 7))
+
+
+# ---- packed sequences -------------------------------------------------------------------------------
+def packed_model() -> onnx.ModelProto:
+    """transformers without an attention_mask: sequence ids from a CumSum over where position_ids
+    restart, compared with themselves (same sequence), And-ed with the causal band."""
+    nodes = causal("", "x") + [
+        h.make_node("Equal", ["position_ids", "zero"], ["starts"]), h.make_node("Cast", ["starts"], ["starts_i"], to=T.INT64),
+        h.make_node("CumSum", ["starts_i", "one"], ["sequence"]),
+        h.make_node("Unsqueeze", ["sequence", "a2"], ["seq_q"]), h.make_node("Unsqueeze", ["sequence", "a1"], ["seq_k"]),
+        h.make_node("Equal", ["seq_q", "seq_k"], ["same_sequence"]),
+        h.make_node("Unsqueeze", ["same_sequence", "a1"], ["same4"]),
+        h.make_node("And", ["same4", "keep"], ["allowed"]), h.make_node("Where", ["allowed", "x", "ninf"], ["y"])]
+    return model(nodes, [vi("x", T.FLOAT, [2, 2, "S", "S"]), vi("position_ids", T.INT64, [2, "S"])],
+                 [vi("y", T.FLOAT, [2, 2, "S", "S"])], GRID + [c("a2", np.array([2]))])
+
+
+def test_packed_sequence_cone_declines_the_data_and_lowers_the_band():
+    """Before: the sequence comparison was MISSED. After: declined by `data_mask` (its diagonal
+    moves with position_ids), while the causal band lowers and the And applies it to it."""
+    m = packed_model()
+    by_value = {row["value"]: row for row in census(m)}
+    assert by_value["same_sequence"]["status"] == "declined" and by_value["same_sequence"]["rule"] == "data_mask"
+    assert "'position_ids'" in by_value["same_sequence"]["reason"]
+    assert by_value["keep"]["status"] == "lowered" and by_value["allowed"]["status"] == "lowered"
+    assert not [row for row in by_value.values() if row["status"] == "missed"]
+    ids = np.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]], np.int64)
+    assert_same(m, sizes=(6,), position_ids=ids)

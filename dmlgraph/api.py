@@ -1,4 +1,5 @@
-"""The Python API: optimize, inspect, run and validate a model given as a ModelProto or a path.
+"""The Python API: optimize, inspect, run and validate a model given as a ModelProto, a path or
+its serialized bytes.
 
 Each call reads the caller's model and never changes it, returns plain typed results, and leaves
 the process as it found it (no gc pause, no rlimit, no child process, no signal handler: see
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dmlgraph import pipeline
 from dmlgraph.ir.ops import FeatureLevel
@@ -32,7 +34,8 @@ __all__ = ["Decline", "Inspection", "OptimizeResult", "Rewrite", "TensorCheck", 
 
 def optimize(model: ModelLike, *, target: str = "dml", exact: bool = False, feature_level: str | FeatureLevel = "5_1",
              min_mask_bytes: int | None = None, progress: Callable[[str], None] | None = None) -> OptimizeResult:
-    """Lower every diagonal-structured computation of `model` (a ModelProto or a path).
+    """Lower every diagonal-structured computation of `model` (a ModelProto, a path, or the bytes
+    of a serialized model).
 
     target "dml" writes com.dmlgraph DiagonalMatrix1 nodes; "onnx" expands them into standard ops.
     exact: only bit-exact rewrites. feature_level: the DirectML level to target ("5_1" has
@@ -74,16 +77,17 @@ def inspect(model: ModelLike, *, target: str = "dml", exact: bool = False, featu
     return Inspection(analyze(model, opts, top, target).report)
 
 
-def run(model: ModelLike, inputs: Mapping[str, np.ndarray], *, threads: int | None = None) -> dict[str, np.ndarray]:
+def run(model: ModelLike, inputs: Mapping[str, npt.ArrayLike], *, threads: int | None = None) -> dict[str, np.ndarray]:
     """Run `model` (original or lowered: DML nodes run on the reference kernels) on `inputs`,
     keyed by graph input name; returns the outputs by name. Inputs are checked (names, dtypes,
-    shapes) before anything runs."""
+    shapes) before anything runs; lists and other array-likes are converted to the input's dtype
+    when their values fit it (`pipeline.as_feeds`)."""
     _, g = pipeline.load(model)
-    return pipeline.run_graph(g, dict(inputs), threads)
+    return pipeline.run_graph(g, pipeline.as_feeds(g, inputs), threads)
 
 
 def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = None,
-             inputs: Mapping[str, np.ndarray] | None = None, *, dims: Mapping[str, int] | None = None,
+             inputs: Mapping[str, npt.ArrayLike] | None = None, *, dims: Mapping[str, int] | None = None,
              seed: int = 0, exact: bool = False, feature_level: str | FeatureLevel = "5_1") -> ValidationResult:
     """Run `original` and `lowered` (default: `original` lowered in memory with `exact` and
     `feature_level`) on the same inputs (`inputs`, else random ones with symbolic dims from

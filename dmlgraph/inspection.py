@@ -6,7 +6,7 @@ docs/inspect.md, version `SCHEMA`); `format_text` and `to_dot` are its faces; `i
 is the CLI entry.
 
 It works generically from the pass manager's result: every applied Match is one candidate row
-(rule, covered nodes and initializers, the DmlNode in `captures["dml"]`), every declined Match one
+(rule, covered nodes and initializers, its DmlNode in `Match.dml`), every declined Match one
 row with its reason. Nothing here knows a particular rule.
 
 Large models: the header reads metadata only (`tensor_nbytes` from dims/dtype or the stored
@@ -409,14 +409,9 @@ def _model_stats(model: onnx.ModelProto) -> dict:
             "file_bytes": int(model.ByteSize())}
 
 
-def _rule_table(options: Options) -> dict:
+def _rule_table() -> dict:
     from dmlgraph.passes import default_rules
-    from dmlgraph.rewrite import Options
-    table: dict[str, Any] = {}
-    for opts in (Options(feature_level=options.feature_level), options):
-        for r in default_rules(opts):
-            table.setdefault(r.name, r)
-    return table
+    return {r.name: r for r in default_rules()}
 
 
 def analyze(source: ModelLike, options: Options | None = None, top: int = 10, target: str = "dml",
@@ -429,10 +424,13 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
 
     options = options or Options()
     pipeline.check_target(target)
+    if isinstance(top, bool) or not isinstance(top, int):
+        raise DmlgraphError(f"top {top!r} is not an int", hint="pass top=0 or more")
     if top < 0:
         raise DmlgraphError(f"--top {top} is negative", hint="pass --top 0 to list no initializers")
     say = progress or (lambda msg: None)
-    path = None if isinstance(source, onnx.ModelProto) else os.fspath(source)
+    source = pipeline.as_model(source)
+    path = None if isinstance(source, onnx.ModelProto) else source
     say(f"loading {path or IN_MEMORY}")
     seen: dict[str, Any] = {}
 
@@ -452,7 +450,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     report["schema"] = SCHEMA
     report["options"] = {"feature_level": options.feature_level.label, "target": target,
                          "exact_only": bool(options.exact_only), "top": top}
-    rules = _rule_table(options)
+    rules = _rule_table()
     report["masks"] = mask_census.classify(sites, g, result) + result.census
     report["missed"] = [r for r in report["masks"] if r["status"] == "missed"]
 
@@ -476,7 +474,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     candidates: list[dict[str, Any]] = []
     made_by: dict[tuple, int] = {}  # (scope, output value name) of a candidate's DML node -> candidate id
     for i, (m, init_names) in enumerate(zip(result.applied, covered_inits), 1):
-        dml = m.captures.get("dml")
+        dml = m.dml
         rule = rules.get(m.rule)
         cov_inits: list[dict[str, Any]] = [
             {"name": name, "bytes": sizes.get(name, 0), "shape": shapes.get(name, (None, None))[0],

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union, cast
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 
 from dmlgraph import mask_census
@@ -19,7 +20,7 @@ from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.io import saving
 from dmlgraph.io.modelfile import check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
 from dmlgraph.io.onnx_io import export_model, import_model
-from dmlgraph.io.saving import atomic_writer, check_for_save
+from dmlgraph.io.saving import atomic_writer, check_for_save, output_target
 from dmlgraph.io.shape_inference import PendingShapes
 from dmlgraph.ir.dtypes import bitwise_equal
 from dmlgraph.ir.graph import DmlNode, Graph, Node, Value, gc_paused
@@ -28,7 +29,7 @@ from dmlgraph.rewrite import Match, Options, PassManager, PassResult
 from dmlgraph.rewrite.nested import nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
-ModelLike = Union[onnx.ModelProto, str, "os.PathLike[str]"]
+ModelLike = Union[onnx.ModelProto, bytes, str, "os.PathLike[str]"]
 IN_MEMORY = "<in-memory model>"  # what reports call a model given as a ModelProto
 # A checked model's bytes are kept with the result up to this size, so that saving it unchanged
 # skips a second full check; a bigger copy would cost more memory than the check costs time.
@@ -60,10 +61,11 @@ def load(model: ModelLike, base_dir: str | None = None) -> tuple[onnx.ModelProto
 
     Like every whole-model step, with the cyclic collector paused where allowed (see `gc_paused`):
     its full passes over the proto walk and the new graph find nothing to free."""
+    model = as_model(model)
     if isinstance(model, onnx.ModelProto):  # (`base_dir`: where its external data lives, if any)
         check_model_proto(model, IN_MEMORY, base_dir)
         return model, import_model(model, base_dir)
-    path = os.fspath(model)
+    path = model
     shapes: PendingShapes | None = None
 
     def infer(parsed: onnx.ModelProto) -> None:  # (the child infers while the file is checked, then built)
@@ -78,8 +80,75 @@ def load(model: ModelLike, base_dir: str | None = None) -> tuple[onnx.ModelProto
             shapes.close()
 
 
+def as_model(model: object) -> onnx.ModelProto | str:
+    """What a caller passed as a model, as a ModelProto (given, or parsed from its serialized
+    bytes) or a path (a str, from a str or an os.PathLike); anything else is a DmlgraphError."""
+    hint = "pass a path (str or pathlib.Path), an onnx.ModelProto, or the bytes of an .onnx file"
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and others
+            raise ModelError(f"the {len(model)} bytes given as a model are not a serialized ONNX model "
+                             f"({str(e).strip() or type(e).__name__})", hint=hint) from None
+        return proto
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        path = os.fsdecode(path) if isinstance(path, bytes) else path
+        if "\0" in path:
+            raise DmlgraphError(f"the model path {path!r} contains a NUL character", hint=hint)
+        return path
+    raise DmlgraphError(f"a model cannot be given as {type(model).__name__}", hint=hint)
+
+
 def model_label(model: ModelLike) -> str:
-    return IN_MEMORY if isinstance(model, onnx.ModelProto) else os.fspath(model)
+    model = as_model(model)
+    return IN_MEMORY if isinstance(model, onnx.ModelProto) else model
+
+
+def as_feeds(g: Graph, inputs: object) -> dict[str, np.ndarray]:
+    """A caller's inputs as arrays by name: a mapping (or name, value pairs) whose values are
+    arrays, or lists, scalars and other array-likes, converted to the dtype the model declares
+    for that input when the values fit it (ints into a float input, not floats into an int one).
+    Arrays are passed on as they are: `check_feeds` checks them."""
+    hint = "pass a dict of input name -> numpy array (or a list of numbers)"
+    if isinstance(inputs, Mapping):
+        pairs = dict(inputs)
+    else:
+        try:
+            pairs = dict(inputs)  # type: ignore[call-overload]  # (name, value) pairs, or an error
+        except (TypeError, ValueError):
+            raise DmlgraphError(f"inputs must be a mapping of input names to arrays, not {type(inputs).__name__}",
+                                hint=hint) from None
+    declared = {v.name: v.elem_type for v in g.inputs} | {n: g.initializers[n].elem_type for n in g.overridable_inputs}
+    feeds: dict[str, np.ndarray] = {}
+    for name, value in pairs.items():
+        if not isinstance(name, str):
+            raise DmlgraphError(f"input name {name!r} is not a str", hint=hint)
+        if isinstance(value, np.ndarray):
+            feeds[name] = value
+            continue
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError) as e:
+            raise DmlgraphError(f"input {name!r} is not an array: {e}", hint=hint) from None
+        et = declared.get(name)
+        try:
+            want = numpy_dtype(et) if et else None
+        except Exception:  # noqa: BLE001 - a type numpy cannot name: `check_feeds` says what it is
+            want = None
+        if want is not None and arr.dtype != want:
+            fits = arr.dtype.kind in "biuf" and want.kind in "biuf" and np.can_cast(arr.dtype, want, "same_kind")
+            cast = arr.astype(want) if fits else arr
+            if not fits or (want.kind in "biu" and not np.array_equal(cast, arr)):
+                held = {"U": "str", "S": "bytes", "O": "object"}.get(arr.dtype.kind, str(arr.dtype))
+                raise DmlgraphError(f"input {name!r} holds {held} values; the model takes {want}, which "
+                                    "cannot hold them", hint=f"pass values of type {want}")
+            arr = cast
+        feeds[name] = arr
+    return feeds
 
 
 def graph_stats(g: Graph) -> dict:
@@ -120,10 +189,10 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
                    census: bool = False) -> PassResult:
     """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place
     (`census`: with the mask census of each body and function in the result)."""
-    from dmlgraph.passes import default_rules  # the one place where core and passes meet
+    from dmlgraph.passes import default_phases  # the one place where core and passes meet
     from dmlgraph.passes.scoped import varying_masks
 
-    manager = PassManager(default_rules(options), options)  # (one for the main graph and every body)
+    manager = PassManager(default_phases(), options)  # (one for the main graph and every body)
     arrays: dict = {}  # the bodies' small constants decoded (`passes.common.const_value`), shared by all
 
     def flat(graph: Graph) -> PassResult:
@@ -176,9 +245,11 @@ class OptimizeResult:
     checked_bytes: bytes | None = field(default=None, repr=False)  # `model` as `optimize` checked it, if kept
 
     def check(self) -> None:
-        """onnx's checker with full_check on the model (weights left out); where the input model
-        itself fails the full check (an exporter's inconsistent shapes), the output must pass the
-        checks the input passes. Raises AssertionError: a failure is a bug in dmlgraph."""
+        """onnx's checker with full_check on the model, as `saving.check_for_save` runs it (weights
+        and external-data locations left out: the input's are not the output's, and a proto's are
+        looked up from the working directory); where the input model itself fails the full check
+        (an exporter's inconsistent shapes), the output must pass the checks the input passes.
+        Raises AssertionError: a failure is a bug in dmlgraph."""
         failure = full_check_failure(self.model)
         if failure is None:
             return
@@ -191,17 +262,17 @@ class OptimizeResult:
 
     @gc_paused
     def save(self, path: str | os.PathLike[str], *, in_place: bool = False) -> int:
-        """Write the model atomically after onnx's full check; returns the file's size in bytes.
+        """Write the model atomically after onnx's full check; returns the model file's size in bytes.
 
-        Refuses to replace the input model unless `in_place`. Weights the input kept as external
-        data are copied from beside it. A model that serializes to the bytes `optimize` checked
-        (one still as it made it) is not checked again.
+        Refuses to replace the input model unless `in_place`, and to replace anything but a
+        regular file (a character device or FIFO is written through; a folder path such as
+        `newdir/` is refused). Weights the input kept as external data are copied from beside it.
+        A model that serializes to the bytes `optimize` checked (one still as it made it) is not
+        checked again.
         """
-        out = os.fspath(path)
         base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
-        saving.save_model(self.model, out, input_path=self.source, in_place=in_place, base_dir=base_dir,
-                          check=self._check_unless_checked)
-        return os.path.getsize(out)
+        return saving.save_model(self.model, path, input_path=self.source, in_place=in_place, base_dir=base_dir,
+                                 check=self._check_unless_checked)
 
     def _check_unless_checked(self, data: bytes | None) -> None:
         """`check`, unless `data` (the bytes the save writes) are the bytes `optimize` checked."""
@@ -214,11 +285,12 @@ class OptimizeResult:
 
 def full_check_failure(model: onnx.ModelProto) -> str | None:
     """What onnx.checker with full_check (strict shape inference) says about the model without
-    its weights; None when it passes."""
+    its weights (`check_for_save`); None when it passes."""
     try:
-        onnx.checker.check_model(without_weights(model, keep_dims=True), full_check=True)
-    except Exception as e:  # noqa: BLE001 - checker and inference raise several types; all mean "fails"
-        return str(e).strip() or type(e).__name__
+        check_for_save(model)
+    except InternalError as e:
+        cause = e.__cause__ or e
+        return str(cause).strip() or type(cause).__name__
     return None
 
 
@@ -237,6 +309,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     """
     options = options or Options()
     check_target(target)
+    model = as_model(model)
     label = model_label(model)
     source, g = load(model, base_dir)
     if loaded is not None:
@@ -264,11 +337,11 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
     }
-    rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.captures.get("dml")),
-                        bool(getattr(m.captures.get("dml"), "exact", True))) for m in result.applied]
+    rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.dml),
+                        bool(getattr(m.dml, "exact", True))) for m in result.applied]
     declined = [Decline(m.rule, tuple(n.name for n in m.nodes), tuple(m.initializers), m.reason or "")
                 for m in result.declined]
-    path = None if isinstance(model, onnx.ModelProto) else os.fspath(model)
+    path = None if isinstance(model, onnx.ModelProto) else model
     return OptimizeResult(exported, rewrites, declined, dict(result.counts), before, after, report, g, result,
                           source=path, original=source, checked_bytes=serialized)
 
@@ -296,7 +369,7 @@ def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -
 
 
 def _dml_summary(m: Match) -> dict | None:
-    dml = m.captures.get("dml")
+    dml = m.dml
     if dml is None:
         return None
     return {"op": dml.kind, "begin": dml.begin, "end": dml.end, "value": np.asarray(dml.value).item(),
@@ -329,6 +402,9 @@ def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, def
     or more than `max_bytes` in all are refused with a DmlgraphError.
     """
     dims = dims or {}
+    for name, size in dims.items():
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+            raise DmlgraphError(f"dim {name!r} = {size!r} is not a size", hint="give each symbolic dim an int >= 0")
     known = sorted({d for v in g.inputs for d in (v.shape or ()) if isinstance(d, str) and d})
     unknown = sorted(set(dims) - set(known))
     if unknown:
@@ -460,21 +536,18 @@ def apply_overrides(g: Graph, feeds: dict) -> dict:
 
 
 def check_output_path(path: str, model_path: str | None = None, what: str = "the outputs") -> None:
-    """Refuse an output path whose folder is missing, that is a directory, or that is the model."""
-    if not path:
-        raise DmlgraphError(f"the path for {what} is empty", hint="pass a file name")
-    out = os.path.abspath(path)
+    """Refuse an output path whose folder is missing, that names a folder or is not a regular
+    file, character device or FIFO (`saving.output_target`), or that is the model."""
+    out, through = output_target(path, what)
     folder = os.path.dirname(out)
     if not os.path.isdir(folder):
         raise DmlgraphError(f"cannot write {path}: the folder {folder} does not exist",
                             hint="create the folder first or choose another output path")
-    if os.path.isdir(out):
-        raise DmlgraphError(f"cannot write {path}: it is a directory", hint="pass a file path for the output")
     if model_path is not None and os.path.exists(out) and os.path.exists(model_path) \
             and os.path.samefile(out, model_path):
         raise DmlgraphError(f"refusing to overwrite the input model {model_path} with {what}",
                             hint="choose a different output path")
-    if not os.access(folder, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
+    if (not through and not os.access(folder, os.W_OK)) or (os.path.exists(out) and not os.access(out, os.W_OK)):
         raise DmlgraphError(f"cannot write {path}: permission denied", hint="choose a writable output path")
 
 
@@ -538,7 +611,7 @@ class ValidationResult:
 
 
 def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = None,
-             inputs: Mapping[str, np.ndarray] | None = None, *, dims: Mapping[str, int] | None = None,
+             inputs: Mapping[str, npt.ArrayLike] | None = None, *, dims: Mapping[str, int] | None = None,
              seed: int = 0, options: Options | None = None) -> ValidationResult:
     """Run `original` and its lowered form on the same inputs (`inputs`, else random ones with
     symbolic dims from `dims`) and compare each rewritten tensor and each output.
@@ -548,9 +621,10 @@ def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = N
     bit for exact rules, as values for the rules only equal for finite inputs. Model outputs must
     match bit-exactly or within OUTPUT_RTOL. onnxruntime's graph optimizations are off on both sides.
     """
+    original = as_model(original)
     _, g_original = load(original)
     if inputs is not None:
-        feeds = dict(inputs)
+        feeds = as_feeds(g_original, inputs)
         check_feeds(g_original, feeds)
     else:
         feeds = make_inputs(g_original, dict(dims or {}), seed)

@@ -222,7 +222,7 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
     preview = DmlNode(node.name, None if x.const is not None and _is_plus_zero(x.const) else Value("pending"), None,
                       d.inputs[2], standin(out), elem_type=out.elem_type, value=dtype.type(plan.value),
                       begin=region[0], end=region[1], exact=exact)
-    m.captures.update(plan=plan, dml=preview)
+    m.captures["plan"], m.dml = plan, preview
     m.reason = lowering_reason(preview, out.shape, options)
     return m
 
@@ -441,7 +441,7 @@ def absorbed(graph: Graph, v: Value, band: DmlNode, outside: Operand, options: O
 
 def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
                      exact: str, description: str, output_is_mask: bool = True, two_valued: bool = False) -> Rule:
-    """A phase-3 rule applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
+    """An application rule (the fourth phase) applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
 
     `output_is_mask`: the op's output is itself a mask (And, Not, Cast), so a band it cannot take is
     declined with the reason; an application whose output is data (Where, Add) that is no mask
@@ -466,7 +466,7 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
     def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
         return build(m.captures["plan"])
 
-    return Rule(name, op_types, match, rewrite, exact=exact, phase=3, description=description)
+    return Rule(name, op_types, match, rewrite, exact=exact, description=description)
 
 
 # ---- Where ------------------------------------------------------------------------------------------
@@ -508,15 +508,15 @@ def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
         return None
     dml = DmlNode(node.name, inner.inputs[0], None, node.inputs[2], standin(node.outputs[0]), elem_type=node.elem_type,
                   value=node.value, begin=region[0], end=region[1], exact=node.exact and inner.exact)
-    return Match("chain", [inner, node], {"dml": dml})
+    return Match("chain", [inner, node], dml=dml)
 
 
 def _rewrite_chain(graph: Graph, m: Match, options: Options) -> Replacement:
     inner, outer = m.nodes
-    r = replace_node(outer, m.captures["dml"])
+    r = replace_node(outer, m.dml)
     r.removes.append(inner)  # (read only by `outer`: the match checked)
     return r
 
 
-CHAIN = Rule("chain", ("DiagonalMatrix1",), _match_chain, _rewrite_chain, exact="bit-exact", phase=4,
+CHAIN = Rule("chain", ("DiagonalMatrix1",), _match_chain, _rewrite_chain, exact="bit-exact",
              description="DIAGONAL_MATRIX1 of a DIAGONAL_MATRIX1 with the same value -> one node (region union)")

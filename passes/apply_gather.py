@@ -89,15 +89,15 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     value = np.asarray(c).reshape(())
     dml = DmlNode(node.name, x, None, band.inputs[2], standin(out), elem_type=out.elem_type,
                   value=value.dtype.type(value), begin=region[0], end=region[1])
-    m.captures["dml"] = dml
+    m.dml = dml
     m.reason = lowering_reason(dml, x.shape, options)
     return m
 
 
 def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
-    return replace_node(m.nodes[0], m.captures["dml"])
+    return replace_node(m.nodes[0], m.dml)
 
 
-MASK_GATHER = Rule("mask_gather", ("Squeeze",), _match, _rewrite, exact="bit-exact", phase=3,
+MASK_GATHER = Rule("mask_gather", ("Squeeze",), _match, _rewrite, exact="bit-exact",
                    description="the portable target's GatherElements selection of (X, c) by a band -> "
                    "DIAGONAL_MATRIX1(X, Value c)")

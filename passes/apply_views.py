@@ -86,7 +86,7 @@ def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
         return m
     plan["static"] = out.static_shape
     m.captures["plan"] = plan
-    m.captures["dml"] = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], standin(out), elem_type=d.elem_type,
+    m.dml = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], standin(out), elem_type=d.elem_type,
                                           value=d.value, begin=d.begin, end=d.end, exact=d.exact)
     m.reason = lowering_reason(preview, out.shape, options)
     return m
@@ -118,7 +118,7 @@ def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None,
     static = tuple(target) if all(isinstance(t, int) for t in target) else None
     m.captures["plan"] = {"reshape": node.inputs[1], "static": static, "reshape_x": reshape_x,
                           "lead": len(target) - 2}
-    m.captures["dml"] = preview = DmlNode(node.name, x, None, d.inputs[2], standin(node.outputs[0]), elem_type=d.elem_type,
+    m.dml = preview = DmlNode(node.name, x, None, d.inputs[2], standin(node.outputs[0]), elem_type=d.elem_type,
                                           value=d.value, begin=d.begin, end=d.end, exact=d.exact)
     m.reason = lowering_reason(preview, node.outputs[0].shape or (None,) * len(target), options)
     return m
@@ -211,5 +211,5 @@ def _unsqueezed_source(s: ShapeSource, axes: list[int], hint: str, built: Built)
 
 
 MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape"), _match_view, _rewrite_view, exact="bit-exact",
-                 phase=3, description="Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
+                 description="Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
                                       "node at the new shape")

@@ -78,6 +78,6 @@ def _never(graph: Graph, m: Match, options: Options) -> Replacement:
     raise AssertionError("data_mask only declines")  # (every match it returns carries a reason)
 
 
-DATA_MASK = Rule("data_mask", COMPARISONS, _match_data_mask, _never, exact="bit-exact", phase=0,
+DATA_MASK = Rule("data_mask", COMPARISONS, _match_data_mask, _never, exact="bit-exact",
                  description="comparison of an index grid with data: a data-dependent mask, declined with the "
                              "data it reads (never rewritten)")

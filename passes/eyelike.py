@@ -45,14 +45,14 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     m.reason = lowering_reason(dml, x.shape, options)
     if m.reason and kind == "DiagonalMatrix":
         m.reason += " (DIAGONAL_MATRIX1 would need feature level 5_1)"
-    m.captures["dml"] = dml
+    m.dml = dml
     return m
 
 
 def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
     shape_node = m.captures.get("shape_node")
-    return replace_node(m.nodes[0], m.captures["dml"], *([shape_node] if shape_node else []))
+    return replace_node(m.nodes[0], m.dml, *([shape_node] if shape_node else []))
 
 
-RULE = Rule("eyelike", ("EyeLike",), _match, _rewrite, exact="bit-exact", phase=2,
+RULE = Rule("eyelike", ("EyeLike",), _match, _rewrite, exact="bit-exact",
             description="EyeLike(x, k) -> DIAGONAL_MATRIX1(Value 1, Begin k, End k+1)")

@@ -348,7 +348,8 @@ def _finish(graph: Graph, m: Match, target: Value, p: BandPattern, arr: np.ndarr
     begin, end = _bounds(p)
     dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type, value=p.value,
                   begin=begin, end=end, static_shape=static)
-    m.captures.update(dml=dml, pattern=p, sources=sources if static is None else None)
+    m.dml = dml
+    m.captures.update(pattern=p, sources=sources if static is None else None)
     m.reason = lowering_reason(dml, tuple(arr.shape) if static else (None,) * arr.ndim, options)
     return m
 
@@ -363,7 +364,8 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
     static = tuple(d for d in dims if d is not None) if None not in dims else None
     dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type,
                   value=fill.value, begin=fill.begin, end=fill.end, static_shape=static)
-    m.captures.update(dml=dml, fill=fill, inputs=inputs, bounds=fill.bound_text(str))
+    m.dml = dml
+    m.captures.update(fill=fill, inputs=inputs, bounds=fill.bound_text(str))
     derived = {n: e for n, e, _ in fill.derived}
     unread = sorted({s for e in fill.sizes() + list(derived.values()) for s, _ in e.terms
                      if s not in derived and locate(graph, inputs, s) is None})
@@ -375,7 +377,8 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
 
 
 def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
-    proto: DmlNode = m.captures["dml"]
+    proto = m.dml
+    assert proto is not None, "the match made its DmlNode"
     target = proto.outputs[0]
     fill: SizedFill | None = m.captures.get("fill")
     made = Made()
@@ -398,6 +401,6 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
                        replaces=[(old, node.outputs[0])], removes=[cast(Node, old.producer)])  # (a node's output)
 
 
-MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,
+MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact",
                      candidates=lambda graph: _data_free(graph).frontier(),
                      description="shape-only mask subgraph -> one DIAGONAL_MATRIX1 generator")

@@ -100,6 +100,6 @@ def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
     return Replacement(nodes=nodes, replaces=replaces, removes=list(m.nodes))
 
 
-SPLIT_OF_CONCAT = Rule("split_of_concat", ("Split",), _match, _rewrite, exact="bit-exact", phase=-1,
+SPLIT_OF_CONCAT = Rule("split_of_concat", ("Split",), _match, _rewrite, exact="bit-exact",
                        description="Split(Slice*(Concat(a, b, ...))) back along the stacking axis -> "
                                    "Slice*(a), Slice*(b), ... (stacks of different bands)")

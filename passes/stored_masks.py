@@ -46,7 +46,8 @@ def _match_stored(graph: Graph, item: Value | Node, options: Options) -> Match |
     elem_type = value.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
     dml = DmlNode(f"{value.name}__gen", None, None, None, standin(value, elem_type), elem_type=elem_type, value=p.value,
                   begin=_bounds(p)[0], end=_bounds(p)[1], static_shape=arr.shape)
-    m.captures.update(dml=dml, pattern=p, nbytes=int(arr.nbytes))
+    m.dml = dml
+    m.captures.update(pattern=p, nbytes=int(arr.nbytes))
     m.reason = lowering_reason(dml, arr.shape, options)
     threshold = options.min_mask_bytes if options.min_mask_bytes is not None else _node_bytes(graph, dml)
     if m.reason is None and arr.nbytes <= threshold:
@@ -82,7 +83,8 @@ def _first_row_varies(v: Value, head: int = 16) -> bool:
 
 
 def _rewrite_stored(graph: Graph, m: Match, options: Options) -> Replacement:
-    proto: DmlNode = m.captures["dml"]
+    proto = m.dml
+    assert proto is not None, "the match made its DmlNode"
     value = proto.outputs[0]
     made = Made()
     node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None,
@@ -101,5 +103,5 @@ def _stored_candidates(graph: Graph) -> list[Value | Node]:
 
 
 STORED_MASK = Rule("stored_mask", ("Initializer", "Constant"), _match_stored, _rewrite_stored,
-                   exact="bit-exact", phase=1, candidates=_stored_candidates,
+                   exact="bit-exact", candidates=_stored_candidates,
                    description="constant band mask -> DIAGONAL_MATRIX1 generator (the constant leaves the model)")

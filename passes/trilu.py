@@ -39,13 +39,13 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     dml = DmlNode(node.name, x, None, k_value, standin(node.outputs[0], x.elem_type), elem_type=x.elem_type,
                   value=zero_of(x.elem_type), begin=begin, end=end)
     m.reason = lowering_reason(dml, x.shape, options)
-    m.captures["dml"] = dml
+    m.dml = dml
     return m
 
 
 def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
-    return replace_node(m.nodes[0], m.captures["dml"])
+    return replace_node(m.nodes[0], m.dml)
 
 
-RULE = Rule("trilu", ("Trilu",), _match, _rewrite, exact="bit-exact", phase=2,
+RULE = Rule("trilu", ("Trilu",), _match, _rewrite, exact="bit-exact",
             description="Trilu(x, k, upper) -> DIAGONAL_MATRIX1(x, Value 0)")

@@ -10,7 +10,7 @@ from onnx import helper as h
 
 import dmlgraph
 from dmlgraph.io.onnx_io import export_model, import_model
-from dmlgraph.passes import default_rules
+from dmlgraph.passes import default_phases
 from dmlgraph.rewrite import Options, PassManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +32,7 @@ def test_the_example_rule_folds_abs_into_the_generator_bit_exactly():
                          [h.make_tensor_value_info("y", T.FLOAT, ["n", "n"])])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
     g = import_model(model)
-    result = PassManager([*default_rules(), _example().RULE], Options()).run(g)
+    result = PassManager([*default_phases(), [_example().RULE]], Options()).run(g)
     g.remove_dead()
     assert result.counts["eyelike"] == 1 and result.counts["abs_generator"] == 1
     assert sorted(n.op_type for n in g.nodes.values()) == ["Add", "DiagonalMatrix1", "Shape"]

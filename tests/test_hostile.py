@@ -8,10 +8,15 @@ that collide, multi-output producers, the full ONNX check before every write, ma
 """
 from __future__ import annotations
 
+import io
 import os
+import select
 import signal
+import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -399,6 +404,23 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path, capsys, mon
     assert code == 2 and "Traceback" in e and "dmlgraph: error: --dim nope" in e
 
 
+@pytest.mark.parametrize("command", ["optimize", "run", "validate", "inspect", "dxdispatch", "demo"])
+def test_debug_is_accepted_after_the_command_too(command, tmp_path, capsys, monkeypatch):
+    """Issue 28, class 7: the internal-error hint says "rerun with --debug", and a rerun appends it."""
+    path = _dim_model(tmp_path)
+    argv = {"optimize": ["optimize", path, "-o", tmp_path / "o.onnx"],
+            "demo": ["demo", path, "-o", tmp_path / "o.onnx"]}.get(command, [command, path])
+
+    def bug(*a, **k):
+        raise RuntimeError("a simulated bug")
+    monkeypatch.setattr(cli, "_load_onnx", bug)  # (every command's first step)
+    for where in ("before", "after"):
+        code, o, e = run_cli(["--debug"] + argv if where == "before" else argv + ["--debug"], capsys)
+        assert code == 3 and "Traceback" in e and "a simulated bug" in e, (where, code, e)
+    code, o, e = run_cli(argv, capsys)
+    assert code == 3 and "Traceback" not in e and "rerun with --debug" in e
+
+
 def test_no_hint_names_an_option_that_does_not_exist(tmp_path, capsys):
     m = model([h.make_node("Relu", ["x"], ["y"])], [vi("x", [4])], [vi("y", [4])])
     m.graph.node[0].attribute.append(h.make_attribute("bogus", 1))  # fails the checker
@@ -547,3 +569,257 @@ def test_fuzz_finding_trilu_of_a_shape_with_extreme_k(k, tmp_path):
     want = ort_run(path, {"x": x})[0]
     for target, out in outs.items():
         assert_same_bits(want, run_target(target, out, {"x": x})[0], target)
+
+
+# ---- what is at the output path (issue 28, classes 2 and 3) ---------------------------------------
+# A character device or FIFO at the output path is written through, never replaced by a regular
+# file (as root, `-o /dev/null` replaced would be /dev/null destroyed); a FIFO nobody reads is an
+# error at once, not a hang; a path naming a folder (`newdir/`) is refused and leaves nothing.
+# The device nodes are made in tmp_path (never the real /dev/null): major 1 minor 3 is null's.
+CAUSAL = os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")
+OUTPUT_COMMANDS = {"optimize": ["optimize", CAUSAL, "-o"], "run": ["run", CAUSAL, "-o"],
+                   "inspect --dot": ["inspect", CAUSAL, "--dot"]}
+
+
+def _char_device(path) -> str:
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return str(path)
+
+
+def _kind(path) -> str:
+    mode = os.lstat(path).st_mode
+    return "chr" if stat.S_ISCHR(mode) else "fifo" if stat.S_ISFIFO(mode) else "blk" if stat.S_ISBLK(mode) else \
+        "link" if stat.S_ISLNK(mode) else "reg" if stat.S_ISREG(mode) else "other"
+
+
+class _Drain:
+    """Reads a FIFO in a thread until its writer closes it (or 60 s pass): opened without blocking
+    before the writer, so neither side can hang."""
+
+    def __init__(self, path) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self.data = b""
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not select.select([self.fd], [], [], 0.1)[0]:
+                continue
+            chunk = os.read(self.fd, 1 << 16)
+            if chunk:
+                self.data += chunk
+            elif self.data:  # the writer closed it
+                return
+            else:  # no writer yet
+                time.sleep(0.02)
+
+    def result(self) -> bytes:
+        self.thread.join(70)
+        os.close(self.fd)
+        return self.data
+
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_a_character_device_at_the_output_is_written_through(command, tmp_path, capsys):
+    node = _char_device(tmp_path / "null")
+    assert_ok(*run_cli(OUTPUT_COMMANDS[command] + [node], capsys))
+    assert _kind(node) == "chr"
+    assert sorted(os.listdir(tmp_path)) == ["null"]  # no temp file left beside it
+    link = tmp_path / "link"  # through a symbolic link: the link stays, the device is written
+    os.symlink(node, link)
+    assert_ok(*run_cli(OUTPUT_COMMANDS[command] + [link], capsys))
+    assert _kind(link) == "link" and _kind(node) == "chr"
+
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_a_fifo_at_the_output_is_written_through_to_its_reader(command, tmp_path, capsys):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, o, e = run_cli(OUTPUT_COMMANDS[command] + [fifo], capsys)  # nobody reads: refused, no hang
+    assert_clean_error(code, o, e, "FIFO", "no process is reading")
+    assert _kind(fifo) == "fifo"
+    drain = _Drain(fifo)
+    assert_ok(*run_cli(OUTPUT_COMMANDS[command] + [fifo], capsys))
+    data = drain.result()
+    assert _kind(fifo) == "fifo" and sorted(os.listdir(tmp_path)) == ["fifo"]
+    if command == "optimize":
+        onnx.checker.check_model(onnx.ModelProto.FromString(data), full_check=True)
+    elif command == "run":
+        assert sorted(np.load(io.BytesIO(data)).files) == ["attn", "scores_plus_eye"]
+    else:
+        assert data.startswith(b"digraph")
+
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_a_block_device_or_socket_at_the_output_is_refused(command, tmp_path, capsys):
+    blk = tmp_path / "blk"  # a device number nothing uses: even a write would reach no disk
+    os.mknod(blk, 0o600 | stat.S_IFBLK, os.makedev(240, 99))
+    code, o, e = run_cli(OUTPUT_COMMANDS[command] + [blk], capsys)
+    assert_clean_error(code, o, e, "block device")
+    assert _kind(blk) == "blk"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "sock"))
+        code, o, e = run_cli(OUTPUT_COMMANDS[command] + [tmp_path / "sock"], capsys)
+        assert_clean_error(code, o, e, "socket")
+
+
+def test_save_writes_through_a_device_and_refuses_a_fifo_nobody_reads(tmp_path):
+    import dmlgraph
+    result = dmlgraph.optimize(CAUSAL)
+    node = _char_device(tmp_path / "null")
+    assert result.save(node) == len(result.model.SerializeToString(deterministic=True))
+    assert _kind(node) == "chr"
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(dmlgraph.DmlgraphError, match="no process is reading"):
+        result.save(tmp_path / "fifo")
+    assert _kind(tmp_path / "fifo") == "fifo" and sorted(os.listdir(tmp_path)) == ["fifo", "null"]
+
+
+def test_a_symlink_at_the_output_keeps_the_link_and_replaces_its_file(tmp_path, capsys):
+    target = tmp_path / "real.onnx"
+    target.write_bytes(b"old")
+    os.symlink("real.onnx", tmp_path / "alias.onnx")
+    assert_ok(*run_cli(["optimize", CAUSAL, "-o", tmp_path / "alias.onnx"], capsys))
+    assert _kind(tmp_path / "alias.onnx") == "link"
+    onnx.checker.check_model(onnx.load(str(target)))
+    assert sorted(os.listdir(tmp_path)) == ["alias.onnx", "real.onnx"]
+
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+@pytest.mark.parametrize("spelling", ["newdir/", "newdir/.", "newdir//", "existing/", "file.onnx/", "sub/.."])
+def test_an_output_path_naming_a_folder_is_refused_and_leaves_nothing(command, spelling, tmp_path, capsys):
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "file.onnx").write_bytes(b"keep")
+    before = tree_digest(tmp_path)
+    listing = sorted(os.listdir(tmp_path))
+    code, o, e = run_cli(OUTPUT_COMMANDS[command] + [str(tmp_path) + "/" + spelling], capsys)
+    assert_clean_error(code, o, e, "names a folder")
+    assert sorted(os.listdir(tmp_path)) == listing and tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("spelling", ["newdir/", "newdir/.", "file.onnx/"])
+def test_save_to_a_folder_path_is_refused_and_leaves_nothing(spelling, tmp_path):
+    import dmlgraph
+    (tmp_path / "file.onnx").write_bytes(b"keep")
+    result = dmlgraph.optimize(CAUSAL)
+    with pytest.raises(dmlgraph.DmlgraphError, match="names a folder"):
+        result.save(str(tmp_path) + "/" + spelling)  # (a str: pathlib would drop the slash)
+    assert sorted(os.listdir(tmp_path)) == ["file.onnx"] and (tmp_path / "file.onnx").read_bytes() == b"keep"
+
+
+# ---- what callers of the Python API pass (issue 28, class 6) --------------------------------------
+# A model as a path (str or pathlib), a ModelProto or its serialized bytes; inputs as arrays, lists or
+# other array-likes (converted to the input's dtype when the values fit). Anything else is a
+# DmlgraphError with a hint, never a raw exception.
+def _api_inputs() -> dict[str, np.ndarray]:
+    import dmlgraph
+    return dmlgraph.validate(CAUSAL, CAUSAL, dims={"seq": 3, "batch": 1}).inputs
+
+
+@pytest.mark.parametrize("form", ["str", "pathlib", "proto", "bytes", "bytearray", "memoryview"])
+def test_api_takes_a_model_in_every_form_a_user_has(form):
+    import pathlib
+
+    import dmlgraph
+    data = pathlib.Path(CAUSAL).read_bytes()
+    given = {"str": CAUSAL, "pathlib": pathlib.Path(CAUSAL), "proto": onnx.ModelProto.FromString(data),
+             "bytes": data, "bytearray": bytearray(data), "memoryview": memoryview(data)}[form]
+    want = dmlgraph.optimize(CAUSAL)
+    assert dmlgraph.optimize(given).counts == want.counts
+    assert dmlgraph.inspect(given).totals == dmlgraph.inspect(CAUSAL).totals
+    feeds = _api_inputs()
+    got, expected = dmlgraph.run(given, feeds), dmlgraph.run(CAUSAL, feeds)
+    assert all(np.array_equal(got[k], expected[k]) for k in expected)
+    assert dmlgraph.validate(given, given, feeds).ok
+
+
+def test_api_inputs_as_lists_and_scalars_take_the_input_dtype():
+    import dmlgraph
+    feeds = _api_inputs()
+    expected = dmlgraph.run(CAUSAL, feeds)
+    for convert in (lambda a: a.tolist(), lambda a: a.astype(np.float64).tolist(), tuple):
+        given = {k: convert(v) for k, v in feeds.items()}
+        got = dmlgraph.run(CAUSAL, given)
+        assert all(np.array_equal(got[k], expected[k]) for k in expected)
+        assert dmlgraph.validate(CAUSAL, dmlgraph.optimize(CAUSAL), given).ok
+    m = model([h.make_node("Add", ["x", "b"], ["y"])], [vi("x", [2], T.INT8), vi("b", [], T.INT8)], [vi("y", [2], T.INT8)])
+    out = dmlgraph.run(m, {"x": [1, 2], "b": 3})
+    assert out["y"].dtype == np.int8 and out["y"].tolist() == [4, 5]
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda d: d.optimize(b"\x00\x01 not a model"), ["bytes", "not a serialized ONNX model"]),
+    (lambda d: d.optimize(None), ["NoneType"]),
+    (lambda d: d.optimize(123), ["int"]),
+    (lambda d: d.inspect(b"garbage"), ["not a serialized ONNX model"]),
+    (lambda d: d.optimize("m\0.onnx"), ["NUL"]),
+    (lambda d: d.optimize(CAUSAL, feature_level=51), ["feature level 51"]),
+    (lambda d: d.inspect(CAUSAL, top="3"), ["top"]),
+    (lambda d: d.run(CAUSAL, None), ["mapping"]),
+    (lambda d: d.run(CAUSAL, {k: "abc" for k in _api_inputs()}), ["str values", "float32"]),
+    (lambda d: d.run(CAUSAL, {k: [[1, 2], [3]] for k in _api_inputs()}), ["not an array"]),
+    (lambda d: d.run(model([h.make_node("Relu", ["x"], ["y"])], [vi("x", [2], T.INT8)], [vi("y", [2], T.INT8)]),
+                     {"x": [1.5, 2]}), ["float64", "int8"]),
+    (lambda d: d.run(model([h.make_node("Relu", ["x"], ["y"])], [vi("x", [2], T.INT8)], [vi("y", [2], T.INT8)]),
+                     {"x": [1, 300]}), ["int8", "cannot hold"]),
+    (lambda d: d.validate(CAUSAL, CAUSAL, dims={"seq": "3"}), ["seq", "not a size"]),
+    (lambda d: d.validate(CAUSAL, CAUSAL, dims={"seq": -1}), ["seq", "not a size"]),
+])
+def test_api_misuse_is_a_dmlgraph_error_with_a_hint(call, words):
+    import dmlgraph
+    with pytest.raises(dmlgraph.DmlgraphError) as info:
+        call(dmlgraph)
+    message = Exception.__str__(info.value)
+    assert all(w.lower() in message.lower() for w in words), message
+    assert info.value.hint or "feature level" in message
+
+
+# ---- declared types the run contradicts (issue 28, class 5) ---------------------------------------
+# An intermediate value_info that contradicts what the model's inputs make of the value (a Trilu
+# output declared [7, 7] where its input is [a, b]): onnxruntime and `run` of the original accept
+# a = 3, b = 5; the lowered model (both targets) must too, and must not carry the declaration.
+def _declared_model(case: str) -> onnx.ModelProto:
+    k10 = [numpy_helper.from_array(np.array(10, np.int64), "k")]
+    nodes, inits, declared = {
+        "trilu output [7, 7]": ([h.make_node("Trilu", ["x"], ["t"], upper=1), h.make_node("Relu", ["t"], ["y"])], [],
+                                ("t", [7, 7])),
+        "trilu output [7, b]": ([h.make_node("Trilu", ["x"], ["t"], upper=0), h.make_node("Relu", ["t"], ["y"])], [],
+                                ("t", [7, "b"])),
+        "trilu output [b, a]": ([h.make_node("Trilu", ["x"], ["t"]), h.make_node("Relu", ["t"], ["y"])], [],
+                                ("t", ["b", "a"])),
+        "trilu output of rank 3": ([h.make_node("Trilu", ["x"], ["t"]), h.make_node("Relu", ["t"], ["y"])], [],
+                                   ("t", [1, 7, 7])),
+        "trilu input [7, 7], k 10": ([h.make_node("Relu", ["x"], ["r"]), h.make_node("Trilu", ["r", "k"], ["y"])], k10,
+                                     ("r", [7, 7])),
+        "eyelike input [7, 7]": ([h.make_node("Relu", ["x"], ["r"]), h.make_node("EyeLike", ["r"], ["e"]),
+                                  h.make_node("Add", ["e", "x"], ["y"])], [], ("r", [7, 7])),
+    }[case]
+    m = model(nodes, [vi("x", ["a", "b"])], [vi("y", ["a", "b"])], inits)
+    m.graph.value_info.append(vi(*declared))
+    return m
+
+
+@pytest.mark.parametrize("case", ["trilu output [7, 7]", "trilu output [7, b]", "trilu output [b, a]",
+                                  "trilu output of rank 3", "trilu input [7, 7], k 10", "eyelike input [7, 7]"])
+def test_a_contradicted_declaration_does_not_narrow_the_lowered_model(case, tmp_path, capsys):
+    path = save(_declared_model(case), tmp_path / "m.onnx")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # (onnxruntime warns that the declaration does not hold)
+    for target in ("dml", "onnx"):
+        out = str(tmp_path / f"out_{target}.onnx")
+        assert_ok(*run_cli(["optimize", path, "-o", out, "--target", target, "--json"], capsys))
+        lowered = onnx.load(out)
+        assert [list(vi_.type.tensor_type.shape.dim) for vi_ in lowered.graph.value_info
+                if vi_.name in ("t", "r") and any(d.dim_value == 7 for d in vi_.type.tensor_type.shape.dim)] == []
+        for shape in ((3, 5), (7, 7), (1, 12)):
+            x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+            want = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+            assert_same_bits(want, pipeline.run_graph(pipeline.load(path)[1], {"x": x})["y"], f"run of the original {shape}")
+            got = run_target(target, out, {"x": x})[0] if target == "dml" else \
+                ort.InferenceSession(out, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+            assert_same_bits(want, got, f"{case}, {target} target at {shape}")
+    code, o, e = run_cli(["validate", path, "--dim", "a=3", "--dim", "b=5"], capsys)
+    assert_ok(code, o, e)

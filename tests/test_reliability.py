@@ -380,12 +380,11 @@ def test_shape_inference_data_propagation_cannot_hang(kind, tmp_path, capsys):
     t0 = time.perf_counter()
     for argv in (["optimize", path, "-o", tmp_path / "out.onnx"], ["inspect", path]):
         code, o, e = run_cli(argv, capsys)
-        if kind == "declared_2^62" and argv[0] == "optimize":
-            # The declared [2^62] contradicts Shape's [2]: strict inference (the full check every
-            # written model passes) refuses the model, promptly.
-            assert_clean_error(code, o, e, "full check", "4611686018427387904")
-        else:
-            assert_ok(code, o, e)
+        assert_ok(code, o, e)
+    if kind == "declared_2^62":  # it contradicts Shape's [2]: dropped (issue 28), not written out
+        declared = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+                    for v in onnx.load(str(tmp_path / "out.onnx")).graph.value_info}
+        assert declared.get("s", [2]) == [2]
     assert time.perf_counter() - t0 < 60  # a hang guard, not a speed test (the bench measures speed)
 
 

@@ -12,7 +12,7 @@ from onnx import helper as h
 
 from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode
-from dmlgraph.passes import default_rules
+from dmlgraph.passes import default_phases, default_rules
 from dmlgraph.rewrite import (
     Match,
     Options,
@@ -149,7 +149,7 @@ def test_the_pass_manager_records_a_refused_replacement_as_a_decline():
         new = OnnxNode("top", "Identity", [split.inputs[0]], [detached("t", T.FLOAT, (2, 4))])
         return Replacement(nodes=[new], replaces=[(split.outputs[0], new.outputs[0])], removes=[split])
 
-    result = PassManager([Rule("half_split", ("Split",), match, rewrite)]).run(g)
+    result = PassManager([[Rule("half_split", ("Split",), match, rewrite)]]).run(g)
     assert result.counts == {"half_split": 0} and not result.applied
     assert len(result.declined) == 1 and "without a producer" in (result.declined[0].reason or "")
     assert g.values["b"].producer is not None
@@ -167,7 +167,7 @@ def _attention_like() -> onnx.ModelProto:
 def test_rules_are_pure_the_rewriter_alone_changes_the_graph():
     g = import_model(_attention_like())
     options = Options()
-    for rule in default_rules(options):
+    for rule in default_rules():
         for node in list(g.nodes.values()):
             if node.op_type not in rule.anchors:
                 continue
@@ -187,7 +187,7 @@ def test_optimizing_keeps_the_imported_model_valid_and_does_not_touch_the_proto(
     model = _attention_like()
     kept = copy.deepcopy(model)
     g = import_model(model)
-    PassManager(default_rules()).run(g)
+    PassManager(default_phases()).run(g)
     g.remove_dead()
     onnx.checker.check_model(export_model(g, "onnx"), full_check=True)
     assert model == kept

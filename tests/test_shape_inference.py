@@ -69,7 +69,8 @@ def _long_vector_model() -> onnx.ModelProto:
     nodes = [h.make_node("Identity", ["x"], ["s"]), h.make_node("Cast", ["s"], ["c"], to=T.DOUBLE),
              h.make_node("Shape", ["c"], ["k"]), h.make_node("ConstantOfShape", ["k"], ["z"]),
              h.make_node("Relu", ["z"], ["y"])]
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["n"])],
+    # (x is declared [n] too: a declaration its input contradicts would be dropped, `_contradicted`)
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [n])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], value_info=[h.make_tensor_value_info("s", T.FLOAT, [n])])
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
 

@@ -592,7 +592,7 @@ def _may_hold_big(model: onnx.ModelProto, min_bytes: int) -> bool:
 
 
 def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int = STRIP_BYTES,
-                    has_external: bool = False) -> onnx.ModelProto:
+                    has_external: bool | None = None) -> onnx.ModelProto:
     """A copy of `model` whose external tensors, and inline ones of `min_bytes` or more, carry no data
     (`model` itself when there is none); for the ONNX checker and shape inference, which would
     otherwise serialize, copy and parse every weight, twice over for inference.
@@ -602,11 +602,14 @@ def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int =
     keep_dims=False makes it an empty tensor (the checker, which with full_check=False does not
     use initializer shapes, but would resolve external locations against the working directory);
     `load_model` has checked every tensor's data against its shape already. `has_external`: the
-    model has external tensors (they carry no data, but the checker must not see their locations).
+    model has external tensors (they carry no data, but the checker must not see their locations:
+    they are the source's, not where a written model keeps its data); None: found out here.
     The main graph's big initializers are never copied; big Constant or subgraph tensors are copied,
     then stripped.
     """
     mg = model.graph
+    if not keep_dims and has_external is None:
+        has_external = _any_external(mg)
     if not (has_external and not keep_dims) and not _may_hold_big(model, min_bytes):
         return model
     view = onnx.ModelProto()

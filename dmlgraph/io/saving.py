@@ -3,10 +3,18 @@
 Writes are atomic: a temp file in the destination folder, fsync, `os.replace`. On any failure the
 temp file is removed and an existing output is left exactly as it was. External data the source
 model keeps beside it is validated as loading validates it (`dmlgraph.io.modelfile`), then streamed.
+
+Only a regular file (or nothing) at the output path is ever replaced (`output_target`): a
+character device (`/dev/null`, a terminal) or a FIFO is written through, as Unix tools write to
+them; a path through a symbolic link replaces the file the link names, never the link; a
+directory, a block device, a socket, or a path that names a folder (`newdir/`) is refused.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import io
 import os
 import stat
 import tempfile
@@ -15,6 +23,7 @@ from typing import BinaryIO
 
 import onnx
 from onnx import TensorProto, numpy_helper
+from onnx.external_data_helper import ExternalDataInfo
 
 from dmlgraph.errors import InternalError, ModelError
 from dmlgraph.io.inference_scopes import full_check, strict_inference
@@ -138,15 +147,97 @@ class _TempFile:
                 pass
 
 
+class _Through:
+    """A character device or FIFO at the output path, written through (never replaced): it has no
+    contents to keep, and a rename would put a regular file in its place. Opened without blocking,
+    so a FIFO nobody reads is an error at once instead of a hang."""
+
+    path = None  # (nothing to remove or rename)
+
+    def __init__(self, final: str) -> None:
+        self.final = final
+        try:
+            fd = os.open(final, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                raise ModelError(f"cannot write {final}: it is a FIFO that no process is reading",
+                                 hint="start the reader first, or write to a regular file") from None
+            raise
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        self.file: BinaryIO = io.BufferedWriter(_Unseekable(fd, "wb"))
+
+    def finish(self) -> None:
+        self.file.close()
+
+    def commit(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
+
+
+class _Unseekable(io.FileIO):
+    """A device or FIFO as a stream with no position: `/dev/null` says it is always at 0, which
+    a writer that seeks back to patch sizes (zipfile, under numpy.savez) would take at its word."""
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        raise io.UnsupportedOperation("not seekable")
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        raise io.UnsupportedOperation("not seekable")
+
+
+def output_target(path: str | os.PathLike[str], what: str = "the output") -> tuple[str, bool]:
+    """Where a write to `path` goes, and whether it goes through (True: a character device or a
+    FIFO, written in place) or by an atomic rename (False: a regular file, or nothing yet; the path
+    a symbolic link names, not the link). Raises ModelError for a path that names a folder (empty,
+    ending in a separator, `.` or `..`), a directory, a block device or a socket: nothing at the
+    output path is ever replaced unless it is a regular file."""
+    p = os.fspath(path)
+    if not p:
+        raise ModelError(f"the path for {what} is empty", hint="pass a file name")
+    if p.endswith((os.sep, os.altsep or os.sep)) or os.path.basename(p) in (".", ".."):
+        raise ModelError(f"cannot write {what} to {p}: a path ending in '/', '.' or '..' names a folder",
+                         hint=f"pass a file path, e.g. {os.path.join(p, 'out' + _suffix(what))}")
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        return os.path.abspath(p), True
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a block device" if stat.S_ISBLK(mode) else \
+            "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise ModelError(f"cannot write {p}: it is {kind}",
+                         hint="pass the path of a regular file (a new one, or one to replace)")
+    return (os.path.realpath(p) if os.path.islink(p) else os.path.abspath(p)), False
+
+
+def _suffix(what: str) -> str:
+    return ".onnx" if "model" in what else ""
+
+
+def _open_output(final: str, through: bool) -> _TempFile | _Through:
+    return _Through(final) if through else _TempFile(final)
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str) -> Iterator[BinaryIO]:
-    """A binary file that becomes `path` only if the block completes (temp file + fsync + rename).
+    """A binary file that becomes `path` only if the block completes (temp file + fsync + rename;
+    a character device or FIFO is written through: `output_target`).
 
     On any failure nothing is left behind and an existing file at `path` is untouched; an OSError
     becomes a ModelError naming the path.
     """
+    final, through = output_target(path)
     try:
-        tmp = _TempFile(os.path.abspath(path))
+        tmp = _open_output(final, through)
     except OSError as e:
         raise ModelError(f"cannot write {path}: {e.strerror or e}", hint="check the folder and permissions") from None
     try:
@@ -168,6 +259,13 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+def _entry(path: str) -> str:
+    """The directory entry `path` names (its folder resolved, its last part kept): two spellings
+    of one entry compare equal; a symlink and its target are two entries."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(os.path.realpath(folder), name)
 
 
 def _fsync_dir(folder: str) -> None:
@@ -210,11 +308,13 @@ def _copy_span(src: str, offset: int, length: int, dst: BinaryIO) -> None:
 def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                input_path: str | os.PathLike | None = None, in_place: bool = False,
                external_data: bool | None = None, base_dir: str | os.PathLike | None = None,
-               check: Callable[[bytes | None], None] | None = None, serialized: bytes | None = None) -> None:
-    """Write `model` to `out_path` atomically and deterministically (same model, same bytes).
+               check: Callable[[bytes | None], None] | None = None, serialized: bytes | None = None) -> int:
+    """Write `model` to `out_path` atomically and deterministically (same model, same bytes);
+    returns the size of the model file written, in bytes.
 
-    - Refuses to overwrite `input_path` (same real path or same file) unless `in_place=True`, and
-      refuses a missing output folder.
+    - Refuses to overwrite `input_path` (same real path or same file) unless `in_place=True`,
+      refuses to replace a file the source's external data is in (but for its data file, which
+      `in_place` replaces too), and refuses a missing output folder.
     - Tensors that are external in the source model are read from `base_dir` (the source model's
       folder), after the same location checks as loading, and streamed in chunks.
     - `external_data=None` writes one file unless the model would exceed ~1.8 GB; `True` forces
@@ -228,15 +328,15 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
       without serializing it once more.)
     - `serialized`, if given, is `model` as `check_for_save` serialized it (the caller vouches that
       `model` has not changed since): it is not serialized again.
+    - Only a regular file is replaced; a character device or FIFO is written through
+      (`output_target`), without external data.
     - `model` itself is not modified.
     """
-    out = os.path.abspath(os.fspath(out_path))
-    folder, base = os.path.split(out)
+    out, through = output_target(out_path, "the model")
+    folder, base = os.path.split(os.path.abspath(out))
     if not os.path.isdir(folder):
         raise ModelError(f"cannot write {out}: the folder {folder} does not exist",
                          hint="create the folder first or choose another output path")
-    if os.path.isdir(out):
-        raise ModelError(f"cannot write {out}: it is a directory", hint="pass a file path for the output")
     if input_path is not None and not in_place and _same_file(out, os.fspath(input_path)):
         raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with the output",
                          hint="choose a different output path, or pass --in-place to replace the input")
@@ -247,6 +347,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     # One entry per tensor in `_iter_tensors` order (None: not external).
     # (Most models have none: a first walk skips the rest without labelling every tensor.)
     sources: list[tuple[str, int, int] | None] = []
+    source_files: set[str] = set()  # the entries the source's locations name, and the files they reach
     # A model without external data is serialized once (here, unless the caller has): its size
     # decides, and its bytes tell most models hold none (`_has_external`).
     if external_data is True:
@@ -264,6 +365,8 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                     raise ModelError(f"{label} is stored as external data, but the source model's folder "
                                      "is unknown", hint="pass base_dir (the input model's folder)")
                 span = _external_span(tensor, base_dir, label)
+                location = ExternalDataInfo(tensor).location
+                source_files |= {span[0], _entry(os.path.join(os.fspath(base_dir), location))}
             sources.append(span)
     external_bytes = sum(span[2] for span in sources if span is not None)
     if external_bytes == 0 and external_data is not True:  # (ByteSize would cost one more pass)
@@ -280,11 +383,21 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     if use_external or total > _EXTERNAL_THRESHOLD:
         serialized = None
     if use_external:
+        if through:
+            raise ModelError(f"cannot write {out} with external data: it is not a regular file, and the "
+                             f"data file would go beside it", hint="write the model to a regular file")
         if os.path.isdir(data_path):
             raise ModelError(f"cannot write external data {data_path}: it is a directory")
         if input_path is not None and _same_file(data_path, os.fspath(input_path)):
             raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with "
                              "the output's external data", hint="choose a different output path")
+    # Replacing a file the source's data is in would destroy the input (unless it is the input
+    # being replaced, data file and all: --in-place).
+    clash = [p for p in [out] + [data_path] * use_external if _entry(p) in source_files]
+    if clash and not (in_place and clash == [data_path] and input_path is not None and
+                      _same_file(out, os.fspath(input_path))):
+        raise ModelError(f"refusing to overwrite {clash[0]}, external data of the input model, with the output",
+                         hint="choose a different output path or folder")
 
     # A single-file save of a model without external data leaves every tensor as it is: the
     # per-tensor pass over a copy is needed only for external data (in the source or the save).
@@ -295,7 +408,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     if placing:  # work on a copy so the caller's model is untouched (tensors in the copy are
         result = onnx.ModelProto()  # visited in the same order as in the original: `sources`)
         result.CopyFrom(model)
-    temps: list[_TempFile] = []
+    temps: list[_TempFile | _Through] = []
     try:
         data_tmp = _TempFile(data_path) if use_external else None
         if data_tmp is not None:
@@ -343,14 +456,16 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
         if check is not None:
             check(None if placing else serialized)
         del result
-        model_tmp = _TempFile(out)
+        model_tmp = _open_output(out, through)
         temps.append(model_tmp)
         _write_bytes(model_tmp.file, serialized)
         for t in temps:
             t.finish()
         for t in temps:  # data file first, then the model that refers to it
             t.commit()
-        _fsync_dir(folder)
+        if not through:
+            _fsync_dir(folder)
+        return len(serialized)
     except OSError as e:
         for t in temps:
             t.discard()

@@ -49,7 +49,7 @@ from onnx.onnx_cpp2py_export import shape_inference as _cpp
 
 from dmlgraph.errors import ModelError
 from dmlgraph.io import inference_scopes
-from dmlgraph.io.modelfile import iter_graphs, without_weights
+from dmlgraph.io.modelfile import copy_fields, iter_graphs, without_weights
 from dmlgraph.process import address_space_headroom, policy
 from dmlgraph.process import interrupts_deferred as _interrupts_deferred
 
@@ -63,7 +63,7 @@ def infer_shapes(model: onnx.ModelProto, check_types: bool = False) -> onnx.Mode
     """`model` (a copy of it) with every shape onnx can infer, in-process (for small models; the
     import uses `start`). `check_types`: a node input whose type its op does not accept raises
     ModelError (see `_plain`)."""
-    data = _view(model)
+    data = without_weights(model, keep_dims=True).SerializeToString()
     plain = _plain(data) if check_types else _run(data, data_prop=False)
     if plain is None:
         return onnx.ModelProto.FromString(data)
@@ -224,9 +224,59 @@ class PendingShapes:
 
 
 def _view(model: onnx.ModelProto) -> bytes:
-    """The model without its weights, serialized: inference reads their dims and types, and copying
-    them in and out would cost more than inference itself."""
-    return without_weights(model, keep_dims=True).SerializeToString()
+    """`_inference_view`, serialized."""
+    return _inference_view(model).SerializeToString()
+
+
+def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
+    """What inference runs on: the model without its weights (inference reads their dims and types,
+    and copying them in and out would cost more than inference itself), and without what its main
+    graph declares of a value (value_info) where that contradicts what the model's inputs make of
+    it (`_contradicted`): onnx's inference takes a declared dim over the one it infers, so a Trilu
+    output declared [7, 7] where its input is [a, b] would be [7, 7], and so would everything
+    computed from it; the lowered model would then refuse inputs the original accepts."""
+    view = without_weights(model, keep_dims=True)
+    contradicted = _contradicted(view)
+    if not contradicted:
+        return view
+    if view is model:  # (no weights left out: a copy of its own)
+        view = onnx.ModelProto()
+        view.CopyFrom(model)
+    kept = [vi for vi in view.graph.value_info if vi.name not in contradicted]
+    del view.graph.value_info[:]
+    view.graph.value_info.extend(kept)
+    return view
+
+
+def _contradicted(view: onnx.ModelProto) -> set[str]:
+    """The values whose declared type (main-graph value_info) the plain pass, run without any
+    declaration, contradicts: another element type or rank, or a dim it infers (a number, or a
+    name from the model's inputs; not one it makes up, `unk__N`) that the declaration sets to
+    something else. A declaration that only adds what inference cannot tell is not one of them.
+    (One plain pass more, on models that declare anything.)"""
+    if not view.graph.value_info:
+        return set()
+    bare = onnx.ModelProto()
+    copy_fields(bare, view, skip="graph")
+    copy_fields(bare.graph, view.graph, skip="value_info")
+    inferred = _run(bare.SerializeToString(), data_prop=False)
+    if inferred is None:
+        return set()
+    cache: dict[bytes, TypeShape] = {}
+    found = {name: (et, shape) for name, et, shape in value_types(inferred)}
+    bad = set()
+    for vi in view.graph.value_info:
+        if vi.name not in found:
+            continue
+        et, shape = type_shape(vi.type, cache)
+        i_et, i_shape = found[vi.name]
+        if et and i_et and et != i_et:
+            bad.add(vi.name)
+        elif shape is not None and i_shape is not None and (len(shape) != len(i_shape) or any(
+                d is not None and i is not None and d != i and not (isinstance(i, str) and i.startswith("unk__"))
+                for d, i in zip(shape, i_shape))):
+            bad.add(vi.name)
+    return bad
 
 
 class _CannotTell(Exception):
@@ -239,7 +289,7 @@ class _Target:
     in linear time; onnx's own is quadratic in the If nodes). `scope=False`: as it is."""
 
     def __init__(self, model: onnx.ModelProto, scope: bool = True) -> None:
-        view = without_weights(model, keep_dims=True)
+        view = _inference_view(model)
         self.data = view.SerializeToString()
         self.scoped = inference_scopes.scoped(view, data=self.data) if scope else None
         if self.scoped is not None:

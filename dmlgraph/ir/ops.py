@@ -43,7 +43,7 @@ class FeatureLevel(enum.IntEnum):
         """Accept '5_1', '5.1', 'L5_1' or 0x5100."""
         if isinstance(text, FeatureLevel):
             return text
-        if isinstance(text, int):
+        if isinstance(text, int) and not isinstance(text, bool) and text in {m.value for m in cls}:
             return cls(text)
         key = "L" + str(text).strip().upper().lstrip("L").replace(".", "_")
         try:

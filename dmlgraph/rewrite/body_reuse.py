@@ -308,7 +308,7 @@ class Template:
         if g.sized_names:
             return None
         seen.update(g.values)
-        lowered = [isinstance(m.captures.get("dml"), DmlNode) and m.captures["dml"].id in g.nodes for m in result.applied]
+        lowered = [isinstance(m.dml, DmlNode) and m.dml.id in g.nodes for m in result.applied]
         return Template(result, explained, lowered, written, seen, asked.answers)
 
     def instance(self, c: Canonical, reserved: ReservedNames, scope: str
@@ -385,13 +385,11 @@ class _Renamed:
         return new
 
     def match(self, m: Match, captures: dict) -> Match:
-        dml = m.captures.get("dml")
-        if isinstance(dml, Node):
-            captures = {"dml": self.node(dml)} | captures
-        elif "dml" in m.captures:
-            captures = {"dml": dml} | captures
+        dml = None if m.dml is None else self.node(m.dml)
+        assert dml is None or isinstance(dml, DmlNode), "a DmlNode renames to a DmlNode"
         bounds = m.captures.get("bounds")  # (a mask's Begin/End as text: the KV-cache reports read them)
         if bounds is not None:
             captures = {"bounds": tuple(self.c.to_real(b) for b in bounds)} | captures
         return Match(m.rule, [self.node(n) for n in m.nodes], captures,
-                     None if m.reason is None else self.c.to_real(m.reason), [self.c.to_real(i) for i in m.initializers])
+                     None if m.reason is None else self.c.to_real(m.reason), [self.c.to_real(i) for i in m.initializers],
+                     dml=dml)

@@ -35,8 +35,8 @@ class Options:
 class Match:
     """What a rule found: the nodes and constants it covers, its captures, a reason if it declines.
 
-    By convention `captures["dml"]` is the DmlNode the rewrite puts in place (once applied, the
-    node the graph holds). `replacement` is set when the rewriter applied the rule's replacement.
+    `dml` is the DmlNode the rewrite puts in place (once applied, the node the graph holds);
+    `replacement` is set when the rewriter applied the rule's replacement.
     """
 
     rule: str
@@ -45,6 +45,7 @@ class Match:
     reason: str | None = None
     initializers: list[str] = field(default_factory=list)  # stored constants the rewrite makes dead
     replacement: Replacement | None = None
+    dml: DmlNode | None = None
 
     @property
     def declined(self) -> bool:
@@ -289,8 +290,6 @@ class Rule:
     returns the nodes (or stored constants) worth trying in this sweep (an analysis may know them
     all at once, where offering every node would call `match` on each), tried after the anchored
     items of the sweep.
-    Rules run in ascending `phase`, each phase to its own fixed point, so a rule that wants to see
-    a whole subgraph runs before rules that rewrite its parts.
     """
 
     name: str
@@ -299,7 +298,6 @@ class Rule:
     rewrite: Callable[[Graph, Match, Options], Replacement]
     exact: str = "bit-exact"  # or e.g. "equal for finite inputs"
     description: str = ""
-    phase: int = 0
     candidates: Callable[[Graph], Sequence[Node | Value]] | None = None
 
 
@@ -318,18 +316,20 @@ class PassResult:
 
 
 class PassManager:
-    """Runs rules over the graph until nothing changes (or `max_iterations`), through one Rewriter."""
+    """Runs rules in phases, each phase over the graph until nothing changes (or `max_iterations`),
+    through one Rewriter. A rule that wants to see a whole subgraph sits in an earlier phase than
+    the rules that rewrite its parts (the built-in order: `dmlgraph.passes.PHASES`)."""
 
-    def __init__(self, rules: list[Rule], options: Options | None = None, max_iterations: int = 10):
-        self.rules = rules
+    def __init__(self, phases: Sequence[Sequence[Rule]], options: Options | None = None, max_iterations: int = 10):
+        self.phases = [list(rules) for rules in phases if rules]
+        self.rules = [r for rules in self.phases for r in rules]
         self.options = options or Options()
         self.max_iterations = max_iterations
         self._plans: list[_Plan] | None = None  # per phase, made on the first run (one per manager)
 
     def _phase_plans(self) -> list[_Plan]:
         if self._plans is None:
-            self._plans = [_Plan([r for r in self.rules if r.phase == phase])
-                           for phase in sorted({r.phase for r in self.rules})]
+            self._plans = [_Plan(rules, phase) for phase, rules in enumerate(self.phases)]
         return self._plans
 
     @gc_paused
@@ -385,7 +385,7 @@ class PassManager:
                     else:
                         for n in new:
                             if isinstance(n, DmlNode):
-                                m.captures["dml"] = n
+                                m.dml = n
                         counts[rule.name] += 1
                         applied.append(m)
                         changed = True
@@ -399,8 +399,8 @@ class _Plan:
     """One phase's rules by what they are offered, worked out once per PassManager (a run per
     If/Loop/Scan body made this setup a fixed cost per body)."""
 
-    def __init__(self, rules: list[Rule]):
-        self.phase = rules[0].phase
+    def __init__(self, rules: list[Rule], phase: int):
+        self.phase = phase
         self.by_anchor: dict[str, list[Rule]] = {}
         for r in rules:
             for a in (r.anchors if r.candidates is None else ()):

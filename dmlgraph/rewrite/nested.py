@@ -74,14 +74,14 @@ def in_lowered_graph(m: Match, g: Graph) -> bool:
     """Whether the DML node a match made is in the lowered model (its body's graph, if nested)."""
     if SCOPE in m.captures:
         return bool(m.captures.get(LOWERED))
-    dml = m.captures.get("dml")
+    dml = m.dml
     return isinstance(dml, DmlNode) and dml.id in g.nodes
 
 
 def nested_dml_nodes(result: PassResult) -> list[DmlNode]:
     """The DML nodes the nested lowerings put into bodies and functions (and that stayed there)."""
-    return [m.captures["dml"] for m in result.applied
-            if m.captures.get(LOWERED) and isinstance(m.captures.get("dml"), DmlNode)]
+    return [m.dml for m in result.applied
+            if m.captures.get(LOWERED) and isinstance(m.dml, DmlNode)]
 
 
 # ---- the driver ----------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ class _Driver:
 
     def _add(self, scope: str, result: PassResult, g: Graph) -> None:
         for m in result.applied:
-            dml = m.captures.get("dml")
+            dml = m.dml
             m.captures.update({SCOPE: scope, LOWERED: isinstance(dml, DmlNode) and dml.id in g.nodes})
         for m in result.declined:
             m.captures[SCOPE] = scope

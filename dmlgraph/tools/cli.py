@@ -164,9 +164,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = args.output
     print(f"$ dmlgraph optimize {os.path.relpath(model)} -o {out}")
     result = api.optimize(model, exact=args.exact, feature_level=args.feature_level)
-    result.save(out)
+    size = result.save(out)
     result.report["before"]["file_bytes"] = os.path.getsize(model)
-    result.report["after"]["file_bytes"] = os.path.getsize(out)
+    result.report["after"]["file_bytes"] = size
     print(optimize_text(result.report))
     ok = True
     for seq in (5, 16):
@@ -278,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", help="keep the lowered model here")
     lowering_flags(sp)
     sp.set_defaults(func=cmd_demo)
+    for sp in sub.choices.values():  # after the command too, where the internal-error hint's rerun puts it
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show Python tracebacks on errors (also accepted before COMMAND)")
     return p
 
 

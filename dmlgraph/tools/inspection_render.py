@@ -77,6 +77,26 @@ def _desc_lines(desc: dict, indent: str) -> list[str]:
 
 
 def format_text(r: dict) -> str:
+    """The text report of an inspection: the model, its candidates, declines, census and totals."""
+    L = _header_text(r)
+    o = r["options"]
+    L.append("")
+    L.append(f"candidates (feature level {o['feature_level']}, target {o['target']}"
+             + (", exact rewrites only" if o["exact_only"] else "")
+             + f"): {len(r['candidates'])} lowered, {len(r['declined'])} declined")
+    for c in r["candidates"]:
+        L += _candidate_text(c)
+    if r["declined"]:
+        L.append("declined:")
+        for d in r["declined"]:
+            L.append(f"  {d['rule']}" + (f" in {d['scope']}" if d["scope"] else "")
+                     + f": {_nodes_text(d['nodes'], d['initializers'], d['scope'])}: {d['reason']}")
+    L += _census_text(r["masks"])
+    L += _totals_text(r["totals"])
+    return "\n".join(L)
+
+
+def _header_text(r: dict) -> list[str]:
     m = r["model"]
     init = r["initializers"]
     L = [f"model     {m['path']} ({format_bytes(m['file_bytes'])}"
@@ -99,74 +119,71 @@ def format_text(r: dict) -> str:
         L += _table([[t["name"], shape_text(t["shape"]), t["type"], format_bytes(t["bytes"]),
                       t["storage"] + (f" ({t['location']})" if t["location"] else "")] for t in init["top"]],
                     ["name", "shape", "type", "bytes", "storage"])
-    o = r["options"]
-    L.append("")
-    L.append(f"candidates (feature level {o['feature_level']}, target {o['target']}"
-             + (", exact rewrites only" if o["exact_only"] else "")
-             + f"): {len(r['candidates'])} lowered, {len(r['declined'])} declined")
-    for c in r["candidates"]:
-        L.append(f"[{c['id']}] {c['rule']}" + (f" in {c['scope']}" if c["scope"] else "") + ": "
-                 + (_nodes_text(c["nodes"], (), c["scope"]) if c["nodes"] else _nodes_text([], c["initializers"])))
-        if c["initializers"]:
-            L.append("    constants: " + ", ".join(f"{i['name']} {shape_text(i['shape'])} {i['type']} "
-                                                   f"{format_bytes(i['bytes'])}" for i in c["initializers"]))
-        t = c["lowers_to"]
-        if t is not None:
-            b = bound_text(t["begin"]) + (" (unbounded)" if t["begin_unbounded"] else "")
-            e = bound_text(t["end"]) + (" (unbounded)" if t["end_unbounded"] else "")
-            extras = [f"input {t['input']!r}" if t["has_input"] else "no input"]
-            if t["runtime_k"]:
-                extras.append(f"run-time k {t['k_input']!r}")
-            if t["runtime_shape"]:
-                extras.append(f"run-time shape {t['shape_input']!r}")
-            L.append(f"    lowers to {t['operator']}: Begin {b}, End {e}, Value {fmt_scalar(t['value'])} "
-                     f"({t['value_data_type']}), {', '.join(extras)}")
-            L.append(f"    output {t['output']['name']!r} {t['onnx_type']} {shape_text(t['output']['shape'])}"
-                     + ("" if t["shape_static"] else ": sizes bound at run time"))
-            if t["desc"] is not None:
-                L.append(f"    desc ({'exact' if t['desc_kind'] == 'exact' else 'symbolic sizes'}):")
-                L += _desc_lines(t["desc"], "      ")
-            rep = t["representative"]
-            if rep is not None:
-                dims = ", ".join(f"{k}={v}" for k, v in rep["dims"].items())
-                L.append(f"    representative desc at {dims} (illustration only; real sizes come at run time):")
-                L += _desc_lines(rep["desc"], "      ")
-            for note in t["notes"]:
-                L.append(f"    note: {note}")
-        ex = c["exact"]
-        L.append(f"    exact: {ex['rule'] or '?'}" + ("" if ex["bit_exact"] is None else
-                                                   f" (node {'bit-exact' if ex['bit_exact'] else 'not bit-exact'})"))
-        s = c["saves"]
-        shared = []
-        if s["shared_nodes"]:
-            shared.append(_plural(s["shared_nodes"], "node"))
-        if s["shared_initializer_bytes"]:
-            shared.append(format_bytes(s["shared_initializer_bytes"]))
-        L.append(f"    saves: {_plural(s['nodes'], 'node')}, {_plural(s['initializers'], 'initializer')} "
-                 f"({format_bytes(s['initializer_bytes'])})"
-                 + (f", plus {' and '.join(shared)} shared with other candidates" if shared else "")
-                 + f"; adds {_plural(s['dml_nodes_added'], 'DML node')}"
-                 + (f" (absorbed by [{c['superseded_by']}])" if c["superseded_by"] else
-                    " (absorbed by a later rewrite)" if c["lowers_to"] and not c["in_lowered_graph"] else ""))
-        p = c["picture"]
-        if p is not None:
-            of = shape_text(p["of"])
-            what = f"top-left {p['height']}x{p['width']} of one {of} slice"
-            if p["representative"]:
-                what += f", symbolic sides drawn at {PICTURE_MAX}"
-            if p["runtime_k"]:
-                what += ", k = 0 shown"
-            if p["legend"]:
-                what += f"; {p['legend']}"
-            L.append(f"    pattern ({what}):")
-            L += picture_text(p, "      ")
-    if r["declined"]:
-        L.append("declined:")
-        for d in r["declined"]:
-            L.append(f"  {d['rule']}" + (f" in {d['scope']}" if d["scope"] else "")
-                     + f": {_nodes_text(d['nodes'], d['initializers'], d['scope'])}: {d['reason']}")
-    L += _census_text(r["masks"])
-    t = r["totals"]
+    return L
+
+
+def _candidate_text(c: dict) -> list[str]:
+    L: list[str] = []
+    L.append(f"[{c['id']}] {c['rule']}" + (f" in {c['scope']}" if c["scope"] else "") + ": "
+             + (_nodes_text(c["nodes"], (), c["scope"]) if c["nodes"] else _nodes_text([], c["initializers"])))
+    if c["initializers"]:
+        L.append("    constants: " + ", ".join(f"{i['name']} {shape_text(i['shape'])} {i['type']} "
+                                               f"{format_bytes(i['bytes'])}" for i in c["initializers"]))
+    t = c["lowers_to"]
+    if t is not None:
+        b = bound_text(t["begin"]) + (" (unbounded)" if t["begin_unbounded"] else "")
+        e = bound_text(t["end"]) + (" (unbounded)" if t["end_unbounded"] else "")
+        extras = [f"input {t['input']!r}" if t["has_input"] else "no input"]
+        if t["runtime_k"]:
+            extras.append(f"run-time k {t['k_input']!r}")
+        if t["runtime_shape"]:
+            extras.append(f"run-time shape {t['shape_input']!r}")
+        L.append(f"    lowers to {t['operator']}: Begin {b}, End {e}, Value {fmt_scalar(t['value'])} "
+                 f"({t['value_data_type']}), {', '.join(extras)}")
+        L.append(f"    output {t['output']['name']!r} {t['onnx_type']} {shape_text(t['output']['shape'])}"
+                 + ("" if t["shape_static"] else ": sizes bound at run time"))
+        if t["desc"] is not None:
+            L.append(f"    desc ({'exact' if t['desc_kind'] == 'exact' else 'symbolic sizes'}):")
+            L += _desc_lines(t["desc"], "      ")
+        rep = t["representative"]
+        if rep is not None:
+            dims = ", ".join(f"{k}={v}" for k, v in rep["dims"].items())
+            L.append(f"    representative desc at {dims} (illustration only; real sizes come at run time):")
+            L += _desc_lines(rep["desc"], "      ")
+        for note in t["notes"]:
+            L.append(f"    note: {note}")
+    ex = c["exact"]
+    L.append(f"    exact: {ex['rule'] or '?'}" + ("" if ex["bit_exact"] is None else
+                                               f" (node {'bit-exact' if ex['bit_exact'] else 'not bit-exact'})"))
+    s = c["saves"]
+    shared = []
+    if s["shared_nodes"]:
+        shared.append(_plural(s["shared_nodes"], "node"))
+    if s["shared_initializer_bytes"]:
+        shared.append(format_bytes(s["shared_initializer_bytes"]))
+    L.append(f"    saves: {_plural(s['nodes'], 'node')}, {_plural(s['initializers'], 'initializer')} "
+             f"({format_bytes(s['initializer_bytes'])})"
+             + (f", plus {' and '.join(shared)} shared with other candidates" if shared else "")
+             + f"; adds {_plural(s['dml_nodes_added'], 'DML node')}"
+             + (f" (absorbed by [{c['superseded_by']}])" if c["superseded_by"] else
+                " (absorbed by a later rewrite)" if c["lowers_to"] and not c["in_lowered_graph"] else ""))
+    p = c["picture"]
+    if p is not None:
+        of = shape_text(p["of"])
+        what = f"top-left {p['height']}x{p['width']} of one {of} slice"
+        if p["representative"]:
+            what += f", symbolic sides drawn at {PICTURE_MAX}"
+        if p["runtime_k"]:
+            what += ", k = 0 shown"
+        if p["legend"]:
+            what += f"; {p['legend']}"
+        L.append(f"    pattern ({what}):")
+        L += picture_text(p, "      ")
+    return L
+
+
+def _totals_text(t: dict) -> list[str]:
+    L: list[str] = []
     L.append("")
     if t["target"] == "dml":
         helpers = t["nodes_added"] - t["dml_nodes_added"]
@@ -186,7 +203,7 @@ def format_text(r: dict) -> str:
              f"{adds}")
     from dmlgraph.tools.report import before_after_table
     L.append(before_after_table(t["before"], t["after"]))
-    return "\n".join(L)
+    return L
 
 
 def _census_text(masks: list[dict]) -> list[str]:
@@ -221,25 +238,7 @@ def to_dot(ins: Inspection) -> str:
     """
     snap, r = ins.snapshot, ins.report
     by_index = {i: n for i, n in enumerate(snap["nodes"])}
-    nid = lambda n: f"n{n['index']}"
-    owner: dict[str, int] = {}
-    cluster_nodes: dict[int, list[str]] = collections.defaultdict(list)
-    cluster_inits: dict[int, list[str]] = collections.defaultdict(list)
-    for c in r["candidates"]:
-        for n in c["nodes"]:
-            if n["index"] is not None and nid(by_index[n["index"]]) not in owner:
-                owner[nid(by_index[n["index"]])] = c["id"]
-                cluster_nodes[c["id"]].append(nid(by_index[n["index"]]))
-        for i in c["initializers"]:
-            key = f"init:{i['name']}"
-            if i["name"] in snap["initializers"] and key not in owner:
-                owner[key] = c["id"]
-                cluster_inits[c["id"]].append(i["name"])
-    declined: dict[str, str] = {}
-    for d in r["declined"]:
-        for n in d["nodes"]:
-            if n["index"] is not None:
-                declined.setdefault(nid(by_index[n["index"]]), d["reason"])
+    owner, cluster_nodes, cluster_inits, declined = _dot_owners(snap, r)
     small = len(snap["nodes"]) <= 300
     out = [f"digraph {_q(snap['name'] or 'graph')} {{",
            '  graph [rankdir=TB, fontname="Helvetica", fontsize=11, labelloc=t, '
@@ -248,7 +247,7 @@ def to_dot(ins: Inspection) -> str:
            '  edge [fontname="Helvetica", fontsize=8, color="#777777"];']
 
     def node_stmt(n: dict[str, Any], indent: str = "  ") -> str:
-        key = nid(n)
+        key = _nid(n)
         label = n["op_type"] + (f"\n{n['name']}" if n["name"] else "")
         attrs = [f"label={_q(label)}"]
         if key in owner:
@@ -276,7 +275,7 @@ def to_dot(ins: Inspection) -> str:
             out.append(init_stmt(name, "    "))
         out.append("  }")
     for n in snap["nodes"]:
-        if nid(n) not in owner:
+        if _nid(n) not in owner:
             out.append(node_stmt(n))
     for name, typ, shape in snap["inputs"]:
         out.append(f"  {_q('in:' + name)} [shape=ellipse, style=filled, fillcolor=\"#e8f0ff\", "
@@ -284,12 +283,47 @@ def to_dot(ins: Inspection) -> str:
     for name, typ, shape in snap["outputs"]:
         out.append(f"  {_q('out:' + name)} [shape=ellipse, style=filled, fillcolor=\"#e8ffe8\", "
                    f"label={_q(name + chr(10) + typ + ' ' + shape_text(shape))}];")
+    out += _dot_edges(snap, {f"init:{name}" for names in cluster_inits.values() for name in names}, small)
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+def _nid(n: dict[str, Any]) -> str:
+    return f"n{n['index']}"
+
+
+def _dot_owners(snap: dict, r: dict) -> tuple[dict[str, int], dict[int, list[str]], dict[int, list[str]], dict[str, str]]:
+    """Which candidate owns each drawn node and initializer (the first that covers it), the nodes
+    and initializers of each candidate's cluster, and the declined nodes with their reasons."""
+    by_index = {i: n for i, n in enumerate(snap["nodes"])}
+    owner: dict[str, int] = {}
+    cluster_nodes: dict[int, list[str]] = collections.defaultdict(list)
+    cluster_inits: dict[int, list[str]] = collections.defaultdict(list)
+    for c in r["candidates"]:
+        for n in c["nodes"]:
+            if n["index"] is not None and _nid(by_index[n["index"]]) not in owner:
+                owner[_nid(by_index[n["index"]])] = c["id"]
+                cluster_nodes[c["id"]].append(_nid(by_index[n["index"]]))
+        for i in c["initializers"]:
+            key = f"init:{i['name']}"
+            if i["name"] in snap["initializers"] and key not in owner:
+                owner[key] = c["id"]
+                cluster_inits[c["id"]].append(i["name"])
+    declined: dict[str, str] = {}
+    for d in r["declined"]:
+        for n in d["nodes"]:
+            if n["index"] is not None:
+                declined.setdefault(_nid(by_index[n["index"]]), d["reason"])
+    return owner, cluster_nodes, cluster_inits, declined
+
+
+def _dot_edges(snap: dict, declared_inits: set[str], small: bool) -> list[str]:
+    """The edges: each node input from its producer, a graph input or a drawn initializer."""
+    out: list[str] = []
     producer = {}
     for n in snap["nodes"]:
         for v in n["outputs"]:
-            producer[v] = nid(n)
+            producer[v] = _nid(n)
     inputs = {name for name, _, _ in snap["inputs"]}
-    declared_inits = {f"init:{name}" for names in cluster_inits.values() for name in names}
 
     def source(v: str) -> str | None:
         if v in producer:
@@ -304,13 +338,12 @@ def to_dot(ins: Inspection) -> str:
         for v in n["inputs"]:
             s = source(v) if v else None
             if s is not None:
-                out.append(f"  {_q(s)} -> {_q(nid(n))}" + (f" [label={_q(v)}];" if small else ";"))
+                out.append(f"  {_q(s)} -> {_q(_nid(n))}" + (f" [label={_q(v)}];" if small else ";"))
     for name, _, _ in snap["outputs"]:
         s = source(name)
         if s is not None:
             out.append(f"  {_q(s)} -> {_q('out:' + name)};")
-    out.append("}")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def render_svg(dot_path: str, svg_path: str) -> None:

@@ -20,14 +20,14 @@ def match(graph: Graph, node: Node, options: Options) -> Match | None:
     dml = DmlNode(node.name, None, gen.inputs[1], gen.inputs[2], standin(node.outputs[0], gen.elem_type),
                   elem_type=gen.elem_type, value=value[()], begin=gen.begin, end=gen.end,
                   static_shape=gen.static_shape)
-    m = Match("abs_generator", [node], {"dml": dml})
+    m = Match("abs_generator", [node], dml=dml)
     m.reason = lowering_reason(dml, node.outputs[0].shape, options)  # e.g. a rank DirectML lacks
     return m
 
 
 def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
-    return replace_node(m.nodes[0], m.captures["dml"])  # the generator dies with its last reader
+    return replace_node(m.nodes[0], m.dml)  # the generator dies with its last reader
 
 
-RULE = Rule("abs_generator", ("Abs",), match, rewrite, exact="bit-exact", phase=4,
+RULE = Rule("abs_generator", ("Abs",), match, rewrite, exact="bit-exact",
             description="Abs(DIAGONAL_MATRIX1 generator) -> DIAGONAL_MATRIX1 generator with |value|")

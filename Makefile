@@ -21,11 +21,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 # The differential mask fuzzer's long soak: FUZZ_EXAMPLES examples per test (default 500), sizes up
-# to FUZZ_MAX_SIZE (default 2049, past float16's integer limit). Failures are kept in .hypothesis/
+# to FUZZ_MAX_SIZE (default 2049, past float16's integer limit); then the fuzzer of mask forms
+# (tests/fuzz_forms.py), which prints the share of band sites lowered. Failures are kept in .hypothesis/
 # and replayed first on the next run.
 fuzz: $(STAMP)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-500} FUZZ_MAX_SIZE=$${FUZZ_MAX_SIZE:-2049} \
 		$(BIN)/python -m pytest tests/test_fuzz_masks.py -rxX
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-500} $(BIN)/python -m pytest tests/test_fuzz_forms.py -rxX -s
 
 # Both suites and the goals table (several minutes; writes 2 GiB to a temporary folder).
 bench: $(STAMP)

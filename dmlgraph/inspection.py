@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 
-SCHEMA = "dmlgraph.inspect/2"
+SCHEMA = "dmlgraph.inspect/3"
 PICTURE_MAX = 8           # the picture shows at most the top-left 8x8 corner of one slice
 REPRESENTATIVE_DIM = 8    # symbolic dims take this size in a representative desc / picture
 
@@ -442,7 +442,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
                     original_dml={n.id for n in g.nodes.values() if isinstance(n, DmlNode)})
         say(f"running rules on {len(g.nodes)} nodes (feature level {options.feature_level.label})")
 
-    lowered = pipeline.lower(source, options, target, progress, loaded=loaded, check=False)
+    lowered = pipeline.lower(source, options, target, progress, loaded=loaded, check=False, census=True)
     g, result, before = lowered.graph, lowered.passes, lowered.before
     snapshot, index, sizes, shapes = seen["snapshot"], seen["index"], seen["sizes"], seen["shapes"]
     sites, original_dml = seen["sites"], seen["original_dml"]
@@ -451,7 +451,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     report["options"] = {"feature_level": options.feature_level.label, "target": target,
                          "exact_only": bool(options.exact_only), "top": top}
     rules = _rule_table()
-    report["masks"] = mask_census.classify(sites, g, result)
+    report["masks"] = mask_census.classify(sites, g, result) + result.census
     report["missed"] = [r for r in report["masks"] if r["status"] == "missed"]
 
     say(f"describing {len(result.applied)} candidates")

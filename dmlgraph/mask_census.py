@@ -18,7 +18,7 @@ tensor but small two-valued constants.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import onnx
@@ -152,7 +152,9 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
         for name in m.initializers:
             applied.setdefault(name, m.rule)
     declined: dict[object, tuple[str, str, str | None]] = {}
-    for m in result.declined:
+    # A decline a later rewrite partly superseded (the band inside a cone lowered, the rest of the cone
+    # not: Llama-4's chunks `(i // C) == (j // C)` next to the causal band) still says why for what it left.
+    for m in [*result.declined, *result.superseded]:
         for n in m.nodes:
             declined.setdefault(n.id, (m.rule, n.name or n.op_type, m.reason))
         for name in m.initializers:
@@ -164,7 +166,7 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
         v = graph.values.get(s.value)
         p = v.producer if v is not None else None
         row = {"value": s.value, "producer": s.producer, "op_type": s.op_type, "index": s.index,
-               "shape": s.shape, "found": s.found, "status": None, "rule": None, "reason": None}
+               "shape": s.shape, "found": s.found, "status": None, "rule": None, "reason": None, "scope": None}
         key = s.node_id if s.node_id is not None else s.value
         if isinstance(p, DmlNode) or key in applied:
             row.update(status="lowered", rule=applied.get(key) or getattr(p, "rule", None))
@@ -186,3 +188,10 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
         status[s.value] = row
         rows.append(row)
     return rows
+
+
+def body_census(graph: Graph) -> Callable[[Graph, PassResult], list[dict]]:
+    """The census of an If/Loop/Scan body or a local function (`dmlgraph.rewrite.nested.Census`):
+    taken from `graph` before the rules, classified after them."""
+    sites = take(graph)
+    return lambda after, result: classify(sites, after, result)

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
+from dmlgraph import mask_census
 from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.io import saving
 from dmlgraph.io.modelfile import check_model, check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
@@ -184,8 +185,10 @@ def match_record(m: Match, with_reason: bool = False) -> dict:
     return rec
 
 
-def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] | None = None) -> PassResult:
-    """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place."""
+def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] | None = None,
+                   census: bool = False) -> PassResult:
+    """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place
+    (`census`: with the mask census of each body and function in the result)."""
     from dmlgraph.passes import default_phases  # the one place where core and passes meet
     from dmlgraph.passes.scoped import varying_masks
 
@@ -197,7 +200,7 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
             graph.scratch["constant_arrays"] = arrays
         return manager.run(graph, progress if graph is g else None)
 
-    return optimize_nested(g, flat, varying_masks)
+    return optimize_nested(g, flat, varying_masks, mask_census.body_census if census else None)
 
 
 @dataclass(frozen=True)
@@ -294,13 +297,15 @@ def full_check_failure(model: onnx.ModelProto) -> str | None:
 @gc_paused
 def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
           progress: Callable[[str], None] | None = None, *, base_dir: str | None = None,
-          loaded: Callable[[onnx.ModelProto, Graph], None] | None = None, check: bool = True) -> OptimizeResult:
+          loaded: Callable[[onnx.ModelProto, Graph], None] | None = None, check: bool = True,
+          census: bool = False) -> OptimizeResult:
     """The pipeline: load `model` (a path or a ModelProto, never modified), run every rule on
     every scope, export to `target`, check the result as saving would.
 
     `loaded(proto, graph)` sees the graph as imported, before any rule runs (inspect takes its
     census there); `base_dir` is where a ModelProto's external data lives. `check=False` skips the
-    output check (inspect writes nothing; `save` checks a model that was not checked).
+    output check (inspect writes nothing; `save` checks a model that was not checked). `census`:
+    take the mask census of every body and function too (`PassResult.census`).
     """
     options = options or Options()
     check_target(target)
@@ -310,7 +315,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     if loaded is not None:
         loaded(source, g)
     before = graph_stats(g)
-    result = optimize_graph(g, options, progress)
+    result = optimize_graph(g, options, progress, census)
     g.remove_dead()
     exported = export_model(g, target)
     serialized = _check_output(exported, source, label) if check else None

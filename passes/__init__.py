@@ -11,15 +11,19 @@ from dmlgraph.passes import (
     apply_bool,
     apply_gather,
     apply_views,
+    data_masks,
     eyelike,
     masks,
+    stacks,
     stored_masks,
     trilu,
 )
 from dmlgraph.rewrite import Rule
 
 PHASES: list[tuple[str, list[Rule]]] = [
-    ("shape-only mask subgraphs -> generators (whole subgraphs first)", [masks.MASK_SUBGRAPH]),
+    ("tensors stacked by Concat and split back -> the tensors (stacks of bands)", [stacks.SPLIT_OF_CONCAT]),
+    ("shape-only mask subgraphs -> generators (whole subgraphs first); index grids compared with data "
+     "declined, naming the data", [masks.MASK_SUBGRAPH, data_masks.DATA_MASK]),
     ("stored band masks -> generators", [stored_masks.STORED_MASK]),
     ("the remaining Trilu / EyeLike nodes", [trilu.RULE, eyelike.RULE]),
     ("masks viewed, negated, cast, combined and applied to data -> DIAGONAL_MATRIX1 with that input",

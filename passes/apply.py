@@ -227,23 +227,57 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
     return m
 
 
-def _choose_parts(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator,
-                  dtype: np.dtype) -> tuple[tuple[np.ndarray, bool], Part, Region | None] | str | None:
+def _choose_parts(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator, dtype: np.dtype,
+                  band: tuple[DmlNode, Operand] | None = None
+                  ) -> tuple[tuple[np.ndarray, bool], Part, Region | None] | str | None:
     """((Value, exact), the input Part, region) when one of the node's two parts is one constant;
-    a reason string when a part cannot be evaluated; None when both parts are data."""
-    d = _band(node, d_index)
+    a reason string when a part cannot be evaluated; None when both parts are data.
+
+    Another operand that is a DIAGONAL_MATRIX1 over the same region (or its complement), with the
+    same shift and matrix, read by this node only, is split the same way and absorbed: a blend of a
+    0/1 mask `w * b + c * (1 - b)` is `Add` of two such bands (GPT-1's attention), one node in all.
+    `band`: the node input `d_index` is about to be, and its elements off the region (`absorbed`).
+    """
+    d, d_outside = band if band is not None else (_band(node, d_index), None)
     operands = cast("list[Operand]", [_operand(graph, v) for v in node.inputs])  # (the ops' inputs are required)
-    inside = evaluate(node, [np.asarray(d.value) if i == d_index else o for i, o in enumerate(operands)], dtype)
-    outside = evaluate(node, [_outside(graph, d) if i == d_index else o for i, o in enumerate(operands)], dtype)
+    ins = [np.asarray(d.value) if i == d_index else o for i, o in enumerate(operands)]
+    outs = [(_outside(graph, d) if d_outside is None else d_outside) if i == d_index else o
+            for i, o in enumerate(operands)]
+    absorbed_exact = True
+    for j, o in _aligned_bands(graph, node, d_index, d):
+        inside_j, outside_j = np.asarray(o.value), _outside(graph, o)
+        ins[j], outs[j] = (inside_j, outside_j) if (o.begin, o.end) == (d.begin, d.end) else (outside_j, inside_j)
+        absorbed_exact = absorbed_exact and o.exact
+    inside = evaluate(node, ins, dtype)
+    outside = evaluate(node, outs, dtype)
     if isinstance(inside, str):
         return inside
     if isinstance(outside, str):
         return outside
     if inside.const is not None:
-        return (inside.const, inside.exact), outside, (d.begin, d.end)
+        return (inside.const, inside.exact and absorbed_exact), outside, (d.begin, d.end)
     if outside.const is not None:
-        return (outside.const, outside.exact), inside, complement((d.begin, d.end))
+        return (outside.const, outside.exact and absorbed_exact), inside, complement((d.begin, d.end))
     return None
+
+
+def _aligned_bands(graph: Graph, node: OnnxNode, d_index: int, d: DmlNode | None = None) -> list[tuple[int, DmlNode]]:
+    """The other operands of `node` that a DIAGONAL_MATRIX1 makes over band `d_index`'s region or
+    its complement, with its shift and matrix, and that nothing else reads: (position, node)."""
+    d = _band(node, d_index) if d is None else d
+    d_shape = cast(Value, node.inputs[d_index]).shape
+    found = []
+    for j in band_operands(graph, node, tuple(range(len(node.inputs)))):
+        v = cast(Value, node.inputs[j])
+        o = _band(node, j)
+        if j == d_index or o.inputs[2] is not d.inputs[2] or len(v.uses) != 1 or graph.is_graph_output(v):
+            continue
+        if d_shape is None or v.shape is None or len(d_shape) < 2 or len(v.shape) < 2 \
+                or not same_dims(v.shape[-2:], d_shape[-2:]):
+            continue
+        if (o.begin, o.end) == (d.begin, d.end) or (o.begin, o.end) == complement((d.begin, d.end)):
+            found.append((j, o))
+    return found
 
 
 def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
@@ -373,6 +407,38 @@ def build(plan: Plan) -> Replacement:
     return r
 
 
+# rule name -> (op types, band inputs, evaluator) of every application rule (`absorbed`)
+APPLICATIONS: dict[str, tuple[tuple[str, ...], tuple[int, ...], Evaluator]] = {}
+
+
+def absorbed(graph: Graph, v: Value, band: DmlNode, outside: Operand, options: Options) -> str | None:
+    """Whether every reader of `v`, a mask about to become `band` (with `outside` off its region),
+    is an application to data that takes it into one DIAGONAL_MATRIX1 (`Where(v, X, c)`,
+    `And(padding, v)`, ...): then the band never runs as a node of its own. Returns the applications' op types, or None.
+
+    What is checked is what `plan_application` checks of the values alone (one part one constant,
+    one interval, exactness under --exact, known ranks); the sizes are checked when it runs, and a
+    band it then declines stays a generator node (correct, only not smaller)."""
+    if graph.is_graph_output(v) or not v.uses:
+        return None
+    ops = []
+    for node, i in v.uses:
+        if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+            return None
+        out = node.outputs[0]
+        entry = next((e for e in APPLICATIONS.values() if node.op_type in e[0] and i in e[1]), None)
+        if entry is None or out.elem_type is None or out.shape is None or len(out.shape) < 2:
+            return None
+        chosen = _choose_parts(graph, node, i, entry[2], numpy_dtype(out.elem_type), (band, outside))
+        if chosen is None or isinstance(chosen, str) or chosen[2] is None:
+            return None
+        (_, value_exact), x, _ = chosen
+        if x.is_const or (options.exact_only and not (value_exact and x.exact)):
+            return None  # (a constant input part: a band again, e.g. a Cast, not a band applied to data)
+        ops.append(node.op_type)
+    return "/".join(dict.fromkeys(ops))
+
+
 def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
                      exact: str, description: str, output_is_mask: bool = True, two_valued: bool = False) -> Rule:
     """An application rule (the fourth phase) applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
@@ -382,6 +448,8 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
     application at all (`X + eye`) is simply not matched. `two_valued`: only bands without a data
     input (a generator: two values), for rewrites that would otherwise move per-use work onto a mask
     computed once (each layer's `Add(scores, mask)` of a padded mask stays one Add of the shared mask)."""
+    APPLICATIONS[name] = (op_types, band_inputs, evaluate)
+
     def match(graph: Graph, node: Node, options: Options) -> Match | None:
         if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
             return None

@@ -125,7 +125,7 @@ class DataFree:
         for name in status:
             v = g.values.get(name)
             p = v.producer if v is not None else None
-            if p is None or p.id not in g.nodes or not p.outputs or p.outputs[0] is not v:
+            if p is None or p.id not in g.nodes or not p.outputs or subgraph_target(g, p) is not v:
                 continue
             if id(v) in outputs or name in read_by_bodies or \
                     not all(c.outputs and self.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c, _ in v.uses):
@@ -148,6 +148,16 @@ class DataFree:
             v = work.pop()
             if self._recompute(v):
                 work.extend(o for c in v.consumers for o in c.outputs)
+
+
+def subgraph_target(g: Graph, p: Node) -> Value:
+    """The output of `p` a mask subgraph ends in: its first, or the one output read when only one is
+    (a Split of a stack of masks whose later piece is the one used)."""
+    if len(p.outputs) > 1:
+        used = [o for o in p.outputs if o.uses or g.is_graph_output(o)]
+        if len(used) == 1:
+            return used[0]
+    return p.outputs[0]
 
 
 def _data_free(graph: Graph) -> DataFree:

@@ -25,7 +25,7 @@ from dmlgraph.io.shape_inference import infer_shapes
 from dmlgraph.ir.band import BandPattern
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value, lowering_reason, standin
-from dmlgraph.passes.data_free import INDEX_OPS, MASK_OPS, SHAPE_OPS, DataFree, _ancestors, _data_free
+from dmlgraph.passes.data_free import INDEX_OPS, MASK_OPS, SHAPE_OPS, DataFree, _ancestors, _data_free, subgraph_target
 from dmlgraph.passes.generators import _bounds, _is_zero, band_of, generator
 from dmlgraph.passes.sizes import Made, SizeBuilder, constant, locate
 from dmlgraph.passes.symbolic import (
@@ -195,9 +195,9 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     df = _data_free(graph)
     if not node.outputs or not df.is_free(node.outputs[0]):
         return None
-    target = node.outputs[0]
-    if any(o.uses or graph.is_graph_output(o) for o in node.outputs[1:]):
-        return None  # (a Split's first part): replacing the node would leave its other outputs unmade
+    target = subgraph_target(graph, node)
+    if any(o.uses or graph.is_graph_output(o) for o in node.outputs if o is not target):
+        return None  # (one part of a Split of many used): replacing the node would leave the others unmade
     # Only the frontier: where a data-free value meets data (or leaves the graph).
     if not graph.is_graph_output(target) and target.name not in graph.body_reads() and \
             all(c.outputs and df.is_free(c.outputs[0]) and isinstance(c, OnnxNode) for c in target.consumers):

@@ -1,6 +1,10 @@
 """`stored_mask`: an initializer or Constant whose every [..., H, W] slice is one band pattern
 (band analysis decides, exactly) becomes a generator; the constant leaves the model. Two-valued
-masks {a, b} with b != 0 keep b as a one-element input broadcast by zero strides."""
+masks {a, b} with b != 0 keep b as a one-element input broadcast by zero strides.
+
+A constant no bigger than the node replacing it stays, unless every reader is an application that
+absorbs the band (`apply.absorbed`): a 48-64 byte band applied by a Where or an And still goes, with
+its application, into one node."""
 from __future__ import annotations
 
 from typing import cast
@@ -10,10 +14,12 @@ from onnx import TensorProto, helper
 
 from dmlgraph.io.modelfile import RAW_ITEMSIZE
 from dmlgraph.ir.graph import DmlNode, Graph, Node, Value
+from dmlgraph.passes.apply import absorbed
 from dmlgraph.passes.common import const_value, lowering_reason, standin
 from dmlgraph.passes.generators import _bounds, _node_bytes, band_of, generator
 from dmlgraph.passes.sizes import Made
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 
 def _match_stored(graph: Graph, item: Value | Node, options: Options) -> Match | None:
@@ -45,8 +51,19 @@ def _match_stored(graph: Graph, item: Value | Node, options: Options) -> Match |
     m.reason = lowering_reason(dml, arr.shape, options)
     threshold = options.min_mask_bytes if options.min_mask_bytes is not None else _node_bytes(graph, dml)
     if m.reason is None and arr.nbytes <= threshold:
-        m.reason = f"the constant ({arr.nbytes} bytes) is not bigger than the node replacing it ({threshold} bytes)"
+        # A tiny band read only by applications is worth it all the same: each application takes it
+        # into its own DIAGONAL_MATRIX1, so the constant and the Where/And go, and no generator stays.
+        into = None if options.min_mask_bytes is not None else \
+            absorbed(graph, value, dml, np.asarray(p.other, dml_dtype(dml)).reshape(()), options)
+        if into is None:
+            m.reason = f"the constant ({arr.nbytes} bytes) is not bigger than the node replacing it ({threshold} bytes)"
+        else:
+            m.captures["absorbed_by"] = into
     return m
+
+
+def dml_dtype(node: DmlNode) -> np.dtype:
+    return numpy_dtype(node.elem_type)
 
 
 def _first_row_varies(v: Value, head: int = 16) -> bool:

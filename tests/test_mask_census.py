@@ -119,15 +119,39 @@ def test_cumsum_gathernd_cone_is_listed_never_absent(tmp_path):
     assert "GatherND" in by_value["causal"]["found"] and "index grid" in by_value["causal_table"]["found"]
 
 
+def block_mask_model() -> onnx.ModelProto:
+    """A stored two-valued matrix that is no band (2x2 blocks on the diagonal) applied by Where:
+    mask-like, and no rule looks at it."""
+    block = np.kron(np.eye(3, dtype=bool), np.ones((2, 2), bool))
+    g = h.make_graph([h.make_node("Where", ["blocks", "x", "neg"], ["y"])], "blocks",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2, 6, 6])], [h.make_tensor_value_info("y", T.FLOAT, [2, 6, 6])],
+                     [c("blocks", block), c("neg", np.float32(-1e9))])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+
+
 def test_fail_on_missed_exits_1_on_an_unhandled_mask(tmp_path, capsys):
+    path = save(tmp_path, block_mask_model(), "blocks.onnx")
+    assert main(["inspect", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [m["value"] for m in report["missed"]] == ["blocks"]
+    assert "a stored two-valued matrix" in report["missed"][0]["found"]
+    assert main(["inspect", path, "--fail-on-missed"]) == 1
+    captured = capsys.readouterr()
+    assert "MISSED 'blocks'" in captured.out and "--fail-on-missed" in captured.err
+
+
+def test_a_data_dependent_mask_is_declined_not_missed(tmp_path, capsys):
+    """Columns compared with per-row lengths read from an input (Less(j, lengths[b])): its diagonal
+    moves with tensor values, so `data_mask` declines it naming the data, and --fail-on-missed passes.
+    Before: listed as missed, and --fail-on-missed exited 1."""
     path = save(tmp_path, length_mask_model(), "lengths.onnx")
     assert main(["inspect", path, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [m["value"] for m in report["missed"]] == ["valid"]
-    assert "Less of index grid 'cols'" in report["missed"][0]["found"]
-    assert main(["inspect", path, "--fail-on-missed"]) == 1
-    captured = capsys.readouterr()
-    assert "MISSED 'valid'" in captured.out and "--fail-on-missed" in captured.err
+    assert report["missed"] == []
+    row = next(m for m in report["masks"] if m["value"] == "valid")
+    assert row["status"] == "declined" and row["rule"] == "data_mask"
+    assert "data-dependent" in row["reason"] and "'lengths'" in row["reason"]
+    assert main(["inspect", path, "--fail-on-missed"]) == 0
 
 
 def test_cumsum_gathernd_cone_lowers_whole(tmp_path):

@@ -35,6 +35,7 @@ import contextlib
 import itertools
 import os
 import pickle
+import re
 import select
 import signal
 import struct
@@ -77,10 +78,21 @@ TypeShape = tuple["int | None", "tuple[int | str | None, ...] | None"]  # elemen
 Send = Callable[[bytes, bytes], None]  # a child's answer: kind, payload
 
 
+_INVENTED = re.compile(r"unk__\d+")  # the dims ONNX shape inference makes up
+
+
 def value_types(model: onnx.ModelProto) -> list[ValueType]:
-    """What `model`'s main graph's value_info says about each value."""
+    """What `model`'s main graph's value_info says about each value, and what inference found for
+    its outputs: a body's output may be declared without a shape (an If branch's usually is), which
+    inference fills in; the importer still lets a declared shape win."""
     cache: dict[bytes, TypeShape] = {}
-    return [(vi.name, *type_shape(vi.type, cache)) for vi in model.graph.value_info]
+    mg = model.graph
+    found = [(vi.name, *type_shape(vi.type, cache)) for vi in mg.value_info]
+    for vi in mg.output:  # (a dim inference invents is left unknown: its number depends on the model)
+        et, shape = type_shape(vi.type, cache)
+        found.append((vi.name, et, None if shape is None else
+                      tuple(None if isinstance(d, str) and _INVENTED.fullmatch(d) else d for d in shape)))
+    return found
 
 
 def type_shape(tp: onnx.TypeProto, cache: dict[bytes, TypeShape] | None = None) -> TypeShape:

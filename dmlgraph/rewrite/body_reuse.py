@@ -333,6 +333,12 @@ class Template:
         return PassResult(res.changed, dict(res.counts), declined, applied, res.iterations), explained, written
 
 
+def renamed_row(row: dict, c: Canonical) -> dict:
+    """A mask census row of a template (in tokens) in the names of the body of `c`."""
+    return {k: list(c.dims(tuple(v)) or ()) if k == "shape" and v is not None else c.to_real(v) if isinstance(v, str) else v
+            for k, v in row.items()}
+
+
 def has_invented_dims(g: Graph) -> bool:
     """Whether shape inference invented dims in `g` (numbered by the model it ran on)."""
     return any(isinstance(d, str) and _ONNX_FRESH.fullmatch(d) for v in g.values.values() for d in v.shape or ())

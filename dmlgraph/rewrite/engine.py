@@ -308,6 +308,11 @@ class PassResult:
     declined: list[Match]
     applied: list[Match]
     iterations: int
+    # Declines some of whose nodes a later rewrite removed: no longer news for the list of declines,
+    # still the reason for the nodes they leave (the mask census reads them).
+    superseded: list[Match] = field(default_factory=list)
+    # The mask census of the bodies and functions (`nested`), when asked for: rows with their scope.
+    census: list[dict] = field(default_factory=list)
 
 
 class PassManager:
@@ -348,9 +353,14 @@ class PassManager:
         finally:
             graph.scratch.clear()  # sampled masks and decoded constants: not kept with the graph
         # A decline of a node that a later rewrite removed or replaced is no longer news.
-        live = [m for m in declined.values()
-                if all(n.id in graph.nodes for n in m.nodes) and all(i in graph.initializers for i in m.initializers)]
-        return PassResult(bool(applied), counts, live, applied, iterations)
+        live, superseded = [], []
+        for m in declined.values():
+            kept = [n.id in graph.nodes for n in m.nodes]
+            if all(kept) and all(i in graph.initializers for i in m.initializers):
+                live.append(m)
+            elif any(kept):
+                superseded.append(m)
+        return PassResult(bool(applied), counts, live, applied, iterations, superseded)
 
     def _sweep(self, rewriter: Rewriter, plan: _Plan, counts: dict[str, int],
                declined: dict[tuple[Any, ...], Match], applied: list[Match]) -> bool:

@@ -54,6 +54,9 @@ from dmlgraph.rewrite import Match, PassResult, body_reuse
 TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
 FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
 Explain = Callable[[Graph, dict[str, str]], list[Match]]  # declines for masks reading varying values
+# The mask census of a body: given its graph before the passes, what turns the graph after them and
+# their result into rows (`dmlgraph.mask_census.body_census`; the census lives above this layer).
+Census = Callable[[Graph], Callable[[Graph, PassResult], list[dict]]]
 
 STANDARD = ("", "ai.onnx")
 FRESH_PREFIX = body_reuse.FRESH  # `FreshDims`
@@ -82,14 +85,16 @@ def nested_dml_nodes(result: PassResult) -> list[DmlNode]:
 
 
 # ---- the driver ----------------------------------------------------------------------------------
-def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain) -> PassResult:
+def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census | None = None) -> PassResult:
     """`flat` on `g`, then on every If/Loop/Scan body and model-local function, written back in
-    place; one PassResult for all of them."""
+    place; one PassResult for all of them. `census`: take the mask census of each body and function
+    too (its rows, each with its `scope`, in `PassResult.census`; the main graph's is the caller's)."""
     holders = _holders(g)
     if not holders and not g.info.functions:
         return flat(g)  # (nearly every model: no bodies, no functions)
     g.reserved |= _subgraph_names(holders)
     driver = _Driver(flat, explain, flat(g), g)
+    driver.census = census
     driver.calls.record(g)
     driver.lower_bodies(g, "")
     driver.lower_functions(g)
@@ -110,9 +115,17 @@ class _Driver:
         self.templates: dict[tuple, body_reuse.Template | None] = {}  # None: that key is lowered body by body
         self.memo: dict = {}  # `body_reuse.key`'s, for one optimize
         self.sightings: collections.Counter = collections.Counter()  # key -> bodies seen with it
+        self.superseded = list(main.superseded)
+        self.census: Census | None = None
+        self.rows: list[dict] = []  # the bodies' census rows
+        self.template_rows: dict[tuple, list[dict]] = {}  # a template's rows, in tokens
 
     def result(self) -> PassResult:
-        return PassResult(bool(self.applied), self.counts, self.declined, self.applied, self.iterations)
+        return PassResult(bool(self.applied), self.counts, self.declined, self.applied, self.iterations,
+                          self.superseded, self.rows)
+
+    def _rows(self, scope: str, rows: list[dict]) -> None:
+        self.rows += [r | {"scope": scope} for r in rows]
 
     def _add(self, scope: str, result: PassResult, g: Graph) -> None:
         for m in result.applied:
@@ -128,6 +141,7 @@ class _Driver:
         self.iterations += result.iterations
         self.applied += result.applied
         self.declined += result.declined
+        self.superseded += result.superseded
 
     def _decline(self, scope: str, rule: str, nodes: list[Node], reason: str) -> None:
         m = Match(rule, nodes, reason=reason)
@@ -197,7 +211,9 @@ class _Driver:
                           frozenset(map(c.to_token, spec.outer)))
             cvarying = {c.to_token(name): what for name, what in _body_varying(node, attr, spec.proto, spec.outer,
                                                                                outer_varying).items()}
-            self.templates[key] = self._template(parent, cspec, c, cvarying)
+            rows: list[dict] = []
+            self.templates[key] = self._template(parent, cspec, c, cvarying, rows)
+            self.template_rows[key] = rows
         template = self.templates[key]
         made = None if template is None else template.instance(c, EnclosingNames(parent, set()), path)
         if made is None:
@@ -205,10 +221,11 @@ class _Driver:
         result, explained, written = made
         self._count(result)
         self.declined += explained
+        self._rows(path, [body_reuse.renamed_row(r, c) for r in self.template_rows[key]])
         return (written,)
 
-    def _template(self, parent: Graph, cspec: _Spec, c: body_reuse.Canonical, varying: dict[str, str]
-                  ) -> body_reuse.Template | None:
+    def _template(self, parent: Graph, cspec: _Spec, c: body_reuse.Canonical, varying: dict[str, str],
+                  rows: list[dict]) -> body_reuse.Template | None:
         """The lowering of a body in tokens (None: its bodies are lowered each as usual)."""
         g = _import(parent.info, cspec.proto, cspec.inputs, parent.info.opset_imports, cspec.constants)
         if isinstance(g, str) or body_reuse.has_invented_dims(g):
@@ -216,9 +233,12 @@ class _Driver:
         body = _finish(parent, cspec, g)
 
         def run(g: Graph) -> tuple[PassResult, list[Match], onnx.GraphProto | None]:
+            finish = self.census(g) if self.census else None
             result = self.flat(g)
             g.remove_dead()
             explained = self.explain(g, varying) if varying else []
+            if finish is not None:
+                rows.extend(finish(g, replace(result, declined=explained + result.declined)))
             if not result.applied:
                 return result, explained, None
             g.remove_dead()
@@ -235,14 +255,17 @@ class _Driver:
             self.calls.untyped(proto, f"it is called in {path}, which is not lowered")
             return None
         g = body.graph
+        finish = self.census(g) if self.census else None
         result = self.flat(g)
         g.remove_dead()
         self._add(path, result, g)
         varying = _body_varying(node, attr, proto, body.outer, outer_varying)
-        if varying:
-            for m in self.explain(g, varying):
-                m.captures[SCOPE] = path
-                self.declined.append(m)
+        explained = self.explain(g, varying) if varying else []
+        for m in explained:
+            m.captures[SCOPE] = path
+            self.declined.append(m)
+        if finish is not None:
+            self._rows(path, finish(g, replace(result, declined=explained + result.declined)))
         self.calls.record(g)
         changed = self.lower_bodies(g, path + "/", varying)
         if not result.applied and not changed:
@@ -268,9 +291,12 @@ class _Driver:
                 self._decline("", "local_function", [], f"function {path} is not lowered: {g}")
                 self.calls.untyped_nodes(f.node, f"it is called by function {path}, which is not lowered")
                 continue
+            finish = self.census(g) if self.census else None
             result = self.flat(g)
             g.remove_dead()
             self._add(path, result, g)
+            if finish is not None:
+                self._rows(path, finish(g, result))
             self.calls.record(g)
             changed = self.lower_bodies(g, path + "/")
             if result.applied or changed:

@@ -1,0 +1,83 @@
+"""`data_mask`: a comparison of an index grid with data is a mask that moves with tensor values.
+
+`arange(T) <= cache_position[:, None]` (a static cache), `(cache_position // C)[:, None] ==
+(arange(T) // C)[None, :]` (Llama-4's chunked attention), `arange(T) < lengths[:, None]` and the
+packed-sequence cone (sequence ids from a CumSum over position-id differences, compared with
+themselves) are masks whose diagonal depends on the values of an input, not only on the sizes: one
+operand is built over an index grid (Range, CumSum, ...), one reads data. DIAGONAL_MATRIX1's
+Begin/End are sizes (bound when the operator is compiled, or shifted by one run-time size), so none of
+these is one fill: the rule only declines them, naming the data they read, so that the census lists
+them as declined with that reason instead of missed (`inspect --fail-on-missed` then passes where
+declining is the right answer). It never rewrites anything.
+"""
+from __future__ import annotations
+
+from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
+from dmlgraph.passes.data_free import SHAPE_OPS, _data_free
+from dmlgraph.rewrite import Match, Options, Replacement, Rule
+
+COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")
+GRID_SOURCES = {"Range", "CumSum", "EyeLike", "Trilu"}
+MAX_WALK = 256  # nodes visited to find where a value comes from
+
+
+def _walk(v: Value) -> tuple[list[Node], list[Value]]:
+    """The nodes above `v` (up to MAX_WALK, not through Shape/Size) and the graph inputs they read."""
+    nodes: list[Node] = []
+    inputs: list[Value] = []
+    seen: set[int] = set()
+    stack = [v]
+    while stack and len(nodes) < MAX_WALK:
+        x = stack.pop()
+        p = x.producer
+        if p is None:
+            if x not in inputs:
+                inputs.append(x)
+            continue
+        if p.id in seen:
+            continue
+        seen.add(p.id)
+        nodes.append(p)
+        if p.op_type not in SHAPE_OPS:
+            stack.extend(i for i in p.inputs if i is not None)
+    return nodes, inputs
+
+
+def _match_data_mask(graph: Graph, node: Node, options: Options) -> Match | None:
+    if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2 \
+            or any(v is None for v in node.inputs):
+        return None
+    out = node.outputs[0]
+    if out.shape is not None and len(out.shape) < 2:
+        return None
+    df = _data_free(graph)
+    grid = data = None
+    for v in node.inputs:
+        assert v is not None
+        if grid is None and any(n.op_type in GRID_SOURCES for n in _walk(v)[0]):
+            grid = v
+        if data is None and not df.is_free(v):
+            data = v
+    if grid is None or data is None:
+        return None
+    read = [v.name for v in _walk(data)[1] if v.name not in graph.initializers or v.name in graph.overridable_inputs]
+    source = f" (read from {', '.join(repr(r) for r in read[:3])})" if read else ""
+    return Match("data_mask", [node], reason=(
+        f"a data-dependent mask: it compares the index grid {grid.name!r} with {data.name!r}{source}, so its "
+        "diagonal moves with tensor values, and DIAGONAL_MATRIX1's Begin/End are sizes" if grid is not data else
+        f"a data-dependent mask: it compares {grid.name!r} with {_other(node, grid).name!r}, index grids "
+        f"built from tensor values{source} (packed sequences), and DIAGONAL_MATRIX1's Begin/End are sizes"))
+
+
+def _other(node: Node, v: Value) -> Value:
+    """The comparison's operand that is not `v` (`v` itself when both are)."""
+    return next((x for x in node.inputs if x is not None and x is not v), v)
+
+
+def _never(graph: Graph, m: Match, options: Options) -> Replacement:
+    raise AssertionError("data_mask only declines")  # (every match it returns carries a reason)
+
+
+DATA_MASK = Rule("data_mask", COMPARISONS, _match_data_mask, _never, exact="bit-exact",
+                 description="comparison of an index grid with data: a data-dependent mask, declined with the "
+                             "data it reads (never rewritten)")

@@ -274,8 +274,9 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
     if not plan.guarded and out.static_shape is not None:
         plan.static_shape = out.static_shape
         return None
-    sources = [shape_source(graph, v) for v in node.inputs if v is not None]
-    if any(s is None for s in sources):
+    found = [shape_source(graph, v) for v in node.inputs if v is not None]
+    sources = [s for s in found if s is not None]
+    if len(sources) != len(found):
         return f"an operand of {node.op_type} {node.name!r} has an unknown rank"
     sources = needed(sources)
     static = static_broadcast(sources)
@@ -338,8 +339,9 @@ def _part_shape(p: Part) -> tuple | None:
     if p.value is not None:
         return p.value.shape
     if p.op is not None:
-        shapes = [o.shape for o in p.op[1] if isinstance(o, Value)]
-        if any(s is None for s in shapes) or not shapes:
+        found = [o.shape for o in p.op[1] if isinstance(o, Value)]
+        shapes = [s for s in found if s is not None]
+        if len(shapes) != len(found) or not shapes:
             return None
         return broadcast_dims(shapes)
     return None

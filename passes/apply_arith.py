@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dmlgraph.ir.graph import OnnxNode
+from dmlgraph.ir.graph import OnnxNode, Value
 from dmlgraph.passes.apply import Operand, Part, application_rule
 
 EXACTNESS = ("equal where the data X is finite and, under a lowest-float fill, |X| < 2^103 (float32) "
@@ -35,12 +35,12 @@ def absorbing_bound(dtype: np.dtype) -> float:
     return top_spacing / 2
 
 
-def _const_other(operands: list[Operand]) -> tuple[np.ndarray | None, Operand | None]:
+def _const_other(operands: list[Operand]) -> tuple[np.ndarray, Value] | tuple[None, None]:
     """(the constant, the other) of two operands when exactly one is a constant."""
     a, b = operands
-    if isinstance(a, np.ndarray) and not isinstance(b, np.ndarray):
+    if isinstance(a, np.ndarray) and isinstance(b, Value):
         return a, b
-    if isinstance(b, np.ndarray) and not isinstance(a, np.ndarray):
+    if isinstance(b, np.ndarray) and isinstance(a, Value):
         return b, a
     return None, None
 
@@ -48,9 +48,10 @@ def _const_other(operands: list[Operand]) -> tuple[np.ndarray | None, Operand | 
 def evaluate_add(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
     if any(isinstance(o, np.ndarray) and o.dtype != dtype for o in operands):
         return f"Add {node.name!r}: an operand's type is not the output's {dtype}"
-    if all(isinstance(o, np.ndarray) for o in operands):
+    consts = [o for o in operands if isinstance(o, np.ndarray)]
+    if len(consts) == len(operands):
         with np.errstate(all="ignore"):
-            return Part(const=np.asarray(np.add(*operands, dtype=dtype), dtype))
+            return Part(const=np.asarray(np.add(*consts, dtype=dtype), dtype))
     c, x = _const_other(operands)
     if c is None:
         return Part(op=("Add", operands))
@@ -73,9 +74,10 @@ def evaluate_add(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Pa
 def evaluate_mul(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
     if any(isinstance(o, np.ndarray) and o.dtype != dtype for o in operands):
         return f"Mul {node.name!r}: an operand's type is not the output's {dtype}"
-    if all(isinstance(o, np.ndarray) for o in operands):
+    consts = [o for o in operands if isinstance(o, np.ndarray)]
+    if len(consts) == len(operands):
         with np.errstate(all="ignore"):
-            return Part(const=np.asarray(np.multiply(*operands, dtype=dtype), dtype))
+            return Part(const=np.asarray(np.multiply(*consts, dtype=dtype), dtype))
     c, x = _const_other(operands)
     if c is None:
         return Part(op=("Mul", operands))

@@ -209,7 +209,7 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
             _reads_stored_matrix(graph, nodes)):
         return None  # no mask-making op, lowered mask nor stored matrix: not a mask (weights, reshapes)
     m = Match("mask_subgraph", nodes)
-    symbolic = sorted({d for v in inputs for d in (v.shape or ()) if not isinstance(d, int)}, key=str)
+    symbolic = sorted({d for v in inputs for d in (v.shape or ()) if isinstance(d, str)}, key=str)
     if any(v.shape is None or None in v.shape for v in inputs):
         m.reason = "an input feeding the mask has an unknown shape"
         return m

@@ -191,7 +191,7 @@ class Difference(Frozen):
 Dim = Union[Lin, Clamp, Difference]  # a size: exact, clamped, or the difference of two
 
 
-def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> Dim:
+def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> "Lin | Clamp":
     """The clamp, dropped where the range of `inner` makes it a no-op."""
     a, b = an.bounds(inner)
     if lo is not None and a >= lo:
@@ -261,10 +261,10 @@ class Band(Frozen):
 
     dtype: np.dtype
     shape: tuple[Dim, ...]
-    breaks: tuple[Lin, ...]
+    breaks: tuple[Lin | Clamp, ...]  # (Clamp: a band sliced at a clamped offset)
     values: tuple
 
-    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], breaks: tuple[Lin, ...], values: tuple) -> None:
+    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], breaks: tuple[Lin | Clamp, ...], values: tuple) -> None:
         self.__dict__.update(dtype=dtype, shape=shape, breaks=breaks, values=values)
 
 
@@ -382,7 +382,7 @@ class Analysis:
                              f"{a.dtype} does not hold exactly")
         return a
 
-    def order(self, a: Lin, b: Lin) -> int:
+    def order(self, a: "Lin | Clamp", b: "Lin | Clamp") -> int:
         """-1 if a < b, 0 if a == b, 1 if a > b at every size; Unprovable otherwise."""
         if a == b:
             return 0
@@ -435,7 +435,7 @@ class Analysis:
                              "was expected")
         return Band(u.dtype, shape, (), (u,))
 
-    def uniform(self, v: AbstractValue) -> np.generic | None:
+    def uniform(self, v: AbstractValue | None) -> np.generic | None:
         """The one value every element holds, as a numpy scalar of v's dtype (None if it varies)."""
         if isinstance(v, Band):
             return v.values[0] if len(v.values) == 1 else None
@@ -480,10 +480,10 @@ class Analysis:
         raise Unprovable(f"{what} is not an index grid ({type(v).__name__})")
 
     # -- piecewise bands --
-    def merge(self, parts: Sequence[Band], fn: Callable[..., np.generic], dtype: np.dtype,
+    def merge(self, parts: Sequence[Band], fn: Callable[..., object], dtype: np.dtype,
               shape: tuple[Dim, ...]) -> Band:
         """fn applied piece by piece to bands on the same diagonals (their breakpoints merged)."""
-        breaks: list[Lin] = []
+        breaks: list[Lin | Clamp] = []
         for b in parts:
             for x in b.breaks:
                 if not any(self.order(x, y) == 0 for y in breaks):
@@ -496,7 +496,7 @@ class Analysis:
             values.append(_scalar(fn(*args), dtype))
         return self.simplify(Band(dtype, shape, tuple(breaks), tuple(values)))
 
-    def piece(self, b: Band, at: Lin | None, leftmost: bool) -> int:
+    def piece(self, b: Band, at: "Lin | Clamp | None", leftmost: bool) -> int:
         """Which piece of b holds diagonal `at` (the leftmost piece when `leftmost`)."""
         if leftmost:
             return 0
@@ -681,7 +681,7 @@ def _int_of(x: object) -> Lin | None:
     return None
 
 
-def _sorted(xs: list[Lin], order: Callable[[Lin, Lin], int]) -> list[Lin]:
+def _sorted(xs: "list[Lin | Clamp]", order: "Callable[[Lin | Clamp, Lin | Clamp], int]") -> "list[Lin | Clamp]":
     return sorted(xs, key=functools.cmp_to_key(order))
 
 

@@ -1,15 +1,8 @@
 """Masks computed only from shapes become DIAGONAL_MATRIX1 generators.
 
-`mask_subgraph` (stored masks are `stored_masks.py`'s): a value that depends on the graph inputs
-only through their shapes ("data-free", `data_free.py`: Shape/Size of inputs, constants, and ops on
-those) and is a band becomes one generator whose output
-sizes, and whose bounds when they move with the sizes, are computed from the same shapes at run
-time. At static shapes the subgraph is evaluated: exact at the one size the model has. With
-symbolic dims, `dmlgraph.passes.symbolic` proves it: each value of the cone is carried as an exact expression
-of the dims, and the mask must come out as one DIAGONAL_MATRIX1 fill with Begin/End integer affine
-expressions of the dims, for every dim in [0, 2^31 - 1]. What the proof cannot cover is declined
-with the reason and the node that breaks it, never guessed (a KV-cache mask's End = past + 1 is
-carried by the node's run-time `k` input).
+`mask_subgraph`: a data-free value that is a band becomes one generator sized from the same shapes
+at run time. At static shapes the subgraph is evaluated; with symbolic dims `symbolic` proves it for
+every size, and what the proof cannot cover is declined with the reason. More: docs/internals.md, passes/masks.py.
 """
 from __future__ import annotations
 

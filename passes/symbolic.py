@@ -1,24 +1,9 @@
 """Exact symbolic values for cones that depend on the graph inputs only through their shapes.
 
-Why: a mask built from Shape/Range/Less/Where is a band at *every* size only if we can say what each
-of its elements is as a function of the sizes. Sampling a few sizes proves nothing (a threshold made
-of `8*8`, a float constant, a constant past 2^31 or an index squeezed through int8 moves the mask
-past the sizes tried), so each value of the cone is carried as an exact expression instead:
-
-  Lin      an integer affine expression of the symbolic dims: c0 + sum(c_k * dim_k)
-  Elems    a small tensor of static shape whose every element is known (shape vectors, constants)
-  Affine   element (i_0, ..., i_r-1) = sum_a coef[a] * i_a + base  (Range, index grids, CumSum of ones)
-  Band     element (..., i, j) = values[k] for j - i in [breaks[k-1], breaks[k])  (piecewise constant
-           along the diagonals: comparisons of index grids, Where, Trilu, EyeLike, stored bands)
-  Opaque   a tensor whose data is unknown and only its shape is read (the cone's inputs)
-
-The proof covers every assignment of the symbolic dims in [0, max_dim] (default 2^31 - 1, the most a
-DML fill bound can address). Every operation checks what it needs for the whole range: integer
-results fit their type (no wrap), a float holds each integer it carries exactly, breakpoints are in
-a provable order, broadcast dims are provably equal. What cannot be shown raises `Unprovable`
-naming the node; nothing is guessed. Symbols are the dims' names: ONNX gives dims that share a
-dim_param one size, and a dim_param that is an affine expression of names (the dynamo exporter's
-`past_sequence + sequence`) is read as that expression.
+A mask is a band at every size only if each element is known as a function of the sizes; sampling
+sizes proves nothing. So each value is carried as an exact expression (Lin, Elems, Affine, Band,
+Opaque), proved for every dim in [0, max_dim]; what cannot be shown raises `Unprovable` naming
+the node. The value kinds and what each operation checks: docs/internals.md, passes/symbolic.py.
 """
 from __future__ import annotations
 

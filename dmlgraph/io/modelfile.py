@@ -1,21 +1,8 @@
 """The only place dmlgraph reads model files (`dmlgraph.io.saving` writes them).
 
-Users point dmlgraph at models from anywhere, so everything read here is untrusted:
-
-- A model file may be missing, empty, truncated, random bytes, or a valid protobuf that is not a
-  model. Each case becomes a `ModelError` naming the path and what to do; never a traceback.
-- Weights are never read eagerly (`onnx.load(..., load_external_data=False)`); external data is
-  memory-mapped read-only on demand by `read_tensor`, so a model with gigabytes of weights costs
-  address space, not memory.
-- An external-data `location` is attacker-controlled. It is validated before anything is opened:
-  no absolute paths, no `..` components, no symlink resolving outside the model's folder, a regular
-  file only (a FIFO would hang `open`), and offset/length inside the file and consistent with the
-  tensor's shape (sizes in the file are never trusted).
-- Sizes in the proto are never trusted either: negative dims, more than 2^40 elements and raw data
-  shorter or longer than the shape says are refused before numpy sees them.
-
-Writing is `dmlgraph.io.saving`'s.
-
+Everything read here is untrusted: a bad file becomes a `ModelError` naming the path, weights are
+memory-mapped on demand, external-data locations are validated before anything is opened, and sizes
+in the proto are checked before numpy sees them. The full list: docs/internals.md, io/modelfile.py.
 Dependencies: onnx, numpy and the standard library only.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ from dmlgraph.io.shape_inference import infer_shapes
 from dmlgraph.ir.band import BandPattern
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value, lowering_reason, standin
-from dmlgraph.passes.data_free import INDEX_OPS, MASK_OPS, SHAPE_OPS, DataFree, _ancestors, _data_free
+from dmlgraph.passes.data_free import INDEX_OPS, MASK_OPS, SHAPE_OPS, DataFree, ancestors, data_free_of
 from dmlgraph.passes.generators import _bounds, _is_zero, band_of, generator
 from dmlgraph.passes.sizes import Made, SizeBuilder, constant, locate
 from dmlgraph.passes.symbolic import (
@@ -185,7 +185,7 @@ def _reads_stored_matrix(graph: Graph, nodes: list[Node]) -> bool:
 def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if not isinstance(node, OnnxNode) or node.op_type in SHAPE_OPS or node.op_type == "Constant":
         return None
-    df = _data_free(graph)
+    df = data_free_of(graph)
     if not node.outputs or not df.is_free(node.outputs[0]):
         return None
     target = node.outputs[0]
@@ -197,7 +197,7 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         return None
     if target.shape is not None and len(target.shape) < 2:
         return None
-    nodes, inputs = _ancestors(target)
+    nodes, inputs = ancestors(target)
     if not (any(n.op_type in MASK_OPS or isinstance(n, DmlNode) for n in nodes) or
             _reads_stored_matrix(graph, nodes)):
         return None  # no mask-making op, lowered mask nor stored matrix: not a mask (weights, reshapes)
@@ -223,7 +223,7 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if verdict[0] == "inner":
         pos, i, fill = verdict[1][0]
         inner = nodes[pos].outputs[i]
-        inner_nodes, inner_inputs = _ancestors(inner)
+        inner_nodes, inner_inputs = ancestors(inner)
         return _finish_sized(graph, Match("mask_subgraph", inner_nodes), inner, fill, inner_inputs, options)
     _, p, sample, _ = verdict
     return _finish(graph, m, target, p, sample, None, options)
@@ -392,5 +392,5 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
 
 
 MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact", phase=0,
-                     candidates=lambda graph: _data_free(graph).frontier(),
+                     candidates=lambda graph: data_free_of(graph).frontier(),
                      description="shape-only mask subgraph -> one DIAGONAL_MATRIX1 generator")

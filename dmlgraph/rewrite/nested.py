@@ -497,10 +497,10 @@ def build_bodies(parent: Graph, bodies: list[tuple[OnnxNode, str, onnx.GraphProt
 
 def built_bodies(parent: Graph, specs: list[_Spec | str]) -> Iterator[Body | str]:
     """The body of each spec (or why it has none), in order: imported together where they can
-    share one model (`_import_together`), else each when it is asked for (one large body in memory
+    share one model (`import_together`), else each when it is asked for (one large body in memory
     at a time)."""
     ready = [s for s in specs if isinstance(s, _Spec)]
-    together = _import_together(parent.info, ready) if len(ready) > 1 else None
+    together = import_together(parent.info, ready) if len(ready) > 1 else None
     made = iter(together or ())
     for s in specs:
         if isinstance(s, str):
@@ -630,7 +630,7 @@ class _Inferred(PendingShapes):
         return self.types
 
 
-def _import_together(info: ModelInfo, specs: list[_Spec]) -> list[Graph] | None:
+def import_together(info: ModelInfo, specs: list[_Spec]) -> list[Graph] | None:
     """The bodies of one graph imported as one model, then split into one Graph each, as `_import`
     makes them: one shape inference and one import instead of one per body (2,500 If nodes with a
     one-node branch each spent half their lowering importing 5,000 models). None when they cannot

@@ -2,23 +2,8 @@
 
     python -m benchmarks kernels [--quick] [--json FILE]    (python -m benchmarks.kernels [--rounds N])
 
-For every case x shape x type, in one process, with preallocated outputs and interleaved rounds
-(ours, baseline, onnxruntime, in rotating order), the median CPU time per call (of the calling
-thread, which runs everything: on a shared machine wall time also counts other jobs) of:
-
-* ours: `kernels.diagonal_matrix1(..., out=out)`;
-* copy baseline: `np.copyto(out, inp)` on the same bytes (`out.fill(0)` for cases without input),
-  i.e. the least any kernel that writes every output element must do;
-* onnxruntime CPU (one intra-op thread): the ONNX graph computing the same thing (Trilu, EyeLike, Trilu->Trilu for a
-  kept band, ConstantOfShape->Trilu for a generated triangle), outputs bound to preallocated
-  OrtValues with IOBinding; "n/a" where onnxruntime has no kernel for the type or no op exists.
-
-* numpy path (when numba is installed, so `ours` is the compiled kernel): the same call with
-  `kernels.numpy_only()`, i.e. what a plain install runs.
-
-ratio_vs_copy = copy_baseline_us / ours_us and ratio_vs_ort = ort_us / ours_us (higher = ours
-faster), each the median over rounds of the ratio within a round (robust to load that drifts
-between rounds). Each result is checked bit for bit against onnxruntime's output where it ran.
+Median CPU time per call over interleaved rounds, each result checked bit for bit against
+onnxruntime's. What each column measures and how the ratios are taken: docs/internals.md, benchmarks/kernels.py.
 """
 from __future__ import annotations
 

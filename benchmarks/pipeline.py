@@ -1,37 +1,8 @@
 """`python -m benchmarks pipeline`: the optimizer, the executor and memory at scale, each against a baseline.
 
-Cases (each row: case, ours, baseline, ratio, target, met; medians of repeated runs in one process):
-
-1. Optimizer scaling. Synthetic transformer-like models of N blocks (each: a causal mask built from
-   Shape(x) by Trilu or by Range/LessOrEqual, applied with Where(mask, scores, -inf), and ordinary
-   MatMul/Transpose/Mul/Softmax/Add ops; every block has its own copy of the mask subgraph, as
-   exporters emit them). Measured in-process: `pipeline.optimize` (load + all rules + export) and
-   `pipeline.write`. Targets: time per node at the large N within 1.3x of the small N; >= 25,000 nodes/s
-   at the large N; >= 1.5x faster than onnxscript's rewriter doing load + one Trilu rule + save on
-   the same file (skipped, with a note, when onnxscript is not installed: it is not a dependency).
-2. Executor overhead. The lowered model run by `Executor` vs onnxruntime running the original
-   (same inputs, same thread count, steady state after warm-up). Target: within 1.2x. The row
-   also reports the share of our time spent in the DML kernels, and the simple path's time (every
-   step every run, no values kept from an earlier run at the same shapes) for comparison.
-2b. Graph shapes. Marginal optimizer rate (extra nodes / extra seconds between a small and a
-   large model; nodes at every depth, If bodies' included, with the main graph's alone as
-   `main_graph_rate`) on a long chain, a wide fan-out, many small mask cones and nested If subgraphs,
-   each against onnxscript's one-rule rewriter on the large model (both sizes, the floor and
-   onnxscript in the same five rounds); time per layer of 50
-   identical decoder-like layers against 5 (flat: within 1.3x).
-3. End to end. `dmlgraph optimize` on a KV-cache decoder export from models/ against onnxruntime
-   loading the same model with ORT_ENABLE_ALL, and `dmlgraph --help` against a bare interpreter,
-   each a fresh process, in alternating pairs; the ratio is the median of per-pair ratios.
-   Targets: optimize no slower than the onnxruntime load; --help within 3x of `python -c pass`.
-4. Memory (skipped with --quick). A model whose initializers are external data totalling >= 2 GB,
-   written by the benchmark in chunks through numpy memmaps; `optimize` + `write` (and `inspect`
-   when dmlgraph.inspection exists) each run in a fresh subprocess that reports its peak RSS
-   (VmHWM) above its own baseline after imports. Target: under 500 MB. The temp folder is removed.
-
-Rows whose goal has a floor carry it (`floor`, in the row's unit, measured in the same rounds):
-what onnx alone spends on the same job (the interpreter and `import onnx` for a fresh `optimize`;
-the parse, the input's checker and the output's full check for the optimizer rates). A goal past
-its floor is out of reach while dmlgraph reads, checks and writes models with the onnx package.
+Cases: optimizer scaling, executor overhead, graph shapes, end to end, memory (skipped with --quick);
+a row is case, ours, baseline, ratio, target, met (medians of repeated runs) and the floor onnx alone
+spends where a goal has one. What each case measures and its target: docs/internals.md, benchmarks/pipeline.py.
 
 Run: `python -m benchmarks pipeline [--quick] [--json FILE]` (or `python -m benchmarks` for both suites and the goals).
 """

@@ -1,17 +1,8 @@
 """`dmlgraph inspect`: what is in a model, which subgraphs lower, to what, what that saves, and why not.
 
-Shaped after polygraphy's `inspect capability` (operator, count, reason, node ranges) and onnxsim's
-before/after table. `inspect_model` is a pure function returning a JSON-ready dict (schema in
-docs/inspect.md, version `SCHEMA`); `format_text` and `to_dot` are its faces; `inspect_command`
-is the CLI entry.
-
-It works generically from the pass manager's result: every applied Match is one candidate row
-(rule, covered nodes and initializers, its DmlNode in `Match.dml`), every declined Match one
-row with its reason. Nothing here knows a particular rule.
-
-Large models: the header reads metadata only (`tensor_nbytes` from dims/dtype or the stored
-external `length`); external weights are never read for it. Rules may memory-map a constant they
-analyse, as `optimize` would.
+`inspect_model` is a pure function returning a JSON-ready dict (schema in docs/inspect.md); every
+applied or declined Match is one row, so nothing here knows a particular rule, and external weights
+are never read for the header. More: docs/internals.md, inspection.py.
 """
 from __future__ import annotations
 

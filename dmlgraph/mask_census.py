@@ -1,19 +1,8 @@
 """The mask census: every mask-like tensor of a model, and what the rules did with it.
 
-A tensor is mask-like when it has two or more dims and is built over an index grid: an index value
-comes from `Range` or `CumSum` (and keeps being one through reshapes, gathers, arithmetic and
-casts), a comparison of an index value (`Less(j, i)`, `Equal`, ...) is a mask, and so are `EyeLike`,
-`Trilu` of a tensor that holds no data (constants, shapes: `Trilu(x)` of data is an application),
-two-valued stored constants, and every boolean combination, selection between constants, cast or
-reshape of a mask. Data combined with a mask by `And`/`Or` stays a mask (the padding-and-
-causal mask); data selected or added by it (`Where(mask, X, c)`, `Add(X, mask)`) is an application,
-whose output is data.
-
-`take` runs on the graph as imported, before any rule; `classify` runs after the rules and gives each
-mask one status: `lowered` (a rewrite covers its producer, or it is gone: absorbed by a rewrite of
-what reads it), `declined` (a rule matched it, or a mask it is built from, and said why), or `missed`
-(no rule looked at it: a gap to report, never to hide). The census is a structural walk: it reads no
-tensor but small two-valued constants.
+`take` walks the graph as imported and finds the tensors built over an index grid; `classify` runs
+after the rules and gives each mask one status: `lowered`, `declined` (with why) or `missed` (a gap
+to report, never to hide). What counts as mask-like: docs/internals.md, mask_census.py.
 """
 from __future__ import annotations
 

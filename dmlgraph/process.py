@@ -1,14 +1,8 @@
 """What dmlgraph may do to the whole process, and only when the process owner asks.
 
-Three measures help a command-line run but touch state a library caller owns: pausing Python's
-cyclic garbage collector during whole-model steps (a third of an optimize at 25k nodes), capping
-the address space (RLIMIT_AS) while a mask subgraph of unknown size is evaluated, and forking a
-child for onnx's shape inference with data propagation (so a runaway inference costs a killed
-child, not a hang). Library calls do none of them unless the caller enters `process_wide()`; the
-CLI does, for the whole command.
-
-Without it the same work runs in-process: slower on big models, and a model whose inferred sizes
-are enormous fails with MemoryError instead of a clear decline.
+Pausing the garbage collector, capping the address space and forking for shape inference help a
+command-line run but touch state a library caller owns: they happen only inside `process_wide()`,
+which the CLI enters. Why each, and what happens without: docs/internals.md, process.py.
 """
 from __future__ import annotations
 

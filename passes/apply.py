@@ -1,21 +1,9 @@
 """Masks applied to data become one DIAGONAL_MATRIX1 with that data as its input.
 
-A DIAGONAL_MATRIX1 node D is `Value` on a diagonal region R and its input x (0 without one)
-elsewhere. An elementwise node f(D, ...) therefore computes f(Value, ...) on R and f(x, ...)
-elsewhere; when one of those two parts is a single constant c, the node is
-    DIAGONAL_MATRIX1(input: the other part, Value c, region R or its complement).
-Each op family says what its parts reduce to (`Evaluator`): `Where` here, `And`/`Or`/`Not`/`Cast` in
-`apply_bool`, `Add`/`Mul` in `apply_arith`; a part that does not reduce becomes a new ONNX node
-(`Where(P, X, c)`, `Add(X, P)`) reading the data. Every part says whether it is bit-exact; a rule
-whose parts are not declines under `--exact`.
-
-Shapes: the new node has the replaced node's output shape (the broadcast of its operands, built at
-run time by `dmlgraph.passes.broadcast` when the input alone does not carry it), and that output's last two
-dims must be D's own (shape inference proves it): a band broadcast along a matrix axis is no band.
-
-`chain`: a DIAGONAL_MATRIX1 whose input is another one with the same value and k fuses into one node
-whose region is the union (tril(triu(x, a), b) is one inverted-range node), when the union is one
-(possibly inverted) interval.
+An elementwise f(D, ...) of a DIAGONAL_MATRIX1 D computes f(Value, ...) on D's region and f(x, ...)
+elsewhere; when one part is a constant the node is one DIAGONAL_MATRIX1. Each op family says what
+its parts reduce to (`Where` here, `apply_bool`, `apply_arith`) and whether they are bit-exact;
+`chain` fuses nested fills. The algebra and the shape condition: docs/internals.md, passes/apply.py.
 """
 from __future__ import annotations
 
@@ -308,8 +296,9 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
     if not plan.guarded and out.static_shape is not None:
         plan.static_shape = out.static_shape
         return None
-    sources = [shape_source(graph, v) for v in node.inputs if v is not None]
-    if any(s is None for s in sources):
+    found = [shape_source(graph, v) for v in node.inputs if v is not None]
+    sources = [s for s in found if s is not None]
+    if len(sources) != len(found):
         return f"an operand of {node.op_type} {node.name!r} has an unknown rank"
     sources = needed(sources)
     static = static_broadcast(sources)
@@ -372,8 +361,9 @@ def _part_shape(p: Part) -> tuple | None:
     if p.value is not None:
         return p.value.shape
     if p.op is not None:
-        shapes = [o.shape for o in p.op[1] if isinstance(o, Value)]
-        if any(s is None for s in shapes) or not shapes:
+        found = [o.shape for o in p.op[1] if isinstance(o, Value)]
+        shapes = [s for s in found if s is not None]
+        if len(shapes) != len(found) or not shapes:
             return None
         return broadcast_dims(shapes)
     return None

@@ -10,12 +10,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from dmlgraph.ir.graph import OnnxNode
+from dmlgraph.ir.graph import OnnxNode, Value
 from dmlgraph.passes.apply import Operand, Part, application_rule
-
-
-def _is_const(o: Operand) -> bool:
-    return isinstance(o, np.ndarray)
 
 
 def evaluate_logic(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
@@ -23,11 +19,14 @@ def evaluate_logic(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
     element gives itself; two constants give their result."""
     a, b = operands
     op = node.op_type
-    if _is_const(a) and _is_const(b):
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         f = {"And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}[op]
         return Part(const=np.asarray(f(a, b), dtype))
-    c, other = (a, b) if _is_const(a) else (b, a) if _is_const(b) else (None, None)
-    if c is None:
+    if isinstance(a, np.ndarray) and isinstance(b, Value):
+        c, other = a, b
+    elif isinstance(b, np.ndarray) and isinstance(a, Value):
+        c, other = b, a
+    else:
         return Part(op=(op, operands))
     absorbing = {"And": False, "Or": True}.get(op)
     if absorbing is not None and bool(c) == absorbing:
@@ -39,7 +38,7 @@ def evaluate_logic(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
 
 def evaluate_not(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
     (a,) = operands
-    return Part(const=np.asarray(np.logical_not(a), dtype)) if _is_const(a) else Part(op=("Not", operands))
+    return Part(const=np.asarray(np.logical_not(a), dtype)) if isinstance(a, np.ndarray) else Part(op=("Not", operands))
 
 
 def evaluate_cast(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
@@ -47,7 +46,7 @@ def evaluate_cast(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> P
     casts to true unless it is +-0; NaN casts to true, as numpy and onnxruntime agree)."""
     (a,) = operands
     to = node.attr("to")
-    if _is_const(a):
+    if isinstance(a, np.ndarray):
         if a.dtype != np.bool_ and to != TensorProto.BOOL:
             return f"Cast {node.name!r} converts between two numeric types; only bool <-> numeric casts are mapped"
         return Part(const=np.asarray(a.astype(np.bool_) if dtype == np.bool_ else a, dtype))

@@ -1,12 +1,9 @@
 """The portable target's bit-exact selection, found again: optimizing a portable model once more
 gives the same model.
 
-The `onnx` target writes a float DIAGONAL_MATRIX1 with input X and Value c as
-  Squeeze(GatherElements(Concat(Unsqueeze(X', 0), Unsqueeze(Expand(c, S), 0)), I, axis=0), 0)
-with I = Unsqueeze(Cast(Expand(band, S), int64), 0) -- onnxruntime's Where would rewrite -0.0 and
-float16 NaN payloads, GatherElements only moves bits. When I is made by a band generator (the
-shape-only chain is lowered first, or the band itself feeds it), this is Where(band, c, X):
-DIAGONAL_MATRIX1(X, Value c) over the band's region, bit-exact.
+The `onnx` target writes a float DIAGONAL_MATRIX1 as a GatherElements over [X, c] (Where would
+change -0.0 and NaN payloads); when its index is made by a band generator this is
+DIAGONAL_MATRIX1(X, Value c) again. The pattern: docs/internals.md, passes/apply_gather.py.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Batch-axis views of a band: `Expand`, `Unsqueeze` and `Reshape` of a DIAGONAL_MATRIX1 output are
 that node at the new shape.
 
-DIAGONAL_MATRIX1 fills by (row, column) of the last two axes only, so repeating or adding leading
-(batch) axes gives the same node with other sizes: `Expand` only changes the run-time sizes (its
-input still broadcasts to them), `Unsqueeze` also unsqueezes the input, `Reshape` regroups the
-batch axes (and its input's alike). All are bit-exact. Neither
-may touch the matrix: an `Expand` whose output's last two dims are not provably the band's (a [1, T]
-row repeated down S rows is no band) and an `Unsqueeze` of one of the last two axes are declined.
+DIAGONAL_MATRIX1 fills by the last two axes only, so changing the batch axes gives the same node
+with other sizes (bit-exact); a view that touches the matrix is declined (docs/internals.md, passes/apply_views.py).
 """
 from __future__ import annotations
 

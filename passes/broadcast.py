@@ -1,12 +1,8 @@
 """Output sizes of a rewritten mask application, as a plan (at match time) and ONNX nodes (at rewrite).
 
-A DIAGONAL_MATRIX1 that replaces `And(P, band)` or `Where(band, X, c)` must have the output shape of
-the node it replaces: the numpy broadcast of its operands' shapes, which may be larger than its input
-(a padding mask [B, 1, 1, T] and a band [1, 1, S, T] give [B, 1, S, T]). The DML node takes those
-sizes as its run-time `shape` input. They are computed without reading any mask: from a generator's
-own size input or static shape, from a ConstantOfShape's shape operand, or from `Shape(x)` of data
-that stays in the graph anyway, and broadcast pairwise by `Where(Equal(a, 1), b, a)` (exact for every
-pair that broadcasts: a dim of 1 takes the other side, including 0).
+The DIAGONAL_MATRIX1 replacing `And(P, band)` or `Where(band, X, c)` takes the broadcast of the
+operands' shapes as its run-time `shape`, computed without reading any mask and broadcast pairwise
+by `Where(Equal(a, 1), b, a)`. Why that is exact: docs/internals.md, passes/broadcast.py.
 """
 from __future__ import annotations
 

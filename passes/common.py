@@ -82,8 +82,10 @@ def standin(v: Value, elem_type: int | None = None) -> Value:
     return Value(v.name, elem_type if elem_type is not None else v.elem_type)  # (as `detached`, one call less)
 
 
-def replace_node(old: Node, new: Node, *extra: Node) -> Replacement:
+def replace_node(old: Node, new: Node | None, *extra: Node) -> Replacement:
     """`new` (after the `extra` nodes it reads) in place of `old`: its first output replaces
-    `old`'s first output (name, uses, graph-output place), and `old` is removed."""
+    `old`'s first output (name, uses, graph-output place), and `old` is removed. (`new` is a
+    Match's `dml`, which a rule that matched has set.)"""
+    assert new is not None, "a rule rewrites only what its match made a node for"
     return Replacement(nodes=[*extra, new], replaces=[(old.outputs[0], new.outputs[0])], removes=[old],
                        exact=not isinstance(new, DmlNode) or new.exact)

@@ -160,7 +160,7 @@ def subgraph_target(g: Graph, p: Node) -> Value:
     return p.outputs[0]
 
 
-def _data_free(graph: Graph) -> DataFree:
+def data_free_of(graph: Graph) -> DataFree:
     """The graph's DataFree, built once and updated from the change log on each call."""
     df = getattr(graph, "_data_free", None)  # kept with the graph: small, and updated in place
     if df is None:
@@ -170,7 +170,7 @@ def _data_free(graph: Graph) -> DataFree:
     return df
 
 
-def _ancestors(value: Value) -> tuple[list[Node], list[Value]]:
+def ancestors(value: Value) -> tuple[list[Node], list[Value]]:
     """The nodes computing `value` back to Shape/Size nodes, and the values whose shapes those read."""
     nodes, inputs, seen, stack = [], [], set(), [value.producer]
     while stack:

@@ -13,7 +13,7 @@ declining is the right answer). It never rewrites anything.
 from __future__ import annotations
 
 from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
-from dmlgraph.passes.data_free import SHAPE_OPS, _data_free
+from dmlgraph.passes.data_free import SHAPE_OPS, data_free_of
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
 
 COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")
@@ -50,7 +50,7 @@ def _match_data_mask(graph: Graph, node: Node, options: Options) -> Match | None
     out = node.outputs[0]
     if out.shape is not None and len(out.shape) < 2:
         return None
-    df = _data_free(graph)
+    df = data_free_of(graph)
     grid = data = None
     for v in node.inputs:
         assert v is not None

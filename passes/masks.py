@@ -1,15 +1,8 @@
 """Masks computed only from shapes become DIAGONAL_MATRIX1 generators.
 
-`mask_subgraph` (stored masks are `stored_masks.py`'s): a value that depends on the graph inputs
-only through their shapes ("data-free", `data_free.py`: Shape/Size of inputs, constants, and ops on
-those) and is a band becomes one generator whose output
-sizes, and whose bounds when they move with the sizes, are computed from the same shapes at run
-time. At static shapes the subgraph is evaluated: exact at the one size the model has. With
-symbolic dims, `dmlgraph.passes.symbolic` proves it: each value of the cone is carried as an exact expression
-of the dims, and the mask must come out as one DIAGONAL_MATRIX1 fill with Begin/End integer affine
-expressions of the dims, for every dim in [0, 2^31 - 1]. What the proof cannot cover is declined
-with the reason and the node that breaks it, never guessed (a KV-cache mask's End = past + 1 is
-carried by the node's run-time `k` input).
+`mask_subgraph`: a data-free value that is a band becomes one generator sized from the same shapes
+at run time. At static shapes the subgraph is evaluated; with symbolic dims `symbolic` proves it for
+every size, and what the proof cannot cover is declined with the reason. More: docs/internals.md, passes/masks.py.
 """
 from __future__ import annotations
 
@@ -25,7 +18,15 @@ from dmlgraph.io.shape_inference import infer_shapes
 from dmlgraph.ir.band import BandPattern
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value, lowering_reason, standin
-from dmlgraph.passes.data_free import INDEX_OPS, MASK_OPS, SHAPE_OPS, DataFree, _ancestors, _data_free, subgraph_target
+from dmlgraph.passes.data_free import (
+    INDEX_OPS,
+    MASK_OPS,
+    SHAPE_OPS,
+    DataFree,
+    ancestors,
+    data_free_of,
+    subgraph_target,
+)
 from dmlgraph.passes.generators import _bounds, _is_zero, band_of, generator
 from dmlgraph.passes.sizes import Made, SizeBuilder, constant, locate
 from dmlgraph.passes.symbolic import (
@@ -192,7 +193,7 @@ def _reads_stored_matrix(graph: Graph, nodes: list[Node]) -> bool:
 def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if not isinstance(node, OnnxNode) or node.op_type in SHAPE_OPS or node.op_type == "Constant":
         return None
-    df = _data_free(graph)
+    df = data_free_of(graph)
     if not node.outputs or not df.is_free(node.outputs[0]):
         return None
     target = subgraph_target(graph, node)
@@ -204,12 +205,12 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         return None
     if target.shape is not None and len(target.shape) < 2:
         return None
-    nodes, inputs = _ancestors(target)
+    nodes, inputs = ancestors(target)
     if not (any(n.op_type in MASK_OPS or isinstance(n, DmlNode) for n in nodes) or
             _reads_stored_matrix(graph, nodes)):
         return None  # no mask-making op, lowered mask nor stored matrix: not a mask (weights, reshapes)
     m = Match("mask_subgraph", nodes)
-    symbolic = sorted({d for v in inputs for d in (v.shape or ()) if not isinstance(d, int)}, key=str)
+    symbolic = sorted({d for v in inputs for d in (v.shape or ()) if isinstance(d, str)}, key=str)
     if any(v.shape is None or None in v.shape for v in inputs):
         m.reason = "an input feeding the mask has an unknown shape"
         return m
@@ -230,7 +231,7 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
     if verdict[0] == "inner":
         pos, i, fill = verdict[1][0]
         inner = nodes[pos].outputs[i]
-        inner_nodes, inner_inputs = _ancestors(inner)
+        inner_nodes, inner_inputs = ancestors(inner)
         return _finish_sized(graph, Match("mask_subgraph", inner_nodes), inner, fill, inner_inputs, options)
     _, p, sample, _ = verdict
     return _finish(graph, m, target, p, sample, None, options)
@@ -405,5 +406,5 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
 
 
 MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact",
-                     candidates=lambda graph: _data_free(graph).frontier(),
+                     candidates=lambda graph: data_free_of(graph).frontier(),
                      description="shape-only mask subgraph -> one DIAGONAL_MATRIX1 generator")

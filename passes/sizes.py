@@ -149,7 +149,7 @@ class SizeBuilder:
         return self._cached(("vector", tuple(self._key(d) for d in dims)), lambda chain: self._node(
             "Concat", [self.dim(d, chain) for d in dims], f"{hint}__sizes", chain, axis=0, shape=(len(dims),)))
 
-    def scalar(self, e: Lin, hint: str) -> Value:
+    def scalar(self, e: Lin | Clamp, hint: str) -> Value:
         """A 0-D int64 tensor holding e: the run-time shift of a mask's bounds."""
         def make(chain: list) -> Value:
             one = self.dim(e, chain)

@@ -1,24 +1,9 @@
 """Exact symbolic values for cones that depend on the graph inputs only through their shapes.
 
-Why: a mask built from Shape/Range/Less/Where is a band at *every* size only if we can say what each
-of its elements is as a function of the sizes. Sampling a few sizes proves nothing (a threshold made
-of `8*8`, a float constant, a constant past 2^31 or an index squeezed through int8 moves the mask
-past the sizes tried), so each value of the cone is carried as an exact expression instead:
-
-  Lin      an integer affine expression of the symbolic dims: c0 + sum(c_k * dim_k)
-  Elems    a small tensor of static shape whose every element is known (shape vectors, constants)
-  Affine   element (i_0, ..., i_r-1) = sum_a coef[a] * i_a + base  (Range, index grids, CumSum of ones)
-  Band     element (..., i, j) = values[k] for j - i in [breaks[k-1], breaks[k])  (piecewise constant
-           along the diagonals: comparisons of index grids, Where, Trilu, EyeLike, stored bands)
-  Opaque   a tensor whose data is unknown and only its shape is read (the cone's inputs)
-
-The proof covers every assignment of the symbolic dims in [0, max_dim] (default 2^31 - 1, the most a
-DML fill bound can address). Every operation checks what it needs for the whole range: integer
-results fit their type (no wrap), a float holds each integer it carries exactly, breakpoints are in
-a provable order, broadcast dims are provably equal. What cannot be shown raises `Unprovable`
-naming the node; nothing is guessed. Symbols are the dims' names: ONNX gives dims that share a
-dim_param one size, and a dim_param that is an affine expression of names (the dynamo exporter's
-`past_sequence + sequence`) is read as that expression.
+A mask is a band at every size only if each element is known as a function of the sizes; sampling
+sizes proves nothing. So each value is carried as an exact expression (Lin, Elems, Affine, Band,
+Opaque), proved for every dim in [0, max_dim]; what cannot be shown raises `Unprovable` naming
+the node. The value kinds and what each operation checks: docs/internals.md, passes/symbolic.py.
 """
 from __future__ import annotations
 
@@ -191,7 +176,7 @@ class Difference(Frozen):
 Dim = Union[Lin, Clamp, Difference]  # a size: exact, clamped, or the difference of two
 
 
-def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> Dim:
+def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> "Lin | Clamp":
     """The clamp, dropped where the range of `inner` makes it a no-op."""
     a, b = an.bounds(inner)
     if lo is not None and a >= lo:
@@ -261,10 +246,10 @@ class Band(Frozen):
 
     dtype: np.dtype
     shape: tuple[Dim, ...]
-    breaks: tuple[Lin, ...]
+    breaks: tuple[Lin | Clamp, ...]  # (Clamp: a band sliced at a clamped offset)
     values: tuple
 
-    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], breaks: tuple[Lin, ...], values: tuple) -> None:
+    def __init__(self, dtype: np.dtype, shape: tuple[Dim, ...], breaks: tuple[Lin | Clamp, ...], values: tuple) -> None:
         self.__dict__.update(dtype=dtype, shape=shape, breaks=breaks, values=values)
 
 
@@ -382,7 +367,7 @@ class Analysis:
                              f"{a.dtype} does not hold exactly")
         return a
 
-    def order(self, a: Lin, b: Lin) -> int:
+    def order(self, a: "Lin | Clamp", b: "Lin | Clamp") -> int:
         """-1 if a < b, 0 if a == b, 1 if a > b at every size; Unprovable otherwise."""
         if a == b:
             return 0
@@ -435,7 +420,7 @@ class Analysis:
                              "was expected")
         return Band(u.dtype, shape, (), (u,))
 
-    def uniform(self, v: AbstractValue) -> np.generic | None:
+    def uniform(self, v: AbstractValue | None) -> np.generic | None:
         """The one value every element holds, as a numpy scalar of v's dtype (None if it varies)."""
         if isinstance(v, Band):
             return v.values[0] if len(v.values) == 1 else None
@@ -480,10 +465,10 @@ class Analysis:
         raise Unprovable(f"{what} is not an index grid ({type(v).__name__})")
 
     # -- piecewise bands --
-    def merge(self, parts: Sequence[Band], fn: Callable[..., np.generic], dtype: np.dtype,
+    def merge(self, parts: Sequence[Band], fn: Callable[..., object], dtype: np.dtype,
               shape: tuple[Dim, ...]) -> Band:
         """fn applied piece by piece to bands on the same diagonals (their breakpoints merged)."""
-        breaks: list[Lin] = []
+        breaks: list[Lin | Clamp] = []
         for b in parts:
             for x in b.breaks:
                 if not any(self.order(x, y) == 0 for y in breaks):
@@ -496,7 +481,7 @@ class Analysis:
             values.append(_scalar(fn(*args), dtype))
         return self.simplify(Band(dtype, shape, tuple(breaks), tuple(values)))
 
-    def piece(self, b: Band, at: Lin | None, leftmost: bool) -> int:
+    def piece(self, b: Band, at: "Lin | Clamp | None", leftmost: bool) -> int:
         """Which piece of b holds diagonal `at` (the leftmost piece when `leftmost`)."""
         if leftmost:
             return 0
@@ -681,7 +666,7 @@ def _int_of(x: object) -> Lin | None:
     return None
 
 
-def _sorted(xs: list[Lin], order: Callable[[Lin, Lin], int]) -> list[Lin]:
+def _sorted(xs: "list[Lin | Clamp]", order: "Callable[[Lin | Clamp, Lin | Clamp], int]") -> "list[Lin | Clamp]":
     return sorted(xs, key=functools.cmp_to_key(order))
 
 

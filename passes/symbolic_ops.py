@@ -108,8 +108,12 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
             # compute broadcast shapes as Shape(Max(a, b))) or annotated. The rest of the cone goes
             # on, so a band further on (or beside) is still found; a use of this data says `why`,
             # which names the node that first lost the values.
-            unknown = [_shape_only(an, n, ins, why)] if n.op_type in ELEMENTWISE else _annotated(n, why)
-            if unknown is None or unknown[0] is None:
+            if n.op_type in ELEMENTWISE:
+                shaped = _shape_only(an, n, ins, why)
+                unknown = None if shaped is None else [shaped]
+            else:
+                unknown = _annotated(n, why)
+            if unknown is None:
                 raise Unprovable(why) from None
             outs = unknown
         for v, out in zip(n.outputs, outs):
@@ -162,10 +166,15 @@ def _generator_value(an: Analysis, n: DmlNode, value_of: Callable[[Value | None]
 
 def _annotated(n: OnnxNode, why: str) -> list[AbstractValue] | None:
     """n's outputs as unknown data of the shapes shape inference gives them (None: not given)."""
-    if any(v.shape is None or v.elem_type is None for v in n.outputs):
-        return None
-    return [Opaque(_dtype(v.elem_type), tuple(Lin.of(d) if isinstance(d, int) else parse_dim(d)
-                                              for d in v.shape), why) for v in n.outputs]  # type: ignore[union-attr]
+    outs: list[AbstractValue] = []
+    for v in n.outputs:
+        if v.shape is None or v.elem_type is None:
+            return None
+        dims = [Lin.of(d) if isinstance(d, int) else parse_dim(d) for d in v.shape if d is not None]
+        if len(dims) != len(v.shape):
+            return None  # an unknown dim (parse_dim would fail on it)
+        outs.append(Opaque(_dtype(v.elem_type), tuple(dims), why))
+    return outs
 
 
 def _topological(nodes: Sequence[Node]) -> list[Node]:
@@ -211,10 +220,8 @@ def _band_from_bounds(dtype: np.dtype, shape: tuple[Dim, ...], begin: Lin | None
                       value: np.generic, other: np.generic) -> Band:
     """The Band of a stored DIAGONAL_MATRIX1 fill. An unbounded end gets no break: every element of the
     array, and of any slice or gather of it, lies on a diagonal of the array, where the two agree."""
-    if begin is None and end is None:
-        return Band(dtype, shape, (), (value,))
     if begin is None:
-        return Band(dtype, shape, (end,), (value, other))
+        return Band(dtype, shape, (), (value,)) if end is None else Band(dtype, shape, (end,), (value, other))
     if end is None:
         return Band(dtype, shape, (begin,), (other, value))
     # both ends move together (one shift), so their order is their constants' order
@@ -223,6 +230,14 @@ def _band_from_bounds(dtype: np.dtype, shape: tuple[Dim, ...], begin: Lin | None
     if begin.const < end.const:
         return Band(dtype, shape, (begin, end), (other, value, other))
     return Band(dtype, shape, (end, begin), (value, other, value))
+
+
+def _lin_breaks(v: Band, why: str) -> tuple[Lin, ...]:
+    """v's breaks when none follows a clamped size (a band sliced at a clamped offset), else Unprovable(why)."""
+    breaks = tuple(x for x in v.breaks if isinstance(x, Lin))
+    if len(breaks) != len(v.breaks):
+        raise Unprovable(why)
+    return breaks
 
 
 def _objs(v: Elems) -> np.ndarray:
@@ -253,8 +268,9 @@ def _ints(an: Analysis, v: AbstractValue | None, what: str) -> list:
     """A small integer tensor's elements (Lin or clamped dims)."""
     if isinstance(v, Elems) and v.dtype.kind in "iu":
         return list(v.items)
-    if isinstance(v, Affine) and v.dtype.kind in "iu" and all(isinstance(d, Lin) and d.is_const for d in v.shape):
-        sizes = [d.const for d in v.shape]
+    consts = [d.const for d in v.shape if isinstance(d, Lin) and d.is_const] if isinstance(v, Affine) else []
+    if isinstance(v, Affine) and v.dtype.kind in "iu" and len(consts) == len(v.shape):
+        sizes = consts
         if math.prod(sizes) <= SMALL_ELEMENTS:
             return [v.base + sum(c * i for c, i in zip(v.coef, idx)) for idx in itertools.product(*map(range, sizes))]
     raise Unprovable(f"{what} is not a known integer vector")
@@ -399,7 +415,9 @@ def cast(an: Analysis, v: AbstractValue, dtype: np.dtype) -> AbstractValue:
     assert isinstance(v, Affine)
     if dtype.kind == "b":
         zero = Affine(v.dtype, v.shape, (0,) * len(v.shape), Lin.of(0))
-        eq = an.compare(_sub(an, v, zero), "==", "the cast to bool")
+        diff = _sub(an, v, zero)
+        assert isinstance(diff, Affine)  # (the difference of two grids)
+        eq = an.compare(diff, "==", "the cast to bool")
         return _not(eq)
     return an.check_fits(Affine(dtype, v.shape, v.coef, v.base), "the cast value")
 
@@ -583,18 +601,18 @@ def _binary(an: Analysis, n: OnnxNode, ins: list) -> list:
 def _min_max(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> AbstractValue:
     if isinstance(a, Elems) and isinstance(b, Elems) and a.shape == b.shape == (1,) or \
             (isinstance(a, Elems) and isinstance(b, Elems) and len(a.items) == len(b.items) == 1):
-        x, y = _lin_of(a.items[0]), _lin_of(b.items[0])
-        s = an.sign(x - y)
+        p, q = _lin_of(a.items[0]), _lin_of(b.items[0])
+        s = an.sign(p - q)
         if s is None:
             # min/max of a size and a constant: a clamp, usable as a size
-            if y.is_const and op == "Min":
-                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(x, None, y.const, an),))
-            if x.is_const and op == "Min":
-                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(y, None, x.const, an),))
-            if y.is_const and op == "Max":
-                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(x, y.const, None, an),))
-            if x.is_const and op == "Max":
-                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(y, x.const, None, an),))
+            if q.is_const and op == "Min":
+                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(p, None, q.const, an),))
+            if p.is_const and op == "Min":
+                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(q, None, p.const, an),))
+            if q.is_const and op == "Max":
+                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(p, q.const, None, an),))
+            if p.is_const and op == "Max":
+                return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(q, p.const, None, an),))
             raise Unprovable(f"{op} of two sizes whose order depends on the sizes")
         pick_a = (s <= 0) == (op == "Min")
         return a if pick_a else b
@@ -613,7 +631,8 @@ def _min_max(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> Abstr
         raise Unprovable(f"{op} of two index grids whose order varies other than along the diagonals")
     x, y = an.expand_affine(x, shape), an.expand_affine(y, shape)
     x_first = bool(below.values[0]) == (op == "Min")  # Min takes x where x < y
-    return Pieces(x.dtype, shape, below.breaks, (x, y) if x_first else (y, x))
+    breaks = _lin_breaks(below, f"{op} of two index grids crossing at a clamped diagonal")
+    return Pieces(x.dtype, shape, breaks, (x, y) if x_first else (y, x))
 
 
 @handles("Neg")
@@ -853,9 +872,10 @@ def _relayout(an: Analysis, v: AbstractValue, new_shape: tuple[Dim, ...], old_to
     if isinstance(v, Opaque):
         return Opaque(v.dtype, new_shape, v.why)
     if isinstance(v, Elems):
-        if not all(isinstance(d, Lin) and d.is_const for d in new_shape):
+        sizes = [d.const for d in new_shape if isinstance(d, Lin) and d.is_const]
+        if len(sizes) != len(new_shape):
             raise Unprovable("a small tensor reshaped to a size-dependent shape")
-        return Elems(v.dtype, tuple(d.const for d in new_shape), v.items)
+        return Elems(v.dtype, tuple(sizes), v.items)
     if isinstance(v, Affine):
         coef = [0] * len(new_shape)
         for a, b in old_to_new.items():
@@ -921,8 +941,9 @@ def _reshape(an: Analysis, n: OnnxNode, ins: list) -> list:
             dims.append(None)
         else:
             dims.append(t)
-    if isinstance(v, Elems) and all(isinstance(d, Lin) and d.is_const or d is None for d in dims):
-        out = np.empty(v.shape, dtype=np.int8).reshape([-1 if d is None else d.const for d in dims])
+    sizes = [-1 if d is None else d.const for d in dims if d is None or isinstance(d, Lin) and d.is_const]
+    if isinstance(v, Elems) and len(sizes) == len(dims):
+        out = np.empty(v.shape, dtype=np.int8).reshape(sizes)
         return [Elems(v.dtype, tuple(out.shape), v.items)]
     src = _non_unit(shape)
     known = [a for a, d in enumerate(dims) if d is not None and d != Lin.of(1)]
@@ -989,7 +1010,8 @@ def _transpose(an: Analysis, n: OnnxNode, ins: list) -> list:
             return [Band(v.dtype, new, v.breaks, v.values)]
         if lead_ok and perm[-2:] == [r - 1, r - 2]:
             # element (i, j) of the result is (j, i) of v: diagonal d becomes -d
-            breaks = tuple(Lin.of(1) - x for x in reversed(v.breaks))
+            lins = _lin_breaks(v, "transposing a band whose diagonals follow a clamped size")
+            breaks = tuple(Lin.of(1) - x for x in reversed(lins))
             return [Band(v.dtype, new, breaks, tuple(reversed(v.values)))]
         raise Unprovable("a transpose that moves the band's axes")
     return [_relayout(an, v, new, {p: i for i, p in enumerate(perm)})]
@@ -1120,7 +1142,7 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
     # element (i, j) of the slice is (i + s, j + t) of v: diagonal d is d + t - s of v
     row, col = offsets[r - 2], offsets[r - 1]
     if isinstance(row, Lin) and isinstance(col, Lin):
-        shift: Dim = col - row
+        shift: Lin | Clamp = col - row
     elif col == Lin.of(0) and isinstance(row, Clamp):
         shift = -row
     elif row == Lin.of(0) and isinstance(col, Clamp):
@@ -1130,9 +1152,8 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
     if isinstance(shift, Lin) and shift.is_const:
         return Band(v.dtype, new_shape, tuple(x - shift.const for x in v.breaks), v.values)
     if isinstance(shift, Lin):
-        if not all(isinstance(x, Lin) for x in v.breaks):
-            raise Unprovable("a band whose diagonals follow a clamped size, sliced at a size-dependent offset")
-        return Band(v.dtype, new_shape, tuple(x - shift for x in v.breaks), v.values)
+        breaks = _lin_breaks(v, "a band whose diagonals follow a clamped size, sliced at a size-dependent offset")
+        return Band(v.dtype, new_shape, tuple(x - shift for x in breaks), v.values)
     if not all(isinstance(x, Lin) and x.is_const for x in v.breaks):
         raise Unprovable("a band whose diagonals move with the sizes, sliced at a clamped offset")
     return Band(v.dtype, new_shape, tuple(-shift + x.const for x in v.breaks), v.values)
@@ -1216,7 +1237,8 @@ def _gather_nd(an: Analysis, n: OnnxNode, ins: list) -> list:
         r = len(out_shape)
         if r < 2 or any(diff.coef[:-2]) or diff.coef[-1] != 1 or diff.coef[-2] != -1:
             raise Unprovable("gathering a band at positions whose difference is not the result's diagonal")
-        return [Band(data.dtype, out_shape, tuple(x - diff.base for x in data.breaks), data.values)]
+        breaks = _lin_breaks(data, "gathering a band whose diagonals follow a clamped size")
+        return [Band(data.dtype, out_shape, tuple(x - diff.base for x in breaks), data.values)]
     raise Unprovable(f"GatherND of a {type(data).__name__}")
 
 
@@ -1250,7 +1272,8 @@ def _concat_bands(an: Analysis, parts: list[Band], offsets: list[Lin], axis: int
     sign = -1 if axis == rank - 1 else 1
     for ref, (ref_part, ref_off) in enumerate(zip(parts, offsets)):
         # F(d) = f_ref(d + sign * ref_off)
-        whole = Band(ref_part.dtype, shape, tuple(x - ref_off.scale(sign) for x in ref_part.breaks), ref_part.values)
+        ref_breaks = _lin_breaks(ref_part, "concatenated bands whose diagonals follow a clamped size")
+        whole = Band(ref_part.dtype, shape, tuple(x - ref_off.scale(sign) for x in ref_breaks), ref_part.values)
         try:
             for k, (p, off) in enumerate(zip(parts, offsets)):
                 if k != ref:
@@ -1265,13 +1288,16 @@ def _agree_on_piece(an: Analysis, piece: Band, whole: Band, shift: Lin, axis: in
     """piece(x) == whole(x - shift) for every diagonal x of the piece, or Unprovable."""
     rows, cols = as_lin(piece.shape[-2], "a row count"), as_lin(piece.shape[-1], "a column count")
     lo, hi = Lin.of(1) - rows, cols  # the piece's diagonals: [1 - rows, cols)
-    moved = Band(whole.dtype, piece.shape, tuple(x + shift for x in whole.breaks), whole.values)
+    whole_breaks = _lin_breaks(whole, "concatenated bands whose diagonals follow a clamped size")
+    moved = Band(whole.dtype, piece.shape, tuple(x + shift for x in whole_breaks), whole.values)
     both = an.merge([piece, moved], lambda a, b: np.bool_(_same(a, b)), BOOL, piece.shape)
     edges = (None,) + both.breaks + (None,)
     for k, same in enumerate(both.values):
         if bool(same):
             continue
         a, b = edges[k], edges[k + 1]
+        if isinstance(a, Clamp) or isinstance(b, Clamp):
+            raise Unprovable("a concatenated piece differs from the band at a clamped diagonal")
         # a run of disagreement [a, b) must miss [lo, hi): b <= lo or a >= hi, provably
         misses = (b is not None and an.nonneg(lo - b)) or (a is not None and an.nonneg(a - hi))
         if not misses:

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from benchmarks import pipeline as bench_pipeline
 from dmlgraph import pipeline
 from dmlgraph.io.onnx_io import import_model
-from dmlgraph.ir.graph import DmlNode
+from dmlgraph.ir.graph import DmlNode, OnnxNode
 from dmlgraph.passes import data_free, masks
 from dmlgraph.rewrite import Options
 
@@ -141,11 +141,11 @@ def test_signature_sees_dims_types_and_wiring():
     sig = {}
     for block in (1, 3):
         target = g.values[f"b{block}_mask"]
-        nodes, inputs = data_free._ancestors(target)
+        nodes, inputs = data_free.ancestors(target)
         sig[block] = masks._signature(g, nodes, inputs, target, ["batch", "seq"])
     assert sig[1] == sig[3]
     target = g.values["b1_mask"]
-    nodes, inputs = data_free._ancestors(target)
+    nodes, inputs = data_free.ancestors(target)
     renamed = list(inputs[0].shape)
     inputs[0].shape = ("seq2",) + tuple(renamed[1:])
     assert masks._signature(g, nodes, inputs, target, ["batch", "seq"]) != sig[1]  # the proof names its dims
@@ -155,6 +155,14 @@ def test_signature_sees_dims_types_and_wiring():
 
 
 # ---- incremental data-freeness vs a fresh walk ---------------------------------------------------
+def _eligible(n) -> bool:
+    """The definition: a deterministic standard ONNX op without subgraphs, or a lowered mask."""
+    if isinstance(n, DmlNode):
+        return n.kind == "DiagonalMatrix1"
+    return isinstance(n, OnnxNode) and n.domain in ("", "ai.onnx") and n.op_type not in data_free.NONDETERMINISTIC \
+        and not n.has_subgraph
+
+
 def _reference_free(g) -> dict[str, bool]:
     """The definition, walked in dependency order: free value -> index_only (the oracle for both
     DataFree's own walk, which goes in insertion order, and its incremental updates)."""
@@ -163,7 +171,7 @@ def _reference_free(g) -> dict[str, bool]:
     const = {name: data_free.DataFree(g).index_only(v) for name, v in g.initializers.items() if name not in over}
     for n in g.topological_order():
         ins = [x for x in n.inputs if x is not None]
-        if not data_free._eligible(n):
+        if not _eligible(n):
             continue
         if n.op_type in data_free.SHAPE_OPS:
             status.update((v.name, True) for v in n.outputs)
@@ -192,7 +200,7 @@ def test_mask_subgraph_candidates_hold_every_node_it_matches(path):
     nothing more."""
     g = import_model(bench_pipeline.blocks_model(6)) if path == "blocks" else pipeline.load(path)[1]
     frontier = set(masks.MASK_SUBGRAPH.candidates(g))
-    matched = {n for n in list(g.nodes.values()) if masks._match_subgraph(g, n, Options()) is not None}
+    matched = {n for n in list(g.nodes.values()) if masks.MASK_SUBGRAPH.match(g, n, Options()) is not None}
     assert matched <= frontier
     assert len(frontier) < len(g.nodes)
     if path == "blocks":
@@ -222,25 +230,25 @@ MODELS = [os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")] + 
 def test_incremental_data_free_matches_a_fresh_walk(path, monkeypatch):
     _, g = pipeline.load(path)
     checked = []
-    real = masks._rewrite_subgraph
+    real = masks.MASK_SUBGRAPH.rewrite
 
     def checking(graph, m, options):
         out = real(graph, m, options)
-        _fresh_equals(graph, data_free._data_free(graph))
+        _fresh_equals(graph, data_free.data_free_of(graph))
         checked.append(1)
         return out
 
     monkeypatch.setattr(masks.MASK_SUBGRAPH, "rewrite", checking)
     pipeline.optimize_graph(g, Options())
     g.remove_dead()
-    _fresh_equals(g, data_free._data_free(g))
+    _fresh_equals(g, data_free.data_free_of(g))
 
 
 def test_incremental_data_free_on_the_bench_model():
     g = import_model(bench_pipeline.blocks_model(6))
-    df = data_free._data_free(g)
+    df = data_free.data_free_of(g)
     pipeline.optimize_graph(g, Options())
-    assert data_free._data_free(g) is df  # updated, not rebuilt
+    assert data_free.data_free_of(g) is df  # updated, not rebuilt
     _fresh_equals(g, df)
 
 
@@ -319,16 +327,30 @@ def test_op_index_follows_the_graph_through_every_rewrite(path):
     assert sum(len(d) for d in g.by_op.values()) == len(g.nodes)
 
 
+def _dead_count(g) -> int:
+    """The oracle of a full walk from the graph outputs (a graph without subgraphs): the nodes no
+    output depends on, and the initializers no live node reads."""
+    live, stack = set(), [v.producer for v in g.outputs if v.producer is not None]
+    while stack:
+        n = stack.pop()
+        if n.id not in live:
+            live.add(n.id)
+            stack.extend(v.producer for v in n.inputs if v is not None and v.producer is not None)
+    unread = [name for name in g.initializers if g.values[name] not in g.outputs
+              and not any(c.id in live for c in g.values[name].consumers)]
+    return len(g.nodes) - len(live) + len(unread)
+
+
 def test_remove_dead_returns_at_once_only_when_nothing_changed():
     g = import_model(bench_pipeline.blocks_model(2))
     pipeline.optimize_graph(g, Options())  # (its sweeps remove what they leave dead)
-    assert g.remove_dead() == 0 and g._remove_dead() == 0  # the quick answer is the full walk's
+    assert g.remove_dead() == 0 and _dead_count(g) == 0  # the quick answer is the full walk's
     last = g.outputs[0].producer
     g.outputs = [last.inputs[0]]  # the last Add no longer reaches an output
     assert g.remove_dead() >= 1 and last.id not in g.nodes
     g.add_initializer(g.fresh_value("unused"), np.zeros(2, np.float32))
     assert g.remove_dead() == 0 and "unused" not in g.initializers
-    assert g.remove_dead() == 0 and g._remove_dead() == 0
+    assert g.remove_dead() == 0 and _dead_count(g) == 0
 
 
 @pytest.mark.parametrize("build", [bench_pipeline.chain_model, bench_pipeline.fanout_model, bench_pipeline.nested_model])

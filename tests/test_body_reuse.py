@@ -16,7 +16,7 @@ from onnx import numpy_helper
 
 from benchmarks.pipeline import nested_model
 from dmlgraph import pipeline
-from dmlgraph.rewrite import body_reuse, nested
+from dmlgraph.rewrite import body_reuse
 
 
 def _vi(name: str, elem=T.FLOAT, shape=None) -> onnx.ValueInfoProto:
@@ -229,10 +229,10 @@ def test_generated_models_agree_with_and_without_reuse(ifs, decoys, monkeypatch)
 
 def test_bench_model_lowers_each_branch_kind_once(monkeypatch):
     made = []
-    template = nested._Driver._template
-    monkeypatch.setattr(nested._Driver, "_template", lambda self, *a: made.append(1) or template(self, *a))
+    lower = body_reuse.Template.lower
+    monkeypatch.setattr(body_reuse.Template, "lower", staticmethod(lambda *a: made.append(1) or lower(*a)))
     pipeline.lower(nested_model(200))
-    assert len(made) == 2  # (then: upper, else: lower)
+    assert len(made) == 2  # one template lowered per branch kind (then: upper, else: lower)
 
 
 def test_a_body_with_more_names_than_tokens_is_not_reused(monkeypatch):

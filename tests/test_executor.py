@@ -55,18 +55,20 @@ def test_fast_path_is_bit_exact_with_the_simple_path_on_the_corpus(path):
     g = pipeline.lower(path).graph
     fast, simple = Executor(g), Executor(g, fast=False)
     runs = [(5, 0), (5, 1), (9, 2), (5, 3), (9, 4), (9, 5)]  # a new shape, then back: the cache per shape
-    seen = set()
+    seen = {}
     for size, seed in runs:
         feeds = _feeds(g, size, seed)
         shapes = tuple((k, v.shape, v.dtype.str) for k, v in sorted(feeds.items()))
         got, want = fast.run(feeds), simple.run(feeds)
         assert simple.last_path == "simple"
         assert fast.last_path == ("fast" if shapes in seen else "simple"), size
-        seen.add(shapes)
+        seen[shapes] = feeds
         assert list(got) == list(want)
         for name in want:
             assert same_bits(got[name], want[name]), (name, size, seed)
-    assert len(fast._cache) == len(seen)
+    for feeds in seen.values():  # every shape set is still kept
+        fast.run(feeds)
+        assert fast.last_path == "fast"
 
 
 with open(os.path.join(ROOT, "models", "expected.json")) as f:
@@ -89,7 +91,11 @@ def test_kv_cache_input_sets_on_the_fast_path(entry):
         got, want = fast.run(sets[name]), simple.run(sets[name])
         assert list(got) == list(want)
         assert all(same_bits(got[k], want[k]) for k in want), name
-    assert fast.last_path == "fast" and len(fast._cache) == len(sets)
+    assert fast.last_path == "fast"
+    assert len({tuple((k, v.shape, v.dtype.str) for k, v in sorted(f.items())) for f in sets.values()}) == len(sets)
+    for feeds in sets.values():  # every set's shapes (each its own) are still kept
+        fast.run(feeds)
+        assert fast.last_path == "fast"
 
 
 def test_the_demo_skips_the_generator_and_times_the_applied_mask():
@@ -237,10 +243,12 @@ def test_new_shapes_and_eviction_stay_correct(monkeypatch):
     monkeypatch.setattr(executor, "CACHE_ENTRIES", 3)
     g = lowered(_eye_of_input_model())
     ex = Executor(g)
+    kept: list[tuple[int, int]] = []  # the oracle: the 3 shape sets used last, least recent first
     for n, m in [(2, 3), (4, 4), (2, 3), (5, 1), (6, 2), (7, 3), (2, 3), (4, 4), (4, 4)]:
         got = ex.run({"x": np.zeros((n, m), np.float32)})
         assert same_bits(got["eye"], np.eye(n, m, 1, dtype=np.float32)) and got["xs"].tolist() == [n, m]
-        assert len(ex._cache) <= 3
+        assert ex.last_path == ("fast" if (n, m) in kept else "simple"), (n, m)  # at most 3 kept, LRU
+        kept = [k for k in kept if k != (n, m)][-2:] + [(n, m)]
     assert ex.last_path == "fast"
 
 

@@ -518,7 +518,7 @@ def test_compiled_kernel_takes_wide_triangles_and_matches(dtype):
     x = _random_input(shape, "uint8" if dtype == "bool" else dtype, 5)
     x = x.astype(bool) if dtype == "bool" else x
     calls = []
-    real = kernels._compiled()
+    real = _compiled_module()
     if real is not None:
         class Spy:  # counts the calls into either compiled kernel
             def __getattr__(self, name: str):
@@ -579,6 +579,14 @@ def test_compiled_kernel_spans_and_bases(dtype, stream):
                     assert_bits_equal(got, want)
 
 
+def _compiled_module():
+    """The compiled kernels (`dmlgraph.runtime.kernels_compiled`) when large outputs go through them, else None."""
+    if not kernels.compiled_available():
+        return None
+    from dmlgraph.runtime import kernels_compiled
+    return kernels_compiled
+
+
 class _KernelSpy:
     """Stands in for the compiled module and records which kernel each call took."""
 
@@ -596,7 +604,7 @@ def test_generated_kernel_writes_whole_lines_exactly(dtype):
     """The streamed line writer for outputs without an input: rows shorter and longer than a line,
     batches, every Value interval shape, byte-uniform and other Values, and outputs starting at
     every offset within a 64-byte line (bytes around the output untouched)."""
-    spy = _KernelSpy(kernels._compiled())
+    spy = _KernelSpy(_compiled_module())
     itemsize = np.dtype(dtype).itemsize
     values = (False, True) if dtype == "bool" else (0, 1, -1 if dtype[0] != "u" else 255, 2.5 if dtype[0] == "f" else 77)
     with patch.multiple(kernels, _COMPILED=spy, COMPILED_MIN_BYTES=0, GENERATED_MIN_BYTES=0,
@@ -619,7 +627,7 @@ def test_compiled_calls_follow_values_inputs_and_thresholds():
     """The compiled call made once per signature serves every Value (all 64 bits of a uint64,
     -0.0 and NaN payloads), with and without an input, and follows thresholds changed after it
     was made (tests and benchmarks patch them)."""
-    spy = _KernelSpy(kernels._compiled())
+    spy = _KernelSpy(_compiled_module())
     shape = (130, 140)
     with patch.multiple(kernels, _COMPILED=spy, COMPILED_MIN_BYTES=0):
         for dtype, values in (("uint64", (2**64 - 1, 2**63, 1)), ("int64", (-1, -(2**63), 5)),
@@ -639,7 +647,7 @@ def test_compiled_calls_follow_values_inputs_and_thresholds():
 def test_compiled_call_follows_every_setting_it_reads():
     """The call cached per signature is made again when any setting `_compiled_call` reads
     changes, not only the size thresholds (here the longest row `generated` takes)."""
-    spy = _KernelSpy(kernels._compiled())
+    spy = _KernelSpy(_compiled_module())
     shape, dtype = (130, 140), "uint8"
     with patch.multiple(kernels, _COMPILED=spy, COMPILED_MIN_BYTES=0, GENERATED_MIN_BYTES=0):
         for max_row, name in ((1 << 20, "generated"), (0, "rows")):

@@ -348,7 +348,7 @@ def test_save_failure_mid_write_leaves_prior_output(tmp_path, monkeypatch):
         f.write(data[: len(data) // 2])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(saving, "_write_bytes", half_then_fail)
+    monkeypatch.setattr(saving, "write_bytes", half_then_fail)
     other = make_model(nodes=[h.make_node("Identity", ["x"], ["y"])], inits=[])
     with pytest.raises(ModelError, match="No space left"):
         save_model(other, out)
@@ -560,10 +560,12 @@ def test_bad_utf8_anywhere_is_refused_by_the_twin_and_named_by_the_walk(tmp_path
     assert data.count(marker.encode()) >= 1
     bad = data.replace(marker.encode(), b"\xff\xfe" + marker.encode()[2:])
     parsed = onnx.ModelProto.FromString(bad)  # proto2 parses it
-    with pytest.raises(Exception):  # noqa: B017 - protobuf's error type varies by version
-        modelfile._utf8_twin().FromString(bad)
+    # Given the bytes, the proto3 twin parses them and, when it accepts them, nothing else is checked:
+    # so this refusal is the twin's. Without the bytes, it is the walk's alone.
     with pytest.raises(ModelError, match="not valid UTF-8"):
-        modelfile._check_utf8(parsed, "m.onnx")  # the walk alone
+        modelfile.check_model_proto(parsed, "m.onnx", None, check=False, data=bad)
+    with pytest.raises(ModelError, match="not valid UTF-8"):
+        modelfile.check_model_proto(parsed, "m.onnx", None, check=False)  # the walk alone
     with pytest.raises(ModelError, match="not valid UTF-8"):
         load_model(write_bytes(tmp_path / "m.onnx", bad))
 
@@ -615,13 +617,19 @@ from hypothesis import strategies as st  # noqa: E402
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(st.integers(-3, 70), st.sampled_from([0, 2**20, 2**21, 2**40, 2**41, 2**62])), max_size=5))
 def test_num_elements_fast_path_matches_the_checked_loop(dims):
+    """The element count the size checks use (a fast product, else a checked loop) is the oracle's:
+    an initializer with no data is refused as needing exactly that many values, or as corrupt."""
     t = T(name="t", data_type=T.FLOAT, dims=dims)
+    m = h.make_model(h.make_graph([], "g", [], [], [t]), opset_imports=[h.make_opsetid("", 17)])
     want = _num_elements_oracle(dims)
     if isinstance(want, str):
         with pytest.raises(ModelError, match=want):
-            modelfile._num_elements(t, "t")
+            modelfile.check_model_proto(m, "m", None, check=False)
+    elif want == 0:
+        modelfile.check_model_proto(m, "m", None, check=False)
     else:
-        assert modelfile._num_elements(t, "t") == want
+        with pytest.raises(ModelError, match=rf"float_data holds 0 values but its shape .* needs {want}(\s|$)"):
+            modelfile.check_model_proto(m, "m", None, check=False)
 
 
 # ---- weightless views for the checker and shape inference -----------------------------------
@@ -692,7 +700,7 @@ def test_check_for_save_agrees_with_the_full_check(weighty):
 @pytest.mark.parametrize("where", ["none", "none, its bytes in data", "initializer", "sparse values", "Constant value",
                                    "Constant tensors", "subgraph initializer", "subgraph Constant", "nested subgraph"])
 def test_any_external_agrees_with_the_labelled_walk(where):
-    """save_model asks `_any_external` (one pass, no labels) before walking `_iter_tensors` (the oracle)."""
+    """save_model asks `any_external` (one pass, no labels) before walking `iter_tensors` (the oracle)."""
     ext = external_tensor("k", [2, 3], T.FLOAT, "w.bin", 0, 24)
     inline = numpy_helper.from_array(np.ones((2, 3), np.float32), "k")
     t = ext if not where.startswith("none") else inline
@@ -724,28 +732,26 @@ def test_any_external_agrees_with_the_labelled_walk(where):
         nodes.insert(0, h.make_node("Constant", [], ["v"], value=t))  # (in a node too: the scan finds the bytes)
         m = make_model(nodes=nodes, inits=inits, inputs=[h.make_tensor_value_info("x", T.FLOAT, [2, 3])])
         assert b"\x70\x01" in m.graph.node[0].SerializeToString()
-    walked = any(modelfile._uses_external(t) for t, _, _ in modelfile._iter_tensors(m))
+    walked = any(modelfile.uses_external(t) for t, _, _ in modelfile.iter_tensors(m))
     assert walked == (not where.startswith("none"))
-    assert modelfile._any_external(m.graph) == walked
+    assert modelfile.any_external(m.graph) == walked
 
 
 @pytest.mark.parametrize("path", sorted(p for p in __import__("glob").glob(
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "**", "*.onnx"),
     recursive=True)), ids=os.path.basename)
 def test_one_walk_finds_the_graphs_and_tensors_of_two(path):
-    """`_walk` (the load's one pass) yields `iter_graphs`' graphs, and with them `_iter_tensors`'
-    tensors and labels, in the same order."""
+    """The load's one pass over graphs and tensors (`iter_tensors` of a model) yields the tensors and
+    labels, in the same order, of the two passes (`iter_graphs`, then each graph's tensors)."""
     model = onnx.load(path, load_external_data=False)
-    walked = list(modelfile._walk(model.graph))
     graphs = list(modelfile.iter_graphs(model.graph))
-    assert [(g, w) for g, w, _ in walked] == graphs
-    one = [(id(t), label) for g, w, found in walked for t, label, _ in modelfile._graph_tensors(g, w, found, None)]
-    two = [(id(t), label) for t, label, _ in modelfile._iter_tensors(model, graphs)]
-    assert [label for _, label in one] == [label for _, label in two]
+    one = [label for _, label, _ in modelfile.iter_tensors(model)]
+    two = [label for _, label, _ in modelfile.iter_tensors(model, graphs)]
+    assert one == two
 
 
 def test_one_walk_labels_constants_and_subgraph_tensors():
-    """A Constant in an If branch: the same tensor labels through `_walk` as through `_iter_tensors`."""
+    """A Constant in an If branch: the same tensor labels through the one pass as through two."""
     const = h.make_node("Constant", [], ["c"], name="k", value=numpy_helper.from_array(np.ones(3, np.float32)))
     branch = h.make_graph([const, h.make_node("Identity", ["c"], ["b"])], "then", [],
                           [h.make_tensor_value_info("b", T.FLOAT, [3])])
@@ -753,9 +759,8 @@ def test_one_walk_labels_constants_and_subgraph_tensors():
     model = make_model([node], inits=[numpy_helper.from_array(np.array(True), "cond")],
                        inputs=[h.make_tensor_value_info("x", T.FLOAT, [3])],
                        outputs=[h.make_tensor_value_info("y", T.FLOAT, [3])])
-    walked = list(modelfile._walk(model.graph))
-    labels = [label for g, w, found in walked for _, label, _ in modelfile._graph_tensors(g, w, found, None)]
-    assert labels == [label for _, label, _ in modelfile._iter_tensors(model)]
+    labels = [label for _, label, _ in modelfile.iter_tensors(model)]
+    assert labels == [label for _, label, _ in modelfile.iter_tensors(model, list(modelfile.iter_graphs(model.graph)))]
     assert any("attribute 'value' of node 'k' (Constant) (in subgraph 'then_branch'" in x for x in labels)
 
 

@@ -1,4 +1,4 @@
-"""The bodies of one graph imported together (`nested._import_together`: one model, one shape
+"""The bodies of one graph imported together (`nested.import_together`: one model, one shape
 inference, then split) lower exactly as each imported alone: the same written model, byte for
 byte, and the same report. Where they cannot share a model, each is imported alone."""
 from __future__ import annotations
@@ -144,15 +144,15 @@ def test_together_lowers_exactly_as_alone(case, monkeypatch):
     build, shared = CASES[case]
     monkeypatch.setattr(body_reuse, "ENABLED", False)  # (else the bodies that repeat are not imported at all)
     calls = []
-    together = nested._import_together
+    together = nested.import_together
 
     def spy(info, specs):
         made = together(info, specs)
         calls.append(made is not None)
         return made
 
-    monkeypatch.setattr(nested, "_import_together", spy)
+    monkeypatch.setattr(nested, "import_together", spy)
     ours = _optimized(build())
     assert any(calls) == shared
-    monkeypatch.setattr(nested, "_import_together", lambda info, specs: None)
+    monkeypatch.setattr(nested, "import_together", lambda info, specs: None)
     assert _optimized(build()) == ours

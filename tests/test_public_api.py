@@ -193,6 +193,10 @@ def test_the_wheel_installs_a_working_demo_and_its_models(tmp_path):
     assert "scripts" not in where and "make_models" not in where
     names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True).stdout
     assert "benchmarks/" not in names and "make_kv_models" not in names
+    # The rules install once, as dmlgraph.passes, though dmlgraph/passes is also a symlink to passes/ (for mypy).
+    rules = [line.split()[0] for line in names.splitlines() if "/passes/" in line and line.split()[0].endswith(".py")]
+    sources = [f"dmlgraph/passes/{f}" for f in os.listdir(os.path.join(ROOT, "passes")) if f.endswith(".py")]
+    assert sorted(rules) == sorted(sources)
 
 
 def test_save_checks_again_only_a_model_changed_since_optimize(tmp_path, monkeypatch):

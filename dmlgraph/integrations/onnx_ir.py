@@ -1,17 +1,8 @@
 """dmlgraph's lowering as an onnx-ir pass (`pip install dmlgraph[onnx-ir]`).
 
-`torch.onnx.export(..., dynamo=True)` returns an `ONNXProgram` whose `.model` is an `onnx_ir.Model`;
-this pass lowers it without writing a file::
-
-    onnx_program = torch.onnx.export(model, args, dynamo=True)
-    result = LowerToDiagonalMatrix()(onnx_program.model)
-    onnx_program.model = result.model
-
-It is a functional pass (the input model is left as it was; a new model is returned), so it can
-sit in an `onnx_ir.passes.PassManager` beside onnx-ir's own passes. The model goes through a
-ModelProto once each way (`onnx_ir.serde`), the same pipeline `dmlgraph optimize` runs, and back;
-initializers the lowering kept are handed back as the input model's own tensor objects, so the
-weights are not copied into the result (the ModelProto holds one copy while the pass runs).
+A functional pass over an `onnx_ir.Model` (e.g. `torch.onnx.export(..., dynamo=True).model`): the
+same pipeline `dmlgraph optimize` runs, without writing a file; the kept initializers are the input
+model's own tensor objects (no copy of the weights). Usage: docs/internals.md, integrations/onnx_ir.py.
 """
 from __future__ import annotations
 

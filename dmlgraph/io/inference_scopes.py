@@ -1,49 +1,9 @@
 """onnx's shape inference of a graph with many If nodes, each If in a scope of its own: linear
-where onnx's own is quadratic.
+where onnx's own is quadratic (each If copies the whole type map of the graph).
 
-onnx infers an If's branches against a copy of the enclosing graph's whole type map (each body's
-`ShapeInferenceImplBase` copies `outer_scope_value_types_by_name`), so n If nodes in a graph of
-n values cost n^2 (1-2.5 s a pass at 10,000 nodes, for the import and again for the full
-check; scoped: 0.07-0.15 s).
-
-`scoped(model)` is the model to infer instead: each If of the main graph becomes a call of a
-model-local function whose only node is an If of its inputs, with the branches passed as the call's
-graph attributes (`ref_attr_name`). The call's inputs are the If's condition and the outer names its
-branches read, renamed in the branches to the function's formal inputs; one function serves every
-If with as many of those (onnx copies the table of local functions for each scope it opens, so one
-function per If would be quadratic again). The function opens a scope holding only its formals, so
-each branch is inferred against its own reads.
-
-Why the main graph gets the types onnx's own inference gives it (implementation.cc, 1.23): the
-call is processed where the If was (`ProcessCall`); its formals get the caller's types of the
-same names, its data-propagated values (`BindValuesOnCall`) and constant values; the If in the
-function is inferred by the same schema function with the same options and symbol table, its
-branches by the same `doInferencing` (the function's `ir_version` is onnx's own, so a model must
-have ir_version >= 4, the same branch of it) and they look up only names they read, each bound to
-the type the whole map gives it; the If's output types go back to the call's outputs
-(`UpdateType` there merges them with the main graph's annotations as it did for the If). What
-could differ is ruled out by the conditions `scoped` checks, else it returns None and the model is
-inferred as it is:
-
-* every name a branch defines is defined once in all the main graph's If bodies, and is no name the
-  main graph uses (a branch's data-propagated values then go where only its own nodes read them;
-  a branch never merges into an outer value's type), and branches annotate or output no outer value;
-* every outer name a branch reads is defined in the main graph before its If (the whole map then
-  holds its final type), and no branch defines or reads a name of the formals' prefix;
-* no branch refers to a function attribute (the function's binder would resolve it) or declares
-  a dim named like onnx's fresh ones (`unk__N`: the main graph no longer lists the branches'
-  symbols first, and a fresh name must not collide with one later);
-* every control-flow node of the main graph is an If of the standard domain with two branches of
-  no inputs, and the model does not use the functions' domain.
-
-Errors go the same way: a branch's error is the If's (the function's, in strict mode thrown to the
-call, where the main graph records it as it did the If's; an earlier unknown op in the main graph
-silences it in both), so strict inference fails for the scoped model exactly when for the model.
-
-The branches' own inferred types are not kept (onnx infers the function on a copy of its node).
-Where a caller needs them (the guard against long vectors, `bodies_model`), the branches are
-inferred together as one graph whose inputs carry the outer types the main graph's inference
-gave: the same types, each name being unique and each branch reading only outer names.
+`scoped(model)` is the model to infer instead: each If becomes a call of a model-local function
+holding only that If, so each branch is inferred against its own reads; it returns None where the
+result could differ from onnx's. Why the types are the same, and the conditions: docs/internals.md, io/inference_scopes.py.
 """
 from __future__ import annotations
 

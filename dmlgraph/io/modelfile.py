@@ -1,21 +1,8 @@
 """The only place dmlgraph reads model files (`dmlgraph.io.saving` writes them).
 
-Users point dmlgraph at models from anywhere, so everything read here is untrusted:
-
-- A model file may be missing, empty, truncated, random bytes, or a valid protobuf that is not a
-  model. Each case becomes a `ModelError` naming the path and what to do; never a traceback.
-- Weights are never read eagerly (`onnx.load(..., load_external_data=False)`); external data is
-  memory-mapped read-only on demand by `read_tensor`, so a model with gigabytes of weights costs
-  address space, not memory.
-- An external-data `location` is attacker-controlled. It is validated before anything is opened:
-  no absolute paths, no `..` components, no symlink resolving outside the model's folder, a regular
-  file only (a FIFO would hang `open`), and offset/length inside the file and consistent with the
-  tensor's shape (sizes in the file are never trusted).
-- Sizes in the proto are never trusted either: negative dims, more than 2^40 elements and raw data
-  shorter or longer than the shape says are refused before numpy sees them.
-
-Writing is `dmlgraph.io.saving`'s.
-
+Everything read here is untrusted: a bad file becomes a `ModelError` naming the path, weights are
+memory-mapped on demand, external-data locations are validated before anything is opened, and sizes
+in the proto are checked before numpy sees them. The full list: docs/internals.md, io/modelfile.py.
 Dependencies: onnx, numpy and the standard library only.
 """
 from __future__ import annotations
@@ -96,7 +83,7 @@ def iter_graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.
     return ((g, w) for g, w, _ in _walk(graph, where, tensors=False))
 
 
-def _iter_tensors(model: onnx.ModelProto, graphs: Iterable[tuple[onnx.GraphProto, str]] | None = None,
+def iter_tensors(model: onnx.ModelProto, graphs: Iterable[tuple[onnx.GraphProto, str]] | None = None,
                   skip: Callable[[TensorProto], bool] | None = None) -> Iterator[tuple[TensorProto, str, bool]]:
     """Every TensorProto in the model as (tensor, label, is_initializer).
 
@@ -112,7 +99,7 @@ def _iter_tensors(model: onnx.ModelProto, graphs: Iterable[tuple[onnx.GraphProto
 
 def _graph_tensors(graph: onnx.GraphProto, where: str, attribute_tensors: list[tuple[TensorProto, int, str]],
                    skip: Callable[[TensorProto], bool] | None) -> Iterator[tuple[TensorProto, str, bool]]:
-    """`_iter_tensors` of one graph, given its nodes' tensors (`_attribute_tensors`)."""
+    """`iter_tensors` of one graph, given its nodes' tensors (`_attribute_tensors`)."""
     keep = (lambda t: True) if skip is None else (lambda t: not skip(t))
     for t in graph.initializer:
         if keep(t):
@@ -216,15 +203,15 @@ _EXTERNAL = TensorProto.EXTERNAL
 _EXTERNAL_FIELD = bytes([TensorProto.DESCRIPTOR.fields_by_name["data_location"].number << 3, _EXTERNAL])
 
 
-def _uses_external(tensor: TensorProto) -> bool:
+def uses_external(tensor: TensorProto) -> bool:
     return tensor.HasField("data_location") and tensor.data_location == TensorProto.EXTERNAL
 
 
-def _any_external(graph: onnx.GraphProto) -> bool:
-    """Whether a tensor of `graph` or its subgraphs is external data: `_iter_tensors`' walk in one
+def any_external(graph: onnx.GraphProto) -> bool:
+    """Whether a tensor of `graph` or its subgraphs is external data: `iter_tensors`' walk in one
     pass over the nodes, without labels (a save asks this of every model; most say no)."""
     if any(t.data_location == _EXTERNAL for t in graph.initializer) or \
-            any(_uses_external(sp.values) or _uses_external(sp.indices) for sp in graph.sparse_initializer):
+            any(uses_external(sp.values) or uses_external(sp.indices) for sp in graph.sparse_initializer):
         return True
     # An external tensor's data_location = EXTERNAL is serialized as the bytes 0x70 0x01 (field 14,
     # varint 1): nodes whose bytes lack them hold none, at any depth (one C call per node instead
@@ -237,10 +224,10 @@ def _any_external(graph: onnx.GraphProto) -> bool:
             if kind in _PLAIN_ATTRIBUTES:
                 continue
             if kind == _A.TENSOR:  # (the common one, a Constant's or a DML node's value, read alone: the
-                if _uses_external(attr.t):  # checker allows an attribute only its type's value field)
+                if uses_external(attr.t):  # checker allows an attribute only its type's value field)
                     return True
-            elif (attr.HasField("t") and _uses_external(attr.t)) or any(map(_uses_external, attr.tensors)) or \
-                    any(_any_external(sub) for _, sub in _subgraphs_of(attr)):
+            elif (attr.HasField("t") and uses_external(attr.t)) or any(map(uses_external, attr.tensors)) or \
+                    any(any_external(sub) for _, sub in _subgraphs_of(attr)):
                 return True
     return False
 
@@ -313,7 +300,7 @@ def tensor_nbytes(tensor: TensorProto) -> int:
     (STRING: the sum of the encoded string lengths).
     """
     label = f"tensor '{tensor.name}'"
-    if _uses_external(tensor):
+    if uses_external(tensor):
         entries = _external_entries(tensor, label)
         if "length" in entries:
             return _parse_nonneg_int(entries["length"], "length", label)
@@ -429,7 +416,7 @@ def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
     label = f"tensor '{tensor.name}'"
     if tensor.HasField("segment"):
         raise ModelError(f"{label} is stored in segments, which is not supported")
-    if not _uses_external(tensor):
+    if not uses_external(tensor):
         dtype = _PLAIN_NUMPY.get(tensor.data_type)
         if dtype is not None and tensor.HasField("raw_data"):  # the common case, ~10x faster than to_array
             raw, shape = tensor.raw_data, tuple(tensor.dims[:])
@@ -566,7 +553,7 @@ def _strip(tensor: TensorProto, keep_dims: bool) -> None:
     for name in _DATA_FIELDS:
         tensor.ClearField(name)
     if keep_dims:  # a stand-in that says "stored elsewhere": nothing reads it
-        if not _uses_external(tensor):
+        if not uses_external(tensor):
             tensor.data_location = TensorProto.EXTERNAL
             tensor.external_data.add(key="location", value="(data not needed for shapes)")
     else:  # an empty tensor of the same name and type
@@ -577,7 +564,7 @@ def _strip(tensor: TensorProto, keep_dims: bool) -> None:
 
 
 def _big(tensor: TensorProto, min_bytes: int) -> bool:
-    if _uses_external(tensor):
+    if uses_external(tensor):
         return True
     n = data_nbytes(tensor.data_type, tensor.dims) if tensor.data_type in _KNOWN_TYPES else None
     return n is not None and n >= min_bytes
@@ -609,7 +596,7 @@ def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int =
     """
     mg = model.graph
     if not keep_dims and has_external is None:
-        has_external = _any_external(mg)
+        has_external = any_external(mg)
     if not (has_external and not keep_dims) and not _may_hold_big(model, min_bytes):
         return model
     view = onnx.ModelProto()
@@ -632,7 +619,7 @@ def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int =
                 _strip(t, keep_dims)
         if not keep_dims:  # a sparse part keeps its data (its dims must match), unless external
             for t in [p for sp in g.sparse_initializer for p in (sp.values, sp.indices)]:
-                if _uses_external(t):
+                if uses_external(t):
                     _strip(t, keep_dims)
     return view
 
@@ -820,7 +807,7 @@ def check_model_proto(model: onnx.ModelProto, label: str, base_dir: str | None, 
     for tensor, where, _ in (x for g, w, found in walked for x in _graph_tensors(g, w, found, _plain_inline)):
         if tensor.HasField("segment"):
             raise ModelError(f"{where} is stored in segments, which is not supported")
-        if _uses_external(tensor):
+        if uses_external(tensor):
             has_external = True
             if base_dir is None:
                 raise ModelError(f"{label}: {where} is stored as external data, and an in-memory model has "
@@ -896,8 +883,8 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     has_external = check_model_proto(model, p, base_dir, check=check, data=data)
     del data
     if load_external_data and has_external:
-        for tensor, label, _ in _iter_tensors(model):
-            if _uses_external(tensor):
+        for tensor, label, _ in iter_tensors(model):
+            if uses_external(tensor):
                 span = _external_span(tensor, base_dir, label)
                 tensor.raw_data = _read_span(*span)
                 del tensor.external_data[:]

@@ -1,15 +1,8 @@
 """ONNX <-> Graph: import (with shape inference) and export to the `dml` or portable `onnx` target.
 
-`dml` target: each DmlNode becomes a `com.dmlgraph` `DiagonalMatrix1` / `DiagonalMatrix` node
-(schemas registered with onnx.defs so the checker accepts them). Inputs: [X?, shape?, k?];
-attributes: begin, end (int64-space bounds; an absent one is unbounded, INT32_MIN / INT32_MAX in
-the desc), value (1-element tensor in the
-output type), value_data_type (DML_TENSOR_DATA_TYPE), output_shape (static sizes, optional),
-exact (0/1) and rule (which rule made it).
-
-`onnx` target: the same node written with standard ops only, a literal transcription of the spec
-pseudocode in int64 (Range/Sub/Less/Not/Xor/Where/Expand), so any runtime can run it and no mask
-constant is stored.
+`dml`: each DmlNode becomes a `com.dmlgraph` node (schemas registered so the checker accepts them);
+`onnx`: the same node as standard ops, the spec's pseudocode in int64, so any runtime runs it and
+no mask is stored. The node's inputs and attributes: docs/internals.md, io/onnx_io.py.
 """
 from __future__ import annotations
 

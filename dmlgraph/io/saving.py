@@ -31,15 +31,15 @@ from dmlgraph.io.modelfile import (
     _EXTERNAL_FIELD,
     _PROTOBUF_LIMIT,
     STRIP_BYTES,
-    _any_external,
     _check_inline_data,
     _external_span,
-    _iter_tensors,
     _may_hold_big,
     _read_span,
-    _uses_external,
+    any_external,
     check_model,
+    iter_tensors,
     tensor_nbytes,
+    uses_external,
     without_weights,
 )
 
@@ -74,7 +74,7 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
                 full_check(model, data)
                 return data
         if has_external is None:
-            has_external = _any_external(model.graph)
+            has_external = any_external(model.graph)
         check_model(without_weights(model, keep_dims=False, has_external=has_external))
         strict_inference(without_weights(model, keep_dims=True, has_external=has_external))
     except Exception as e:
@@ -84,14 +84,14 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
 
 
 def _has_external(model: onnx.ModelProto, data: bytes) -> bool:
-    """`_any_external(model.graph)`, given `model` serialized: a tensor stored as external data has
+    """`any_external(model.graph)`, given `model` serialized: a tensor stored as external data has
     the bytes of data_location = EXTERNAL in it, so bytes without them answer at once (one C search
     instead of serializing every node once more)."""
-    return _EXTERNAL_FIELD in data and _any_external(model.graph)
+    return _EXTERNAL_FIELD in data and any_external(model.graph)
 
 
-def _write_bytes(f: BinaryIO, data: bytes) -> None:
-    """The one place bytes go to disk (a seam for fault-injection tests)."""
+def write_bytes(f: BinaryIO, data: bytes) -> None:
+    """The one place bytes go to disk: a seam where tests inject write faults."""
     f.write(data)
 
 
@@ -302,7 +302,7 @@ def _copy_span(src: str, offset: int, length: int, dst: BinaryIO) -> None:
             chunk = f.read(min(_CHUNK, left))
             if not chunk:
                 raise ModelError(f"external data file {src} shrank while copying it")
-            _write_bytes(dst, chunk)
+            write_bytes(dst, chunk)
             left -= len(chunk)
 
 
@@ -345,7 +345,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     data_name = base + ".data"
 
     # Spans of tensors that are external in the source, validated before anything is written.
-    # One entry per tensor in `_iter_tensors` order (None: not external).
+    # One entry per tensor in `iter_tensors` order (None: not external).
     # (Most models have none: a first walk skips the rest without labelling every tensor.)
     sources: list[tuple[str, int, int] | None] = []
     source_files: set[str] = set()  # the entries the source's locations name, and the files they reach
@@ -358,10 +358,10 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
             serialized = model.SerializeToString(deterministic=True)
         except Exception:  # noqa: BLE001 - over protobuf's limit: external data or an error below
             pass
-    if _has_external(model, serialized) if serialized is not None else _any_external(model.graph):
-        for tensor, label, _ in _iter_tensors(model):
+    if _has_external(model, serialized) if serialized is not None else any_external(model.graph):
+        for tensor, label, _ in iter_tensors(model):
             span = None
-            if _uses_external(tensor):
+            if uses_external(tensor):
                 if base_dir is None:
                     raise ModelError(f"{label} is stored as external data, but the source model's folder "
                                      "is unknown", hint="pass base_dir (the input model's folder)")
@@ -404,7 +404,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     # per-tensor pass over a copy is needed only for external data (in the source or the save).
     placing = use_external or any(span is not None for span in sources)
     if placing and not sources:
-        sources = [None] * sum(1 for _ in _iter_tensors(model))
+        sources = [None] * sum(1 for _ in iter_tensors(model))
     result = model
     if placing:  # work on a copy so the caller's model is untouched (tensors in the copy are
         result = onnx.ModelProto()  # visited in the same order as in the original: `sources`)
@@ -415,7 +415,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
         if data_tmp is not None:
             temps.append(data_tmp)
         offset = 0
-        for span, (tensor, label, is_init) in zip(sources, _iter_tensors(result), strict=True) if placing else ():
+        for span, (tensor, label, is_init) in zip(sources, iter_tensors(result), strict=True) if placing else ():
             if not use_external:
                 if span is not None:
                     tensor.raw_data = _read_span(*span)
@@ -430,7 +430,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                     continue
             pad = -offset % _ALIGN
             if pad:
-                _write_bytes(data_tmp.file, b"\0" * pad)
+                write_bytes(data_tmp.file, b"\0" * pad)
                 offset += pad
             if span is not None:
                 _copy_span(*span, data_tmp.file)
@@ -441,7 +441,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                     payload = tensor.raw_data
                 else:
                     payload = numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
-                _write_bytes(data_tmp.file, payload)
+                write_bytes(data_tmp.file, payload)
                 length = len(payload)
             _set_external(tensor, data_name, offset, length)
             offset += length
@@ -459,7 +459,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
         del result
         model_tmp = _open_output(out, through)
         temps.append(model_tmp)
-        _write_bytes(model_tmp.file, serialized)
+        write_bytes(model_tmp.file, serialized)
         for t in temps:
             t.finish()
         for t in temps:  # data file first, then the model that refers to it

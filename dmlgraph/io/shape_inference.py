@@ -1,33 +1,9 @@
 """onnx's shape inference, made safe to run on any model, and run beside the import where it can.
 
-Shapes come from onnx's C++ inference, first plain (linear in the graph), then with data
-propagation, which resolves shapes computed from shapes (Reshape(x, Concat(Shape(y)...))) and
-which two of the corpus's masks need. Data propagation turns a 1-D value of static length N into
-N dims, in time and memory linear in N, whatever its element type: a declared [2^62] vector, or
-Range(0, 10^9) -> Cast, never returns (10^7 takes seconds). So:
-
-* the plain pass looks for 1-D values longer than MAX_DATA_PROP_LENGTH, and data propagation is
-  skipped when one exists;
-* for a model of CHILD_MIN_NODES or more, where the process can fork (Linux) and has a second
-  CPU, a child infers under a memory cap and a deadline while the caller goes on (the import
-  builds the graph meanwhile). It runs data
-  propagation first, with the type check: when that finds no long vector, the plain pass would
-  find none either, and one pass is the answer (`_infer_job`). A length that only data
-  propagation computes (Shape -> Mul -> ConstantOfShape of a [50000, 50000] input) then costs a
-  failed or killed child and the plain pass in-process, not a hang. A long vector declared or
-  stored in the model sends the child's caller to the in-process path (plain pass first) at once;
-  one that only the plain pass computes from constants (`Range(0, 10^9)` of constants -> Cast)
-  costs the deadline or the memory cap first (the price of one pass instead of two on every
-  other model). Elsewhere both passes run in-process when the result is asked for: data
-  propagation under the same memory cap where the process owner allows caps
-  (`dmlgraph.process.process_wide`; it fails when the cap is reached, in about the time a child
-  takes to reach it), else with only the first guard. (Two children, one per pass, measured
-  slower on two CPUs: three processes share them.)
-
-Either way the result is the model `onnx.shape_inference.infer_shapes` returns (the tests compare
-the two paths with it), or the plain pass's when data propagation is skipped, fails or runs out of
-time or memory. Inference is a help, never a reason to refuse a model: a model it cannot handle
-simply has fewer known shapes.
+Data propagation is linear in the length of every 1-D value, so a long vector can hang it: it is
+skipped when the plain pass finds one, and big models infer in a capped, timed child process. The
+result is what `onnx.shape_inference.infer_shapes` returns, or the plain pass's; inference helps,
+it never refuses a model. The guards and the paths in detail: docs/internals.md, io/shape_inference.py.
 """
 from __future__ import annotations
 

@@ -1,25 +1,9 @@
 """Band analysis: is an ndarray one DIAGONAL_MATRIX1 pattern, and which one?
 
-DIAGONAL_MATRIX1 writes, at every (batch..., y, x), with topX = x - y:
-``Value if (End >= Begin) ^ (topX >= Begin) ^ (topX < End) else (Input or 0)``.
-`analyze_band` decides exactly (bit for bit) whether every [..., H, W] slice of an array equals
-"`value` where topX is in the (possibly inverted) interval, `other` elsewhere", and returns the
-canonical `BandPattern`, or None.
-
-How it works (exact, vectorized, bounded memory):
-1. Such an array is Toeplitz: constant along each diagonal d = x - y. Its diagonal signature D
-   (one entry per diagonal d in [-(H-1), W-1]) is read from column 0 and row 0 of the first slice
-   (O(H + W) memory).
-2. D must hold at most two bit patterns, and the cells of one value must form one run of
-   diagonals or the complement of one run (at most two value changes along d). This decides
-   value/other and Begin/End (canonical rules on `BandPattern`).
-3. Every slice (except those repeated by a zero-stride or size-1 batch axis, which are analysed
-   once) is compared, `block_rows` rows at a time, against the zero-copy Toeplitz view of D, with
-   early exit on the first mismatch. Extra memory is O(block_rows * W + H + W), so a memory-mapped
-   initializer far larger than RAM is fine.
-
-Values compare by bit pattern (a same-size unsigned view): -0.0 differs from +0.0, NaN payloads
-must repeat exactly, and the returned scalars reproduce the input bits.
+`analyze_band` decides exactly, bit for bit, whether every [..., H, W] slice of an array is `value`
+on a (possibly inverted) run of diagonals and `other` elsewhere, and returns the canonical
+`BandPattern`, or None, in memory bounded by a block of rows (memory-mapped weights are fine).
+How (a Toeplitz signature, then a blockwise comparison): docs/internals.md, ir/band.py.
 """
 from __future__ import annotations
 

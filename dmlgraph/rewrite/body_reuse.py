@@ -1,53 +1,9 @@
 """Bodies that repeat up to their names lowered once: the lowering of one, renamed, is every other's.
 
-Real models repeat If/Loop/Scan bodies (one per layer, identical but for names), and so does a graph
-of many If nodes. `nested` asks `key` for each body; bodies of one key are lowered once, as a
-*template*: the body with every name (values, nodes, the graph's) replaced by a token `⦃000012⦄`
-and every fresh dim (`unk__dmlgraph_N`, the dims `nested.FreshDims` gives what nothing states) by
-`unk__dmlgraph_c000003`. `Template.instance` renames the template's written body and its matches
-and declines back into one body's names (tokens -> that body's strings, also inside derived names
-such as `⦃000003⦄__gen` and inside reasons), or returns None: that body is then lowered as usual.
-
-Why the instance equals the body's own lowering (byte for byte, and the same report):
-
-* What a lowering can read is its Graph, built from the body's `_Spec` (its proto, the types of its
-  formal inputs and of the enclosing values it reads, the enclosing constants it borrows), the
-  holder's op, attribute and the varying set (Loop/Scan: `explain`), the model's opsets and IR
-  version, the options (one per optimize), and the names its scopes reserve. The key holds all of
-  them but the names: the proto with tokens in place of names (every other byte of it as it is:
-  attributes, doc strings, literal dims), the input types (fresh dims canonical), each borrowed
-  constant (small: its bytes, dtype, shape, TensorProto encoding; large: the very object), the
-  varying set, op, attribute, opsets. So two bodies of one key build the same Graph up to a
-  bijective renaming of names and fresh dims (a constant off by one, a type, a dim, an attribute
-  that differs makes another key). The cache of decoded constants the bodies share changes only
-  how fast a constant is read.
-* The rules treat names and dims as opaque: they compare them for equality, hash them and build
-  new names by formatting (`f"{name}__gen"`, `repr` in reasons); they order by name only where a
-  node reads a nested body (`Graph.reads`) and order symbolic dims (`symbolic.Lin`). One weighs a
-  node's serialized size, names included (`stored_mask`: is the constant bigger than the node?):
-  it sets `Graph.sized_names`, and such a lowering is not a template. Tokens are
-  numbered in the sort order of the body's own strings, so each order is the body's own: the key
-  (tokens included) holds that order. Literal dims never start with `unk__dmlgraph_`, so their
-  order against a canonical fresh dim is decided before the token. A string repr would quote
-  otherwise than a token (a quote, a backslash, a control character) is not renamed: no reuse.
-* Fresh names: a new value takes its hint, or `hint__N`, the first not taken (a value of the body,
-  or a name its scopes reserve). The template records every name looked up in its values (`in`,
-  `get`, `[]`; a value enters a graph by its import or under a name so tested) and every answer of
-  its reserved set (asked in the first body's names). An instance is made only if renaming is
-  one-to-one on every name the template held, looked up or made (then "taken by a value" answers
-  the same) and each reserved answer is the same in the instance's scopes: the body's own lowering
-  then makes exactly the choices the template made, renamed. Node names `hint__N` count the same
-  in both. So the instance is not equal up to a renaming of fresh names: it is the same, byte for
-  byte, or it is not made.
-* Where the key cannot cover what the rules see, nothing is reused: a body holding bodies of its
-  own (their reads are ordered across scopes, and they recurse with scopes of their own), one that
-  calls a model-local function (its call types feed the function's typing), one with sparse
-  initializers or quantization annotations, a string that holds a token's characters, and a
-  template whose shape inference invented dims (`unk__N`, numbered by the model the body is
-  imported in).
-
-An instance's matches keep the captures reports read (`dml`, `scope`, `lowered`, `bounds`); their nodes and
-values are renamed copies.
+Real models repeat If/Loop/Scan bodies (one per layer), so `nested` asks `key` for each body and
+lowers one body per key as a *template*, names replaced by tokens; `Template.instance` renames it
+for another body, or returns None and that body is lowered as usual. Why an instance is byte for
+byte the body's own lowering, and where nothing is reused: docs/internals.md, rewrite/body_reuse.py.
 """
 from __future__ import annotations
 

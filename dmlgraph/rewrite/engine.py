@@ -1,13 +1,8 @@
 """Rules propose, one rewriter applies (after onnxscript's rewriter and onnx-ir's passes, kept small).
 
-A rule is pattern + check + replacement. `match` finds its anchor pattern around one node and
-returns a Match (captures), or a Match with `reason` set when the pattern is there but the check
-declines (so `inspect` can say why a Trilu was not lowered). `rewrite` is a pure function of the
-graph and the Match: it builds a `Replacement` (new nodes and constants, which existing values
-their outputs replace, what becomes dead) and never touches the graph. `Rewriter.apply` is the one
-place that changes the graph for a rule: it checks the replacement keeps the graph valid, applies
-it, and records it. `PassManager` runs all rules to a fixed point on top of it, counting rewrites
-per rule and keeping every decline once.
+A rule's `match` returns a Match (or one with `reason`: a decline); its `rewrite` builds a
+`Replacement` without touching the graph; `Rewriter.apply` is the one place that changes the graph,
+and `PassManager` runs all rules to a fixed point. More: docs/internals.md, rewrite/engine.py.
 """
 from __future__ import annotations
 

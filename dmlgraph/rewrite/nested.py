@@ -1,35 +1,10 @@
 """Masks inside If/Loop/Scan bodies and model-local functions, lowered in place.
 
-The passes work on one flat Graph, so a body (a GRAPH attribute) or a function body becomes one
-for the time of its lowering:
-
-* its formal inputs keep their names and get their types from the node that runs it (If: none;
-  Loop: iteration number, condition, loop-carried values; Scan: state values, then one slice of
-  each scanned input); a function's inputs get the types all of its call sites agree on;
-* what a body reads from enclosing scopes by name becomes an extra input typed from the enclosing
-  graph, except an enclosing constant (an initializer, a Constant node's tensor, a DML generator
-  of static sizes), which becomes a constant of the body: a Trilu's k or a stored mask read from
-  outside is then seen as one;
-* after the passes the body is exported (DML nodes as `com.dmlgraph` nodes, as in a `dml` model)
-  and written back under the same attribute: the formal inputs exactly as they were, no extra
-  inputs (they are outer-scope reads again), no enclosing constant copied in. New values never
-  take a name an enclosing scope or a nested body uses (`Graph.reserved`).
-
-The bodies of one graph are imported as one model where they can share it (one shape inference
-and one import for all, then one Graph each, as importing each alone makes it), and lowered one
-by one; bodies that repeat up to their names (a key seen twice) are lowered once and the result
-renamed for each (`body_reuse`, which says why that is the same).
-
-A dim nothing states, or that may differ between iterations (a loop-carried value whose initial,
-declared input and declared output sizes do not all agree), becomes a fresh symbolic dim named
-`unk__dmlgraph_N` (written back as an unknown dim): a mask sized by it is proved for every size.
-
-Bodies are lowered after the graph that holds them (inner bodies after outer ones), functions
-after every graph that calls them, callers before callees. What cannot be typed is declined with
-the reason, and so is a mask in a Loop or Scan body whose cone reads the value of something that
-changes per iteration (`explain`). Every match carries `captures["scope"]`, the path of the body
-it is in (`If_3/then_branch`, `Loop_1/body/If_2/else_branch`, `local::MaskFn`), so reports name
-nested nodes as `scope/node`.
+The passes work on one flat Graph, so each body becomes one while it is lowered (formal inputs typed
+from the node that runs it, outer reads as extra inputs or borrowed constants) and is written back
+under the same attribute. Bodies go after the graph that holds them; what cannot be typed is
+declined with the reason. How bodies are typed, imported together and reused, and the scope paths
+in reports: docs/internals.md, rewrite/nested.py.
 """
 from __future__ import annotations
 
@@ -548,10 +523,10 @@ def build_bodies(parent: Graph, bodies: list[tuple[OnnxNode, str, onnx.GraphProt
 
 def built_bodies(parent: Graph, specs: list[_Spec | str]) -> Iterator[Body | str]:
     """The body of each spec (or why it has none), in order: imported together where they can
-    share one model (`_import_together`), else each when it is asked for (one large body in memory
+    share one model (`import_together`), else each when it is asked for (one large body in memory
     at a time)."""
     ready = [s for s in specs if isinstance(s, _Spec)]
-    together = _import_together(parent.info, ready) if len(ready) > 1 else None
+    together = import_together(parent.info, ready) if len(ready) > 1 else None
     made = iter(together or ())
     for s in specs:
         if isinstance(s, str):
@@ -681,7 +656,7 @@ class _Inferred(PendingShapes):
         return self.types
 
 
-def _import_together(info: ModelInfo, specs: list[_Spec]) -> list[Graph] | None:
+def import_together(info: ModelInfo, specs: list[_Spec]) -> list[Graph] | None:
     """The bodies of one graph imported as one model, then split into one Graph each, as `_import`
     makes them: one shape inference and one import instead of one per body (2,500 If nodes with a
     one-node branch each spent half their lowering importing 5,000 models). None when they cannot

@@ -1,19 +1,8 @@
 """If/Loop/Scan nodes and function calls whose bodies hold DML nodes, run by the executor itself.
 
 onnxruntime cannot run a body with `com.dmlgraph` nodes, so such a node is a step of its own: its
-bodies become Graphs (`nested.execution_body`, outer-scope values as extra inputs) run by a
-sub-executor, per ONNX semantics:
-
-* If: the condition picks a branch; the branch's outputs are the node's.
-* Loop: `M` (trip count) and `cond` (either may be absent), loop-carried values fed back each
-  iteration, scan outputs stacked along a new first axis; the body gets the iteration number and
-  the condition as int64 / bool scalars.
-* Scan (opset 9+): state values fed back; each scanned input sliced along its axis (forward or
-  reversed per `scan_input_directions`); scan outputs stacked along `scan_output_axes`, in reverse
-  order where `scan_output_directions` says so.
-* A call of a model-local function: its body, typed by this call, with the inputs by position.
-
-Control-flow nodes whose bodies hold no DML node stay in onnxruntime sessions as before.
+bodies become Graphs run by a sub-executor, per ONNX semantics (docs/internals.md, runtime/control_flow.py).
+Control-flow nodes whose bodies hold no DML node stay in onnxruntime sessions.
 """
 from __future__ import annotations
 

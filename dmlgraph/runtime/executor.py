@@ -1,33 +1,10 @@
 """Run a Graph: DML nodes on the numpy kernels, everything else in onnxruntime.
 
-ONNX nodes are grouped into as few InferenceSessions as the graph allows: a node's *stage* is at
-least the number of DML nodes on the longest path into it (and an ONNX node then moves as late as
-its consumers allow), and all ONNX nodes of one stage form one region.
-No path leaves a stage and comes back to it (it would have to cross a DML node, which raises the
-stage), so every region runs as one session, created once and cached. Where onnxruntime has no
-kernel for a region (e.g. Trilu on int8), `onnx.reference` runs it instead.
-
-The fast path (on by default; `Executor(..., fast=False)` keeps only the simple one). Some values
-depend only on the *shapes* (and dtypes) of the graph inputs, never on their contents: what Shape
-and Size read, arithmetic on those, and the DML generators sized by them (a causal mask, an
-identity). `shape_constants` finds them with a conservative per-op analysis (an op not in its
-tables never yields one). The first run at a given set of input shapes and dtypes takes the simple
-path; the shape constants a later step reads are then kept for those shapes (an LRU of
-CACHE_ENTRIES sets, CACHE_BYTES at most), and later runs at the same shapes skip every step whose
-outputs are all shape constants (a region of shape arithmetic, a DML generator) and run the other
-DML nodes through kernels prepared once for those shapes. A region that mixes shape arithmetic
-with data runs as its *twin* there: the graph onnxruntime optimized for the region, less the nodes
-whose outputs are all shape constants, whose values it is fed from the cache (`_twin`; made at the
-first fast run, which runs the regions themselves once more to keep those values). The region's
-own session is then that same optimized graph, not optimized again, so twin and region run the
-same kernels on the same values and the two paths agree bit for bit. A skipped step or
-node does not run, so it cannot raise either: a node whose output only reaches a Shape (a Gather
-whose indices are out of range, say) fails the first run at those shapes and not the later ones.
-
-An If/Loop/Scan node or local-function call whose body holds DML nodes cannot run in a session:
-it is a step of its own, like a DML node (`control_flow.HostStep`, each body run by a sub-executor),
-and a graph with such a step takes the simple path on every run. Graphs without one are planned
-and run exactly as above.
+ONNX nodes are grouped by stage into as few cached InferenceSessions as the graph allows. A fast
+path (the default) keeps the values that depend only on the input shapes and skips the steps that
+make them; a mixed region runs as its *twin*, so both paths agree bit for bit. Bodies holding DML
+nodes run as steps of their own (`control_flow`). Stages, the fast path and why it is exact:
+docs/internals.md, runtime/executor.py.
 """
 from __future__ import annotations
 

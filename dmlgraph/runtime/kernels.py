@@ -1,58 +1,9 @@
-"""numpy kernels for DIAGONAL_MATRIX1 and DIAGONAL_MATRIX.
+"""numpy kernels for DIAGONAL_MATRIX1 and DIAGONAL_MATRIX (the spec's pseudocode, bit-exact).
 
-Semantics (the spec's pseudocode), for every output coordinate (batch..., y, x)::
-
-    topX = x - y
-    useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End)
-    out = Value if useValue else (Input[coord] if Input else 0)
-
-so Value fills topX in [Begin, End) when Begin <= End, and everything outside [End, Begin) when
-Begin > End (Begin == End fills nothing).
-
-How the fast path works (measured on the benchmark shapes, see `benchmarks.kernels`):
-
-* Row y of an H x W matrix sees a region bounded by diagonals: topX in [p, q) is the column
-  interval [clip(p + y), clip(q + y)). The value region is one such interval (normal range) or
-  two (inverted range); the rest ("keep": input or zero) is the complementary interval(s).
-  A cached plan per (H, W, Begin, End) holds these intervals (bounds clipped to [-H, W], so
-  INT32_MIN/MAX and any Python int are fine) and their areas.
-* One region is written as the *base* over whole rows (a contiguous copy of the input, or a
-  constant fill, done as a byte fill -- memset -- whenever the constant's bytes are all equal,
-  e.g. zero), the other as *overlays*. The base is the region whose source is cheapest to
-  write everywhere: a constant when the input-kept part is small (so the input is only read
-  where it is kept), otherwise the input.
-* Overlays only a few diagonals wide are written through strided diagonal views
-  (stride (W + 1) elements), one numpy call per diagonal for the whole tensor.
-* Wider overlays are written block by block (~512 KiB of whole rows, every batch at once,
-  still in cache after the base write of that block): per step of rows, a rectangle covering
-  the columns every row shares, plus the two ragged ends as skewed views (row stride + one
-  column, built straight on the output's memory). Near a matrix edge a skewed view would leave
-  the row, so the step is halved until it fits; the last few rows use small cached masks.
-  Blocked copies also avoid glibc's streaming stores for huge memcpy, which measured slower here;
-  pure constant fills are one memset (there streaming stores win).
-* Matrices of at most SMALL_TEMPLATE_BYTES, and batches of matrices up to TEMPLATE_BYTES, use a
-  cached H x W template instead: out = (input & keep_bits) | value_bits on same-size unsigned
-  views (exact for every type and value), or a copy of the value template without input. One
-  template serves every matrix of the batch from cache.
-* Tiny tensors (<= 1024 elements): with an input, one copy of it plus one
-  `out.put(idx, value)` at the cached flat positions of the Value (none when there are none:
-  an empty put costs as much as a short one); without, one copy of the whole output, cached
-  for the first few Values of each signature (a fill and a put cost about three copies).
-* Per call, what depends only on (shape, dtype, Begin, End) is cached (`_signature`), found
-  with one dict lookup when the shape is a tuple and Begin/End ints: on a small tensor the
-  call is mostly Python overhead.
-
-Measured limits (see the benchmark): on this numpy path a triangle with an input costs one input
-copy plus an in-cache fill of the value half, so it runs at ~0.85-1.0x a plain copy for 4- and
-8-byte types but ~0.5-0.6x for 1-byte types, where numpy's per-row overheads dominate; a
-generated triangle without input runs at ~0.6-0.9x a typed `fill(0)`. With numba installed
-(`dmlgraph[fast]`), every output of at least COMPILED_MIN_BYTES with two regions goes through
-`dmlgraph.runtime.kernels_compiled` instead, which writes each row's spans once with memcpy/memset
-(non-temporal stores from STREAM_MIN_BYTES), or large outputs without an input as streamed
-64-byte lines, see `_compiled_call`.
-
-`diagonal_matrix1_reference` is the plain vectorized form (np.where over an index grid); tests
-use it, and a literal transcription of the pseudocode, as oracles for the fast path.
+A plan cached per (shape, dtype, Begin, End) writes one region as a base and the other as overlays,
+templates or puts, so the common case costs about one copy; with numba, `kernels_compiled` takes
+large outputs. `diagonal_matrix1_reference` is the plain form the tests use as an oracle.
+The semantics, the fast path and its measurements: docs/internals.md, runtime/kernels.py.
 """
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """The DIAGONAL_MATRIX1 row kernel compiled with numba (the optional `dmlgraph[fast]` extra).
 
-Why a compiled kernel: row y of a matrix is at most five contiguous spans (keep, value, keep,
-value, keep) bounded by diagonals, so the output can be written once, span by span, reading the
-input only where it is kept. numpy pays a call per span (microseconds per row), so the numpy
-path in `dmlgraph.runtime.kernels` writes a base and then overlays; this kernel writes every span with
-one memcpy or memset (glibc's: `rep movsb` / `rep stosb` for long spans, which measured up to
-1.5x faster than a vectorized loop on batched triangles). It moves bytes (every DML type,
-float16 and bool included, is moved as bits), so it is bit-exact by construction, and one
-compiled version serves every type. Outputs without an input go through `generated` instead when
-they are large and their rows short, see there.
-
-Importing this module imports numba (about 0.3 s) and, on the first call, loads `rows` from
-numba's on-disk cache (compiled once per machine, a few seconds; `cache=True`).
-`dmlgraph.runtime.kernels` imports it lazily, only for tensors large enough to benefit, and falls back
-to its numpy path when numba is absent.
+Each row is at most five contiguous spans, written once with memcpy/memset where numpy pays a call
+per span; bytes move as bits, so it is exact for every type. `dmlgraph.runtime.kernels` imports it
+lazily for large tensors and falls back to numpy without numba. Measurements and import costs:
+docs/internals.md, runtime/kernels_compiled.py.
 """
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
 """A lowered graph and one bound run -> a DxDispatch model; and checking what DxDispatch computed.
 
-DxDispatch (microsoft/DirectML, `DxDispatch/`) runs JSON models of DirectML operators on a real
-GPU. An export holds one dispatchable per DML node, its desc at the sizes this run bound (made by
-`binding.node_desc`, so Begin/End are clamped and axes folded exactly as dmlgraph binds them), the
-node's real input as an `.npy` resource, a zero-filled output resource, a `dispatch` and a
-`writeFile` command per node, and `expected/<output resource>.npy` (the executor's result).
-Every dispatch is independent: its input is the value this run produced, not another dispatch's
-output, so a wrong operator shows up alone.
-
-Spellings follow DxDispatch's JSON parser (src/model/JsonParsers.cpp), not just its guide:
-- a DML_SCALAR_UNION is a JSON number, or an object keyed by the member (`{"Float32": "-inf"}`,
-  `{"UInt16": 31744}`). A bare "inf" string is refused there (only numbers and objects are read),
-  so non-finite values take the object form; float16 takes `{"UInt16": bits}`, which is exact;
-- a FLOAT field (DIAGONAL_MATRIX's Value) takes a number or "inf", "-inf", "nan";
-- "nan" is the C++ `quiet_NaN()` (0x7FC00000 / 0x7FF8000000000000): any other float32/float64 NaN
-  (sign, payload) has no spelling, and is refused rather than exported as a different value;
-- numbers are parsed with rapidjson's full-precision flag, so a shortest-repr double round-trips.
-- `writeFile` targets are relative to DxDispatch's output path (its working directory unless
-  `--output_path` is given); `sourcePath` is relative to the model file.
+DxDispatch (microsoft/DirectML) runs JSON models of DirectML operators on a real GPU. An export
+holds one independent dispatch per DML node at the sizes this run bound, with its real input and
+the executor's result as `.npy` files, so a wrong operator shows up alone. Values are spelled as
+DxDispatch's JSON parser reads them (a NaN it cannot spell is refused): docs/internals.md, tools/dxdispatch.py.
 """
 from __future__ import annotations
 

@@ -133,11 +133,26 @@ def optimize(model: ModelLike, options: Options | None = None, target: str = "dm
     result = optimize_graph(g, options, progress)
     g.remove_dead()
     model = export_model(g, target)
+    cleaned = clean(model)
+    grown = growth(source, model)
+    if grown is not None and result.applied:
+        # Nothing grows: a lowering that would make the model bigger on this target is declined
+        # (every site, with the numbers), and the input is written as it was, cleaned.
+        reason = (f"not written: the lowered model would grow on target {target} ({grown}); "
+                  "the input is kept")
+        for m in result.applied:
+            m.reason = reason
+        result = PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied, [],
+                            result.iterations)
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+        cleaned = clean(model)
+    stamp(model, target, options, result.counts)
     serialized = _check_output(model, source, label)
     if serialized is not None and len(serialized) > KEEP_CHECKED_BYTES:
         serialized = None
     # The numbers describe the file written: the portable target expands each DML node.
-    if target == "dml":
+    if target == "dml" and not cleaned and result.applied:
         after = graph_stats(g)
     else:
         try:
@@ -153,6 +168,66 @@ def optimize(model: ModelLike, options: Options | None = None, target: str = "dm
         "before": before, "after": after,
     }
     return OptimizeResult(g, result, before, after, model, report, source, True, serialized)
+
+
+# What a model may gain in bytes besides its nodes: the provenance metadata (`stamp`) and the
+# opset import of the com.dmlgraph domain.
+GROWTH_ALLOWANCE = 512
+
+
+def all_nodes(model: onnx.ModelProto) -> int:
+    """Nodes at every depth: the main graph, If/Loop/Scan bodies and local functions."""
+    def count(nodes: Iterable[onnx.NodeProto]) -> int:
+        total = 0
+        for n in nodes:
+            total += 1
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    total += count(a.g.node)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    total += sum(count(b.node) for b in a.graphs)
+        return total
+    return count(model.graph.node) + sum(count(f.node) for f in model.functions)
+
+
+def _unstamped_bytes(model: onnx.ModelProto) -> int:
+    return model.ByteSize() - sum(p.ByteSize() + 2 for p in model.metadata_props if p.key.startswith(STAMP))
+
+
+def growth(source: onnx.ModelProto, model: onnx.ModelProto) -> str | None:
+    """How `model` is bigger than `source` (more nodes at any depth, or more bytes than the
+    provenance allows), or None."""
+    n0, n1 = all_nodes(source), all_nodes(model)
+    b0, b1 = _unstamped_bytes(source), _unstamped_bytes(model)
+    if n1 > n0 or b1 > b0 + GROWTH_ALLOWANCE:
+        return f"nodes {n0} -> {n1}, bytes {b0} -> {b1}"
+    return None
+
+
+def clean(model: onnx.ModelProto) -> bool:
+    """onnx-ir's common-subexpression and unused-node passes on `model` (`dmlgraph.io.cleanup`)."""
+    from dmlgraph.io.cleanup import cleanup
+    return cleanup(model)
+
+
+STAMP = "dmlgraph."
+
+
+def stamp(model: onnx.ModelProto, target: str, options: Options, counts: dict[str, int]) -> None:
+    """Provenance in the model's metadata_props (Netron shows them): dmlgraph's version, the
+    target, the feature level, exactness and the rewrites per rule (replacing an earlier stamp)."""
+    import json
+
+    from dmlgraph import __version__
+    props = [(p.key, p.value) for p in model.metadata_props if not p.key.startswith(STAMP)]
+    props += [(f"{STAMP}version", __version__), (f"{STAMP}target", target),
+              (f"{STAMP}feature_level", options.feature_level.label),
+              (f"{STAMP}exact_only", "1" if options.exact_only else "0"),
+              (f"{STAMP}rewrites", json.dumps({k: v for k, v in sorted(counts.items()) if v},
+                                              separators=(",", ":")))]
+    del model.metadata_props[:]
+    for k, v in props:
+        model.metadata_props.add(key=k, value=v)
 
 
 def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -> bytes | None:

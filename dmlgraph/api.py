@@ -109,26 +109,30 @@ def _full_check_failure(model: onnx.ModelProto) -> str | None:
 
 
 def options(*, exact: bool = False, feature_level: str | FeatureLevel = "5_1",
-            min_mask_bytes: int | None = None) -> Options:
+            min_mask_bytes: int | None = None, allow_growth: bool = False) -> Options:
     """The rule options from keyword arguments (a feature level as "5_1", "4_0", ...)."""
     level = feature_level if isinstance(feature_level, FeatureLevel) else FeatureLevel.parse(feature_level)
     if min_mask_bytes is not None and min_mask_bytes < 0:
         raise DmlgraphError(f"min_mask_bytes {min_mask_bytes} is negative", hint="pass 0 or more, or None")
-    return Options(feature_level=level, exact_only=exact, min_mask_bytes=min_mask_bytes)
+    return Options(feature_level=level, exact_only=exact, min_mask_bytes=min_mask_bytes, allow_growth=allow_growth)
 
 
 def optimize(model: ModelLike, *, target: str = "dml", exact: bool = False, feature_level: str = "5_1",
-             min_mask_bytes: int | None = None, progress: Callable[[str], None] | None = None) -> OptimizeResult:
+             min_mask_bytes: int | None = None, progress: Callable[[str], None] | None = None,
+             allow_growth: bool = False) -> OptimizeResult:
     """Lower every diagonal-structured computation of `model` (a ModelProto or a path).
 
     target "dml" writes com.dmlgraph DiagonalMatrix1 nodes; "onnx" expands them into standard ops.
     exact: only bit-exact rewrites. feature_level: the DirectML level to target ("5_1" has
     DIAGONAL_MATRIX1; below it, EyeLike becomes DIAGONAL_MATRIX where that level allows).
-    `model` is not modified.
+    `model` is not modified. A lowering that would make the model bigger on `target` (more nodes,
+    or more bytes than its provenance metadata) is declined, every site with the numbers, and the
+    input is given back (cleaned) unless `allow_growth`.
     """
     if target not in TARGETS:
         raise DmlgraphError(f"unknown target {target!r}", hint="use target='dml' or target='onnx'")
-    opts = options(exact=exact, feature_level=feature_level, min_mask_bytes=min_mask_bytes)
+    opts = options(exact=exact, feature_level=feature_level, min_mask_bytes=min_mask_bytes,
+                   allow_growth=allow_growth)
     result = pipeline.optimize(model, opts, target, progress)
     assert result.model is not None
     rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.captures.get("dml")),

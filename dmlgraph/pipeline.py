@@ -126,6 +126,8 @@ class OptimizeResult:
 @gc_paused
 def optimize(model: ModelLike, options: Options | None = None, target: str = "dml",
              progress: Callable[[str], None] | None = None) -> OptimizeResult:
+    """Load, lower, export, clean and stamp. A lowering that would make the model bigger (nodes at
+    any depth, or bytes past the stamp: `growth`) is declined whole unless `options.allow_growth`."""
     options = options or Options()
     label = model_label(model)
     source, g = load(model)
@@ -135,9 +137,11 @@ def optimize(model: ModelLike, options: Options | None = None, target: str = "dm
     model = export_model(g, target)
     cleaned = clean(model)
     grown = growth(source, model)
-    if grown is not None and result.applied:
+    if grown is not None and result.applied and not options.allow_growth:
         # Nothing grows: a lowering that would make the model bigger on this target is declined
-        # (every site, with the numbers), and the input is written as it was, cleaned.
+        # (every site, with the numbers), and the input is written as it was, cleaned. (The lowered
+        # model is checked all the same: a broken one is our bug, whether written or not.)
+        _check_output(model, source, label)
         reason = (f"not written: the lowered model would grow on target {target} ({grown}); "
                   "the input is kept")
         for m in result.applied:
@@ -147,7 +151,8 @@ def optimize(model: ModelLike, options: Options | None = None, target: str = "dm
         model = onnx.ModelProto()
         model.CopyFrom(source)
         cleaned = clean(model)
-    stamp(model, target, options, result.counts)
+    if result.applied or cleaned:  # (a model given back unchanged stays byte for byte the input)
+        stamp(model, target, options, result.counts, source)
     serialized = _check_output(model, source, label)
     if serialized is not None and len(serialized) > KEEP_CHECKED_BYTES:
         serialized = None
@@ -196,11 +201,15 @@ def _unstamped_bytes(model: onnx.ModelProto) -> int:
 
 def growth(source: onnx.ModelProto, model: onnx.ModelProto) -> str | None:
     """How `model` is bigger than `source` (more nodes at any depth, or more bytes than the
-    provenance allows), or None."""
+    provenance allows), or None. A stored initializer the model no longer has counts as the node
+    that replaced it: a stored mask becomes its generator (one DML node, or a Trilu of a
+    ConstantOfShape), which is the point of lowering it (a Constant node is a node already)."""
     n0, n1 = all_nodes(source), all_nodes(model)
     b0, b1 = _unstamped_bytes(source), _unstamped_bytes(model)
-    if n1 > n0 or b1 > b0 + GROWTH_ALLOWANCE:
-        return f"nodes {n0} -> {n1}, bytes {b0} -> {b1}"
+    removed = len({t.name for t in source.graph.initializer} - {t.name for t in model.graph.initializer})
+    if n1 > n0 + removed or b1 > b0 + GROWTH_ALLOWANCE:
+        stored = f" (+{removed} stored constant{'s' if removed > 1 else ''} removed)" if removed else ""
+        return f"nodes {n0}{stored} -> {n1}, bytes {b0} -> {b1}"
     return None
 
 
@@ -213,12 +222,20 @@ def clean(model: onnx.ModelProto) -> bool:
 STAMP = "dmlgraph."
 
 
-def stamp(model: onnx.ModelProto, target: str, options: Options, counts: dict[str, int]) -> None:
+def stamp(model: onnx.ModelProto, target: str, options: Options, counts: dict[str, int],
+          source: onnx.ModelProto | None = None) -> None:
     """Provenance in the model's metadata_props (Netron shows them): dmlgraph's version, the
-    target, the feature level, exactness and the rewrites per rule (replacing an earlier stamp)."""
+    target, the feature level, exactness and the rewrites per rule (replacing an earlier stamp,
+    unless this run rewrote nothing in a model made for the same target)."""
     import json
 
     from dmlgraph import __version__
+    old = {p.key: p.value for p in model.metadata_props if p.key.startswith(STAMP)}
+    if old.get(f"{STAMP}target") == target and (not any(counts.values()) or
+                                               (source is not None and model.graph == source.graph)):
+        # A model this target made, given back as it was (the portable target's Trilus are found
+        # and written again the same): its stamp still names the run that made it.
+        return
     props = [(p.key, p.value) for p in model.metadata_props if not p.key.startswith(STAMP)]
     props += [(f"{STAMP}version", __version__), (f"{STAMP}target", target),
               (f"{STAMP}feature_level", options.feature_level.label),

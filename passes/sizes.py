@@ -119,6 +119,23 @@ def locate(graph: Graph, inputs: Sequence[Value], name: Symbol) -> tuple[Value, 
     return None
 
 
+def _existing_dim_read(graph: Graph, v: Value, axis: int) -> Value | None:
+    """The output of a node the model has reading exactly dim `axis` of `v` as a [1] tensor:
+    `Shape(v, start=axis, end=axis + 1)` (the dynamo exporter's form), negative bounds included."""
+    rank = len(v.shape or ())
+    for n in v.consumers:
+        if not (isinstance(n, OnnxNode) and n.op_type == "Shape" and n.domain in ("", "ai.onnx")
+                and n.id in graph.nodes and n.inputs and n.inputs[0] is v and rank):
+            continue
+        start, end = n.attr("start", 0), n.attr("end", None)
+        if end is None:
+            continue
+        start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else end)
+        if start == axis and end == axis + 1:
+            return n.outputs[0]
+    return None
+
+
 class SizeBuilder:
     """Makes (or finds) the nodes computing size expressions over the shapes of the graph's values.
 
@@ -185,6 +202,11 @@ class SizeBuilder:
         found = locate(self.graph, self.inputs, sym)
         assert found is not None, f"no input has a dim named {sym!r} (checked when matched)"
         v, axis = found
+        for u in list(self.inputs) + self.graph.inputs:  # the model's own Shape(u, start=axis, end=axis + 1)
+            for a, d in enumerate(u.shape or ()):
+                one = _existing_dim_read(self.graph, u, a) if d == sym else None
+                if one is not None:
+                    return one
         shape = self._node("Shape", [v], f"{v.name}__shape", chain, shape=(len(v.shape or ()),))
         idx = constant(self.graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64), self.made)
         return self._node("Gather", [shape, idx], f"{v.name}__dim{axis}", chain, axis=0, shape=(1,))

@@ -236,18 +236,17 @@ class _Node:
 
     def bcast_ok(self, other_rank: int = 2) -> bool:
         """Broadcasting X with a [H, W] operand gives the output's shape (proved by inference)."""
-        if self.x is None or self.x.shape is None:
-            return False
         if self.x_is_full():
             return True
-        dims = self.out_dims()
-        xs = self.x.shape
-        if dims is None or len(xs) != len(dims) or len(dims) < 2:
+        if self.x is None or self.x.shape is None:
             return False
-        lead_ok = _same(tuple(xs[:-2]), tuple(dims[:-2])) or len(dims) == 2
-        tail_ok = all(a == 1 or (a is not None and a == b) for a, b in zip(xs[-2:], dims[-2:])) \
-            and all(b is not None for b in dims[-2:])
-        return lead_ok and tail_ok
+        dims = self.out_dims()
+        xs = tuple(self.x.shape)
+        if dims is None or len(dims) < 2 or len(dims) != max(len(xs), 2) or any(b is None for b in dims[-2:]):
+            return False
+        xs = (1,) * (len(dims) - len(xs)) + xs
+        lead = all(a is not None and a == b for a, b in zip(xs[:-2], dims[:-2]))  # only X has these axes
+        return lead and all(a == 1 or (a is not None and a == b) for a, b in zip(xs[-2:], dims[-2:]))
 
     # ---- k -------------------------------------------------------------------------------------
     def kval(self, c: int) -> str:
@@ -275,10 +274,14 @@ class _Node:
         """`t` on the diagonals [lo, hi), 0 elsewhere: a Trilu per finite end."""
         lo, hi = iv
         if lo is not None:
-            t = self.em.op("Trilu", [t, self.kval(lo)], f"{name}_triu", upper=1)
+            t = self.em.op("Trilu", [t, *self.k_input(lo)], f"{name}_triu", upper=1)
         if hi is not None:
-            t = self.em.op("Trilu", [t, self.kval(hi - 1)], f"{name}_tril", upper=0)
+            t = self.em.op("Trilu", [t, *self.k_input(hi - 1)], f"{name}_tril", upper=0)
         return t
+
+    def k_input(self, c: int) -> list[str]:
+        """Trilu's k input: none for a static 0 (its default)."""
+        return [] if self.k is None and c == 0 else [self.kval(c)]
 
     def band(self, r: list[Interval]) -> str | None:
         """A bool tensor of the matrix's size, true on the diagonals `r` (one interval, or two whose
@@ -411,5 +414,6 @@ def _padding_where(s: _Node, r: list[Interval]) -> str | None:
         assert vec is not None  # (a shape input or a static shape)
         cond_name = s.em.op("Expand", [cond.name, vec], "padding")
     kept = s.keep(cond_name, keep[0], "padding_keep")
-    return s.em.op("Where", [kept, a_v.name if a_v is not None else "", b_v.name if b_v is not None else ""], "sel")
+    # (The fills as this export's own constants: optimizing the output again names them the same.)
+    return s.em.op("Where", [kept, s.em.const("fill_a", a.reshape(())), s.em.const("fill_b", b.reshape(()))], "sel")
 

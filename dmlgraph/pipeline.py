@@ -201,12 +201,13 @@ def _unstamped_bytes(model: onnx.ModelProto) -> int:
 
 def growth(source: onnx.ModelProto, model: onnx.ModelProto) -> str | None:
     """How `model` is bigger than `source` (more nodes at any depth, or more bytes than the
-    provenance allows), or None. A stored initializer the model no longer has counts as the node
-    that replaced it: a stored mask becomes its generator (one DML node, or a Trilu of a
-    ConstantOfShape), which is the point of lowering it (a Constant node is a node already)."""
+    provenance allows), or None. A stored matrix (an initializer of 2 or more dims) the model no
+    longer has counts as the node that replaced it: a stored mask becomes its generator (one DML
+    node), which is the point of lowering it (a Constant node is a node already)."""
     n0, n1 = all_nodes(source), all_nodes(model)
     b0, b1 = _unstamped_bytes(source), _unstamped_bytes(model)
-    removed = len({t.name for t in source.graph.initializer} - {t.name for t in model.graph.initializer})
+    kept = {t.name for t in model.graph.initializer}
+    removed = sum(1 for t in source.graph.initializer if t.name not in kept and len(t.dims) >= 2)  # (a matrix, at least)
     if n1 > n0 + removed or b1 > b0 + GROWTH_ALLOWANCE:
         stored = f" (+{removed} stored constant{'s' if removed > 1 else ''} removed)" if removed else ""
         return f"nodes {n0}{stored} -> {n1}, bytes {b0} -> {b1}"

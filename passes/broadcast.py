@@ -184,7 +184,7 @@ def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Di
         dims = _source_dims(graph, s)
         if dims is None or len(dims) != s.rank:
             return None
-        per.append([1] * (rank - s.rank) + list(dims))
+        per.append([cast(Dim, 1)] * (rank - s.rank) + list(dims))
     out: list[Dim] = []
     for i in range(rank):
         values = {d[i] for d in per} - {1}

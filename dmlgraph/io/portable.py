@@ -11,7 +11,8 @@ lowered node is written, when a form below is bit-exact for its type, as:
 - a generator (no input): Trilus of a tensor full of Value (one `ConstantOfShape`), `EyeLike` for
   one diagonal of value 1 in a 2-D output; an inverted band is the `Or`/`Add` of two Trilus;
 - a nonzero Value with data: `Where(band, Value, X)`, the band a Trilu of a bool ones tensor of the
-  matrix's size (X in the false branch: see below); `Or(X, band)` for a bool X and Value true;
+  matrix's size (X in the false branch: see below; never `Where(Not(c), ...)`, which onnxruntime's
+  graph optimizer turns into `Where(c, X, Value)`); `Or(X, band)` for a bool X and Value true;
 - an input that is itself `Where(P, a, b)` of a bool P with Value b (what the padding rules make:
   the padding mask turned into 0 / lowest): `Where(Trilu(P), a, b)`, P's Where left to die.
 
@@ -222,6 +223,20 @@ class _Node:
         assert vec is not None
         return self.em.op("Expand", [self.x.name, vec], "input")
 
+    def data(self) -> str:
+        """X as an operand of the select with the band (`band`): the select broadcasts it."""
+        assert self.x is not None
+        return self.x.name
+
+    def band_vec(self) -> str:
+        """The band's sizes: the matrix's [H, W] when broadcasting X with it provably gives the
+        output's shape, else the output's sizes (X broadcasts into them: the DML node's own rule)."""
+        if self.bcast_ok():
+            return self.matrix_vec()
+        vec = self.shape_vec()
+        assert vec is not None
+        return vec
+
     def matrix_vec(self) -> str:
         """The output's last two sizes [H, W] (a band's ones tensor: broadcast by what reads it)."""
         dims = self.out_dims()
@@ -284,13 +299,15 @@ class _Node:
         return [] if self.k is None and c == 0 else [self.kval(c)]
 
     def band(self, r: list[Interval]) -> str | None:
-        """A bool tensor of the matrix's size, true on the diagonals `r` (one interval, or two whose
-        complement is one: then the Not of that)."""
-        ones = self.em.op("ConstantOfShape", [self.matrix_vec()], "ones",
+        """A bool tensor of the band's sizes (`band_vec`), true on the diagonals `r`: a Trilu of a
+        ones tensor per finite end, and the `Or` of two such for two intervals. (Not a `Not` of the
+        complement: onnxruntime rewrites Where(Not(c), a, b) as Where(c, b, a), which would move X
+        into the true branch, where a -0.0 is lost.)"""
+        ones = self.em.op("ConstantOfShape", [self.band_vec()], "ones",
                           value=numpy_helper.from_array(np.array([True])))
         if len(r) == 1:
             return self.keep(ones, r[0], "band")
-        return self.em.op("Not", [self.keep(ones, complement(r)[0], "band")], "band_not")
+        return self.em.op("Or", [self.keep(ones, r[0], "band_lo"), self.keep(ones, r[1], "band_hi")], "band")
 
 
 def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
@@ -316,24 +333,24 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
             x = s.full_x()
             a, b = s.keep(x, keep[0], "lo"), s.keep(x, keep[1], "hi")
             return em.op("Or" if et == TensorProto.BOOL else "Add", [a, b], "keep")
+    # The band [H, W] where inference proves X broadcast with it is the output, else of the output's
+    # sizes; the select broadcasts X either way (no copy of X).
     if et == TensorProto.BOOL:
-        if not s.bcast_ok():
-            return None
         band = s.band(r if s.value else complement(r))
-        return None if band is None else em.op("Or" if s.value else "And", [s.x.name, band], "sel")
-    if et not in WHERE_TYPES or not s.bcast_ok():
+        return None if band is None else em.op("Or" if s.value else "And", [s.data(), band], "sel")
+    if et not in WHERE_TYPES:
         return None
     if _neg_zero(s.value) or _is_nan(s.value):
         return None  # (Value sits in Where's true branch, which drops a -0.0)
     if len(r) == 2 and s.dt.kind != "f":  # integers: X may sit in Where's true branch (exact)
         band = s.band(complement(r))
-        return None if band is None else em.op("Where", [band, s.x.name, em.const("value", s.value)], "sel")
+        return None if band is None else em.op("Where", [band, s.data(), em.const("value", s.value)], "sel")
     band = s.band(r)
-    return None if band is None else em.op("Where", [band, em.const("value", s.value), s.x.name], "sel")
+    return None if band is None else em.op("Where", [band, em.const("value", s.value), s.data()], "sel")
 
 
 def _generator(s: _Node, r: list[Interval]) -> str | None:
-    n, em, et, v = s.n, s.em, s.n.elem_type, s.value
+    em, et, v = s.em, s.n.elem_type, s.value
     dims = s.out_dims()
     if len(r) == 1 and r[0][0] is not None and r[0][1] == r[0][0] + 1 and s.k is None and dims is not None \
             and len(dims) == 2 and et in EYELIKE_TYPES and bool(v == 1) and abs(r[0][0]) < BOUND:

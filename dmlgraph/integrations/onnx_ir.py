@@ -19,10 +19,11 @@ import onnx
 import onnx_ir as ir
 
 from dmlgraph.errors import DmlgraphError
+from dmlgraph.io.cleanup import cleanup
 from dmlgraph.io.modelfile import without_weights
 from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.ir.ops import FeatureLevel
-from dmlgraph.pipeline import optimize_graph
+from dmlgraph.pipeline import growth, optimize_graph
 from dmlgraph.rewrite import Options
 
 TARGETS = ("dml", "onnx")
@@ -39,11 +40,12 @@ class LowerToDiagonalMatrix(ir.passes.FunctionalPass):
     """
 
     def __init__(self, target: str = "dml", exact: bool = False,
-                 feature_level: str | FeatureLevel = "5_1") -> None:
+                 feature_level: str | FeatureLevel = "5_1", allow_growth: bool = False) -> None:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
         self.target = target
-        self.options = Options(feature_level=FeatureLevel.parse(feature_level), exact_only=exact)
+        self.options = Options(feature_level=FeatureLevel.parse(feature_level), exact_only=exact,
+                               allow_growth=allow_growth)
         self.counts: dict[str, int] = {}  # rewrites per rule in the last call
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -52,6 +54,12 @@ class LowerToDiagonalMatrix(ir.passes.FunctionalPass):
         result = optimize_graph(g, self.options)
         g.remove_dead()
         lowered = export_model(g, self.target)
+        cleanup(lowered)  # (as `optimize` does: what a portable form leaves unread goes, repeats merge)
+        if not self.options.allow_growth and growth(proto, lowered) is not None:
+            self.counts = {k: 0 for k in result.counts}  # nothing grows (as `optimize`): the model as it was
+            out = ir.serde.deserialize_model(proto)  # (a functional pass returns a new model)
+            _reuse_tensors(model, out)
+            return ir.passes.PassResult(out, modified=False)
         onnx.checker.check_model(without_weights(lowered, keep_dims=False, has_external=True), full_check=False)
         out = ir.serde.deserialize_model(lowered)
         _reuse_tensors(model, out)

@@ -33,16 +33,20 @@ __all__ = ["Decline", "Inspection", "OptimizeResult", "Rewrite", "TensorCheck", 
 
 
 def optimize(model: ModelLike, *, target: str = "dml", exact: bool = False, feature_level: str | FeatureLevel = "5_1",
-             min_mask_bytes: int | None = None, progress: Callable[[str], None] | None = None) -> OptimizeResult:
+             min_mask_bytes: int | None = None, progress: Callable[[str], None] | None = None,
+             allow_growth: bool = False) -> OptimizeResult:
     """Lower every diagonal-structured computation of `model` (a ModelProto, a path, or the bytes
     of a serialized model).
 
     target "dml" writes com.dmlgraph DiagonalMatrix1 nodes; "onnx" expands them into standard ops.
     exact: only bit-exact rewrites. feature_level: the DirectML level to target ("5_1" has
     DIAGONAL_MATRIX1; below it, EyeLike becomes DIAGONAL_MATRIX where that level allows).
-    `model` is not modified.
+    `model` is not modified. A lowering that would make the model bigger on `target` (more nodes,
+    or more bytes than its provenance metadata) is declined, every site with the numbers, and the
+    input is given back (cleaned) unless `allow_growth`.
     """
-    opts = make_options(exact=exact, feature_level=feature_level, min_mask_bytes=min_mask_bytes)
+    opts = make_options(exact=exact, feature_level=feature_level, min_mask_bytes=min_mask_bytes,
+                        allow_growth=allow_growth)
     return pipeline.lower(model, opts, target, progress)
 
 

@@ -44,12 +44,12 @@ def check_target(target: str) -> str:
 
 
 def make_options(*, exact: bool = False, feature_level: str | FeatureLevel = "5_1",
-                 min_mask_bytes: int | None = None) -> Options:
+                 min_mask_bytes: int | None = None, allow_growth: bool = False) -> Options:
     """The rule options from keyword arguments (a feature level as "5_1", "4_0", ...)."""
     level = feature_level if isinstance(feature_level, FeatureLevel) else FeatureLevel.parse(feature_level)
     if min_mask_bytes is not None and min_mask_bytes < 0:
         raise DmlgraphError(f"min_mask_bytes {min_mask_bytes} is negative", hint="pass 0 or more, or None")
-    return Options(feature_level=level, exact_only=exact, min_mask_bytes=min_mask_bytes)
+    return Options(feature_level=level, exact_only=exact, min_mask_bytes=min_mask_bytes, allow_growth=allow_growth)
 
 
 @gc_paused
@@ -300,12 +300,14 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
           loaded: Callable[[onnx.ModelProto, Graph], None] | None = None, check: bool = True,
           census: bool = False) -> OptimizeResult:
     """The pipeline: load `model` (a path or a ModelProto, never modified), run every rule on
-    every scope, export to `target`, check the result as saving would.
+    every scope, export to `target`, clean, stamp, and check the result as saving would.
 
-    `loaded(proto, graph)` sees the graph as imported, before any rule runs (inspect takes its
-    census there); `base_dir` is where a ModelProto's external data lives. `check=False` skips the
-    output check (inspect writes nothing; `save` checks a model that was not checked). `census`:
-    take the mask census of every body and function too (`PassResult.census`).
+    A lowering that would make the model bigger (nodes at any depth, or bytes past the stamp:
+    `growth`) is declined whole unless `options.allow_growth`. `loaded(proto, graph)` sees the
+    graph as imported, before any rule runs (inspect takes its census there); `base_dir` is where
+    a ModelProto's external data lives. `check=False` skips the output check (inspect writes
+    nothing; `save` checks a model that was not checked). `census`: take the mask census of every
+    body and function too (`PassResult.census`).
     """
     options = options or Options()
     check_target(target)
@@ -318,11 +320,30 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     result = optimize_graph(g, options, progress, census)
     g.remove_dead()
     exported = export_model(g, target)
+    cleaned = clean(exported)
+    grown = growth(source, exported)
+    if grown is not None and result.applied and not options.allow_growth:
+        # Nothing grows: a lowering that would make the model bigger on this target is declined
+        # (every site, with the numbers), and the input is written as it was, cleaned. (The lowered
+        # model is checked all the same: a broken one is our bug, whether written or not.)
+        if check:
+            _check_output(exported, source, label)
+        reason = (f"not written: the lowered model would grow on target {target} ({grown}); "
+                  "the input is kept")
+        for m in result.applied:
+            m.reason = reason
+        result = PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied, [],
+                            result.iterations, result.superseded, result.census)
+        exported = onnx.ModelProto()
+        exported.CopyFrom(source)
+        cleaned = clean(exported)
+    if result.applied or cleaned:  # (a model given back unchanged stays byte for byte the input)
+        stamp(exported, target, options, result.counts, source)
     serialized = _check_output(exported, source, label) if check else None
     if serialized is not None and len(serialized) > KEEP_CHECKED_BYTES:
         serialized = None
     # The numbers describe the file written: the portable target expands each DML node.
-    if target == "dml":
+    if target == "dml" and not cleaned and result.applied:
         after = graph_stats(g)
     else:
         try:
@@ -348,6 +369,79 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
 
 def _op(dml: object) -> str | None:
     return getattr(dml, "op_type", None) if dml is not None else None
+
+
+# What a model may gain in bytes besides its nodes: the provenance metadata (`stamp`) and the
+# opset import of the com.dmlgraph domain.
+GROWTH_ALLOWANCE = 512
+
+
+def all_nodes(model: onnx.ModelProto) -> int:
+    """Nodes at every depth: the main graph, If/Loop/Scan bodies and local functions."""
+    def count(nodes: Iterable[onnx.NodeProto]) -> int:
+        total = 0
+        for n in nodes:
+            total += 1
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    total += count(a.g.node)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    total += sum(count(b.node) for b in a.graphs)
+        return total
+    return count(model.graph.node) + sum(count(f.node) for f in model.functions)
+
+
+def _unstamped_bytes(model: onnx.ModelProto) -> int:
+    return model.ByteSize() - sum(p.ByteSize() + 2 for p in model.metadata_props if p.key.startswith(STAMP))
+
+
+def growth(source: onnx.ModelProto, model: onnx.ModelProto) -> str | None:
+    """How `model` is bigger than `source` (more nodes at any depth, or more bytes than the
+    provenance allows), or None. A stored matrix (an initializer of 2 or more dims) the model no
+    longer has counts as the node that replaced it: a stored mask becomes its generator (one DML
+    node), which is the point of lowering it (a Constant node is a node already)."""
+    n0, n1 = all_nodes(source), all_nodes(model)
+    b0, b1 = _unstamped_bytes(source), _unstamped_bytes(model)
+    kept = {t.name for t in model.graph.initializer}
+    removed = sum(1 for t in source.graph.initializer if t.name not in kept and len(t.dims) >= 2)  # (a matrix, at least)
+    if n1 > n0 + removed or b1 > b0 + GROWTH_ALLOWANCE:
+        stored = f" (+{removed} stored constant{'s' if removed > 1 else ''} removed)" if removed else ""
+        return f"nodes {n0}{stored} -> {n1}, bytes {b0} -> {b1}"
+    return None
+
+
+def clean(model: onnx.ModelProto) -> bool:
+    """onnx-ir's common-subexpression and unused-node passes on `model` (`dmlgraph.io.cleanup`)."""
+    from dmlgraph.io.cleanup import cleanup
+    return cleanup(model)
+
+
+STAMP = "dmlgraph."
+
+
+def stamp(model: onnx.ModelProto, target: str, options: Options, counts: dict[str, int],
+          source: onnx.ModelProto | None = None) -> None:
+    """Provenance in the model's metadata_props (Netron shows them): dmlgraph's version, the
+    target, the feature level, exactness and the rewrites per rule (replacing an earlier stamp,
+    unless this run rewrote nothing in a model made for the same target)."""
+    import json
+
+    from dmlgraph import __version__
+    old = {p.key: p.value for p in model.metadata_props if p.key.startswith(STAMP)}
+    if old.get(f"{STAMP}target") == target and (not any(counts.values()) or
+                                               (source is not None and model.graph == source.graph)):
+        # A model this target made, given back as it was (the portable target's Trilus are found
+        # and written again the same): its stamp still names the run that made it.
+        return
+    props = [(p.key, p.value) for p in model.metadata_props if not p.key.startswith(STAMP)]
+    props += [(f"{STAMP}version", __version__), (f"{STAMP}target", target),
+              (f"{STAMP}feature_level", options.feature_level.label),
+              (f"{STAMP}exact_only", "1" if options.exact_only else "0"),
+              (f"{STAMP}rewrites", json.dumps({k: v for k, v in sorted(counts.items()) if v},
+                                              separators=(",", ":")))]
+    del model.metadata_props[:]
+    for k, v in props:
+        model.metadata_props.add(key=k, value=v)
 
 
 def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -> bytes | None:

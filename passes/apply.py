@@ -369,7 +369,7 @@ def _part_shape(p: Part) -> tuple | None:
     return None
 
 
-def build(plan: Plan) -> Replacement:
+def build(plan: Plan, graph: Graph | None = None) -> Replacement:
     """The planned DIAGONAL_MATRIX1 in place of the node (with the helper nodes its input and
     sizes need), as a Replacement: nothing here touches the graph."""
     node, out, x = plan.node, plan.node.outputs[0], plan.x
@@ -386,7 +386,7 @@ def build(plan: Plan) -> Replacement:
         xv = built.node(op_type, ins, f"{hint}__input", out.elem_type, _part_shape(x), attributes=node.attributes)
     shape = plan.sizes
     if plan.shape is not None:
-        shape = build_broadcast(plan.shape, hint, built)
+        shape = build_broadcast(plan.shape, hint, built, graph)
         if plan.matrix is not None:
             shape = build_matrix_of(shape, plan.matrix, hint, built)
     dml = DmlNode(node.name, xv, shape, plan.band.inputs[2], standin(out, out.elem_type),
@@ -454,7 +454,7 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
         return declined
 
     def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
-        return build(m.captures["plan"])
+        return build(m.captures["plan"], graph)
 
     return Rule(name, op_types, match, rewrite, exact=exact, description=description)
 

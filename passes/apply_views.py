@@ -139,7 +139,7 @@ def _rewrite_view(graph: Graph, m: Match, options: Options) -> Replacement:
         if static is None:
             static = static_broadcast(sources)
         if static is None and not (x is not None and same_dims(x.shape, out.shape)):
-            shape = build_broadcast(sources, out.name, built)
+            shape = build_broadcast(sources, out.name, built, graph)
     dml = DmlNode(node.name, x, shape, d.inputs[2], standin(out, d.elem_type), elem_type=d.elem_type,
                   value=d.value, begin=d.begin, end=d.end, static_shape=static, exact=d.exact)
     r = replace_node(node, dml, *built.nodes)

@@ -162,8 +162,67 @@ def static_broadcast(sources: list[ShapeSource]) -> tuple[int, ...] | None:
         return None
 
 
-def build_broadcast(sources: list[ShapeSource], hint: str, built: Built) -> Value:
+def _source_dims(graph: Graph, s: ShapeSource) -> list[Dim] | None:
+    if s.static is not None:
+        return list(s.static)
+    if s.vector is not None:
+        return vector_dims(graph, s.vector)
+    return None if s.of is None or s.of.shape is None else list(s.of.shape)
+
+
+def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Dim], list[list[Dim]]] | None:
+    """The broadcast of `sources` where shape inference settles it: on every axis the entries
+    other than a static 1 are one int or one dim name (equal names are equal sizes; a name against
+    a 1 is the name, whatever its size). Returns it and each source's dims (padded with 1s)."""
+    rank = max(s.rank for s in sources)
+    per: list[list[Dim]] = []
+    for s in sources:
+        dims = _source_dims(graph, s)
+        if dims is None or len(dims) != s.rank:
+            return None
+        per.append([cast(Dim, 1)] * (rank - s.rank) + list(dims))
+    out: list[Dim] = []
+    for i in range(rank):
+        values = {d[i] for d in per} - {1}
+        if None in values or len(values) > 1:
+            return None
+        out.append(values.pop() if values else 1)
+    return out, per
+
+
+def _settled_vector(graph: Graph, sources: list[ShapeSource], hint: str, built: Built) -> Value | None:
+    """The broadcast's sizes without an "is this dim 1" chain, when inference settles it: a source
+    already holding them, else the dims read where the model reads them (`sizes.SizeBuilder`)."""
+    from dmlgraph.passes.sizes import Made, SizeBuilder, locate
+    from dmlgraph.passes.symbolic import Lin
+
+    settled = settled_broadcast(graph, sources)
+    if settled is None:
+        return None
+    dims, per = settled
+    rank = len(dims)
+    for s, d in zip(sources, per):
+        if s.rank == rank and d == dims:
+            if s.static is not None:
+                return built.constant(f"{hint}__sizes", np.array(s.static, np.int64))
+            if s.vector is not None:
+                return s.vector
+    if not all(isinstance(d, int) or (isinstance(d, str) and locate(graph, [], d) is not None) for d in dims):
+        return None
+    made = Made()
+    vec = SizeBuilder(graph, [], made).vector([Lin.of(d) if isinstance(d, int) else Lin.sym(cast(str, d))
+                                               for d in dims], hint)
+    built.nodes.extend(made.nodes)
+    built.initializers.extend(made.initializers)
+    return vec
+
+
+def build_broadcast(sources: list[ShapeSource], hint: str, built: Built, graph: Graph | None = None) -> Value:
     """The broadcast of `sources` (a 1-D int64 value), computed by nodes added to `built`."""
+    if graph is not None:
+        settled = _settled_vector(graph, sources, hint, built)
+        if settled is not None:
+            return settled
     rank = max(s.rank for s in sources)
     vectors: list[Value] = []
     for s in sources:
@@ -224,7 +283,9 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
             return None
         if op == "Gather":
             idx = const_value(graph, ins[1])
-            return None if idx is None else [dims[int(i)] for i in np.asarray(idx).reshape(-1)]
+            if idx is None or not all(-len(dims) <= int(i) < len(dims) for i in np.asarray(idx).reshape(-1)):
+                return None  # (an index out of range: the model fails when it runs, not here)
+            return [dims[int(i)] for i in np.asarray(idx).reshape(-1)]
         bounds = [const_value(graph, x) for x in ins[1:]]
         if any(b is None for b in bounds) or (len(bounds) > 2 and list(np.asarray(bounds[2]).reshape(-1)) != [0]):
             return None

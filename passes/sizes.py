@@ -130,6 +130,23 @@ def claims(graph: Graph, inputs: Sequence[Value], name: Symbol) -> list[tuple[Va
     return []
 
 
+def _existing_dim_read(graph: Graph, v: Value, axis: int) -> Value | None:
+    """The output of a node the model has reading exactly dim `axis` of `v` as a [1] tensor:
+    `Shape(v, start=axis, end=axis + 1)` (the dynamo exporter's form), negative bounds included."""
+    rank = len(v.shape or ())
+    for n in v.consumers:
+        if not (isinstance(n, OnnxNode) and n.op_type == "Shape" and n.domain in ("", "ai.onnx")
+                and n.id in graph.nodes and n.inputs and n.inputs[0] is v and rank):
+            continue
+        start, end = n.attr("start", 0), n.attr("end", None)
+        if end is None:
+            continue
+        start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else end)
+        if start == axis and end == axis + 1:
+            return n.outputs[0]
+    return None
+
+
 class SizeBuilder:
     """Makes (or finds) the nodes computing size expressions over the shapes of the graph's values.
 
@@ -195,6 +212,10 @@ class SizeBuilder:
             return self._node("Div", [x, self._const(k)], f"{x.name}__div{k}", chain, shape=(1,))
         found = claims(self.graph, self.inputs, sym)
         assert found, f"no input has a dim named {sym!r} (checked when matched)"
+        for u, a in found:  # the model's own Shape(u, start=a, end=a + 1), if it has one
+            one = _existing_dim_read(self.graph, u, a)
+            if one is not None:
+                return one
         return self._read(*found[0], chain)
 
     def guard(self, exprs: Sequence[Lin]) -> Value | None:

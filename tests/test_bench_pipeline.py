@@ -46,7 +46,7 @@ def test_quick_bench_writes_rows(tmp_path):
 def test_onnx_floor_runs_onnx_calls_only_and_fails_as_the_check_does(tmp_path):
     path = str(tmp_path / "m.onnx")
     onnx.save(bench_pipeline.chain_model(16), path)
-    result = pipeline.lower(path)
+    result = pipeline.lower(path, bench_pipeline.GROW)
     bench_pipeline.onnx_floor(path, result)()
     result.model.graph.node[0].input[0] = "nowhere"  # the floor runs the output's full check
     with pytest.raises(Exception, match="fails the ONNX checker"):
@@ -65,7 +65,7 @@ def test_cli_entry_points(tmp_path, monkeypatch):
 def test_rates_count_the_nodes_of_bodies_too():
     """nested_model(n): n/4 If nodes and their Relus in the main graph, a one-node body per branch."""
     assert bench_pipeline.nodes_at_every_depth(bench_pipeline.nested_model(40)) == 40
-    assert pipeline.lower(bench_pipeline.nested_model(40)).before["nodes"] == 20  # (the main graph's)
+    assert pipeline.lower(bench_pipeline.nested_model(40), bench_pipeline.GROW).before["nodes"] == 20  # (the main graph's)
     assert bench_pipeline.nodes_at_every_depth(bench_pipeline.chain_model(50)) == 50
 
 
@@ -74,7 +74,7 @@ def test_blocks_model_is_valid_and_fully_lowered(tmp_path):
     onnx.checker.check_model(model, full_check=True)
     path = tmp_path / "blocks.onnx"
     onnx.save(model, path)
-    result = pipeline.lower(str(path))
+    result = pipeline.lower(str(path), bench_pipeline.GROW)
     assert result.passes.counts["mask_subgraph"] == 4 and result.passes.counts["mask_where"] == 4
     assert pipeline.validate(str(path), dims={"batch": 2, "seq": 7}).ok
 
@@ -361,5 +361,5 @@ def test_graph_shape_models_are_valid_and_lowered(build, tmp_path):
     onnx.checker.check_model(model, full_check=True)
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    result = pipeline.lower(str(path))
+    result = pipeline.lower(str(path), bench_pipeline.GROW)
     assert result.passes.counts.get("trilu", 0) > 0

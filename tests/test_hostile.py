@@ -113,11 +113,19 @@ def test_where_mask_keeps_every_bit(dtype, constant_first, c_index, tmp_path):
     path = save(_where_band_model(dtype, c, constant_first), tmp_path / "m.onnx")
     outs = optimize_both(path, tmp_path)
     reference = ReferenceEvaluator(path)
+    # A target whose lowering would grow the model keeps the input (float16 data needs the general
+    # form on the portable target): onnxruntime on the original is then what it must equal.
+    kept = {t for t, out in outs.items() if _stamp(out).get("dmlgraph.rewrites", "{}") == "{}"}
     for shift in range(0, len(values), 5):
         x = _square_of(values, 5, shift)
         want = reference.run(None, {"x": x})[0]
         for target, out in outs.items():
-            assert_same_bits(want, run_target(target, out, {"x": x})[0], f"--target {target}, shift {shift}")
+            expected = ort_run(path, {"x": x})[0] if target in kept else want
+            assert_same_bits(expected, run_target(target, out, {"x": x})[0], f"--target {target}, shift {shift}")
+
+
+def _stamp(path: str) -> dict[str, str]:
+    return {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
 
 
 @pytest.mark.parametrize("dtype", [T.FLOAT, T.FLOAT16], ids=["f32", "f16"])
@@ -129,7 +137,9 @@ def test_exact_mul_by_signed_zero_mask_keeps_the_sign(dtype, tmp_path):
     path = save(model([h.make_node("Mul", ["x", "m"], ["y"])], [vi("x", [16, 16], dtype)], [vi("y", [16, 16], dtype)],
                       [numpy_helper.from_array(mask, "m")]), tmp_path / "m.onnx")
     outs = optimize_both(path, tmp_path, exact=True)
-    assert "m" not in {t.name for t in onnx.load(outs["onnx"]).graph.initializer}  # the mask was lowered
+    assert "m" not in {t.name for t in onnx.load(outs["dml"]).graph.initializer}  # the mask was lowered
+    # (The portable target keeps it: a two-valued generator with a -0.0 needs a select, 3 nodes for
+    # one stored constant, and nothing may grow. Either way, every bit as onnxruntime on the original.)
     values = special_values(dt)
     for shift in range(0, len(values), 4):
         x = _square_of(values, 16, shift)
@@ -144,7 +154,7 @@ def test_portable_selection_of_every_value_class(tmp_path):
     for dtype, dt in NP.items():
         for v in special_values(dt):
             path = save(_where_band_model(dtype, np.array(v).reshape(()), False), tmp_path / "m.onnx")
-            result = pipeline.lower(path, Options(), "onnx")
+            result = pipeline.lower(path, Options(allow_growth=True), "onnx")  # (the form itself)
             x = _square_of(special_values(dt), 4, 3)
             want = ReferenceEvaluator(path).run(None, {"x": x})[0]
             assert_same_bits(want, ort_run(result.model, {"x": x})[0], f"{dt.__name__} value {v!r}")

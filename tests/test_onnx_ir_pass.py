@@ -62,8 +62,12 @@ def test_both_targets_in_a_pass_manager_equal_onnxruntime_on_the_original(name, 
     lower = LowerToDiagonalMatrix(target=target)
     manager = ir.passes.PassManager([lower, common_passes.RemoveUnusedNodesPass()], steps=3)
     result = manager(model)
-    assert result.modified and result.model is not model
+    assert result.model is not model
     assert ir.to_proto(model).SerializeToString(deterministic=True) == before  # a functional pass
+    # Modified unless the lowering would grow the model on this target (declined, as `optimize` does)
+    assert result.modified == bool(sum(dmlgraph.optimize(path, target=target).counts.values()))
+    if not result.modified:
+        return
     assert not lower(result.model).modified  # a fixed point: the manager's early stop can work
     proto = ir.to_proto(result.model)
     onnx.checker.check_model(proto, full_check=True)

@@ -25,9 +25,9 @@ class LowerToDiagonalMatrix(ir.passes.FunctionalPass):
     """
 
     def __init__(self, target: str = "dml", exact: bool = False,
-                 feature_level: str | FeatureLevel = "5_1") -> None:
+                 feature_level: str | FeatureLevel = "5_1", allow_growth: bool = False) -> None:
         self.target = pipeline.check_target(target)
-        self.options = pipeline.make_options(exact=exact, feature_level=feature_level)
+        self.options = pipeline.make_options(exact=exact, feature_level=feature_level, allow_growth=allow_growth)
         self.counts: dict[str, int] = {}  # rewrites per rule in the last call
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:

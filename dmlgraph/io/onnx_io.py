@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import DmlgraphError, ModelError, UnsupportedError
-from dmlgraph.io import shape_inference
+from dmlgraph.io import portable, shape_inference
 from dmlgraph.ir.dtypes import DmlDataType
 from dmlgraph.ir.graph import DmlNode, Graph, ModelInfo, OnnxNode, Value, gc_paused
 
@@ -279,6 +279,7 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     hosted = dml_function_keys(g.info.functions) if target == "dml" and g.info.functions else set()
     order = g.topological_order()
     names = _NameSet.of_graph(g, order) if target == "onnx" else None
+    shared: dict[tuple, str] = {}  # the portable forms' constants, one initializer each
     for n in order:
         if isinstance(n, OnnxNode):
             proto = onnx_node_proto(n)
@@ -296,7 +297,7 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
                 dml_outputs.append(n.outputs[0])
             else:
                 assert names is not None  # (made for target onnx)
-                nodes.extend(_portable_nodes(g, n, opsets.get("", 0), names))
+                nodes.extend(_portable_nodes(g, n, opsets.get("", 0), names, shared, extra_init))
     functions = list(g.info.functions)
     dml_functions = [i for i, f in enumerate(functions) if has_dml_nodes(f.node)]
     if target == "onnx":
@@ -525,8 +526,10 @@ def _dml_attributes(n: DmlNode) -> tuple[onnx.AttributeProto, ...]:
         value = numpy_helper.from_array(np.array([n.value], dtype=helper.tensor_dtype_to_np_dtype(n.elem_type)))
         value.data_type = n.elem_type
         bounds: dict[str, Any] = {k: v for k, v in (("begin", n.begin), ("end", n.end)) if v is not None}
+        if not n.exact:
+            bounds["exact"] = 0  # (absent: 1, as import reads it; 12 bytes a node saved)
         node = helper.make_node(n.kind, [], [], value=value, **bounds,
-                                value_data_type=int(DmlDataType.from_onnx(n.elem_type)), exact=int(n.exact), **common)
+                                value_data_type=int(DmlDataType.from_onnx(n.elem_type)), **common)
     return tuple(node.attribute)
 
 
@@ -592,8 +595,13 @@ def _node_names(n: onnx.NodeProto, out: set[str]) -> None:
         _graph_names(sub, out)
 
 
-def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet) -> list[onnx.NodeProto]:
-    """Standard ops computing exactly what the DML node computes (the spec pseudocode, in int64)."""
+def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet,
+                    shared: dict[tuple, str] | None = None,
+                    initializers: list[onnx.TensorProto] | None = None) -> list[onnx.NodeProto]:
+    """Standard ops computing exactly what the DML node computes: the Trilu-first form
+    (`dmlgraph.io.portable`) where one is bit-exact, else the spec pseudocode in int64.
+    `shared`/`initializers`: the export's shared constants (new ones are appended as initializers);
+    without them (in a body) constants are Constant nodes."""
     if opset < 13:
         raise UnsupportedError(f"the portable target needs default-domain opset 13 or later; the model "
                                f"uses {opset}", hint="use --target dml, or convert the model with "
@@ -601,6 +609,15 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet) ->
     x, shape, k = n.inputs
     out = n.outputs[0].name
     p = f"{out}__dm"
+    em = portable.Emitter(names, p, shared if initializers is not None else None)
+    made = portable.build(g, n, em, opset)
+    if made is not None:
+        assert em.nodes and em.nodes[-1].output[0] == made, "a form ends with the node making its output"
+        em.nodes[-1].output[0] = out
+        em.commit()
+        if initializers is not None:
+            initializers.extend(em.initializers)
+        return em.nodes
     nodes: list[onnx.NodeProto] = []
 
     def const(name: str, arr: Any) -> str:
@@ -625,29 +642,14 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet) ->
                                          const("kmax", np.array(2**40, np.int64))], "kc"))
         return op("Add", [c, clipped_k[0]], f"{name}_k")
 
-    form = _trilu_form(n) if opset >= 14 else None
     shape_name: str | None
     if shape is not None:
         shape_name = shape.name
     elif n.static_shape is not None:
         shape_name = const("shape", np.array(n.static_shape, dtype=np.int64))
-    elif form is not None:
-        shape_name = None
     else:
         assert x is not None  # (import refuses a generator with neither a shape input nor output_shape)
         shape_name = op("Shape", [x.name], "shape")
-    if form is not None:
-        # The common one-sided masks read better (and run faster) as one Trilu.
-        if x is not None:
-            data = x.name
-        else:
-            assert shape_name is not None  # (a generator has a shape input or output_shape)
-            data = op("ConstantOfShape", [shape_name], "full", value=numpy_helper.from_array(
-                np.array([n.value], dtype=helper.tensor_dtype_to_np_dtype(n.elem_type))))
-        upper, bound = form
-        nodes.append(helper.make_node("Trilu", [data, shift(bound, "k")], [out], upper=upper))
-        return nodes
-    assert shape_name is not None  # (set above when there is no Trilu form)
     zero, one = const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64))
     h = op("Squeeze", [op("Slice", [shape_name, const("m2", [-2]), const("m1", [-1])], "h1")], "h")
     w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
@@ -695,33 +697,6 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet) ->
         return nodes
     nodes.append(helper.make_node("Expand", [result, shape_name], [out]))
     return nodes
-
-
-# What onnxruntime's CPU Trilu runs bit for bit (its float16 lower-triangle kernel quiets a
-# signaling NaN: 0x7c01 comes out 0x7e01, so float16 takes the general form).
-_TRILU_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL}
-
-
-def _trilu_form(n: DmlNode) -> tuple[int, int] | None:
-    """(upper, k) when the node is exactly one Trilu: one-sided, and either zeroing its input
-    (Value +0, output shaped like the input) or a generator (Trilu of a tensor full of Value)."""
-    if n.kind != "DiagonalMatrix1" or (n.begin is None) == (n.end is None) or n.elem_type not in _TRILU_TYPES:
-        return None
-    x, shape = n.inputs[0], n.inputs[1]
-    if x is not None:
-        if shape is not None or n.static_shape is not None or np.asarray(n.value).tobytes() != \
-                np.zeros((), np.asarray(n.value).dtype).tobytes():
-            return None
-        # Value 0 where topX < end: keep topX >= end. Value 0 where topX >= begin: keep topX <= begin - 1.
-        if n.begin is None:
-            assert n.end is not None  # (one-sided, above)
-            return (1, n.end)
-        return (0, n.begin - 1)
-    # Value where topX < end: keep topX <= end - 1 of a full tensor; where topX >= begin: keep topX >= begin.
-    if n.begin is None:
-        assert n.end is not None
-        return (0, n.end - 1)
-    return (1, n.begin)
 
 
 # onnxruntime's CPU Where lacks these; each is widened losslessly and narrowed back.

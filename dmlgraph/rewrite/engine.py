@@ -24,6 +24,7 @@ class Options:
     feature_level: FeatureLevel = FeatureLevel.L5_1
     exact_only: bool = False
     min_mask_bytes: int | None = None  # None: any mask bigger than the node replacing it
+    allow_growth: bool = False  # write a lowering even where it makes the model bigger (see pipeline.growth)
 
 
 @dataclass

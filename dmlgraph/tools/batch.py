@@ -40,6 +40,7 @@ class BatchOptions:
     target: str = "dml"
     exact: bool = False
     feature_level: str = "5_1"
+    allow_growth: bool = False
 
 
 def find_models(folder: str, out_folder: str) -> list[str]:
@@ -61,7 +62,7 @@ def optimize_one(model: str, output: str, options: BatchOptions) -> ModelOutcome
         with process_wide():
             os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
             result = api.optimize(model, target=options.target, exact=options.exact,
-                                     feature_level=options.feature_level)
+                                  feature_level=options.feature_level, allow_growth=options.allow_growth)
             result.save(output)
     except DmlgraphError as e:
         return ModelOutcome(model, output, False, time.perf_counter() - start,

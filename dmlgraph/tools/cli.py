@@ -71,7 +71,7 @@ def _optimize_file(args: argparse.Namespace) -> int:
     from dmlgraph import api
     from dmlgraph.tools.report import optimize_text
     result = api.optimize(args.model, target=args.target, exact=args.exact, feature_level=args.feature_level,
-                             progress=_progress(not args.json))
+                          progress=_progress(not args.json), allow_growth=args.allow_growth)
     before_bytes = os.path.getsize(args.model)  # before an --in-place write replaces it
     size = result.save(args.output, in_place=args.in_place)
     result.report["output"] = args.output
@@ -86,7 +86,7 @@ def _optimize_folder(args: argparse.Namespace) -> int:
     from dmlgraph.tools import batch
     if args.in_place:
         raise DmlgraphError("--in-place does not apply to a folder", hint="pass another folder for -o")
-    options = batch.BatchOptions(args.target, args.exact, args.feature_level)
+    options = batch.BatchOptions(args.target, args.exact, args.feature_level, args.allow_growth)
     show = batch.progress_line() if sys.stderr.isatty() and not args.json else None
     outcomes = batch.run_batch(args.model, args.output, options, args.jobs, show)
     payload = {"models": [o.to_json() for o in outcomes], "failed": sum(not o.ok for o in outcomes)}
@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "structured computation and write the model (atomically).")
     sp.add_argument("model", help="an .onnx file, or a folder: every .onnx under it")
     sp.add_argument("-o", "--output", required=True, help="output .onnx path (a folder when MODEL is one)")
+    sp.add_argument("--allow-growth", action="store_true",
+                    help="write the lowering even where it makes the model bigger (default: such a lowering is "
+                    "declined and the input kept)")
     sp.add_argument("--target", choices=["dml", "onnx"], default="dml",
                     help="dml: com.dmlgraph DiagonalMatrix1 nodes; onnx: standard ops only (default dml)")
     lowering_flags(sp)

@@ -1,0 +1,60 @@
+"""Clean-up of an exported model: common subexpressions merged, unused nodes and initializers dropped.
+
+The work is onnx-ir's (`onnx_ir.passes.common`: `CommonSubexpressionEliminationPass`,
+`RemoveUnusedNodesPass`), kept and tested upstream, run on a copy of the graph whose initializers
+are stubs (name, type, dims: no data), so no weight is read or copied; the cleaned node list then
+replaces the model's, and initializers and value_info entries nothing reads any more are dropped.
+
+Why a pass at all: a lowered site's size plumbing (Shape/Gather/Concat of the same tensors) is
+merged with what the model already has only where the rules could see it, and a portable form that
+reads the padding mask directly leaves the node that turned it into a fill value unread; exporters
+write the same Shape read several times (the dynamo exporter's `Shape(attention_mask)` twice).
+Nodes with subgraphs and non-deterministic ops are never merged (onnx-ir's rules).
+"""
+from __future__ import annotations
+
+import onnx
+
+
+def _stub(t: onnx.TensorProto) -> onnx.TensorProto:
+    return onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+
+
+def cleanup(model: onnx.ModelProto) -> bool:
+    """Merge common subexpressions and drop what nothing reads, in `model` (in place).
+    Returns whether anything changed. The graph's inputs, outputs and their names stay."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import CommonSubexpressionEliminationPass, RemoveUnusedNodesPass
+
+    g = model.graph
+    if g.sparse_initializer:
+        return False  # (left as they are: onnx-ir's stub copy below carries dense initializers only)
+    light = onnx.ModelProto(ir_version=model.ir_version)
+    light.opset_import.extend(model.opset_import)
+    lg = light.graph
+    lg.name = g.name
+    lg.input.extend(g.input)
+    lg.output.extend(g.output)
+    lg.node.extend(g.node)
+    lg.initializer.extend(_stub(t) for t in g.initializer)
+    light.functions.extend(model.functions)
+    m = ir.from_proto(light)
+    changed = CommonSubexpressionEliminationPass()(m).modified
+    changed = RemoveUnusedNodesPass()(m).modified or changed
+    if not changed:
+        return False
+    out = ir.to_proto(m).graph
+    keep_init = {t.name for t in out.initializer}
+    del g.node[:]
+    g.node.extend(out.node)
+    kept = [t for t in g.initializer if t.name in keep_init]
+    if len(kept) != len(g.initializer):
+        inits = list(kept)
+        del g.initializer[:]
+        g.initializer.extend(inits)
+    produced = {o for n in g.node for o in n.output}
+    infos = [vi for vi in g.value_info if vi.name in produced]
+    if len(infos) != len(g.value_info):
+        del g.value_info[:]
+        g.value_info.extend(infos)
+    return True

@@ -1,0 +1,436 @@
+"""The portable (standard ONNX) form of a DIAGONAL_MATRIX1: the fewest standard ops, Trilu first.
+
+`Trilu` *is* DIAGONAL_MATRIX1 in standard ONNX: onnxruntime's DML provider runs one Trilu as one
+DML_OPERATOR_DIAGONAL_MATRIX1 (upper: Begin INT32_MIN, End k; lower: Begin k+1, End INT32_MAX),
+WebNN's `triangular` is the same operator, and every onnxruntime provider has a Trilu kernel. So a
+lowered node is written, when a form below is bit-exact for its type, as:
+
+- Value 0 / false with an input X: the kept part of X is one interval of diagonals (one or two
+  Trilus of X, broadcast to the output first when it is not already shaped like it), or two
+  (a band zeroed in the middle: two Trilus joined by `Or` for bool, `Add` for int32/int64);
+- a generator (no input): Trilus of a tensor full of Value (one `ConstantOfShape`), `EyeLike` for
+  one diagonal of value 1 in a 2-D output; an inverted band is the `Or`/`Add` of two Trilus;
+- a nonzero Value with data: `Where(band, Value, X)`, the band a Trilu of a bool ones tensor of the
+  matrix's size (X in the false branch: see below; never `Where(Not(c), ...)`, which onnxruntime's
+  graph optimizer turns into `Where(c, X, Value)`); `Or(X, band)` for a bool X and Value true;
+- an input that is itself `Where(P, a, b)` of a bool P with Value b (what the padding rules make:
+  the padding mask turned into 0 / lowest): `Where(Trilu(P), a, b)`, P's Where left to die.
+
+What keeps every bit, measured on onnxruntime's CPU kernels (tests/test_portable.py pins it):
+Trilu copies float32/float64 data bit for bit (-0.0 and NaN payloads) and writes +0; for float16
+it quiets signaling NaNs and rewrites NaN payloads (0x7c01 -> 0x7e01, 0xfd01 -> 0xff01), so float16
+data keeps the general form. Where keeps the bits of its false branch for float32/float64 (also
+with a broadcast scalar true branch and a broadcast condition) but turns a -0.0 of its true branch
+into +0.0, and rewrites float16 NaN payloads in both branches. Expand and ConstantOfShape copy
+bits. onnxruntime's CPU Trilu has float, double, float16, int32, int64 and bool kernels; Where
+lacks bool, int16, uint16 and uint64. Where no form here is exact (float16 data, a type a kernel
+lacks), `build` returns None and the caller writes the spec's pseudocode instead.
+
+`k` is an int64 scalar: a shared initializer when the bound is static, else the node's run-time
+`k` (the model's own size plumbing) plus the static part; a Clip guards the sum only when `k` is
+not provably computed from shapes (a Trilu's own k input can be any int64).
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value
+
+INT64_MAX = 2**63 - 1
+BOUND = 2**62  # |topX| < 2^62 for any tensor: a static bound past it means "unbounded" (no overflow at +-1)
+K_CLIP = 2**40  # a run-time k clipped to this keeps k + bound inside int64 (a shape is far below it)
+
+# onnxruntime's CPU kernels (checked by tests/test_portable.py)
+TRILU_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64,
+               TensorProto.BOOL}
+WHERE_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT8, TensorProto.INT32, TensorProto.INT64,
+               TensorProto.UINT8, TensorProto.UINT32}
+EYELIKE_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT64}
+_INT_VIA_INT64 = {TensorProto.INT8, TensorProto.INT16, TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32,
+                  TensorProto.UINT64}
+_SIZE_OPS = {"Shape", "Gather", "Concat", "Reshape", "Add", "Sub", "Mul", "Neg", "Min", "Max", "Div", "Squeeze",
+             "Unsqueeze", "Slice", "Identity", "Size", "Cast"}
+
+Interval = tuple[int | None, int | None]  # [lo, hi) of topX; None = unbounded
+
+
+class Names(Protocol):
+    def fresh(self, hint: str) -> str: ...
+
+
+class Emitter:
+    """The nodes and constants of one portable node (committed by the caller only on success).
+
+    Constants become initializers shared across the export when `shared` is given (a dict of
+    (dtype, shape, bytes) -> name; no node each), else Constant nodes (in a body)."""
+
+    def __init__(self, names: Names, prefix: str, shared: dict[tuple, str] | None) -> None:
+        self.names, self.prefix, self.shared = names, prefix, shared
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._local: dict[tuple, str] = {}
+
+    def const(self, name: str, arr: Any) -> str:
+        a = np.asarray(arr)
+        key = (a.dtype.str, a.shape, a.tobytes())
+        hit = self._local.get(key) or (self.shared.get(key) if self.shared is not None else None)
+        if hit is not None:
+            return hit
+        if self.shared is not None:
+            fresh = self.names.fresh(f"dmlgraph__{name}")
+            self.initializers.append(numpy_helper.from_array(a, fresh))
+        else:
+            fresh = self.names.fresh(f"{self.prefix}_{name}")
+            self.nodes.append(helper.make_node("Constant", [], [fresh], value=numpy_helper.from_array(a, fresh)))
+        self._local[key] = fresh
+        return fresh
+
+    def op(self, op_type: str, ins: list[str], name: str, **attrs: Any) -> str:
+        fresh = self.names.fresh(f"{self.prefix}_{name}")
+        self.nodes.append(helper.make_node(op_type, ins, [fresh], **attrs))
+        return fresh
+
+    def commit(self) -> None:
+        if self.shared is not None:
+            for t in self.initializers:
+                a = numpy_helper.to_array(t)
+                self.shared.setdefault((a.dtype.str, a.shape, a.tobytes()), t.name)
+
+
+def _same(a: tuple | None, b: tuple | None) -> bool:
+    """Shape inference proved these shapes equal (each dim the same int or the same name)."""
+    return a is not None and b is not None and len(a) == len(b) and all(x is not None and x == y for x, y in zip(a, b))
+
+
+def _bits_zero(v: np.ndarray) -> bool:
+    return v.tobytes() == np.zeros((), v.dtype).tobytes()
+
+
+def _is_nan(v: np.ndarray) -> bool:
+    return v.dtype.kind == "f" and bool(np.isnan(v))
+
+
+def _neg_zero(v: np.ndarray) -> bool:
+    return v.dtype.kind == "f" and bool(v == 0) and bool(np.signbit(v))
+
+
+def region(begin: int | None, end: int | None) -> list[Interval] | None:
+    """The diagonals holding Value as intervals (None: all or nothing, left to the general form)."""
+    if begin is None and end is None:
+        return None
+    if begin is None or end is None:
+        return [(begin, end)]
+    if end == begin:
+        return None
+    return [(begin, end)] if end > begin else [(None, end), (begin, None)]
+
+
+def complement(r: list[Interval]) -> list[Interval]:
+    if len(r) == 2:
+        return [(r[0][1], r[1][0])]
+    lo, hi = r[0]
+    if lo is None:
+        return [(hi, None)]
+    if hi is None:
+        return [(None, lo)]
+    return [(None, lo), (hi, None)]
+
+
+def _const_array(g: Graph | None, v: Value | None) -> np.ndarray | None:
+    """A small constant's value (an initializer the model cannot override, or a Constant node)."""
+    if g is None or v is None:
+        return None
+    if v.name in g.initializers and v.name not in g.overridable_inputs:
+        if v.array is not None:
+            return np.asarray(v.array)
+        t = v.initializer
+        if t is not None and not t.external_data and np.prod(t.dims) <= 16:
+            return numpy_helper.to_array(t)
+        return None
+    p = v.producer
+    if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
+        for a in p.attributes:
+            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR and np.prod(a.t.dims) <= 16:
+                return numpy_helper.to_array(a.t)
+    return None
+
+
+def from_shapes(g: Graph | None, v: Value | None, depth: int = 0) -> bool:
+    """`v` is computed only from tensor sizes and small constants by a few integer ops, so it is far
+    inside int64 (a bound plus it cannot overflow)."""
+    if g is None or v is None or depth > 24:
+        return False
+    arr = _const_array(g, v)
+    if arr is not None:
+        return arr.dtype.kind in "iu" and bool(np.all(np.abs(arr.astype(np.float64)) <= 2**31))
+    p = v.producer
+    if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx") or p.op_type not in _SIZE_OPS:
+        return False
+    if p.op_type in ("Shape", "Size"):
+        return True
+    if p.op_type == "Mul":  # sizes times small constants only (a product of two sizes can be large)
+        consts = [_const_array(g, x) for x in p.inputs]
+        if sum(c is None for c in consts) > 1:
+            return False
+    data = p.inputs[:1] if p.op_type in ("Gather", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Cast") else p.inputs
+    return all(x is not None and from_shapes(g, x, depth + 1) for x in data)
+
+
+class _Node:
+    """One DML node being written: its operands and the helpers every form shares."""
+
+    def __init__(self, g: Graph | None, n: DmlNode, em: Emitter) -> None:
+        self.g, self.n, self.em = g, n, em
+        self.x, self.shape, self.k = n.inputs
+        self.out = n.outputs[0]
+        self.dt = helper.tensor_dtype_to_np_dtype(n.elem_type)
+        self.value = np.array(n.value, dtype=self.dt)
+        self._k: dict[int, str] = {}
+        self._kc: str | None = None
+        self._shape_vec: str | None = None
+
+    # ---- sizes -----------------------------------------------------------------------------
+    def out_dims(self) -> tuple | None:
+        return self.n.static_shape if self.n.static_shape is not None else self.out.shape
+
+    def x_is_full(self) -> bool:
+        """X already has the output's shape (no broadcast needed for a Trilu of it)."""
+        if self.x is None:
+            return False
+        if self.shape is None and self.n.static_shape is None:
+            return True
+        return _same(self.x.shape, self.out_dims())
+
+    def shape_vec(self) -> str | None:
+        if self._shape_vec is None:
+            if self.shape is not None:
+                self._shape_vec = self.shape.name
+            elif self.n.static_shape is not None:
+                self._shape_vec = self.em.const("shape", np.array(self.n.static_shape, np.int64))
+            elif self.x is not None:
+                self._shape_vec = self.em.op("Shape", [self.x.name], "shape")
+        return self._shape_vec
+
+    def full_x(self) -> str:
+        assert self.x is not None
+        if self.x_is_full():
+            return self.x.name
+        vec = self.shape_vec()
+        assert vec is not None
+        return self.em.op("Expand", [self.x.name, vec], "input")
+
+    def data(self) -> str:
+        """X as an operand of the select with the band (`band`): the select broadcasts it."""
+        assert self.x is not None
+        return self.x.name
+
+    def band_vec(self) -> str:
+        """The band's sizes: the matrix's [H, W] when broadcasting X with it provably gives the
+        output's shape, else the output's sizes (X broadcasts into them: the DML node's own rule)."""
+        if self.bcast_ok():
+            return self.matrix_vec()
+        vec = self.shape_vec()
+        assert vec is not None
+        return vec
+
+    def matrix_vec(self) -> str:
+        """The output's last two sizes [H, W] (a band's ones tensor: broadcast by what reads it)."""
+        dims = self.out_dims()
+        if dims is not None and len(dims) >= 2 and all(isinstance(d, int) for d in dims[-2:]):
+            return self.em.const("hw", np.array(dims[-2:], np.int64))
+        if self.shape is None and self.n.static_shape is None and self.x is not None:
+            return self.em.op("Shape", [self.x.name], "hw", start=-2)
+        vec = self.shape_vec()
+        assert vec is not None
+        return self.em.op("Slice", [vec, self.em.const("m2", np.array([-2], np.int64)),
+                                    self.em.const("int64_max", np.array([INT64_MAX], np.int64))], "hw")
+
+    def bcast_ok(self, other_rank: int = 2) -> bool:
+        """Broadcasting X with a [H, W] operand gives the output's shape (proved by inference)."""
+        if self.x_is_full():
+            return True
+        if self.x is None or self.x.shape is None:
+            return False
+        dims = self.out_dims()
+        xs = tuple(self.x.shape)
+        if dims is None or len(dims) < 2 or len(dims) != max(len(xs), 2) or any(b is None for b in dims[-2:]):
+            return False
+        xs = (1,) * (len(dims) - len(xs)) + xs
+        lead = all(a is not None and a == b for a, b in zip(xs[:-2], dims[:-2]))  # only X has these axes
+        return lead and all(a == 1 or (a is not None and a == b) for a, b in zip(xs[-2:], dims[-2:]))
+
+    # ---- k -------------------------------------------------------------------------------------
+    def kval(self, c: int) -> str:
+        """An int64 scalar: c plus the run-time k (if any)."""
+        c = max(-BOUND, min(BOUND, c))
+        if c in self._k:
+            return self._k[c]
+        if self.k is None:
+            name = self.em.const(f"k{c}" if c >= 0 else f"k_neg{-c}", np.array(c, np.int64))
+        elif c == 0:
+            name = self.k.name
+        else:
+            k = self.k.name
+            if not from_shapes(self.g, self.k):
+                if self._kc is None:
+                    self._kc = self.em.op("Clip", [k, self.em.const("kmin", np.array(-K_CLIP, np.int64)),
+                                                   self.em.const("kmax", np.array(K_CLIP, np.int64))], "kc")
+                k = self._kc
+            name = self.em.op("Add", [k, self.em.const(f"k{c}" if c >= 0 else f"k_neg{-c}",
+                                                      np.array(c, np.int64))], f"k{c}")
+        self._k[c] = name
+        return name
+
+    def keep(self, t: str, iv: Interval, name: str) -> str:
+        """`t` on the diagonals [lo, hi), 0 elsewhere: a Trilu per finite end."""
+        lo, hi = iv
+        if lo is not None:
+            t = self.em.op("Trilu", [t, *self.k_input(lo)], f"{name}_triu", upper=1)
+        if hi is not None:
+            t = self.em.op("Trilu", [t, *self.k_input(hi - 1)], f"{name}_tril", upper=0)
+        return t
+
+    def k_input(self, c: int) -> list[str]:
+        """Trilu's k input: none for a static 0 (its default)."""
+        return [] if self.k is None and c == 0 else [self.kval(c)]
+
+    def band(self, r: list[Interval]) -> str | None:
+        """A bool tensor of the band's sizes (`band_vec`), true on the diagonals `r`: a Trilu of a
+        ones tensor per finite end, and the `Or` of two such for two intervals. (Not a `Not` of the
+        complement: onnxruntime rewrites Where(Not(c), a, b) as Where(c, b, a), which would move X
+        into the true branch, where a -0.0 is lost.)"""
+        ones = self.em.op("ConstantOfShape", [self.band_vec()], "ones",
+                          value=numpy_helper.from_array(np.array([True])))
+        if len(r) == 1:
+            return self.keep(ones, r[0], "band")
+        return self.em.op("Or", [self.keep(ones, r[0], "band_lo"), self.keep(ones, r[1], "band_hi")], "band")
+
+
+def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
+    """Emit the Trilu-first form of `n` into `em`; its output name, or None (no exact form here:
+    nothing emitted is used)."""
+    if opset < 14 or n.kind not in ("DiagonalMatrix1", "DiagonalMatrix"):
+        return None
+    r = region(n.begin, n.end)
+    if r is None:
+        return None
+    s = _Node(g, n, em)
+    et = n.elem_type
+    if s.x is None:
+        return _generator(s, r)
+    fold = _padding_where(s, r)
+    if fold is not None:
+        return fold
+    if _bits_zero(s.value) and et in TRILU_TYPES and et != TensorProto.FLOAT16:
+        keep = complement(r)
+        if len(keep) == 1:
+            return s.keep(s.full_x(), keep[0], "keep")
+        if et == TensorProto.BOOL or et in (TensorProto.INT32, TensorProto.INT64):
+            x = s.full_x()
+            a, b = s.keep(x, keep[0], "lo"), s.keep(x, keep[1], "hi")
+            return em.op("Or" if et == TensorProto.BOOL else "Add", [a, b], "keep")
+    # The band [H, W] where inference proves X broadcast with it is the output, else of the output's
+    # sizes; the select broadcasts X either way (no copy of X).
+    if et == TensorProto.BOOL:
+        band = s.band(r if s.value else complement(r))
+        return None if band is None else em.op("Or" if s.value else "And", [s.data(), band], "sel")
+    if et not in WHERE_TYPES:
+        return None
+    if _neg_zero(s.value) or _is_nan(s.value):
+        return None  # (Value sits in Where's true branch, which drops a -0.0)
+    if len(r) == 2 and s.dt.kind != "f":  # integers: X may sit in Where's true branch (exact)
+        band = s.band(complement(r))
+        return None if band is None else em.op("Where", [band, s.data(), em.const("value", s.value)], "sel")
+    band = s.band(r)
+    return None if band is None else em.op("Where", [band, em.const("value", s.value), s.data()], "sel")
+
+
+def _generator(s: _Node, r: list[Interval]) -> str | None:
+    em, et, v = s.em, s.n.elem_type, s.value
+    dims = s.out_dims()
+    if len(r) == 1 and r[0][0] is not None and r[0][1] == r[0][0] + 1 and s.k is None and dims is not None \
+            and len(dims) == 2 and et in EYELIKE_TYPES and bool(v == 1) and abs(r[0][0]) < BOUND:
+        src = _shape_of(s.g, s.shape)
+        like = src if src is not None else em.op("ConstantOfShape", [_vec(s)], "like")
+        return em.op("EyeLike", [like], "eye", k=int(r[0][0]), dtype=et)
+    base = et
+    if et == TensorProto.FLOAT16 and _is_nan(v):
+        return None  # (float16 Trilu rewrites NaN payloads)
+    if et not in TRILU_TYPES:
+        if et not in _INT_VIA_INT64 or int(v) > INT64_MAX:
+            return None
+        base = TensorProto.INT64
+    bdt = helper.tensor_dtype_to_np_dtype(base)
+    full = em.op("ConstantOfShape", [_vec(s)], "full", value=numpy_helper.from_array(np.array([v], bdt)))
+    if len(r) == 1:
+        out = s.keep(full, r[0], "gen")
+    else:
+        if base != TensorProto.BOOL and bdt.kind == "f" and (_is_nan(v) or _neg_zero(v)):
+            return None  # v + 0 is v for every other float
+        a, b = s.keep(full, r[0], "lo"), s.keep(full, r[1], "hi")
+        out = em.op("Or" if base == TensorProto.BOOL else "Add", [a, b], "gen")
+    return out if base == et else em.op("Cast", [out], "gen_cast", to=et)
+
+
+def _vec(s: _Node) -> str:
+    vec = s.shape_vec()
+    assert vec is not None, "a generator has a shape input or a static shape (import checks)"
+    return vec
+
+
+def _shape_of(g: Graph | None, shape: Value | None) -> str | None:
+    """y when `shape` is Shape(y) of a 2-D y whose type EyeLike reads (EyeLike(y) needs no ones tensor)."""
+    p = shape.producer if shape is not None else None
+    if g is None or not isinstance(p, OnnxNode) or p.op_type != "Shape" or p.domain not in ("", "ai.onnx") \
+            or any(a.name in ("start", "end") for a in p.attributes):
+        return None
+    y = p.inputs[0]
+    if y is None or y.shape is None or len(y.shape) != 2 or y.elem_type not in EYELIKE_TYPES:
+        return None
+    return y.name
+
+
+def _padding_where(s: _Node, r: list[Interval]) -> str | None:
+    """X = Where(P, a, b) (read by this node only) and Value b: the output is Where(P and the kept
+    diagonals, a, b), so `Where(Trilu(P), a, b)`: P's Where dies (the padding rules' form)."""
+    g, x = s.g, s.x
+    if g is None or x is None or len(x.uses) != 1 or g.is_graph_output(x):
+        return None
+    p = x.producer
+    if not isinstance(p, OnnxNode) or p.op_type != "Where" or p.domain not in ("", "ai.onnx"):
+        return None
+    cond, a_v, b_v = p.inputs
+    if cond is None or cond.elem_type != TensorProto.BOOL or cond.shape is None or x.shape is None:
+        return None
+    a, b = _const_array(g, a_v), _const_array(g, b_v)
+    if a is None or b is None or a.size != 1 or b.size != 1 or a.dtype != s.dt or b.dtype != s.dt:
+        return None
+    if b.reshape(()).tobytes() != s.value.tobytes():
+        return None
+    if s.dt.kind == "f" and (_neg_zero(a.reshape(())) or _is_nan(a.reshape(())) or _is_nan(b.reshape(()))
+                             or s.dt == np.float16):
+        return None  # (Where's true branch drops a -0.0; float16 NaNs change)
+    if s.n.elem_type not in WHERE_TYPES:
+        return None
+    keep = complement(r)
+    if len(keep) != 1:
+        return None
+    # P broadcast to the output (Trilu needs the matrix), unless it already has the output's shape.
+    if s.shape is None and s.n.static_shape is None:
+        if a.ndim > len(cond.shape) or b.ndim > len(cond.shape):
+            return None
+        cond_name = cond.name  # (the output is X, shaped like P: a and b are one element each)
+    elif _same(cond.shape, s.out_dims()):
+        cond_name = cond.name
+    else:
+        vec = s.shape_vec()
+        assert vec is not None  # (a shape input or a static shape)
+        cond_name = s.em.op("Expand", [cond.name, vec], "padding")
+    kept = s.keep(cond_name, keep[0], "padding_keep")
+    # (The fills as this export's own constants: optimizing the output again names them the same.)
+    return s.em.op("Where", [kept, s.em.const("fill_a", a.reshape(())), s.em.const("fill_b", b.reshape(()))], "sel")
+

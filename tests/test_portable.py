@@ -1,0 +1,240 @@
+"""The portable target's Trilu-first forms (`dmlgraph.io.portable`) and the no-growth guarantee.
+
+- What onnxruntime's CPU kernels keep, bit for bit (the facts the forms rest on).
+- Every form against the DIAGONAL_MATRIX1 kernel, bit for bit, on data with -0.0 and NaN payloads,
+  with static and run-time k, and how many standard nodes each takes.
+- Every corpus model, both targets: no more nodes, no more bytes (past the provenance metadata),
+  the mask part of each lowered site in a few standard nodes, and the provenance itself.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import dmlgraph
+from dmlgraph import pipeline
+from dmlgraph.io import onnx_io, portable
+from dmlgraph.ir.graph import DmlNode
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = sorted(glob.glob(os.path.join(ROOT, "models", "*.onnx"))
+                + glob.glob(os.path.join(ROOT, "models", "synthetic", "*.onnx")))
+ALL_TYPES = {T.FLOAT: np.float32, T.DOUBLE: np.float64, T.FLOAT16: np.float16, T.INT8: np.int8, T.INT16: np.int16,
+             T.INT32: np.int32, T.INT64: np.int64, T.UINT8: np.uint8, T.UINT16: np.uint16, T.UINT32: np.uint32,
+             T.UINT64: np.uint64, T.BOOL: np.bool_}
+UINT = {np.float16: np.uint16, np.float32: np.uint32, np.float64: np.uint64}
+
+
+def _session(nodes, inputs, outputs, opset=21):
+    m = h.make_model(h.make_graph(nodes, "g", inputs, outputs), opset_imports=[h.make_opsetid("", opset)], ir_version=10)
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _specials(dt) -> np.ndarray:
+    """-0.0, signaling and quiet NaNs with payloads (both signs), a finite value: a 6x6 matrix."""
+    bits = {np.float16: [0x8000, 0x7C01, 0x7E05, 0xFD01, 0x3C00],
+            np.float32: [0x80000000, 0x7F800001, 0x7FC00005, 0xFF800123, 0x3F800000],
+            np.float64: [0x8000000000000000, 0x7FF0000000000001, 0x7FF8000000000005, 0xFFF0000000000123,
+                         0x3FF0000000000000]}[dt]
+    return np.resize(np.array(bits, UINT[dt]), 36).reshape(6, 6).view(dt)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view(np.uint8).reshape(a.shape + (-1,)) if a.dtype != np.bool_ else a
+
+
+# ---- onnxruntime's kernels -------------------------------------------------------------------------
+def _runs(op: str, et: int) -> bool:
+    vi = h.make_tensor_value_info
+    try:
+        if op == "Trilu":
+            s = _session([h.make_node("Trilu", ["x"], ["y"])], [vi("x", et, None)], [vi("y", et, None)])
+            s.run(None, {"x": np.ones((2, 3), ALL_TYPES[et])})
+        else:
+            s = _session([h.make_node("Where", ["c", "x", "x"], ["y"])], [vi("c", T.BOOL, None), vi("x", et, None)],
+                         [vi("y", et, None)])
+            s.run(None, {"c": np.ones((2, 3), bool), "x": np.ones((2, 3), ALL_TYPES[et])})
+        return True
+    except Exception:  # noqa: BLE001 - no kernel for the type
+        return False
+
+
+def test_onnxruntime_trilu_and_where_types():
+    """The types the forms use each op for are exactly those onnxruntime's CPU kernels run."""
+    assert {et for et in ALL_TYPES if _runs("Trilu", et)} == portable.TRILU_TYPES
+    assert {et for et in ALL_TYPES if _runs("Where", et)} == portable.WHERE_TYPES | {T.FLOAT16}
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.float16])
+def test_which_onnxruntime_ops_keep_every_bit(dt):
+    """Trilu copies float32/float64 data bit for bit (float16: NaN payloads change); Where keeps its
+    false branch's bits (float16: not), and drops a -0.0 of its true branch; Expand copies."""
+    et = {np.float32: T.FLOAT, np.float64: T.DOUBLE, np.float16: T.FLOAT16}[dt]
+    vi = h.make_tensor_value_info
+    x = _specials(dt)
+    exact = dt != np.float16
+    for upper in (0, 1):
+        y = _session([h.make_node("Trilu", ["x"], ["y"], upper=upper)], [vi("x", et, None)],
+                     [vi("y", et, None)]).run(None, {"x": x})[0]
+        kept = np.triu(np.ones((6, 6), bool)) if upper else np.tril(np.ones((6, 6), bool))
+        assert (_bits(y) == _bits(x)).all(-1)[kept].all() == exact
+        assert (_bits(y)[~kept] == 0).all()  # +0 written
+    cond = np.triu(np.ones((6, 6), bool), 1)
+    where = _session([h.make_node("Where", ["c", "v", "x"], ["y"])], [vi("c", T.BOOL, None), vi("v", et, None),
+                                                                       vi("x", et, None)], [vi("y", et, None)])
+    y = where.run(None, {"c": cond, "v": np.array(7, dt), "x": x})[0]  # x in the false branch
+    assert (_bits(y) == _bits(x)).all(-1)[~cond].all() == exact
+    y = where.run(None, {"c": cond[:1], "v": np.array(7, dt), "x": np.stack([x, x])})[0]  # broadcast condition
+    assert (_bits(y) == _bits(np.stack([x, x]))).all(-1)[:, ~cond[:1].repeat(6, 0)].all() == exact
+    y = where.run(None, {"c": ~cond, "v": np.array(7, dt), "x": x})[0]
+    y = where.run(None, {"c": cond, "v": x, "x": np.array(7, dt)})[0]  # x in the true branch
+    assert not (_bits(y) == _bits(x)).all(-1)[cond].all()  # -0.0 comes out +0.0
+    e = _session([h.make_node("Expand", ["x", "s"], ["y"])], [vi("x", et, None), vi("s", T.INT64, [3])],
+                 [vi("y", et, None)]).run(None, {"x": x, "s": np.array([2, 6, 6])})[0]
+    assert (_bits(e) == _bits(np.stack([x, x]))).all()
+
+
+# ---- every form against the kernel ------------------------------------------------------------------
+REGIONS = [(None, 1), (None, -2), (0, None), (3, None), (-1, 2), (2, -1), (0, 1), (4, 4 + 1)]
+
+
+def _dml_model(et: int, value, begin, end, with_x: bool, x_shape, out_shape, runtime_k: bool) -> onnx.ModelProto:
+    dt = ALL_TYPES[et]
+    attrs = {"value": numpy_helper.from_array(np.array([value], dt)), "value_data_type": int(
+        dmlgraph_dtype(et))}
+    if begin is not None:
+        attrs["begin"] = begin
+    if end is not None:
+        attrs["end"] = end
+    ins, inputs, inits = [], [], []
+    if with_x:
+        ins.append("x")
+        inputs.append(h.make_tensor_value_info("x", et, x_shape))
+    else:
+        ins.append("")
+    if out_shape != x_shape or not with_x:
+        ins.append("shape")
+        inits.append(numpy_helper.from_array(np.array(out_shape, np.int64), "shape"))
+    else:
+        ins.append("")
+    if runtime_k:
+        ins.append("k")
+        inputs.append(h.make_tensor_value_info("k", T.INT64, []))
+    node = h.make_node("DiagonalMatrix1", onnx_io._trim(ins), ["y"], domain=onnx_io.DOMAIN, **attrs)
+    g = h.make_graph([node], "g", inputs, [h.make_tensor_value_info("y", et, out_shape)], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18), h.make_opsetid(onnx_io.DOMAIN, 1)], ir_version=10)
+
+
+def dmlgraph_dtype(et: int) -> int:
+    from dmlgraph.ir.dtypes import DmlDataType
+    return int(DmlDataType.from_onnx(et))
+
+
+def _data(dt, shape, seed=0) -> np.ndarray:
+    if dt in UINT:
+        return np.resize(_specials(dt).reshape(-1), int(np.prod(shape))).reshape(shape)
+    if dt == np.bool_:
+        return np.random.default_rng(seed).random(shape) < 0.5
+    return np.random.default_rng(seed).integers(0, 100, shape).astype(dt)
+
+
+def _standard_nodes(model: onnx.ModelProto) -> int:
+    return sum(n.op_type not in ("Constant",) for n in model.graph.node)
+
+
+CASES = []
+for _et in (T.FLOAT, T.DOUBLE, T.FLOAT16, T.INT32, T.INT64, T.BOOL, T.INT8, T.UINT8, T.UINT16):
+    for _b, _e in REGIONS:
+        for _with_x in (True, False):
+            for _value in ((0, 1, -0.0, 7) if _et in (T.FLOAT, T.DOUBLE, T.FLOAT16) else
+                           (0, 1) if _et == T.BOOL else (0, 1, 5)):
+                CASES.append((_et, _b, _e, _with_x, _value))
+
+
+@pytest.mark.parametrize("et,begin,end,with_x,value", CASES)
+def test_portable_form_is_the_kernel_bit_for_bit(et, begin, end, with_x, value, tmp_path):
+    dt = ALL_TYPES[et]
+    for x_shape, out_shape, runtime_k in (([5, 7], [5, 7], False), ([2, 1, 7], [2, 5, 7], False),
+                                          ([4, 6], [4, 6], True)):
+        if not with_x:
+            x_shape = out_shape
+        model = _dml_model(et, value, begin, end, with_x, x_shape, out_shape, runtime_k)
+        result = pipeline.optimize(model, pipeline.Options(allow_growth=True), "onnx")
+        out = result.model
+        assert not any(n.domain == onnx_io.DOMAIN for n in out.graph.node)
+        session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+        for k in ((0,) if not runtime_k else (0, 2, -3, 2**62, -2**63)):
+            feeds = {}
+            if with_x:
+                feeds["x"] = _data(dt, tuple(x_shape), seed=k % 7)
+            if runtime_k:
+                feeds["k"] = np.array(k, np.int64)
+            got = session.run(None, feeds)[0]
+            want = dmlgraph.run(model, feeds)["y"]  # the DML node on dmlgraph's kernel (bounds bound as DML does)
+            assert got.shape == want.shape and (_bits(got) == _bits(want)).all(), \
+                f"{dt.__name__} [{begin}, {end}) value {value!r} x {x_shape} -> {out_shape} k {k}"
+
+
+def test_forms_take_the_fewest_nodes():
+    """One-sided Value 0 on data: one Trilu; a generator: ConstantOfShape + Trilu (EyeLike: one
+    more than nothing); Value on data: a band and a Where."""
+    def nodes(*args) -> list[str]:
+        m = pipeline.optimize(_dml_model(*args), pipeline.Options(allow_growth=True), "onnx").model
+        return [n.op_type for n in m.graph.node]
+    assert nodes(T.FLOAT, 0.0, None, 1, True, [5, 7], [5, 7], False) == ["Trilu"]
+    # k + 2, clipped first: k here is a graph input, any int64 (a k from Shape reads is not clipped)
+    assert nodes(T.BOOL, False, 3, None, True, [5, 7], [5, 7], True) == ["Clip", "Add", "Trilu"]
+    assert nodes(T.FLOAT, 0.0, 2, -1, True, [5, 7], [5, 7], False) == ["Trilu", "Trilu"]  # inverted: two Trilus
+    assert nodes(T.INT64, 0, -1, 2, True, [5, 7], [5, 7], False) == ["Trilu", "Trilu", "Add"]
+    assert nodes(T.FLOAT, 1.0, 0, 1, False, [5, 7], [5, 7], False) == ["ConstantOfShape", "EyeLike"]
+    assert nodes(T.FLOAT, 3.0, None, 1, False, [5, 7], [5, 7], False) == ["ConstantOfShape", "Trilu"]
+    assert nodes(T.FLOAT, -np.inf, 1, None, True, [2, 5, 7], [2, 5, 7], False) == ["ConstantOfShape", "Trilu",
+                                                                                   "Where"]
+
+
+# ---- the corpus: nothing grows ------------------------------------------------------------------------
+PLUMBING = {"Shape", "Gather", "Slice", "Concat", "Reshape", "Clip", "Constant"}
+
+
+def _mask_nodes(g, n: DmlNode, names) -> list[str]:
+    nodes = onnx_io._portable_nodes(g, n, g.info.opset_imports.get("", 0), names, {}, [])
+    return [x.op_type for x in nodes if x.op_type not in PLUMBING and not (x.op_type == "Add" and "__dm_k" in x.output[0])]
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[os.path.relpath(p, os.path.join(ROOT, "models")) for p in CORPUS])
+def test_corpus_model_never_grows(path):
+    source = onnx.load(path, load_external_data=False)
+    for target in ("dml", "onnx"):
+        result = dmlgraph.optimize(path, target=target)
+        out = result.model
+        assert pipeline.growth(source, out) is None, f"--target {target}: {pipeline.growth(source, out)}"
+        kept = {t.name for t in out.graph.initializer}
+        removed = [t for t in source.graph.initializer if t.name not in kept and len(t.dims) >= 2]  # stored masks
+        assert pipeline.all_nodes(out) <= pipeline.all_nodes(source) + len(removed)
+        assert out.ByteSize() <= source.ByteSize() + pipeline.GROWTH_ALLOWANCE
+        props = {p.key: p.value for p in out.metadata_props}
+        if sum(result.counts.values()):
+            assert props["dmlgraph.version"] == dmlgraph.__version__ and props["dmlgraph.target"] == target
+            assert props["dmlgraph.feature_level"] == "5_1"
+            assert json.loads(props["dmlgraph.rewrites"]) == {k: v for k, v in result.counts.items() if v}
+        for d in result.declined:
+            assert "would grow" not in d.reason or target == "onnx" or "dml" in d.reason
+    # The mask part of each site the dml target lowered, as the portable target writes it.
+    lowered = dmlgraph.optimize(path, target="dml", allow_growth=True).model
+    g = onnx_io.import_model(lowered)
+    names = onnx_io._NameSet.of_graph(g, g.topological_order())
+    for n in g.topological_order():
+        if isinstance(n, DmlNode):
+            mask = _mask_nodes(g, n, names)
+            two_sided = n.begin is not None and n.end is not None
+            assert len(mask) <= (3 if not two_sided else 5), f"{n.outputs[0].name}: {mask}"

@@ -7,6 +7,7 @@ are never read for the header. More: docs/internals.md, inspection.py.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import os
 import sys
@@ -433,7 +434,11 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
                     original_dml={n.id for n in g.nodes.values() if isinstance(n, DmlNode)})
         say(f"running rules on {len(g.nodes)} nodes (feature level {options.feature_level.label})")
 
-    lowered = pipeline.lower(source, options, target, progress, loaded=loaded, check=False, census=True)
+    # Every candidate the rules find, and separately whether `optimize` would write it (it keeps the
+    # input where the lowering would grow the model on this target, unless asked to allow that).
+    lowered = pipeline.lower(source, dataclasses.replace(options, allow_growth=True), target, progress,
+                             loaded=loaded, check=False, census=True)
+    grows = pipeline.growth(seen["model"], lowered.model) if lowered.rewrites else None
     g, result, before = lowered.graph, lowered.passes, lowered.before
     snapshot, index, sizes, shapes = seen["snapshot"], seen["index"], seen["sizes"], seen["shapes"]
     sites, original_dml = seen["sites"], seen["original_dml"]
@@ -523,6 +528,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
                     "file_bytes": report["model"]["file_bytes"]}
     report["totals"] = {
         "target": target, "feature_level": options.feature_level.label,
+        "grows": grows, "optimize_writes_lowered": bool(lowered.rewrites) and (grows is None or options.allow_growth),
         "candidates": len(candidates), "declined": len(report["declined"]),
         "rewrites": {k: v for k, v in result.counts.items()},
         "nodes_removed": len(removed),

@@ -169,7 +169,7 @@ def test_portable_form_is_the_kernel_bit_for_bit(et, begin, end, with_x, value, 
         if not with_x:
             x_shape = out_shape
         model = _dml_model(et, value, begin, end, with_x, x_shape, out_shape, runtime_k)
-        result = pipeline.optimize(model, pipeline.Options(allow_growth=True), "onnx")
+        result = pipeline.lower(model, pipeline.Options(allow_growth=True), "onnx")
         out = result.model
         assert not any(n.domain == onnx_io.DOMAIN for n in out.graph.node)
         session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -189,7 +189,7 @@ def test_forms_take_the_fewest_nodes():
     """One-sided Value 0 on data: one Trilu; a generator: ConstantOfShape + Trilu (EyeLike: one
     more than nothing); Value on data: a band and a Where."""
     def nodes(*args) -> list[str]:
-        m = pipeline.optimize(_dml_model(*args), pipeline.Options(allow_growth=True), "onnx").model
+        m = pipeline.lower(_dml_model(*args), pipeline.Options(allow_growth=True), "onnx").model
         return [n.op_type for n in m.graph.node]
     assert nodes(T.FLOAT, 0.0, None, 1, True, [5, 7], [5, 7], False) == ["Trilu"]
     # k + 2, clipped first: k here is a graph input, any int64 (a k from Shape reads is not clipped)

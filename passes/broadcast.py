@@ -170,6 +170,17 @@ def _source_dims(graph: Graph, s: ShapeSource) -> list[Dim] | None:
     return None if s.of is None or s.of.shape is None else list(s.of.shape)
 
 
+def sum_name(a: str, b: str) -> str:
+    """The dim name of a + b, as the dynamo exporter writes it ("past_sequence + sequence"), its
+    terms sorted so that the two orders of one sum name one size."""
+    return " + ".join(sorted([*a.split(" + "), *b.split(" + ")]))
+
+
+def _canonical(d: Dim) -> Dim:
+    """A dim name that is a sum of names, with its terms sorted (see `sum_name`)."""
+    return " + ".join(sorted(d.split(" + "))) if isinstance(d, str) and " + " in d else d
+
+
 def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Dim], list[list[Dim]]] | None:
     """The broadcast of `sources` where shape inference settles it: on every axis the entries
     other than a static 1 are one int or one dim name (equal names are equal sizes; a name against
@@ -180,7 +191,7 @@ def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Di
         dims = _source_dims(graph, s)
         if dims is None or len(dims) != s.rank:
             return None
-        per.append([cast(Dim, 1)] * (rank - s.rank) + list(dims))
+        per.append([cast(Dim, 1)] * (rank - s.rank) + [_canonical(d) for d in dims])
     out: list[Dim] = []
     for i in range(rank):
         values = {d[i] for d in per} - {1}
@@ -295,6 +306,13 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
         n, t = sub(0), p.attr("value")
         fill = 0 if t is None else int(onnx.numpy_helper.to_array(t).reshape(-1)[0])
         return None if n is None or len(n) != 1 or not isinstance(n[0], int) else [fill] * n[0]
+    if op == "Add":  # one size plus another: dynamo names such a dim "past_sequence + sequence"
+        a, b = sub(0), sub(1)
+        if a is None or b is None or len(a) != 1 or len(b) != 1:
+            return None
+        if isinstance(a[0], int) and isinstance(b[0], int):
+            return [a[0] + b[0]]
+        return [sum_name(a[0], b[0])] if isinstance(a[0], str) and isinstance(b[0], str) else [None]
     if op == "Mul":
         a, b = sub(0), sub(1)
         if a is None or b is None or not all(isinstance(d, int) for d in a + b):

@@ -238,3 +238,33 @@ def test_corpus_model_never_grows(path):
             mask = _mask_nodes(g, n, names)
             two_sided = n.begin is not None and n.end is not None
             assert len(mask) <= (3 if not two_sided else 5), f"{n.outputs[0].name}: {mask}"
+
+
+KV_DYNAMO = ["bloom_kv_dynamo", "gemma2_sw4_kv_dynamo", "gpt2_kv_dynamo", "gpt_neox_kv_dynamo", "llama_kv_dynamo",
+             "mistral_sw4_kv_dynamo", "opt_kv_dynamo", "phi3_kv_dynamo", "qwen2_mixed_sw4_kv_dynamo"]
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+@pytest.mark.parametrize("name", KV_DYNAMO)
+def test_kv_decoders_lower_without_growing(name, target):
+    """The dynamo exporter names the padding mask's length "past_sequence + sequence"; the band's is
+    read as Shape(past) + Shape(input_ids). Read as that one name, the broadcast of the two is
+    settled without an "is this dim 1" chain, so the lowering no longer grows the model (it was
+    declined whole, +3 or +4 nodes) and every saved input set gives onnxruntime's bits."""
+    path = os.path.join(ROOT, "models", f"{name}.onnx")
+    r = dmlgraph.optimize(path, target=target)
+    assert r.rewrites and not [d for d in r.declined if d.reason.startswith("not written")]
+    assert r.after["nodes"] <= r.before["nodes"]
+    assert not [n for n in r.model.graph.node if n.name.endswith("__is_one")]
+    if target == "onnx":
+        for f in sorted(glob.glob(os.path.join(ROOT, "models", "inputs", name, "*.npz"))):
+            feeds = dict(np.load(f))
+            want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+            got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            assert all(a.shape == b.shape and a.tobytes() == b.tobytes() for a, b in zip(want, got)), f
+
+
+def test_a_sum_of_sizes_reads_as_the_exporters_name_in_either_order():
+    from dmlgraph.passes.broadcast import sum_name
+    assert sum_name("past_sequence", "sequence") == sum_name("sequence", "past_sequence") == "past_sequence + sequence"
+    assert sum_name("a + c", "b") == "a + b + c"

@@ -529,6 +529,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     report["totals"] = {
         "target": target, "feature_level": options.feature_level.label,
         "grows": grows, "optimize_writes_lowered": bool(lowered.rewrites) and (grows is None or options.allow_growth),
+        "portable": lowered.report.get("portable"),
         "candidates": len(candidates), "declined": len(report["declined"]),
         "rewrites": {k: v for k, v in result.counts.items()},
         "nodes_removed": len(removed),

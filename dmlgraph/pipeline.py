@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union, cast
@@ -358,6 +359,9 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
     }
+    if target == "onnx" and result.applied:
+        report["portable"] = portable_summary([*[n for n in g.nodes.values() if isinstance(n, DmlNode)],
+                                               *nested_dml_nodes(result)])
     rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.dml),
                         bool(getattr(m.dml, "exact", True))) for m in result.applied]
     declined = [Decline(m.rule, tuple(n.name for n in m.nodes), tuple(m.initializers), m.reason or "")
@@ -365,6 +369,16 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     path = None if isinstance(model, onnx.ModelProto) else model
     return OptimizeResult(exported, rewrites, declined, dict(result.counts), before, after, report, g, result,
                           source=path, original=source, checked_bytes=serialized)
+
+
+def portable_summary(nodes: Iterable[DmlNode]) -> dict[str, Any]:
+    """How the portable output writes the lowered sites: how many are one Trilu / EyeLike (one
+    DIAGONAL_MATRIX1 / DIAGONAL_MATRIX on onnxruntime's DML provider, `triangular` in WebNN), and
+    what each other form is (`io.portable.form`)."""
+    from dmlgraph.io.portable import ONE_OPERATOR
+    forms = Counter(n.portable_form for n in nodes if n.portable_form is not None)
+    return {"sites": sum(forms.values()), "one_operator": sum(c for f, c in forms.items() if f in ONE_OPERATOR),
+            "forms": dict(forms.most_common())}
 
 
 def _op(dml: object) -> str | None:

@@ -268,3 +268,29 @@ def test_a_sum_of_sizes_reads_as_the_exporters_name_in_either_order():
     from dmlgraph.passes.broadcast import sum_name
     assert sum_name("past_sequence", "sequence") == sum_name("sequence", "past_sequence") == "past_sequence + sequence"
     assert sum_name("a + c", "b") == "a + b + c"
+
+
+def _trilu_model(upper_and_lower: bool) -> onnx.ModelProto:
+    nodes = [h.make_node("Trilu", ["x"], ["a"], upper=0)]
+    if upper_and_lower:
+        nodes.append(h.make_node("Trilu", ["a", "k"], ["y"], upper=1))
+    else:
+        nodes.append(h.make_node("Identity", ["a"], ["y"]))
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["b", "n", "n"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["b", "n", "n"])],
+                     [numpy_helper.from_array(np.array(-2, np.int64), "k")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("two_sided", [False, True])
+def test_the_summary_says_which_sites_are_one_trilu(two_sided):
+    """optimize's report and inspect's totals count the sites the portable output writes as one
+    Trilu (one DIAGONAL_MATRIX1 on onnxruntime's DML provider) and name the form of the others."""
+    m = _trilu_model(two_sided)
+    r = dmlgraph.optimize(m, target="onnx", allow_growth=True)
+    ops = [n.op_type for n in r.model.graph.node]
+    want = {"sites": 1, "one_operator": 0 if two_sided else 1,
+            "forms": {"two Trilus (a band bounded on both sides)" if two_sided else "one Trilu": 1}}
+    assert r.report["portable"] == want and ops.count("Trilu") == (2 if two_sided else 1)
+    assert dmlgraph.inspect(m, target="onnx").totals["portable"] == want
+    assert "portable" not in dmlgraph.optimize(m, target="dml", allow_growth=True).report

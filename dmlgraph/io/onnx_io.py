@@ -611,6 +611,8 @@ def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet,
     p = f"{out}__dm"
     em = portable.Emitter(names, p, shared if initializers is not None else None)
     made = portable.build(g, n, em, opset)
+    rank = None if n.outputs[0].shape is None else len(n.outputs[0].shape)
+    n.portable_form = portable.form(em.nodes if made is not None else None, rank)
     if made is not None:
         assert em.nodes and em.nodes[-1].output[0] == made, "a form ends with the node making its output"
         em.nodes[-1].output[0] = out

@@ -32,6 +32,7 @@ not provably computed from shapes (a Trilu's own k input can be any int64).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -434,3 +435,26 @@ def _padding_where(s: _Node, r: list[Interval]) -> str | None:
     # (The fills as this export's own constants: optimizing the output again names them the same.)
     return s.em.op("Where", [kept, s.em.const("fill_a", a.reshape(())), s.em.const("fill_b", b.reshape(()))], "sel")
 
+
+ONE_OPERATOR = ("one Trilu", "one EyeLike")  # what onnxruntime's DML provider runs as one DIAGONAL_MATRIX1
+
+
+def form(nodes: Sequence[onnx.NodeProto] | None, rank: int | None) -> str:
+    """What a DML node's portable form is, as `inspect` and the optimize summary count it: one
+    Trilu / EyeLike (one DIAGONAL_MATRIX1 / DIAGONAL_MATRIX on onnxruntime's DML provider,
+    `triangular` in WebNN), or what keeps it from being one. `nodes` None: the spec's pseudocode."""
+    if nodes is None:
+        return ("the spec's pseudocode: no bit-exact Trilu form for this type or fill (float16 data, a -0.0 "
+                "or NaN fill, or a type onnxruntime's Trilu lacks)")
+    ops = [n.op_type for n in nodes]
+    triangles = ops.count("Trilu") + ops.count("EyeLike")
+    selects = sum(ops.count(op) for op in ("Where", "And", "Or"))
+    if triangles == 1 and selects == 0:
+        what = "one Trilu" if "Trilu" in ops else "one EyeLike"
+    elif triangles >= 2:
+        what = "two Trilus (a band bounded on both sides)"
+    else:
+        what = "Trilu and a select (a fill value on data)"
+    if rank is not None and rank > 4:
+        what += f"; rank {rank}: onnxruntime's DML provider runs Trilu up to rank 4"
+    return what

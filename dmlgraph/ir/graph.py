@@ -182,7 +182,7 @@ class DmlNode(Node):
     whether the rewrite that made it is bit-exact for every input.
     """
 
-    __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind")
+    __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind", "portable_form")
     domain = "com.dmlgraph"
 
     def __init__(self, name: str, x: Value | None, shape: Value | None, k: Value | None, output: Value, *,
@@ -198,6 +198,8 @@ class DmlNode(Node):
         self.static_shape = None if static_shape is None else tuple(int(s) for s in static_shape)
         self.exact = exact
         self.kind = kind  # "DiagonalMatrix1", or "DiagonalMatrix" below feature level 5_1
+        # What the portable export wrote for it ("one Trilu", ... ; `io.portable.form`), once exported
+        self.portable_form: str | None = None
 
     @property
     def op_type(self) -> str:  # type: ignore[override]

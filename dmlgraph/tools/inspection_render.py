@@ -198,6 +198,9 @@ def _totals_text(t: dict) -> list[str]:
     if t["nested_dml_nodes"]:
         adds += (f"; and {_plural(t['nested_dml_nodes'], 'DML node')} inside bodies and functions"
                  + ("" if t["target"] == "dml" else ", written as standard ONNX nodes"))
+    if t.get("portable"):
+        from dmlgraph.tools.report import portable_lines
+        L += portable_lines(t["portable"])
     if t.get("grows"):
         L.append(f"optimize keeps the input on target {t['target']}: the lowering would grow it ({t['grows']}); "
                  "--allow-growth writes it anyway")

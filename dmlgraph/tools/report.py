@@ -44,10 +44,20 @@ def optimize_text(r: dict, verbose: bool = False) -> str:
             groups = Counter((rec["rule"], rec["reason"]) for rec in r["declined"])
             lines += [f"  [{rule}] x{n}: {reason}" for (rule, reason), n in groups.most_common()]
             lines.append("  (-v lists each)")
+    if r.get("portable"):
+        lines += portable_lines(r["portable"])
     lines.append(before_after_table(r["before"], r["after"]))
     if "output" in r:
         lines.append(f"wrote {r['output']}")
     return "\n".join(lines)
+
+
+def portable_lines(p: dict) -> list[str]:
+    """How many sites run as one DIAGONAL_MATRIX1 where the portable output runs, and the others."""
+    lines = [f"portable form: {p['one_operator']} of {p['sites']} sites are one Trilu or EyeLike (one "
+             "DIAGONAL_MATRIX1 on onnxruntime's DML provider, triangular in WebNN)"]
+    lines += [f"  x{n}: {form}" for form, n in p["forms"].items() if not form.startswith("one ")]
+    return lines
 
 
 def _names(rec: dict) -> str:

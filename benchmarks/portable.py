@@ -226,7 +226,7 @@ def bench_model(name: str, path: str, portable: bytes, feed_sets: dict[str, dict
                 raise
             try:
                 got = port.run(names, feeds)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - any failure of the portable model is a failure row
                 result.failures.append(f"{name} {set_name} ({label} thread): the portable model fails: {str(e)[:200]}")
                 result.rows.append(Row(name, set_name, label, None, None, None, False, note="portable fails"))
                 continue
@@ -312,13 +312,17 @@ def _nodes(model: onnx.ModelProto) -> int:
     return sum(1 for _ in all_nodes(model.graph.node))
 
 
+def rounds_for(quick: bool) -> int:
+    return 3 if quick else 21
+
+
 def run(quick: bool = False, json_out: str | None = None, log: Callable[..., None] = print,
         rounds: int | None = None, exact: bool = False, models: list[str] | None = None,
         memory: bool = True) -> Result:
     import onnx
 
     import dmlgraph
-    rounds = rounds or (3 if quick else 21)
+    rounds = rounds or rounds_for(quick)
     length = QUICK_LONG_PREFILL if quick else LONG_PREFILL
     names = models if models is not None else (list(QUICK_MODELS) if quick else None)
     result = Result()
@@ -330,7 +334,7 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
             original = onnx.load(path)
             try:
                 optimized = dmlgraph.optimize(path, target="onnx", exact=exact)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - recorded as the model's failure; the others still run
                 result.failures.append(f"{name}: optimize failed: {str(e)[:200]}")
                 continue
             portable_path = os.path.join(tmp, name + ".portable.onnx")
@@ -349,7 +353,7 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
                 feed_sets[long_name] = long_feeds
             try:
                 bench_model(name, path, portable, feed_sets, rounds, result, log)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - recorded as the model's failure; the others still run
                 result.failures.append(f"{name}: the original fails: {str(e)[:200]}")
                 continue
             if with_memory:

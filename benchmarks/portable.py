@@ -21,7 +21,9 @@ the model's own inputs:
   high-water mark reset (/proc/self/clear_refs 5) after the session is built: the run's peak is
   VmHWM during one run minus VmRSS before it, at the model's largest input set (the long
   prefill where it runs). The session's own resident memory (weights, constants) is reported
-  beside it. Children alternate original / portable; medians of the repeats.
+  beside it. Children alternate original / portable; medians of 5 repeats (1 with --quick).
+* `--control`: an A/A run, the original against a second session of itself: the noise floor
+  of every figure above on this machine (each ratio should be 1.0).
 
 Run: `python -m benchmarks portable [--quick] [--json FILE]` (`python -m benchmarks.portable
 [--rounds N] [--exact] [--models NAME ...]`).
@@ -98,6 +100,7 @@ class Result:
     skipped: list[str] = field(default_factory=list)  # "model: why" (a long prefill that cannot run, ...)
     failures: list[str] = field(default_factory=list)  # "model set: what failed" (mismatch, error)
     sizes: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> nodes/bytes before/after
+    load: list[list[float]] = field(default_factory=list)  # os.getloadavg() at the start and the end
 
 
 # ---- the corpus and its feeds -----------------------------------------------------------------------
@@ -159,7 +162,7 @@ def session(model: bytes | str, threads: int, *, memory_stats: bool = False) -> 
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # a long prefill past a model's positions fails by design: the row says so
     if memory_stats:
         opts.enable_cpu_mem_arena = False
         opts.enable_mem_pattern = False
@@ -318,14 +321,16 @@ def rounds_for(quick: bool) -> int:
 
 def run(quick: bool = False, json_out: str | None = None, log: Callable[..., None] = print,
         rounds: int | None = None, exact: bool = False, models: list[str] | None = None,
-        memory: bool = True) -> Result:
+        memory: bool = True, control: bool = False) -> Result:
+    """control: an A/A run, the "portable" side a second session of the original model (the
+    method's noise floor: every ratio should be 1.0)."""
     import onnx
 
     import dmlgraph
     rounds = rounds or rounds_for(quick)
     length = QUICK_LONG_PREFILL if quick else LONG_PREFILL
     names = models if models is not None else (list(QUICK_MODELS) if quick else None)
-    result = Result()
+    result = Result(load=[list(os.getloadavg())])
     start = time.perf_counter()
     with_memory = memory and memory_supported()
     with tempfile.TemporaryDirectory(prefix="dmlgraph-portable-") as tmp:
@@ -339,7 +344,7 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
                 continue
             portable_path = os.path.join(tmp, name + ".portable.onnx")
             optimized.save(portable_path)
-            with open(portable_path, "rb") as f:
+            with open(path if control else portable_path, "rb") as f:
                 portable = f.read()
             result.sizes[name] = {"nodes_before": _nodes(original), "nodes_after": _nodes(optimized.model),
                                   "bytes_before": os.path.getsize(path), "bytes_after": len(portable),
@@ -361,15 +366,17 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
                 candidates = [s for s in feed_sets if s in ran]
                 if candidates:
                     big = max(candidates, key=lambda s: (s == long_name, sum(a.nbytes for a in feed_sets[s].values())))
-                    result.memory.append(bench_memory(name, path, portable_path, big, feed_sets[big],
-                                                      1 if quick else 3, tmp))
+                    result.memory.append(bench_memory(name, path, path if control else portable_path, big, feed_sets[big],
+                                                      1 if quick else 5, tmp))
         if not with_memory:
             result.skipped.append("memory: /proc/self/clear_refs is not writable here (not Linux?): not measured")
-    log(f"done in {time.perf_counter() - start:.0f}s\n")
+    result.load.append(list(os.getloadavg()))
+    log(f"done in {time.perf_counter() - start:.0f}s (load average {result.load[0][0]:.1f} at the start, "
+        f"{result.load[-1][0]:.1f} at the end, {os.cpu_count()} CPUs)\n")
     log(table(result))
     if json_out:
         with open(json_out, "w") as f:
-            json.dump(payload(result, quick, rounds, exact), f, indent=1, default=str)
+            json.dump(payload(result, quick, rounds, exact) | {"control": control}, f, indent=1, default=str)
         log(f"wrote {json_out}")
     return result
 
@@ -474,7 +481,7 @@ def payload(result: Result, quick: bool, rounds: int, exact: bool) -> dict[str, 
             "rows": [asdict(r) for r in result.rows],
             "memory": [asdict(m) | {"ratio": m.ratio} for m in result.memory],
             "models": per_model(result), "targets": [asdict(t) for t in targets(result)],
-            "failures": result.failures, "skipped": result.skipped}
+            "failures": result.failures, "skipped": result.skipped, "load": result.load}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -484,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exact", action="store_true", help="optimize with exact=True (bit-exact rules only)")
     p.add_argument("--models", nargs="+", metavar="NAME", help="only these models (names without .onnx)")
     p.add_argument("--no-memory", action="store_true", help="skip the memory children")
+    p.add_argument("--control", action="store_true",
+                   help="A/A: time the original against a second session of itself (the noise floor)")
     p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "FEEDS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -491,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         _memory_child(*args.memory_child)
         return 0
     result = run(quick=args.quick, json_out=args.json_out, rounds=args.rounds, exact=args.exact, models=args.models,
-                 memory=not args.no_memory)
+                 memory=not args.no_memory, control=args.control)
     return 1 if result.failures else 0
 
 

@@ -472,6 +472,29 @@ def table(result: Result) -> str:
     return "\n".join(lines)
 
 
+def markdown(document: dict[str, Any]) -> str:
+    """The per-model table of a run's JSON document, as Markdown (for docs/benchmarks.md)."""
+    ratio = {(r["model"], r["input_set"], r["threads"]): r["ratio"] for r in document["rows"]}
+    long_sets = sorted({r["input_set"] for r in document["rows"] if r["input_set"].startswith("prefill_")})
+
+    def cell(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    lines = ["| model | 1 thread: median, worst (set) | default threads: median, worst (set) | decode / long prefill, "
+             "1 thread | outputs | run peak MiB, original -> portable (set) |", "|---|---|---|---|---|---|"]
+    for m in document["models"]:
+        one, dflt, mem = m["1"], m["default"], m["memory"]
+        long_ratio = next((ratio.get((m["model"], s, "1")) for s in long_sets if (m["model"], s, "1") in ratio), None)
+        lines.append(
+            f"| {m['model']} | {cell(one['median'])}, {cell(one['worst'])} ({one['worst_set']}) | "
+            f"{cell(dflt['median'])}, {cell(dflt['worst'])} ({dflt['worst_set']}) | "
+            f"{cell(ratio.get((m['model'], 'decode', '1')))} / {cell(long_ratio)} | "
+            f"{'equal' if m['equal'] else 'DIFFER'} ({m['compared']}) | "
+            + ("-" if mem is None or mem["ratio"] is None else
+               f"{mem['original_run_mib']:.1f} -> {mem['portable_run_mib']:.1f} ({mem['input_set']})") + " |")
+    return "\n".join(lines)
+
+
 def payload(result: Result, quick: bool, rounds: int, exact: bool) -> dict[str, Any]:
     """The JSON document (keys: suite, quick, rounds, exact, python, cpus, onnxruntime, rows,
     memory, models, targets, failures, skipped)."""
@@ -494,10 +517,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--control", action="store_true",
                    help="A/A: time the original against a second session of itself (the noise floor)")
     p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
+    p.add_argument("--markdown", metavar="JSON", help="print the per-model Markdown table of a run's JSON file")
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "FEEDS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
         _memory_child(*args.memory_child)
+        return 0
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown(json.load(f)))
         return 0
     result = run(quick=args.quick, json_out=args.json_out, rounds=args.rounds, exact=args.exact, models=args.models,
                  memory=not args.no_memory, control=args.control)

@@ -46,6 +46,8 @@ def test_quick_run_times_and_compares_every_input_set(tmp_path):
     goals = [t.goal for t in bench_portable.targets(result)]
     assert any("one thread" in g for g in goals) and any("default threads" in g for g in goals)
     assert any("bit-identical" in g for g in goals)
+    md = bench_portable.markdown(data).splitlines()
+    assert md[0].startswith("| model | 1 thread") and len(md) == len(models) + 2
     text = bench_portable.table(result)
     assert text.splitlines()[0].split()[:3] == ["model", "1", "thread:"]
 

@@ -17,7 +17,8 @@ the model's own inputs:
   original's. A mismatch is a failure and is not timed.
 * peak memory of a run: each model (original and portable) in a fresh child process per
   measurement, one thread, onnxruntime's CPU arena and memory pattern off (so the resident set
-  follows the tensors a run allocates, not the arena's growth in doubling chunks), the
+  follows the tensors a run allocates, not the arena's growth in doubling chunks; glibc's
+  malloc with a fixed mmap threshold, see CHILD_ENV), the
   high-water mark reset (/proc/self/clear_refs 5) after the session is built: the run's peak is
   VmHWM during one run minus VmRSS before it, at the model's largest input set (the long
   prefill where it runs). The session's own resident memory (weights, constants) is reported
@@ -57,6 +58,11 @@ MIN_BLOCK_S = 0.002  # each timed block repeats a session's run until it lasts a
 THREADS = (1, 0)  # 0: onnxruntime's default (one per physical core)
 RATIO_GOAL = 1.0
 MB = 1024 * 1024
+# glibc's malloc with a fixed mmap threshold: every buffer of 64 KiB or more is its own mapping, given
+# back when freed, so the resident set follows the live tensors. With the default (dynamic)
+# threshold, the first free of a mapped buffer raises it and later buffers come from the heap,
+# which keeps freed memory: one model's run peaked at 26 or 50 MiB from child to child (A/A).
+CHILD_ENV = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
 
 
 @dataclass
@@ -298,7 +304,7 @@ def bench_memory(name: str, path: str, portable_path: str, set_name: str, feeds:
         for which in (("original", "portable") if r % 2 == 0 else ("portable", "original")):
             model = path if which == "original" else portable_path
             proc = subprocess.run([sys.executable, "-m", "benchmarks.portable", "--memory-child", model, feeds_path],
-                                  capture_output=True, text=True, cwd=ROOT)
+                                  capture_output=True, text=True, cwd=ROOT, env=CHILD_ENV)
             if proc.returncode != 0:
                 return Memory(name, set_name, None, None, note=f"{which} child failed: {proc.stderr.strip()[-200:]}")
             got[which].append(json.loads(proc.stdout.strip().splitlines()[-1]))

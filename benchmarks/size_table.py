@@ -111,7 +111,7 @@ def measure(path: str, tmp: str) -> SizeRow:
         exact = len(known) == len(before) and added - removed == len(after_names) - len(before)
         if exact:
             row.added_per_site = added / row.sites
-        else:  # the brief's estimate: (portable - original + removed) / sites
+        else:  # an estimate: (portable - original + removed) / sites
             row.added_per_site = (len(after_names) - len(before) + removed) / row.sites
         row.attribution = "exact" if exact else "estimate"
     return row

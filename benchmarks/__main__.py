@@ -1,4 +1,4 @@
-"""`python -m benchmarks [all|kernels|pipeline] [--quick] [--json FILE]` (what `make bench` runs)."""
+"""`python -m benchmarks [all|kernels|pipeline|portable|sizes] [--quick] [--json FILE]` (what `make bench` runs)."""
 from __future__ import annotations
 
 import argparse
@@ -13,8 +13,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Measure each goal as a ratio against a baseline run side by side (medians). 'all' (default) "
                     "runs both suites, then prints one table of the goals; 'kernels' is the DIAGONAL_MATRIX1 kernel "
                     "(about a minute), 'pipeline' the optimizer, end to end, executor and memory (several minutes; "
-                    "writes 2 GiB to a temporary folder unless --quick).")
-    ap.add_argument("suite", choices=["all", "kernels", "pipeline"], nargs="?", default="all")
+                    "writes 2 GiB to a temporary folder unless --quick), 'portable' the --target onnx output against "
+                    "the original in onnxruntime at every saved input set and a 1024-token prefill (time, outputs, "
+                    "memory; about half an hour on 2 cores), 'sizes' the nodes and bytes of both targets' outputs "
+                    "per model (a Markdown table).")
+    ap.add_argument("suite", choices=["all", "kernels", "pipeline", "portable", "sizes"], nargs="?", default="all")
     ap.add_argument("--quick", action="store_true", help="a reduced set (smoke run)")
     ap.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args(argv)
@@ -28,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.suite == "pipeline":
             from benchmarks import pipeline
             pipeline.run(quick=args.quick, json_out=args.json_out)
+        elif args.suite == "portable":
+            from benchmarks import portable
+            portable.run(quick=args.quick, json_out=args.json_out)
+        elif args.suite == "sizes":
+            from benchmarks import size_table
+            size_table.run(json_out=args.json_out)
         else:
             from benchmarks import goals
             goals.run(quick=args.quick, json_out=args.json_out)

@@ -1,11 +1,14 @@
-"""`python -m benchmarks`: both suites in one run, then one table of every goal and whether it is met.
+"""`python -m benchmarks`: every suite in one run, then one table of every goal and whether it is met.
 
 The kernel suite (`bench_kernels`: the DIAGONAL_MATRIX1 kernel against a copy of the same bytes
 and onnxruntime, interleaved rounds in one process) and the pipeline suite (`bench_pipeline`:
 optimizer rates and onnxscript across graph shapes, `dmlgraph optimize` against an onnxruntime
-load in fresh processes, the executor, memory) each print their full table; the goals table
-at the end is what the README shows. Every figure is a median, every ratio one against a
-baseline measured side by side in the same run.
+load in fresh processes, the executor, memory), the portable suite (`benchmarks.portable`: the
+`--target onnx` output against the original in onnxruntime: time, outputs and memory) and the
+size table (`benchmarks.size_table`: nodes and bytes on both targets; the last two are issue
+25's goals) each print their full table; the goals table at the end is what the README shows.
+Every figure is a median, every ratio one against a baseline measured side by side in the
+same run.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchmarks import kernels, pipeline
+from benchmarks import kernels, pipeline, portable, size_table
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,10 @@ class Goal:
     met: bool | None
 
 
-def goals(kernel_rows: list[dict[str, Any]], pipeline_rows: list[pipeline.Row]) -> list[Goal]:
-    """The kernel suite's targets over all its rows, then every pipeline row that has a target."""
+def goals(kernel_rows: list[dict[str, Any]], pipeline_rows: list[pipeline.Row],
+          portable_result: portable.Result | None = None, sizes: dict[str, Any] | None = None) -> list[Goal]:
+    """The kernel suite's targets over all its rows, then every pipeline row that has a target, then
+    the portable suite's targets and the size table's (issue 25) when they ran."""
     out = [Goal("kernels", t.goal, t.detail, t.target, t.met) for t in kernels.targets(kernel_rows)]
     for r in pipeline_rows:
         if not r.target:
@@ -43,6 +48,10 @@ def goals(kernel_rows: list[dict[str, Any]], pipeline_rows: list[pipeline.Row]) 
         if r.ratio is None:
             measured = r.note or "not measured"
         out.append(Goal("pipeline", r.case, measured, r.target, r.met))
+    if portable_result is not None:
+        out += [Goal("portable", t.goal, t.detail, t.target, t.met) for t in portable.targets(portable_result)]
+    if sizes is not None:
+        out += [Goal("sizes", *row) for row in size_table.goal_rows(sizes)]
     return out
 
 
@@ -67,14 +76,22 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[[str], N
     kernel_rows = kernels.run(quick=quick, rounds=kernel_rounds, log=log)
     log("\n== pipeline ==")
     pipeline_rows = pipeline.run(quick=quick, log=log)
-    result = goals(kernel_rows, pipeline_rows)
+    log("\n== portable output vs the original in onnxruntime ==")
+    portable_result = portable.run(quick=quick, log=log)
+    log("\n== sizes of both targets' outputs ==")
+    size_paths = ([os.path.join(portable.MODELS, m + ".onnx") for m in portable.QUICK_MODELS] if quick else None)
+    size_rows = size_table.run(log=log, paths=size_paths)
+    sizes = size_table.summary(size_rows)
+    result = goals(kernel_rows, pipeline_rows, portable_result, sizes)
     log(f"\n== goals ({time.perf_counter() - start:.0f} s in all) ==")
     log(format_goals(result))
     if json_out:
         document = {"suite": "all", "quick": quick, "python": sys.version.split()[0], "cpus": os.cpu_count(),
                     "goals": [asdict(g) for g in result],
                     "kernels": kernels.payload(kernel_rows, kernel_rounds, quick),
-                    "pipeline": pipeline.payload(pipeline_rows, quick)}
+                    "pipeline": pipeline.payload(pipeline_rows, quick),
+                    "portable": portable.payload(portable_result, quick, portable.rounds_for(quick), False),
+                    "sizes": {"rows": [asdict(r) for r in size_rows], "summary": sizes}}
         with open(json_out, "w") as f:
             json.dump(document, f, indent=1, default=str)
         log(f"wrote {json_out}")

@@ -7,6 +7,8 @@ import json
 from benchmarks import goals as bench_goals
 from benchmarks import kernels as bench_kernels
 from benchmarks import pipeline as bench_pipeline
+from benchmarks import portable as bench_portable
+from benchmarks import size_table
 from benchmarks.__main__ import main
 
 
@@ -80,7 +82,7 @@ def test_goals_take_kernel_targets_and_every_pipeline_row_with_a_target():
     assert table.endswith("2 of 6 goals met (1 not measured)")
 
 
-def test_bench_without_a_suite_runs_both_and_writes_one_document(tmp_path, monkeypatch, capsys):
+def test_bench_without_a_suite_runs_every_suite_and_writes_one_document(tmp_path, monkeypatch, capsys):
     calls = []
 
     def kernels_run(quick: bool, rounds: int, log) -> list[dict]:
@@ -91,14 +93,28 @@ def test_bench_without_a_suite_runs_both_and_writes_one_document(tmp_path, monke
         calls.append(("pipeline", quick))
         return [bench_pipeline.Row("marginal rate, chain", 30000.0, 25000.0, 1.2, "nodes/s", "ratio >= 1", True)]
 
+    def portable_run(quick: bool, log) -> bench_portable.Result:
+        calls.append(("portable", quick))
+        return bench_portable.Result(rows=[bench_portable.Row("m", "decode", t, 10.0, 9.0, 0.9, True, 3)
+                                           for t in ("1", "default")])
+
+    def sizes_run(log, paths) -> list[size_table.SizeRow]:
+        calls.append(("sizes", len(paths)))
+        return [size_table.SizeRow("m.onnx", 10, 1000, 9, 900, 12, 1100, 1, 1, 4.0, 4.0, "exact")]
+
     monkeypatch.setattr(bench_kernels, "run", kernels_run)
     monkeypatch.setattr(bench_pipeline, "run", pipeline_run)
+    monkeypatch.setattr(bench_portable, "run", portable_run)
+    monkeypatch.setattr(size_table, "run", sizes_run)
     out = tmp_path / "bench.json"
     assert main(["--quick", "--json", str(out)]) == 0
-    assert calls == [("kernels", True), ("pipeline", True)]
+    assert calls == [("kernels", True), ("pipeline", True), ("portable", True),
+                     ("sizes", len(bench_portable.QUICK_MODELS))]
     document = json.loads(out.read_text())
-    assert set(document) == {"suite", "quick", "python", "cpus", "goals", "kernels", "pipeline"}
+    assert set(document) == {"suite", "quick", "python", "cpus", "goals", "kernels", "pipeline", "portable", "sizes"}
+    assert {g["suite"] for g in document["goals"]} == {"kernels", "pipeline", "portable", "sizes"}
     assert set(document["goals"][0]) == {"suite", "goal", "measured", "target", "met"}
     assert document["kernels"]["rows"] == ROWS and len(document["pipeline"]["rows"]) == 1
     printed = capsys.readouterr().out
-    assert "== goals" in printed and "2 of 5 goals met" in printed
+    # kernels 1 of 4, pipeline 1 of 1, portable 3 of 3 (ratios, outputs), sizes 1 of 3 (dml; onnx grew, 4 > 3 nodes)
+    assert "== goals" in printed and "6 of 11 goals met" in printed

@@ -1,0 +1,543 @@
+"""`python -m benchmarks portable`: the portable output (`optimize(path, target="onnx")`) against the
+model it came from, run by onnxruntime on CPU (issue 25, item 4).
+
+For every model of models/ with saved input sets (models/inputs/<model>/*.npz) and, where the
+model runs at it, a long prefill with an empty past (1024 tokens; 128 with --quick) built from
+the model's own inputs:
+
+* time: both sessions (default session options: ORT_ENABLE_ALL) in this one process, at one
+  intra-op thread and at onnxruntime's default; rounds interleaved (original, portable; the order
+  flips every round), each round one block of back-to-back runs per session (calibrated to about
+  MIN_BLOCK_S); ratio = portable / original, the median of the per-round ratios (load that drifts
+  between rounds cancels). One thread is timed in CPU time of this process (the session runs on
+  the calling thread: time descheduled on a shared machine is not counted), the default threads
+  in wall time (a pool of threads: the latency is the thing). Goal: <= 1.0 at every input set.
+* equality: at every input set and thread setting, every output of the portable model is
+  compared bit for bit (dtype, shape and bytes: -0.0 and NaN payloads included) with the
+  original's. A mismatch is a failure and is not timed.
+* peak memory of a run: each model (original and portable) in a fresh child process per
+  measurement, one thread, onnxruntime's CPU arena and memory pattern off (so the resident set
+  follows the tensors a run allocates, not the arena's growth in doubling chunks; glibc's
+  malloc with a fixed mmap threshold, see CHILD_ENV), the
+  high-water mark reset (/proc/self/clear_refs 5) after the session is built: the run's peak is
+  VmHWM during one run minus VmRSS before it, at the model's largest input set (the long
+  prefill where it runs). The session's own resident memory (weights, constants) is reported
+  beside it. Children alternate original / portable; medians of 5 repeats (1 with --quick).
+* `--control`: an A/A run, the original against a second session of itself: the noise floor
+  of every figure above on this machine (each ratio should be 1.0).
+
+Run: `python -m benchmarks portable [--quick] [--json FILE]` (`python -m benchmarks.portable
+[--rounds N] [--exact] [--models NAME ...]`).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(ROOT, "models")
+LONG_PREFILL = 1024
+QUICK_LONG_PREFILL = 128
+QUICK_MODELS = ("llama_kv_ts", "concat_causal_halves_dynamo", "trilu_past_dynamo")
+MIN_BLOCK_S = 0.002  # each timed block repeats a session's run until it lasts about this long
+THREADS = (1, 0)  # 0: onnxruntime's default (one per physical core)
+RATIO_GOAL = 1.0
+MB = 1024 * 1024
+# glibc's malloc with a fixed mmap threshold: every buffer of 64 KiB or more is its own mapping, given
+# back when freed, so the resident set follows the live tensors. With the default (dynamic)
+# threshold, the first free of a mapped buffer raises it and later buffers come from the heap,
+# which keeps freed memory: one model's run peaked at 26 or 50 MiB from child to child (A/A).
+CHILD_ENV = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+
+
+@dataclass
+class Row:
+    """One model x input set x thread setting (JSON keys: the fields)."""
+    model: str
+    input_set: str
+    threads: str  # "1" or "default"
+    original_us: float | None
+    portable_us: float | None
+    ratio: float | None  # portable / original: median of per-round ratios
+    equal: bool  # every output bit-identical
+    rounds: int = 0
+    note: str = ""
+
+
+@dataclass
+class Memory:
+    """Peak memory of one run, original vs portable, at one input set (medians of fresh children)."""
+    model: str
+    input_set: str
+    original_run_mib: float | None
+    portable_run_mib: float | None
+    original_session_mib: float | None = None
+    portable_session_mib: float | None = None
+    repeats: int = 0
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.original_run_mib is None or self.portable_run_mib is None:
+            return None
+        # below a page's worth, both are "nothing": 1.0 rather than a ratio of noise
+        return max(self.portable_run_mib, 4 / 1024) / max(self.original_run_mib, 4 / 1024)
+
+
+@dataclass
+class Result:
+    rows: list[Row] = field(default_factory=list)
+    memory: list[Memory] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "model: why" (a long prefill that cannot run, ...)
+    failures: list[str] = field(default_factory=list)  # "model set: what failed" (mismatch, error)
+    sizes: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> nodes/bytes before/after
+    load: list[list[float]] = field(default_factory=list)  # os.getloadavg() at the start and the end
+
+
+# ---- the corpus and its feeds -----------------------------------------------------------------------
+def corpus(names: list[str] | None = None) -> list[tuple[str, str, dict[str, str]]]:
+    """(model name, path, {input set: npz path}) for every model of models/ with saved input sets."""
+    folder = os.path.join(MODELS, "inputs")
+    out = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(MODELS, name + ".onnx")
+        sets = {f[:-4]: os.path.join(folder, name, f) for f in sorted(os.listdir(os.path.join(folder, name)))
+                if f.endswith(".npz")}
+        if os.path.exists(path) and sets and (names is None or name in names):
+            out.append((name, path, sets))
+    return out
+
+
+def load_feeds(npz: str) -> dict[str, np.ndarray]:
+    with np.load(npz) as data:
+        return {k: data[k] for k in data.files}
+
+
+def long_prefill(model: onnx.ModelProto, sets: dict[str, dict[str, np.ndarray]],
+                 length: int) -> tuple[dict[str, np.ndarray] | None, str]:
+    """Feeds for a prefill of `length` tokens with an empty past, from the model's inputs: the
+    template is the saved `prefill` set (else the set of the smallest batch); every axis whose
+    symbolic dim is the sequence (`sequence`, or `past_sequence + sequence` with an empty past)
+    is grown to `length` by repeating the template's values along it (token ids stay in the
+    vocabulary, attention masks stay ones). (None, why) where it cannot be built."""
+    if not sets:
+        return None, "no saved input set to start from"
+    name = "prefill" if "prefill" in sets else min(sets, key=lambda s: (min(
+        (a.shape[0] for a in sets[s].values() if a.ndim), default=1), s))
+    template = sets[name]
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    seq_names = {"sequence", "past_sequence + sequence", "seq", "seq_len", "sequence_length"}
+    feeds: dict[str, np.ndarray] = {}
+    grown = 0
+    for key, arr in template.items():
+        shape = dims.get(key)
+        if shape is None or len(shape) != arr.ndim:
+            return None, f"input {key!r}: no shape in the model to read the sequence axis from"
+        if any(d == "past_sequence" for d in shape) and 0 not in arr.shape:
+            return None, f"template set {name!r} has a non-empty past ({key} {arr.shape})"
+        out = arr
+        for axis, d in enumerate(shape):
+            if isinstance(d, str) and d in seq_names:
+                if out.shape[axis] == 0:
+                    return None, f"input {key!r} is empty along the sequence axis"
+                out = np.take(out, np.arange(length) % out.shape[axis], axis=axis)
+                grown += 1
+        feeds[key] = np.ascontiguousarray(out)
+    if not grown:
+        return None, "no input has a symbolic sequence axis (static shapes)"
+    return feeds, f"from {name!r}"
+
+
+# ---- running ----------------------------------------------------------------------------------------
+def session(model: bytes | str, threads: int, *, memory_stats: bool = False) -> Any:
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 4  # a long prefill past a model's positions fails by design: the row says so
+    if memory_stats:
+        opts.enable_cpu_mem_arena = False
+        opts.enable_mem_pattern = False
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def identical(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit: dtype, shape and bytes (-0.0 against 0.0 and NaN payloads differ)."""
+    return a.dtype == b.dtype and a.shape == b.shape and np.ascontiguousarray(a).tobytes() == \
+        np.ascontiguousarray(b).tobytes()
+
+
+def compare(names: list[str], ours: list[np.ndarray], theirs: list[np.ndarray]) -> str:
+    """'' when every output is identical, else what differs (first few outputs)."""
+    bad = []
+    for n, a, b in zip(names, ours, theirs):
+        if identical(a, b):
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            bad.append(f"{n}: {b.dtype}{list(b.shape)} vs {a.dtype}{list(a.shape)}")
+        else:
+            with np.errstate(all="ignore"):
+                diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+            bad.append(f"{n}: {int(np.sum(a != b))} elements differ, max |diff| {np.nanmax(diff):.3g}")
+    return "; ".join(bad[:3])
+
+
+def time_pair(orig: Any, port: Any, feeds: dict[str, np.ndarray], names: list[str], rounds: int,
+              clock: Callable[[], float]) -> tuple[float, float, float]:
+    """(original s/run, portable s/run, median per-round ratio portable/original): interleaved
+    rounds, the order flipped every round, each a block of `inner` back-to-back runs."""
+    t0 = clock()
+    orig.run(names, feeds)
+    one = max(clock() - t0, 1e-6)
+    inner = max(1, min(1000, int(MIN_BLOCK_S / one) + 1))
+    sessions = (orig, port)
+    times: list[list[float]] = [[], []]
+    for r in range(rounds):
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            s = sessions[i]
+            t0 = clock()
+            for _ in range(inner):
+                s.run(names, feeds)
+            times[i].append((clock() - t0) / inner)
+    ratio = statistics.median(p / o for o, p in zip(*times) if o > 0)
+    return statistics.median(times[0]), statistics.median(times[1]), ratio
+
+
+def bench_model(name: str, path: str, portable: bytes, feed_sets: dict[str, dict[str, np.ndarray]],
+                rounds: int, result: Result, log: Callable[..., None]) -> None:
+    """Every input set at each thread setting: compare the outputs, then time the pair."""
+    for threads in THREADS:
+        label = "1" if threads == 1 else "default"
+        clock = time.process_time if threads == 1 else time.perf_counter
+        orig, port = session(path, threads), session(portable, threads)
+        names = [o.name for o in orig.get_outputs()]
+        for set_name, feeds in feed_sets.items():
+            try:
+                want = orig.run(names, feeds)
+            except Exception as e:  # the original itself cannot run it (a long prefill past its positions)
+                if set_name.startswith("prefill_"):
+                    if threads == THREADS[0]:
+                        result.skipped.append(f"{name} {set_name}: the original does not run it ({str(e)[:160]})")
+                    continue
+                raise
+            try:
+                got = port.run(names, feeds)
+            except Exception as e:  # noqa: BLE001 - any failure of the portable model is a failure row
+                result.failures.append(f"{name} {set_name} ({label} thread): the portable model fails: {str(e)[:200]}")
+                result.rows.append(Row(name, set_name, label, None, None, None, False, note="portable fails"))
+                continue
+            diff = compare(names, got, want)
+            if diff:
+                result.failures.append(f"{name} {set_name} ({label} thread): outputs differ: {diff}")
+                result.rows.append(Row(name, set_name, label, None, None, None, False, note=f"MISMATCH: {diff}"))
+                continue
+            gc.collect()
+            o, p, ratio = time_pair(orig, port, feeds, names, rounds, clock)
+            result.rows.append(Row(name, set_name, label, o * 1e6, p * 1e6, ratio, True, rounds))
+        del orig, port
+        gc.collect()
+    worst = max((r for r in result.rows if r.model == name and r.ratio is not None), key=lambda r: r.ratio or 0,
+                default=None)
+    if worst is not None:
+        log(f"  {name}: worst {worst.ratio:.3f}x ({worst.input_set}, {worst.threads} thread)")
+
+
+# ---- memory: fresh children -------------------------------------------------------------------------
+def _status() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _memory_child(model_path: str, feeds_path: str) -> None:
+    """In a fresh interpreter: build the session (one thread, no arena), reset the high-water mark,
+    run once; print JSON {session, run} in bytes."""
+    feeds = load_feeds(feeds_path)
+    import onnxruntime  # noqa: F401  (imported before the baseline)
+    gc.collect()
+    base = _status()["VmRSS"]
+    sess = session(model_path, 1, memory_stats=True)
+    names = [o.name for o in sess.get_outputs()]
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
+        f.write("5")
+    before = _status()["VmRSS"]
+    outputs = sess.run(names, feeds)
+    peak = _status()["VmHWM"]
+    print(json.dumps({"session": before - base, "run": peak - before,
+                      "output_bytes": sum(int(o.nbytes) for o in outputs)}))
+
+
+def memory_supported() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return "VmHWM" in _status()
+    except OSError:
+        return False
+
+
+def bench_memory(name: str, path: str, portable_path: str, set_name: str, feeds: dict[str, np.ndarray],
+                 repeats: int, tmp: str) -> Memory:
+    feeds_path = os.path.join(tmp, f"{name}.{set_name}.npz")
+    np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
+    got: dict[str, list[dict[str, int]]] = {"original": [], "portable": []}
+    for r in range(repeats):
+        for which in (("original", "portable") if r % 2 == 0 else ("portable", "original")):
+            model = path if which == "original" else portable_path
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.portable", "--memory-child", model, feeds_path],
+                                  capture_output=True, text=True, cwd=ROOT, env=CHILD_ENV)
+            if proc.returncode != 0:
+                return Memory(name, set_name, None, None, note=f"{which} child failed: {proc.stderr.strip()[-200:]}")
+            got[which].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+    def med(which: str, key: str) -> float:
+        return statistics.median(g[key] for g in got[which]) / MB
+
+    return Memory(name, set_name, med("original", "run"), med("portable", "run"), med("original", "session"),
+                  med("portable", "session"), repeats)
+
+
+# ---- the suite --------------------------------------------------------------------------------------
+def _nodes(model: onnx.ModelProto) -> int:
+    from dmlgraph.rewrite.nested import all_nodes
+    return sum(1 for _ in all_nodes(model.graph.node))
+
+
+def rounds_for(quick: bool) -> int:
+    return 3 if quick else 21
+
+
+def run(quick: bool = False, json_out: str | None = None, log: Callable[..., None] = print,
+        rounds: int | None = None, exact: bool = False, models: list[str] | None = None,
+        memory: bool = True, control: bool = False) -> Result:
+    """control: an A/A run, the "portable" side a second session of the original model (the
+    method's noise floor: every ratio should be 1.0)."""
+    import onnx
+
+    import dmlgraph
+    rounds = rounds or rounds_for(quick)
+    length = QUICK_LONG_PREFILL if quick else LONG_PREFILL
+    names = models if models is not None else (list(QUICK_MODELS) if quick else None)
+    result = Result(load=[list(os.getloadavg())])
+    start = time.perf_counter()
+    with_memory = memory and memory_supported()
+    with tempfile.TemporaryDirectory(prefix="dmlgraph-portable-") as tmp:
+        for name, path, set_paths in corpus(names):
+            log(f"{name} ...")
+            original = onnx.load(path)
+            try:
+                optimized = dmlgraph.optimize(path, target="onnx", exact=exact)
+            except Exception as e:  # noqa: BLE001 - recorded as the model's failure; the others still run
+                result.failures.append(f"{name}: optimize failed: {str(e)[:200]}")
+                continue
+            portable_path = os.path.join(tmp, name + ".portable.onnx")
+            optimized.save(portable_path)
+            with open(path if control else portable_path, "rb") as f:
+                portable = f.read()
+            result.sizes[name] = {"nodes_before": _nodes(original), "nodes_after": _nodes(optimized.model),
+                                  "bytes_before": os.path.getsize(path), "bytes_after": len(portable),
+                                  "rewrites": len(optimized.rewrites)}
+            feed_sets = {s: load_feeds(p) for s, p in set_paths.items()}
+            long_name = f"prefill_{length}"
+            long_feeds, why = long_prefill(original, feed_sets, length)
+            if long_feeds is None:
+                result.skipped.append(f"{name} {long_name}: {why}")
+            else:
+                feed_sets[long_name] = long_feeds
+            try:
+                bench_model(name, path, portable, feed_sets, rounds, result, log)
+            except Exception as e:  # noqa: BLE001 - recorded as the model's failure; the others still run
+                result.failures.append(f"{name}: the original fails: {str(e)[:200]}")
+                continue
+            if with_memory:
+                ran = {r.input_set for r in result.rows if r.model == name and r.ratio is not None}
+                candidates = [s for s in feed_sets if s in ran]
+                if candidates:
+                    big = max(candidates, key=lambda s: (s == long_name, sum(a.nbytes for a in feed_sets[s].values())))
+                    result.memory.append(bench_memory(name, path, path if control else portable_path, big, feed_sets[big],
+                                                      1 if quick else 5, tmp))
+        if not with_memory:
+            result.skipped.append("memory: /proc/self/clear_refs is not writable here (not Linux?): not measured")
+    result.load.append(list(os.getloadavg()))
+    log(f"done in {time.perf_counter() - start:.0f}s (load average {result.load[0][0]:.1f} at the start, "
+        f"{result.load[-1][0]:.1f} at the end, {os.cpu_count()} CPUs)\n")
+    log(table(result))
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(payload(result, quick, rounds, exact) | {"control": control}, f, indent=1, default=str)
+        log(f"wrote {json_out}")
+    return result
+
+
+# ---- summaries ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    goal: str
+    detail: str
+    target: str
+    met: bool | None
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def per_model(result: Result) -> list[dict[str, Any]]:
+    """Per model: median and worst ratio (named) at each thread setting, outputs, memory."""
+    out = []
+    for model in dict.fromkeys(r.model for r in result.rows):
+        entry: dict[str, Any] = {"model": model}
+        rows = [r for r in result.rows if r.model == model]
+        for label in ("1", "default"):
+            timed = [r for r in rows if r.threads == label and r.ratio is not None]
+            worst = max(timed, key=lambda r: r.ratio or 0.0, default=None)
+            entry[label] = {"median": statistics.median(r.ratio for r in timed if r.ratio is not None) if timed else None,
+                            "worst": None if worst is None else worst.ratio,
+                            "worst_set": None if worst is None else worst.input_set,
+                            "sets": len(timed), "over": sum((r.ratio or 0) > RATIO_GOAL for r in timed)}
+        entry["equal"] = all(r.equal for r in rows)
+        entry["compared"] = len(rows)
+        mem = next((m for m in result.memory if m.model == model), None)
+        entry["memory"] = None if mem is None else asdict(mem) | {"ratio": mem.ratio}
+        entry["sizes"] = result.sizes.get(model)
+        out.append(entry)
+    return out
+
+
+def targets(result: Result) -> list[Target]:
+    """The goal rows (for the goals table): ratios at one and default threads, equality, memory."""
+    out = []
+    for label, what in (("1", "one thread"), ("default", "default threads")):
+        timed = [r for r in result.rows if r.threads == label]
+        ratios = [r.ratio for r in timed if r.ratio is not None]
+        if not ratios:
+            out.append(Target(f"portable vs original in onnxruntime CPU, {what}", "not measured", "<= 1.0x, every set",
+                              None))
+            continue
+        worst = max((r for r in timed if r.ratio is not None), key=lambda r: r.ratio or 0.0)
+        ok = sum(x <= RATIO_GOAL for x in ratios)
+        out.append(Target(f"portable vs original in onnxruntime CPU, {what}",
+                          f"{ok}/{len(timed)} input sets <= 1.0x; median {statistics.median(ratios):.3f}x, worst "
+                          f"{worst.ratio:.3f}x ({worst.model} {worst.input_set})", "<= 1.0x, every input set",
+                          ok == len(timed)))
+    compared = len(result.rows)
+    equal = sum(r.equal for r in result.rows)
+    out.append(Target("portable outputs bit-identical to the original's", f"{equal}/{compared} model x set x threads",
+                      "every one", equal == compared and compared > 0 and not result.failures))
+    mem = [m for m in result.memory if m.ratio is not None]
+    if mem:
+        worst_m = max(mem, key=lambda m: m.ratio or 0.0)
+        ok = sum((m.ratio or 0) <= 1.0 for m in mem)
+        out.append(Target("peak memory of a run, portable vs original",
+                          f"{ok}/{len(mem)} models <= 1.0x; worst {worst_m.ratio:.2f}x ({worst_m.model} "
+                          f"{worst_m.input_set}: {worst_m.portable_run_mib:.2f} vs {worst_m.original_run_mib:.2f} MiB)",
+                          "<= 1.0x, every model", ok == len(mem) and len(mem) == len(result.memory)))
+    return out
+
+
+def table(result: Result) -> str:
+    head = ("model", "1 thread: median", "worst (set)", "default: median", "worst (set)", "outputs", "run peak MiB o/p",
+            "mem x")
+    body = []
+    for e in per_model(result):
+        one, dflt, mem = e["1"], e["default"], e["memory"]
+        body.append((e["model"], _fmt(one["median"]), f"{_fmt(one['worst'])} ({one['worst_set']})", _fmt(dflt["median"]),
+                     f"{_fmt(dflt['worst'])} ({dflt['worst_set']})",
+                     f"{'equal' if e['equal'] else 'DIFFER'} ({e['compared']})",
+                     "-" if mem is None or mem["ratio"] is None else
+                     f"{mem['original_run_mib']:.2f}/{mem['portable_run_mib']:.2f} ({mem['input_set']})",
+                     "-" if mem is None else _fmt(mem["ratio"])))
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines += [f"[{'met' if t.met else '-' if t.met is None else 'NOT met'}] {t.goal}: {t.detail} (goal {t.target})"
+              for t in targets(result)]
+    if result.failures:
+        lines += ["", "failures:"] + [f"  {f}" for f in result.failures]
+    if result.skipped:
+        lines += ["", "skipped:"] + [f"  {s}" for s in result.skipped]
+    return "\n".join(lines)
+
+
+def markdown(document: dict[str, Any]) -> str:
+    """The per-model table of a run's JSON document, as Markdown (for docs/benchmarks.md)."""
+    ratio = {(r["model"], r["input_set"], r["threads"]): r["ratio"] for r in document["rows"]}
+    long_sets = sorted({r["input_set"] for r in document["rows"] if r["input_set"].startswith("prefill_")})
+
+    def cell(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    lines = ["| model | 1 thread: median, worst (set) | default threads: median, worst (set) | decode / long prefill, "
+             "1 thread | outputs | run peak MiB, original -> portable (set) |", "|---|---|---|---|---|---|"]
+    for m in document["models"]:
+        one, dflt, mem = m["1"], m["default"], m["memory"]
+        long_ratio = next((ratio.get((m["model"], s, "1")) for s in long_sets if (m["model"], s, "1") in ratio), None)
+        lines.append(
+            f"| {m['model']} | {cell(one['median'])}, {cell(one['worst'])} ({one['worst_set']}) | "
+            f"{cell(dflt['median'])}, {cell(dflt['worst'])} ({dflt['worst_set']}) | "
+            f"{cell(ratio.get((m['model'], 'decode', '1')))} / {cell(long_ratio)} | "
+            f"{'equal' if m['equal'] else 'DIFFER'} ({m['compared']}) | "
+            + ("-" if mem is None or mem["ratio"] is None else
+               f"{mem['original_run_mib']:.1f} -> {mem['portable_run_mib']:.1f} ({mem['input_set']})") + " |")
+    return "\n".join(lines)
+
+
+def payload(result: Result, quick: bool, rounds: int, exact: bool) -> dict[str, Any]:
+    """The JSON document (keys: suite, quick, rounds, exact, python, cpus, onnxruntime, rows,
+    memory, models, targets, failures, skipped)."""
+    import onnxruntime
+    return {"suite": "portable", "quick": quick, "rounds": rounds, "exact": exact,
+            "python": sys.version.split()[0], "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__,
+            "rows": [asdict(r) for r in result.rows],
+            "memory": [asdict(m) | {"ratio": m.ratio} for m in result.memory],
+            "models": per_model(result), "targets": [asdict(t) for t in targets(result)],
+            "failures": result.failures, "skipped": result.skipped, "load": result.load}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.portable", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a few models, few rounds, a 128-token prefill")
+    p.add_argument("--rounds", type=int, help="interleaved rounds per input set (default 21; 3 with --quick)")
+    p.add_argument("--exact", action="store_true", help="optimize with exact=True (bit-exact rules only)")
+    p.add_argument("--models", nargs="+", metavar="NAME", help="only these models (names without .onnx)")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory children")
+    p.add_argument("--control", action="store_true",
+                   help="A/A: time the original against a second session of itself (the noise floor)")
+    p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
+    p.add_argument("--markdown", metavar="JSON", help="print the per-model Markdown table of a run's JSON file")
+    p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "FEEDS"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_child:
+        _memory_child(*args.memory_child)
+        return 0
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown(json.load(f)))
+        return 0
+    result = run(quick=args.quick, json_out=args.json_out, rounds=args.rounds, exact=args.exact, models=args.models,
+                 memory=not args.no_memory, control=args.control)
+    return 1 if result.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

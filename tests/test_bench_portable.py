@@ -1,0 +1,124 @@
+"""`python -m benchmarks portable` and `python -m benchmarks sizes` (issue 25): smoke runs and the
+pieces they are built from. No timing asserts: structure, a ratio on every row, outputs compared."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+
+from benchmarks import portable as bench_portable
+from benchmarks import size_table
+from benchmarks.__main__ import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(ROOT, "models")
+
+
+def test_quick_run_times_and_compares_every_input_set(tmp_path):
+    out = tmp_path / "portable.json"
+    result = bench_portable.run(quick=True, json_out=str(out), log=lambda *a: None)
+    models = {name for name, _, _ in bench_portable.corpus(list(bench_portable.QUICK_MODELS))}
+    assert models and {r.model for r in result.rows} == models
+    assert not result.failures
+    for name, _, sets in bench_portable.corpus(list(bench_portable.QUICK_MODELS)):
+        for threads in ("1", "default"):
+            got = {r.input_set for r in result.rows if r.model == name and r.threads == threads}
+            assert set(sets) <= got  # every saved set, at each thread setting
+            assert got - set(sets) <= {f"prefill_{bench_portable.QUICK_LONG_PREFILL}"}
+    assert any(r.input_set.startswith("prefill_") for r in result.rows)  # the long prefill ran somewhere
+    for r in result.rows:
+        assert r.ratio is not None and r.ratio > 0 and r.original_us and r.portable_us
+        assert r.equal is True and r.rounds == bench_portable.rounds_for(True)
+    data = json.loads(out.read_text())
+    assert {"suite", "quick", "rounds", "rows", "memory", "models", "targets", "failures", "skipped"} <= set(data)
+    assert data["quick"] is True and len(data["rows"]) == len(result.rows)
+    assert {m["model"] for m in data["models"]} == models
+    for m in data["models"]:
+        assert m["equal"] is True and m["compared"] > 0
+        for threads in ("1", "default"):
+            assert m[threads]["worst"] is not None and m[threads]["worst_set"]
+    if bench_portable.memory_supported():
+        assert {m.model for m in result.memory} == models
+        for m in result.memory:
+            assert m.original_run_mib is not None and m.portable_run_mib is not None and m.ratio is not None
+    goals = [t.goal for t in bench_portable.targets(result)]
+    assert any("one thread" in g for g in goals) and any("default threads" in g for g in goals)
+    assert any("bit-identical" in g for g in goals)
+    md = bench_portable.markdown(data).splitlines()
+    assert md[0].startswith("| model | 1 thread") and len(md) == len(models) + 2
+    text = bench_portable.table(result)
+    assert text.splitlines()[0].split()[:3] == ["model", "1", "thread:"]
+
+
+def test_long_prefill_grows_the_sequence_axes_and_keeps_the_past_empty():
+    name, path, sets = bench_portable.corpus(["llama_kv_ts"])[0]
+    feeds, why = bench_portable.long_prefill(onnx.load(path), {s: bench_portable.load_feeds(p) for s, p in sets.items()},
+                                             16)
+    assert feeds is not None, why
+    assert feeds["input_ids"].shape == (1, 16) and feeds["attention_mask"].shape == (1, 16)
+    assert (feeds["attention_mask"] == 1).all()
+    assert all(v.shape[2] == 0 for k, v in feeds.items() if k.startswith("past_key_values"))
+    template = bench_portable.load_feeds(sets["prefill"])["input_ids"]
+    assert set(np.unique(feeds["input_ids"])) <= set(np.unique(template))  # ids stay in the vocabulary
+
+
+def test_long_prefill_says_why_not_for_a_static_model():
+    model = onnx.load(os.path.join(MODELS, "eye_static8_ts.onnx"))
+    name = model.graph.input[0].name
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    feeds, why = bench_portable.long_prefill(model, {"only": {name: np.zeros(shape, np.float32)}}, 1024)
+    assert feeds is None and "static" in why
+
+
+def test_outputs_are_compared_bit_for_bit():
+    a = np.array([0.0, 1.0], np.float32)
+    assert bench_portable.identical(a, a.copy())
+    assert not bench_portable.identical(a, np.array([-0.0, 1.0], np.float32))  # -0.0 is not 0.0
+    nan = np.array([np.nan], np.float32)
+    other_nan = nan.view(np.uint32) | np.uint32(1)
+    assert not bench_portable.identical(nan, other_nan.view(np.float32))  # another NaN payload
+    assert not bench_portable.identical(a, a.astype(np.float64))
+    assert "1 elements differ" in bench_portable.compare(["y"], [a], [np.array([0.0, 2.0], np.float32)])
+    assert bench_portable.compare(["y"], [a], [a.copy()]) == ""
+
+
+def test_a_mismatch_is_a_failure_not_a_timing_row():
+    result = bench_portable.Result(rows=[
+        bench_portable.Row("m", "decode", "1", 10.0, 9.0, 0.9, True, 3),
+        bench_portable.Row("m", "prefill", "1", None, None, None, False, note="MISMATCH: y differs"),
+    ], failures=["m prefill (1 thread): outputs differ"])
+    got = {t.goal: t for t in bench_portable.targets(result)}
+    one = got["portable vs original in onnxruntime CPU, one thread"]
+    assert one.met is False and one.detail.startswith("1/2 input sets <= 1.0x")
+    assert got["portable outputs bit-identical to the original's"].met is False
+    assert "DIFFER" in bench_portable.table(result)
+
+
+def test_size_table_counts_both_targets_and_the_nodes_per_site(tmp_path):
+    paths = [os.path.join(MODELS, m) for m in ("trilu_offsets_ts.onnx", "bert_ts.onnx", "band_w2_ts.onnx")]
+    out = tmp_path / "sizes.json"
+    lines: list[str] = []
+    rows = size_table.run(json_out=str(out), log=lambda *a, **k: lines.append(" ".join(map(str, a))), paths=paths)
+    by = {r.model: r for r in rows}
+    assert by["bert_ts.onnx"].sites == 0 and by["bert_ts.onnx"].expansion_per_site is None  # nothing lowered
+    tri = by["trilu_offsets_ts.onnx"]
+    assert tri.sites >= 1 and tri.nodes_dml is not None and tri.nodes_onnx is not None
+    assert tri.expansion_per_site == (tri.nodes_onnx - tri.nodes_dml + tri.sites) / tri.sites
+    assert tri.attribution in ("exact", "estimate") and tri.added_per_site is not None
+    text = "\n".join(lines)
+    assert text.startswith("| model | nodes | dml nodes | onnx nodes |") and "`--target onnx`:" in text
+    data = json.loads(out.read_text())
+    assert len(data["rows"]) == 3 and {"dml", "onnx", "sites"} <= set(data["summary"])
+    goals = size_table.goal_rows(data["summary"])
+    assert [g[0].split(" --target ")[-1][:4] for g in goals[:2]] == ["dml ", "onnx"]
+
+
+def test_cli_routes_the_new_suites(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench_portable, "run", lambda quick, json_out: calls.append(("portable", quick, json_out)))
+    monkeypatch.setattr(size_table, "run", lambda json_out: calls.append(("sizes", json_out)))
+    assert main(["portable", "--quick"]) == 0
+    assert main(["sizes", "--json", str(tmp_path / "s.json")]) == 0
+    assert calls == [("portable", True, None), ("sizes", str(tmp_path / "s.json"))]

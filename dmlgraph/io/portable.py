@@ -341,6 +341,9 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
         return None if band is None else em.op("Or" if s.value else "And", [s.data(), band], "sel")
     if et not in WHERE_TYPES:
         return None
+    arith = _arithmetic(s, r)
+    if arith is not None:
+        return arith
     if _neg_zero(s.value) or _is_nan(s.value):
         return None  # (Value sits in Where's true branch, which drops a -0.0)
     if len(r) == 2 and s.dt.kind != "f":  # integers: X may sit in Where's true branch (exact)
@@ -348,6 +351,21 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
         return None if band is None else em.op("Where", [band, s.data(), em.const("value", s.value)], "sel")
     band = s.band(r)
     return None if band is None else em.op("Where", [band, em.const("value", s.value), s.data()], "sel")
+
+
+def _arithmetic(s: _Node, r: list[Interval]) -> str | None:
+    """A `mask_arith` node written as the arithmetic it replaced, which is its stated exactness
+    (equal where X is finite, and under the lowest float while |X| < 2^103): X + a band of Value
+    (0 elsewhere). onnxruntime runs an Add with a broadcast operand faster than a Where (1.5x at a
+    1024-token prefill)."""
+    if s.n.rule != "mask_arith" or s.dt.kind != "f" or s.n.elem_type == TensorProto.FLOAT16 \
+            or s.n.elem_type not in TRILU_TYPES:
+        return None
+    em, v = s.em, s.value
+    if len(r) != 1 or not (bool(np.isinf(v)) or bool(v == np.finfo(s.dt).min)):
+        return None  # (a Value 0 is already one Trilu of X)
+    full = em.op("ConstantOfShape", [s.band_vec()], "fill", value=numpy_helper.from_array(np.array([v], s.dt)))
+    return em.op("Add", [s.data(), s.keep(full, r[0], "band")], "sel")
 
 
 def _generator(s: _Node, r: list[Interval]) -> str | None:

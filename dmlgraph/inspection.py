@@ -30,7 +30,8 @@ from dmlgraph.rewrite.nested import SCOPE, in_lowered_graph, nested_dml_nodes, q
 
 if TYPE_CHECKING:
     from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node
-    from dmlgraph.rewrite import Match, Options
+    from dmlgraph.pipeline import OptimizeResult
+    from dmlgraph.rewrite import Match, Options, PassResult
 
 Progress = Callable[[str], None]
 
@@ -439,18 +440,30 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     lowered = pipeline.lower(source, dataclasses.replace(options, allow_growth=True), target, progress,
                              loaded=loaded, check=False, census=True)
     grows = pipeline.growth(seen["model"], lowered.model) if lowered.rewrites else None
-    g, result, before = lowered.graph, lowered.passes, lowered.before
+    g, result = lowered.graph, lowered.passes
     snapshot, index, sizes, shapes = seen["snapshot"], seen["index"], seen["sizes"], seen["shapes"]
-    sites, original_dml = seen["sites"], seen["original_dml"]
     report = _header(path, seen["model"], top)
     report["schema"] = SCHEMA
     report["options"] = {"feature_level": options.feature_level.label, "target": target,
                          "exact_only": bool(options.exact_only), "top": top}
-    rules = _rule_table()
-    report["masks"] = mask_census.classify(sites, g, result) + result.census
+    report["masks"] = mask_census.classify(seen["sites"], g, result) + result.census
     report["missed"] = [r for r in report["masks"] if r["status"] == "missed"]
 
     say(f"describing {len(result.applied)} candidates")
+    candidates = _candidate_rows(result, g, index, sizes, shapes, options)
+    report["candidates"] = candidates
+    report["declined"] = _declined_rows(result, index, sizes, shapes)
+
+    say(f"exporting for target {target}")
+    report["totals"] = _totals(lowered, seen, report, target, options, grows)
+    return Inspection(_json_safe(report), snapshot)
+
+
+def _candidate_rows(result: PassResult, g: Graph, index: dict[int, int], sizes: dict[str, int],
+                    shapes: dict[str, tuple], options: Options) -> list[dict[str, Any]]:
+    """One row per applied Match: what it covers, what it lowers to, what it saves."""
+    from dmlgraph.ir.graph import DmlNode
+    rules = _rule_table()
     # What each match covers: its nodes, the constants it names, and the constants its covered nodes
     # read that are gone afterwards (a Where's fill value, an Equal's zero). A node or constant
     # covered by several candidates (shared shape plumbing) counts as "shared", never twice.
@@ -506,15 +519,24 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
             "in_lowered_graph": in_lowered_graph(m, g),
         }
         candidates.append(cand)
-    report["candidates"] = candidates
-    report["declined"] = [{"rule": m.rule, "scope": m.captures.get(SCOPE),
-                           "nodes": [_node_row(n, index, m) for n in m.nodes],
-                           "initializers": [{"name": name, "bytes": sizes.get(name, 0),
-                                             "shape": shapes.get(name, (None, None))[0],
-                                             "type": shapes.get(name, (None, None))[1]} for name in m.initializers],
-                           "reason": m.reason} for m in result.declined]
+    return candidates
 
-    say(f"exporting for target {target}")
+
+def _declined_rows(result: PassResult, index: dict[int, int], sizes: dict[str, int],
+                   shapes: dict[str, tuple]) -> list[dict[str, Any]]:
+    return [{"rule": m.rule, "scope": m.captures.get(SCOPE),
+             "nodes": [_node_row(n, index, m) for n in m.nodes],
+             "initializers": [{"name": name, "bytes": sizes.get(name, 0), "shape": shapes.get(name, (None, None))[0],
+                               "type": shapes.get(name, (None, None))[1]} for name in m.initializers],
+             "reason": m.reason} for m in result.declined]
+
+
+def _totals(lowered: OptimizeResult, seen: dict[str, Any], report: dict[str, Any], target: str, options: Options,
+            grows: str | None) -> dict[str, Any]:
+    """What `optimize` would do for the target: nodes and constants removed and added, before/after."""
+    from dmlgraph.ir.graph import DmlNode
+    g, result, before = lowered.graph, lowered.passes, lowered.before
+    index, sizes, original_dml = seen["index"], seen["sizes"], seen["original_dml"]
     exported = _model_stats(lowered.model)
     dml_now = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
     removed = [nid for nid in index if nid not in g.nodes]
@@ -526,11 +548,11 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
                     "initializer_bytes": before["initializer_bytes"],
                     "constant_bytes": before.get("constant_bytes", _model_stats(seen["model"])["constant_bytes"]),
                     "file_bytes": report["model"]["file_bytes"]}
-    report["totals"] = {
+    return {
         "target": target, "feature_level": options.feature_level.label,
         "grows": grows, "optimize_writes_lowered": bool(lowered.rewrites) and (grows is None or options.allow_growth),
         "portable": lowered.report.get("portable"),
-        "candidates": len(candidates), "declined": len(report["declined"]),
+        "candidates": len(report["candidates"]), "declined": len(report["declined"]),
         "rewrites": {k: v for k, v in result.counts.items()},
         "nodes_removed": len(removed),
         "nodes_added": exported["nodes"] - kept,
@@ -543,7 +565,6 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
         "before": before_model,
         "after": exported,
     }
-    return Inspection(_json_safe(report), snapshot)
 
 
 def inspect_model(path: str, options: Options | None = None, top: int = 10, target: str = "dml",

@@ -522,7 +522,7 @@ class Analysis:
         # diff = a * (j - i) + base, a = cj
         a = cj
         if a < 0:
-            a, base, op = -a, -base, _FLIP[op]
+            a, base, op = -a, -base, FLIP[op]
         # a * d + base OP 0  <=>  d OP' t
         if op == "==":
             t = (-base).divide(a)
@@ -568,7 +568,7 @@ class Analysis:
         return self.bounds(e, lows)
 
 # ---- helpers -------------------------------------------------------------------------------------
-_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "=="}
+FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "=="}
 
 
 def _decide(bounds: tuple[int, int], op: str) -> bool | None:

@@ -195,7 +195,9 @@ def test_the_wheel_installs_a_working_demo_and_its_models(tmp_path):
     assert "benchmarks/" not in names and "make_kv_models" not in names
     # The rules install once, as dmlgraph.passes, though dmlgraph/passes is also a symlink to passes/ (for mypy).
     rules = [line.split()[0] for line in names.splitlines() if "/passes/" in line and line.split()[0].endswith(".py")]
-    sources = [f"dmlgraph/passes/{f}" for f in os.listdir(os.path.join(ROOT, "passes")) if f.endswith(".py")]
+    top = os.path.join(ROOT, "passes")
+    sources = [f"dmlgraph/passes/{os.path.relpath(os.path.join(d, f), top).replace(os.sep, '/')}"
+               for d, _, files in os.walk(top) for f in files if f.endswith(".py")]
     assert sorted(rules) == sorted(sources)
 
 

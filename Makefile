@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/dmlgraph demo
 
 test: $(STAMP)
+	rm -rf build  # (a stale setuptools build/ would leak old modules into the wheel test)
 	$(BIN)/python -m pytest
 
 # The differential mask fuzzer's long soak: FUZZ_EXAMPLES examples per test (default 500), sizes up

@@ -29,6 +29,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
+from benchmarks.procstat import proc_status
 from dmlgraph.io.resources import DEMO_MODEL, bundled_model, models_dir
 from dmlgraph.process import process_wide
 from dmlgraph.rewrite import Options
@@ -521,23 +522,13 @@ def _peak_rss_child(command: str, path: str, out: str) -> None:
                       "peak_file_above_baseline": peaks["RssFile"] - base_parts["RssFile"], **detail}))
 
 
-def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if rest.strip().endswith("kB"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
-
-
 def _vm_hwm() -> int:
     """Peak resident set size of this process (bytes): anonymous memory and mapped file pages."""
-    return _status()["VmHWM"]
+    return proc_status()["VmHWM"]
 
 
 def _rss_parts() -> dict[str, int]:
-    s = _status()
+    s = proc_status()
     return {"RssAnon": s.get("RssAnon", 0), "RssFile": s.get("RssFile", 0)}
 
 

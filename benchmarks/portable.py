@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from benchmarks.procstat import proc_status
+
 if TYPE_CHECKING:
     import onnx
 
@@ -257,14 +259,6 @@ def bench_model(name: str, path: str, portable: bytes, feed_sets: dict[str, dict
 
 
 # ---- memory: fresh children -------------------------------------------------------------------------
-def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if rest.strip().endswith("kB"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
 
 
 def _memory_child(model_path: str, feeds_path: str) -> None:
@@ -273,15 +267,15 @@ def _memory_child(model_path: str, feeds_path: str) -> None:
     feeds = load_feeds(feeds_path)
     import onnxruntime  # noqa: F401  (imported before the baseline)
     gc.collect()
-    base = _status()["VmRSS"]
+    base = proc_status()["VmRSS"]
     sess = session(model_path, 1, memory_stats=True)
     names = [o.name for o in sess.get_outputs()]
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
         f.write("5")
-    before = _status()["VmRSS"]
+    before = proc_status()["VmRSS"]
     outputs = sess.run(names, feeds)
-    peak = _status()["VmHWM"]
+    peak = proc_status()["VmHWM"]
     print(json.dumps({"session": before - base, "run": peak - before,
                       "output_bytes": sum(int(o.nbytes) for o in outputs)}))
 
@@ -290,7 +284,7 @@ def memory_supported() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return "VmHWM" in _status()
+        return "VmHWM" in proc_status()
     except OSError:
         return False
 

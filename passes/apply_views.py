@@ -23,16 +23,12 @@ from dmlgraph.passes.broadcast import (
     static_broadcast,
     vector_dims,
 )
-from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
+from dmlgraph.passes.common import const_value, int_list, lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule
 
 
 def _axes(graph: Graph, node: OnnxNode) -> list[int] | None:
-    if len(node.inputs) > 1 and node.inputs[1] is not None:
-        arr = const_value(graph, node.inputs[1])
-        return None if arr is None else [int(a) for a in np.asarray(arr).reshape(-1)]
-    axes = node.attr("axes")
-    return None if axes is None else [int(a) for a in axes]
+    return int_list(graph, node, "axes")
 
 
 def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:

@@ -60,6 +60,16 @@ def _initializer_value(graph: Graph, v: Value) -> np.ndarray:
 
 
 @functools.cache  # (numpy scalars are immutable: one per type, not one per rewritten node)
+def int_list(graph: Graph, n: OnnxNode, attribute: str) -> list[int] | None:
+    """The ints an op takes as its second input (opset 13 on) or as an attribute before that
+    (Split's sizes, Squeeze's and Unsqueeze's axes); None when they are not constants."""
+    if len(n.inputs) > 1 and n.inputs[1] is not None:
+        arr = const_value(graph, n.inputs[1])
+        return None if arr is None else [int(a) for a in np.asarray(arr).reshape(-1)]
+    found = n.attr(attribute)
+    return None if found is None else [int(a) for a in found]
+
+
 def zero_of(elem_type: int) -> np.generic:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).type(0)
 

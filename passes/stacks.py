@@ -17,7 +17,7 @@ from typing import cast
 import numpy as np
 
 from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
-from dmlgraph.passes.common import const_value, standin
+from dmlgraph.passes.common import const_value, int_list, standin
 from dmlgraph.rewrite import Match, Options, Replacement, Rule, detached
 
 STANDARD = ("", "ai.onnx")
@@ -45,11 +45,7 @@ def _slice_axes(graph: Graph, n: OnnxNode, rank: int) -> list[int] | None:
 
 
 def _split_sizes(graph: Graph, n: OnnxNode) -> list[int] | None:
-    if len(n.inputs) > 1 and n.inputs[1] is not None:
-        sizes = const_value(graph, n.inputs[1])
-        return None if sizes is None else [int(s) for s in np.asarray(sizes).reshape(-1)]
-    split = n.attr("split")
-    return None if split is None else [int(s) for s in split]
+    return int_list(graph, n, "split")
 
 
 def _match(graph: Graph, node: Node, options: Options) -> Match | None:

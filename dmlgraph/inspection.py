@@ -439,7 +439,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     # input where the lowering would grow the model on this target, unless asked to allow that).
     lowered = pipeline.lower(source, dataclasses.replace(options, allow_growth=True), target, progress,
                              loaded=loaded, check=False, census=True)
-    grows = pipeline.growth(seen["model"], lowered.model) if lowered.rewrites else None
+    grows = lowered.report["grows"] if lowered.rewrites else None
     g, result = lowered.graph, lowered.passes
     snapshot, index, sizes, shapes = seen["snapshot"], seen["index"], seen["sizes"], seen["shapes"]
     report = _header(path, seen["model"], top)

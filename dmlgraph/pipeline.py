@@ -358,6 +358,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "lowered": [match_record(m) | {"dml": _dml_summary(m)} for m in result.applied],
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
+        "grows": grown,  # how the lowering would make the model bigger (then kept unless allow_growth)
     }
     if target == "onnx" and result.applied:
         report["portable"] = portable_summary([*[n for n in g.nodes.values() if isinstance(n, DmlNode)],

@@ -21,6 +21,7 @@ from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.io import saving
 from dmlgraph.io.modelfile import check_model, check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
 from dmlgraph.io.onnx_io import export_model, import_model
+from dmlgraph.io.portable import ONE_OPERATOR
 from dmlgraph.io.saving import atomic_writer, check_for_save, output_target
 from dmlgraph.io.shape_inference import PendingShapes
 from dmlgraph.ir.dtypes import bitwise_equal
@@ -376,7 +377,6 @@ def portable_summary(nodes: Iterable[DmlNode]) -> dict[str, Any]:
     """How the portable output writes the lowered sites: how many are one Trilu / EyeLike (one
     DIAGONAL_MATRIX1 / DIAGONAL_MATRIX on onnxruntime's DML provider, `triangular` in WebNN), and
     what each other form is (`io.portable.form`)."""
-    from dmlgraph.io.portable import ONE_OPERATOR
     forms = Counter(n.portable_form for n in nodes if n.portable_form is not None)
     return {"sites": sum(forms.values()), "one_operator": sum(c for f, c in forms.items() if f in ONE_OPERATOR),
             "forms": dict(forms.most_common())}

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from dmlgraph.inspection import format_bytes
+from dmlgraph.io.portable import ONE_OPERATOR
 
 
 def before_after_table(before: dict, after: dict) -> str:
@@ -56,7 +57,7 @@ def portable_lines(p: dict) -> list[str]:
     """How many sites run as one DIAGONAL_MATRIX1 where the portable output runs, and the others."""
     lines = [f"portable form: {p['one_operator']} of {p['sites']} sites are one Trilu or EyeLike (one "
              "DIAGONAL_MATRIX1 on onnxruntime's DML provider, triangular in WebNN)"]
-    lines += [f"  x{n}: {form}" for form, n in p["forms"].items() if not form.startswith("one ")]
+    lines += [f"  x{n}: {form}" for form, n in p["forms"].items() if form not in ONE_OPERATOR]
     return lines
 
 

@@ -195,11 +195,8 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
     from dmlgraph.passes.scoped import varying_masks
 
     manager = PassManager(default_phases(), options)  # (one for the main graph and every body)
-    arrays: dict = {}  # the bodies' small constants decoded (`passes.common.const_value`), shared by all
 
     def flat(graph: Graph) -> PassResult:
-        if graph is not g:  # (each body reads the enclosing constants its siblings read: decoded once)
-            graph.scratch["constant_arrays"] = arrays
         return manager.run(graph, progress if graph is g else None)
 
     return optimize_nested(g, flat, varying_masks, mask_census.body_census if census else None)

@@ -32,7 +32,7 @@ from dmlgraph.passes.broadcast import (
     vector_dims,
 )
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
-from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.rewrite import Context, Match, Options, Replacement, Rule
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 INF = math.inf
@@ -369,7 +369,7 @@ def _part_shape(p: Part) -> tuple | None:
     return None
 
 
-def build(plan: Plan, graph: Graph | None = None) -> Replacement:
+def build(plan: Plan, ctx: Context | None = None) -> Replacement:
     """The planned DIAGONAL_MATRIX1 in place of the node (with the helper nodes its input and
     sizes need), as a Replacement: nothing here touches the graph."""
     node, out, x = plan.node, plan.node.outputs[0], plan.x
@@ -386,7 +386,7 @@ def build(plan: Plan, graph: Graph | None = None) -> Replacement:
         xv = built.node(op_type, ins, f"{hint}__input", out.elem_type, _part_shape(x), attributes=node.attributes)
     shape = plan.sizes
     if plan.shape is not None:
-        shape = build_broadcast(plan.shape, hint, built, graph)
+        shape = build_broadcast(plan.shape, hint, built, ctx)
         if plan.matrix is not None:
             shape = build_matrix_of(shape, plan.matrix, hint, built)
     dml = DmlNode(node.name, xv, shape, plan.band.inputs[2], standin(out, out.elem_type),
@@ -440,7 +440,8 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
     computed once (each layer's `Add(scores, mask)` of a padded mask stays one Add of the shared mask)."""
     APPLICATIONS[name] = (op_types, band_inputs, evaluate)
 
-    def match(graph: Graph, node: Node, options: Options) -> Match | None:
+    def match(ctx: Context, node: Node) -> Match | None:
+        graph, options = ctx.graph, ctx.options
         if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
             return None
         declined = None
@@ -453,8 +454,8 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
             declined = declined or m
         return declined
 
-    def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
-        return build(m.captures["plan"], graph)
+    def rewrite(ctx: Context, m: Match) -> Replacement:
+        return build(m.captures["plan"], ctx)
 
     return Rule(name, op_types, match, rewrite, exact=exact, description=description)
 
@@ -480,7 +481,8 @@ MASK_WHERE = application_rule(
 
 
 # ---- chain --------------------------------------------------------------------------------------
-def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
+def _match_chain(ctx: Context, node: Node) -> Match | None:
+    graph = ctx.graph
     if not isinstance(node, DmlNode) or node.kind != "DiagonalMatrix1":
         return None
     inner = node.inputs[0].producer if node.inputs[0] is not None else None
@@ -501,7 +503,7 @@ def _match_chain(graph: Graph, node: Node, options: Options) -> Match | None:
     return Match("chain", [inner, node], dml=dml)
 
 
-def _rewrite_chain(graph: Graph, m: Match, options: Options) -> Replacement:
+def _rewrite_chain(ctx: Context, m: Match) -> Replacement:
     inner, outer = m.nodes
     r = replace_node(outer, m.dml)
     r.removes.append(inner)  # (read only by `outer`: the match checked)

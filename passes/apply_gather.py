@@ -14,7 +14,7 @@ from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.apply import _outside, complement
 from dmlgraph.passes.broadcast import keeps_matrix
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
-from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.rewrite import Context, Match, Replacement, Rule
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 
@@ -50,7 +50,8 @@ def _index_band(graph: Graph, index: Value | None) -> tuple[DmlNode, tuple[Dim, 
     return d, shape
 
 
-def _match(graph: Graph, node: Node, options: Options) -> Match | None:
+def _match(ctx: Context, node: Node) -> Match | None:
+    graph, options = ctx.graph, ctx.options
     if not isinstance(node, OnnxNode) or len(node.inputs) != 2 or not _is_axis0(graph, node.input(1)):
         return None
     gather = _producer(node.input(0), "GatherElements")
@@ -91,7 +92,7 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     return m
 
 
-def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+def _rewrite(ctx: Context, m: Match) -> Replacement:
     return replace_node(m.nodes[0], m.dml)
 
 

@@ -24,14 +24,15 @@ from dmlgraph.passes.broadcast import (
     vector_dims,
 )
 from dmlgraph.passes.common import const_value, int_list, lowering_reason, replace_node, standin
-from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.rewrite import Context, Match, Options, Replacement, Rule
 
 
 def _axes(graph: Graph, node: OnnxNode) -> list[int] | None:
     return int_list(graph, node, "axes")
 
 
-def _match_view(graph: Graph, node: Node, options: Options) -> Match | None:
+def _match_view(ctx: Context, node: Node) -> Match | None:
+    graph, options = ctx.graph, ctx.options
     if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or not band_operands(graph, node, (0,)):
         return None
     d_value, out = cast(Value, node.inputs[0]), node.outputs[0]
@@ -116,7 +117,8 @@ def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None,
     return m
 
 
-def _rewrite_view(graph: Graph, m: Match, options: Options) -> Replacement:
+def _rewrite_view(ctx: Context, m: Match) -> Replacement:
+    graph = ctx.graph
     node = cast(OnnxNode, m.nodes[0])
     d_value = cast(Value, node.inputs[0])
     d = cast(DmlNode, d_value.producer)
@@ -135,7 +137,7 @@ def _rewrite_view(graph: Graph, m: Match, options: Options) -> Replacement:
         if static is None:
             static = static_broadcast(sources)
         if static is None and not (x is not None and same_dims(x.shape, out.shape)):
-            shape = build_broadcast(sources, out.name, built, graph)
+            shape = build_broadcast(sources, out.name, built, ctx)
     dml = DmlNode(node.name, x, shape, d.inputs[2], standin(out, d.elem_type), elem_type=d.elem_type,
                   value=d.value, begin=d.begin, end=d.end, static_shape=static, exact=d.exact)
     r = replace_node(node, dml, *built.nodes)

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 from dmlgraph.ir.frozen import Frozen
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
-from dmlgraph.rewrite import detached, detached_constant
+from dmlgraph.rewrite import Context, detached, detached_constant
 
 
 @dataclass
@@ -201,12 +201,13 @@ def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Di
     return out, per
 
 
-def _settled_vector(graph: Graph, sources: list[ShapeSource], hint: str, built: Built) -> Value | None:
+def _settled_vector(ctx: Context, sources: list[ShapeSource], hint: str, built: Built) -> Value | None:
     """The broadcast's sizes without an "is this dim 1" chain, when inference settles it: a source
     already holding them, else the dims read where the model reads them (`sizes.SizeBuilder`)."""
     from dmlgraph.passes.sizes import Made, SizeBuilder, locate
     from dmlgraph.passes.symbolic import Lin
 
+    graph = ctx.graph
     settled = settled_broadcast(graph, sources)
     if settled is None:
         return None
@@ -221,17 +222,17 @@ def _settled_vector(graph: Graph, sources: list[ShapeSource], hint: str, built: 
     if not all(isinstance(d, int) or (isinstance(d, str) and locate(graph, [], d) is not None) for d in dims):
         return None
     made = Made()
-    vec = SizeBuilder(graph, [], made).vector([Lin.of(d) if isinstance(d, int) else Lin.sym(cast(str, d))
+    vec = SizeBuilder(ctx, [], made).vector([Lin.of(d) if isinstance(d, int) else Lin.sym(cast(str, d))
                                                for d in dims], hint)
     built.nodes.extend(made.nodes)
     built.initializers.extend(made.initializers)
     return vec
 
 
-def build_broadcast(sources: list[ShapeSource], hint: str, built: Built, graph: Graph | None = None) -> Value:
+def build_broadcast(sources: list[ShapeSource], hint: str, built: Built, ctx: Context | None = None) -> Value:
     """The broadcast of `sources` (a 1-D int64 value), computed by nodes added to `built`."""
-    if graph is not None:
-        settled = _settled_vector(graph, sources, hint, built)
+    if ctx is not None:
+        settled = _settled_vector(ctx, sources, hint, built)
         if settled is not None:
             return settled
     rank = max(s.rank for s in sources)

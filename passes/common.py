@@ -22,7 +22,7 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
     if v is None or v.name in graph.overridable_inputs:
         return None
     if v.name in graph.initializers:
-        return _initializer_value(graph, v)
+        return _initializer_value(v)
     p = v.producer
     if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
         for a in p.attributes:
@@ -38,8 +38,8 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
 CACHED_CONSTANT_BYTES = 1 << 16
 
 
-def _initializer_value(graph: Graph, v: Value) -> np.ndarray:
-    """`initializer_array`, remembered per graph for small inline tensors (read-only).
+def _initializer_value(v: Value) -> np.ndarray:
+    """`initializer_array`, remembered on the Value for small inline tensors (read-only).
 
     Rules ask for the same index constants many times per optimize (data-freeness, signatures,
     integer bounds, stored masks), and decoding a TensorProto costs more than the rule's test.
@@ -48,18 +48,16 @@ def _initializer_value(graph: Graph, v: Value) -> np.ndarray:
     """
     if v.array is not None:
         return v.array
-    cache = graph.scratch.setdefault("constant_arrays", {})
-    hit = cache.get(v.name)
+    hit = v.decoded
     if hit is not None and hit[0] is v.initializer:
         return hit[1]
     arr = initializer_array(v)
-    if not isinstance(arr, np.memmap) and arr.nbytes <= CACHED_CONSTANT_BYTES:
+    if v.initializer is not None and not isinstance(arr, np.memmap) and arr.nbytes <= CACHED_CONSTANT_BYTES:
         arr.setflags(write=False)
-        cache[v.name] = (v.initializer, arr)
+        v.decoded = (v.initializer, arr)
     return arr
 
 
-@functools.cache  # (numpy scalars are immutable: one per type, not one per rewritten node)
 def int_list(graph: Graph, n: OnnxNode, attribute: str) -> list[int] | None:
     """The ints an op takes as its second input (opset 13 on) or as an attribute before that
     (Split's sizes, Squeeze's and Unsqueeze's axes); None when they are not constants."""
@@ -70,6 +68,7 @@ def int_list(graph: Graph, n: OnnxNode, attribute: str) -> list[int] | None:
     return None if found is None else [int(a) for a in found]
 
 
+@functools.cache  # (numpy scalars are immutable: one per type, not one per rewritten node)
 def zero_of(elem_type: int) -> np.generic:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).type(0)
 

@@ -6,6 +6,7 @@ import math
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
 from dmlgraph.passes.generators import band_of
+from dmlgraph.rewrite import Context
 
 SHAPE_OPS = {"Shape", "Size"}
 INDEX_OPS = SHAPE_OPS | {
@@ -160,12 +161,9 @@ def subgraph_target(g: Graph, p: Node) -> Value:
     return p.outputs[0]
 
 
-def data_free_of(graph: Graph) -> DataFree:
-    """The graph's DataFree, built once and updated from the change log on each call."""
-    df = getattr(graph, "_data_free", None)  # kept with the graph: small, and updated in place
-    if df is None:
-        df = DataFree(graph)
-        graph._data_free = df  # type: ignore[attr-defined]
+def data_free_of(ctx: Context) -> DataFree:
+    """The run's DataFree, built once and updated from the graph's change log on each call."""
+    df = ctx.analysis(DataFree)
     df.update()
     return df
 

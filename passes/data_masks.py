@@ -12,9 +12,9 @@ declining is the right answer). It never rewrites anything.
 """
 from __future__ import annotations
 
-from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Node, OnnxNode, Value
 from dmlgraph.passes.data_free import SHAPE_OPS, data_free_of
-from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.rewrite import Context, Match, Replacement, Rule
 
 COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")
 GRID_SOURCES = {"Range", "CumSum", "EyeLike", "Trilu"}
@@ -43,14 +43,15 @@ def _walk(v: Value) -> tuple[list[Node], list[Value]]:
     return nodes, inputs
 
 
-def _match_data_mask(graph: Graph, node: Node, options: Options) -> Match | None:
+def _match_data_mask(ctx: Context, node: Node) -> Match | None:
+    graph = ctx.graph
     if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2 \
             or any(v is None for v in node.inputs):
         return None
     out = node.outputs[0]
     if out.shape is not None and len(out.shape) < 2:
         return None
-    df = data_free_of(graph)
+    df = data_free_of(ctx)
     grid = data = None
     for v in node.inputs:
         assert v is not None
@@ -74,7 +75,7 @@ def _other(node: Node, v: Value) -> Value:
     return next((x for x in node.inputs if x is not None and x is not v), v)
 
 
-def _never(graph: Graph, m: Match, options: Options) -> Replacement:
+def _never(ctx: Context, m: Match) -> Replacement:
     raise AssertionError("data_mask only declines")  # (every match it returns carries a reason)
 
 

@@ -9,15 +9,16 @@ from __future__ import annotations
 from onnx import TensorProto
 
 from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN
-from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode
+from dmlgraph.ir.graph import DmlNode, Node, OnnxNode
 from dmlgraph.ir.ops import FeatureLevel
 from dmlgraph.passes.common import lowering_reason, one_of, replace_node, standin
-from dmlgraph.rewrite import Match, Options, Replacement, Rule, detached
+from dmlgraph.rewrite import Context, Match, Replacement, Rule, detached
 
 _TENSOR_TYPES = frozenset(v for _, v in TensorProto.DataType.items()) - {TensorProto.UNDEFINED}
 
 
-def _match(graph: Graph, node: Node, options: Options) -> Match | None:
+def _match(ctx: Context, node: Node) -> Match | None:
+    options = ctx.options
     if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx"):
         return None
     x = node.input(0)
@@ -49,7 +50,7 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     return m
 
 
-def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+def _rewrite(ctx: Context, m: Match) -> Replacement:
     shape_node = m.captures.get("shape_node")
     return replace_node(m.nodes[0], m.dml, *([shape_node] if shape_node else []))
 

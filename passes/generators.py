@@ -9,6 +9,7 @@ from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN
 from dmlgraph.ir.graph import DmlNode, Graph, Value
 from dmlgraph.ir.ops import bind_range
 from dmlgraph.passes.sizes import Made, constant
+from dmlgraph.rewrite import Context
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 
@@ -22,13 +23,13 @@ def _is_zero(v: object) -> bool:
     return bool(a == 0) and not (a.dtype.kind == "f" and np.signbit(a))
 
 
-def generator(graph: Graph, p: BandPattern, elem_type: int, name: str, output: Value,
+def generator(ctx: Context, p: BandPattern, elem_type: int, name: str, output: Value,
               shape: Value | None, static_shape: tuple[int, ...] | None, made: Made) -> DmlNode:
     """The DmlNode producing pattern `p` into `output` (detached); a nonzero 'else' value becomes a
     scalar input (a constant the graph holds, or one added to `made`)."""
     x = None
     if not _is_zero(p.other):
-        x = constant(graph, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()),
+        x = constant(ctx, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()),
                      made)
     begin, end = _bounds(p)
     return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,

@@ -43,7 +43,7 @@ from dmlgraph.passes.symbolic import (
 )
 from dmlgraph.passes.symbolic_ops import evaluate
 from dmlgraph.process import address_space_headroom
-from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.rewrite import Context, Match, Options, Replacement, Rule
 from dmlgraph.runtime.onnx_runner import OnnxRunner, numpy_dtype
 
 
@@ -190,10 +190,11 @@ def _reads_stored_matrix(graph: Graph, nodes: list[Node]) -> bool:
                for n in nodes for v in n.inputs)
 
 
-def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
+def _match_subgraph(ctx: Context, node: Node) -> Match | None:
+    graph, options = ctx.graph, ctx.options
     if not isinstance(node, OnnxNode) or node.op_type in SHAPE_OPS or node.op_type == "Constant":
         return None
-    df = data_free_of(graph)
+    df = data_free_of(ctx)
     if not node.outputs or not df.is_free(node.outputs[0]):
         return None
     target = subgraph_target(graph, node)
@@ -215,7 +216,7 @@ def _match_subgraph(graph: Graph, node: Node, options: Options) -> Match | None:
         m.reason = "an input feeding the mask has an unknown shape"
         return m
     # Copies of one subgraph (exporters emit one per layer) share a signature, and so a verdict.
-    verdicts = graph.scratch.setdefault("mask_verdicts", {})
+    verdicts = ctx.analysis(Verdicts)
     signature = _signature(graph, nodes, inputs, target, symbolic)
     verdict = verdicts.get(signature)
     if verdict is None:
@@ -257,6 +258,14 @@ def _no_band_reason(nodes: list[Node], target: Value) -> str | None:
         return (f"its cone uses {outside.op_type} {outside.name!r}, which the size analysis does not cover, so no "
                 "band can be proved for every size")
     return "it is not one band: one value everywhere, or not one diagonal fill"
+
+
+class Verdicts(dict):
+    """The run's verdict per mask-cone signature (a context analysis, `ctx.analysis(Verdicts)`):
+    exporters emit one copy of a cone per layer, and the copies share a signature."""
+
+    def __init__(self, graph: Graph):
+        super().__init__()
 
 
 def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str],
@@ -377,7 +386,8 @@ def _finish_sized(graph: Graph, m: Match, target: Value, fill: SizedFill, inputs
     return m
 
 
-def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
+def _rewrite_subgraph(ctx: Context, m: Match) -> Replacement:
+    graph = ctx.graph
     proto = m.dml
     assert proto is not None, "the match made its DmlNode"
     target = proto.outputs[0]
@@ -386,10 +396,10 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
     old = graph.values[target.name]
     if fill is None:  # evaluated at its one static size
         target.shape = proto.static_shape  # (`target` is the match's detached stand-in, not the graph's value)
-        node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, target, None,
+        node = generator(ctx, m.captures["pattern"], proto.elem_type, proto.name, target, None,
                          proto.static_shape, made)
     else:
-        sizes = SizeBuilder(graph, m.captures["inputs"], made, {n: (e, k) for n, e, k in fill.derived})
+        sizes = SizeBuilder(ctx, m.captures["inputs"], made, {n: (e, k) for n, e, k in fill.derived})
         shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
         k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
         guard = sizes.guard(fill.sizes())  # (the dim-name claims the sizes rest on, checked when it runs)
@@ -398,7 +408,7 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
         # What we proved about the sizes beats what shape inference guessed (often unk__N names).
         target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
         x = None if _is_zero(fill.other) else constant(
-            graph, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()), made)
+            ctx, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()), made)
         node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value,
                        begin=fill.begin, end=fill.end, static_shape=proto.static_shape)
     return Replacement(nodes=[*made.nodes, node], initializers=made.initializers,
@@ -406,5 +416,5 @@ def _rewrite_subgraph(graph: Graph, m: Match, options: Options) -> Replacement:
 
 
 MASK_SUBGRAPH = Rule("mask_subgraph", ("*",), _match_subgraph, _rewrite_subgraph, exact="bit-exact",
-                     candidates=lambda graph: data_free_of(graph).frontier(),
+                     candidates=lambda ctx: data_free_of(ctx).frontier(),
                      description="shape-only mask subgraph -> one DIAGONAL_MATRIX1 generator")

@@ -18,7 +18,17 @@ from dmlgraph.ir.dtypes import bitwise_equal
 from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
 from dmlgraph.passes.symbolic import Clamp, Difference, Dim, Lin, Symbol
-from dmlgraph.rewrite import detached, detached_constant
+from dmlgraph.rewrite import Context, detached, detached_constant
+
+
+class SizeMemo:
+    """One optimizer run's size nodes and constants, found again by what they compute (a context
+    analysis: `ctx.analysis(SizeMemo)`), so copies of one mask share their plumbing."""
+
+    def __init__(self, graph: Graph):
+        self.constants: dict[tuple, tuple[Value, TensorProto | None, np.ndarray | None]] = {}
+        self.plumbing: dict[tuple, Node] | None = None  # the graph's size nodes by _plumbing_key
+        self.values: dict[tuple, tuple[Value, list]] = {}  # SizeBuilder's results, with the nodes they read
 
 
 @dataclass
@@ -32,10 +42,9 @@ class Made:
     plumbing: dict[tuple, Node] = field(default_factory=dict)
 
 
-def constant(graph: Graph, name: str, arr: np.ndarray, made: Made) -> Value:
+def constant(ctx: Context, name: str, arr: np.ndarray, made: Made) -> Value:
     """The initializer `name` if it already holds exactly `arr`, else a new one (added to `made`)."""
-    # each rewrite asks for the same few
-    found: dict[tuple, tuple[Value, TensorProto | None, np.ndarray | None]] = graph.scratch.setdefault("constants", {})
+    graph, found = ctx.graph, ctx.analysis(SizeMemo).constants  # (each rewrite asks for the same few)
     key = (name, arr.dtype.str, arr.shape, arr.tobytes())
     if key in made.constants:
         return made.constants[key]
@@ -70,7 +79,7 @@ def _plumbing_key(op_type: str, inputs: Sequence[Value | None], attributes: Sequ
     return op_type, tuple(id(v) for v in inputs), tuple(a if isinstance(a, tuple) else (a.name, a.i) for a in attributes)
 
 
-def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None) -> Value | None:
+def _existing(ctx: Context, op_type: str, inputs: list[Value], axis: int | None) -> Value | None:
     """The output of a node already computing op_type(inputs) (axis attribute as given), if any.
 
     Reusing it keeps shared size plumbing shared, and makes optimizing a portable export again
@@ -78,9 +87,10 @@ def _existing(graph: Graph, op_type: str, inputs: list[Value], axis: int | None)
     plumbing, built once per optimizer run (scanning the input's consumers instead is quadratic
     when thousands of blocks read the same input's shape).
     """
-    index: dict[tuple, Node] | None = graph.scratch.get("size_plumbing")
+    graph, memo = ctx.graph, ctx.analysis(SizeMemo)
+    index = memo.plumbing
     if index is None:
-        index = graph.scratch["size_plumbing"] = {}
+        index = memo.plumbing = {}
         for p in graph.nodes.values():
             if _plumbing(p):
                 index.setdefault(_plumbing_key(p.op_type, p.inputs, p.attributes), p)
@@ -154,9 +164,9 @@ class SizeBuilder:
     to `made`, detached: the rewriter adds them with the generator.
     """
 
-    def __init__(self, graph: Graph, inputs: Sequence[Value], made: Made,
+    def __init__(self, ctx: Context, inputs: Sequence[Value], made: Made,
                  derived: dict[Symbol, tuple[Lin, int]] | None = None):
-        self.graph = graph
+        self.ctx, self.graph, self.memo = ctx, ctx.graph, ctx.analysis(SizeMemo)
         self.inputs = list(inputs)
         self.made = made
         self.derived = derived or {}  # symbols standing for e // k
@@ -170,7 +180,7 @@ class SizeBuilder:
         """A 0-D int64 tensor holding e: the run-time shift of a mask's bounds."""
         def make(chain: list) -> Value:
             one = self.dim(e, chain)
-            empty = constant(self.graph, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
+            empty = constant(self.ctx, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
             return self._node("Reshape", [one, empty], f"{one.name}__scalar", chain, shape=())
         return self._cached(("scalar", self._key(e)), make)
 
@@ -252,7 +262,7 @@ class SizeBuilder:
                                 shape=(1,))
                 acc = ok if acc is None else self._node("Add", [acc, ok], f"{acc.name}__and", chain, shape=(1,))
             assert acc is not None
-            empty = constant(self.graph, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
+            empty = constant(self.ctx, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
             return self._node("Reshape", [acc, empty], f"{acc.name}__scalar", chain, shape=())
         return self._cached(("guard", tuple((self._source(s), s) for s in syms)), make)
 
@@ -263,11 +273,11 @@ class SizeBuilder:
     def _read(self, v: Value, axis: int, chain: list) -> Value:
         """A [1] int64 tensor holding v's size on `axis`."""
         shape = self._node("Shape", [v], f"{v.name}__shape", chain, shape=(len(v.shape or ()),))
-        idx = constant(self.graph, f"dmlgraph__axis{axis}", np.array([axis], np.int64), self.made)
+        idx = constant(self.ctx, f"dmlgraph__axis{axis}", np.array([axis], np.int64), self.made)
         return self._node("Gather", [shape, idx], f"{v.name}__dim{axis}", chain, axis=0, shape=(1,))
 
     def _const(self, c: int) -> Value:
-        return constant(self.graph, f"dmlgraph__size{c}" if c >= 0 else f"dmlgraph__size_neg{-c}",
+        return constant(self.ctx, f"dmlgraph__size{c}" if c >= 0 else f"dmlgraph__size_neg{-c}",
                         np.array([c], np.int64), self.made)
 
     def _key(self, d: Dim) -> tuple:
@@ -287,7 +297,7 @@ class SizeBuilder:
 
     def _cached(self, key: tuple, make: Callable[[list], Value]) -> Value:
         """The value made for `key` before, while every node of it is alive and reads what it read."""
-        done = self.graph.scratch.setdefault("size_values", {})
+        done = self.memo.values
         hit = done.get(key)
         if hit is not None and all(n.id in self.graph.nodes and n.inputs == ins for n, ins in hit[1]):
             return hit[0]
@@ -302,13 +312,14 @@ class SizeBuilder:
         key = _plumbing_key(op_type, inputs, attrs)
         n = self.made.plumbing.get(key)
         out = n.outputs[0] if n is not None else \
-            _existing(self.graph, op_type, inputs, axis) if op_type in _PLUMBING_OPS else None
+            _existing(self.ctx, op_type, inputs, axis) if op_type in _PLUMBING_OPS else None
         if out is None:
             out = detached(name_hint, TensorProto.INT64, shape)
             n = OnnxNode("", op_type, inputs, [out], attrs)  # the rewriter names it after its output
             self.made.plumbing[key] = n
             if op_type in _PLUMBING_OPS:
-                self.graph.scratch.setdefault("size_plumbing", {})[key] = n
+                if self.memo.plumbing is not None:  # (else made with the index, on first use)
+                    self.memo.plumbing[key] = n
             self.made.nodes.append(n)
         n = n if n is not None else out.producer
         assert n is not None

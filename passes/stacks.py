@@ -18,7 +18,7 @@ import numpy as np
 
 from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value, int_list, standin
-from dmlgraph.rewrite import Match, Options, Replacement, Rule, detached
+from dmlgraph.rewrite import Context, Match, Replacement, Rule, detached
 
 STANDARD = ("", "ai.onnx")
 
@@ -48,7 +48,8 @@ def _split_sizes(graph: Graph, n: OnnxNode) -> list[int] | None:
     return int_list(graph, n, "split")
 
 
-def _match(graph: Graph, node: Node, options: Options) -> Match | None:
+def _match(ctx: Context, node: Node) -> Match | None:
+    graph = ctx.graph
     if not _standard(node, "Split"):
         return None
     split = cast(OnnxNode, node)
@@ -80,7 +81,7 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
                  {"parts": parts, "slices": slices[::-1], "split": split})
 
 
-def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+def _rewrite(ctx: Context, m: Match) -> Replacement:
     split: OnnxNode = m.captures["split"]
     nodes: list[Node] = []
     replaces = []

@@ -13,16 +13,17 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from dmlgraph.io.modelfile import RAW_ITEMSIZE
-from dmlgraph.ir.graph import DmlNode, Graph, Node, Value
+from dmlgraph.ir.graph import DmlNode, Node, Value
 from dmlgraph.passes.apply import absorbed
 from dmlgraph.passes.common import const_value, lowering_reason, standin
 from dmlgraph.passes.generators import _bounds, _node_bytes, band_of, generator
 from dmlgraph.passes.sizes import Made
-from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.rewrite import Context, Match, Replacement, Rule
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 
-def _match_stored(graph: Graph, item: Value | Node, options: Options) -> Match | None:
+def _match_stored(ctx: Context, item: Value | Node) -> Match | None:
+    graph, options = ctx.graph, ctx.options
     if isinstance(item, Value):
         value = item
         if item.shape is None or len(item.shape) < 2 or item.elem_type in (None, TensorProto.STRING):
@@ -82,22 +83,24 @@ def _first_row_varies(v: Value, head: int = 16) -> bool:
     return sum(a != b for a, b in zip(items, items[1:])) > 2
 
 
-def _rewrite_stored(graph: Graph, m: Match, options: Options) -> Replacement:
+def _rewrite_stored(ctx: Context, m: Match) -> Replacement:
+    graph = ctx.graph
     proto = m.dml
     assert proto is not None, "the match made its DmlNode"
     value = proto.outputs[0]
     made = Made()
-    node = generator(graph, m.captures["pattern"], proto.elem_type, proto.name, value, None,
+    node = generator(ctx, m.captures["pattern"], proto.elem_type, proto.name, value, None,
                      proto.static_shape, made)
     old = graph.initializers[value.name] if m.initializers else m.nodes[0].outputs[0]
     return Replacement(nodes=[node], initializers=made.initializers, replaces=[(old, node.outputs[0])],
                        removes=list(m.nodes))
 
 
-def _stored_candidates(graph: Graph) -> list[Value | Node]:
+def _stored_candidates(ctx: Context) -> list[Value | Node]:
     """What `_match_stored` looks at, in the order the anchors offer it: stored constants of 2 or
     more dims (most stored constants of a model are scalars and vectors, offered in vain), then
     Constant nodes."""
+    graph = ctx.graph
     return [*(v for v in graph.initializers.values() if v.shape is not None and len(v.shape) >= 2),
             *graph.by_op.get("Constant", {}).values()]
 

@@ -7,13 +7,14 @@ wrapped); a run-time k stays an input that shifts the bounded end when the node 
 """
 from __future__ import annotations
 
-from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode
+from dmlgraph.ir.graph import DmlNode, Node, OnnxNode
 from dmlgraph.ir.ops import clamp_bound
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin, zero_of
-from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.rewrite import Context, Match, Replacement, Rule
 
 
-def _match(graph: Graph, node: Node, options: Options) -> Match | None:
+def _match(ctx: Context, node: Node) -> Match | None:
+    graph, options = ctx.graph, ctx.options
     if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx"):
         return None
     x, k_in = node.input(0), node.input(1)
@@ -43,7 +44,7 @@ def _match(graph: Graph, node: Node, options: Options) -> Match | None:
     return m
 
 
-def _rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+def _rewrite(ctx: Context, m: Match) -> Replacement:
     return replace_node(m.nodes[0], m.dml)
 
 

@@ -14,7 +14,7 @@ from dmlgraph import pipeline
 from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.ir.graph import DmlNode
 from dmlgraph.passes.apply import complement, union
-from dmlgraph.rewrite import Options, Replacement, Rewriter
+from dmlgraph.rewrite import Context, Options, Replacement, Rewriter
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
@@ -357,13 +357,13 @@ def test_size_plumbing_lookup_finds_a_live_twin_after_the_indexed_node_is_remove
         [h.make_tensor_value_info("s1", T.INT64, [2]), h.make_tensor_value_info("s2", T.INT64, [2])]),
         opset_imports=[h.make_opsetid("", 17)], ir_version=10)
     g = import_model(m)
-    x = g.values["x"]
-    assert masks._existing(g, "Shape", [x], None) is g.values["s1"]  # the first one, indexed
+    x, ctx = g.values["x"], Context(g)
+    assert masks._existing(ctx, "Shape", [x], None) is g.values["s1"]  # the first one, indexed
     g.remove_node(g.values["s1"].producer)
-    assert masks._existing(g, "Shape", [x], None) is g.values["s2"]  # its live twin
+    assert masks._existing(ctx, "Shape", [x], None) is g.values["s2"]  # its live twin
     g.remove_node(g.values["s2"].producer)
-    assert masks._existing(g, "Shape", [x], None) is None
-    assert masks._existing(g, "Gather", [x], 0) is None
+    assert masks._existing(ctx, "Shape", [x], None) is None
+    assert masks._existing(ctx, "Gather", [x], 0) is None
 
 
 def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
@@ -376,11 +376,11 @@ def test_size_nodes_are_reused_while_alive_and_remade_once_removed():
     g = import_model(m)
     x = g.values["x"]
     dims = [Lin.sym("b"), Lin.sym("b")]
-    rewriter = Rewriter(g)
+    rewriter, ctx = Rewriter(g), Context(g)
 
     def sizes_for(hint):
         made = Made()
-        out = SizeBuilder(g, [x], made).vector(dims, hint)
+        out = SizeBuilder(ctx, [x], made).vector(dims, hint)
         rewriter.apply(Replacement(nodes=made.nodes, initializers=made.initializers))
         return out, made.nodes
 

@@ -14,6 +14,7 @@ from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode
 from dmlgraph.passes import default_phases, default_rules
 from dmlgraph.rewrite import (
+    Context,
     Match,
     Options,
     PassManager,
@@ -141,10 +142,10 @@ def test_a_stored_constant_can_become_computed():
 def test_the_pass_manager_records_a_refused_replacement_as_a_decline():
     g = import_model(_split_model())
 
-    def match(graph: Graph, node: Node, options: Options) -> Match:
+    def match(ctx: Context, node: Node) -> Match:
         return Match("half_split", [node])
 
-    def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+    def rewrite(ctx: Context, m: Match) -> Replacement:
         split = m.nodes[0]
         new = OnnxNode("top", "Identity", [split.inputs[0]], [detached("t", T.FLOAT, (2, 4))])
         return Replacement(nodes=[new], replaces=[(split.outputs[0], new.outputs[0])], removes=[split])
@@ -166,16 +167,16 @@ def _attention_like() -> onnx.ModelProto:
 
 def test_rules_are_pure_the_rewriter_alone_changes_the_graph():
     g = import_model(_attention_like())
-    options = Options()
+    ctx = Context(g, Options())
     for rule in default_rules():
         for node in list(g.nodes.values()):
             if node.op_type not in rule.anchors:
                 continue
-            m = rule.match(g, node, options)
+            m = rule.match(ctx, node)
             if m is None or m.declined:
                 continue
             before = _state(g)
-            replacement = rule.rewrite(g, m, options)
+            replacement = rule.rewrite(ctx, m)
             assert _state(g) == before, f"{rule.name}'s rewrite changed the graph"
             Rewriter(g).apply(replacement)
     g.remove_dead()

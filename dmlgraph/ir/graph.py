@@ -64,10 +64,11 @@ class Value:
     """A tensor edge: name, ONNX element type, shape, one producer, many uses.
 
     `initializer` (a TensorProto, possibly external data) stays unread until `const_array` asks.
-    `array` holds a constant made by a rule.
+    `array` holds a constant made by a rule; `decoded` a small initializer's array once read, with
+    the TensorProto it was read from (a replaced initializer is read afresh).
     """
 
-    __slots__ = ("name", "elem_type", "shape", "producer", "uses", "initializer", "array", "base_dir")
+    __slots__ = ("name", "elem_type", "shape", "producer", "uses", "initializer", "array", "base_dir", "decoded")
 
     def __init__(self, name: str, elem_type: int | None = None, shape: tuple[Dim, ...] | None = None):
         self.name = name
@@ -78,6 +79,7 @@ class Value:
         self.initializer: onnx.TensorProto | None = None
         self.array: np.ndarray | None = None
         self.base_dir: str | None = None
+        self.decoded: tuple[onnx.TensorProto, np.ndarray] | None = None
 
     def __repr__(self) -> str:
         return f"Value({self.name!r})"
@@ -246,7 +248,6 @@ class Graph:
         self.initializers: dict[str, Value] = {}
         self.value_info_names: dict[str, None] = {}  # values the source model annotated, in its order (kept on export)
         self.overridable_inputs: list[str] = []  # initializers the source also listed as graph inputs
-        self.scratch: dict = {}  # rules' caches for one PassManager.run (cleared at its end)
         # Every node added, removed or rewired (replace_uses), oldest first: an analysis that read
         # the graph at len(changes) == i can update itself from changes[i:] instead of starting over.
         self.changes: list[Node] = []

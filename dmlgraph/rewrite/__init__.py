@@ -1,5 +1,6 @@
 """Rules propose, one rewriter applies: the engine, and the scopes (If/Loop/Scan bodies, functions) it runs in."""
 from dmlgraph.rewrite.engine import (
+    Context,
     Match,
     Options,
     PassManager,
@@ -12,5 +13,5 @@ from dmlgraph.rewrite.engine import (
     detached_constant,
 )
 
-__all__ = ["Match", "Options", "PassManager", "PassResult", "Replacement", "RewriteRefused", "Rewriter", "Rule", "detached",
-           "detached_constant"]
+__all__ = ["Context", "Match", "Options", "PassManager", "PassResult", "Replacement", "RewriteRefused", "Rewriter",
+           "Rule", "detached", "detached_constant"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -25,6 +25,27 @@ class Options:
     exact_only: bool = False
     min_mask_bytes: int | None = None  # None: any mask bigger than the node replacing it
     allow_growth: bool = False  # write a lowering even where it makes the model bigger (see pipeline.growth)
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class Context:
+    """What every `match` and `rewrite` of one PassManager run sees (tinygrad's `ctx`): the graph,
+    the user's options, and the run's analyses and memo tables, which end with the run (none is
+    kept on the graph)."""
+
+    graph: Graph
+    options: Options = field(default_factory=Options)
+    analyses: dict[type, Any] = field(default_factory=dict)
+
+    def analysis(self, kind: Callable[[Graph], T]) -> T:
+        """The run's one `kind(graph)` (an analysis or a memo table), made on first use."""
+        found = self.analyses.get(kind)  # type: ignore[call-overload]
+        if found is None:
+            found = self.analyses[kind] = kind(self.graph)  # type: ignore[index]
+        return found
 
 
 @dataclass
@@ -290,11 +311,11 @@ class Rule:
 
     name: str
     anchors: tuple[str, ...]
-    match: Callable[[Graph, Any, Options], Match | None]
-    rewrite: Callable[[Graph, Match, Options], Replacement]
+    match: Callable[[Context, Any], Match | None]
+    rewrite: Callable[[Context, Match], Replacement]
     exact: str = "bit-exact"  # or e.g. "equal for finite inputs"
     description: str = ""
-    candidates: Callable[[Graph], Sequence[Node | Value]] | None = None
+    candidates: Callable[[Context], Sequence[Node | Value]] | None = None
 
 
 @dataclass
@@ -329,25 +350,26 @@ class PassManager:
         return self._plans
 
     @gc_paused
-    def run(self, graph: Graph, progress: Callable[[str], None] | None = None) -> PassResult:
+    def run(self, graph: Graph, progress: Callable[[str], None] | None = None,
+            shared: Sequence[object] = ()) -> PassResult:
+        """All phases on `graph`; `shared`: analyses or memo tables this run starts with (one kept
+        across several runs, e.g. the decoded constants every body of a model reads)."""
+        ctx = Context(graph, self.options, {type(a): a for a in shared})
         rewriter = Rewriter(graph)
         counts = {r.name: 0 for r in self.rules}
         declined: dict[tuple[Any, ...], Match] = {}
         applied: list[Match] = []
         iterations = 0
-        try:
-            for plan in self._phase_plans():
-                for _ in range(self.max_iterations):
-                    iterations += 1
-                    changed = self._sweep(rewriter, plan, counts, declined, applied)
-                    if not changed:
-                        break
-                    rewriter.collect_dead()
-                    if progress:
-                        progress(f"phase {plan.phase}, sweep {iterations}: {sum(counts.values())} rewrites")
-            rewriter.finish()
-        finally:
-            graph.scratch.clear()  # sampled masks and decoded constants: not kept with the graph
+        for plan in self._phase_plans():
+            for _ in range(self.max_iterations):
+                iterations += 1
+                changed = self._sweep(ctx, rewriter, plan, counts, declined, applied)
+                if not changed:
+                    break
+                rewriter.collect_dead()
+                if progress:
+                    progress(f"phase {plan.phase}, sweep {iterations}: {sum(counts.values())} rewrites")
+        rewriter.finish()
         # A decline of a node that a later rewrite removed or replaced is no longer news.
         live, superseded = [], []
         for m in declined.values():
@@ -358,22 +380,22 @@ class PassManager:
                 superseded.append(m)
         return PassResult(bool(applied), counts, live, applied, iterations, superseded)
 
-    def _sweep(self, rewriter: Rewriter, plan: _Plan, counts: dict[str, int],
+    def _sweep(self, ctx: Context, rewriter: Rewriter, plan: _Plan, counts: dict[str, int],
                declined: dict[tuple[Any, ...], Match], applied: list[Match]) -> bool:
-        graph = rewriter.graph
+        graph = ctx.graph
         changed = False
-        for item, item_rules in plan.candidates(graph):
+        for item, item_rules in plan.candidates(ctx):
             for rule in item_rules:
                 if isinstance(item, Node) and item.id not in graph.nodes:
                     break  # removed by an earlier rewrite in this sweep
                 if not isinstance(item, Node) and item.name not in graph.initializers:
                     break
-                m = rule.match(graph, item, self.options)
+                m = rule.match(ctx, item)
                 if m is None:
                     continue
                 if not m.declined:
                     try:
-                        m.replacement = replacement = rule.rewrite(graph, m, self.options)
+                        m.replacement = replacement = rule.rewrite(ctx, m)
                         replacement.rule = rule.name
                         new = rewriter.apply(replacement)
                     except RewriteRefused as e:
@@ -405,10 +427,10 @@ class _Plan:
         self.ops = [op for op in self.by_anchor if op not in ("*", "Initializer")]
         self.own = [(r, r.candidates) for r in rules if r.candidates is not None]  # rules naming their own
 
-    def candidates(self, graph: Graph) -> list[tuple[Any, list[Rule]]]:
+    def candidates(self, ctx: Context) -> list[tuple[Any, list[Rule]]]:
         """(item, the rules to try on it) for one sweep: stored constants, anchored nodes in graph
         order, then each rule's own candidates."""
-        by_anchor = self.by_anchor
+        graph, by_anchor = ctx.graph, self.by_anchor
         candidates: list[tuple[Any, list[Rule]]] = []
         if "Initializer" in by_anchor:
             candidates += [(v, by_anchor["Initializer"]) for v in graph.initializers.values()]
@@ -427,9 +449,9 @@ class _Plan:
                 item_rules = per_op[n.op_type] = by_anchor.get(n.op_type, []) + every
             if item_rules:  # most nodes have no rule in a given phase
                 candidates.append((n, item_rules))
-        candidates += [(n, [r]) for r, offered in self.own for n in offered(graph)]
+        candidates += [(n, [r]) for r, offered in self.own for n in offered(ctx)]
         return candidates
 
 
-__all__ = ["Match", "Options", "PassManager", "PassResult", "Replacement", "RewriteRefused",
+__all__ = ["Context", "Match", "Options", "PassManager", "PassResult", "Replacement", "RewriteRefused",
            "Rewriter", "Rule", "detached", "detached_constant"]

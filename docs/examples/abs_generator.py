@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from dmlgraph.ir.graph import DmlNode, Graph, Node
+from dmlgraph.ir.graph import DmlNode, Node
 from dmlgraph.passes.common import lowering_reason, replace_node, standin
-from dmlgraph.rewrite import Match, Options, Replacement, Rule
+from dmlgraph.rewrite import Context, Match, Replacement, Rule
 
 
-def match(graph: Graph, node: Node, options: Options) -> Match | None:
+def match(ctx: Context, node: Node) -> Match | None:
     gen = node.inputs[0].producer if node.inputs and node.inputs[0] is not None else None
     if not isinstance(gen, DmlNode) or gen.kind != "DiagonalMatrix1" or gen.inputs[0] is not None:
         return None  # not a generator: nothing to fold
@@ -21,11 +21,11 @@ def match(graph: Graph, node: Node, options: Options) -> Match | None:
                   elem_type=gen.elem_type, value=value[()], begin=gen.begin, end=gen.end,
                   static_shape=gen.static_shape)
     m = Match("abs_generator", [node], dml=dml)
-    m.reason = lowering_reason(dml, node.outputs[0].shape, options)  # e.g. a rank DirectML lacks
+    m.reason = lowering_reason(dml, node.outputs[0].shape, ctx.options)  # e.g. a rank DirectML lacks
     return m
 
 
-def rewrite(graph: Graph, m: Match, options: Options) -> Replacement:
+def rewrite(ctx: Context, m: Match) -> Replacement:
     return replace_node(m.nodes[0], m.dml)  # the generator dies with its last reader
 
 

@@ -342,56 +342,17 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
         raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with the output",
                          hint="choose a different output path, or pass --in-place to replace the input")
     data_path = out + ".data"
-    data_name = base + ".data"
-
-    # Spans of tensors that are external in the source, validated before anything is written.
-    # One entry per tensor in `iter_tensors` order (None: not external).
-    # (Most models have none: a first walk skips the rest without labelling every tensor.)
-    sources: list[tuple[str, int, int] | None] = []
-    source_files: set[str] = set()  # the entries the source's locations name, and the files they reach
-    # A model without external data is serialized once (here, unless the caller has): its size
-    # decides, and its bytes tell most models hold none (`_has_external`).
     if external_data is True:
         serialized = None
     elif serialized is None:
-        try:
+        try:  # (a model without external data is serialized once: its size decides)
             serialized = model.SerializeToString(deterministic=True)
         except Exception:  # noqa: BLE001 - over protobuf's limit: external data or an error below
             pass
-    if _has_external(model, serialized) if serialized is not None else any_external(model.graph):
-        for tensor, label, _ in iter_tensors(model):
-            span = None
-            if uses_external(tensor):
-                if base_dir is None:
-                    raise ModelError(f"{label} is stored as external data, but the source model's folder "
-                                     "is unknown", hint="pass base_dir (the input model's folder)")
-                span = _external_span(tensor, base_dir, label)
-                location = ExternalDataInfo(tensor).location
-                source_files |= {span[0], _entry(os.path.join(os.fspath(base_dir), location))}
-            sources.append(span)
-    external_bytes = sum(span[2] for span in sources if span is not None)
-    if external_bytes == 0 and external_data is not True:  # (ByteSize would cost one more pass)
-        total = len(serialized) if serialized is not None else _PROTOBUF_LIMIT + 1
-    else:
-        total = model.ByteSize() + external_bytes
-    if external_data is None:
-        use_external = total > _EXTERNAL_THRESHOLD
-    elif not external_data and total > _EXTERNAL_THRESHOLD:
-        raise ModelError(f"cannot write {out} as a single file: the model is {total / 2**30:.2f} GiB, "
-                         "over protobuf's 2 GiB limit", hint="write it with external data")
-    else:
-        use_external = bool(external_data)
-    if use_external or total > _EXTERNAL_THRESHOLD:
-        serialized = None
+    sources, source_files = _external_sources(model, serialized, base_dir)
+    use_external = _use_external(model, out, serialized, sources, external_data)
     if use_external:
-        if through:
-            raise ModelError(f"cannot write {out} with external data: it is not a regular file, and the "
-                             f"data file would go beside it", hint="write the model to a regular file")
-        if os.path.isdir(data_path):
-            raise ModelError(f"cannot write external data {data_path}: it is a directory")
-        if input_path is not None and _same_file(data_path, os.fspath(input_path)):
-            raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with "
-                             "the output's external data", hint="choose a different output path")
+        _check_data_path(out, data_path, through, input_path)
     # Replacing a file the source's data is in would destroy the input (unless it is the input
     # being replaced, data file and all: --in-place).
     clash = [p for p in [out] + [data_path] * use_external if _entry(p) in source_files]
@@ -399,64 +360,21 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
                       _same_file(out, os.fspath(input_path))):
         raise ModelError(f"refusing to overwrite {clash[0]}, external data of the input model, with the output",
                          hint="choose a different output path or folder")
-
     # A single-file save of a model without external data leaves every tensor as it is: the
     # per-tensor pass over a copy is needed only for external data (in the source or the save).
     placing = use_external or any(span is not None for span in sources)
-    if placing and not sources:
-        sources = [None] * sum(1 for _ in iter_tensors(model))
-    result = model
-    if placing:  # work on a copy so the caller's model is untouched (tensors in the copy are
-        result = onnx.ModelProto()  # visited in the same order as in the original: `sources`)
-        result.CopyFrom(model)
+    if use_external or placing:
+        serialized = None
     temps: list[_TempFile | _Through] = []
     try:
-        data_tmp = _TempFile(data_path) if use_external else None
-        if data_tmp is not None:
-            temps.append(data_tmp)
-        offset = 0
-        for span, (tensor, label, is_init) in zip(sources, iter_tensors(result), strict=True) if placing else ():
-            if not use_external:
-                if span is not None:
-                    tensor.raw_data = _read_span(*span)
-                    del tensor.external_data[:]
-                    tensor.data_location = TensorProto.DEFAULT
-                continue
-            assert data_tmp is not None  # use_external
-            if span is None:
-                if not is_init or tensor.data_type == TensorProto.STRING:
-                    continue
-                if tensor_nbytes(tensor) < _INLINE_BELOW:
-                    continue
-            pad = -offset % _ALIGN
-            if pad:
-                write_bytes(data_tmp.file, b"\0" * pad)
-                offset += pad
-            if span is not None:
-                _copy_span(*span, data_tmp.file)
-                length = span[2]
-            else:
-                _check_inline_data(tensor, label)
-                if tensor.HasField("raw_data"):
-                    payload = tensor.raw_data
-                else:
-                    payload = numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
-                write_bytes(data_tmp.file, payload)
-                length = len(payload)
-            _set_external(tensor, data_name, offset, length)
-            offset += length
-        try:
-            if serialized is None or placing:
-                serialized = result.SerializeToString(deterministic=True)
-        except Exception as e:  # noqa: BLE001 - protobuf raises various types for oversized messages
-            raise ModelError(f"cannot serialize the model for {out}: {e}",
-                             hint="a model over 2 GiB must be written with external data") from None
-        if len(serialized) > _PROTOBUF_LIMIT:
-            raise ModelError(f"cannot write {out}: the model proto is over protobuf's 2 GiB limit",
-                             hint="write it with external data")
+        if placing:
+            data_tmp = _TempFile(data_path) if use_external else None
+            temps += [data_tmp] if data_tmp is not None else []
+            serialized = _serialize(_placed(model, sources, data_tmp, base + ".data"), out)
+        elif serialized is None:
+            serialized = _serialize(model, out)
         if check is not None:
             check(None if placing else serialized)
-        del result
         model_tmp = _open_output(out, through)
         temps.append(model_tmp)
         write_bytes(model_tmp.file, serialized)
@@ -475,3 +393,104 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
         for t in temps:
             t.discard()
         raise
+
+
+def _external_sources(model: onnx.ModelProto, serialized: bytes | None, base_dir: str | os.PathLike | None
+                      ) -> tuple[list[tuple[str, int, int] | None], set[str]]:
+    """Spans of the tensors that are external in the source (one entry per tensor in
+    `iter_tensors` order, None: not external; empty when none is), validated before anything is
+    written, and the files they reach. (Most models have none: a first look skips the walk.)"""
+    sources: list[tuple[str, int, int] | None] = []
+    source_files: set[str] = set()
+    if not (_has_external(model, serialized) if serialized is not None else any_external(model.graph)):
+        return sources, source_files
+    for tensor, label, _ in iter_tensors(model):
+        span = None
+        if uses_external(tensor):
+            if base_dir is None:
+                raise ModelError(f"{label} is stored as external data, but the source model's folder "
+                                 "is unknown", hint="pass base_dir (the input model's folder)")
+            span = _external_span(tensor, base_dir, label)
+            location = ExternalDataInfo(tensor).location
+            source_files |= {span[0], _entry(os.path.join(os.fspath(base_dir), location))}
+        sources.append(span)
+    return sources, source_files
+
+
+def _use_external(model: onnx.ModelProto, out: str, serialized: bytes | None,
+                  sources: list[tuple[str, int, int] | None], external_data: bool | None) -> bool:
+    """Whether the output gets a data file: asked for, or needed past protobuf's limit."""
+    external_bytes = sum(span[2] for span in sources if span is not None)
+    if external_bytes == 0 and external_data is not True:  # (ByteSize would cost one more pass)
+        total = len(serialized) if serialized is not None else _PROTOBUF_LIMIT + 1
+    else:
+        total = model.ByteSize() + external_bytes
+    if external_data is None:
+        return total > _EXTERNAL_THRESHOLD
+    if not external_data and total > _EXTERNAL_THRESHOLD:
+        raise ModelError(f"cannot write {out} as a single file: the model is {total / 2**30:.2f} GiB, "
+                         "over protobuf's 2 GiB limit", hint="write it with external data")
+    return bool(external_data)
+
+
+def _check_data_path(out: str, data_path: str, through: bool, input_path: str | os.PathLike | None) -> None:
+    if through:
+        raise ModelError(f"cannot write {out} with external data: it is not a regular file, and the "
+                         f"data file would go beside it", hint="write the model to a regular file")
+    if os.path.isdir(data_path):
+        raise ModelError(f"cannot write external data {data_path}: it is a directory")
+    if input_path is not None and _same_file(data_path, os.fspath(input_path)):
+        raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with "
+                         "the output's external data", hint="choose a different output path")
+
+
+def _placed(model: onnx.ModelProto, sources: list[tuple[str, int, int] | None], data_tmp: _TempFile | None,
+            data_name: str) -> onnx.ModelProto:
+    """A copy of `model` (the caller's stays untouched) whose tensors are where the output keeps
+    them: the source's external spans read inline, or every initializer of 1 KiB or more (and each
+    external span) appended to `data_tmp`, 4096-byte aligned."""
+    result = onnx.ModelProto()
+    result.CopyFrom(model)  # (its tensors are visited in the same order as the original's: `sources`)
+    if not sources:
+        sources = [None] * sum(1 for _ in iter_tensors(model))
+    offset = 0
+    for span, (tensor, label, is_init) in zip(sources, iter_tensors(result), strict=True):
+        if data_tmp is None:
+            if span is not None:
+                tensor.raw_data = _read_span(*span)
+                del tensor.external_data[:]
+                tensor.data_location = TensorProto.DEFAULT
+            continue
+        if span is None and (not is_init or tensor.data_type == TensorProto.STRING
+                             or tensor_nbytes(tensor) < _INLINE_BELOW):
+            continue
+        pad = -offset % _ALIGN
+        if pad:
+            write_bytes(data_tmp.file, b"\0" * pad)
+            offset += pad
+        if span is not None:
+            _copy_span(*span, data_tmp.file)
+            length = span[2]
+        else:
+            _check_inline_data(tensor, label)
+            if tensor.HasField("raw_data"):
+                payload = tensor.raw_data
+            else:
+                payload = numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
+            write_bytes(data_tmp.file, payload)
+            length = len(payload)
+        _set_external(tensor, data_name, offset, length)
+        offset += length
+    return result
+
+
+def _serialize(model: onnx.ModelProto, out: str) -> bytes:
+    try:
+        serialized = model.SerializeToString(deterministic=True)
+    except Exception as e:  # noqa: BLE001 - protobuf raises various types for oversized messages
+        raise ModelError(f"cannot serialize the model for {out}: {e}",
+                         hint="a model over 2 GiB must be written with external data") from None
+    if len(serialized) > _PROTOBUF_LIMIT:
+        raise ModelError(f"cannot write {out}: the model proto is over protobuf's 2 GiB limit",
+                         hint="write it with external data")
+    return serialized

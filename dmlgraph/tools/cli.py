@@ -206,12 +206,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dmlgraph {__version__}")
     p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_optimize, _add_run, _add_validate, _add_inspect, _add_dxdispatch, _add_demo):
+        add(sub)
+    for sp in sub.choices.values():  # after the command too, where the internal-error hint's rerun puts it
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show Python tracebacks on errors (also accepted before COMMAND)")
+    return p
 
-    def lowering_flags(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--feature-level", default="5_1", metavar="L",
-                        help="target DML feature level, e.g. 4_0 or 5_1 (default 5_1)")
-        sp.add_argument("--exact", action="store_true", help="only bit-exact rewrites")
 
+def _lowering_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--feature-level", default="5_1", metavar="L",
+                    help="target DML feature level, e.g. 4_0 or 5_1 (default 5_1)")
+    sp.add_argument("--exact", action="store_true", help="only bit-exact rewrites")
+
+
+def _input_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by graph input name")
+    sp.add_argument("--dim", action="append", metavar="NAME=SIZE",
+                    help="size of a symbolic dim for generated inputs (repeatable)")
+    sp.add_argument("--seed", type=_int_at_least(0), default=0, help="seed for generated inputs")
+
+
+def _json_flag(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+
+
+def _add_optimize(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("optimize", help="lower a model and write it", description="Lower every diagonal-"
                         "structured computation and write the model (atomically).")
     sp.add_argument("model", help="an .onnx file, or a folder: every .onnx under it")
@@ -221,70 +241,72 @@ def build_parser() -> argparse.ArgumentParser:
                     "declined and the input kept)")
     sp.add_argument("--target", choices=["dml", "onnx"], default="dml",
                     help="dml: com.dmlgraph DiagonalMatrix1 nodes; onnx: standard ops only (default dml)")
-    lowering_flags(sp)
+    _lowering_flags(sp)
     sp.add_argument("--in-place", action="store_true", help="allow -o to be the input model")
     sp.add_argument("-j", "--jobs", type=_int_at_least(1), default=os.cpu_count() or 1,
                     help="worker processes for a folder (default: one per CPU)")
     sp.add_argument("-v", "--verbose", action="store_true", help="list every rewrite and every decline")
-    sp.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    _json_flag(sp)
     sp.set_defaults(func=cmd_optimize)
 
-    def input_flags(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by graph input name")
-        sp.add_argument("--dim", action="append", metavar="NAME=SIZE",
-                        help="size of a symbolic dim for generated inputs (repeatable)")
-        sp.add_argument("--seed", type=_int_at_least(0), default=0, help="seed for generated inputs")
 
+def _add_run(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("run", help="run a model (original or lowered) with the executor")
-    sp.add_argument("model")
-    input_flags(sp)
+    sp.add_argument("model", help="an .onnx file")
+    _input_flags(sp)
     sp.add_argument("-o", "--output", metavar="OUT.npz", help="write outputs keyed by graph output name")
     sp.add_argument("--threads", type=_int_at_least(1), default=None, help="onnxruntime intra-op threads")
-    sp.add_argument("--json", action="store_true")
+    _json_flag(sp)
     sp.set_defaults(func=cmd_run)
 
+
+def _add_validate(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("validate", help="lower in memory and compare against onnxruntime")
-    sp.add_argument("model")
-    input_flags(sp)
-    lowering_flags(sp)
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("model", help="an .onnx file")
+    _input_flags(sp)
+    _lowering_flags(sp)
+    _json_flag(sp)
     sp.set_defaults(func=cmd_validate)
 
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("inspect", help="what is in a model, what lowers, what it saves, and why not")
-    sp.add_argument("model")
-    sp.add_argument("--feature-level", default="5_1", metavar="L")
+    sp.add_argument("model", help="an .onnx file")
+    sp.add_argument("--feature-level", default="5_1", metavar="L",
+                    help="target DML feature level, e.g. 4_0 or 5_1 (default 5_1)")
     sp.add_argument("--exact", action="store_true", help=argparse.SUPPRESS)
-    sp.add_argument("--target", choices=["dml", "onnx"], default="dml")
+    sp.add_argument("--target", choices=["dml", "onnx"], default="dml",
+                    help="the target whose written model the totals describe (default dml)")
     sp.add_argument("--top", type=int, default=10, metavar="N", help="largest N initializers (default 10)")
     sp.add_argument("--dot", metavar="FILE", help="write the graph as Graphviz DOT")
     sp.add_argument("--svg", metavar="FILE", help="render the DOT graph to SVG (needs `dot`)")
     sp.add_argument("--fail-on-missed", action="store_true",
                     help="exit 1 when a mask-like tensor is neither lowered nor declined (a CI gate)")
-    sp.add_argument("--json", action="store_true")
+    _json_flag(sp)
     sp.set_defaults(func=cmd_inspect)
 
+
+def _add_dxdispatch(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("dxdispatch", help="export DML operators to a DxDispatch model, or check its output",
                         description="Export: lower MODEL (unless it is lowered already), run it, and write "
                         "DIR/model.json with one dispatch per DML node, its real inputs as .npy and the "
                         "expected outputs. Check: compare what DxDispatch wrote with DIR/expected, bit for bit.")
-    sp.add_argument("model", nargs="?")
+    sp.add_argument("model", nargs="?", help="an .onnx file (not with --check)")
     sp.add_argument("-o", "--output", metavar="DIR", help="folder to write (must be new or empty)")
     sp.add_argument("--check", metavar="DIR", help="compare DxDispatch's output in DIR with DIR/expected")
     sp.add_argument("--force", action="store_true", help="replace DIR if it holds a previous export")
-    input_flags(sp)
-    lowering_flags(sp)
-    sp.add_argument("--json", action="store_true")
+    _input_flags(sp)
+    _lowering_flags(sp)
+    _json_flag(sp)
     sp.set_defaults(func=cmd_dxdispatch)
 
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("demo", help="optimize and validate the bundled causal-attention model")
     sp.add_argument("model", nargs="?", help=argparse.SUPPRESS)
     sp.add_argument("-o", "--output", help="keep the lowered model here")
-    lowering_flags(sp)
+    _lowering_flags(sp)
     sp.set_defaults(func=cmd_demo)
-    for sp in sub.choices.values():  # after the command too, where the internal-error hint's rerun puts it
-        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show Python tracebacks on errors (also accepted before COMMAND)")
-    return p
 
 
 def _printable(text: str) -> str:

@@ -76,8 +76,10 @@ def sites(m: onnx.ModelProto) -> list[tuple[str, str | None]]:
 
 
 @pytest.mark.parametrize("dims", ["unnamed", "named"])
-@pytest.mark.parametrize("form", ["bounds"])
+@pytest.mark.parametrize("form", ["bounds", "last"])
 def test_torchscript_slice_of_a_stored_buffer_lowers(dims, form):
+    """bounds: before, declined where dims are unnamed; last (`[-1:]` of the buffer sliced to T):
+    before, declined (a slice of a clamped size), now a clamped row offset."""
     m = torch_slice_model(dims, form)
     assert all(status == "lowered" for status, _ in sites(m)), sites(m)
     session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -88,3 +90,50 @@ def test_torchscript_slice_of_a_stored_buffer_lowers(dims, form):
         for s, past in SIZES[form]:
             f = feeds(s, past)
             assert np.array_equal(dmlgraph.run(r.model, f)["y"], session.run(None, f)[0]), (target, s, past)
+
+
+def range_model(start: str) -> onnx.ModelProto:
+    """causal [T, T] from Range(T) comparisons (T = past + S), rows sliced [start:] (start = -S or -1)."""
+    nodes = [h.make_node("Shape", ["input_ids"], ["ids_shape"]), h.make_node("Gather", ["ids_shape", "one"], ["S"], axis=0),
+             h.make_node("Shape", ["past_key"], ["pk_shape"]), h.make_node("Gather", ["pk_shape", "two"], ["P"], axis=0),
+             h.make_node("Add", ["P", "S"], ["Tt"]), h.make_node("Unsqueeze", ["S", "a0"], ["S1"]),
+             h.make_node("Range", ["zero", "Tt", "one"], ["r"]), h.make_node("Unsqueeze", ["r", "a0"], ["cols"]),
+             h.make_node("Unsqueeze", ["r", "a1"], ["rows"]), h.make_node("LessOrEqual", ["cols", "rows"], ["full"])]
+    if start == "S":
+        nodes += [h.make_node("Neg", ["S1"], ["negS"]), h.make_node("Slice", ["full", "negS", "big", "a0"], ["mask"])]
+    else:
+        nodes += [h.make_node("Slice", ["full", "neg1", "big", "a0"], ["mask"])]
+    nodes += [h.make_node("Cast", ["input_ids"], ["idf"], to=T.FLOAT), h.make_node("Unsqueeze", ["idf", "ax13"], ["id4"]),
+              h.make_node("Mul", ["id4", "qw"], ["q"]), h.make_node("Mul", ["id4", "kw"], ["knew"]),
+              h.make_node("Concat", ["past_key", "knew"], ["keys"], axis=2),
+              h.make_node("Transpose", ["keys"], ["kt"], perm=[0, 1, 3, 2]), h.make_node("MatMul", ["q", "kt"], ["scores"]),
+              h.make_node("Where", ["mask", "scores", "neg"], ["y"])]
+    inits = [c("one", np.int64(1)), c("two", np.int64(2)), c("zero", np.int64(0)), c("a0", np.array([0])), c("a1", np.array([1])),
+             c("big", np.array([2**62])), c("neg1", np.array([-1])), c("ax13", np.array([1, 3])),
+             c("neg", np.float32(-1e4)),
+             c("qw", np.linspace(0.1, 0.8, 8, dtype=np.float32).reshape(1, 2, 1, 4)),
+             c("kw", np.linspace(-0.5, 0.5, 8, dtype=np.float32).reshape(1, 2, 1, 4))]
+    inputs = [h.make_tensor_value_info("input_ids", T.INT64, ["b", "s"]),
+              h.make_tensor_value_info("past_key", T.FLOAT, ["b", 2, "p", 4])]
+    g = h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info("y", T.FLOAT, ["b", 2, "s", None])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+
+def test_row_slice_from_the_end_of_a_computed_band():
+    """`[-1:]` of a causal [T, T] built by Range comparisons: before, declined ("a slice bound that
+    may be negative": T - 1 at T = 0); now max(T - 1, 0), as ONNX clamps it. `[-S:]` stays declined,
+    named: -S counts from the end only where S > 0 (at S = 0 ONNX keeps the whole axis)."""
+    m = range_model("1")
+    assert [status for status, _ in sites(m)] == ["lowered", "lowered"], sites(m)
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for target in ("dml", "onnx"):
+        r = dmlgraph.optimize(m, target=target, allow_growth=True)
+        assert r.counts["mask_subgraph"] == 1, target
+        for past in (0, 4, 9):
+            f = feeds(1, past)
+            assert np.array_equal(dmlgraph.run(r.model, f)["y"], session.run(None, f)[0]), (target, past)
+    declined = [reason for status, reason in sites(range_model("S")) if status == "declined"]
+    assert len(declined) == 1 and "counts from the end only where it is not 0" in declined[0]

@@ -108,7 +108,8 @@ def range_model(start: str) -> onnx.ModelProto:
               h.make_node("Concat", ["past_key", "knew"], ["keys"], axis=2),
               h.make_node("Transpose", ["keys"], ["kt"], perm=[0, 1, 3, 2]), h.make_node("MatMul", ["q", "kt"], ["scores"]),
               h.make_node("Where", ["mask", "scores", "neg"], ["y"])]
-    inits = [c("one", np.int64(1)), c("two", np.int64(2)), c("zero", np.int64(0)), c("a0", np.array([0])), c("a1", np.array([1])),
+    inits = [c("one", np.int64(1)), c("two", np.int64(2)), c("zero", np.int64(0)), c("a0", np.array([0])),
+             c("a1", np.array([1])),
              c("big", np.array([2**62])), c("neg1", np.array([-1])), c("ax13", np.array([1, 3])),
              c("neg", np.float32(-1e4)),
              c("qw", np.linspace(0.1, 0.8, 8, dtype=np.float32).reshape(1, 2, 1, 4)),

@@ -268,13 +268,13 @@ def _from_end(b: Lin) -> bool:
     return b.is_const and b.const < 0
 
 
-def _clamped_bound(an: Analysis, b: Lin, size: Dim) -> Lin | Clamp:
+def _clamped_bound(an: Analysis, b: Lin, size: Lin | Clamp) -> Lin | Clamp:
     """A slice bound as ONNX takes it: a negative one counts from the end (`[-1:]`), then each is
     clamped to [0, size]; exact where the size is itself clamped (a stored buffer sliced by sizes)."""
     if _from_end(b):
         if isinstance(size, Lin):
             return make_clamp(size + b, 0, None, an)
-        if isinstance(size, Clamp) and (size.hi is None or size.hi + b.const >= 0):
+        if size.hi is None or size.hi + b.const >= 0:
             # max(clamp(x, lo, hi) + c, 0) = clamp(x + c, max(lo + c, 0), hi + c) where hi + c >= 0
             moved = size + b.const
             return Clamp(moved.inner, 0 if moved.lo is None else max(moved.lo, 0), moved.hi)
@@ -325,17 +325,19 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
                 hi if lo == Lin.of(0) else Difference(hi, lo)
             offsets[a] = lo
             continue
-        if _from_end(s) or (e is not None and _from_end(e)) or isinstance(size, Clamp):
-            lo, hi = _clamped_bound(an, s, size), size if e is None else _clamped_bound(an, e, size)
-            if isinstance(lo, Lin) and isinstance(hi, Lin):
-                shape[a] = make_clamp(hi - lo, 0, None, an)
-            elif lo == Lin.of(0):
-                shape[a] = hi
-            elif e is None or (s.is_const and e.is_const and e.const >= s.const):  # (so hi >= lo)
-                shape[a] = Difference(hi, lo)
+        if isinstance(size, (Lin, Clamp)) and (_from_end(s) or (e is not None and _from_end(e)) or
+                                               isinstance(size, Clamp)):
+            first = _clamped_bound(an, s, size)
+            last = size if e is None else _clamped_bound(an, e, size)
+            if isinstance(first, Lin) and isinstance(last, Lin):
+                shape[a] = make_clamp(last - first, 0, None, an)
+            elif first == Lin.of(0):
+                shape[a] = last
+            elif e is None or (s.is_const and e.is_const and e.const >= s.const):  # (so last >= first)
+                shape[a] = Difference(last, first)
             else:
                 raise Unprovable(f"a slice [{s.render(str)}:{e.render(str)}] that may be reversed")
-            offsets[a] = lo
+            offsets[a] = first
             continue
         size_lin = as_lin(size, "a sliced size")
         start = _slice_bound(an, s, size_lin)

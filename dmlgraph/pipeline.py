@@ -367,9 +367,12 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "declined_for_growth": sum(1 for m in result.declined if (m.reason or "").startswith(GROWTH_DECLINE)),
     }
     if grown is not None and options.allow_growth and result.applied:
-        # Which sites optimize would decline, and what each adds (inspect lowers every site).
-        report["site_growth"] = [match_record(m) | {"reason": why}
-                                 for m, why in growing_sites(_cleaned(source), full, result.applied, target)]
+        # The sites optimize would decline, with its reasons (inspect lowers every site).
+        without = _without_growing_sites(model, base_dir, source, dataclasses.replace(options, allow_growth=False),
+                                         target, result, full, census)
+        report["site_growth"] = [match_record(m, True) for m in (without[1].declined if without else [])
+                                 if (m.reason or "").startswith(GROWTH_DECLINE)] if without else \
+            [match_record(m) | {"reason": "every site (no kept subset stops the growth)"} for m in result.applied]
     if target == "onnx" and result.applied:
         report["portable"] = portable_summary([*[n for n in g.nodes.values() if isinstance(n, DmlNode)],
                                                *nested_dml_nodes(result)])
@@ -410,8 +413,11 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
             if not costs:
                 return None
             _, i, what = max(costs)
-            found = [(applied[i], f"{GROWTH_DECLINE}to the model on target {target} with the other sites kept "
-                      f"({growth(source, out)}), this one the costliest: {what}")]
+            extra = all_nodes(out) - all_nodes(source)
+            added = (f"{extra} node{'s' if extra > 1 else ''}" if extra > 0 else
+                     f"{_unstamped_bytes(out) - _unstamped_bytes(source)} bytes")
+            found = [(applied[i], f"{GROWTH_DECLINE}{added} on target {target} together with the other sites "
+                      f"({growth(source, out)}), this one costing the most: {what}")]
         declined |= {site_key(m): why for m, why in found}
         _, g = load(model, base_dir)
         result, out, cleaned = _lower_graph(g, dataclasses.replace(options, declined_sites=declined), target,

@@ -438,7 +438,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     # Every candidate the rules find, and separately whether `optimize` would write it (it keeps the
     # input where the lowering would grow the model on this target, unless asked to allow that).
     lowered = pipeline.lower(source, dataclasses.replace(options, allow_growth=True), target, progress,
-                             loaded=loaded, check=False, census=True)
+                             loaded=loaded, check=False, census=True, explain_growth=True)
     grows = lowered.report["grows"] if lowered.rewrites else None
     g, result = lowered.graph, lowered.passes
     snapshot, index, sizes, shapes = seen["snapshot"], seen["index"], seen["sizes"], seen["shapes"]

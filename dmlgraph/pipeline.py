@@ -299,7 +299,7 @@ def full_check_failure(model: onnx.ModelProto) -> str | None:
 def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
           progress: Callable[[str], None] | None = None, *, base_dir: str | None = None,
           loaded: Callable[[onnx.ModelProto, Graph], None] | None = None, check: bool = True,
-          census: bool = False) -> OptimizeResult:
+          census: bool = False, explain_growth: bool = False) -> OptimizeResult:
     """The pipeline: load `model` (a path or a ModelProto, never modified), run every rule on
     every scope, export to `target`, clean, stamp, and check the result as saving would.
 
@@ -308,7 +308,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     graph as imported, before any rule runs (inspect takes its census there); `base_dir` is where
     a ModelProto's external data lives. `check=False` skips the output check (inspect writes
     nothing; `save` checks a model that was not checked). `census`: take the mask census of every
-    body and function too (`PassResult.census`).
+    body and function too (`PassResult.census`). `explain_growth` (with allow_growth): find the
+    sites optimize would decline too (`report["site_growth"]`: inspect shows them).
     """
     options = options or Options()
     check_target(target)
@@ -366,7 +367,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "grows": grown,  # how lowering every site would make the model bigger (then declined sites)
         "declined_for_growth": sum(1 for m in result.declined if (m.reason or "").startswith(GROWTH_DECLINE)),
     }
-    if grown is not None and options.allow_growth and result.applied:
+    if grown is not None and options.allow_growth and explain_growth and result.applied:
         # The sites optimize would decline, with its reasons (inspect lowers every site).
         without = _without_growing_sites(model, base_dir, source, dataclasses.replace(options, allow_growth=False),
                                          target, result, full, census)

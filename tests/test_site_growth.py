@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -83,11 +84,6 @@ def test_site_costs_match_values_by_their_computation_not_their_names():
                          [numpy_helper.from_array(np.array(1, np.int64), i)])
         return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
-    class Site:  # (what site_costs reads of a Match: the value it replaced)
-        rule, nodes, initializers = "r", [], []
-
-        class replacement:  # noqa: N801
-            replaces = [(type("V", (), {"name": "y"}), None)]
-
-    costs = pipeline.site_costs(model(("s", "i", "d"), "Add"), model(("s2", "j", "e"), "Mul"), [Site()])  # type: ignore[list-item]
+    site = SimpleNamespace(replacement=SimpleNamespace(replaces=[(SimpleNamespace(name="y"), None)]))  # (a Match)
+    costs = pipeline.site_costs(model(("s", "i", "d"), "Add"), model(("s2", "j", "e"), "Mul"), [site])  # type: ignore[list-item]
     assert costs[0] is not None and costs[0][0] == 0 and costs[0][2] == "writes Mul for Add"

@@ -330,7 +330,9 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         kept = _without_growing_sites(model, base_dir, source, options, target, result, exported, census)
         if kept is not None:
             g, result, exported, cleaned = kept
-            if not result.applied:  # every site declined, each with its reason: the input is kept (cleaned)
+            if not result.applied or same_computation(source, exported):
+                # Every site declined (each with its reason), or the kept ones write again what the
+                # input has (a model this target made, its constants named anew): the input is kept.
                 exported = onnx.ModelProto()
                 exported.CopyFrom(source)
                 cleaned = clean(exported)
@@ -529,6 +531,16 @@ def _ops(items: dict[str, Any]) -> str:
     ops = Counter(v.op_type if isinstance(v, onnx.NodeProto) else "constant" for v in items.values())
     return ", ".join(f"{op}" if c == 1 else f"{c} {op}{'s' if op == 'constant' else ''}"
                      for op, c in sorted(ops.items())) or "nothing"
+
+
+def same_computation(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """`a` and `b` have the same nodes computing the same values, their names aside (`_signatures`)."""
+    if len(a.graph.node) != len(b.graph.node) or a.functions != b.functions:
+        return False
+    sa, sb = _signatures(a.graph), _signatures(b.graph)
+    return Counter(sa[o] for n in a.graph.node for o in n.output if o) == \
+        Counter(sb[o] for n in b.graph.node for o in n.output if o) and \
+        [sa.get(o.name) for o in a.graph.output] == [sb.get(o.name) for o in b.graph.output]
 
 
 def _signatures(graph: onnx.GraphProto) -> dict[str, bytes]:

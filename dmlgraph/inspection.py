@@ -438,7 +438,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     # Every candidate the rules find, and separately whether `optimize` would write it (it keeps the
     # input where the lowering would grow the model on this target, unless asked to allow that).
     lowered = pipeline.lower(source, dataclasses.replace(options, allow_growth=True), target, progress,
-                             loaded=loaded, check=False, census=True)
+                             loaded=loaded, check=False, census=True, explain_growth=True)
     grows = lowered.report["grows"] if lowered.rewrites else None
     g, result = lowered.graph, lowered.passes
     snapshot, index, sizes, shapes = seen["snapshot"], seen["index"], seen["sizes"], seen["shapes"]
@@ -536,6 +536,7 @@ def _totals(lowered: OptimizeResult, seen: dict[str, Any], report: dict[str, Any
     """What `optimize` would do for the target: nodes and constants removed and added, before/after."""
     from dmlgraph.ir.graph import DmlNode
     g, result, before = lowered.graph, lowered.passes, lowered.before
+    growing = lowered.report.get("site_growth", []) if grows else []  # (the sites optimize declines)
     index, sizes, original_dml = seen["index"], seen["sizes"], seen["original_dml"]
     exported = _model_stats(lowered.model)
     dml_now = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
@@ -550,7 +551,9 @@ def _totals(lowered: OptimizeResult, seen: dict[str, Any], report: dict[str, Any
                     "file_bytes": report["model"]["file_bytes"]}
     return {
         "target": target, "feature_level": options.feature_level.label,
-        "grows": grows, "optimize_writes_lowered": bool(lowered.rewrites) and (grows is None or options.allow_growth),
+        "grows": grows, "optimize_writes_lowered": bool(lowered.rewrites) and (grows is None or options.allow_growth
+                                                                              or len(growing) < len(lowered.rewrites)),
+        "declined_for_growth": [] if options.allow_growth else growing,
         "portable": lowered.report.get("portable"),
         "candidates": len(report["candidates"]), "declined": len(report["declined"]),
         "rewrites": {k: v for k, v in result.counts.items()},

@@ -5,7 +5,9 @@ so a model means the same thing to each of them. Targets and rule options are de
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -27,7 +29,7 @@ from dmlgraph.io.shape_inference import PendingShapes
 from dmlgraph.ir.dtypes import bitwise_equal
 from dmlgraph.ir.graph import DmlNode, Graph, Node, Value, gc_paused
 from dmlgraph.ir.ops import FeatureLevel
-from dmlgraph.rewrite import Match, Options, PassManager, PassResult
+from dmlgraph.rewrite import Match, Options, PassManager, PassResult, site_key
 from dmlgraph.rewrite.nested import nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
@@ -297,7 +299,7 @@ def full_check_failure(model: onnx.ModelProto) -> str | None:
 def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
           progress: Callable[[str], None] | None = None, *, base_dir: str | None = None,
           loaded: Callable[[onnx.ModelProto, Graph], None] | None = None, check: bool = True,
-          census: bool = False) -> OptimizeResult:
+          census: bool = False, explain_growth: bool = False) -> OptimizeResult:
     """The pipeline: load `model` (a path or a ModelProto, never modified), run every rule on
     every scope, export to `target`, clean, stamp, and check the result as saving would.
 
@@ -306,7 +308,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     graph as imported, before any rule runs (inspect takes its census there); `base_dir` is where
     a ModelProto's external data lives. `check=False` skips the output check (inspect writes
     nothing; `save` checks a model that was not checked). `census`: take the mask census of every
-    body and function too (`PassResult.census`).
+    body and function too (`PassResult.census`). `explain_growth` (with allow_growth): find the
+    sites optimize would decline too (`report["site_growth"]`: inspect shows them).
     """
     options = options or Options()
     check_target(target)
@@ -316,26 +319,33 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     if loaded is not None:
         loaded(source, g)
     before = graph_stats(g)
-    result = optimize_graph(g, options, progress, census)
-    g.remove_dead()
-    exported = export_model(g, target)
-    cleaned = clean(exported)
+    result, exported, cleaned = _lower_graph(g, options, target, progress, census)
     grown = growth(source, exported)
+    full = exported  # the lowering of every site (inspect and --allow-growth show it)
     if grown is not None and result.applied and not options.allow_growth:
-        # Nothing grows: a lowering that would make the model bigger on this target is declined
-        # (every site, with the numbers), and the input is written as it was, cleaned. (The lowered
-        # model is checked all the same: a broken one is our bug, whether written or not.)
+        # Nothing grows: the sites whose lowering would make the model bigger on this target are
+        # declined, each with its numbers (`declines_for_growth`), and the rest lowered again.
         if check:
-            _check_output(exported, source, label)
-        reason = (f"not written: the lowered model would grow on target {target} ({grown}); "
-                  "the input is kept")
-        for m in result.applied:
-            m.reason = reason
-        result = PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied, [],
-                            result.iterations, result.superseded, result.census)
-        exported = onnx.ModelProto()
-        exported.CopyFrom(source)
-        cleaned = clean(exported)
+            _check_output(exported, source, label)  # (a broken lowering is our bug, written or not)
+        kept = _without_growing_sites(model, base_dir, source, options, target, result, exported, census)
+        if kept is not None:
+            g, result, exported, cleaned = kept
+            if not result.applied or same_computation(source, exported):
+                # Every site declined (each with its reason), or the kept ones write again what the
+                # input has (a model this target made, its constants named anew): the input is kept.
+                exported = onnx.ModelProto()
+                exported.CopyFrom(source)
+                cleaned = clean(exported)
+        else:  # no subset found that does not grow: every site declined, the input kept (cleaned)
+            reason = (f"not written: the lowered model would grow on target {target} ({grown}); "
+                      "the input is kept")
+            for m in result.applied:
+                m.reason = reason
+            result = PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied,
+                                [], result.iterations, result.superseded, result.census)
+            exported = onnx.ModelProto()
+            exported.CopyFrom(source)
+            cleaned = clean(exported)
     if result.applied or cleaned:  # (a model given back unchanged stays byte for byte the input)
         stamp(exported, target, options, result.counts, source)
     serialized = _check_output(exported, source, label) if check else None
@@ -356,8 +366,16 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "lowered": [match_record(m) | {"dml": _dml_summary(m)} for m in result.applied],
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
-        "grows": grown,  # how the lowering would make the model bigger (then kept unless allow_growth)
+        "grows": grown,  # how lowering every site would make the model bigger (then declined sites)
+        "declined_for_growth": sum(1 for m in result.declined if (m.reason or "").startswith(GROWTH_DECLINE)),
     }
+    if grown is not None and options.allow_growth and explain_growth and result.applied:
+        # The sites optimize would decline, with its reasons (inspect lowers every site).
+        without = _without_growing_sites(model, base_dir, source, dataclasses.replace(options, allow_growth=False),
+                                         target, result, full, census)
+        report["site_growth"] = [match_record(m, True) for m in (without[1].declined if without else [])
+                                 if (m.reason or "").startswith(GROWTH_DECLINE)] if without else \
+            [match_record(m) | {"reason": "every site (no kept subset stops the growth)"} for m in result.applied]
     if target == "onnx" and result.applied:
         report["portable"] = portable_summary([*[n for n in g.nodes.values() if isinstance(n, DmlNode)],
                                                *nested_dml_nodes(result)])
@@ -368,6 +386,192 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     path = None if isinstance(model, onnx.ModelProto) else model
     return OptimizeResult(exported, rewrites, declined, dict(result.counts), before, after, report, g, result,
                           source=path, original=source, checked_bytes=serialized)
+
+
+def _lower_graph(g: Graph, options: Options, target: str, progress: Callable[[str], None] | None,
+                 census: bool) -> tuple[PassResult, onnx.ModelProto, bool]:
+    """The rules on `g` (in place), then the export to `target`, cleaned: (what ran, the model,
+    whether the clean-up changed it)."""
+    result = optimize_graph(g, options, progress, census)
+    g.remove_dead()
+    exported = export_model(g, target)
+    return result, exported, clean(exported)
+
+
+def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, source: onnx.ModelProto,
+                           options: Options, target: str, result: PassResult, exported: onnx.ModelProto,
+                           census: bool) -> tuple[Graph, PassResult, onnx.ModelProto, bool] | None:
+    """The model lowered again with the sites that grow it declined (`growing_sites`: each site's
+    own cost read off the one export, no export per site); while the written model still grows
+    (shared plumbing, sites in bodies), the costliest remaining site is declined too. None when
+    no kept subset stops the growth."""
+    declined = dict(options.declined_sites)
+    applied, out = result.applied, exported
+    reference = _cleaned(source)  # (what declining every site writes: a site is not paid for by the clean-up)
+    for _ in range(2 * len(applied) + 1):
+        found = [(m, why) for m, why in growing_sites(reference, out, applied, target) if site_key(m) not in declined]
+        if not found:  # no site grows the model on its own, together they do: the costliest goes
+            costs = [(c[:2], i, c[2]) for i, c in enumerate(site_costs(reference, out, applied))
+                     if c is not None and site_key(applied[i]) not in declined]
+            if not costs:
+                return None
+            _, i, what = max(costs)
+            extra = all_nodes(out) - all_nodes(source)
+            added = (f"{extra} node{'s' if extra > 1 else ''}" if extra > 0 else
+                     f"{_unstamped_bytes(out) - _unstamped_bytes(source)} bytes")
+            found = [(applied[i], f"{GROWTH_DECLINE}{added} on target {target} together with the other sites "
+                      f"({growth(source, out)}), this one costing the most: {what}")]
+        declined |= {site_key(m): why for m, why in found}
+        _, g = load(model, base_dir)
+        result, out, cleaned = _lower_graph(g, dataclasses.replace(options, declined_sites=declined), target,
+                                            None, census)
+        if growth(source, out) is None:
+            return g, result, out, cleaned
+        applied = result.applied
+        if not applied:
+            return None
+    return None
+
+
+def _cleaned(source: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(source)
+    clean(copy)
+    return copy
+
+
+GROWTH_DECLINE = "would add "  # how a site declined for growth is told (`_growth_reason`)
+
+
+def growing_sites(source: onnx.ModelProto, model: onnx.ModelProto, sites: list[Match],
+                  target: str) -> list[tuple[Match, str]]:
+    """The lowered sites of `model` that make it bigger than `source` on their own (a node more,
+    what they share counted in part, or bytes past GROWTH_ALLOWANCE), each with the reason to
+    decline it."""
+    return [(m, _growth_reason(c, target)) for m, c in zip(sites, site_costs(source, model, sites))
+            if c is not None and (c[0] >= 1 or c[1] > GROWTH_ALLOWANCE)]
+
+
+def _growth_reason(cost: tuple[float, float, str], target: str) -> str:
+    nodes, size, what = math.ceil(cost[0] - 1e-9), math.ceil(cost[1]), cost[2]
+    if nodes > 0:
+        return f"{GROWTH_DECLINE}{nodes} node{'s' if nodes > 1 else ''} on target {target}: {what}"
+    return f"{GROWTH_DECLINE}{size} bytes on target {target}: {what}"
+
+
+def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
+               sites: list[Match]) -> list[tuple[float, float, str] | None]:
+    """What each lowered site adds to the main graph of `model` over `source`, as (nodes, bytes,
+    which ops for which): the nodes and constants `model` has that the site's output is computed
+    from and `source` does not have, less the nodes and constants `source` had for it that `model`
+    no longer has (a stored matrix counts as the node that replaced it, as in `growth`). What
+    several sites share is split among them. None for a site in a body or function."""
+    s_nodes, m_nodes = _producers(source.graph), _producers(model.graph)
+    s_inits = {t.name: t for t in source.graph.initializer}
+    m_inits = {t.name: t for t in model.graph.initializer}
+    s_sigs, m_sigs = _signatures(source.graph), _signatures(model.graph)
+    s_have, m_have = set(s_sigs.values()), set(m_sigs.values())
+
+    def cone(out: str, nodes: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto],
+             sigs: dict[str, bytes], other: set[bytes]) -> dict[str, Any]:
+        """The nodes and constants `out` is computed from that the other model does not compute."""
+        found: dict[str, Any] = {}
+        stack = [out]
+        while stack:
+            name = stack.pop()
+            if sigs.get(name) in other and name != out:
+                continue  # (the other model computes the same: a node both have, maybe under other names)
+            n = nodes.get(name)
+            if n is None:
+                if name in inits:
+                    found[f"i:{name}"] = inits[name]
+                continue
+            key = f"n:{n.output[0]}"
+            if key in found or sigs.get(n.output[0]) in other:
+                continue
+            found[key] = n
+            stack.extend(i for i in n.input if i)
+        return found
+
+    cones: list[tuple[dict[str, Any], dict[str, Any]] | None] = []
+    for m in sites:
+        outs = [old.name for old, _ in m.replacement.replaces] if m.replacement is not None else []
+        outs = [o for o in outs if o in m_nodes and o in s_nodes]
+        if not outs:
+            cones.append(None)
+            continue
+        added: dict[str, Any] = {}
+        gone: dict[str, Any] = {}
+        for o in outs:
+            added |= cone(o, m_nodes, m_inits, m_sigs, s_have)
+            gone |= cone(o, s_nodes, s_inits, s_sigs, m_have)
+        cones.append((added, gone))
+    shared = Counter(k for c in cones if c is not None for part in c for k in part)
+    costs: list[tuple[float, float, str] | None] = []
+    for c in cones:
+        if c is None:
+            costs.append(None)
+            continue
+        added, gone = c
+
+        def count(items: dict[str, Any], matrices: bool) -> float:
+            """Nodes (and, for what the lowering removed, stored matrices) split among their sites."""
+            return sum(1 / shared[k] for k, v in items.items()
+                       if isinstance(v, onnx.NodeProto) or (matrices and len(v.dims) >= 2))
+
+        def size(items: dict[str, Any]) -> float:
+            return sum(v.ByteSize() / shared[k] for k, v in items.items())
+
+        costs.append((count(added, False) - count(gone, True), size(added) - size(gone),
+                      f"writes {_ops(added)} for {_ops(gone)}"))
+    return costs
+
+
+def _ops(items: dict[str, Any]) -> str:
+    ops = Counter(v.op_type if isinstance(v, onnx.NodeProto) else "constant" for v in items.values())
+    return ", ".join(f"{op}" if c == 1 else f"{c} {op}{'s' if op == 'constant' else ''}"
+                     for op, c in sorted(ops.items())) or "nothing"
+
+
+def same_computation(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """`a` and `b` have the same nodes computing the same values, their names aside (`_signatures`)."""
+    if len(a.graph.node) != len(b.graph.node) or a.functions != b.functions:
+        return False
+    sa, sb = _signatures(a.graph), _signatures(b.graph)
+    return Counter(sa[o] for n in a.graph.node for o in n.output if o) == \
+        Counter(sb[o] for n in b.graph.node for o in n.output if o) and \
+        [sa.get(o.name) for o in a.graph.output] == [sb.get(o.name) for o in b.graph.output]
+
+
+def _signatures(graph: onnx.GraphProto) -> dict[str, bytes]:
+    """Each value of the graph by what computes it, not by its name: a digest of its node's op,
+    attributes and inputs' digests (a small constant by its content, a graph input or big constant
+    by its name), so that two models' values of one digest are the same computation."""
+    import hashlib
+
+    sigs: dict[str, bytes] = {}
+    for t in graph.initializer:
+        if t.ByteSize() <= 1024 and not t.external_data:
+            content = onnx.TensorProto()
+            content.CopyFrom(t)
+            content.ClearField("name")
+            sigs[t.name] = hashlib.sha1(b"c" + content.SerializeToString()).digest()
+        else:
+            sigs[t.name] = hashlib.sha1(b"i" + t.name.encode()).digest()
+    for n in graph.node:  # (in graph order: an input's producer comes first)
+        h = hashlib.sha1(f"{n.domain}:{n.op_type}".encode())
+        for a in n.attribute:
+            h.update(a.SerializeToString())
+        for i in n.input:
+            h.update(sigs.get(i) or hashlib.sha1(b"i" + i.encode()).digest())
+        for k, o in enumerate(n.output):
+            if o:
+                sigs[o] = hashlib.sha1(h.digest() + bytes([k % 256])).digest()
+    return sigs
+
+
+def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    return {o: n for n in graph.node for o in n.output if o}
 
 
 def portable_summary(nodes: Iterable[DmlNode]) -> dict[str, Any]:

@@ -50,7 +50,7 @@ SAVES = {"nodes", "shared_nodes", "initializers", "initializer_bytes", "shared_i
 PICTURE = {"rows", "height", "width", "of", "representative", "k", "runtime_k", "begin", "end", "legend"}
 DECLINED = {"rule", "scope", "nodes", "initializers", "reason"}
 MASK = {"value", "producer", "op_type", "index", "shape", "found", "status", "rule", "reason", "scope"}
-TOTALS = {"target", "feature_level", "grows", "optimize_writes_lowered", "portable",
+TOTALS = {"target", "feature_level", "grows", "optimize_writes_lowered", "declined_for_growth", "portable",
           "candidates", "declined", "rewrites", "nodes_removed", "nodes_added",
           "dml_nodes_added", "nested_dml_nodes", "initializers_removed", "initializer_bytes_removed", "initializers_added",
           "initializer_bytes_added", "before", "after"}

@@ -11,7 +11,9 @@ from dmlgraph.rewrite.engine import (
     Rule,
     detached,
     detached_constant,
+    site_key,
 )
 
 __all__ = ["Context", "Match", "Options", "PassManager", "PassResult", "Replacement", "RewriteRefused", "Rewriter",
-           "Rule", "detached", "detached_constant"]
+           "Rule", "detached", "detached_constant",
+           "site_key"]

@@ -25,6 +25,9 @@ class Options:
     exact_only: bool = False
     min_mask_bytes: int | None = None  # None: any mask bigger than the node replacing it
     allow_growth: bool = False  # write a lowering even where it makes the model bigger (see pipeline.growth)
+    # Sites declined by what their lowering would cost (pipeline.lower's growth decisions): the
+    # names of the nodes and constants a match covers (`site_key`) -> the reason it is declined with.
+    declined_sites: dict[tuple[str, ...], str] = field(default_factory=dict)
 
 
 T = TypeVar("T")
@@ -67,6 +70,12 @@ class Match:
     @property
     def declined(self) -> bool:
         return self.reason is not None
+
+
+def site_key(m: Match) -> tuple[str, ...]:
+    """A site as a later run of the same rules on the same model finds it again: the names of what
+    the nodes it covers compute (node names may be empty) and of the stored constants it covers."""
+    return (m.rule, *sorted(v.name for n in m.nodes for v in n.outputs if v is not None), *sorted(m.initializers))
 
 
 def detached(name: str, elem_type: int | None = None, shape: tuple[Dim, ...] | None = None) -> Value:
@@ -393,6 +402,8 @@ class PassManager:
                 m = rule.match(ctx, item)
                 if m is None:
                     continue
+                if not m.declined and ctx.options.declined_sites:
+                    m.reason = ctx.options.declined_sites.get(site_key(m))
                 if not m.declined:
                     try:
                         m.replacement = replacement = rule.rewrite(ctx, m)
@@ -454,4 +465,4 @@ class _Plan:
 
 
 __all__ = ["Context", "Match", "Options", "PassManager", "PassResult", "Replacement", "RewriteRefused",
-           "Rewriter", "Rule", "detached", "detached_constant"]
+           "Rewriter", "Rule", "detached", "site_key", "detached_constant"]

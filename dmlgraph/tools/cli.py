@@ -237,8 +237,8 @@ def _add_optimize(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("model", help="an .onnx file, or a folder: every .onnx under it")
     sp.add_argument("-o", "--output", required=True, help="output .onnx path (a folder when MODEL is one)")
     sp.add_argument("--allow-growth", action="store_true",
-                    help="write the lowering even where it makes the model bigger (default: such a lowering is "
-                    "declined and the input kept)")
+                    help="write the lowering even where it makes the model bigger (default: each site whose "
+                    "lowering would grow the model is declined, with the nodes or bytes it would add)")
     sp.add_argument("--target", choices=["dml", "onnx"], default="dml",
                     help="dml: com.dmlgraph DiagonalMatrix1 nodes; onnx: standard ops only (default dml)")
     _lowering_flags(sp)

@@ -201,9 +201,11 @@ def _totals_text(t: dict) -> list[str]:
     if t.get("portable"):
         from dmlgraph.tools.report import portable_lines
         L += portable_lines(t["portable"])
-    if t.get("grows"):
-        L.append(f"optimize keeps the input on target {t['target']}: the lowering would grow it ({t['grows']}); "
-                 "--allow-growth writes it anyway")
+    if t.get("declined_for_growth"):
+        L.append(f"optimize declines {_plural(len(t['declined_for_growth']), 'site')} on target {t['target']}, "
+                 f"where lowering every site would grow the model ({t['grows']}); --allow-growth writes them:")
+        L += [f"  {', '.join(n['name'] or n['op_type'] for n in d['nodes'])}: {d['reason']}"
+              for d in t["declined_for_growth"]]
     L.append(f"totals (target {t['target']}): optimize would remove {_plural(t['nodes_removed'], 'node')} and "
              f"{_plural(t['initializers_removed'], 'initializer')} ({format_bytes(t['initializer_bytes_removed'])}), "
              f"{adds}")

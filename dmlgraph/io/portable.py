@@ -180,15 +180,16 @@ def _matrix_part(g: Graph | None, vec: Value | None) -> str | None:
 
 def _lead_of(g: Graph | None, vec: Value | None, x: Value, n: int, depth: int = 0) -> bool:
     """The first `n` entries of the sizes vector `vec` are provably X's first `n` sizes: Shape(X),
-    a Concat or a Slice from 0 keeping them, or the broadcast `Where(Equal(p, 1), Shape(X), p)`
-    where those entries of p are constant ones (an operand padded to X's rank)."""
+    a Concat or a Slice from 0 keeping them, or `build_broadcast`'s `Where(Equal(p, 1), q, p)` of
+    Shape(X) and an operand padded to X's rank with constant ones."""
     if g is None or vec is None or depth > 8:
         return False
     if n == 0:
         return True
     shape = _producer(vec, "Shape")
     if shape is not None:
-        return shape.inputs[0] is x and not any(a.name == "start" and a.i != 0 for a in shape.attributes)
+        return shape.inputs[0] is x and not any((a.name == "start" and a.i != 0) or a.name == "end"
+                                                for a in shape.attributes)
     cat = _producer(vec, "Concat")
     if cat is not None and cat.inputs and (_length(g, cat.inputs[0]) or 0) >= n:
         return _lead_of(g, cat.inputs[0], x, n, depth + 1)
@@ -197,7 +198,7 @@ def _lead_of(g: Graph | None, vec: Value | None, x: Value, n: int, depth: int = 
         start = _const_array(g, sl.inputs[1])
         if start is not None and start.size == 1 and int(start.reshape(-1)[0]) == 0 and len(sl.inputs) == 3:
             stop = _const_array(g, sl.inputs[2])
-            if stop is not None and stop.size == 1 and (int(stop.reshape(-1)[0]) >= n or int(stop.reshape(-1)[0]) < 0):
+            if stop is not None and stop.size == 1 and (int(stop.reshape(-1)[0]) >= n or (_length(g, vec) or 0) >= n):
                 return _lead_of(g, sl.inputs[0], x, n, depth + 1)
         return False
     where = _producer(vec, "Where")
@@ -207,7 +208,9 @@ def _lead_of(g: Graph | None, vec: Value | None, x: Value, n: int, depth: int = 
         if eq is None or eq.inputs[0] is not b or _const_array(g, eq.inputs[1]) is None \
                 or _const_array(g, eq.inputs[1]).reshape(-1).tolist() != [1]:  # type: ignore[union-attr]
             return False
-        return _lead_of(g, a, x, n, depth + 1) and _ones_prefix(g, b, n)
+        # (either order: where X's size is 1 the ones give 1 too)
+        return (_lead_of(g, a, x, n, depth + 1) and _ones_prefix(g, b, n)) \
+            or (_lead_of(g, b, x, n, depth + 1) and _ones_prefix(g, a, n))
     return False
 
 

@@ -343,3 +343,31 @@ def test_a_band_with_sizes_from_the_broadcast_is_a_matrix(name):
         want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
         got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
         assert all(a.shape == b.shape and a.tobytes() == b.tobytes() for a, b in zip(want, got)), f
+
+
+@pytest.mark.parametrize("lead", [1, 2])
+def test_sizes_broadcast_from_x_give_a_matrix_band_only_when_the_lead_is_xs(lead):
+    """Sizes `Where(Equal(p, 1), Shape(X), p)` with p = [lead, 5, 7]: with lead 1 the output's
+    leading size is X's, and the band is a [5, 7] matrix the Where broadcasts; with lead 2 it is
+    not (X is [1, 5, 7], the output [2, 5, 7]), and the band must have the output's sizes."""
+    nodes = [h.make_node("Shape", ["x"], ["sx"]),
+             h.make_node("Concat", ["lead", "hw"], ["p"], axis=0),
+             h.make_node("Equal", ["p", "one"], ["is_one"]),
+             h.make_node("Where", ["is_one", "sx", "p"], ["sizes"]),
+             h.make_node("DiagonalMatrix1", ["x", "sizes"], ["y"], domain=onnx_io.DOMAIN, begin=1,
+                         value=numpy_helper.from_array(np.array([-np.inf], np.float32)),
+                         value_data_type=dmlgraph_dtype(T.FLOAT))]
+    inits = [numpy_helper.from_array(np.array([lead], np.int64), "lead"),
+             numpy_helper.from_array(np.array([5, 7], np.int64), "hw"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 5, 7])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["b", 5, 7])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 18), h.make_opsetid(onnx_io.DOMAIN, 1)], ir_version=10)
+    out = pipeline.lower(model, pipeline.Options(allow_growth=True), "onnx").model
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in onnx.shape_inference.infer_shapes(out).graph.value_info}
+    assert [ranks.get(n.output[0]) for n in out.graph.node if n.op_type == "Trilu"] == [2 if lead == 1 else 3]
+    x = _data(np.float32, (1, 5, 7))
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = dmlgraph.run(model, {"x": x})["y"]
+    assert got.shape == want.shape == (lead, 5, 7) and (_bits(got) == _bits(want)).all()

@@ -22,7 +22,9 @@ the model's own inputs:
   high-water mark reset (/proc/self/clear_refs 5) after the session is built: the run's peak is
   VmHWM during one run minus VmRSS before it, at the model's largest input set (the long
   prefill where it runs). The session's own resident memory (weights, constants) is reported
-  beside it. Children alternate original / portable; medians of 5 repeats (1 with --quick).
+  beside it, and a second run's peak (the mark reset again): a session's first run also faults
+  in its kernels' code and builds lazy state (about 1 MiB), which the second does not pay.
+  Children alternate original / portable; medians of 5 repeats (1 with --quick).
 * `--control`: an A/A run, the original against a second session of itself: the noise floor
   of every figure above on this machine (each ratio should be 1.0).
 

@@ -36,7 +36,7 @@ def _match_stored(ctx: Context, item: Value | Node) -> Match | None:
         m = Match("stored_mask", [item])
     if graph.is_graph_output(value) and not value.uses:
         return None  # a constant output is data, not a mask; keep it as is
-    if isinstance(item, Value) and _first_row_varies(item):
+    if isinstance(item, Value) and first_row_varies(item):
         return None  # (most initializers are weights: turned away before they are decoded)
     arr = const_value(graph, value)
     if arr is None or arr.ndim < 2:
@@ -67,7 +67,7 @@ def dml_dtype(node: DmlNode) -> np.dtype:
     return numpy_dtype(node.elem_type)
 
 
-def _first_row_varies(v: Value, head: int = 16) -> bool:
+def first_row_varies(v: Value, head: int = 16) -> bool:
     """True when the first row of an inline initializer's first matrix changes value more than
     twice in its first `head` elements, read from its raw bytes: no band does that (`analyze_band`
     makes the same test, bit for bit, after decoding)."""

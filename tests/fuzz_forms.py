@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import onnxruntime as ort
-from fuzz_masks import _Builder, _each_bits_either, reference, same_bits, same_values
+from fuzz_masks import CaseBuilder, _each_bits_either, reference, same_bits, same_values
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -76,16 +76,16 @@ class Stats:
                 f"{self.crashes} crashes ({self.executor} executor signed-zero differences on the original too)")
 
 
-def _int(b: _Builder, v) -> str:
+def _int(b: CaseBuilder, v) -> str:
     return b.const(np.array(v, np.int64), "i")
 
 
-def _ints(b: _Builder, v) -> str:
+def _ints(b: CaseBuilder, v) -> str:
     return b.const(np.array(v, np.int64), "a")
 
 
 @st.composite
-def _source(draw, b: _Builder, constants: list[int]) -> tuple[str, str]:
+def _source(draw, b: CaseBuilder, constants: list[int]) -> tuple[str, str]:
     """A bool [S, S] mask over x's matrix; (its name, what it is)."""
     kind = draw(st.sampled_from(["grid", "grid", "window", "trilu", "eyelike", "stored"]))
     shape = b.op("Shape", ["x"], "shape")
@@ -126,7 +126,7 @@ def _source(draw, b: _Builder, constants: list[int]) -> tuple[str, str]:
 
 
 @st.composite
-def _forms(draw, b: _Builder, m: str, constants: list[int], steps: list[str]) -> str:
+def _forms(draw, b: CaseBuilder, m: str, constants: list[int], steps: list[str]) -> str:
     ranks: dict[str, int] = {}
     for _ in range(draw(st.integers(0, 3))):
         form = draw(st.sampled_from(FORMS))
@@ -171,7 +171,7 @@ def _forms(draw, b: _Builder, m: str, constants: list[int], steps: list[str]) ->
 
 @st.composite
 def form_models(draw) -> FormCase:
-    b = _Builder()
+    b = CaseBuilder()
     constants: list[int] = []
     m, what = draw(_source(b, constants))
     steps: list[str] = []

@@ -107,7 +107,7 @@ class Case:
         return self.family in KNOWN_UNSOUND_SAMPLING
 
 
-class _Builder:
+class CaseBuilder:
     def __init__(self) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
@@ -141,7 +141,7 @@ def _fill_values(dt) -> st.SearchStrategy:
 
 
 @st.composite
-def _index_grid_mask(draw, b: _Builder, constants: list[int]) -> tuple[str, str]:
+def _index_grid_mask(draw, b: CaseBuilder, constants: list[int]) -> tuple[str, str]:
     """A bool [H, W] mask from Range over x's dims; returns (mask, family)."""
     family = "sound"
     idx_name = draw(st.sampled_from(list(INDEX_TYPES)))
@@ -201,7 +201,7 @@ def _index_grid_mask(draw, b: _Builder, constants: list[int]) -> tuple[str, str]
 @st.composite
 def mask_models(draw, families: str = "all") -> Case:
     """A model: x (float data) -> mask -> application -> y. `families`: "sound", "unsound" or "all"."""
-    b = _Builder()
+    b = CaseBuilder()
     dtype = DATA_TYPES[draw(st.sampled_from(list(DATA_TYPES)))]
     dt = NP[dtype]
     constants: list[int] = []
@@ -249,7 +249,7 @@ def mask_models(draw, families: str = "all") -> Case:
         if draw(st.booleans()):  # the stored mask itself is the output, or it is made bool
             y = b.op("Mul", ["x", b.const(stored, "mask")], "y") if draw(st.booleans()) else \
                 b.op("Add", ["x", b.const(stored, "mask")], "y")
-            return _finish(b, y, dtype, static, "sound", constants, f"stored {begin},{end} {a!r}/{c!r}")
+            return finish_case(b, y, dtype, static, "sound", constants, f"stored {begin},{end} {a!r}/{c!r}")
         mask = b.op("Cast", [b.const(use, "mask")], "band", to=T.BOOL)
         description += f" {begin},{end}"
     application = draw(st.sampled_from(["mask", "where_x_c", "where_c_x", "add_neg_inf", "mul"]))
@@ -268,10 +268,10 @@ def mask_models(draw, families: str = "all") -> Case:
         y = b.op("Add", ["x", bias], "y")
     else:
         y = b.op("Mul", ["x", b.op("Cast", [mask], "gate", to=dtype)], "y")
-    return _finish(b, y, dtype, static, family, constants, f"{description} -> {application}")
+    return finish_case(b, y, dtype, static, family, constants, f"{description} -> {application}")
 
 
-def _finish(b: _Builder, y: str, dtype: int, static, family: str, constants: list[int], description: str) -> Case:
+def finish_case(b: CaseBuilder, y: str, dtype: int, static, family: str, constants: list[int], description: str) -> Case:
     shape = list(static) if static else ["n", "m"]
     graph = h.make_graph(b.nodes, "fuzz", [h.make_tensor_value_info("x", dtype, shape)] + b.inputs,
                          [h.make_tensor_value_info(y, dtype, shape)], b.inits)

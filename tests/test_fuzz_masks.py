@@ -60,7 +60,7 @@ def test_known_unsound_sampling_families(example):
 def _grid_case(family: str, index_type: int, threshold) -> fuzz_masks.Case:
     """x [n, m] -> Where((cols <= rows) and (rows - cols < threshold), x, -inf): a causal mask with
     a window whose size only shows past the sizes the sampling proof tries."""
-    b = fuzz_masks._Builder()
+    b = fuzz_masks.CaseBuilder()
     shape = b.op("Shape", ["x"], "shape")
     grids = []
     for axis, i in ((1, 0), (0, 1)):
@@ -78,7 +78,7 @@ def _grid_case(family: str, index_type: int, threshold) -> fuzz_masks.Case:
     window = b.op("Less", [b.op("Sub", [rows, cols], "dist"), limit], "window")
     mask = b.op("And", [causal, window], "mask")
     y = b.op("Where", [mask, "x", b.const(np.array(-np.inf, np.float32))], "y")
-    return fuzz_masks._finish(b, y, T.FLOAT, None, family, [], f"{family}: causal window {threshold}")
+    return fuzz_masks.finish_case(b, y, T.FLOAT, None, family, [], f"{family}: causal window {threshold}")
 
 
 UNSOUND_CASES = {
@@ -102,12 +102,12 @@ def test_runtime_k_trilu_where_keeps_every_bit():
     """Found by the fuzzer: Where(Trilu(ones, k), x, c) with a run-time k lowered through
     Where(ones, x, c), whose onnxruntime kernel turned x's -0.0 into +0.0; off the band the
     application now reads x itself."""
-    b = fuzz_masks._Builder()
+    b = fuzz_masks.CaseBuilder()
     b.inputs.append(fuzz_masks.h.make_tensor_value_info("k", T.INT64, []))
     ones = b.op("ConstantOfShape", [b.op("Shape", ["x"], "shape")], "ones",
                 value=fuzz_masks.numpy_helper.from_array(np.ones(1, np.bool_)))
     band = b.op("Trilu", [ones, "k"], "band", upper=1)
     y = b.op("Where", [band, "x", b.const(np.array(0.0, np.float32), "fill")], "y")
-    case = fuzz_masks._finish(b, y, T.FLOAT, None, "runtime_k_trilu_where", [0], "trilu k=input -> where_x_c")
+    case = fuzz_masks.finish_case(b, y, T.FLOAT, None, "runtime_k_trilu_where", [0], "trilu k=input -> where_x_c")
     problems = check(case, [(1, 1), (3, 3), (3, 4)], [0, 1, -1])
     assert not problems, "\n".join(problems[:5])

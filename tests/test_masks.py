@@ -417,7 +417,7 @@ def test_first_row_prefilter_agrees_with_band_analysis(h, w, batch, dtype, begin
     arr = np.broadcast_to(arr, (batch, h, w)).copy()
     v = Value("w", shape=arr.shape)
     v.initializer = numpy_helper.from_array(arr, "w")
-    if stored_masks._first_row_varies(v):
+    if stored_masks.first_row_varies(v):
         assert analyze_band(arr) is None
     if band:
-        assert not stored_masks._first_row_varies(v)
+        assert not stored_masks.first_row_varies(v)

@@ -582,7 +582,7 @@ def test_the_twin_accepts_every_corpus_model():
     assert len(paths) >= 20
     for p in paths:
         with open(p, "rb") as f:
-            modelfile._utf8_twin().FromString(f.read())
+            modelfile.utf8_twin().FromString(f.read())
 
 
 def test_data_nbytes_agrees_with_tensor_nbytes_on_every_corpus_initializer():

@@ -700,7 +700,7 @@ def _run_checker(model: onnx.ModelProto, path: str, has_external: bool, data: by
                          hint="the model does not conform to the ONNX spec; re-export it") from None
 
 
-def _utf8_twin() -> type[Message]:
+def utf8_twin() -> type[Message]:
     """A proto3 twin of onnx's ModelProto (same fields and numbers, its own package).
 
     ONNX is proto2, whose parser accepts any bytes in a string field; proto3's parser refuses bad
@@ -742,7 +742,7 @@ def _check_utf8(model: onnx.ModelProto, path: str, data: bytes | None = None) ->
     field is bad (and is the check itself without them)."""
     if data is not None:
         try:
-            _utf8_twin().FromString(data)
+            utf8_twin().FromString(data)
             return
         except Exception:  # noqa: BLE001 - a bad string (the model itself parsed): name it below
             pass

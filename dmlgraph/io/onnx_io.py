@@ -139,6 +139,8 @@ def build_graph(g: Graph, model: onnx.ModelProto, shapes: shape_inference.Pendin
     for vi in list(mg.input) + list(mg.output):
         if vi.name not in g.initializers:
             _annotate(value(vi.name), vi, True, types)
+    for name, shape in shape_inference.input_dims(model).items():  # (as inference saw them)
+        value(name).shape = shape
     _check_defined(g)
     _check_dml_types(g)
     return g

@@ -212,6 +212,15 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
     output declared [7, 7] where its input is [a, b] would be [7, 7], and so would everything
     computed from it; the lowered model would then refuse inputs the original accepts."""
     view = without_weights(model, keep_dims=True)
+    named = input_dims(model)
+    if named:
+        if view is model:  # (no weights left out: a copy of its own)
+            view = onnx.ModelProto()
+            view.CopyFrom(model)
+        for vi in view.graph.input:
+            for d, name in zip(vi.type.tensor_type.shape.dim, named.get(vi.name, ())):
+                if not d.HasField("dim_value") and not d.dim_param:
+                    d.dim_param = name
     contradicted = _contradicted(view)
     if not contradicted:
         return view
@@ -222,6 +231,32 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
     del view.graph.value_info[:]
     view.graph.value_info.extend(kept)
     return view
+
+
+INPUT_DIM = "unk__input_"  # an unnamed input dim's own name (`input_dims`)
+
+
+def input_dims(model: onnx.ModelProto) -> dict[str, tuple]:
+    """The main graph's inputs that have an unnamed dim, each with its shape where every such dim
+    has a name of its own (`unk__input_N`; export writes `unk__` dims as unknown). Inference then
+    carries the dim by name, and the symbolic proof can read it as one size, never equal to another
+    (an unnamed dim claims nothing); the lowered model reads it at run time as any named one."""
+    mg = model.graph
+    inits = {t.name for t in mg.initializer}
+    found: dict[str, tuple] = {}
+    for vi in mg.input:
+        tt = vi.type.tensor_type
+        if vi.name in inits or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        if any(not d.HasField("dim_value") and not d.dim_param for d in tt.shape.dim):
+            found[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                   for d in tt.shape.dim)
+    if not found:
+        return found
+    taken = {d.dim_param for vi in itertools.chain(mg.input, mg.output, mg.value_info)
+             for d in vi.type.tensor_type.shape.dim if d.dim_param.startswith(INPUT_DIM)}
+    fresh = (name for name in (f"{INPUT_DIM}{i}" for i in itertools.count()) if name not in taken)
+    return {k: tuple(next(fresh) if d is None else d for d in shape) for k, shape in found.items()}
 
 
 def _contradicted(view: onnx.ModelProto) -> set[str]:

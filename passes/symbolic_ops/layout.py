@@ -26,6 +26,7 @@ from dmlgraph.passes.symbolic import (
     _same,
     as_lin,
     make_clamp,
+    render_dim,
     shape_of,
 )
 from dmlgraph.passes.symbolic_ops.arith import is_piecewise, sub
@@ -251,6 +252,9 @@ def _slice_bound(an: Analysis, b: Lin, size: Lin) -> Lin:
     if b.is_const and b.const < 0:
         b = size + b
     if not an.nonneg(b):
+        if an.bounds(b)[1] <= 0:  # (-S: from the end where S > 0, yet the whole axis at S = 0)
+            raise Unprovable(f"a slice bound {b.render(str)} that counts from the end only where it is not 0 "
+                             "(at 0 ONNX starts at 0), which no one size expression states")
         raise Unprovable("a slice bound that may be negative")
     if not an.nonneg(size - b):
         if size.is_const:
@@ -258,6 +262,28 @@ def _slice_bound(an: Analysis, b: Lin, size: Lin) -> Lin:
                              "slice clamps (its sizes and diagonal would follow min(bound, size))")
         raise Unprovable(f"the slice bound {b.render(str)} may pass the end {size.render(str)}")
     return b
+
+
+def _from_end(b: Lin) -> bool:
+    return b.is_const and b.const < 0
+
+
+def _clamped_bound(an: Analysis, b: Lin, size: Lin | Clamp) -> Lin | Clamp:
+    """A slice bound as ONNX takes it: a negative one counts from the end (`[-1:]`), then each is
+    clamped to [0, size]; exact where the size is itself clamped (a stored buffer sliced by sizes)."""
+    if _from_end(b):
+        if isinstance(size, Lin):
+            return make_clamp(size + b, 0, None, an)
+        if size.hi is None or size.hi + b.const >= 0:
+            # max(clamp(x, lo, hi) + c, 0) = clamp(x + c, max(lo + c, 0), hi + c) where hi + c >= 0
+            moved = size + b.const
+            return Clamp(moved.inner, 0 if moved.lo is None else max(moved.lo, 0), moved.hi)
+        raise Unprovable(f"a slice from the end ({b.const}) of the size {render_dim(size, str)}")
+    if isinstance(size, Lin):
+        return _slice_bound(an, b, size)
+    if b == Lin.of(0):
+        return b
+    raise Unprovable(f"a slice bound {b.render(str)} of the clamped size {render_dim(size, str)}")
 
 
 @handles("Slice")
@@ -298,6 +324,20 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
             shape[a] = make_clamp(hi - lo, 0, None, an) if isinstance(lo, Lin) and isinstance(hi, Lin) else \
                 hi if lo == Lin.of(0) else Difference(hi, lo)
             offsets[a] = lo
+            continue
+        if isinstance(size, (Lin, Clamp)) and (_from_end(s) or (e is not None and _from_end(e)) or
+                                               isinstance(size, Clamp)):
+            first = _clamped_bound(an, s, size)
+            last = size if e is None else _clamped_bound(an, e, size)
+            if isinstance(first, Lin) and isinstance(last, Lin):
+                shape[a] = make_clamp(last - first, 0, None, an)
+            elif first == Lin.of(0):
+                shape[a] = last
+            elif e is None or (s.is_const and e.is_const and e.const >= s.const):  # (so last >= first)
+                shape[a] = Difference(last, first)
+            else:
+                raise Unprovable(f"a slice [{s.render(str)}:{e.render(str)}] that may be reversed")
+            offsets[a] = first
             continue
         size_lin = as_lin(size, "a sliced size")
         start = _slice_bound(an, s, size_lin)

@@ -43,6 +43,7 @@ def test_quick_run_times_and_compares_every_input_set(tmp_path):
         assert {m.model for m in result.memory} == models
         for m in result.memory:
             assert m.original_run_mib is not None and m.portable_run_mib is not None and m.ratio is not None
+            assert m.second_ratio is not None  # a second run's peak (no first-run code faults)
     goals = [t.goal for t in bench_portable.targets(result)]
     assert any("one thread" in g for g in goals) and any("default threads" in g for g in goals)
     assert any("bit-identical" in g for g in goals)

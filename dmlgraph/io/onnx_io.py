@@ -270,12 +270,44 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     # for inline weights is one more copy of all of them (and a node list extended into the graph
     # is one more copy of every node).
     model = onnx.ModelProto()
-    graph = model.graph
-    nodes = graph.node
-    extra_init: list[onnx.TensorProto] = []
     opsets = dict(g.info.opset_imports)
-    dml_outputs: list[Value] = []
-    nested_dml = False  # a DML node inside an If/Loop/Scan body (or a function) needs the domain too
+    written = _write_nodes(g, target, opsets.get("", 0), model.graph.node)
+    functions = list(g.info.functions)
+    dml_functions = [i for i, f in enumerate(functions) if has_dml_nodes(f.node)]
+    if target == "onnx":
+        for i in dml_functions:
+            functions[i] = portable_function(functions[i], opsets.get("", 0))
+    if written.dml_outputs or (target == "dml" and (written.nested_dml or dml_functions)):
+        opsets[DOMAIN] = DOMAIN_VERSION
+    elif target == "onnx":
+        opsets.pop(DOMAIN, None)
+    _write_graph(g, model.graph, written)
+    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
+    # Only the fields the source set: an optional field set to its default is still written, and
+    # an optimize that changes nothing must give back a file no bigger than its input.
+    for field, value in (("ir_version", g.info.ir_version), ("producer_name", g.info.producer_name),
+                         ("producer_version", g.info.producer_version), ("domain", g.info.domain),
+                         ("model_version", g.info.model_version), ("doc_string", g.info.doc_string)):
+        if value:
+            setattr(model, field, value)
+    for k, prop in g.info.metadata_props:
+        model.metadata_props.add(key=k, value=prop)
+    model.functions.extend(functions)
+    return model
+
+
+class _Written:
+    """What writing the nodes found: the DML outputs to annotate, the portable forms' constants."""
+
+    def __init__(self) -> None:
+        self.dml_outputs: list[Value] = []
+        self.nested_dml = False  # a DML node inside an If/Loop/Scan body (or a function) needs the domain too
+        self.initializers: list[onnx.TensorProto] = []
+
+
+def _write_nodes(g: Graph, target: str, opset: int, nodes: Any) -> _Written:
+    """`g`'s nodes in topological order into `nodes` (a graph's repeated node field)."""
+    out = _Written()
     # Calls of functions holding DML nodes: onnx's inference cannot type their outputs (as a DML
     # node's), so those are written down too.
     hosted = dml_function_keys(g.info.functions) if target == "dml" and g.info.functions else set()
@@ -286,41 +318,37 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
         if isinstance(n, OnnxNode):
             proto = onnx_node_proto(n)
             if n.attributes and n.has_subgraph and has_dml(proto.attribute):
-                nested_dml = True
+                out.nested_dml = True
                 if target == "onnx":
-                    proto = portable_node(proto, opsets.get("", 0))
+                    proto = portable_node(proto, opset)
             elif hosted and (proto.domain, proto.op_type, proto.overload) in hosted:
-                dml_outputs.extend(n.outputs)
+                out.dml_outputs.extend(n.outputs)
             nodes.append(proto)
         else:
             assert isinstance(n, DmlNode)  # (a graph's nodes are ONNX or DML nodes)
             if target == "dml":
                 dml_node_proto(n, nodes.add())
-                dml_outputs.append(n.outputs[0])
+                out.dml_outputs.append(n.outputs[0])
             else:
                 assert names is not None  # (made for target onnx)
-                nodes.extend(_portable_nodes(g, n, opsets.get("", 0), names, shared, extra_init))
-    functions = list(g.info.functions)
-    dml_functions = [i for i, f in enumerate(functions) if has_dml_nodes(f.node)]
-    if target == "onnx":
-        for i in dml_functions:
-            functions[i] = portable_function(functions[i], opsets.get("", 0))
-    if dml_outputs or (target == "dml" and (nested_dml or dml_functions)):
-        opsets[DOMAIN] = DOMAIN_VERSION
-    elif target == "onnx":
-        opsets.pop(DOMAIN, None)
+                nodes.extend(portable_nodes(g, n, opset, names, shared, out.initializers))
+    return out
+
+
+def _write_graph(g: Graph, graph: onnx.GraphProto, written: _Written) -> None:
+    """The graph's name, inputs, outputs, initializers and value_info (its nodes are written)."""
     initializers = []
     for v in g.initializers.values():
         if v.initializer is not None:
             initializers.append(v.initializer)
         else:
             initializers.append(numpy_helper.from_array(np.asarray(v.array), v.name))
-    initializers += extra_init
+    initializers += written.initializers
     # The source's value_info (in its order), then each DML node's output: a custom DML node has no
     # shape inference, so its output's type and shape are written down (the portable form is
     # standard ops that onnx infers itself). Optimizing the output again writes the same list.
     annotated = [g.values.get(name) for name in g.value_info_names]
-    annotated += [v for v in dml_outputs if v.name not in g.value_info_names]
+    annotated += [v for v in written.dml_outputs if v.name not in g.value_info_names]
     graph.name = g.info.graph_name
     for v in g.inputs:
         value_info(v, graph.input.add())
@@ -336,18 +364,6 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
             value_info(a, graph.value_info.add())
     if g.info.graph_doc_string:
         graph.doc_string = g.info.graph_doc_string
-    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(opsets.items()))
-    # Only the fields the source set: an optional field set to its default is still written, and
-    # an optimize that changes nothing must give back a file no bigger than its input.
-    for field, value in (("ir_version", g.info.ir_version), ("producer_name", g.info.producer_name),
-                         ("producer_version", g.info.producer_version), ("domain", g.info.domain),
-                         ("model_version", g.info.model_version), ("doc_string", g.info.doc_string)):
-        if value:
-            setattr(model, field, value)
-    for k, prop in g.info.metadata_props:
-        model.metadata_props.add(key=k, value=prop)
-    model.functions.extend(functions)
-    return model
 
 
 # ---- DML nodes inside bodies and functions ---------------------------------------------------------
@@ -398,13 +414,13 @@ def has_dml(attributes: Iterable[onnx.AttributeProto]) -> bool:
 
 
 def _portable_protos(nodes: Iterable[onnx.NodeProto], opset: int) -> list[onnx.NodeProto]:
-    """`nodes` with every DML node written as standard ops (`_portable_nodes`), bodies included."""
+    """`nodes` with every DML node written as standard ops (`portable_nodes`), bodies included."""
     out: list[onnx.NodeProto] = []
     names = _NameSet.of_protos(nodes)
     for n in nodes:
         if n.domain == DOMAIN:
             dml = _import_dml(n, [Value(x) if x else None for x in n.input], [Value(x) for x in n.output])
-            out.extend(_portable_nodes(None, dml, opset, names))  # (it reads the node, not the graph)
+            out.extend(portable_nodes(None, dml, opset, names))  # (it reads the node, not the graph)
         elif n.attribute and has_dml(n.attribute):
             out.append(portable_node(n, opset))
         else:
@@ -597,110 +613,136 @@ def _node_names(n: onnx.NodeProto, out: set[str]) -> None:
         _graph_names(sub, out)
 
 
-def _portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: _NameSet,
-                    shared: dict[tuple, str] | None = None,
-                    initializers: list[onnx.TensorProto] | None = None) -> list[onnx.NodeProto]:
+def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
+                   shared: dict[tuple, str] | None = None,
+                   initializers: list[onnx.TensorProto] | None = None) -> list[onnx.NodeProto]:
     """Standard ops computing exactly what the DML node computes: the Trilu-first form
     (`dmlgraph.io.portable`) where one is bit-exact, else the spec pseudocode in int64.
     `shared`/`initializers`: the export's shared constants (new ones are appended as initializers);
-    without them (in a body) constants are Constant nodes."""
+    without them (in a body) constants are Constant nodes. Sets `n.portable_form`."""
     if opset < 13:
         raise UnsupportedError(f"the portable target needs default-domain opset 13 or later; the model "
                                f"uses {opset}", hint="use --target dml, or convert the model with "
                                "onnx.version_converter first")
-    x, shape, k = n.inputs
     out = n.outputs[0].name
-    p = f"{out}__dm"
-    em = portable.Emitter(names, p, shared if initializers is not None else None)
+    em = portable.Emitter(names, f"{out}__dm", shared if initializers is not None else None)
     made = portable.build(g, n, em, opset)
     rank = None if n.outputs[0].shape is None else len(n.outputs[0].shape)
     n.portable_form = portable.form(em.nodes if made is not None else None, rank)
-    if made is not None:
-        assert em.nodes and em.nodes[-1].output[0] == made, "a form ends with the node making its output"
-        em.nodes[-1].output[0] = out
-        em.commit()
-        if initializers is not None:
-            initializers.extend(em.initializers)
-        return em.nodes
-    nodes: list[onnx.NodeProto] = []
+    if made is None:
+        return _Pseudocode(n, names, f"{out}__dm").nodes()
+    assert em.nodes and em.nodes[-1].output[0] == made, "a form ends with the node making its output"
+    em.nodes[-1].output[0] = out
+    em.commit()
+    if initializers is not None:
+        initializers.extend(em.initializers)
+    return em.nodes
 
-    def const(name: str, arr: Any) -> str:
-        fresh = names.fresh(f"{p}_{name}")
-        nodes.append(helper.make_node("Constant", [], [fresh], value=numpy_helper.from_array(np.asarray(arr), fresh)))
+
+def site_nodes(g: Graph) -> dict[str, list[onnx.NodeProto]]:
+    """Per DML node of `g` (by output name): the standard nodes the portable export writes for it."""
+    names = _NameSet.of_graph(g, g.topological_order())
+    opset = g.info.opset_imports.get("", 0)
+    return {n.outputs[0].name: portable_nodes(g, n, opset, names, {}, [])
+            for n in g.topological_order() if isinstance(n, DmlNode)}
+
+
+class _Pseudocode:
+    """The spec's pseudocode of a DML node in int64 standard ops (where no Trilu form is exact):
+    useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End), then a bit-exact select."""
+
+    def __init__(self, n: DmlNode, names: "_NameSet", prefix: str) -> None:
+        self.n, self.names, self.p = n, names, prefix
+        self.out: list[onnx.NodeProto] = []
+        self.clipped_k: str | None = None  # made once per node: both bounds of an inverted band shift by it
+
+    def const(self, name: str, arr: Any) -> str:
+        fresh = self.names.fresh(f"{self.p}_{name}")
+        self.out.append(helper.make_node("Constant", [], [fresh], value=numpy_helper.from_array(np.asarray(arr), fresh)))
         return fresh
 
-    def op(op_type: str, ins: list[str], name: str, **attrs: Any) -> str:
-        fresh = names.fresh(f"{p}_{name}")
-        nodes.append(helper.make_node(op_type, ins, [fresh], **attrs))
+    def op(self, op_type: str, ins: list[str], name: str, **attrs: Any) -> str:
+        fresh = self.names.fresh(f"{self.p}_{name}")
+        self.out.append(helper.make_node(op_type, ins, [fresh], **attrs))
         return fresh
 
-    clipped_k: list[str] = []  # made once per node: both bounds of an inverted band shift by it
-
-    def shift(b: int, name: str) -> str:
+    def shift(self, b: int, name: str) -> str:
         """A bound as an int64 scalar, shifted by the run-time k (clipped: no int64 overflow)."""
-        c = const(name, np.array(b, np.int64))
+        c = self.const(name, np.array(b, np.int64))
+        k = self.n.inputs[2]
         if k is None:
             return c
-        if not clipped_k:
-            clipped_k.append(op("Clip", [k.name, const("kmin", np.array(-2**40, np.int64)),
-                                         const("kmax", np.array(2**40, np.int64))], "kc"))
-        return op("Add", [c, clipped_k[0]], f"{name}_k")
+        if self.clipped_k is None:
+            self.clipped_k = self.op("Clip", [k.name, self.const("kmin", np.array(-2**40, np.int64)),
+                                              self.const("kmax", np.array(2**40, np.int64))], "kc")
+        return self.op("Add", [c, self.clipped_k], f"{name}_k")
 
-    shape_name: str | None
-    if shape is not None:
-        shape_name = shape.name
-    elif n.static_shape is not None:
-        shape_name = const("shape", np.array(n.static_shape, dtype=np.int64))
-    else:
+    def shape_name(self) -> str:
+        x, shape, _ = self.n.inputs
+        if shape is not None:
+            return shape.name
+        if self.n.static_shape is not None:
+            return self.const("shape", np.array(self.n.static_shape, dtype=np.int64))
         assert x is not None  # (import refuses a generator with neither a shape input nor output_shape)
-        shape_name = op("Shape", [x.name], "shape")
-    zero, one = const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64))
-    h = op("Squeeze", [op("Slice", [shape_name, const("m2", [-2]), const("m1", [-1])], "h1")], "h")
-    w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
-    rows = op("Unsqueeze", [op("Range", [zero, h, one], "rows"), const("ax1", [1])], "rows_col")
-    top_x = op("Sub", [op("Range", [zero, w, one], "cols"), rows], "topx")
-    # useValue = (End >= Begin) ^ (topX >= Begin) ^ (topX < End), each term written as a Less and
-    # whether it is negated; an unbounded end makes its terms `true` (one negation each), so no
-    # constant is needed for them.
-    begin = None if n.begin is None else shift(n.begin, "begin")
-    end = None if n.end is None else shift(n.end, "end")
-    terms: list[str] = []
-    negations = 0
-    if begin is not None and end is not None:
-        terms.append(op("Less", [end, begin], "end_lt_begin"))  # End >= Begin: not (End < Begin)
-    negations += 1
-    if begin is not None:
-        terms.append(op("Less", [top_x, begin], "lt_begin"))  # topX >= Begin: not (topX < Begin)
-    negations += 1
-    if end is not None:
-        terms.append(op("Less", [top_x, end], "lt_end"))
-    else:
+        return self.op("Shape", [x.name], "shape")
+
+    def top_x(self, shape_name: str) -> str:
+        """topX = col - row over the output's last two sizes ([H, W], int64)."""
+        op, const = self.op, self.const
+        zero, one = const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64))
+        h = op("Squeeze", [op("Slice", [shape_name, const("m2", [-2]), const("m1", [-1])], "h1")], "h")
+        w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
+        rows = op("Unsqueeze", [op("Range", [zero, h, one], "rows"), const("ax1", [1])], "rows_col")
+        return op("Sub", [op("Range", [zero, w, one], "cols"), rows], "topx")
+
+    def use_value(self, top_x: str) -> str:
+        """useValue, each term written as a Less and whether it is negated; an unbounded end makes
+        its terms `true` (one negation each), so no constant is needed for them."""
+        n, op = self.n, self.op
+        begin = None if n.begin is None else self.shift(n.begin, "begin")
+        end = None if n.end is None else self.shift(n.end, "end")
+        terms: list[str] = []
+        negations = 0
+        if begin is not None and end is not None:
+            terms.append(op("Less", [end, begin], "end_lt_begin"))  # End >= Begin: not (End < Begin)
         negations += 1
-    if not terms:
-        use = const("all", np.array(True))
-    else:
+        if begin is not None:
+            terms.append(op("Less", [top_x, begin], "lt_begin"))  # topX >= Begin: not (topX < Begin)
+        negations += 1
+        if end is not None:
+            terms.append(op("Less", [top_x, end], "lt_end"))
+        else:
+            negations += 1
+        if not terms:
+            return self.const("all", np.array(True))
         use = terms[0]
         for t in terms[1:]:
             use = op("Xor", [use, t], "use")
-        if negations % 2:
-            use = op("Not", [use], "use")
-    np_dt = helper.tensor_dtype_to_np_dtype(n.elem_type)
-    value_arr = np.array(n.value, dtype=np_dt)
-    value = const("value", value_arr)
-    other = x.name if x is not None else const("other", np.zeros((), np_dt))
-    if x is not None and (shape is not None or n.static_shape is not None):
-        # x broadcast to the output first: the select then has the output's shape (no Expand after
-        # it), and re-optimizing the portable model finds the selection again, a fixed point.
-        other = op("Expand", [x.name, shape_name], "input")
-    result = _portable_select(use, value, value_arr, other, n.elem_type, op, const, other_is_data=x is not None)
-    if x is not None:
-        # The output is shaped like the (broadcast) input and the selection already broadcast `use`
-        # ([H, W]) to it, so an Expand would be a no-op; leaving it out also keeps re-optimizing a
-        # portable model from stacking one more Expand per round.
-        nodes[-1].output[0] = out
-        return nodes
-    nodes.append(helper.make_node("Expand", [result, shape_name], [out]))
-    return nodes
+        return op("Not", [use], "use") if negations % 2 else use
+
+    def nodes(self) -> list[onnx.NodeProto]:
+        n = self.n
+        x, shape, _ = n.inputs
+        shape_name = self.shape_name()
+        use = self.use_value(self.top_x(shape_name))
+        np_dt = helper.tensor_dtype_to_np_dtype(n.elem_type)
+        value_arr = np.array(n.value, dtype=np_dt)
+        value = self.const("value", value_arr)
+        other = x.name if x is not None else self.const("other", np.zeros((), np_dt))
+        if x is not None and (shape is not None or n.static_shape is not None):
+            # x broadcast to the output first: the select then has the output's shape (no Expand after
+            # it), and re-optimizing the portable model finds the selection again, a fixed point.
+            other = self.op("Expand", [x.name, shape_name], "input")
+        result = _portable_select(use, value, value_arr, other, n.elem_type, self.op, self.const,
+                                  other_is_data=x is not None)
+        if x is not None:
+            # The output is shaped like the (broadcast) input and the selection already broadcast `use`
+            # ([H, W]) to it, so an Expand would be a no-op; leaving it out also keeps re-optimizing a
+            # portable model from stacking one more Expand per round.
+            self.out[-1].output[0] = n.outputs[0].name
+            return self.out
+        self.out.append(helper.make_node("Expand", [result, shape_name], [n.outputs[0].name]))
+        return self.out
 
 
 # onnxruntime's CPU Where lacks these; each is widened losslessly and narrowed back.

@@ -160,6 +160,87 @@ def _const_array(g: Graph | None, v: Value | None) -> np.ndarray | None:
     return None
 
 
+def _producer(v: Value | None, op_type: str) -> OnnxNode | None:
+    p = v.producer if v is not None else None
+    ok = isinstance(p, OnnxNode) and p.op_type == op_type and p.domain in ("", "ai.onnx")
+    return p if ok else None  # type: ignore[return-value]
+
+
+def _matrix_part(g: Graph | None, vec: Value | None) -> str | None:
+    """A sizes vector built as Concat(lead, [H, W]): the [H, W] value (no Slice needed)."""
+    p = _producer(vec, "Concat")
+    last = p.inputs[-1] if p is not None and p.inputs else None
+    if g is None or last is None or _length(g, last) != 2:
+        return None
+    whole = _producer(last, "Slice")  # a Slice keeping all of a 2-vector (build_matrix_of's): that vector
+    if whole is not None and _length(g, whole.inputs[0]) == 2:
+        return whole.inputs[0].name  # type: ignore[union-attr]
+    return last.name
+
+
+def _lead_of(g: Graph | None, vec: Value | None, x: Value, n: int, depth: int = 0) -> bool:
+    """The first `n` entries of the sizes vector `vec` are provably X's first `n` sizes: Shape(X),
+    a Concat or a Slice from 0 keeping them, or `build_broadcast`'s `Where(Equal(p, 1), q, p)` of
+    Shape(X) and an operand padded to X's rank with constant ones."""
+    if g is None or vec is None or depth > 8:
+        return False
+    if n == 0:
+        return True
+    shape = _producer(vec, "Shape")
+    if shape is not None:
+        return shape.inputs[0] is x and not any((a.name == "start" and a.i != 0) or a.name == "end"
+                                                for a in shape.attributes)
+    cat = _producer(vec, "Concat")
+    if cat is not None and cat.inputs and (_length(g, cat.inputs[0]) or 0) >= n:
+        return _lead_of(g, cat.inputs[0], x, n, depth + 1)
+    sl = _producer(vec, "Slice")
+    if sl is not None and len(sl.inputs) >= 3:
+        start = _const_array(g, sl.inputs[1])
+        if start is not None and start.size == 1 and int(start.reshape(-1)[0]) == 0 and len(sl.inputs) == 3:
+            stop = _const_array(g, sl.inputs[2])
+            if stop is not None and stop.size == 1 and (int(stop.reshape(-1)[0]) >= n or (_length(g, vec) or 0) >= n):
+                return _lead_of(g, sl.inputs[0], x, n, depth + 1)
+        return False
+    where = _producer(vec, "Where")
+    if where is not None:
+        cond, a, b = where.inputs
+        eq = _producer(cond, "Equal")
+        if eq is None or eq.inputs[0] is not b or _const_array(g, eq.inputs[1]) is None \
+                or _const_array(g, eq.inputs[1]).reshape(-1).tolist() != [1]:  # type: ignore[union-attr]
+            return False
+        # (either order: where X's size is 1 the ones give 1 too)
+        return (_lead_of(g, a, x, n, depth + 1) and _ones_prefix(g, b, n)) \
+            or (_lead_of(g, b, x, n, depth + 1) and _ones_prefix(g, a, n))
+    return False
+
+
+def _length(g: Graph, vec: Value | None) -> int | None:
+    """The length of a 1-D sizes vector: inferred, or a Slice's of one whose length is known."""
+    if vec is None:
+        return None
+    if vec.shape is not None and len(vec.shape) == 1 and isinstance(vec.shape[0], int):
+        return vec.shape[0]
+    sl = _producer(vec, "Slice")
+    if sl is None or len(sl.inputs) != 3:
+        return None
+    base = _length(g, sl.inputs[0])
+    start, stop = _const_array(g, sl.inputs[1]), _const_array(g, sl.inputs[2])
+    if base is None or start is None or stop is None or start.size != 1 or stop.size != 1:
+        return None
+    return len(range(base)[slice(int(start.reshape(-1)[0]), int(stop.reshape(-1)[0]))])
+
+
+def _ones_prefix(g: Graph, vec: Value | None, n: int) -> bool:
+    arr = _const_array(g, vec)
+    if arr is not None:
+        return arr.size >= n and bool(np.all(arr.reshape(-1)[:n] == 1))
+    cat = _producer(vec, "Concat")
+    if cat is None or not cat.inputs:
+        return False
+    first = _const_array(g, cat.inputs[0])
+    return first is not None and first.size >= n and bool(np.all(first.reshape(-1)[:n] == 1))
+
+
 def from_shapes(g: Graph | None, v: Value | None, depth: int = 0) -> bool:
     """`v` is computed only from tensor sizes and small constants by a few integer ops, so it is far
     inside int64 (a bound plus it cannot overflow)."""
@@ -245,19 +326,26 @@ class _Node:
             return self.em.const("hw", np.array(dims[-2:], np.int64))
         if self.shape is None and self.n.static_shape is None and self.x is not None:
             return self.em.op("Shape", [self.x.name], "hw", start=-2)
+        tail = _matrix_part(self.g, self.shape)
+        if tail is not None:
+            return tail
         vec = self.shape_vec()
         assert vec is not None
         return self.em.op("Slice", [vec, self.em.const("m2", np.array([-2], np.int64)),
                                     self.em.const("int64_max", np.array([INT64_MAX], np.int64))], "hw")
 
     def bcast_ok(self, other_rank: int = 2) -> bool:
-        """Broadcasting X with a [H, W] operand gives the output's shape (proved by inference)."""
+        """Broadcasting X with a [H, W] operand gives the output's shape (proved by inference, or by
+        the sizes being X's leading sizes and a matrix X broadcasts into)."""
         if self.x_is_full():
             return True
         if self.x is None or self.x.shape is None:
             return False
         dims = self.out_dims()
         xs = tuple(self.x.shape)
+        if self.shape is not None and self.shape.shape == (len(xs),) and len(xs) >= 2 \
+                and _lead_of(self.g, self.shape, self.x, len(xs) - 2):
+            return True  # (the node's X broadcasts into its sizes: so its matrix into [H, W])
         if dims is None or len(dims) < 2 or len(dims) != max(len(xs), 2) or any(b is None for b in dims[-2:]):
             return False
         xs = (1,) * (len(dims) - len(xs)) + xs

@@ -48,17 +48,20 @@ def test_inspect_names_the_sites_optimize_declines_for_growth():
 
 
 # Models the whole-model decision kept unlowered, now lowered but for their growing sites.
-PARTLY = [("nanogpt_dynamo", "dml"), ("nanogpt_dynamo", "onnx"), ("split_concat_tril_dynamo", "dml"),
-          ("split_concat_tril_dynamo", "onnx"), ("stored_tril_past_dynamo", "dml"), ("stored_tril_past_ts", "onnx"),
-          ("t5_decoder_kv_dynamo", "dml"), ("t5_decoder_kv_dynamo", "onnx")]
+# (split_concat_tril_dynamo on onnx grew before its band was built at the matrix size: now every
+# site is kept.)
+PARTLY = [("nanogpt_dynamo", "dml", True), ("nanogpt_dynamo", "onnx", True), ("split_concat_tril_dynamo", "dml", True),
+          ("split_concat_tril_dynamo", "onnx", False), ("stored_tril_past_dynamo", "dml", True),
+          ("stored_tril_past_ts", "onnx", True), ("t5_decoder_kv_dynamo", "dml", True),
+          ("t5_decoder_kv_dynamo", "onnx", True)]
 
 
-@pytest.mark.parametrize(("name", "target"), PARTLY)
-def test_a_growing_site_is_declined_and_the_others_kept(name, target):
+@pytest.mark.parametrize(("name", "target", "declines"), PARTLY)
+def test_a_growing_site_is_declined_and_the_others_kept(name, target, declines):
     path = os.path.join(ROOT, "models", f"{name}.onnx")
     r = dmlgraph.optimize(path, target=target)
     growing = [d for d in r.declined if d.reason.startswith(pipeline.GROWTH_DECLINE)]
-    assert r.rewrites and growing and all(f"on target {target}" in d.reason for d in growing)
+    assert r.rewrites and bool(growing) == declines and all(f"on target {target}" in d.reason for d in growing)
     assert pipeline.growth(onnx.load(path, load_external_data=False), r.model) is None
     feeds = sorted(glob.glob(os.path.join(ROOT, "models", "inputs", name, "*.npz")))
     for f in feeds:

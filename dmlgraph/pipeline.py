@@ -303,8 +303,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     """The pipeline: load `model` (a path or a ModelProto, never modified), run every rule on
     every scope, export to `target`, clean, stamp, and check the result as saving would.
 
-    A lowering that would make the model bigger (nodes at any depth, or bytes past the stamp:
-    `growth`) is declined whole unless `options.allow_growth`. `loaded(proto, graph)` sees the
+    A site whose lowering would make the model bigger (nodes at any depth, or bytes past the
+    stamp: `growth`) is declined unless `options.allow_growth`, the others kept. `loaded(proto, graph)` sees the
     graph as imported, before any rule runs (inspect takes its census there); `base_dir` is where
     a ModelProto's external data lives. `check=False` skips the output check (inspect writes
     nothing; `save` checks a model that was not checked). `census`: take the mask census of every
@@ -323,29 +323,10 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     grown = growth(source, exported)
     full = exported  # the lowering of every site (inspect and --allow-growth show it)
     if grown is not None and result.applied and not options.allow_growth:
-        # Nothing grows: the sites whose lowering would make the model bigger on this target are
-        # declined, each with its numbers (`declines_for_growth`), and the rest lowered again.
         if check:
             _check_output(exported, source, label)  # (a broken lowering is our bug, written or not)
-        kept = _without_growing_sites(model, base_dir, source, options, target, result, exported, census)
-        if kept is not None:
-            g, result, exported, cleaned = kept
-            if not result.applied or same_computation(source, exported):
-                # Every site declined (each with its reason), or the kept ones write again what the
-                # input has (a model this target made, its constants named anew): the input is kept.
-                exported = onnx.ModelProto()
-                exported.CopyFrom(source)
-                cleaned = clean(exported)
-        else:  # no subset found that does not grow: every site declined, the input kept (cleaned)
-            reason = (f"not written: the lowered model would grow on target {target} ({grown}); "
-                      "the input is kept")
-            for m in result.applied:
-                m.reason = reason
-            result = PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied,
-                                [], result.iterations, result.superseded, result.census)
-            exported = onnx.ModelProto()
-            exported.CopyFrom(source)
-            cleaned = clean(exported)
+        g, result, exported, cleaned = _decline_growing_sites(model, base_dir, source, options, target, result,
+                                                              exported, census, grown, (g, cleaned))
     if result.applied or cleaned:  # (a model given back unchanged stays byte for byte the input)
         stamp(exported, target, options, result.counts, source)
     serialized = _check_output(exported, source, label) if check else None
@@ -386,6 +367,30 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     path = None if isinstance(model, onnx.ModelProto) else model
     return OptimizeResult(exported, rewrites, declined, dict(result.counts), before, after, report, g, result,
                           source=path, original=source, checked_bytes=serialized)
+
+
+def _decline_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, source: onnx.ModelProto,
+                           options: Options, target: str, result: PassResult, exported: onnx.ModelProto,
+                           census: bool, grown: str, lowered: tuple[Graph, bool]
+                           ) -> tuple[Graph, PassResult, onnx.ModelProto, bool]:
+    """Nothing grows: the sites whose lowering would make the model bigger on this target are
+    declined, each with its numbers (`declines_for_growth`), and the rest lowered again; the
+    input is kept when no site is left, or the kept ones write again what it computes."""
+    g, cleaned = lowered
+    kept = _without_growing_sites(model, base_dir, source, options, target, result, exported, census)
+    if kept is not None:
+        g, result, exported, cleaned = kept
+        if result.applied and not same_computation(source, exported):
+            return g, result, exported, cleaned
+    else:  # no subset found that does not grow: every site declined, the input kept (cleaned)
+        reason = f"not written: the lowered model would grow on target {target} ({grown}); the input is kept"
+        for m in result.applied:
+            m.reason = reason
+        result = PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied,
+                            [], result.iterations, result.superseded, result.census)
+    exported = onnx.ModelProto()
+    exported.CopyFrom(source)
+    return g, result, exported, clean(exported)
 
 
 def _lower_graph(g: Graph, options: Options, target: str, progress: Callable[[str], None] | None,

@@ -321,30 +321,34 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
         product = np.multiply(cast("list[int]", a), cast("list[int]", b))
         return [int(d) for d in np.broadcast_to(product, np.broadcast_shapes((len(a),), (len(b),)))]
     if op == "Where":
-        cond_v = p.inputs[0]
-        cond = cond_v.producer if cond_v is not None else None
-        if not (isinstance(cond, OnnxNode) and cond.op_type == "Equal"):
-            return None
-        x, cs, a, b = (vector_dims(graph, cond.inputs[0], depth + 1), vector_dims(graph, cond.inputs[1], depth + 1),
-                       sub(1), sub(2))
-        if x is None or cs is None or a is None or b is None or not len(x) == len(a) == len(b) \
-                or len(cs) not in (1, len(x)) or not all(isinstance(ci, int) for ci in cs):
-            return None
-        consts = cast("list[int]", cs * len(x) if len(cs) == 1 else cs)
-        out: list[Dim] = []
-        for xi, c, ai, bi in zip(x, consts, a, b):
-            if isinstance(xi, int):
-                out.append(ai if xi == c else bi)
-            elif xi is not None and c < 0:
-                out.append(bi)  # a dim name is never negative
-            elif ai is not None and ai == bi:
-                out.append(ai)  # both branches agree
-            elif ai == c and bi is not None and bi == xi:
-                out.append(xi)  # Where(x == c, c, x) is x (the broadcast of a dim with a 1)
-            else:
-                out.append(None)
-        return out
+        return _where_dims(graph, p, depth)
     return None
+
+
+def _where_dims(graph: Graph, p: OnnxNode, depth: int) -> list[Dim] | None:
+    """`Where(Equal(x, c), a, b)` over shape vectors, entry by entry (c a constant)."""
+    cond_v = p.inputs[0]
+    cond = cond_v.producer if cond_v is not None else None
+    if not (isinstance(cond, OnnxNode) and cond.op_type == "Equal"):
+        return None
+    x, cs, a, b = (vector_dims(graph, v, depth + 1) for v in (cond.inputs[0], cond.inputs[1], *p.inputs[1:3]))
+    if x is None or cs is None or a is None or b is None or not len(x) == len(a) == len(b) \
+            or len(cs) not in (1, len(x)) or not all(isinstance(ci, int) for ci in cs):
+        return None
+    consts = cast("list[int]", cs * len(x) if len(cs) == 1 else cs)
+    out: list[Dim] = []
+    for xi, c, ai, bi in zip(x, consts, a, b):
+        if isinstance(xi, int):
+            out.append(ai if xi == c else bi)
+        elif xi is not None and c < 0:
+            out.append(bi)  # a dim name is never negative
+        elif ai is not None and ai == bi:
+            out.append(ai)  # both branches agree
+        elif ai == c and bi is not None and bi == xi:
+            out.append(xi)  # Where(x == c, c, x) is x (the broadcast of a dim with a 1)
+        else:
+            out.append(None)
+    return out
 
 
 def matrix_dims(graph: Graph, v: Value) -> tuple[Dim, Dim] | None:

@@ -335,12 +335,7 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     """
     out, through = output_target(out_path, "the model")
     folder, base = os.path.split(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        raise ModelError(f"cannot write {out}: the folder {folder} does not exist",
-                         hint="create the folder first or choose another output path")
-    if input_path is not None and not in_place and _same_file(out, os.fspath(input_path)):
-        raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with the output",
-                         hint="choose a different output path, or pass --in-place to replace the input")
+    _check_output_path(out, folder, input_path, in_place)
     data_path = out + ".data"
     if external_data is True:
         serialized = None
@@ -353,13 +348,8 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
     use_external = _use_external(model, out, serialized, sources, external_data)
     if use_external:
         _check_data_path(out, data_path, through, input_path)
-    # Replacing a file the source's data is in would destroy the input (unless it is the input
-    # being replaced, data file and all: --in-place).
-    clash = [p for p in [out] + [data_path] * use_external if _entry(p) in source_files]
-    if clash and not (in_place and clash == [data_path] and input_path is not None and
-                      _same_file(out, os.fspath(input_path))):
-        raise ModelError(f"refusing to overwrite {clash[0]}, external data of the input model, with the output",
-                         hint="choose a different output path or folder")
+    _check_clash([out] + [data_path] * use_external, source_files, in_place and input_path is not None
+                 and _same_file(out, os.fspath(input_path)))
     # A single-file save of a model without external data leaves every tensor as it is: the
     # per-tensor pass over a copy is needed only for external data (in the source or the save).
     placing = use_external or any(span is not None for span in sources)
@@ -393,6 +383,24 @@ def save_model(model: onnx.ModelProto, out_path: str | os.PathLike, *,
         for t in temps:
             t.discard()
         raise
+
+
+def _check_output_path(out: str, folder: str, input_path: str | os.PathLike | None, in_place: bool) -> None:
+    if not os.path.isdir(folder):
+        raise ModelError(f"cannot write {out}: the folder {folder} does not exist",
+                         hint="create the folder first or choose another output path")
+    if input_path is not None and not in_place and _same_file(out, os.fspath(input_path)):
+        raise ModelError(f"refusing to overwrite the input model {os.fspath(input_path)} with the output",
+                         hint="choose a different output path, or pass --in-place to replace the input")
+
+
+def _check_clash(paths: list[str], source_files: set[str], replacing_input: bool) -> None:
+    """Replacing a file the source's data is in would destroy the input (unless it is the input
+    being replaced, data file and all: --in-place); `paths`: the model, then its data file."""
+    clash = [p for p in paths if _entry(p) in source_files]
+    if clash and not (replacing_input and clash == paths[1:]):
+        raise ModelError(f"refusing to overwrite {clash[0]}, external data of the input model, with the output",
+                         hint="choose a different output path or folder")
 
 
 def _external_sources(model: onnx.ModelProto, serialized: bytes | None, base_dir: str | os.PathLike | None

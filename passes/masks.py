@@ -222,7 +222,7 @@ def _match_subgraph(ctx: Context, node: Node) -> Match | None:
     if verdict is None:
         verdict = verdicts[signature] = _verdict(graph, nodes, inputs, target, symbolic, df)
     if verdict[0] == "none":
-        m.reason = _no_band_reason(nodes, target)
+        m.reason = _no_band_reason(graph, nodes, target)
         return m if m.reason else None
     if verdict[0] == "decline":
         m.reason = verdict[1]
@@ -247,11 +247,17 @@ def _makes_mask(n: Node) -> bool:
                                                                      len(n.outputs[0].shape) >= 2))
 
 
-def _no_band_reason(nodes: list[Node], target: Value) -> str | None:
-    """Why a shape-only mask (a comparison, Trilu or EyeLike in its cone) is not lowered, so that
-    `inspect` lists it as declined instead of passing over it; None for other shape-only values
-    (rotary tables, position ids), which are no masks."""
-    if not any(_makes_mask(n) for n in nodes):
+def _reads_stored_band(graph: Graph, nodes: list[Node]) -> bool:
+    """Some node of the subgraph reads a stored band buffer (what the census counts as a mask)."""
+    return any(v is not None and v.producer is None and v.name in graph.initializers and len(v.shape or ()) >= 2
+               and band_of(np.asarray(const_value(graph, v))) is not None for n in nodes for v in n.inputs)
+
+
+def _no_band_reason(graph: Graph, nodes: list[Node], target: Value) -> str | None:
+    """Why a shape-only mask (a comparison, Trilu, EyeLike or stored band in its cone) is not lowered,
+    so that `inspect` lists it as declined instead of passing over it; None for other shape-only
+    values (rotary tables, position ids, sliced weights), which are no masks."""
+    if not any(_makes_mask(n) for n in nodes) and not _reads_stored_band(graph, nodes):
         return None  # (a 1-D Equal is shape plumbing: TorchScript's "-1 means keep" of expand)
     outside = next((n for n in nodes if n.op_type not in INDEX_OPS), None)
     if outside is not None:

@@ -1,25 +1,31 @@
 """A fuzzer of mask *forms* (issue 26): hypothesis composes whole models the way exporters do, where
 `fuzz_masks.py` varies one mask cone.
 
-A model (`form_models`): x float [1, 2, S, S] (S symbolic, or static) and a boolean padding input;
-a mask made by one source --
-  * an index grid: Range over Shape(x)[2], compared with a shift (causal, shifted, sliding window);
-  * Trilu or EyeLike of a shape-only ones tensor;
-  * a stored band buffer [N, N] sliced to [S, S] by Shape (the dynamo form);
--- then a random sequence of forms: Not, Unsqueeze/Expand to 4-D, Transpose of the matrix axes,
-Slice of all rows, a Cast to float and back through `1 - b`, And/Or with a second source, And/Or
+A model (`form_models`): x float [1, 2, S, T] and a boolean padding [1, 1, 1, T]; square (T = S, S
+symbolic or static) or a KV cache (a `past_key` input [1, 1, P, 1], T = P + S, S maybe a static 1:
+a decode step; the padding's length sometimes misnamed `S` as Optimum's merged decoders do). A mask
+made by one source --
+  * an index grid: Range over x's dims (rows from P under a cache), compared with a shift (causal,
+    shifted), maybe And-ed with a sliding window; or a square grid over T sliced to its last S rows;
+  * Trilu (k shifted by P under a cache) or EyeLike of a shape-only tensor;
+  * a stored band buffer [N, N] sliced to [P:P+S, :T] by Shape (the dynamo / GPT-2 form);
+-- then a random sequence of forms: Not, Unsqueeze/Reshape (maybe Expand) to 4-D, Squeeze back,
+Transpose of the matrix axes, Slice, Slice pieces Concat-ed back, Cast round trips, `1 - b` and
+`b * c + d > t` through float, Where(b, True, False) either way, And/Or with a second source, And/Or
 with the padding (data), a stack of two masks Concat-ed along a batch axis and Split back; then an
-application: Where either way, Add of a 0/-inf bias, Mul by the 0/1 gate, or GPT-1's blend
-`x * b + -1e4 * (1 - b)`. The whole form may sit in an If branch reading the outer x.
+application to x: Where either way, Add of a 0/-inf bias, Mul by the 0/1 gate, or GPT-1's blend
+`x * b + -1e4 * (1 - b)`. Then up to two containers wrap a random tail of the nodes (so a body
+reads outer values, masks included): an If branch, a Loop body (x carried, 1-2 trips), a local
+function (its constants made Constant nodes).
 
 The oracle (`oracle_bands`) evaluates every intermediate of the form (as a flat model) with
 onnxruntime at several sizes and two random data sets, and marks the band tensors: the same under
-both data sets, and at every size one DIAGONAL_MATRIX1 pattern (or one value). `check` then asks,
-per model: no crash in optimize/inspect on either target; outputs equal to onnxruntime on the
-original at sizes around every constant (bit for bit where every rewrite is exact, as values on
-finite data otherwise; where onnxruntime's Where drops a -0.0, the ONNX reference evaluator judges);
-every oracle band site lowered or declined with a reason in the census
-(else a silent miss). `Stats` adds up the share of band sites lowered.
+both data sets, and at every size one DIAGONAL_MATRIX1 pattern (or one value), a pattern at one
+size at least. `check` then asks, per model: no crash in optimize/inspect on either target; outputs
+equal to onnxruntime on the original at sizes around every constant (bit for bit where every
+rewrite is exact, as values on finite data otherwise; where onnxruntime's Where drops a -0.0, the
+ONNX reference evaluator judges); every oracle band site lowered or declined with a reason in the
+census (else a silent miss). `Stats` adds up the share of band sites lowered.
 """
 from __future__ import annotations
 
@@ -37,18 +43,23 @@ from dmlgraph import api
 from dmlgraph.passes.generators import band_of
 
 STORED_N = 12  # rows and columns of a stored band buffer (sizes past it fail in the original too)
-FORMS = ["not", "rank4", "transpose", "slice_rows", "arith_not", "combine", "padding", "stack_split"]
+FORMS = ["not", "rank4", "reshape4", "squeeze", "transpose", "slice_rows", "slice_concat", "arith_not",
+         "arith_scale", "where_bool", "cast_trip", "combine", "padding", "stack_split"]
 APPLICATIONS = ["where_x_c", "where_c_x", "add_bias", "mul_gate", "blend"]
+CONTAINERS = ["if", "loop", "function"]
+BIG = 2**62
+XIN = "xin"  # what the application reads: Identity(x), or a Loop body's carried x
 
 
 @dataclass
 class FormCase:
-    model: onnx.ModelProto  # what is optimized (the form maybe inside an If)
+    model: onnx.ModelProto  # what is optimized (the form maybe inside containers)
     flat: onnx.ModelProto  # the same nodes in the main graph: the oracle evaluates its intermediates
-    static: int | None
+    static: int | None  # a static S (T too when square)
+    kv: bool  # T = P + S with a past_key input
     constants: list[int]
-    in_if: bool
     description: str
+    contained: frozenset[str] = frozenset()  # the values an If branch, Loop body or local function computes
 
 
 @dataclass
@@ -61,10 +72,14 @@ class Stats:
     wrong: int = 0
     crashes: int = 0
     executor: int = 0  # signed-zero differences the executor shows on the original model too
+    known: int = 0  # silent misses and crashes of a KNOWN_GAPS class (each pinned by a strict xfail test)
     reasons: dict[str, int] = field(default_factory=dict)
+    gaps: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: "Stats") -> None:
-        for k in ("cases", "sites", "lowered", "declined", "silent", "wrong", "crashes", "executor"):
+        for r, n in other.gaps.items():
+            self.gaps[r] = self.gaps.get(r, 0) + n
+        for k in ("cases", "sites", "lowered", "declined", "silent", "wrong", "crashes", "executor", "known"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         for r, n in other.reasons.items():
             self.reasons[r] = self.reasons.get(r, 0) + n
@@ -73,7 +88,35 @@ class Stats:
         share = self.lowered / self.sites if self.sites else 1.0
         return (f"{self.cases} cases, {self.sites} band sites: {self.lowered} lowered ({share:.1%}), "
                 f"{self.declined} declined, {self.silent} silent misses; {self.wrong} wrong results, "
-                f"{self.crashes} crashes ({self.executor} executor signed-zero differences on the original too)")
+                f"{self.crashes} crashes ({self.executor} executor signed-zero differences on the original too; "
+                f"{self.known} of the silent misses and crashes in known gaps: {self.gaps})")
+
+
+# Gaps in code under restructuring (bodies as nested graphs: dmlgraph/rewrite/nested.py), each pinned by
+# a strict xfail in tests/test_fuzz_forms.py: a problem of such a class is counted, not failed.
+KNOWN_GAPS = {
+    "body_outer": "a band an If/Loop body or a local function computes from values it reads from outside "
+                  "(an outer Shape, index grid, buffer or mask) is not in the census, or is missed",
+    "function_types": "a DML node's output inside a local function has no type: the written model fails "
+                      "onnx's checker",
+}
+
+
+def known_gap(case: FormCase, problem: str, site: str | None = None) -> str | None:
+    if site is not None and site in case.contained and problem.startswith("silent miss"):
+        return "body_outer"
+    if case.model.functions and "fails the ONNX checker" in problem and "expected to have type" in problem:
+        return "function_types"
+    return None
+
+
+def _problem(stats: Stats, problems: list[str], case: FormCase, problem: str, site: str | None = None) -> None:
+    gap = known_gap(case, problem, site)
+    if gap is None:
+        problems.append(problem)
+    else:
+        stats.known += 1
+        stats.gaps[gap] = stats.gaps.get(gap, 0) + 1
 
 
 def _int(b: CaseBuilder, v) -> str:
@@ -84,156 +127,315 @@ def _ints(b: CaseBuilder, v) -> str:
     return b.const(np.array(v, np.int64), "a")
 
 
+class Dims:
+    """S, T (and P under a cache) as int64 scalars read from the inputs' shapes, made once."""
+
+    def __init__(self, b: CaseBuilder, kv: bool) -> None:
+        self.b, self.kv = b, kv
+        shape = b.op("Shape", ["x"], "shape")
+        self.shape = shape
+        self.s = b.op("Gather", [shape, _int(b, 2)], "s", axis=0)
+        self.t = b.op("Gather", [shape, _int(b, 3)], "t", axis=0)
+        self.p = b.op("Gather", [b.op("Shape", ["past_key"], "pshape"), _int(b, 2)], "p", axis=0) if kv else None
+
+    def matrix(self) -> str:  # [S, T] as a 1-D shape
+        return self.b.op("Slice", [self.shape, _ints(self.b, [2]), _ints(self.b, [4])], "matrix")
+
+
 @st.composite
-def _source(draw, b: CaseBuilder, constants: list[int]) -> tuple[str, str]:
-    """A bool [S, S] mask over x's matrix; (its name, what it is)."""
-    kind = draw(st.sampled_from(["grid", "grid", "window", "trilu", "eyelike", "stored"]))
-    shape = b.op("Shape", ["x"], "shape")
-    n = b.op("Gather", [shape, _int(b, 2)], "n", axis=0)
-    if kind in ("grid", "window"):
-        r = b.op("Range", [_int(b, 0), n, _int(b, 1)], "range")
-        rows, cols = b.op("Unsqueeze", [r, _ints(b, [1])], "rows"), b.op("Unsqueeze", [r, _ints(b, [0])], "cols")
-        k = draw(st.integers(-4, 4))
+def _source(draw, b: CaseBuilder, d: Dims, constants: list[int]) -> tuple[str, str]:
+    """A bool [S, T] mask over x's matrix; (its name, what it is)."""
+    kinds = ["grid", "grid", "window", "trilu", "eyelike", "stored"] + (["square_tail"] if d.kv else [])
+    kind = draw(st.sampled_from(kinds))
+    k = draw(st.integers(-4, 4))
+    if kind in ("grid", "window", "square_tail"):
+        if kind == "square_tail":  # a [T, T] grid, its last S rows (P: past) -- the cache over a full mask
+            r = b.op("Range", [_int(b, 0), d.t, _int(b, 1)], "range")
+            rows, cols = r, r
+        else:
+            cols = b.op("Range", [_int(b, 0), d.t, _int(b, 1)], "cols")
+            if d.kv and draw(st.booleans()):  # cache_position = arange(past, past + S)
+                rows = b.op("Range", [d.p, b.op("Add", [d.p, d.s], "end"), _int(b, 1)], "pos")
+            else:
+                rows = b.op("Range", [_int(b, 0), d.s, _int(b, 1)], "rows")
+                if d.kv:
+                    rows = b.op("Add", [rows, d.p], "pos")
+        rows = b.op("Unsqueeze", [rows, _ints(b, [1])], "rows")
+        cols = b.op("Unsqueeze", [cols, _ints(b, [0])], "cols")
         constants.append(k)
         shifted = b.op("Add", [rows, _int(b, k)], "shifted")
         m = b.op(draw(st.sampled_from(["LessOrEqual", "Less", "GreaterOrEqual", "Greater"])), [cols, shifted], "cmp")
-        if kind == "window":
+        what = f"{kind} k={k}"
+        if kind == "window" or draw(st.integers(0, 3)) == 0:
             w = draw(st.integers(1, 5))
             constants.append(w)
             dist = b.op("Sub", [rows, cols], "dist")
             m = b.op("And", [m, b.op("Less", [dist, _int(b, w)], "win")], "window")
-        return m, f"{kind} k={k}"
-    matrix = b.op("Slice", [shape, _ints(b, [2]), _ints(b, [4])], "matrix")
+            what += f" window {w}"
+        if kind == "square_tail":
+            m = b.op("Slice", [m, b.op("Unsqueeze", [d.p, _ints(b, [0])], "p1"), _ints(b, [BIG]), _ints(b, [0])],
+                     "tail")
+        return m, what
     if kind == "trilu":
-        ones = b.op("ConstantOfShape", [matrix], "ones", value=onnx.numpy_helper.from_array(np.ones(1, np.float32)))
-        k = draw(st.integers(-4, 4))
+        ones = b.op("ConstantOfShape", [d.matrix()], "ones", value=onnx.numpy_helper.from_array(np.ones(1, np.float32)))
         constants.append(k)
         upper = int(draw(st.booleans()))
-        return b.op("Cast", [b.op("Trilu", [ones, _int(b, k)], "tri", upper=upper)], "band", to=T.BOOL), \
-            f"trilu k={k} upper={upper}"
+        kk = b.op("Add", [d.p, _int(b, k)], "kp") if d.kv else _int(b, k)
+        return b.op("Cast", [b.op("Trilu", [ones, kk], "tri", upper=upper)], "band", to=T.BOOL), \
+            f"trilu k={k}{'+P' if d.kv else ''} upper={upper}"
     if kind == "eyelike":
-        ones = b.op("ConstantOfShape", [matrix], "zeros", value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)))
-        k = draw(st.integers(-3, 3))
+        zeros = b.op("ConstantOfShape", [d.matrix()], "zeros", value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)))
+        k = max(-3, min(3, k))
         constants.append(k)
-        return b.op("Cast", [b.op("EyeLike", [ones], "eye", k=k)], "band", to=T.BOOL), f"eyelike k={k}"
-    lo, hi = sorted((draw(st.integers(-4, 4)), draw(st.integers(-4, 4))))
+        return b.op("Cast", [b.op("EyeLike", [zeros], "eye", k=k)], "band", to=T.BOOL), f"eyelike k={k}"
+    lo, hi = sorted((k, draw(st.integers(-4, 4))))
     top = np.arange(STORED_N)[None, :] - np.arange(STORED_N)[:, None]
     buffer = b.const((top >= lo) & (top <= hi) if draw(st.booleans()) else top <= hi, "buffer")
     constants += [lo, hi]
-    n1 = b.op("Unsqueeze", [n, _ints(b, [0])], "n1")
-    rows = b.op("Slice", [buffer, _ints(b, [0]), n1, _ints(b, [0])], "rows")
-    return b.op("Slice", [rows, _ints(b, [0]), n1, _ints(b, [1])], "stored"), f"stored [{lo}, {hi}]"
+    s1 = b.op("Unsqueeze", [d.s, _ints(b, [0])], "s1")
+    t1 = b.op("Unsqueeze", [d.t, _ints(b, [0])], "t1")
+    if d.kv:  # bias[past:past + S, :past + S]
+        p1 = b.op("Unsqueeze", [d.p, _ints(b, [0])], "p1")
+        rows = b.op("Slice", [buffer, p1, b.op("Add", [p1, s1], "ps"), _ints(b, [0])], "rows")
+    else:
+        rows = b.op("Slice", [buffer, _ints(b, [0]), s1, _ints(b, [0])], "rows")
+    return b.op("Slice", [rows, _ints(b, [0]), t1, _ints(b, [1])], "stored"), f"stored [{lo}, {hi}]"
 
 
 @st.composite
-def _forms(draw, b: CaseBuilder, m: str, constants: list[int], steps: list[str]) -> str:
-    ranks: dict[str, int] = {}
-    for _ in range(draw(st.integers(0, 3))):
+def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: list[str]) -> str:
+    r, expanded = 2, False
+    for _ in range(draw(st.integers(0, 4))):
         form = draw(st.sampled_from(FORMS))
         steps.append(form)
-        r = ranks.get(m, 2)
         if form == "not":
             m = b.op("Not", [m], "not")
         elif form == "rank4" and r == 2:
             m = b.op("Unsqueeze", [m, _ints(b, [0, 1])], "m4")
             if draw(st.booleans()):
-                m = b.op("Expand", [m, _ints(b, [1, 2, 1, 1])], "expanded")
+                m, expanded = b.op("Expand", [m, _ints(b, [1, 2, 1, 1])], "expanded"), True
             r = 4
-        elif form == "transpose":
+        elif form == "reshape4" and r == 2:
+            if draw(st.booleans()):
+                shape = b.op("Concat", [_ints(b, [1, 1]), d.matrix()], "shape4", axis=0)
+            else:
+                shape = b.op("Concat", [_ints(b, [1, 1, -1]), b.op("Unsqueeze", [d.t, _ints(b, [0])], "t1")],
+                             "shape4", axis=0)
+            m, r = b.op("Reshape", [m, shape], "r4"), 4
+        elif form == "squeeze" and r == 4 and not expanded:
+            m, r = b.op("Squeeze", [m, _ints(b, [0, 1])], "sq"), 2
+        elif form == "transpose" and not d.kv:  # (under a cache the matrix is not square)
             m = b.op("Transpose", [m], "t", perm=list(range(r - 2)) + [r - 1, r - 2])
         elif form == "slice_rows":
-            m = b.op("Slice", [m, _ints(b, [0]), _ints(b, [2**62]), _ints(b, [-2])], "sliced")
+            m = b.op("Slice", [m, _ints(b, [0]), _ints(b, [BIG]), _ints(b, [-2])], "sliced")
+        elif form == "slice_concat":  # two Slice pieces of one axis, Concat-ed back
+            axis, cut = draw(st.sampled_from([-1, -2])), draw(st.integers(1, 3))
+            constants.append(cut)
+            a = b.op("Slice", [m, _ints(b, [0]), _ints(b, [cut]), _ints(b, [axis])], "piece")
+            c = b.op("Slice", [m, _ints(b, [cut]), _ints(b, [BIG]), _ints(b, [axis])], "piece")
+            m = b.op("Concat", [a, c], "joined", axis=axis)
+            steps[-1] = f"slice_concat({axis}, {cut})"
         elif form == "arith_not":  # 1 - Cast(b) as float, back to bool: Not through arithmetic
             f = b.op("Cast", [m], "f", to=T.FLOAT)
             m = b.op("Cast", [b.op("Sub", [b.const(np.float32(1), "one"), f], "inv")], "back", to=T.BOOL)
+        elif form == "arith_scale":  # b * c + d > d + c / 2: the same mask through Mul/Add with constants
+            c, dd = draw(st.sampled_from([2.0, 3.0, -1e4])), draw(st.sampled_from([0.0, -1.0, 0.5]))
+            f = b.op("Cast", [m], "f", to=T.FLOAT)
+            g = b.op("Add", [b.op("Mul", [f, b.const(np.float32(c), "c")], "scaled"), b.const(np.float32(dd), "d")], "g")
+            m = b.op("Greater" if c > 0 else "Less", [g, b.const(np.float32(dd + c / 2), "thr")], "again")
+        elif form == "where_bool":
+            keep = draw(st.booleans())
+            tr, fa = b.const(np.float32(keep), "tr"), b.const(np.float32(not keep), "fa")
+            m = b.op("Cast", [b.op("Where", [m, tr, fa], "wf")], "wb", to=T.BOOL)  # (no bool Where in onnxruntime)
+            steps[-1] = f"where_bool({'keep' if keep else 'not'})"
+        elif form == "cast_trip":
+            to = draw(st.sampled_from([T.INT32, T.INT64, T.FLOAT16, T.UINT8]))
+            m = b.op("Cast", [b.op("Cast", [m], "ci", to=to)], "cb", to=T.BOOL)
         elif form == "combine":
-            other, what = draw(_source(b, constants))
+            other, what = draw(_source(b, d, constants))
             steps[-1] = f"combine({what})"
             if r == 4:
                 other = b.op("Unsqueeze", [other, _ints(b, [0, 1])], "o4")
             m = b.op(draw(st.sampled_from(["And", "Or"])), [m, other], "comb")
         elif form == "padding":
             m = b.op(draw(st.sampled_from(["And", "Or"])), [m, "padding"], "padded")
-            r = 4
+            r, expanded = 4, True
         elif form == "stack_split" and r == 4:  # two bands stacked on the batch axis, then split back
-            other, what = draw(_source(b, constants))
+            other, what = draw(_source(b, d, constants))
             other = b.op("Expand", [b.op("Unsqueeze", [other, _ints(b, [0, 1])], "o4"), _ints(b, [1, 2, 1, 1])], "oe")
             m = b.op("Expand", [m, _ints(b, [1, 2, 1, 1])], "me")
             first = draw(st.booleans())
             stacked = b.op("Concat", [m, other] if first else [other, m], "stack", axis=0)
             a, c = b.name("piece"), b.name("piece")
             b.nodes.append(h.make_node("Split", [stacked, _ints(b, [1, 1])], [a, c], axis=0))
-            m = a if first else c
+            m, expanded = (a if first else c), True
             steps[-1] = f"stack_split({what})"
-        ranks[m] = r
+        else:
+            steps.pop()
     return m
+
+
+def _application(b: CaseBuilder, m: str, application: str) -> str:
+    if application == "where_x_c":
+        return b.op("Where", [m, XIN, b.const(np.float32(-np.inf), "fill")], "y")
+    if application == "where_c_x":
+        return b.op("Where", [m, b.const(np.float32(-1e9), "fill"), XIN], "y")
+    if application == "add_bias":
+        bias = b.op("Where", [m, b.const(np.float32(0), "zero"), b.const(np.float32(-np.inf), "ninf")], "bias")
+        return b.op("Add", [XIN, bias], "y")
+    g = b.op("Cast", [m], "gate", to=T.FLOAT)
+    if application == "mul_gate":
+        return b.op("Mul", [XIN, g], "y")
+    fill = b.op("Mul", [b.op("Sub", [b.const(np.float32(1), "one"), g], "inv"), b.const(np.float32(-1e4), "big")],
+                "fill")
+    return b.op("Add", [b.op("Mul", [XIN, g], "wx"), fill], "y")
+
+
+# ---- containers: a tail of the nodes moves into an If branch, a Loop body or a local function ------
+def _names(nodes) -> tuple[list[str], set[str]]:
+    """What `nodes` read (in order, subgraphs included) and what they define."""
+    reads: list[str] = []
+    defined: set[str] = set()
+
+    def walk(ns) -> None:
+        for n in ns:
+            reads.extend(i for i in n.input if i)
+            defined.update(n.output)
+            for a in n.attribute:
+                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    defined.update(v.name for v in g.input)
+                    defined.update(t.name for t in g.initializer)
+                    walk(g.node)
+                    reads.extend(v.name for v in g.output)
+    walk(nodes)
+    return reads, defined
+
+
+def _free(nodes) -> list[str]:
+    reads, defined = _names(nodes)
+    return list(dict.fromkeys(r for r in reads if r not in defined))
+
+
+def _wrap(kind: str, nodes: list, k: int, b: CaseBuilder, inits: dict, functions: list, x_type) -> list:
+    head, tail = nodes[:k], nodes[k:]
+    out = tail[-1].output[0]
+    y = b.name(f"y_{kind}")
+    if kind == "if":
+        then = h.make_graph(tail, b.name("then"), [], [h.make_tensor_value_info(out, T.FLOAT, None)])
+        other_out = b.name("x_else")
+        other = h.make_graph([h.make_node("Identity", ["x"], [other_out])], b.name("else"), [],
+                             [h.make_tensor_value_info(other_out, T.FLOAT, None)])
+        return head + [h.make_node("If", ["cond"], [y], then_branch=then, else_branch=other, name=b.name("form_if"))]
+    if kind == "loop":  # x carried as XIN: head[0] (Identity(x) -> XIN) goes
+        it, c_in, c_out = b.name("it"), b.name("c_in"), b.name("c_out")
+        body = h.make_graph(tail + [h.make_node("Identity", [c_in], [c_out])], b.name("body"),
+                            [h.make_tensor_value_info(it, T.INT64, []), h.make_tensor_value_info(c_in, T.BOOL, []),
+                             x_type(XIN)],
+                            [h.make_tensor_value_info(c_out, T.BOOL, []), x_type(out)])
+        trips = b.const(np.array(1 + len(nodes) % 2, np.int64), "trips")
+        return head[1:] + [h.make_node("Loop", [trips, "", "x"], [y], body=body, name=b.name("form_loop"))]
+    free = _free(tail)
+    consts = [h.make_node("Constant", [], [f], value=inits[f]) for f in free if f in inits]
+    formal = [f for f in free if f not in inits]
+    name = b.name("form_fn")
+    functions.append(h.make_function("local", name, formal, [out], consts + tail,
+                                       [h.make_opsetid("", 18), h.make_opsetid("local", 1)]))
+    return head + [h.make_node(name, formal, [y], domain="local", name=b.name("call"))]
 
 
 @st.composite
 def form_models(draw) -> FormCase:
     b = CaseBuilder()
+    kv = draw(st.integers(0, 4)) < 2
+    b.nodes.append(h.make_node("Identity", ["x"], [XIN]))
+    d = Dims(b, kv)
     constants: list[int] = []
-    m, what = draw(_source(b, constants))
+    m, what = draw(_source(b, d, constants))
     steps: list[str] = []
-    m = draw(_forms(b, m, constants, steps))
+    m = draw(_forms(b, d, m, constants, steps))
     application = draw(st.sampled_from(APPLICATIONS))
-    if application == "where_x_c":
-        y = b.op("Where", [m, "x", b.const(np.float32(-np.inf), "fill")], "y")
-    elif application == "where_c_x":
-        y = b.op("Where", [m, b.const(np.float32(-1e9), "fill"), "x"], "y")
-    elif application == "add_bias":
-        bias = b.op("Where", [m, b.const(np.float32(0), "zero"), b.const(np.float32(-np.inf), "ninf")], "bias")
-        y = b.op("Add", ["x", bias], "y")
-    elif application == "mul_gate":
-        y = b.op("Mul", ["x", b.op("Cast", [m], "gate", to=T.FLOAT)], "y")
-    else:
-        g = b.op("Cast", [m], "gate", to=T.FLOAT)
-        fill = b.op("Mul", [b.op("Sub", [b.const(np.float32(1), "one"), g], "inv"), b.const(np.float32(-1e4), "big")],
-                    "fill")
-        y = b.op("Add", [b.op("Mul", ["x", g], "wx"), fill], "y")
-    y = b.op("Identity", [y], "out")  # (the output keeps its name whatever rewrites the last node)
-    static = draw(st.sampled_from([None, None, None, 3, 6]))
-    in_if = draw(st.integers(0, 3)) == 0
-    dim = static if static else "S"
-    inputs = [h.make_tensor_value_info("x", T.FLOAT, [1, 2, dim, dim]),
-              h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, dim])]
-    output = h.make_tensor_value_info(y, T.FLOAT, [1, 2, dim, dim])
+    y = b.op("Identity", [_application(b, m, application)], "out")  # (the output keeps its name)
+    static = draw(st.sampled_from([None, None, 1] if kv else [None, None, None, 3, 6]))
+    s_dim = static or "S"
+    t_dim = "T" if kv else s_dim
+    x_shape = [1, 2, s_dim, t_dim]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, x_shape),
+              h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, draw(st.sampled_from(["T", "T", "S"])) if kv
+                                                           else t_dim])]
+    if kv:
+        inputs.append(h.make_tensor_value_info("past_key", T.FLOAT, [1, 1, "P", 1]))
     opsets = [h.make_opsetid("", 18)]
+    output = h.make_tensor_value_info(y, T.FLOAT, x_shape)
     flat = h.make_model(h.make_graph(b.nodes, "form", inputs, [output], b.inits), opset_imports=opsets, ir_version=10)
-    if in_if:
-        then = h.make_graph(b.nodes, "then", [], [h.make_tensor_value_info(y, T.FLOAT, None)], b.inits)
-        other = h.make_graph([h.make_node("Identity", ["x"], ["x_else"])], "else", [],
-                             [h.make_tensor_value_info("x_else", T.FLOAT, None)])
-        inputs = inputs + [h.make_tensor_value_info("cond", T.BOOL, [])]
-        node = h.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="form_if")
-        model = h.make_model(h.make_graph([node], "form", inputs, [h.make_tensor_value_info("y", T.FLOAT, [1, 2, dim, dim])]),
-                             opset_imports=opsets, ir_version=10)
-    else:
-        model = flat
+
+    def x_type(name: str) -> onnx.ValueInfoProto:
+        return h.make_tensor_value_info(name, T.FLOAT, x_shape)
+
+    nodes, functions, wrappers = list(b.nodes), [], []
+    inits = {t.name: t for t in b.inits}
+    for i in range(draw(st.sampled_from([0, 0, 1, 1, 2]))):
+        kind = draw(st.sampled_from(CONTAINERS if i == 0 else ["if", "function"]))
+        if kind == "loop":  # the tail holds every reader of XIN
+            first = min(j for j, n in enumerate(nodes) if XIN in _free([n]))
+            k = draw(st.integers(1, first))
+        else:
+            k = draw(st.integers(0, len(nodes) - 1))
+        nodes = _wrap(kind, nodes, k, b, inits, functions, x_type)
+        wrappers.append(f"{kind}@{k}")
+    if any(w.startswith("if") for w in wrappers):
+        inputs.append(h.make_tensor_value_info("cond", T.BOOL, []))
+    used = set(_free(nodes))
+    model = h.make_model(h.make_graph(nodes, "form", inputs, [h.make_tensor_value_info(nodes[-1].output[0], T.FLOAT,
+                                                                                      x_shape)],
+                                      [t for t in b.inits if t.name in used]),
+                         opset_imports=opsets + ([h.make_opsetid("local", 1)] if functions else []),
+                         ir_version=10, functions=functions)
     onnx.checker.check_model(model, full_check=True)  # (a generator bug, not a finding)
-    description = f"{what} -> {' -> '.join(steps) or '(as is)'} -> {application}" + (" in If" if in_if else "") + \
-        (f" static {static}" if static else "")
-    return FormCase(model, flat, static, constants, in_if, description)
+    description = f"{'kv ' if kv else ''}{what} -> {' -> '.join(steps) or '(as is)'} -> {application}" + \
+        (f" in {' in '.join(wrappers)}" if wrappers else "") + (f" static {static}" if static else "")
+    contained = {o for n in all_nodes_in(nodes, functions) for o in n.output} - {o for n in nodes for o in n.output}
+    return FormCase(model, flat, static, kv, constants, description, frozenset(contained))
+
+
+def all_nodes_in(nodes, functions) -> list[onnx.NodeProto]:
+    """`nodes`, their bodies' nodes and the functions' nodes, at every depth."""
+    out: list[onnx.NodeProto] = []
+
+    def walk(ns) -> None:
+        for n in ns:
+            out.append(n)
+            for a in n.attribute:
+                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    walk(g.node)
+    walk(nodes)
+    for f in functions:
+        walk(f.node)
+    return out
 
 
 # ---- the oracle ----------------------------------------------------------------------------------
-def sizes_of(case: FormCase, most: int = STORED_N) -> list[int]:
-    if case.static:
-        return [case.static]
-    sizes = {1, 2, 3, 5, 8}
-    for c in case.constants:
-        sizes.update(abs(c) + d for d in (-1, 0, 1, 2))
-    return sorted(s for s in sizes if 1 <= s <= most)
+def sizes_of(case: FormCase, most: int = STORED_N) -> list[tuple[int, int]]:
+    """(S, T) pairs: around every constant, the decode step S = 1 and the empty past P = 0."""
+    near = {abs(c) + e for c in case.constants for e in (-1, 0, 1, 2)}
+    if case.static and not case.kv:
+        return [(case.static, case.static)]
+    ss = [case.static] if case.static else sorted({1, 2, 3, 5, 8} | near)
+    if not case.kv:
+        return [(s, s) for s in ss if 1 <= s <= most]
+    ps = sorted({0, 1, 3} | near)  # every S with P = 0 and 1; every P with S = 1 (a decode step) and 2
+    return [(s, s + p) for s in ss for p in ps if s >= 1 and p >= 0 and s + p <= most
+            and (s in (1, 2) or p in (0, 1) or s == case.static)]
 
 
-def feeds(case: FormCase, size: int, seed: int) -> dict[str, np.ndarray]:
+def feeds(case: FormCase, size: tuple[int, int], seed: int, model: onnx.ModelProto | None = None) -> dict:
+    s, t = size
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, 2, size, size)).astype(np.float32)
+    x = rng.standard_normal((1, 2, s, t)).astype(np.float32)
     x.reshape(-1)[::5] = np.float32(-0.0)
-    f = {"x": x, "padding": rng.random((1, 1, 1, size)) < 0.7}
-    if case.in_if:
-        f["cond"] = np.array(True)
-    return f
+    f = {"x": x, "padding": rng.random((1, 1, 1, t)) < 0.7, "past_key": np.zeros((1, 1, t - s, 1), np.float32),
+         "cond": np.array(True)}
+    names = {i.name for i in (model or case.model).graph.input}
+    return {k: v for k, v in f.items() if k in names}
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -257,7 +459,7 @@ def oracle_bands(case: FormCase) -> list[str]:
     seen_pattern, failed = set(), set()
     for size in sizes_of(case):
         try:
-            one, two = sess.run(None, feeds(case, size, 1)), sess.run(None, feeds(case, size, 2))
+            one, two = sess.run(None, feeds(case, size, 1, m)), sess.run(None, feeds(case, size, 2, m))
         except Exception:  # noqa: BLE001 - a size the original cannot run (a stored buffer's end)
             continue
         for name, a, c in zip(names, one, two):
@@ -283,18 +485,29 @@ def check(case: FormCase) -> tuple[Stats, list[str]]:
         report = api.inspect(case.model).report
     except Exception as e:  # noqa: BLE001 - any exception on a model onnxruntime runs is a crash
         stats.crashes += 1
-        return stats, [f"crash: {type(e).__name__}: {e}"]
+        _problem(stats, problems, case, f"crash: {type(e).__name__}: {e}")
+        return stats, problems
     exact = all(r.exact for r in lowered["dml"].rewrites)
     want_session = _session(case.model)
-    onnx_session = _session(lowered["onnx"].model)
     out = case.model.graph.output[0].name
+    try:
+        onnx_session = _session(lowered["onnx"].model)
+    except Exception as e:  # noqa: BLE001 - an output must load in onnxruntime whenever its input did
+        stats.crashes += 1
+        return stats, [f"crash: the onnx target does not load: {type(e).__name__}: {e}"]
     for size in sizes_of(case):
         f = feeds(case, size, 7)
         try:
             want = want_session.run(None, f)[0]
         except Exception:  # noqa: BLE001 - past a stored buffer's end: the original fails too
             continue
-        got = {"onnx": onnx_session.run(None, f)[0], "dml": api.run(lowered["dml"].model, f)[out]}
+        try:
+            got = {"onnx": onnx_session.run(None, feeds(case, size, 7, lowered["onnx"].model))[0],
+                   "dml": api.run(lowered["dml"].model, feeds(case, size, 7, lowered["dml"].model))[out]}
+        except Exception as e:  # noqa: BLE001 - onnxruntime ran the original at this size
+            stats.crashes += 1
+            problems.append(f"crash at (S, T)={size}: {type(e).__name__}: {str(e)[:300]}")
+            break
         spec = None
         for target, g in got.items():
             ok = same_bits(want, g) if exact else same_values(want, g)
@@ -308,7 +521,7 @@ def check(case: FormCase) -> tuple[Stats, list[str]]:
                 ok = True
             if not ok:
                 stats.wrong += 1
-                problems.append(f"wrong result: {target} at S={size} ({'exact' if exact else 'finite'})")
+                problems.append(f"wrong result: {target} at (S, T)={size} ({'exact' if exact else 'finite'})")
     rows = {r["value"]: r for r in report["masks"]}
     for site in oracle_bands(case):
         stats.sites += 1
@@ -322,5 +535,6 @@ def check(case: FormCase) -> tuple[Stats, list[str]]:
             stats.reasons[key] = stats.reasons.get(key, 0) + 1
         else:
             stats.silent += 1
-            problems.append(f"silent miss: band {site!r} is {'not in the census' if row is None else status}")
+            _problem(stats, problems, case, f"silent miss: band {site!r} is "
+                                            f"{'not in the census' if row is None else status}", site)
     return stats, problems

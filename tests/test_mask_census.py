@@ -13,7 +13,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from dmlgraph import inspection
+from dmlgraph import api, inspection
 from dmlgraph.tools.cli import main
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
@@ -165,3 +165,25 @@ def test_cumsum_gathernd_cone_lowers_whole(tmp_path):
 def test_fail_on_missed_passes_when_every_mask_lowers(capsys):
     assert main(["inspect", os.path.join(MODELS, "llama_dynamo.onnx"), "--fail-on-missed"]) == 0
     assert "0 missed" in capsys.readouterr().out
+
+
+def test_a_stored_band_sliced_to_one_value_at_a_static_size_is_declined_not_missed():
+    """(Found by tests/fuzz_forms.py.) A band buffer `j - i <= 3` sliced to a static [3, 3] is all
+    ones: no band to lower, but its slices were mask-like and listed as missed."""
+    n = 12
+    top = np.arange(n)[None, :] - np.arange(n)[:, None]
+    ints = {name: onnx.numpy_helper.from_array(np.array(v, np.int64), name)
+            for name, v in (("two", 2), ("three", 3), ("ax0", [0]), ("ax1", [1]), ("zero", [0]))}
+    inits = [onnx.numpy_helper.from_array(top <= 3, "buffer"), onnx.numpy_helper.from_array(np.float32(-np.inf), "ninf"),
+             *ints.values()]
+    nodes = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "two"], ["s"], axis=0),
+             h.make_node("Unsqueeze", ["s", "ax0"], ["s1"]),
+             h.make_node("Slice", ["buffer", "zero", "s1", "ax0"], ["rows"]),
+             h.make_node("Slice", ["rows", "zero", "s1", "ax1"], ["stored"]),
+             h.make_node("Where", ["stored", "x", "ninf"], ["y"])]
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 2, 3, 3])
+    m = h.make_model(h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 3, 3])], inits),
+                     opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    rows = {r["value"]: r for r in api.inspect(m).report["masks"]}
+    assert rows["rows"]["status"] == "declined" and rows["stored"]["status"] == "declined", rows
+    assert "one value everywhere" in rows["stored"]["reason"]

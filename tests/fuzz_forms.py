@@ -97,16 +97,12 @@ class Stats:
 KNOWN_GAPS = {
     "body_outer": "a band an If/Loop body or a local function computes from values it reads from outside "
                   "(an outer Shape, index grid, buffer or mask) is not in the census, or is missed",
-    "function_types": "a DML node's output inside a local function has no type: the written model fails "
-                      "onnx's checker",
 }
 
 
 def known_gap(case: FormCase, problem: str, site: str | None = None) -> str | None:
     if site is not None and site in case.contained and problem.startswith("silent miss"):
         return "body_outer"
-    if case.model.functions and "fails the ONNX checker" in problem and "expected to have type" in problem:
-        return "function_types"
     return None
 
 

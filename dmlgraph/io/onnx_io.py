@@ -44,7 +44,7 @@ def _register_schemas() -> None:
                        "mask's past length, computed from shapes with standard ops)", param_option=opt)]
     outputs = [P("Y", "T", "output")]
     types = [("T", _T_ALL, "DML data types; bool is carried as UINT8")]
-    onnx.defs.register_schema(onnx.defs.OpSchema(
+    dm1 = onnx.defs.OpSchema(
         "DiagonalMatrix1", DOMAIN, DOMAIN_VERSION,
         "DML_OPERATOR_DIAGONAL_MATRIX1: Y = value where (end >= begin) ^ (x-y >= begin) ^ (x-y < end), "
         "else X (or 0).",
@@ -55,8 +55,8 @@ def _register_schemas() -> None:
                     A("value_data_type", AT.INT, "ValueDataType (DML_TENSOR_DATA_TYPE)"),
                     A("output_shape", AT.INTS, "static output sizes", required=False),
                     A("exact", AT.INT, "1 if the rewrite is bit-exact", required=False),
-                    A("rule", AT.STRING, "the dmlgraph rule that made this node", required=False)]))
-    onnx.defs.register_schema(onnx.defs.OpSchema(
+                    A("rule", AT.STRING, "the dmlgraph rule that made this node", required=False)])
+    dm = onnx.defs.OpSchema(
         "DiagonalMatrix", DOMAIN, DOMAIN_VERSION,
         "DML_OPERATOR_DIAGONAL_MATRIX: Y = value if y + offset == x else 0 (value truncated for ints).",
         inputs=common_inputs[1:], outputs=outputs, type_constraints=types,
@@ -64,7 +64,29 @@ def _register_schemas() -> None:
                     A("value", AT.FLOAT, "Value (a FLOAT)"),
                     A("dtype", AT.INT, "ONNX element type of the output"),
                     A("output_shape", AT.INTS, "static output sizes", required=False),
-                    A("rule", AT.STRING, "the dmlgraph rule that made this node", required=False)]))
+                    A("rule", AT.STRING, "the dmlgraph rule that made this node", required=False)])
+    dm1.set_type_and_shape_inference_function(_infer_output)
+    dm.set_type_and_shape_inference_function(_infer_output)
+    onnx.defs.register_schema(dm1)
+    onnx.defs.register_schema(dm)
+
+
+def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
+    """Y's type: DiagonalMatrix1's X, else its `value` tensor's; DiagonalMatrix's `dtype`; its shape
+    from `output_shape` when static. (Inference inside a local function reads no value_info: without
+    this, what reads a DML node there has no type and the checker refuses the model.)"""
+    dtype, value = ctx.get_attribute("dtype"), ctx.get_attribute("value")
+    if dtype is not None:  # DiagonalMatrix (no X: its first input is the shape)
+        elem = dtype.i
+    elif ctx.has_input(0) and ctx.get_input_type(0).tensor_type.elem_type:
+        elem = ctx.get_input_type(0).tensor_type.elem_type
+    else:
+        elem = value.t.data_type if value is not None and value.HasField("t") else 0
+    if not elem:
+        return
+    sizes = ctx.get_attribute("output_shape")
+    out = onnx.helper.make_tensor_type_proto(elem, list(sizes.ints) if sizes is not None else None)
+    ctx.set_output_type(0, out)
 
 
 _register_schemas()

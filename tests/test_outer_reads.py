@@ -167,3 +167,27 @@ def test_commands_on_the_smallest_forms(form, tmp_path):
     assert cli.main(["optimize", src, "-o", out]) == 0
     assert cli.main(["run", out, *inputs]) == 0
     assert cli.main(["dxdispatch", out, *inputs, "-o", str(tmp_path / "dx")]) == 0
+
+
+def test_a_value_a_body_reads_has_the_holder_among_its_uses():
+    """What a body reads of the enclosing graph is an edge: the value's uses list the holder (made
+    after the holder in an unsorted graph too), a rewiring leaves the body reading it, and removing
+    the holder removes the use."""
+    from dmlgraph.io.onnx_io import import_model
+    from dmlgraph.ir.graph import BODY_READ
+
+    then = _branch([h.make_node("Identity", ["m"], ["t"])], "t")
+    other = _branch([h.make_node("Neg", ["m"], ["e"])], "e")
+    nodes = [h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+             h.make_node("Relu", ["x"], ["m"])]  # (the body's value is made after the If)
+    m = h.make_model(h.make_graph(nodes, "g", [_vi("x"), h.make_tensor_value_info("c", T.BOOL, [])],
+                                  [_vi("y")]), opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    g = import_model(m)
+    holder = next(n for n in g.nodes.values() if n.op_type == "If")
+    read = g.values["m"]
+    assert holder.outer == [read] and (holder, BODY_READ) in read.uses
+    assert g.reads(holder)[-1] is read and g.body_reads() == {"m"}
+    g.replace_uses(read, g.values["x"])
+    assert list(read.uses) == [(holder, BODY_READ)]  # (the body still names it)
+    g.remove_node(holder)
+    assert not read.uses

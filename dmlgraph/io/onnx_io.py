@@ -133,6 +133,7 @@ def build_graph(g: Graph, model: onnx.ModelProto, shapes: shape_inference.Pendin
     unnamed: list[tuple[Value, str]] = []  # unused outputs: named once every name in the graph is known
     # (The hottest loop of a load: each proto field is read once, a repeated one as a slice: upb's
     # containers have no iterator, and a loop over one ends by raising IndexError, ~1 us.)
+    holders = []
     for i, n in enumerate(mg.node):
         ins = [(values.get(x) or value(x)) if x else None for x in n.input[:]]  # (read: mostly there)
         out_names = n.output[:]
@@ -144,9 +145,13 @@ def build_graph(g: Graph, model: onnx.ModelProto, shapes: shape_inference.Pendin
             node = OnnxNode(n.name, n.op_type, ins, outs, n.attribute[:], domain, n.doc_string, n)
             g.add_node(node)
             node.rewired = "" in out_names  # an unused output got a name above
+            if node.attributes and len(node.outer) != len(node.subgraph_reads):  # (read before made: unsorted)
+                holders.append(node)
     for v, hint in unnamed:
         v.name = g.fresh_value(hint).name  # (a free name: the unused output takes its place)
         g.values[v.name] = v
+    for node in holders:  # its bodies read a value made after it (an unsorted graph)
+        g.link_bodies(node)
     g.outputs = [value(o.name) for o in mg.output]
     # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest; an
     # initializer's own type and dims win over both.

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # networkx costs ~0.15 s to import; only analyses that ask fo
 
 Dim = int | str | None  # static size, symbolic name, or unknown
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard ops with graph attributes
+BODY_READ = -1  # the input index of a use `(node, BODY_READ)`: a body of `node` reads the value by name
 
 
 def gc_paused(fn: Callable[P, R]) -> Callable[P, R]:
@@ -75,7 +76,8 @@ class Value:
         self.elem_type = elem_type
         self.shape = shape
         self.producer: Node | None = None
-        self.uses: dict[tuple[Node, int], None] = {}  # (node, input index); a dict: O(1) removal, in order
+        # (node, input index, or BODY_READ); a dict: O(1) removal, in order
+        self.uses: dict[tuple[Node, int], None] = {}
         self.initializer: onnx.TensorProto | None = None
         self.array: np.ndarray | None = None
         self.base_dir: str | None = None
@@ -123,7 +125,7 @@ class Node:
 class OnnxNode(Node):
     """An ONNX node passed through unchanged (attributes kept as protos, subgraphs included)."""
 
-    __slots__ = ("op_type", "domain", "attributes", "doc_string", "source", "rewired", "_outer")
+    __slots__ = ("op_type", "domain", "attributes", "doc_string", "source", "rewired", "_outer", "outer")
 
     def __init__(self, name: str, op_type: str, inputs: Iterable[Value | None], outputs: Iterable[Value],
                  attributes: Iterable[onnx.AttributeProto] = (), domain: str = "", doc_string: str = "",
@@ -140,6 +142,9 @@ class OnnxNode(Node):
         self.source = source
         self.rewired = False
         self._outer: frozenset[str] | None = None
+        # The enclosing values its bodies read, by name order: edges the graph holding it links
+        # (`Graph.link_bodies`), each also a use `(self, BODY_READ)` of the value.
+        self.outer: list[Value] = []
 
     @property
     def has_subgraph(self) -> bool:
@@ -155,7 +160,7 @@ class OnnxNode(Node):
 
     def set_attributes(self, attributes: list[onnx.AttributeProto]) -> None:
         """Replace the attributes (a lowered If/Loop/Scan body written back), in the proto export
-        writes too."""
+        writes too (`Graph.set_bodies` for a node in a graph: it links the new reads)."""
         self.attributes = list(attributes)
         if self.source is not None:
             proto = onnx.NodeProto()
@@ -298,6 +303,8 @@ class Graph:
         for i, v in enumerate(node.inputs):
             if v is not None:
                 v.uses[node, i] = None
+        if node.__class__ is OnnxNode and node.attributes:  # (no attributes: no bodies)
+            self.link_bodies(node)
         for v in node.outputs:
             if v.producer is not None and v.producer is not node:
                 raise ModelError(f"value {v.name!r} is produced by two nodes "
@@ -306,26 +313,54 @@ class Graph:
         self.changes.append(node)
         return node
 
+    def link_bodies(self, node: OnnxNode) -> None:
+        """Make the enclosing values `node`'s bodies read (by name, those this graph has) its
+        `outer` edges and uses (again: after its attributes changed, or once import has made every
+        value of an unsorted graph)."""
+        for v in node.outer:
+            v.uses.pop((node, BODY_READ), None)
+        if not node.subgraph_reads:
+            node.outer = []
+            return
+        values = self.values
+        node.outer = [values[name] for name in sorted(node.subgraph_reads) if name in values]
+        for v in node.outer:
+            v.uses[node, BODY_READ] = None
+
+    def set_bodies(self, node: OnnxNode, attributes: list[onnx.AttributeProto]) -> None:
+        """Replace `node`'s attributes (its bodies lowered) and link what they read now."""
+        node.set_attributes(attributes)
+        self.link_bodies(node)
+        self.changes.append(node)
+
     def remove_node(self, node: Node) -> None:
         del self.nodes[node.id]
         del self.by_op[node.op_type][node.id]
         for i, v in enumerate(node.inputs):
             if v is not None:
                 del v.uses[node, i]
+        if node.__class__ is OnnxNode:
+            for v in node.outer:
+                v.uses.pop((node, BODY_READ), None)
         for v in node.outputs:
             if v.producer is node:
                 v.producer = None
         self.changes.append(node)
 
     def replace_uses(self, old: Value, new: Value) -> None:
-        """Point every use of `old` (and graph outputs) at `new`."""
+        """Point every use of `old` (and graph outputs) at `new`; a body reading `old` by name
+        still reads it (its proto names it)."""
+        read_by_bodies: dict[tuple[Node, int], None] = {}
         for node, i in list(old.uses):
+            if i == BODY_READ:
+                read_by_bodies[node, i] = None
+                continue
             node.inputs[i] = new
             if isinstance(node, OnnxNode):
                 node.rewired = True
             new.uses[node, i] = None
             self.changes.append(node)
-        old.uses.clear()
+        old.uses = read_by_bodies
         for i, out in enumerate(self.outputs):
             if out is old:
                 self.outputs[i] = new
@@ -337,12 +372,12 @@ class Graph:
         return v in self.outputs  # (a Value equals only itself: no __eq__)
 
     def body_reads(self) -> set[str]:
-        """The names the bodies of this graph's If/Loop/Scan nodes read from it (a value read there
-        meets data as an output does)."""
+        """The names of the values the bodies of this graph's If/Loop/Scan nodes read (a value
+        read there meets data as an output does)."""
         names: set[str] = set()
         for op in CONTROL_FLOW:
             for n in self.by_op.get(op, {}).values():
-                names |= cast(OnnxNode, n).subgraph_reads  # by_op holds these ops' OnnxNodes
+                names.update([v.name for v in cast(OnnxNode, n).outer])  # by_op holds these ops' OnnxNodes
         return names
 
     # ---- analysis -------------------------------------------------------------------------
@@ -360,11 +395,10 @@ class Graph:
         return g
 
     def reads(self, n: Node) -> list[Value | None]:
-        """The values `n` reads: its inputs, and the enclosing-scope values its subgraphs read by name."""
-        if n.__class__ is not OnnxNode or not n.attributes or not n.subgraph_reads:
+        """The values `n` reads: its inputs, then the values its bodies read (`OnnxNode.outer`)."""
+        if n.__class__ is not OnnxNode or not n.outer:
             return n.inputs
-        values = self.values
-        return n.inputs + [values[name] for name in sorted(n.subgraph_reads) if name in values]
+        return n.inputs + n.outer
 
     def topological_order(self) -> list[Node]:
         """Nodes in a dependency order that keeps the original order where it can (stable).
@@ -448,7 +482,6 @@ class Graph:
 
     def _remove_dead(self) -> int:
         live: set[int] = set()
-        read_by_subgraphs: set[str] = set()
         stack = [v.producer for v in self.outputs if v.producer is not None]
         while stack:  # (the hottest loop of a sweep's clean-up: kept plain)
             n = stack.pop()
@@ -460,19 +493,15 @@ class Graph:
                     p = v.producer
                     if p is not None and p.id not in live:
                         stack.append(p)
-            # ONNX subgraph attributes may read outer values by name: keep their producers alive.
-            if isinstance(n, OnnxNode) and n.attributes:  # (no attributes: no subgraphs)
-                for name in n.subgraph_reads:
-                    read_by_subgraphs.add(name)
-                    v = self.values.get(name)
-                    if v is not None and v.producer is not None:
+            if n.__class__ is OnnxNode:  # what its bodies read lives as long as it does
+                for v in n.outer:
+                    if v.producer is not None:
                         stack.append(v.producer)
         dead = [n for n in self.nodes.values() if n.id not in live]
         for n in dead:
             self.remove_node(n)
         outputs = {v.name for v in self.outputs}
-        for name in [k for k, v in self.initializers.items()
-                     if not v.uses and k not in outputs and k not in read_by_subgraphs]:
+        for name in [k for k, v in self.initializers.items() if not v.uses and k not in outputs]:
             del self.initializers[name]
         return len(dead)
 

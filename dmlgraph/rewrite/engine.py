@@ -135,7 +135,7 @@ class Rewriter:
         self.graph = graph
         self.applied: list[Replacement] = []
         self._dirty = True  # the graph may hold nodes no output depends on
-        self._keep: set[str] | None = None  # graph outputs and names subgraph bodies read
+        self._keep: set[str] | None = None  # graph outputs' names (what bodies read is a use)
 
     def collect_dead(self) -> int:
         """Remove nodes and initializers no graph output depends on (a no-op while the graph is
@@ -199,13 +199,10 @@ class Rewriter:
         return r.nodes
 
     def _keep_names(self) -> set[str]:
-        """Names kept alive without a reader: graph outputs, and what subgraph bodies read."""
+        """Names kept alive without a reader: graph outputs (a value a body reads has a use)."""
         keep = self._keep
         if keep is None:
             keep = self._keep = {v.name for v in self.graph.outputs}
-            for n in self.graph.nodes.values():
-                if isinstance(n, OnnxNode) and n.attributes:
-                    keep |= n.subgraph_reads
         return keep
 
     def _release(self, values: list[Value], keep: set[str]) -> None:
@@ -225,7 +222,7 @@ class Rewriter:
             if p.id not in g.nodes or (len(p.outputs) > 1 and any(o.uses or o.name in keep for o in p.outputs)):
                 continue
             g.remove_node(p)
-            if isinstance(p, OnnxNode) and p.attributes and p.subgraph_reads:
+            if isinstance(p, OnnxNode) and p.outer:
                 self._dirty = True  # what its body read may be dead now: the next walk finds it
             for i in p.inputs:
                 if i is not None:

@@ -160,8 +160,7 @@ class _Driver:
                 kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
                 touched.setdefault(node, list(node.attributes))[i] = _graph_attribute(a, kept)
         for node, attributes in touched.items():
-            node.set_attributes(attributes)
-            parent.changes.append(node)  # (its outer reads may have changed: remove_dead looks again)
+            parent.set_bodies(node, attributes)  # (its outer reads may have changed: remove_dead looks again)
         return bool(touched)
 
     def _key(self, parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, s: _Spec,

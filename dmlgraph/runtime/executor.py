@@ -170,7 +170,7 @@ class Executor:
         stage: dict[int, int] = {}
         for n in order:
             s = 0
-            for v in g.reads(n):  # (inputs, and what subgraphs read by name)
+            for v in g.reads(n):  # (inputs, and what its bodies read)
                 p = v.producer if v is not None else None
                 if p is not None and p.id in stage:
                     s = max(s, stage[p.id] + (1 if isinstance(p, DmlNode) or p.id in hosts else 0))
@@ -178,16 +178,11 @@ class Executor:
         # Then each ONNX node moves as late as its readers allow: what only later stages need (the
         # data path beside a mask, weights behind Identity nodes) runs in their region instead of
         # crossing a session boundary. Edges still never go to an earlier stage, so the invariant
-        # above holds. A value's readers are its consumers and the nodes whose bodies read it by name.
-        by_name: dict[str, list[int]] = {}
-        for n in order:
-            if n.__class__ is OnnxNode and n.attributes:
-                for name in n.subgraph_reads:
-                    by_name.setdefault(name, []).append(n.id)
+        # above holds. A value's readers are its consumers (the nodes whose bodies read it among them).
         for n in reversed(order):
             if isinstance(n, DmlNode) or n.id in hosts:
                 continue
-            later = [stage[i] for v in n.outputs for i in self._readers(v, by_name) if i in stage]
+            later = [stage[c.id] for v in n.outputs for c in v.consumers if c.id in stage]
             if later:
                 stage[n.id] = max(stage[n.id], min(later))
         regions: dict[int, Region] = {}
@@ -203,30 +198,23 @@ class Executor:
         for s in sorted(set(regions) | set(dml_at)):
             if s in regions:
                 steps.append(regions[s])
-                self._wire(regions[s], by_name)
+                self._wire(regions[s])
             steps.extend(dml_at.get(s, []))
         return steps
 
-    @staticmethod
-    def _readers(v: Value, by_name: dict[str, list[int]]) -> list[int]:
-        """The ids of the nodes that read `v`: as an input, or by name in their bodies."""
-        return [c.id for c in v.consumers] + by_name.get(v.name, [])
-
-    def _wire(self, region: Region, by_name: dict[str, list[int]]) -> None:
+    def _wire(self, region: Region) -> None:
         inside = {n.id for n in region.nodes}
         produced = {v.name for n in region.nodes for v in n.outputs}
         needed: list[str] = []
         for n in region.nodes:
-            names = [v.name for v in n.inputs if v is not None]
-            if isinstance(n, OnnxNode):
-                names += sorted(n.subgraph_reads)
+            names = [v.name for v in self.graph.reads(n) if v is not None]
             for name in names:
                 if name not in produced and name not in needed:
                     needed.append(name)
         region.inputs = needed
         graph_out = {v.name for v in self.graph.outputs}
         region.outputs = [v.name for n in region.nodes for v in n.outputs
-                          if v.name in graph_out or any(i not in inside for i in self._readers(v, by_name))]
+                          if v.name in graph_out or any(c.id not in inside for c in v.consumers)]
 
     def _runner(self, region: Region, env: dict | None = None) -> OnnxRunner:
         """The region's session, made at its first run. A value nothing typed (the output of a

@@ -358,8 +358,8 @@ class PassManager:
     @gc_paused
     def run(self, graph: Graph, progress: Callable[[str], None] | None = None,
             shared: Sequence[object] = ()) -> PassResult:
-        """All phases on `graph`; `shared`: analyses or memo tables this run starts with (one kept
-        across several runs, e.g. the decoded constants every body of a model reads)."""
+        """All phases on `graph`; `shared`: analyses this run starts with instead of making them
+        (a caller that reads one after the run, or keeps one across runs)."""
         ctx = Context(graph, self.options, {type(a): a for a in shared})
         rewriter = Rewriter(graph)
         counts = {r.name: 0 for r in self.rules}

@@ -80,7 +80,7 @@ def _mask_model(graph: Graph, nodes: list[Node], inputs: list[Value], target: Va
 EVAL_HEADROOM = 4 << 30  # bytes of address space one mask evaluation may add
 
 
-def _digest(graph: Graph, v: Value) -> tuple:
+def value_digest(graph: Graph, v: Value) -> tuple:
     """Equal digests, equal constants. Inline raw data is hashed as stored (type, dims, bytes: no
     decoding); anything else as its decoded array."""
     import hashlib  # (here: loading OpenSSL costs a model with no stored mask to compare ~1% of its run)
@@ -113,7 +113,7 @@ def _predicted_elements(graph: Graph, nodes: list[Node], inputs: list[Value], ta
     return None
 
 
-def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str]) -> tuple:
+def cone_signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, symbolic: list[str]) -> tuple:
     """Everything `_verdict` depends on, with value names replaced by positions (the target's
     inferred shape aside: it only says whether evaluating is affordable, the same for copies).
 
@@ -134,7 +134,7 @@ def _signature(graph: Graph, nodes: list[Node], inputs: list[Value], target: Val
         p = v.producer
         made = (position[p.id], p.outputs.index(v)) if p is not None and p.id in position else None
         if v.name in graph.initializers and v.name not in digests:
-            digests[v.name] = _digest(graph, v)
+            digests[v.name] = value_digest(graph, v)
         return made, input_index.get(id(v)), digests.get(v.name)
 
     node_part = tuple((n.op_type, n.domain, _node_attributes(n), tuple(ref(v) for v in n.inputs), len(n.outputs))
@@ -217,7 +217,7 @@ def _match_subgraph(ctx: Context, node: Node) -> Match | None:
         return m
     # Copies of one subgraph (exporters emit one per layer) share a signature, and so a verdict.
     verdicts = ctx.analysis(Verdicts)
-    signature = _signature(graph, nodes, inputs, target, symbolic)
+    signature = cone_signature(graph, nodes, inputs, target, symbolic)
     verdict = verdicts.get(signature)
     if verdict is None:
         verdict = verdicts[signature] = _verdict(graph, nodes, inputs, target, symbolic, df)
@@ -279,7 +279,7 @@ def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value
     """What the subgraph is: ("band", pattern, the evaluated array, None) at static sizes (evaluated
     exactly at the one size it has), ("symbolic", SizedBand) when its sizes vary (proved for every
     size by `dmlgraph.passes.symbolic`), ("decline", reason) or ("none",) (not a mask). Everything it reads
-    is in the subgraph's `_signature`."""
+    is in the subgraph's `cone_signature`."""
     if symbolic or any(isinstance(n, DmlNode) for n in nodes):  # (a lowered node has no ONNX form to evaluate)
         verdict = _symbolic_verdict(graph, nodes, inputs, target, max_dim)
         if df.index_only(target) or verdict[0] == "inner" or \

@@ -79,7 +79,7 @@ def _plumbing_key(op_type: str, inputs: Sequence[Value | None], attributes: Sequ
     return op_type, tuple(id(v) for v in inputs), tuple(a if isinstance(a, tuple) else (a.name, a.i) for a in attributes)
 
 
-def _existing(ctx: Context, op_type: str, inputs: list[Value], axis: int | None) -> Value | None:
+def existing_size_node(ctx: Context, op_type: str, inputs: list[Value], axis: int | None) -> Value | None:
     """The output of a node already computing op_type(inputs) (axis attribute as given), if any.
 
     Reusing it keeps shared size plumbing shared, and makes optimizing a portable export again
@@ -312,7 +312,7 @@ class SizeBuilder:
         key = _plumbing_key(op_type, inputs, attrs)
         n = self.made.plumbing.get(key)
         out = n.outputs[0] if n is not None else \
-            _existing(self.ctx, op_type, inputs, axis) if op_type in _PLUMBING_OPS else None
+            existing_size_node(self.ctx, op_type, inputs, axis) if op_type in _PLUMBING_OPS else None
         if out is None:
             out = detached(name_hint, TensorProto.INT64, shape)
             n = OnnxNode("", op_type, inputs, [out], attrs)  # the rewriter names it after its output

@@ -129,8 +129,8 @@ def test_shared_verdicts_give_what_proving_each_copy_gives(monkeypatch, k):
     cached = import_model(model)
     pipeline.optimize_graph(cached, Options())
     fresh = iter(range(10**9))  # every subgraph its own signature: nothing shared, each copy proven
-    real = masks._signature
-    monkeypatch.setattr(masks, "_signature", lambda *args: (real(*args), next(fresh)))
+    real = masks.cone_signature
+    monkeypatch.setattr(masks, "cone_signature", lambda *args: (real(*args), next(fresh)))
     oracle = import_model(model)
     pipeline.optimize_graph(oracle, Options())
     assert _lowered(cached) == _lowered(oracle)
@@ -142,16 +142,16 @@ def test_signature_sees_dims_types_and_wiring():
     for block in (1, 3):
         target = g.values[f"b{block}_mask"]
         nodes, inputs = data_free.ancestors(target)
-        sig[block] = masks._signature(g, nodes, inputs, target, ["batch", "seq"])
+        sig[block] = masks.cone_signature(g, nodes, inputs, target, ["batch", "seq"])
     assert sig[1] == sig[3]
     target = g.values["b1_mask"]
     nodes, inputs = data_free.ancestors(target)
     renamed = list(inputs[0].shape)
     inputs[0].shape = ("seq2",) + tuple(renamed[1:])
-    assert masks._signature(g, nodes, inputs, target, ["batch", "seq"]) != sig[1]  # the proof names its dims
+    assert masks.cone_signature(g, nodes, inputs, target, ["batch", "seq"]) != sig[1]  # the proof names its dims
     inputs[0].shape = tuple(renamed)
     inputs[0].elem_type = onnx.TensorProto.DOUBLE
-    assert masks._signature(g, nodes, inputs, target, ["batch", "seq"]) != sig[1]
+    assert masks.cone_signature(g, nodes, inputs, target, ["batch", "seq"]) != sig[1]
 
 
 # ---- incremental data-freeness vs a fresh walk ---------------------------------------------------
@@ -314,7 +314,7 @@ def test_constant_digests_tell_types_dims_and_storage_apart():
         v = g.value(t.name)
         v.initializer, v.elem_type, v.shape = t, t.data_type, tuple(t.dims)
         g.initializers[t.name] = v
-        digests[t.name] = masks._digest(g, v)
+        digests[t.name] = masks.value_digest(g, v)
     assert len({digests[n] for n in "abcd"}) == 4
     assert digests["a"] == digests["e"]
 

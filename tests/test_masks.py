@@ -358,12 +358,12 @@ def test_size_plumbing_lookup_finds_a_live_twin_after_the_indexed_node_is_remove
         opset_imports=[h.make_opsetid("", 17)], ir_version=10)
     g = import_model(m)
     x, ctx = g.values["x"], Context(g)
-    assert masks._existing(ctx, "Shape", [x], None) is g.values["s1"]  # the first one, indexed
+    assert masks.existing_size_node(ctx, "Shape", [x], None) is g.values["s1"]  # the first one, indexed
     g.remove_node(g.values["s1"].producer)
-    assert masks._existing(ctx, "Shape", [x], None) is g.values["s2"]  # its live twin
+    assert masks.existing_size_node(ctx, "Shape", [x], None) is g.values["s2"]  # its live twin
     g.remove_node(g.values["s2"].producer)
-    assert masks._existing(ctx, "Shape", [x], None) is None
-    assert masks._existing(ctx, "Gather", [x], 0) is None
+    assert masks.existing_size_node(ctx, "Shape", [x], None) is None
+    assert masks.existing_size_node(ctx, "Gather", [x], 0) is None
 
 
 def test_size_nodes_are_reused_while_alive_and_remade_once_removed():

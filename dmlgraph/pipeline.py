@@ -433,8 +433,8 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
         if growth(source, out) is None:
             return g, result, out, cleaned
         applied = result.applied
-        if not applied:
-            return None
+        if not applied:  # every site declined with its own numbers: the input is written
+            return g, result, out, cleaned
     return None
 
 
@@ -501,7 +501,7 @@ def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
     cones: list[tuple[dict[str, Any], dict[str, Any]] | None] = []
     for m in sites:
         outs = [old.name for old, _ in m.replacement.replaces] if m.replacement is not None else []
-        outs = [o for o in outs if o in m_nodes and o in s_nodes]
+        outs = [o for o in outs if o in m_nodes and (o in s_nodes or o in s_inits)]  # (a stored mask: an initializer)
         if not outs:
             cones.append(None)
             continue
@@ -533,8 +533,9 @@ def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
 
 
 def _ops(items: dict[str, Any]) -> str:
-    ops = Counter(v.op_type if isinstance(v, onnx.NodeProto) else "constant" for v in items.values())
-    return ", ".join(f"{op}" if c == 1 else f"{c} {op}{'s' if op == 'constant' else ''}"
+    ops = Counter(v.op_type if isinstance(v, onnx.NodeProto) else "stored matrix" if len(v.dims) >= 2 else "constant"
+                  for v in items.values())
+    return ", ".join(f"{op}" if c == 1 else f"{c} {op}{'s' if op in ('constant', 'stored matrix') else ''}"
                      for op, c in sorted(ops.items())) or "nothing"
 
 

@@ -21,6 +21,7 @@ from dmlgraph.passes.broadcast import (
     ShapeSource,
     broadcast_dims,
     build_broadcast,
+    build_guarded,
     build_matrix_of,
     fits_into,
     keeps_matrix,
@@ -172,6 +173,7 @@ class Plan:
     guarded: bool = False  # the matrix is the band's by construction, not by proof (see plan_application)
     matrix: ShapeSource | None = None  # the band's sizes, when guarded
     sizes: Value | None = None  # the output sizes as they are (an absorbed Expand's target)
+    hint: Value | None = None  # the band's sizes as the model has them (`band_matrix`)
 
 
 def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator, rule: str, exactness: str,
@@ -210,6 +212,7 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
     preview = DmlNode(node.name, None if x.const is not None and _is_plus_zero(x.const) else Value("pending"), None,
                       d.inputs[2], standin(out), elem_type=out.elem_type, value=dtype.type(plan.value),
                       begin=region[0], end=region[1], exact=exact)
+    plan.hint = band_matrix(graph, d, len(out.shape))
     m.captures["plan"], m.dml = plan, preview
     m.reason = lowering_reason(preview, out.shape, options)
     return m
@@ -386,15 +389,57 @@ def build(plan: Plan, ctx: Context | None = None) -> Replacement:
         xv = built.node(op_type, ins, f"{hint}__input", out.elem_type, _part_shape(x), attributes=node.attributes)
     shape = plan.sizes
     if plan.shape is not None:
-        shape = build_broadcast(plan.shape, hint, built, ctx)
-        if plan.matrix is not None:
-            shape = build_matrix_of(shape, plan.matrix, hint, built)
+        guarded = None if plan.matrix is None or ctx is None else \
+            build_guarded(plan.shape, plan.matrix, hint, built, ctx.graph)
+        if guarded is not None:
+            shape = guarded
+        else:
+            shape = build_broadcast(plan.shape, hint, built, ctx)
+            if plan.matrix is not None:
+                shape = build_matrix_of(shape, plan.matrix, hint, built)
     dml = DmlNode(node.name, xv, shape, plan.band.inputs[2], standin(out, out.elem_type),
                   elem_type=cast(int, out.elem_type), value=plan.value.dtype.type(plan.value), begin=plan.region[0],
-                  end=plan.region[1], static_shape=plan.static_shape, exact=plan.exact)
+                  end=plan.region[1], static_shape=plan.static_shape, exact=plan.exact, matrix=plan.hint)
     r = replace_node(node, dml, *built.nodes)
     r.initializers = built.initializers
     return r
+
+
+def band_matrix(graph: Graph, d: DmlNode, rank: int) -> Value | None:
+    """The sizes of the band `d` makes as a value of the model, for the portable export: its sizes
+    input when that is [H, W] or ones then [H, W], at most `rank` long. A band of those sizes
+    broadcast with the data is what the model computed, and reading them costs no Shape node
+    where the model keeps them anyway (`io.portable`)."""
+    if d.matrix is not None:
+        return d.matrix
+    shape = d.inputs[1]
+    if d.static_shape is not None or shape is None or shape.shape is None or len(shape.shape) != 1:
+        return None
+    n = shape.shape[0]
+    return shape if isinstance(n, int) and 2 <= n <= rank and _leading_ones(graph, shape, n - 2) else None
+
+
+def _leading_ones(graph: Graph, vec: Value, n: int) -> bool:
+    """The first `n` entries of the 1-D `vec` are constant ones (a constant, or a Concat led by them)."""
+    if n == 0:
+        return True
+    arr = const_value(graph, vec)
+    if arr is not None:
+        return arr.size >= n and bool(np.all(np.asarray(arr).reshape(-1)[:n] == 1))
+    p = vec.producer
+    if not (isinstance(p, OnnxNode) and p.op_type == "Concat" and p.domain in ("", "ai.onnx")):
+        return False
+    for part in p.inputs:
+        arr = const_value(graph, part)
+        if arr is None:
+            return False
+        ones = np.asarray(arr).reshape(-1)
+        if not bool(np.all(ones[:n] == 1)):
+            return False
+        n -= ones.size
+        if n <= 0:
+            return True
+    return False
 
 
 # rule name -> (op types, band inputs, evaluator) of every application rule (`absorbed`)

@@ -134,6 +134,91 @@ def build_matrix_of(sizes: Value, band: ShapeSource, hint: str, built: Built) ->
     return built.node("Concat", [lead, tail], f"{hint}__sizes", shape=sizes.shape, axis=0)
 
 
+def build_guarded(sources: list[ShapeSource], band: ShapeSource, hint: str, built: Built, graph: Graph) -> Value | None:
+    """`build_matrix_of(build_broadcast(sources), band)` without the "is this dim 1" chain, when
+    the leading axes settle: every source but one has static 1s there (a band's [1, 1, H, W]), so
+    the lead is that one's, read by one `Shape(start, end)`; the matrix is the band's entries as
+    its sizes vector holds them. None when the lead does not settle so."""
+    rank = max(s.rank for s in sources)
+    if rank < 2:
+        return None
+    lead_of = None
+    for s in sources:
+        dims = _source_dims(graph, s) if s.vector is None else _entries(graph, s.vector)
+        if dims is None or len(dims) != s.rank:
+            return None
+        lead = [1] * (rank - s.rank) + list(dims)
+        if all(d == 1 for d in lead[:rank - 2]):
+            continue
+        if lead_of is not None or s.rank != rank:
+            return None
+        lead_of = s
+    parts: list[Value] = []
+    if rank > 2 and lead_of is not None:
+        if lead_of.static is not None:
+            parts.append(built.constant(f"{hint}__lead", np.array(lead_of.static[:rank - 2], np.int64)))
+        elif lead_of.of is not None:
+            parts.append(built.node("Shape", [lead_of.of], f"{hint}__lead", shape=(rank - 2,), start=0, end=rank - 2))
+        else:
+            parts.append(built.node("Slice", [cast(Value, lead_of.vector), built.constant(f"{hint}__c", [0]),
+                                              built.constant(f"{hint}__c", [rank - 2])], f"{hint}__lead"))
+    elif rank > 2:
+        parts.append(built.constant(f"{hint}__lead", np.ones(rank - 2, np.int64)))
+    if band.static is not None:
+        parts.append(built.constant(f"{hint}__matrix", np.array(band.static[-2:], np.int64)))
+    elif band.vector is not None:
+        parts += _matrix_entries(graph, band.vector) or [
+            built.node("Slice", [band.vector, built.constant(f"{hint}__c", [-2]), built.constant(f"{hint}__c", [band.rank])],
+                       f"{hint}__matrix")]
+    else:
+        parts.append(built.node("Shape", [band.of], f"{hint}__matrix", shape=(2,), start=-2))
+    if len(parts) == 1:
+        return parts[0]
+    return built.node("Concat", parts, f"{hint}__sizes", shape=(rank,), axis=0)
+
+
+def _entries(graph: Graph, vec: Value | None) -> list[Dim] | None:
+    """`vector_dims`, with an entry None where a `Concat`'s piece is not known but its length is."""
+    dims = vector_dims(graph, vec)
+    if dims is not None or vec is None:
+        return dims
+    p = vec.producer
+    if not (isinstance(p, OnnxNode) and p.op_type == "Concat" and p.domain in ("", "ai.onnx")):
+        return None
+    out: list[Dim] = []
+    for x in p.inputs:
+        part = vector_dims(graph, x)
+        n = _length(x)
+        if part is None and n is None:
+            return None
+        out += part if part is not None else [None] * cast(int, n)
+    return out
+
+
+def _length(x: Value | None) -> int | None:
+    return x.shape[0] if x is not None and x.shape is not None and len(x.shape) == 1 \
+        and isinstance(x.shape[0], int) else None
+
+
+def _matrix_entries(graph: Graph, vec: Value) -> list[Value] | None:
+    """The values a `Concat` sizes vector ends with that hold its last two entries."""
+    p = vec.producer
+    if not (isinstance(p, OnnxNode) and p.op_type == "Concat" and p.domain in ("", "ai.onnx")):
+        return None
+    found: list[Value] = []
+    need = 2
+    for x in reversed(p.inputs):
+        dims = vector_dims(graph, x)
+        length = len(dims) if dims is not None else _length(x)
+        if x is None or length is None or length > need:
+            return None
+        found.insert(0, x)
+        need -= length
+        if need == 0:
+            return found
+    return None
+
+
 def broadcast_dims(shapes: list[tuple[Dim, ...]]) -> tuple[Dim, ...] | None:
     """The broadcast of inferred shapes where inference can tell it (unknown dims where it cannot)."""
     rank = max(len(s) for s in shapes)

@@ -157,6 +157,23 @@ def _existing_dim_read(graph: Graph, v: Value, axis: int) -> Value | None:
     return None
 
 
+def _existing_gather(graph: Graph, shape: Value, axis: int) -> OnnxNode | None:
+    """A node the model has reading entry `axis` of the shape vector `shape` as a [1] tensor:
+    `Gather(shape, c, axis=0)` of a constant c holding [axis] (so its `Concat`s are found too)."""
+    rank = shape.shape[0] if shape.shape and isinstance(shape.shape[0], int) else None
+    for n in shape.consumers:
+        if not (isinstance(n, OnnxNode) and n.op_type == "Gather" and n.domain in ("", "ai.onnx") and n.id in graph.nodes
+                and len(n.inputs) == 2 and n.inputs[0] is shape and n.attr("axis", 0) == 0):
+            continue
+        idx = const_value(graph, n.inputs[1])
+        if idx is None or idx.shape != (1,) or idx.dtype.kind not in "iu":
+            continue
+        at = int(idx[0])
+        if at == axis or (rank is not None and at < 0 and at + rank == axis):
+            return n
+    return None
+
+
 class SizeBuilder:
     """Makes (or finds) the nodes computing size expressions over the shapes of the graph's values.
 
@@ -273,6 +290,10 @@ class SizeBuilder:
     def _read(self, v: Value, axis: int, chain: list) -> Value:
         """A [1] int64 tensor holding v's size on `axis`."""
         shape = self._node("Shape", [v], f"{v.name}__shape", chain, shape=(len(v.shape or ()),))
+        own = _existing_gather(self.graph, shape, axis)
+        if own is not None:  # (the model's own Gather, whatever its index constant is named)
+            chain.append((own, list(own.inputs)))
+            return own.outputs[0]
         idx = constant(self.ctx, f"dmlgraph__axis{axis}", np.array([axis], np.int64), self.made)
         return self._node("Gather", [shape, idx], f"{v.name}__dim{axis}", chain, axis=0, shape=(1,))
 

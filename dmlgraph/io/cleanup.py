@@ -13,6 +13,8 @@ Nodes with subgraphs and non-deterministic ops are never merged (onnx-ir's rules
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import onnx
 
 
@@ -44,6 +46,7 @@ def cleanup(model: onnx.ModelProto) -> bool:
     if not changed:
         return False
     out = ir.to_proto(m).graph
+    _restore_trailing_empty_inputs(g, out)
     keep_init = {t.name for t in out.initializer}
     del g.node[:]
     g.node.extend(out.node)
@@ -58,3 +61,22 @@ def cleanup(model: onnx.ModelProto) -> bool:
         del g.value_info[:]
         g.value_info.extend(infos)
     return True
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                        a.graphs if a.type == onnx.AttributeProto.GRAPHS else []):
+                yield from _nodes(sub)
+
+
+def _restore_trailing_empty_inputs(before: onnx.GraphProto, after: onnx.GraphProto) -> None:
+    """Put back the empty trailing inputs onnx-ir's RemoveUnusedNodesPass drops from every node it
+    sees: `Loop(M, "")` must keep its empty `cond` (the checker wants two inputs)."""
+    width = {tuple(n.output): len(n.input) for n in _nodes(before) if n.input and not n.input[-1]}
+    for n in _nodes(after):
+        missing = width.get(tuple(n.output), 0) - len(n.input)
+        if missing > 0:
+            n.input.extend([""] * missing)

@@ -296,6 +296,12 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     # Filled in place, as helper.make_graph + make_model would: make_model copies the graph, which
     # for inline weights is one more copy of all of them (and a node list extended into the graph
     # is one more copy of every node).
+    if target == "dml":  # (the sizes a portable band may read: DML nodes never do)
+        hinted = [n for n in g.nodes.values() if isinstance(n, DmlNode) and n.matrix is not None]
+        for n in hinted:
+            g.drop_matrix(n)
+        if hinted:
+            g.remove_dead()
     model = onnx.ModelProto()
     opsets = dict(g.info.opset_imports)
     written = _write_nodes(g, target, opsets.get("", 0), model.graph.node)
@@ -548,7 +554,7 @@ def dml_node_proto(n: DmlNode, into: onnx.NodeProto | None = None) -> onnx.NodeP
         template = _DML_TEMPLATES[key] = onnx.NodeProto(op_type=n.kind, domain=DOMAIN, attribute=_dml_attributes(n))
     proto = onnx.NodeProto() if into is None else into
     proto.CopyFrom(template)
-    proto.input.extend(_trim([_name(v) for v in (n.inputs[1:] if n.kind == "DiagonalMatrix" else n.inputs)]))
+    proto.input.extend(_trim([_name(v) for v in (n.operands[1:] if n.kind == "DiagonalMatrix" else n.operands)]))
     proto.output.append(n.outputs[0].name)
     if n.name:
         proto.name = n.name
@@ -705,7 +711,7 @@ class _Pseudocode:
         return self.op("Add", [c, self.clipped_k], f"{name}_k")
 
     def shape_name(self) -> str:
-        x, shape, _ = self.n.inputs
+        x, shape, _ = self.n.operands
         if shape is not None:
             return shape.name
         if self.n.static_shape is not None:
@@ -749,7 +755,7 @@ class _Pseudocode:
 
     def nodes(self) -> list[onnx.NodeProto]:
         n = self.n
-        x, shape, _ = n.inputs
+        x, shape, _ = n.operands
         shape_name = self.shape_name()
         use = self.use_value(self.top_x(shape_name))
         np_dt = helper.tensor_dtype_to_np_dtype(n.elem_type)

@@ -178,6 +178,16 @@ def _matrix_part(g: Graph | None, vec: Value | None) -> str | None:
     return last.name
 
 
+def _kept_anyway(g: Graph | None, v: Value) -> bool:
+    """`v` is written whether or not a node reads it as its `matrix`: a constant, a graph input, or
+    a value something else reads (reading it costs no node; Shape(X) would cost one)."""
+    if g is None:
+        return False
+    if v.name in g.initializers or v.producer is None or g.is_graph_output(v):
+        return True
+    return any(not (isinstance(n, DmlNode) and i == 3) for n, i in v.uses)
+
+
 def _lead_of(g: Graph | None, vec: Value | None, x: Value, n: int, depth: int = 0) -> bool:
     """The first `n` entries of the sizes vector `vec` are provably X's first `n` sizes: Shape(X),
     a Concat or a Slice from 0 keeping them, or `build_broadcast`'s `Where(Equal(p, 1), q, p)` of
@@ -187,9 +197,9 @@ def _lead_of(g: Graph | None, vec: Value | None, x: Value, n: int, depth: int = 
     if n == 0:
         return True
     shape = _producer(vec, "Shape")
-    if shape is not None:
-        return shape.inputs[0] is x and not any((a.name == "start" and a.i != 0) or a.name == "end"
-                                                for a in shape.attributes)
+    if shape is not None:  # (from the start, to the end or at least n entries: `build_guarded`'s lead)
+        end = shape.attr("end", None)
+        return shape.inputs[0] is x and shape.attr("start", 0) == 0 and (end is None or 0 <= end and n <= end)
     cat = _producer(vec, "Concat")
     if cat is not None and cat.inputs and (_length(g, cat.inputs[0]) or 0) >= n:
         return _lead_of(g, cat.inputs[0], x, n, depth + 1)
@@ -267,7 +277,7 @@ class _Node:
 
     def __init__(self, g: Graph | None, n: DmlNode, em: Emitter) -> None:
         self.g, self.n, self.em = g, n, em
-        self.x, self.shape, self.k = n.inputs
+        self.x, self.shape, self.k = n.operands
         self.out = n.outputs[0]
         self.dt = helper.tensor_dtype_to_np_dtype(n.elem_type)
         self.value = np.array(n.value, dtype=self.dt)
@@ -324,6 +334,12 @@ class _Node:
         dims = self.out_dims()
         if dims is not None and len(dims) >= 2 and all(isinstance(d, int) for d in dims[-2:]):
             return self.em.const("hw", np.array(dims[-2:], np.int64))
+        # The applied mask's own sizes (broadcast with X as the model did): free where the model
+        # keeps them anyway; else cheaper than Shape(X) only when the node reads sizes of its own
+        # (`build_guarded`'s: its Concat then dies with the DML node).
+        hint = self.n.matrix
+        if hint is not None and (self.shape is not None or _kept_anyway(self.g, hint)):
+            return hint.name
         if self.shape is None and self.n.static_shape is None and self.x is not None:
             return self.em.op("Shape", [self.x.name], "hw", start=-2)
         tail = _matrix_part(self.g, self.shape)

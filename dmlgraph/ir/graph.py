@@ -184,6 +184,9 @@ class DmlNode(Node):
       x     -- the input tensor (broadcast to the output shape; a scalar is broadcast by zero strides)
       shape -- int64 1-D output sizes computed at run time (else `static_shape`, else x's shape)
       k     -- int64 scalar shifting every bounded end of [begin, end) at run time (Trilu's k)
+    and, optionally, a fourth: `matrix`, an int64 [2] vector holding the sizes of the mask this node
+    applies (the model's own, which the portable export may read instead of Shape(x)); never run,
+    and dropped by the DML export.
     begin/end are int64-space bounds (None = unbounded, never shifted). They are clamped to the
     matrix ([-H, W]) only when bound to a concrete shape, so a huge k never wraps. `exact` says
     whether the rewrite that made it is bit-exact for every input.
@@ -194,8 +197,9 @@ class DmlNode(Node):
 
     def __init__(self, name: str, x: Value | None, shape: Value | None, k: Value | None, output: Value, *,
                  elem_type: int, value: np.generic, begin: int | None, end: int | None,
-                 static_shape: Iterable[int] | None = None, exact: bool = True, kind: str = "DiagonalMatrix1"):
-        super().__init__(name, [x, shape, k], [output])
+                 static_shape: Iterable[int] | None = None, exact: bool = True, kind: str = "DiagonalMatrix1",
+                 matrix: Value | None = None):
+        super().__init__(name, [x, shape, k] if matrix is None else [x, shape, k, matrix], [output])
         self.elem_type = elem_type
         self.value = value
         # (Kept inside +-2^62, as `ops.clamp_bound` does: a bound past any matrix means the same
@@ -211,6 +215,16 @@ class DmlNode(Node):
     @property
     def op_type(self) -> str:  # type: ignore[override]
         return self.kind
+
+    @property
+    def operands(self) -> tuple[Value | None, Value | None, Value | None]:
+        """(x, shape, k): what the node computes from (the `matrix` hint aside)."""
+        x, shape, k = self.inputs[:3]
+        return x, shape, k
+
+    @property
+    def matrix(self) -> Value | None:
+        return self.inputs[3] if len(self.inputs) > 3 else None
 
 
 @dataclass
@@ -346,6 +360,15 @@ class Graph:
             if v.producer is node:
                 v.producer = None
         self.changes.append(node)
+
+    def drop_matrix(self, node: DmlNode) -> None:
+        """Forget `node`'s `matrix` hint (an export that will not read it): what only it read
+        is dead at the next `remove_dead`."""
+        v = node.matrix
+        if v is not None:
+            del node.inputs[3]
+            del v.uses[node, 3]
+            self.changes.append(node)
 
     def replace_uses(self, old: Value, new: Value) -> None:
         """Point every use of `old` (and graph outputs) at `new`; a body reading `old` by name

@@ -79,7 +79,7 @@ def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
         ins = [v.name for v in n.inputs if v is not None]
         outs = [v.name for v in n.outputs]
         if isinstance(n, DmlNode):
-            x, shape, _ = n.inputs
+            x, shape, _ = n.operands
             if all(name in const for name in ins):
                 const.update(outs)
                 shaped.update(outs)
@@ -406,7 +406,7 @@ class Executor:
         read: set[str] = {v.name for v in g.outputs}
         for s in self._fast_steps:
             if isinstance(s, DmlNode):
-                read.update(v.name for v in s.inputs if v is not None)
+                read.update(v.name for v in s.operands if v is not None)
             else:
                 read.update(s.inputs)
         self._keep = sorted(made & read)  # what the fast path reads from the cache (twins add theirs)
@@ -418,7 +418,7 @@ class Executor:
         self._input_names = [v.name for v in g.inputs]
         # DML nodes run through a kernel prepared per input-shape set when only x varies
         self._bindable = {s.id for s in self._fast_steps if isinstance(s, DmlNode) and s.kind == "DiagonalMatrix1"
-                          and s.inputs[0] is not None and all(v is None or v.name in const for v in s.inputs[1:])}
+                          and s.inputs[0] is not None and all(v is None or v.name in const for v in s.operands[1:])}
 
     def _key(self, feeds: dict[str, np.ndarray]) -> tuple | None:
         """The input shapes and dtypes, when the fast path may serve these feeds (plain arrays, no extras)."""
@@ -527,7 +527,7 @@ class Executor:
 
     def _dml_operands(self, node: DmlNode, env: dict[str, np.ndarray]) -> tuple[tuple[int, ...], np.ndarray | None, int]:
         """(output shape, x as produced, k), with the checks on the shape and on k."""
-        x_v, shape_v, k_v = node.inputs
+        x_v, shape_v, k_v = node.operands
         x = None if x_v is None else np.asarray(self._value(x_v, env))
         if shape_v is not None:
             shape = tuple(int(s) for s in np.asarray(self._value(shape_v, env)).reshape(-1))

@@ -129,7 +129,7 @@ def _shape_only(an: Analysis, n: OnnxNode, ins: list, why: str) -> Opaque | None
 def _generator_value(an: Analysis, n: DmlNode, value_of: Callable[[Value | None], AbstractValue | None]
                      ) -> AbstractValue:
     """What a DIAGONAL_MATRIX1 generator (no data input, or a one-value one) holds, as a Band."""
-    x, shape_v, k_v = n.inputs
+    x, shape_v, k_v = n.operands
     if n.kind != "DiagonalMatrix1":
         raise Unprovable(f"a {n.kind} node inside the cone")
     other = typing.cast(np.generic, np.zeros((), dtype_of(n.elem_type))[()])  # (numpy types arr[()] as an array)

@@ -21,7 +21,15 @@ import onnx
 from dmlgraph import mask_census
 from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.io import saving
-from dmlgraph.io.modelfile import check_model, check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
+from dmlgraph.io.modelfile import (
+    check_model_proto,
+    checker_failure,
+    data_nbytes,
+    load_model,
+    onnxruntime_refuses,
+    tensor_nbytes,
+    without_weights,
+)
 from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.io.portable import ONE_OPERATOR
 from dmlgraph.io.saving import atomic_writer, check_for_save, output_target
@@ -66,9 +74,12 @@ def load(model: ModelLike, base_dir: str | None = None) -> tuple[onnx.ModelProto
     Like every whole-model step, with the cyclic collector paused where allowed (see `gc_paused`):
     its full passes over the proto walk and the new graph find nothing to free."""
     model = as_model(model)
+    notes: list[str] = []
     if isinstance(model, onnx.ModelProto):  # (`base_dir`: where its external data lives, if any)
-        check_model_proto(model, IN_MEMORY, base_dir)
-        return model, import_model(model, base_dir)
+        check_model_proto(model, IN_MEMORY, base_dir, notes=notes)
+        g = import_model(model, base_dir)
+        g.info.notes = notes
+        return model, g
     path = model
     shapes: PendingShapes | None = None
 
@@ -77,8 +88,10 @@ def load(model: ModelLike, base_dir: str | None = None) -> tuple[onnx.ModelProto
         shapes = PendingShapes(parsed)
         shapes.start()
     try:
-        proto = load_model(path, parsed=infer)
-        return proto, import_model(proto, os.path.dirname(os.path.abspath(path)), shapes)
+        proto = load_model(path, parsed=infer, notes=notes)
+        g = import_model(proto, os.path.dirname(os.path.abspath(path)), shapes)
+        g.info.notes = notes
+        return proto, g
     finally:
         if shapes is not None:
             shapes.close()
@@ -256,10 +269,10 @@ class OptimizeResult:
             return
         if self.original is None or full_check_failure(self.original) is None:
             raise AssertionError(f"dmlgraph made a model that fails onnx's full check: {failure}")
-        try:
-            check_model(without_weights(self.model, keep_dims=False), full_check=False)
-        except Exception as e:
-            raise AssertionError(f"dmlgraph made a model that fails onnx's checker: {e}") from e
+        base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
+        worse = worse_than_source(self.model, self.original, self.report.get("target", "dml"), base_dir)
+        if worse is not None:
+            raise AssertionError(f"dmlgraph made a model that {worse}")
 
     @gc_paused
     def save(self, path: str | os.PathLike[str], *, in_place: bool = False) -> int:
@@ -316,6 +329,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     model = as_model(model)
     label = model_label(model)
     source, g = load(model, base_dir)
+    notes = list(g.info.notes)
+    dir_of = base_dir if isinstance(model, onnx.ModelProto) else os.path.dirname(os.path.abspath(model))
     if loaded is not None:
         loaded(source, g)
     before = graph_stats(g)
@@ -324,12 +339,12 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     full = exported  # the lowering of every site (inspect and --allow-growth show it)
     if grown is not None and result.applied and not options.allow_growth:
         if check:
-            _check_output(exported, source, label)  # (a broken lowering is our bug, written or not)
+            _check_output(exported, source, label, target, dir_of, bool(notes))  # (a broken lowering: our bug)
         g, result, exported, cleaned = _decline_growing_sites(model, base_dir, source, options, target, result,
                                                               exported, census, grown, (g, cleaned))
     if result.applied or cleaned:  # (a model given back unchanged stays byte for byte the input)
         stamp(exported, target, options, result.counts, source)
-    serialized = _check_output(exported, source, label) if check else None
+    serialized = _check_output(exported, source, label, target, dir_of, bool(notes)) if check else None
     if serialized is not None and len(serialized) > KEEP_CHECKED_BYTES:
         serialized = None
     # The numbers describe the file written: the portable target expands each DML node.
@@ -349,6 +364,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "before": before, "after": after,
         "grows": grown,  # how lowering every site would make the model bigger (then declined sites)
         "declined_for_growth": sum(1 for m in result.declined if (m.reason or "").startswith(GROWTH_DECLINE)),
+        "notes": notes,  # what loading took though onnx's checks refuse it
     }
     if grown is not None and options.allow_growth and explain_growth and result.applied:
         # The sites optimize would decline, with its reasons (inspect lowers every site).
@@ -666,22 +682,43 @@ def stamp(model: onnx.ModelProto, target: str, options: Options, counts: dict[st
         model.metadata_props.add(key=k, value=v)
 
 
-def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -> bytes | None:
-    """The model to be written must pass the full ONNX check (returns what `check_for_save` does).
-    When it fails, the source is checked the same way: a source that fails too is the user's
-    (exit 2: the loader's check is the lighter one), one that passes means our rewrite broke it
-    (InternalError)."""
+def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str, target: str,
+                  base_dir: str | None, taken: bool) -> bytes | None:
+    """The model to be written must pass the full ONNX check (returns what `check_for_save` does),
+    unless the source fails it too: a source the loader `taken` though onnx's checker refuses it
+    (onnxruntime loads it) is followed by an output no worse than it (`worse_than_source`); one
+    that passed the checker and fails strict inference is the user's to fix (ModelError, exit 2).
+    Anything else is our rewrite's fault (InternalError)."""
     try:
         return check_for_save(model)
     except InternalError as e:
-        try:
-            check_for_save(source)
-        except InternalError as src:
-            reason = str(src.__cause__ or src).strip().splitlines()[0]
+        failure = full_check_failure(source)
+        if failure is None:
+            raise e
+        if not taken:  # (strict inference refuses what the loader's checker passed: the user's to fix)
             raise ModelError(f"{label} fails the ONNX checker's full check (strict shape and type inference): "
-                             f"{reason}", hint="fix the model (re-export it); run and inspect do not need "
-                             "the full check") from None
-        raise e
+                             f"{failure.splitlines()[0]}", hint="fix the model (re-export it); run and inspect "
+                             "do not need the full check") from None
+        worse = worse_than_source(model, source, target, base_dir)
+        if worse is not None:
+            raise InternalError(f"the model to be written {worse}; nothing was written") from None
+        return None
+
+
+def worse_than_source(model: onnx.ModelProto, source: onnx.ModelProto, target: str,
+                      base_dir: str | None) -> str | None:
+    """How `model` (the lowering of `source`, which fails onnx's full check) is worse than the
+    source, or None: it must pass onnx's checker if the source does, else fail it no differently
+    (the checker reports the first problem it meets, the source's unless a rewrite made a new
+    one), and on the portable target load in onnxruntime if the source does."""
+    failure = checker_failure(without_weights(model, keep_dims=False))
+    if failure is not None and failure != checker_failure(without_weights(source, keep_dims=False)):
+        return f"fails onnx's checker ({failure})"
+    if target == "onnx" and onnxruntime_refuses(source, base_dir) is None:
+        refused = onnxruntime_refuses(model, base_dir)
+        if refused is not None:
+            return f"does not load in onnxruntime ({refused}), though its input does"
+    return None
 
 
 def _dml_summary(m: Match) -> dict | None:

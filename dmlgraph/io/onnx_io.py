@@ -72,11 +72,14 @@ def _register_schemas() -> None:
 
 
 def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
-    """Y's type: DiagonalMatrix1's X, else its `value` tensor's; DiagonalMatrix's `dtype`; its shape
-    from `output_shape` when static. (Inference inside a local function reads no value_info: without
-    this, what reads a DML node there has no type and the checker refuses the model.)"""
+    """Y's type: DiagonalMatrix1's X, else its `value` tensor's; DiagonalMatrix's `dtype`. Its shape:
+    `output_shape` when static, else as many unknown dims as the `shape` input has entries, else
+    X's. (Inference inside a local function reads no value_info: without this, what reads a DML node
+    there has no type and the checker refuses the model; and a Loop that runs no iteration gives its
+    scan outputs the body's rank.)"""
     dtype, value = ctx.get_attribute("dtype"), ctx.get_attribute("value")
-    if dtype is not None:  # DiagonalMatrix (no X: its first input is the shape)
+    shape_at = 0 if dtype is not None else 1  # (DiagonalMatrix has no X: its first input is the shape)
+    if dtype is not None:
         elem = dtype.i
     elif ctx.has_input(0) and ctx.get_input_type(0).tensor_type.elem_type:
         elem = ctx.get_input_type(0).tensor_type.elem_type
@@ -85,8 +88,15 @@ def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
     if not elem:
         return
     sizes = ctx.get_attribute("output_shape")
-    out = onnx.helper.make_tensor_type_proto(elem, list(sizes.ints) if sizes is not None else None)
-    ctx.set_output_type(0, out)
+    dims: list[int | None] | None = list(sizes.ints) if sizes is not None else None
+    if dims is None and ctx.has_input(shape_at):
+        given = ctx.get_input_type(shape_at).tensor_type
+        if given.HasField("shape") and len(given.shape.dim) == 1 and given.shape.dim[0].HasField("dim_value"):
+            dims = [None] * given.shape.dim[0].dim_value
+    elif dims is None and shape_at == 1 and ctx.has_input(0) and ctx.get_input_type(0).tensor_type.HasField("shape"):
+        dims = [None] * len(ctx.get_input_type(0).tensor_type.shape.dim)  # (the rank: X's dims are what
+        # the export declares, so a model optimized again reads what it read the first time)
+    ctx.set_output_type(0, onnx.helper.make_tensor_type_proto(elem, dims))
 
 
 _register_schemas()

@@ -243,6 +243,7 @@ class ModelInfo:
     graph_doc_string: str = ""
     functions: list[onnx.FunctionProto] = field(default_factory=list)
     base_dir: str | None = None  # where the model's external data is (its subgraphs' tensors too)
+    notes: list[str] = field(default_factory=list)  # what loading took though onnx's checks refuse it
 
 
 class ReservedNames(Protocol):

@@ -28,6 +28,7 @@ def optimize_text(r: dict, verbose: bool = False) -> str:
     also lists every rewrite and every decline (thousands of lines on a big model)."""
     lines = [f"target {r['target']}, feature level {r['feature_level']}"
              + (", exact rewrites only" if r["exact_only"] else "")]
+    lines += [f"note: {note}" for note in r.get("notes", ())]
     applied = {k: v for k, v in r["rewrites"].items() if v}
     if applied:
         w = max(len(k) for k in applied)

@@ -30,7 +30,7 @@ from dmlgraph.io.modelfile import (
     tensor_nbytes,
     without_weights,
 )
-from dmlgraph.io.onnx_io import export_model, import_model
+from dmlgraph.io.onnx_io import PORTABLE_MIN_OPSET, export_model, import_model
 from dmlgraph.io.portable import ONE_OPERATOR
 from dmlgraph.io.saving import atomic_writer, check_for_save, output_target
 from dmlgraph.io.shape_inference import PendingShapes
@@ -334,7 +334,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     if loaded is not None:
         loaded(source, g)
     before = graph_stats(g)
-    result, exported, cleaned = _lower_graph(g, options, target, progress, census)
+    result, exported, cleaned = _lower_graph(g, source, options, target, progress, census)
     grown = growth(source, exported)
     full = exported  # the lowering of every site (inspect and --allow-growth show it)
     if grown is not None and result.applied and not options.allow_growth:
@@ -399,21 +399,39 @@ def _decline_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
         if result.applied and not same_computation(source, exported):
             return g, result, exported, cleaned
     else:  # no subset found that does not grow: every site declined, the input kept (cleaned)
-        reason = f"not written: the lowered model would grow on target {target} ({grown}); the input is kept"
-        for m in result.applied:
-            m.reason = reason
-        result = PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied,
-                            [], result.iterations, result.superseded, result.census)
+        result = _all_declined(result, f"not written: the lowered model would grow on target {target} ({grown}); "
+                                       "the input is kept")
+    exported, cleaned = _input_kept(source)
+    return g, result, exported, cleaned
+
+
+def _all_declined(result: PassResult, reason: str) -> PassResult:
+    """`result` with every lowered site declined for `reason`."""
+    for m in result.applied:
+        m.reason = reason
+    return PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied,
+                      [], result.iterations, result.superseded, result.census)
+
+
+def _input_kept(source: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """A copy of the input, cleaned, to be written: (it, whether the clean-up changed it)."""
     exported = onnx.ModelProto()
     exported.CopyFrom(source)
-    return g, result, exported, clean(exported)
+    return exported, clean(exported)
 
 
-def _lower_graph(g: Graph, options: Options, target: str, progress: Callable[[str], None] | None,
-                 census: bool) -> tuple[PassResult, onnx.ModelProto, bool]:
+def _lower_graph(g: Graph, source: onnx.ModelProto, options: Options, target: str,
+                 progress: Callable[[str], None] | None, census: bool) -> tuple[PassResult, onnx.ModelProto, bool]:
     """The rules on `g` (in place), then the export to `target`, cleaned: (what ran, the model,
-    whether the clean-up changed it)."""
+    whether the clean-up changed it). The portable target writes opset 13 ops at least (Trilu
+    needs 14): below that every site is declined, saying so, and the input kept."""
     result = optimize_graph(g, options, progress, census)
+    opset = g.info.opset_imports.get("", 0)
+    if target == "onnx" and opset < PORTABLE_MIN_OPSET and result.applied:
+        result = _all_declined(result, f"not written: the portable target writes ops of opset {PORTABLE_MIN_OPSET} "
+                                       f"or later and the model imports opset {opset}; convert it "
+                                       "(onnx.version_converter) or use --target dml")
+        return (result, *_input_kept(source))
     g.remove_dead()
     exported = export_model(g, target)
     return result, exported, clean(exported)
@@ -444,7 +462,7 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
                       f"({growth(source, out)}), this one costing the most: {what}")]
         declined |= {site_key(m): why for m, why in found}
         _, g = load(model, base_dir)
-        result, out, cleaned = _lower_graph(g, dataclasses.replace(options, declined_sites=declined), target,
+        result, out, cleaned = _lower_graph(g, source, dataclasses.replace(options, declined_sites=declined), target,
                                             None, census)
         if growth(source, out) is None:
             return g, result, out, cleaned

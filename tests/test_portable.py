@@ -371,3 +371,22 @@ def test_sizes_broadcast_from_x_give_a_matrix_band_only_when_the_lead_is_xs(lead
     got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     want = dmlgraph.run(model, {"x": x})["y"]
     assert got.shape == want.shape == (lead, 5, 7) and (_bits(got) == _bits(want)).all()
+
+
+def test_an_opset_too_old_for_the_portable_forms_is_written_unchanged(tmp_path):
+    """An opset-11 model (an older exporter's default): the portable target cannot write its forms
+    there, so every site is declined with the reason and the input written; `dml` lowers it."""
+    c = lambda name, v: numpy_helper.from_array(np.asarray(v), name)  # noqa: E731
+    nodes = [h.make_node("Shape", ["x"], ["sh"]), h.make_node("Gather", ["sh", "zero"], ["n"], axis=0),
+             h.make_node("Range", ["zero", "n", "one"], ["r"]), h.make_node("Unsqueeze", ["r"], ["rc"], axes=[1]),
+             h.make_node("Less", ["r", "rc"], ["m"]), h.make_node("Where", ["m", "ninf", "x"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["s", "s"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["s", "s"])],
+                     [c("zero", np.int64(0)), c("one", np.int64(1)), c("ninf", np.float32(-np.inf))])
+    src = str(tmp_path / "m.onnx")
+    onnx.save(h.make_model(g, ir_version=10, opset_imports=[h.make_opsetid("", 11)]), src)
+    portable_result = dmlgraph.optimize(src, target="onnx")
+    assert not portable_result.rewrites and portable_result.declined
+    assert all("opset 11" in d.reason for d in portable_result.declined if d.rule in ("mask_subgraph", "mask_where"))
+    assert [n.op_type for n in portable_result.model.graph.node] == [n.op_type for n in nodes]
+    assert dmlgraph.optimize(src, target="dml").rewrites

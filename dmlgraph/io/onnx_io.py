@@ -656,6 +656,9 @@ def _node_names(n: onnx.NodeProto, out: set[str]) -> None:
         _graph_names(sub, out)
 
 
+PORTABLE_MIN_OPSET = 13  # the oldest default-domain opset the portable forms are written in (Trilu: 14)
+
+
 def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
                    shared: dict[tuple, str] | None = None,
                    initializers: list[onnx.TensorProto] | None = None) -> list[onnx.NodeProto]:
@@ -663,8 +666,8 @@ def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
     (`dmlgraph.io.portable`) where one is bit-exact, else the spec pseudocode in int64.
     `shared`/`initializers`: the export's shared constants (new ones are appended as initializers);
     without them (in a body) constants are Constant nodes. Sets `n.portable_form`."""
-    if opset < 13:
-        raise UnsupportedError(f"the portable target needs default-domain opset 13 or later; the model "
+    if opset < PORTABLE_MIN_OPSET:
+        raise UnsupportedError(f"the portable target needs default-domain opset {PORTABLE_MIN_OPSET} or later; the model "
                                f"uses {opset}", hint="use --target dml, or convert the model with "
                                "onnx.version_converter first")
     out = n.outputs[0].name

@@ -587,13 +587,13 @@ def portable_summary(nodes: Iterable[DmlNode]) -> dict[str, Any]:
     the whole site with the select applying it (`io.portable.MASK` says which are which)."""
     written = [n for n in nodes if n.portable_form is not None]
     forms = Counter(n.portable_form for n in written)
-    per_site = [{"output": n.outputs[0].name, "form": n.portable_form,
-                 "mask_nodes": n.portable_nodes[0], "site_nodes": n.portable_nodes[1]}
-                for n in written if n.portable_nodes is not None]
+    counted = [(n, n.portable_nodes) for n in written if n.portable_nodes is not None]
+    per_site = [{"output": n.outputs[0].name, "form": n.portable_form, "mask_nodes": c[0], "site_nodes": c[1]}
+                for n, c in counted]
     return {"sites": sum(forms.values()), "one_operator": sum(c for f, c in forms.items() if f in ONE_OPERATOR),
             "forms": dict(forms.most_common()),
-            "mask_nodes": _histogram(s["mask_nodes"] for s in per_site),
-            "site_nodes": _histogram(s["site_nodes"] for s in per_site), "per_site": per_site}
+            "mask_nodes": _histogram(c[0] for _, c in counted), "site_nodes": _histogram(c[1] for _, c in counted),
+            "per_site": per_site}
 
 
 def _histogram(counts: Iterable[int]) -> dict[str, int]:

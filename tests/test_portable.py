@@ -104,6 +104,29 @@ def test_which_onnxruntime_ops_keep_every_bit(dt):
     assert (_bits(e) == _bits(np.stack([x, x]))).all()
 
 
+def test_onnxruntime_runs_a_not_where_with_the_branches_swapped():
+    """band_w2's own select, `Where(Not(c), -inf, X)`, runs in onnxruntime as `Where(c, X, -inf)`
+    (its graph optimizer's Not/Where fusion): a -0.0 of X comes out +0.0 with the optimizer on, and
+    is kept with it off. So `Where(window, X, -inf)` (a 3-node mask part) would equal onnxruntime's
+    optimized run of the original, not the DML node nor the unoptimized original: the portable form
+    keeps X in Where's false branch (docs/portable.md, "Two-sided bands")."""
+    vi = h.make_tensor_value_info
+    m = h.make_model(h.make_graph(
+        [h.make_node("Not", ["c"], ["n"]), h.make_node("Where", ["n", "v", "x"], ["y"])], "g",
+        [vi("c", T.BOOL, [6, 6]), vi("x", T.FLOAT, [6, 6])], [vi("y", T.FLOAT, [6, 6])],
+        [numpy_helper.from_array(np.array(-np.inf, np.float32), "v")]),
+        opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    x = np.full((6, 6), -0.0, np.float32)
+    feeds = {"c": np.ones((6, 6), bool), "x": x}
+    kept = {}
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = level
+        y = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        kept[level] = bool(np.signbit(y).all())
+    assert kept == {ort.GraphOptimizationLevel.ORT_ENABLE_ALL: False, ort.GraphOptimizationLevel.ORT_DISABLE_ALL: True}
+
+
 # ---- every form against the kernel ------------------------------------------------------------------
 REGIONS = [(None, 1), (None, -2), (0, None), (3, None), (-1, 2), (2, -1), (0, 1), (4, 4 + 1)]
 

@@ -26,6 +26,9 @@ bits. onnxruntime's CPU Trilu has float, double, float16, int32, int64 and bool 
 lacks bool, int16, uint16 and uint64. Where no form here is exact (float16 data, a type a kernel
 lacks), `build` returns None and the caller writes the spec's pseudocode instead.
 
+Per site, `inspect` and the optimize summary report the form's *mask part* (the band) and its
+*whole site* (with the one select applying the band to the data): `MASK` says which node is which.
+
 `k` is an int64 scalar: a shared initializer when the bound is static, else the node's run-time
 `k` (the model's own size plumbing) plus the static part; a Clip guards the sum only when `k` is
 not provably computed from shapes (a Trilu's own k input can be any int64).
@@ -102,7 +105,7 @@ class Emitter:
         self._local[key] = fresh
         return fresh
 
-    def op(self, op_type: str, ins: list[str], name: str, role: str = "mask", **attrs: Any) -> str:
+    def op(self, op_type: str, ins: list[str], name: str, role: str = MASK, **attrs: Any) -> str:
         fresh = self.names.fresh(f"{self.prefix}_{name}")
         self.nodes.append(helper.make_node(op_type, ins, [fresh], **attrs))
         self.roles.append(role)

@@ -617,10 +617,22 @@ def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
 def portable_summary(nodes: Iterable[DmlNode]) -> dict[str, Any]:
     """How the portable output writes the lowered sites: how many are one Trilu / EyeLike (one
     DIAGONAL_MATRIX1 / DIAGONAL_MATRIX on onnxruntime's DML provider, `triangular` in WebNN), and
-    what each other form is (`io.portable.form`)."""
-    forms = Counter(n.portable_form for n in nodes if n.portable_form is not None)
+    what each other form is (`io.portable.form`); per site, its standard nodes: the mask part and
+    the whole site with the select applying it (`io.portable.MASK` says which are which)."""
+    written = [n for n in nodes if n.portable_form is not None]
+    forms = Counter(n.portable_form for n in written)
+    counted = [(n, n.portable_nodes) for n in written if n.portable_nodes is not None]
+    per_site = [{"output": n.outputs[0].name, "form": n.portable_form, "mask_nodes": c[0], "site_nodes": c[1]}
+                for n, c in counted]
     return {"sites": sum(forms.values()), "one_operator": sum(c for f, c in forms.items() if f in ONE_OPERATOR),
-            "forms": dict(forms.most_common())}
+            "forms": dict(forms.most_common()),
+            "mask_nodes": _histogram(c[0] for _, c in counted), "site_nodes": _histogram(c[1] for _, c in counted),
+            "per_site": per_site}
+
+
+def _histogram(counts: Iterable[int]) -> dict[str, int]:
+    """{"3": sites with 3 nodes, ...}, fewest first (string keys: the JSON's)."""
+    return {str(k): v for k, v in sorted(Counter(counts).items())}
 
 
 def _op(dml: object) -> str | None:

@@ -26,6 +26,9 @@ bits. onnxruntime's CPU Trilu has float, double, float16, int32, int64 and bool 
 lacks bool, int16, uint16 and uint64. Where no form here is exact (float16 data, a type a kernel
 lacks), `build` returns None and the caller writes the spec's pseudocode instead.
 
+Per site, `inspect` and the optimize summary report the form's *mask part* (the band) and its
+*whole site* (with the one select applying the band to the data): `MASK` says which node is which.
+
 `k` is an int64 scalar: a shared initializer when the bound is static, else the node's run-time
 `k` (the model's own size plumbing) plus the static part; a Clip guards the sum only when `k` is
 not provably computed from shapes (a Trilu's own k input can be any int64).
@@ -58,6 +61,15 @@ _SIZE_OPS = {"Shape", "Gather", "Concat", "Reshape", "Add", "Sub", "Mul", "Neg",
 
 Interval = tuple[int | None, int | None]  # [lo, hi) of topX; None = unbounded
 
+# What a site's portable nodes are, as `inspect` and the optimize summary count them (issue 25):
+# the *mask part* is the nodes computing the band (ones / Expand / Trilus / EyeLike / their join,
+# and a Trilu of the data itself); the *application* is the one select at the end that puts the
+# band onto the data, where the original model had a select of its own (Where / And / Or, or a
+# mask_arith site's Add); the *whole site* is both. Size plumbing (Shape, Slice, k's Add/Clip: the
+# int64 sizes) and constants count in neither. A form with no separate select (a Trilu of X) is
+# all mask part.
+MASK, APPLY, SIZE, CONST = "mask", "apply", "size", "const"
+
 
 class Names(Protocol):
     def fresh(self, hint: str) -> str: ...
@@ -67,13 +79,15 @@ class Emitter:
     """The nodes and constants of one portable node (committed by the caller only on success).
 
     Constants become initializers shared across the export when `shared` is given (a dict of
-    (dtype, shape, bytes) -> name; no node each), else Constant nodes (in a body)."""
+    (dtype, shape, bytes) -> name; no node each), else Constant nodes (in a body). Each node has a
+    role (`MASK`, `APPLY`, `SIZE`, `CONST`): what `counts` reports per site."""
 
     def __init__(self, names: Names, prefix: str, shared: dict[tuple, str] | None) -> None:
         self.names, self.prefix, self.shared = names, prefix, shared
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._local: dict[tuple, str] = {}
+        self.roles: list[str] = []  # one per node
 
     def const(self, name: str, arr: Any) -> str:
         a = np.asarray(arr)
@@ -87,13 +101,20 @@ class Emitter:
         else:
             fresh = self.names.fresh(f"{self.prefix}_{name}")
             self.nodes.append(helper.make_node("Constant", [], [fresh], value=numpy_helper.from_array(a, fresh)))
+            self.roles.append(CONST)
         self._local[key] = fresh
         return fresh
 
-    def op(self, op_type: str, ins: list[str], name: str, **attrs: Any) -> str:
+    def op(self, op_type: str, ins: list[str], name: str, role: str = MASK, **attrs: Any) -> str:
         fresh = self.names.fresh(f"{self.prefix}_{name}")
         self.nodes.append(helper.make_node(op_type, ins, [fresh], **attrs))
+        self.roles.append(role)
         return fresh
+
+    def counts(self) -> tuple[int, int]:
+        """(mask part, whole site): see `MASK`."""
+        mask = self.roles.count(MASK)
+        return mask, mask + self.roles.count(APPLY)
 
     def commit(self) -> None:
         if self.shared is not None:
@@ -304,7 +325,7 @@ class _Node:
             elif self.n.static_shape is not None:
                 self._shape_vec = self.em.const("shape", np.array(self.n.static_shape, np.int64))
             elif self.x is not None:
-                self._shape_vec = self.em.op("Shape", [self.x.name], "shape")
+                self._shape_vec = self.em.op("Shape", [self.x.name], "shape", role=SIZE)
         return self._shape_vec
 
     def full_x(self) -> str:
@@ -341,14 +362,14 @@ class _Node:
         if hint is not None and (self.shape is not None or _kept_anyway(self.g, hint)):
             return hint.name
         if self.shape is None and self.n.static_shape is None and self.x is not None:
-            return self.em.op("Shape", [self.x.name], "hw", start=-2)
+            return self.em.op("Shape", [self.x.name], "hw", role=SIZE, start=-2)
         tail = _matrix_part(self.g, self.shape)
         if tail is not None:
             return tail
         vec = self.shape_vec()
         assert vec is not None
         return self.em.op("Slice", [vec, self.em.const("m2", np.array([-2], np.int64)),
-                                    self.em.const("int64_max", np.array([INT64_MAX], np.int64))], "hw")
+                                    self.em.const("int64_max", np.array([INT64_MAX], np.int64))], "hw", role=SIZE)
 
     def bcast_ok(self, other_rank: int = 2) -> bool:
         """Broadcasting X with a [H, W] operand gives the output's shape (proved by inference, or by
@@ -383,10 +404,11 @@ class _Node:
             if not from_shapes(self.g, self.k):
                 if self._kc is None:
                     self._kc = self.em.op("Clip", [k, self.em.const("kmin", np.array(-K_CLIP, np.int64)),
-                                                   self.em.const("kmax", np.array(K_CLIP, np.int64))], "kc")
+                                                   self.em.const("kmax", np.array(K_CLIP, np.int64))], "kc",
+                                          role=SIZE)
                 k = self._kc
             name = self.em.op("Add", [k, self.em.const(f"k{c}" if c >= 0 else f"k_neg{-c}",
-                                                      np.array(c, np.int64))], f"k{c}")
+                                                      np.array(c, np.int64))], f"k{c}", role=SIZE)
         self._k[c] = name
         return name
 
@@ -442,7 +464,7 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
     # sizes; the select broadcasts X either way (no copy of X).
     if et == TensorProto.BOOL:
         band = s.band(r if s.value else complement(r))
-        return None if band is None else em.op("Or" if s.value else "And", [s.data(), band], "sel")
+        return None if band is None else em.op("Or" if s.value else "And", [s.data(), band], "sel", role=APPLY)
     if et not in WHERE_TYPES:
         return None
     arith = _arithmetic(s, r)
@@ -452,9 +474,10 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
         return None  # (Value sits in Where's true branch, which drops a -0.0)
     if len(r) == 2 and s.dt.kind != "f":  # integers: X may sit in Where's true branch (exact)
         band = s.band(complement(r))
-        return None if band is None else em.op("Where", [band, s.data(), em.const("value", s.value)], "sel")
+        return None if band is None else em.op("Where", [band, s.data(), em.const("value", s.value)], "sel",
+                                               role=APPLY)
     band = s.band(r)
-    return None if band is None else em.op("Where", [band, em.const("value", s.value), s.data()], "sel")
+    return None if band is None else em.op("Where", [band, em.const("value", s.value), s.data()], "sel", role=APPLY)
 
 
 def _arithmetic(s: _Node, r: list[Interval]) -> str | None:
@@ -469,7 +492,7 @@ def _arithmetic(s: _Node, r: list[Interval]) -> str | None:
     if len(r) != 1 or not (bool(np.isinf(v)) or bool(v == np.finfo(s.dt).min)):
         return None  # (a Value 0 is already one Trilu of X)
     full = em.op("ConstantOfShape", [s.band_vec()], "fill", value=numpy_helper.from_array(np.array([v], s.dt)))
-    return em.op("Add", [s.data(), s.keep(full, r[0], "band")], "sel")
+    return em.op("Add", [s.data(), s.keep(full, r[0], "band")], "sel", role=APPLY)
 
 
 def _generator(s: _Node, r: list[Interval]) -> str | None:
@@ -555,7 +578,8 @@ def _padding_where(s: _Node, r: list[Interval]) -> str | None:
         cond_name = s.em.op("Expand", [cond.name, vec], "padding")
     kept = s.keep(cond_name, keep[0], "padding_keep")
     # (The fills as this export's own constants: optimizing the output again names them the same.)
-    return s.em.op("Where", [kept, s.em.const("fill_a", a.reshape(())), s.em.const("fill_b", b.reshape(()))], "sel")
+    return s.em.op("Where", [kept, s.em.const("fill_a", a.reshape(())), s.em.const("fill_b", b.reshape(()))], "sel",
+                   role=APPLY)  # (it replaces the model's own Where(P, a, b))
 
 
 ONE_OPERATOR = ("one Trilu", "one EyeLike")  # what onnxruntime's DML provider runs as one DIAGONAL_MATRIX1

@@ -192,7 +192,8 @@ class DmlNode(Node):
     whether the rewrite that made it is bit-exact for every input.
     """
 
-    __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind", "portable_form")
+    __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind", "portable_form",
+                 "portable_nodes")
     domain = "com.dmlgraph"
 
     def __init__(self, name: str, x: Value | None, shape: Value | None, k: Value | None, output: Value, *,
@@ -211,6 +212,8 @@ class DmlNode(Node):
         self.kind = kind  # "DiagonalMatrix1", or "DiagonalMatrix" below feature level 5_1
         # What the portable export wrote for it ("one Trilu", ... ; `io.portable.form`), once exported
         self.portable_form: str | None = None
+        # Its portable nodes: (mask part, whole site incl. the select applying it; `io.portable.MASK`)
+        self.portable_nodes: tuple[int, int] | None = None
 
     @property
     def op_type(self) -> str:  # type: ignore[override]

@@ -335,7 +335,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         loaded(source, g)
     before = graph_stats(g)
     result, exported, cleaned = _lower_graph(g, source, options, target, progress, census)
-    grown = growth(source, exported, target)
+    grown = growth(source, exported)
     full = exported  # the lowering of every site (inspect and --allow-growth show it)
     if grown is not None and result.applied and not options.allow_growth:
         if check:
@@ -450,7 +450,7 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
     for _ in range(2 * len(applied) + 1):
         found = [(m, why) for m, why in growing_sites(reference, out, applied, target) if site_key(m) not in declined]
         if not found:  # no site grows the model on its own, together they do: the costliest goes
-            costs = [(c[:2], i, c[2]) for i, c in enumerate(site_costs(reference, out, applied, target))
+            costs = [(c[:2], i, c[2]) for i, c in enumerate(site_costs(reference, out, applied))
                      if c is not None and site_key(applied[i]) not in declined]
             if not costs:
                 return None
@@ -459,12 +459,12 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
             added = (f"{extra} node{'s' if extra > 1 else ''}" if extra > 0 else
                      f"{_unstamped_bytes(out) - _unstamped_bytes(source)} bytes")
             found = [(applied[i], f"{GROWTH_DECLINE}{added} on target {target} together with the other sites "
-                      f"({growth(source, out, target)}), this one costing the most: {what}")]
+                      f"({growth(source, out)}), this one costing the most: {what}")]
         declined |= {site_key(m): why for m, why in found}
         _, g = load(model, base_dir)
         result, out, cleaned = _lower_graph(g, source, dataclasses.replace(options, declined_sites=declined), target,
                                             None, census)
-        if growth(source, out, target) is None:
+        if growth(source, out) is None:
             return g, result, out, cleaned
         applied = result.applied
         if not applied:  # every site declined with its own numbers: the input is written
@@ -487,24 +487,24 @@ def growing_sites(source: onnx.ModelProto, model: onnx.ModelProto, sites: list[M
     """The lowered sites of `model` that make it bigger than `source` on their own (a node more,
     what they share counted in part, or bytes past GROWTH_ALLOWANCE), each with the reason to
     decline it."""
-    return [(m, _growth_reason(c, target)) for m, c in zip(sites, site_costs(source, model, sites, target))
+    return [(m, _growth_reason(c, target)) for m, c in zip(sites, site_costs(source, model, sites))
             if c is not None and (c[0] >= 1 or c[1] > GROWTH_ALLOWANCE)]
 
 
 def _growth_reason(cost: tuple[float, float, str], target: str) -> str:
     nodes, size, what = math.ceil(cost[0] - 1e-9), math.ceil(cost[1]), cost[2]
     if nodes > 0:
-        return f"{GROWTH_DECLINE}{nodes} node{'s' if nodes > 1 else ''} on target {target}: {what}"
+        saves = f" (it would save {-size} bytes; --allow-growth writes it)" if size < 0 else ""
+        return f"{GROWTH_DECLINE}{nodes} node{'s' if nodes > 1 else ''} on target {target}: {what}{saves}"
     return f"{GROWTH_DECLINE}{size} bytes on target {target}: {what}"
 
 
-def site_costs(source: onnx.ModelProto, model: onnx.ModelProto, sites: list[Match],
-               target: str | None = None) -> list[tuple[float, float, str] | None]:
+def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
+               sites: list[Match]) -> list[tuple[float, float, str] | None]:
     """What each lowered site adds to the main graph of `model` over `source`, as (nodes, bytes,
     which ops for which): the nodes and constants `model` has that the site's output is computed
     from and `source` does not have, less the nodes and constants `source` had for it that `model`
-    no longer has (a stored matrix counts as the node that replaced it except on target onnx, as
-    in `growth`). What
+    no longer has (nodes are nodes on both targets, as in `growth`). What
     several sites share is split among them. None for a site in a body or function."""
     s_nodes, m_nodes = _producers(source.graph), _producers(model.graph)
     s_inits = {t.name: t for t in source.graph.initializer}
@@ -554,15 +554,14 @@ def site_costs(source: onnx.ModelProto, model: onnx.ModelProto, sites: list[Matc
             continue
         added, gone = c
 
-        def count(items: dict[str, Any], matrices: bool) -> float:
-            """Nodes (and, for what the lowering removed, stored matrices) split among their sites."""
-            return sum(1 / shared[k] for k, v in items.items()
-                       if isinstance(v, onnx.NodeProto) or (matrices and len(v.dims) >= 2))
+        def count(items: dict[str, Any]) -> float:
+            """Nodes, split among their sites."""
+            return sum(1 / shared[k] for k, v in items.items() if isinstance(v, onnx.NodeProto))
 
         def size(items: dict[str, Any]) -> float:
             return sum(v.ByteSize() / shared[k] for k, v in items.items())
 
-        costs.append((count(added, False) - count(gone, target != "onnx"), size(added) - size(gone),
+        costs.append((count(added) - count(gone), size(added) - size(gone),
                       f"writes {_ops(added)} for {_ops(gone)}"))
     return costs
 
@@ -664,21 +663,16 @@ def _unstamped_bytes(model: onnx.ModelProto) -> int:
     return model.ByteSize() - sum(p.ByteSize() + 2 for p in model.metadata_props if p.key.startswith(STAMP))
 
 
-def growth(source: onnx.ModelProto, model: onnx.ModelProto, target: str | None = None) -> str | None:
+def growth(source: onnx.ModelProto, model: onnx.ModelProto) -> str | None:
     """How `model` is bigger than `source` (more nodes at any depth, or more bytes than the
-    provenance allows), or None. On target dml (or None) a stored matrix (an initializer of 2 or
-    more dims) the model no longer has counts as the node that replaced it: a stored mask becomes
-    its generator, one DML node, which is the point of lowering it. On target onnx nodes are
-    nodes: a generator there is two or more (ConstantOfShape, Trilu), so a site that trades a
-    stored matrix for more nodes than the input spent on it is declined (docs/portable.md)."""
+    provenance allows), or None. Nodes are nodes on both targets (issue 25: node count and file
+    bytes <= the input's): a stored matrix traded for its generator (one DML node on `dml`,
+    ConstantOfShape + Trilu on `onnx`) is a node more, so that site is declined with its numbers
+    (how many bytes it would save included) and `--allow-growth` writes it."""
     n0, n1 = all_nodes(source), all_nodes(model)
     b0, b1 = _unstamped_bytes(source), _unstamped_bytes(model)
-    kept = {t.name for t in model.graph.initializer}
-    removed = 0 if target == "onnx" else \
-        sum(1 for t in source.graph.initializer if t.name not in kept and len(t.dims) >= 2)  # (a matrix, at least)
-    if n1 > n0 + removed or b1 > b0 + GROWTH_ALLOWANCE:
-        stored = f" (+{removed} stored constant{'s' if removed > 1 else ''} removed)" if removed else ""
-        return f"nodes {n0}{stored} -> {n1}, bytes {b0} -> {b1}"
+    if n1 > n0 or b1 > b0 + GROWTH_ALLOWANCE:
+        return f"nodes {n0} -> {n1}, bytes {b0} -> {b1}"
     return None
 
 

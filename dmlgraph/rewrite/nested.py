@@ -21,7 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.io.modelfile import iter_graphs
-from dmlgraph.io.onnx_io import DOMAIN, DOMAIN_VERSION, build_graph, export_model, graphs_of, has_dml_nodes, import_model
+from dmlgraph.io.onnx_io import (DOMAIN, DOMAIN_VERSION, build_graph, dml_node_proto, export_model, graphs_of,
+                                 has_dml_nodes, import_model, onnx_node_proto)
 from dmlgraph.io.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
 from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
 from dmlgraph.rewrite import Match, PassResult, body_reuse
@@ -137,7 +138,7 @@ class _Driver:
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
         each = [(node, node.attributes[i].name, body) for node, i, bodies in found for _, body in bodies]
-        specs = [_body_spec(parent, node, attr, proto, self.dims) for node, attr, proto in each]
+        specs = [_body_spec(parent, node, attr, proto, self.dims, varying or {}) for node, attr, proto in each]
         keys = [self._key(parent, node, attr, proto, s, varying or {}) if isinstance(s, _Spec) else None
                 for (node, attr, proto), s in zip(each, specs)]
         self.sightings.update(k[0] for k in keys if k is not None)
@@ -182,7 +183,7 @@ class _Driver:
             cspec = _Spec(cproto, [body_reuse.canonical_input(vi, c) for vi in spec.inputs],
                           [body_reuse.canonical_tensor(t, c) for t in spec.constants],
                           {c.to_token(name): body_reuse.canonical_constant(const, c) for name, const in spec.borrowed.items()},
-                          frozenset(map(c.to_token, spec.outer)))
+                          frozenset(map(c.to_token, spec.outer)), frozenset(map(c.to_token, spec.copied)))
             cvarying = {c.to_token(name): what for name, what in _body_varying(node, attr, spec.proto, spec.outer,
                                                                                outer_varying).items()}
             rows: list[dict] = []
@@ -212,7 +213,8 @@ class _Driver:
             g.remove_dead()
             explained = self.explain(g, varying) if varying else []
             if finish is not None:
-                rows.extend(finish(g, replace(result, declined=explained + result.declined)))
+                rows.extend(r for r in finish(g, replace(result, declined=explained + result.declined))
+                            if r["value"] not in cspec.copied)
             if not result.applied:
                 return result, explained, None
             g.remove_dead()
@@ -238,8 +240,9 @@ class _Driver:
         for m in explained:
             m.captures[SCOPE] = path
             self.declined.append(m)
-        if finish is not None:
-            self._rows(path, finish(g, replace(result, declined=explained + result.declined)))
+        if finish is not None:  # (a copied enclosing value is a site of the enclosing graph's census)
+            self._rows(path, [r for r in finish(g, replace(result, declined=explained + result.declined))
+                              if r["value"] not in body.copied])
         self.calls.record(g)
         changed = self.lower_bodies(g, path + "/", varying)
         if not result.applied and not changed:
@@ -463,6 +466,7 @@ class Body:
 
     graph: Graph
     outer: frozenset[str]
+    copied: frozenset[str] = frozenset()  # values of enclosing cones copied in (`_outer_cones`)
 
 
 @dataclass
@@ -475,17 +479,22 @@ class _Spec:
     constants: list[onnx.TensorProto]
     borrowed: dict[str, Value | np.ndarray | DmlNode]
     outer: frozenset[str]
+    copied: frozenset[str] = frozenset()
 
 
-def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> _Spec | str:
+def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims,
+               varying: dict[str, str] | None = None) -> _Spec | str:
+    """(`varying`: given when the enclosing cones are copied in, the enclosing values that change per
+    iteration, where a copy stops; the executor runs bodies as they are.)"""
     formal = formal_types(parent, node, attr, proto, dims)
     if isinstance(formal, str):
         return formal
     inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input[:], formal)]  # (`graph.free_names` says why [:])
     outer = sorted(free_names(proto))
+    prelude, reads = _outer_cones(parent, proto, outer, varying) if varying is not None else ([], outer)
     borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
     constants: list[onnx.TensorProto] = []  # small enclosing constants, which shape inference reads
-    for name in outer:
+    for name in reads:
         v = parent.values.get(name)
         if v is None:
             return f"it reads {name!r}, which no enclosing scope defines"
@@ -499,14 +508,99 @@ def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
                 constants.append(small)
                 continue
         inputs.append(_value_info(name, (v.elem_type, dims.fill(v.shape))))
-    return _Spec(proto, inputs, constants, borrowed, frozenset(outer))
+    if not prelude:
+        return _Spec(proto, inputs, constants, borrowed, frozenset(outer))
+    copied = frozenset(o for n in prelude for o in n.output)
+    full = onnx.GraphProto()
+    full.CopyFrom(proto)
+    del full.node[:]
+    full.node.extend(prelude)
+    full.node.extend(proto.node)
+    return _Spec(full, inputs, constants, borrowed, frozenset(outer) | frozenset(reads) | copied, copied)
+
+
+# The enclosing nodes a body's proof may see: index and shape arithmetic, comparisons, masks (as
+# `passes.data_free.INDEX_OPS`), and the DML nodes the enclosing graph's lowering made.
+CONE_OPS = {"Shape", "Size", "Constant", "ConstantOfShape", "Identity", "Range", "Gather", "Slice", "Squeeze",
+            "Unsqueeze", "Reshape", "Concat", "Expand", "Cast", "CastLike", "Add", "Sub", "Neg", "Abs", "Min",
+            "Max", "Mul", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor",
+            "Where", "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten", "Div", "Split",
+            "GatherND"}
+CONE_LIMIT = 96  # nodes copied into one body: a mask's cone, not a model
+
+
+def _outer_cones(parent: Graph, proto: onnx.GraphProto, outer: list[str],
+                 varying: dict[str, str]) -> tuple[list[onnx.NodeProto], list[str]]:
+    """The enclosing nodes that compute what a body reads (its sizes, index grids, masks), as a
+    prelude of the body, and the enclosing values the body with that prelude reads. A body's proof
+    and census then see where an outer value comes from (`Shape(x)`, a Range grid, a band) instead
+    of an input of unknown content; `write_back` drops the copies again (the enclosing graph still
+    computes them). A copy follows the edges back through CONE_OPS and stops at constants, graph
+    inputs, values that change per iteration (`varying`: they stay inputs, and `varying_masks`
+    declines what reads them), and any other op."""
+    chosen: dict[int, Node] = {}
+    for name in outer:
+        v = parent.values.get(name)
+        if v is None or _constant(parent, v) is not None:
+            continue
+        cone = _cone(parent, v, varying, chosen)
+        if cone is not None and len(chosen) + len(cone) <= CONE_LIMIT:
+            chosen.update(cone)
+    if not chosen:
+        return [], outer
+    order: list[Node] = []  # (depth first from the reads: producers before consumers)
+    done: set[int] = set()
+
+    def visit(n: Node) -> None:
+        done.add(n.id)
+        for x in n.inputs:
+            p = x.producer if x is not None else None
+            if p is not None and p.id in chosen and p.id not in done:
+                visit(p)
+        order.append(n)
+    for n in chosen.values():
+        if n.id not in done:
+            visit(n)
+    copied = {v.name for n in order for v in n.outputs}
+    own = _graph_names(proto) - set(outer)
+    if copied & own or any(not v.name for n in order for v in n.outputs):
+        return [], outer
+    reads = set(outer) - copied
+    for n in order:
+        reads.update(x.name for x in n.inputs if x is not None and x.name not in copied)
+    nodes = [dml_node_proto(n) if isinstance(n, DmlNode) else onnx_node_proto(cast(OnnxNode, n)) for n in order]
+    if reads & own:
+        return [], outer
+    return nodes, sorted(reads)
+
+
+def _cone(parent: Graph, v: Value, varying: dict[str, str], chosen: dict[int, Node]) -> dict[int, Node] | None:
+    """The copyable nodes behind `v` not in `chosen` yet (None: more than CONE_LIMIT)."""
+    found: dict[int, Node] = {}
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        p = x.producer
+        if p is None or p.id in found or p.id in chosen or x.name in varying or _constant(parent, x) is not None:
+            continue
+        if isinstance(p, OnnxNode):
+            if p.__class__ is not OnnxNode or p.domain not in STANDARD or p.op_type not in CONE_OPS \
+                    or p.has_subgraph:
+                continue
+        elif not isinstance(p, DmlNode):
+            continue
+        found[p.id] = p
+        if len(found) > CONE_LIMIT:
+            return None
+        stack.extend(i for i in p.inputs if i is not None)
+    return found
 
 
 def _finish(parent: Graph, spec: _Spec, g: Graph) -> Body:
     for name, const in spec.borrowed.items():
         _borrow(g, g.values[name], const)
     g.reserved = EnclosingNames(parent, _subgraph_names(_holders(g)))
-    return Body(g, spec.outer)
+    return Body(g, spec.outer, spec.copied)
 
 
 def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> Body | str:
@@ -707,7 +801,7 @@ def _split(whole: Graph, s: _Spec, nodes: list[Node]) -> Graph:
     for name in names:
         if name not in values:
             v = whole.values[name]
-            if name in s.outer:
+            if name in s.outer and name not in s.copied:
                 copy = Value(name, v.elem_type, v.shape)
                 copy.initializer, copy.array, copy.base_dir = v.initializer, v.array, v.base_dir
                 v = copy

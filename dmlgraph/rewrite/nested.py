@@ -21,8 +21,17 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.io.modelfile import iter_graphs
-from dmlgraph.io.onnx_io import (DOMAIN, DOMAIN_VERSION, build_graph, dml_node_proto, export_model, graphs_of,
-                                 has_dml_nodes, import_model, onnx_node_proto)
+from dmlgraph.io.onnx_io import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    build_graph,
+    dml_node_proto,
+    export_model,
+    graphs_of,
+    has_dml_nodes,
+    import_model,
+    onnx_node_proto,
+)
 from dmlgraph.io.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
 from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
 from dmlgraph.rewrite import Match, PassResult, body_reuse
@@ -30,9 +39,11 @@ from dmlgraph.rewrite import Match, PassResult, body_reuse
 TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
 FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
 Explain = Callable[[Graph, dict[str, str]], list[Match]]  # declines for masks reading varying values
-# The mask census of a body: given its graph before the passes, what turns the graph after them and
-# their result into rows (`dmlgraph.mask_census.body_census`; the census lives above this layer).
-Census = Callable[[Graph], Callable[[Graph, PassResult], list[dict]]]
+# The mask census of a body: given its graph before the passes and what its inputs are outside (a
+# size, an index grid, a mask: `Kinds` of the enclosing graph), what turns the graph after them and
+# their result into rows (`dmlgraph.mask_census.body_census`, `kinds`; the census lives above this layer).
+Census = Callable[[Graph, dict[str, str]], Callable[[Graph, PassResult], list[dict]]]
+Kinds = Callable[[Graph, dict[str, str]], dict[str, str]]  # (a graph, its own inputs' hints)
 
 STANDARD = ("", "ai.onnx")
 FRESH_PREFIX = body_reuse.FRESH  # `FreshDims`
@@ -61,7 +72,8 @@ def nested_dml_nodes(result: PassResult) -> list[DmlNode]:
 
 
 # ---- the driver ----------------------------------------------------------------------------------
-def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census | None = None) -> PassResult:
+def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census | None = None,
+                    kinds: Kinds | None = None) -> PassResult:
     """`flat` on `g`, then on every If/Loop/Scan body and model-local function, written back in
     place; one PassResult for all of them. `census`: take the mask census of each body and function
     too (its rows, each with its `scope`, in `PassResult.census`; the main graph's is the caller's)."""
@@ -71,6 +83,7 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census
     g.reserved |= _subgraph_names(holders)
     driver = _Driver(flat, explain, flat(g), g)
     driver.census = census
+    driver.calls.kinds = kinds if census else None
     driver.calls.record(g)
     driver.lower_bodies(g, "")
     driver.lower_functions(g)
@@ -93,6 +106,8 @@ class _Driver:
         self.sightings: collections.Counter = collections.Counter()  # key -> bodies seen with it
         self.superseded = list(main.superseded)
         self.census: Census | None = None
+        self.parent_kinds = _Lazy(dict)  # the `Kinds` of the graph whose bodies are being lowered
+        self.hints_of: dict[int, dict[str, str]] = {}  # id(graph) -> its census hints, while it is lowered
         self.rows: list[dict] = []  # the bodies' census rows
         self.template_rows: dict[tuple, list[dict]] = {}  # a template's rows, in tokens
 
@@ -144,6 +159,7 @@ class _Driver:
         self.sightings.update(k[0] for k in keys if k is not None)
         reused = [k is not None and self.sightings[k[0]] > 1 for k in keys]
         built = built_bodies(parent, [s for s, r in zip(specs, reused) if not r])
+        kinds = _Lazy(lambda: self.calls.kinds(parent, self.hints_of.get(id(parent), {})) if self.calls.kinds else {})
         plan = iter(zip(specs, keys, reused))
         touched: dict[OnnxNode, list[onnx.AttributeProto]] = {}
         for node, i, bodies in found:
@@ -152,6 +168,7 @@ class _Driver:
             for label, body in bodies:
                 spec, k, r = next(plan)
                 path = f"{scope}{node.name or node.op_type}/{label}"
+                self.parent_kinds = kinds  # (a nested lower_bodies sets its own)
                 done = self._reuse(parent, node, a.name, spec, k, path, varying or {}) if r else None
                 if done is None:
                     made = next(built) if not r else _build_alone(parent, cast(_Spec, spec))
@@ -187,7 +204,9 @@ class _Driver:
             cvarying = {c.to_token(name): what for name, what in _body_varying(node, attr, spec.proto, spec.outer,
                                                                                outer_varying).items()}
             rows: list[dict] = []
-            self.templates[key] = self._template(parent, cspec, c, cvarying, rows)
+            hints = {c.to_token(name): kind for name, kind in self._hints([vi.name for vi in spec.inputs],
+                                                                          spec.outer).items()}
+            self.templates[key] = self._template(parent, cspec, c, cvarying, rows, hints)
             self.template_rows[key] = rows
         template = self.templates[key]
         made = None if template is None else template.instance(c, EnclosingNames(parent, set()), path)
@@ -199,8 +218,15 @@ class _Driver:
         self._rows(path, [body_reuse.renamed_row(r, c) for r in self.template_rows[key]])
         return (written,)
 
+    def _hints(self, inputs: list[str], outer: frozenset[str]) -> dict[str, str]:
+        """What the enclosing values a body takes as inputs are in the enclosing graph (census only)."""
+        if self.census is None or not any(name in outer for name in inputs):
+            return {}
+        kinds = self.parent_kinds.get()
+        return {name: kinds[name] for name in inputs if name in outer and name in kinds}
+
     def _template(self, parent: Graph, cspec: _Spec, c: body_reuse.Canonical, varying: dict[str, str],
-                  rows: list[dict]) -> body_reuse.Template | None:
+                  rows: list[dict], hints: dict[str, str]) -> body_reuse.Template | None:
         """The lowering of a body in tokens (None: its bodies are lowered each as usual)."""
         g = _import(parent.info, cspec.proto, cspec.inputs, parent.info.opset_imports, cspec.constants)
         if isinstance(g, str) or body_reuse.has_invented_dims(g):
@@ -208,7 +234,7 @@ class _Driver:
         body = _finish(parent, cspec, g)
 
         def run(g: Graph) -> tuple[PassResult, list[Match], onnx.GraphProto | None]:
-            finish = self.census(g) if self.census else None
+            finish = self.census(g, hints) if self.census else None
             result = self.flat(g)
             g.remove_dead()
             explained = self.explain(g, varying) if varying else []
@@ -231,7 +257,8 @@ class _Driver:
             self.calls.untyped(proto, f"it is called in {path}, which is not lowered")
             return None
         g = body.graph
-        finish = self.census(g) if self.census else None
+        hints = self.hints_of[id(g)] = self._hints([v.name for v in g.inputs], body.outer)
+        finish = self.census(g, hints) if self.census else None
         result = self.flat(g)
         g.remove_dead()
         self._add(path, result, g)
@@ -243,8 +270,9 @@ class _Driver:
         if finish is not None:  # (a copied enclosing value is a site of the enclosing graph's census)
             self._rows(path, [r for r in finish(g, replace(result, declined=explained + result.declined))
                               if r["value"] not in body.copied])
-        self.calls.record(g)
+        self.calls.record(g, hints)
         changed = self.lower_bodies(g, path + "/", varying)
+        del self.hints_of[id(g)]
         if not result.applied and not changed:
             return None
         g.remove_dead()
@@ -268,14 +296,16 @@ class _Driver:
                 self._decline("", "local_function", [], f"function {path} is not lowered: {g}")
                 self.calls.untyped_nodes(f.node, f"it is called by function {path}, which is not lowered")
                 continue
-            finish = self.census(g) if self.census else None
+            hints = self.hints_of[id(g)] = self.calls.hints(f) if self.census else {}
+            finish = self.census(g, hints) if self.census else None
             result = self.flat(g)
             g.remove_dead()
             self._add(path, result, g)
             if finish is not None:
                 self._rows(path, finish(g, result))
-            self.calls.record(g)
+            self.calls.record(g, hints)
             changed = self.lower_bodies(g, path + "/")
+            del self.hints_of[id(g)]
             if result.applied or changed:
                 g.remove_dead()
                 functions[i] = write_back_function(g, f)
@@ -634,6 +664,18 @@ def _build_alone(parent: Graph, s: _Spec) -> Body | str:
     return g if isinstance(g, str) else _finish(parent, s, g)
 
 
+class _Lazy:
+    """A value computed when first asked for."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make, self.done, self.value = make, False, None
+
+    def get(self) -> Any:
+        if not self.done:
+            self.value, self.done = self.make(), True
+        return self.value
+
+
 class EnclosingNames:
     """The names a body must not define: its own nested bodies' (`own`) and every name of the
     enclosing graph, looked up there when asked rather than copied (a copy per body made a graph
@@ -874,14 +916,27 @@ class _CallSites:
         self.dims = dims
         self.sites: dict[FunctionKey, list[list[TypeSpec | None]]] = {}
         self.reasons: dict[FunctionKey, str] = {}
+        self.kinds: Kinds | None = None  # (census only) what a call's arguments are in its graph
+        self.arg_kinds: dict[FunctionKey, list[list[str | None]]] = {}
 
-    def record(self, g: Graph) -> None:
+    def record(self, g: Graph, hints: dict[str, str] | None = None) -> None:
         if not self.keys:
             return
+        kinds = _Lazy(lambda: self.kinds(g, hints or {}) if self.kinds else {})
         for n in g.nodes.values():
             if n.__class__ is OnnxNode and n.domain not in STANDARD and call_key(n) in self.keys:
                 self.sites.setdefault(call_key(n), []).append(
                     [(v.elem_type, v.shape) if v is not None and v.elem_type else None for v in n.inputs])
+                if self.kinds:
+                    self.arg_kinds.setdefault(call_key(n), []).append(
+                        [None if v is None else kinds.get().get(v.name) for v in n.inputs])
+
+    def hints(self, f: onnx.FunctionProto) -> dict[str, str]:
+        """The function's inputs that every call passes the same kind of (a size, an index grid, a
+        mask), for its census."""
+        calls = self.arg_kinds.get(function_key(f), [])
+        return {name: kind for i, name in enumerate(f.input) if calls
+                and len({c[i] if i < len(c) else None for c in calls}) == 1 and (kind := calls[0][i]) is not None}
 
     def untyped(self, proto: onnx.GraphProto, reason: str) -> None:
         for sub, _ in iter_graphs(proto):

@@ -97,17 +97,13 @@ class Stats:
                 f"{self.known} of the silent misses and crashes in known gaps: {self.gaps})")
 
 
-# Gaps in code under restructuring (bodies as nested graphs: dmlgraph/rewrite/nested.py), each pinned by
-# a strict xfail in tests/test_fuzz_forms.py: a problem of such a class is counted, not failed.
-KNOWN_GAPS = {
-    "body_outer": "a band an If/Loop body or a local function computes from values it reads from outside "
-                  "(an outer Shape, index grid, buffer or mask) is not in the census, or is missed",
-}
+# Gaps in code under restructuring, each pinned by a strict xfail in tests/test_fuzz_forms.py: a
+# problem of such a class is counted, not failed. (None now: `body_outer`, a band a body or a local
+# function computes from values it reads from outside, is lowered or declined with a reason.)
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def known_gap(case: FormCase, problem: str, site: str | None = None) -> str | None:
-    if site is not None and site in case.contained and problem.startswith("silent miss"):
-        return "body_outer"
     return None
 
 

@@ -546,7 +546,19 @@ def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
     del full.node[:]
     full.node.extend(prelude)
     full.node.extend(proto.node)
+    for name in sorted(copied):  # (as the enclosing graph knows them: the inference of a DML node's sizes may not)
+        v = parent.values[name]
+        if v.elem_type:
+            full.value_info.append(_value_info(name, (v.elem_type, _enclosing_dims(v.shape))))
     return _Spec(full, inputs, constants, borrowed, frozenset(outer) | frozenset(reads) | copied, copied)
+
+
+def _enclosing_dims(shape: tuple | None) -> tuple | None:
+    """An enclosing value's shape for a body's model: its dim names kept, but not the `unk__N` of the
+    enclosing graph's inference (the body's own inference numbers its own)."""
+    if shape is None:
+        return None
+    return tuple(None if isinstance(d, str) and d.startswith("unk__") and FRESH_PREFIX not in d else d for d in shape)
 
 
 # The enclosing nodes a body's proof may see: index and shape arithmetic, comparisons, masks (as

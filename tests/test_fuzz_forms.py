@@ -175,6 +175,33 @@ def test_function_comparing_the_grids_it_is_passed_is_declined_with_a_reason():
     assert row["status"] == "declined" and row["rule"] == "outer_read" and "'cols'" in row["reason"]
 
 
+def test_if_branch_reads_sizes_from_the_inputs_the_main_graph_would():
+    """A whole KV-cache form in a branch, its padding's length misnamed S (it is T, as Optimum's merged
+    decoders name it): the body's inputs keep the enclosing order, so the band's rows are read from
+    x (as in the main graph), not from the padding that claims the same name."""
+    i64 = [I64(n, v) for n, v in (("i2", 2), ("i3", 3), ("zero", 0), ("one", 1), ("a1", [1]), ("a0", [0]))]
+    body = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "i2"], ["s"], axis=0),
+            h.make_node("Gather", ["shape", "i3"], ["t"], axis=0), h.make_node("Shape", ["past_key"], ["pshape"]),
+            h.make_node("Gather", ["pshape", "i2"], ["p"], axis=0), h.make_node("Range", ["zero", "t", "one"], ["c"]),
+            h.make_node("Range", ["zero", "s", "one"], ["r"]), h.make_node("Add", ["r", "p"], ["pos"]),
+            h.make_node("Unsqueeze", ["pos", "a1"], ["rows"]), h.make_node("Unsqueeze", ["c", "a0"], ["cols"]),
+            h.make_node("Less", ["cols", "rows"], ["cmp"]), h.make_node("And", ["cmp", "padding"], ["padded"]),
+            h.make_node("Where", ["padded", "x", "ninf"], ["y_then"])]
+    xs = [1, 2, "S", "T"]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, xs), h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"]),
+              h.make_tensor_value_info("past_key", T.FLOAT, [1, 1, "P", 1]), COND]
+    m = h.make_model(h.make_graph([_branches(body, "y_then")], "g", inputs, [h.make_tensor_value_info("y", T.FLOAT, xs)],
+                                  i64 + [NINF]), opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    assert api.optimize(m, target="dml").rewrites
+
+    def feeds(n):
+        s, t = (1, n + 1) if n < 5 else (3, 5)
+        rng = np.random.default_rng(n)
+        return {"x": rng.standard_normal((1, 2, s, t)).astype(np.float32), "padding": rng.random((1, 1, 1, t)) < 0.7,
+                "past_key": np.zeros((1, 1, t - s, 1), np.float32), "cond": np.array(True)}
+    _same_as_onnxruntime(m, feeds)
+
+
 def test_function_band_sliced_and_joined_writes_on_the_dml_target():
     """Inference inside a local function reads no value_info: the DML ops' schemas type their output."""
     body = [h.make_node("Constant", [], [n], value=I64(n, v)) for n, v in

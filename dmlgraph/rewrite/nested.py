@@ -522,6 +522,10 @@ def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
     inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input[:], formal)]  # (`graph.free_names` says why [:])
     outer = sorted(free_names(proto))
     prelude, reads = _outer_cones(parent, proto, outer, varying) if varying is not None else ([], outer)
+    # The enclosing graph's inputs first, in its order: where two inputs name a dim alike (a claim, not
+    # a proof), a size is read from the first input that has it, as in the enclosing graph itself.
+    rank = {v.name: i for i, v in enumerate(parent.inputs)}
+    reads = sorted(reads, key=lambda name: (rank.get(name, len(rank)), name))
     borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
     constants: list[onnx.TensorProto] = []  # small enclosing constants, which shape inference reads
     for name in reads:

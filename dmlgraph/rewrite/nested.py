@@ -566,7 +566,7 @@ def _enclosing_dims(shape: tuple | None) -> tuple | None:
 
 
 # The enclosing nodes a body's proof may see: index and shape arithmetic, comparisons, masks (as
-# `passes.data_free.INDEX_OPS`), and the DML nodes the enclosing graph's lowering made.
+# `passes.data_free.INDEX_OPS`), and the band generators the enclosing graph's lowering made.
 CONE_OPS = {"Shape", "Size", "Constant", "ConstantOfShape", "Identity", "Range", "Gather", "Slice", "Squeeze",
             "Unsqueeze", "Reshape", "Concat", "Expand", "Cast", "CastLike", "Add", "Sub", "Neg", "Abs", "Min",
             "Max", "Mul", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor",
@@ -633,7 +633,7 @@ def _cone(parent: Graph, v: Value, varying: dict[str, str], chosen: dict[int, No
             if p.__class__ is not OnnxNode or p.domain not in STANDARD or p.op_type not in CONE_OPS \
                     or p.has_subgraph:
                 continue
-        elif not isinstance(p, DmlNode):
+        elif not isinstance(p, DmlNode) or p.operands[0] is not None:  # (a band generator, not an application)
             continue
         found[p.id] = p
         if len(found) > CONE_LIMIT:

@@ -11,6 +11,7 @@ import os
 import fuzz_forms
 import numpy as np
 import onnx
+import pytest
 from fuzz_forms import Stats, check, form_models
 from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto as T
@@ -148,6 +149,26 @@ def test_loop_body_mask_of_the_iteration_number_stays_declined():
     row = _census(m)["causal"]
     assert row["status"] == "declined" and "iteration number" in row["reason"]
     assert api.optimize(m, target="dml").rewrites == []
+
+
+@pytest.mark.parametrize("shift", ["it", "zero"])
+def test_if_in_a_loop_body_sees_through_it_to_the_main_graph(shift):
+    """An If in a Loop body compares main-graph grids shifted in the body: by the iteration number it
+    stays declined, naming it; by a constant it is lowered (the cone is copied through both scopes)."""
+    nodes, inits = _grid_nodes()
+    inner = [h.make_node("LessOrEqual", ["cols", "rows_it"], ["causal"]),
+             h.make_node("Where", ["causal", "xin", "ninf"], ["y_then"])]
+    body = [h.make_node("Add", ["rows", shift], ["rows_it"]), _branches(inner, "y_then")]
+    body[1].input[:] = ["cond"]
+    body[1].attribute[0].g.node[0].input[:] = ["xin"]  # (the else branch passes the carried x on)
+    body[1].output[:] = ["y_body"]
+    m = _model(nodes + [_loop(body, "y_body")], inits + [I64("trips", 2)], [X, COND])
+    row = _census(m)["causal"]
+    if shift == "it":
+        assert row["status"] == "declined" and "iteration number 'it'" in row["reason"]
+    else:
+        assert row["status"] == "lowered"
+    _same_as_onnxruntime(m, lambda n: {"x": _x(n), "cond": np.array(True)})
 
 
 def test_function_trilu_of_an_outer_shape_is_in_the_census():

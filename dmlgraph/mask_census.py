@@ -41,6 +41,7 @@ class MaskSite:
     found: str
     parents: list[str]  # the mask-like tensors it is built from
     node_id: int | None = None
+    outer: str | None = None  # an input it is built from that an enclosing scope computes (`hints`)
 
 
 def _const(graph: Graph, v: Value) -> np.ndarray | None:
@@ -66,13 +67,30 @@ def _two_valued_matrix(arr: np.ndarray | None) -> bool:
         and len(np.unique(arr.reshape(-1)[:1 << 20])) <= 2 and len(np.unique(arr)) == 2
 
 
-def take(graph: Graph) -> list[MaskSite]:
-    """Every mask-like tensor of `graph` (as imported), in graph order."""
+HINTS = ("shape", "grid", "mask")  # what an enclosing value a body reads is (`kinds`)
+
+
+def take(graph: Graph, hints: dict[str, str] | None = None) -> list[MaskSite]:
+    """Every mask-like tensor of `graph` (as imported), in graph order. `hints`: what the inputs of
+    a body or function are in the enclosing scope (`kinds`: a size, an index grid, a mask)."""
+    return _scan(graph, hints or {})[0]
+
+
+def kinds(graph: Graph, hints: dict[str, str]) -> dict[str, str]:
+    """The values of `graph` that are sizes (computed from shapes), index grids or masks (`hints`:
+    its inputs', as `take`)."""
+    _, grid, mask, shape_only = _scan(graph, hints)
+    return dict.fromkeys(shape_only, "shape") | dict.fromkeys(grid, "grid") | dict.fromkeys(mask, "mask")
+
+
+def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str], dict[str, MaskSite], set[str]]:
     order = {n.id: i for i, n in enumerate(graph.nodes.values())}
-    grid: set[str] = set()
-    mask: dict[str, MaskSite] = {}
+    grid: set[str] = {name for name, kind in hints.items() if kind == "grid"}
+    mask: dict[str, MaskSite] = {name: MaskSite(name, None, "input", None, None, None, "an enclosing mask", [])
+                                 for name, kind in hints.items() if kind == "mask"}  # (parents, not sites)
     constant: set[str] = set(graph.initializers) - set(graph.overridable_inputs)
-    shape_only: set[str] = set()  # computed from shapes and constants only
+    shape_only: set[str] = {name for name, kind in hints.items() if kind == "shape"}  # from shapes and constants
+    fed = {name: name for name in hints}  # value -> the hinted input it is built from
     sites: list[MaskSite] = []
 
     def add(v: Value, n: Node | None, found: str, parents: list[str]) -> None:
@@ -80,7 +98,7 @@ def take(graph: Graph) -> list[MaskSite]:
             return
         site = MaskSite(v.name, None if n is None else n.name, "constant" if n is None else n.op_type,
                         None if n is None else order.get(n.id), None if v.shape is None else list(v.shape),
-                        v.elem_type, found, parents, None if n is None else n.id)
+                        v.elem_type, found, parents, None if n is None else n.id, fed.get(v.name))
         mask[v.name] = site
         sites.append(site)
 
@@ -92,6 +110,9 @@ def take(graph: Graph) -> list[MaskSite]:
         ins = [v for v in n.inputs if v is not None]
         names = [v.name for v in ins]
         op = n.op_type
+        source = next((fed[x] for x in names if x in fed), None)
+        if source is not None:
+            fed.update(dict.fromkeys((v.name for v in n.outputs), source))
         if isinstance(n, DmlNode):
             for v in n.outputs:
                 add(v, n, f"a {n.kind} node", [x for x in names if x in mask])
@@ -129,7 +150,7 @@ def take(graph: Graph) -> list[MaskSite]:
             add(out, n, f"{op} of mask {parents[0]!r} and a constant", parents)
         elif op in GRID_SOURCES or (grids and op in GRID_OPS):
             grid.update(v.name for v in n.outputs)
-    return sites
+    return sites, grid, mask, shape_only
 
 
 def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[dict]:
@@ -172,6 +193,10 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
                 root, why = roots.get(upstream["value"], (upstream["value"], upstream["reason"]))
                 roots[s.value] = (root, why)
                 row.update(status="declined", rule=upstream["rule"], reason=f"built from {root!r}, declined: {why}")
+            elif s.outer is not None:
+                row.update(status="declined", rule="outer_read", reason=(
+                    f"it is built from {s.outer!r}, which the enclosing scope computes: the proof inside this "
+                    "body or function sees it as an input of unknown content"))
             else:
                 row.update(status="missed", reason="no rule lowered or declined it")
         status[s.value] = row
@@ -179,8 +204,8 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
     return rows
 
 
-def body_census(graph: Graph) -> Callable[[Graph, PassResult], list[dict]]:
+def body_census(graph: Graph, hints: dict[str, str]) -> Callable[[Graph, PassResult], list[dict]]:
     """The census of an If/Loop/Scan body or a local function (`dmlgraph.rewrite.nested.Census`):
     taken from `graph` before the rules, classified after them."""
-    sites = take(graph)
+    sites = take(graph, hints)
     return lambda after, result: classify(sites, after, result)

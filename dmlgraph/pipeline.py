@@ -214,7 +214,7 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
     def flat(graph: Graph) -> PassResult:
         return manager.run(graph, progress if graph is g else None)
 
-    return optimize_nested(g, flat, varying_masks, mask_census.body_census if census else None)
+    return optimize_nested(g, flat, varying_masks, mask_census.body_census if census else None, mask_census.kinds)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,17 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.io.modelfile import iter_graphs
-from dmlgraph.io.onnx_io import DOMAIN, DOMAIN_VERSION, build_graph, export_model, graphs_of, has_dml_nodes, import_model
+from dmlgraph.io.onnx_io import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    build_graph,
+    dml_node_proto,
+    export_model,
+    graphs_of,
+    has_dml_nodes,
+    import_model,
+    onnx_node_proto,
+)
 from dmlgraph.io.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
 from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
 from dmlgraph.rewrite import Match, PassResult, body_reuse
@@ -29,9 +39,11 @@ from dmlgraph.rewrite import Match, PassResult, body_reuse
 TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
 FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
 Explain = Callable[[Graph, dict[str, str]], list[Match]]  # declines for masks reading varying values
-# The mask census of a body: given its graph before the passes, what turns the graph after them and
-# their result into rows (`dmlgraph.mask_census.body_census`; the census lives above this layer).
-Census = Callable[[Graph], Callable[[Graph, PassResult], list[dict]]]
+# The mask census of a body: given its graph before the passes and what its inputs are outside (a
+# size, an index grid, a mask: `Kinds` of the enclosing graph), what turns the graph after them and
+# their result into rows (`dmlgraph.mask_census.body_census`, `kinds`; the census lives above this layer).
+Census = Callable[[Graph, dict[str, str]], Callable[[Graph, PassResult], list[dict]]]
+Kinds = Callable[[Graph, dict[str, str]], dict[str, str]]  # (a graph, its own inputs' hints)
 
 STANDARD = ("", "ai.onnx")
 FRESH_PREFIX = body_reuse.FRESH  # `FreshDims`
@@ -60,7 +72,8 @@ def nested_dml_nodes(result: PassResult) -> list[DmlNode]:
 
 
 # ---- the driver ----------------------------------------------------------------------------------
-def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census | None = None) -> PassResult:
+def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census | None = None,
+                    kinds: Kinds | None = None) -> PassResult:
     """`flat` on `g`, then on every If/Loop/Scan body and model-local function, written back in
     place; one PassResult for all of them. `census`: take the mask census of each body and function
     too (its rows, each with its `scope`, in `PassResult.census`; the main graph's is the caller's)."""
@@ -70,6 +83,7 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census
     g.reserved |= _subgraph_names(holders)
     driver = _Driver(flat, explain, flat(g), g)
     driver.census = census
+    driver.calls.kinds = kinds if census else None
     driver.calls.record(g)
     driver.lower_bodies(g, "")
     driver.lower_functions(g)
@@ -92,6 +106,8 @@ class _Driver:
         self.sightings: collections.Counter = collections.Counter()  # key -> bodies seen with it
         self.superseded = list(main.superseded)
         self.census: Census | None = None
+        self.parent_kinds = _Lazy(dict)  # the `Kinds` of the graph whose bodies are being lowered
+        self.hints_of: dict[int, dict[str, str]] = {}  # id(graph) -> its census hints, while it is lowered
         self.rows: list[dict] = []  # the bodies' census rows
         self.template_rows: dict[tuple, list[dict]] = {}  # a template's rows, in tokens
 
@@ -137,12 +153,13 @@ class _Driver:
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
         each = [(node, node.attributes[i].name, body) for node, i, bodies in found for _, body in bodies]
-        specs = [_body_spec(parent, node, attr, proto, self.dims) for node, attr, proto in each]
+        specs = [_body_spec(parent, node, attr, proto, self.dims, varying or {}) for node, attr, proto in each]
         keys = [self._key(parent, node, attr, proto, s, varying or {}) if isinstance(s, _Spec) else None
                 for (node, attr, proto), s in zip(each, specs)]
         self.sightings.update(k[0] for k in keys if k is not None)
         reused = [k is not None and self.sightings[k[0]] > 1 for k in keys]
         built = built_bodies(parent, [s for s, r in zip(specs, reused) if not r])
+        kinds = _Lazy(lambda: self.calls.kinds(parent, self.hints_of.get(id(parent), {})) if self.calls.kinds else {})
         plan = iter(zip(specs, keys, reused))
         touched: dict[OnnxNode, list[onnx.AttributeProto]] = {}
         for node, i, bodies in found:
@@ -151,6 +168,7 @@ class _Driver:
             for label, body in bodies:
                 spec, k, r = next(plan)
                 path = f"{scope}{node.name or node.op_type}/{label}"
+                self.parent_kinds = kinds  # (a nested lower_bodies sets its own)
                 done = self._reuse(parent, node, a.name, spec, k, path, varying or {}) if r else None
                 if done is None:
                     made = next(built) if not r else _build_alone(parent, cast(_Spec, spec))
@@ -182,11 +200,13 @@ class _Driver:
             cspec = _Spec(cproto, [body_reuse.canonical_input(vi, c) for vi in spec.inputs],
                           [body_reuse.canonical_tensor(t, c) for t in spec.constants],
                           {c.to_token(name): body_reuse.canonical_constant(const, c) for name, const in spec.borrowed.items()},
-                          frozenset(map(c.to_token, spec.outer)))
+                          frozenset(map(c.to_token, spec.outer)), frozenset(map(c.to_token, spec.copied)))
             cvarying = {c.to_token(name): what for name, what in _body_varying(node, attr, spec.proto, spec.outer,
                                                                                outer_varying).items()}
             rows: list[dict] = []
-            self.templates[key] = self._template(parent, cspec, c, cvarying, rows)
+            hints = {c.to_token(name): kind for name, kind in self._hints([vi.name for vi in spec.inputs],
+                                                                          spec.outer).items()}
+            self.templates[key] = self._template(parent, cspec, c, cvarying, rows, hints)
             self.template_rows[key] = rows
         template = self.templates[key]
         made = None if template is None else template.instance(c, EnclosingNames(parent, set()), path)
@@ -198,8 +218,15 @@ class _Driver:
         self._rows(path, [body_reuse.renamed_row(r, c) for r in self.template_rows[key]])
         return (written,)
 
+    def _hints(self, inputs: list[str], outer: frozenset[str]) -> dict[str, str]:
+        """What the enclosing values a body takes as inputs are in the enclosing graph (census only)."""
+        if self.census is None or not any(name in outer for name in inputs):
+            return {}
+        kinds = self.parent_kinds.get()
+        return {name: kinds[name] for name in inputs if name in outer and name in kinds}
+
     def _template(self, parent: Graph, cspec: _Spec, c: body_reuse.Canonical, varying: dict[str, str],
-                  rows: list[dict]) -> body_reuse.Template | None:
+                  rows: list[dict], hints: dict[str, str]) -> body_reuse.Template | None:
         """The lowering of a body in tokens (None: its bodies are lowered each as usual)."""
         g = _import(parent.info, cspec.proto, cspec.inputs, parent.info.opset_imports, cspec.constants)
         if isinstance(g, str) or body_reuse.has_invented_dims(g):
@@ -207,12 +234,13 @@ class _Driver:
         body = _finish(parent, cspec, g)
 
         def run(g: Graph) -> tuple[PassResult, list[Match], onnx.GraphProto | None]:
-            finish = self.census(g) if self.census else None
+            finish = self.census(g, hints) if self.census else None
             result = self.flat(g)
             g.remove_dead()
             explained = self.explain(g, varying) if varying else []
             if finish is not None:
-                rows.extend(finish(g, replace(result, declined=explained + result.declined)))
+                rows.extend(r for r in finish(g, replace(result, declined=explained + result.declined))
+                            if r["value"] not in cspec.copied)
             if not result.applied:
                 return result, explained, None
             g.remove_dead()
@@ -229,7 +257,8 @@ class _Driver:
             self.calls.untyped(proto, f"it is called in {path}, which is not lowered")
             return None
         g = body.graph
-        finish = self.census(g) if self.census else None
+        hints = self.hints_of[id(g)] = self._hints([v.name for v in g.inputs], body.outer)
+        finish = self.census(g, hints) if self.census else None
         result = self.flat(g)
         g.remove_dead()
         self._add(path, result, g)
@@ -238,10 +267,12 @@ class _Driver:
         for m in explained:
             m.captures[SCOPE] = path
             self.declined.append(m)
-        if finish is not None:
-            self._rows(path, finish(g, replace(result, declined=explained + result.declined)))
-        self.calls.record(g)
+        if finish is not None:  # (a copied enclosing value is a site of the enclosing graph's census)
+            self._rows(path, [r for r in finish(g, replace(result, declined=explained + result.declined))
+                              if r["value"] not in body.copied])
+        self.calls.record(g, hints)
         changed = self.lower_bodies(g, path + "/", varying)
+        del self.hints_of[id(g)]
         if not result.applied and not changed:
             return None
         g.remove_dead()
@@ -265,14 +296,16 @@ class _Driver:
                 self._decline("", "local_function", [], f"function {path} is not lowered: {g}")
                 self.calls.untyped_nodes(f.node, f"it is called by function {path}, which is not lowered")
                 continue
-            finish = self.census(g) if self.census else None
+            hints = self.hints_of[id(g)] = self.calls.hints(f) if self.census else {}
+            finish = self.census(g, hints) if self.census else None
             result = self.flat(g)
             g.remove_dead()
             self._add(path, result, g)
             if finish is not None:
                 self._rows(path, finish(g, result))
-            self.calls.record(g)
+            self.calls.record(g, hints)
             changed = self.lower_bodies(g, path + "/")
+            del self.hints_of[id(g)]
             if result.applied or changed:
                 g.remove_dead()
                 functions[i] = write_back_function(g, f)
@@ -463,6 +496,7 @@ class Body:
 
     graph: Graph
     outer: frozenset[str]
+    copied: frozenset[str] = frozenset()  # values of enclosing cones copied in (`_outer_cones`)
 
 
 @dataclass
@@ -475,17 +509,26 @@ class _Spec:
     constants: list[onnx.TensorProto]
     borrowed: dict[str, Value | np.ndarray | DmlNode]
     outer: frozenset[str]
+    copied: frozenset[str] = frozenset()
 
 
-def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> _Spec | str:
+def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims,
+               varying: dict[str, str] | None = None) -> _Spec | str:
+    """(`varying`: given when the enclosing cones are copied in, the enclosing values that change per
+    iteration, where a copy stops; the executor runs bodies as they are.)"""
     formal = formal_types(parent, node, attr, proto, dims)
     if isinstance(formal, str):
         return formal
     inputs = [_value_info(vi.name, t) for vi, t in zip(proto.input[:], formal)]  # (`graph.free_names` says why [:])
     outer = sorted(free_names(proto))
+    prelude, reads = _outer_cones(parent, proto, outer, varying) if varying is not None else ([], outer)
+    # The enclosing graph's inputs first, in its order: where two inputs name a dim alike (a claim, not
+    # a proof), a size is read from the first input that has it, as in the enclosing graph itself.
+    rank = {v.name: i for i, v in enumerate(parent.inputs)}
+    reads = sorted(reads, key=lambda name: (rank.get(name, len(rank)), name))
     borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
     constants: list[onnx.TensorProto] = []  # small enclosing constants, which shape inference reads
-    for name in outer:
+    for name in reads:
         v = parent.values.get(name)
         if v is None:
             return f"it reads {name!r}, which no enclosing scope defines"
@@ -499,14 +542,111 @@ def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
                 constants.append(small)
                 continue
         inputs.append(_value_info(name, (v.elem_type, dims.fill(v.shape))))
-    return _Spec(proto, inputs, constants, borrowed, frozenset(outer))
+    if not prelude:
+        return _Spec(proto, inputs, constants, borrowed, frozenset(outer))
+    copied = frozenset(o for n in prelude for o in n.output)
+    full = onnx.GraphProto()
+    full.CopyFrom(proto)
+    del full.node[:]
+    full.node.extend(prelude)
+    full.node.extend(proto.node)
+    for name in sorted(copied):  # (as the enclosing graph knows them: the inference of a DML node's sizes may not)
+        v = parent.values[name]
+        if v.elem_type:
+            full.value_info.append(_value_info(name, (v.elem_type, _enclosing_dims(v.shape))))
+    return _Spec(full, inputs, constants, borrowed, frozenset(outer) | frozenset(reads) | copied, copied)
+
+
+def _enclosing_dims(shape: tuple | None) -> tuple | None:
+    """An enclosing value's shape for a body's model: its dim names kept, but not the `unk__N` of the
+    enclosing graph's inference (the body's own inference numbers its own)."""
+    if shape is None:
+        return None
+    return tuple(None if isinstance(d, str) and d.startswith("unk__") and FRESH_PREFIX not in d else d for d in shape)
+
+
+# The enclosing nodes a body's proof may see: index and shape arithmetic, comparisons, masks (as
+# `passes.data_free.INDEX_OPS`), and the band generators the enclosing graph's lowering made.
+CONE_OPS = {"Shape", "Size", "Constant", "ConstantOfShape", "Identity", "Range", "Gather", "Slice", "Squeeze",
+            "Unsqueeze", "Reshape", "Concat", "Expand", "Cast", "CastLike", "Add", "Sub", "Neg", "Abs", "Min",
+            "Max", "Mul", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor",
+            "Where", "Trilu", "EyeLike", "Transpose", "CumSum", "Tile", "Sign", "Clip", "Flatten", "Div", "Split",
+            "GatherND"}
+CONE_LIMIT = 96  # nodes copied into one body: a mask's cone, not a model
+
+
+def _outer_cones(parent: Graph, proto: onnx.GraphProto, outer: list[str],
+                 varying: dict[str, str]) -> tuple[list[onnx.NodeProto], list[str]]:
+    """The enclosing nodes that compute what a body reads (its sizes, index grids, masks), as a
+    prelude of the body, and the enclosing values the body with that prelude reads. A body's proof
+    and census then see where an outer value comes from (`Shape(x)`, a Range grid, a band) instead
+    of an input of unknown content; `write_back` drops the copies again (the enclosing graph still
+    computes them). A copy follows the edges back through CONE_OPS and stops at constants, graph
+    inputs, values that change per iteration (`varying`: they stay inputs, and `varying_masks`
+    declines what reads them), and any other op."""
+    chosen: dict[int, Node] = {}
+    for name in outer:
+        v = parent.values.get(name)
+        if v is None or _constant(parent, v) is not None:
+            continue
+        cone = _cone(parent, v, varying, chosen)
+        if cone is not None and len(chosen) + len(cone) <= CONE_LIMIT:
+            chosen.update(cone)
+    if not chosen:
+        return [], outer
+    order: list[Node] = []  # (depth first from the reads: producers before consumers)
+    done: set[int] = set()
+
+    def visit(n: Node) -> None:
+        done.add(n.id)
+        for x in n.inputs:
+            p = x.producer if x is not None else None
+            if p is not None and p.id in chosen and p.id not in done:
+                visit(p)
+        order.append(n)
+    for n in chosen.values():
+        if n.id not in done:
+            visit(n)
+    copied = {v.name for n in order for v in n.outputs}
+    own = _graph_names(proto) - set(outer)
+    if copied & own or any(not v.name for n in order for v in n.outputs):
+        return [], outer
+    reads = set(outer) - copied
+    for n in order:
+        reads.update(x.name for x in n.inputs if x is not None and x.name not in copied)
+    nodes = [dml_node_proto(n) if isinstance(n, DmlNode) else onnx_node_proto(cast(OnnxNode, n)) for n in order]
+    if reads & own:
+        return [], outer
+    return nodes, sorted(reads)
+
+
+def _cone(parent: Graph, v: Value, varying: dict[str, str], chosen: dict[int, Node]) -> dict[int, Node] | None:
+    """The copyable nodes behind `v` not in `chosen` yet (None: more than CONE_LIMIT)."""
+    found: dict[int, Node] = {}
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        p = x.producer
+        if p is None or p.id in found or p.id in chosen or x.name in varying or _constant(parent, x) is not None:
+            continue
+        if isinstance(p, OnnxNode):
+            if p.__class__ is not OnnxNode or p.domain not in STANDARD or p.op_type not in CONE_OPS \
+                    or p.has_subgraph:
+                continue
+        elif not isinstance(p, DmlNode) or p.operands[0] is not None:  # (a band generator, not an application)
+            continue
+        found[p.id] = p
+        if len(found) > CONE_LIMIT:
+            return None
+        stack.extend(i for i in p.inputs if i is not None)
+    return found
 
 
 def _finish(parent: Graph, spec: _Spec, g: Graph) -> Body:
     for name, const in spec.borrowed.items():
         _borrow(g, g.values[name], const)
     g.reserved = EnclosingNames(parent, _subgraph_names(_holders(g)))
-    return Body(g, spec.outer)
+    return Body(g, spec.outer, spec.copied)
 
 
 def build_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, dims: FreshDims) -> Body | str:
@@ -538,6 +678,18 @@ def _build_alone(parent: Graph, s: _Spec) -> Body | str:
     """One body imported alone."""
     g = _import(parent.info, s.proto, s.inputs, parent.info.opset_imports, s.constants)
     return g if isinstance(g, str) else _finish(parent, s, g)
+
+
+class _Lazy:
+    """A value computed when first asked for."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make, self.done, self.value = make, False, None
+
+    def get(self) -> Any:
+        if not self.done:
+            self.value, self.done = self.make(), True
+        return self.value
 
 
 class EnclosingNames:
@@ -707,7 +859,7 @@ def _split(whole: Graph, s: _Spec, nodes: list[Node]) -> Graph:
     for name in names:
         if name not in values:
             v = whole.values[name]
-            if name in s.outer:
+            if name in s.outer and name not in s.copied:
                 copy = Value(name, v.elem_type, v.shape)
                 copy.initializer, copy.array, copy.base_dir = v.initializer, v.array, v.base_dir
                 v = copy
@@ -780,14 +932,27 @@ class _CallSites:
         self.dims = dims
         self.sites: dict[FunctionKey, list[list[TypeSpec | None]]] = {}
         self.reasons: dict[FunctionKey, str] = {}
+        self.kinds: Kinds | None = None  # (census only) what a call's arguments are in its graph
+        self.arg_kinds: dict[FunctionKey, list[list[str | None]]] = {}
 
-    def record(self, g: Graph) -> None:
+    def record(self, g: Graph, hints: dict[str, str] | None = None) -> None:
         if not self.keys:
             return
+        kinds = _Lazy(lambda: self.kinds(g, hints or {}) if self.kinds else {})
         for n in g.nodes.values():
             if n.__class__ is OnnxNode and n.domain not in STANDARD and call_key(n) in self.keys:
                 self.sites.setdefault(call_key(n), []).append(
                     [(v.elem_type, v.shape) if v is not None and v.elem_type else None for v in n.inputs])
+                if self.kinds:
+                    self.arg_kinds.setdefault(call_key(n), []).append(
+                        [None if v is None else kinds.get().get(v.name) for v in n.inputs])
+
+    def hints(self, f: onnx.FunctionProto) -> dict[str, str]:
+        """The function's inputs that every call passes the same kind of (a size, an index grid, a
+        mask), for its census."""
+        calls = self.arg_kinds.get(function_key(f), [])
+        return {name: kind for i, name in enumerate(f.input) if calls
+                and len({c[i] if i < len(c) else None for c in calls}) == 1 and (kind := calls[0][i]) is not None}
 
     def untyped(self, proto: onnx.GraphProto, reason: str) -> None:
         for sub, _ in iter_graphs(proto):

@@ -518,7 +518,9 @@ class Analysis:
                 return _bool_const(bool(verdicts.pop()), diff.shape)
             if ci == 0 and cj == 0:
                 raise Unprovable(f"{what} compares sizes whose order depends on the sizes")
-            raise Unprovable(f"{what} compares a row or column index with a bound, not a diagonal")
+            if not (ci == 0 and rank >= 2 and diff.shape[-2] == Lin.of(1)):
+                raise Unprovable(f"{what} compares a row or column index with a bound, not a diagonal")
+            ci = -cj  # one row (a decode step's query): its index is 0, so a column is its diagonal j - i
         # diff = a * (j - i) + base, a = cj
         a = cj
         if a < 0:

@@ -42,8 +42,8 @@ DIMS = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", 
         h.make_node("Gather", ["pshape", "two"], ["p"], axis=0), h.make_node("Unsqueeze", ["p", "ax0"], ["p1"])]
 
 
-def _model(nodes: list, inits: list, square: bool = False) -> onnx.ModelProto:
-    sdim, tdim = ("S", "S") if square else ("S", "T")
+def _model(nodes: list, inits: list, square: bool = False, sdim: str | int = "S") -> onnx.ModelProto:
+    sdim, tdim = (sdim, sdim) if square else (sdim, "T")
     inputs = [h.make_tensor_value_info("x", T.FLOAT, [1, 2, sdim, tdim]),
               h.make_tensor_value_info("past_key", T.FLOAT, [1, 1, "P", 1])]
     out = h.make_tensor_value_info("y", T.FLOAT, [1, 2, sdim, tdim])
@@ -73,7 +73,7 @@ def square_tail(k: int = 0) -> onnx.ModelProto:
     return _model(grid + [h.make_node("Slice", ["sq", "p1", "big", "z1"], ["m"])], inits)
 
 
-def buffer_rows_and_tail(k: int = 0) -> onnx.ModelProto:
+def buffer_rows_and_tail(k: int = 0, sdim: str | int = "S") -> onnx.ModelProto:
     """bias[P:P+S, :T] of a stored band, through a Cast round trip, And-ed with a grid's rows [P:]: the
     second proof reads the first one's lowered node, whose k was min(P, N)."""
     top = np.arange(N)[None, :] - np.arange(N)[:, None]
@@ -84,7 +84,7 @@ def buffer_rows_and_tail(k: int = 0) -> onnx.ModelProto:
                     h.make_node("Slice", ["brows", "z1", "t1", "ax1"], ["stored"]),
                     h.make_node("Cast", ["stored"], ["ci"], to=T.INT32), h.make_node("Cast", ["ci"], ["cb"], to=T.BOOL),
                     h.make_node("And", ["cb", "tail"], ["m"])]
-    return _model(nodes, inits + [nh.from_array((top >= -4) & (top <= 2), "buffer")])
+    return _model(nodes, inits + [nh.from_array((top >= -4) & (top <= 2), "buffer")], sdim=sdim)
 
 
 def rejoined(axis: int, cut: str | int, pieces: int = 2) -> onnx.ModelProto:
@@ -108,6 +108,17 @@ def last_rows() -> onnx.ModelProto:
     grid, inits = _square_grid()
     return _model(grid + [h.make_node("Neg", ["s1"], ["ns1"]), h.make_node("Slice", ["sq", "ns1", "big", "z1"], ["m"])],
                   inits)
+
+
+def decode_window(k: int, w: int) -> onnx.ModelProto:
+    """One query row (S = 1 static) at position P: cols <= P + k and P - cols < w, negated."""
+    nodes = [h.make_node("Range", ["zero", "s", "one"], ["r0"]), h.make_node("Add", ["r0", "p"], ["pos"]),
+             h.make_node("Unsqueeze", ["pos", "ax1"], ["rows"]), h.make_node("Range", ["zero", "t", "one"], ["c0"]),
+             h.make_node("Unsqueeze", ["c0", "ax0"], ["cols"]), h.make_node("Add", ["rows", "k"], ["shifted"]),
+             h.make_node("LessOrEqual", ["cols", "shifted"], ["causal"]), h.make_node("Sub", ["rows", "cols"], ["dist"]),
+             h.make_node("Less", ["dist", "w"], ["near"]), h.make_node("And", ["causal", "near"], ["window"]),
+             h.make_node("Not", ["window"], ["m"])]
+    return _model(nodes, [_i("k", k), _i("w", w)], sdim=1)
 
 
 def _session(m: onnx.ModelProto) -> ort.InferenceSession:
@@ -182,12 +193,14 @@ def test_square_tail_with_its_own_t_lowers(k):
     assert ran >= 40 and refused < ran / 2, (ran, refused)
 
 
-def test_buffer_rows_and_tail_lower_together():
+@pytest.mark.parametrize("sdim", ["S", 1])
+def test_buffer_rows_and_tail_lower_together(sdim):
     """bias[P:P+S] starts at row P (not min(P, N)): a later proof reads the lowered node's k as P."""
-    m = buffer_rows_and_tail()
+    m = buffer_rows_and_tail(sdim=sdim)
     got = sites(m)
-    assert got["m"][0] == "lowered" and got["stored"][0] == "lowered", got
-    ran, refused = differential(m, _grid([1, 2, 3], AROUND_N + [N + 2], [0, 1, 2, N - 2, N - 1, N, N + 1]))
+    assert all(status == "lowered" for status, _ in got.values()), got  # (main: tail "k is a clamped size")
+    ran, refused = differential(m, _grid([1, 2, 3] if sdim == "S" else [1], AROUND_N + [N + 2],
+                                         [0, 1, 2, N - 2, N - 1, N, N + 1]))
     assert ran >= 15 and refused < ran / 2, (ran, refused)
 
 
@@ -213,3 +226,12 @@ def test_rows_from_minus_s_stay_declined_with_the_reason():
     """[-S:] keeps the whole axis at S = 0 and S rows where 0 < S <= T: no one size expression."""
     status, reason = sites(last_rows())["m"]
     assert status == "declined" and "at 0 ONNX keeps the whole axis" in str(reason), (status, reason)
+
+
+@pytest.mark.parametrize("k,w", [(0, 3), (4, 1), (-2, 5)])
+def test_one_query_row_compared_with_the_columns_is_a_band(k, w):
+    """S = 1: the row index is 0, so `cols OP pos + k` is a diagonal of the [1, T] matrix."""
+    m = decode_window(k, w)
+    assert sites(m)["m"][0] == "lowered", sites(m)["m"]
+    ran, refused = differential(m, _grid([1], [0, 1, 2, 3, 5, 8], [0, 1, 2, 4, 6, 7]))
+    assert ran >= 30 and not refused

@@ -3,11 +3,11 @@ GatherND, Split): moving axes keeps a band a band only while its row and column 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from dmlgraph.ir.graph import OnnxNode
+from dmlgraph.ir.graph import OnnxNode, Value
 from dmlgraph.passes.symbolic import (
     BOOL,
     AbstractValue,
@@ -418,26 +418,25 @@ def _concat(an: Analysis, n: OnnxNode, ins: list) -> list:
     return [_concat_grids(an, [an.affine(v, "a concatenated piece") for v in vs], offsets, axis, tuple(shape))]
 
 
-def _rejoined(an: Analysis, n: OnnxNode, value_of) -> AbstractValue | None:
+def _rejoined(an: Analysis, n: OnnxNode, value_of: Callable[[Value | None], AbstractValue | None]
+              ) -> AbstractValue | None:
     """A Concat of Slices of one tensor along the Concat's axis, [0:b1] [b1:b2] ... [bk:], is that tensor
     whatever the bounds: ONNX clamps equal bounds of one axis to one position, so the pieces meet. With
     more than two pieces the inner bounds must be constants of one sign in order (clamping keeps
     their order). None when the node is not such a Concat."""
-    pieces = [v.producer if v is not None else None for v in n.inputs]
-    if len(pieces) < 2 or not all(isinstance(p, OnnxNode) and p.op_type == "Slice" and p.domain in ("", "ai.onnx")
-                                  and len(p.inputs) >= 3 for p in pieces):
-        return None
-    source = pieces[0].inputs[0]  # type: ignore[union-attr]
-    if any(p.inputs[0] is not source for p in pieces):  # type: ignore[union-attr]
+    pieces = [p for p in (v.producer if v is not None else None for v in n.inputs)
+              if isinstance(p, OnnxNode) and p.op_type == "Slice" and p.domain in ("", "ai.onnx") and len(p.inputs) >= 3]
+    if len(pieces) < 2 or len(pieces) != len(n.inputs) or any(p.inputs[0] is not pieces[0].inputs[0] for p in pieces):
         return None
     try:
-        v = value_of(source)
-        assert v is not None
+        v = value_of(pieces[0].inputs[0])
+        if v is None:
+            return None
         rank = len(shape_of(v))
         axis = axis_index(int(attr(n, "axis", 0)), rank)
         spans = []
         for p in pieces:
-            args = _slice_args(an, p, [value_of(x) for x in p.inputs], rank)  # type: ignore[union-attr]
+            args = _slice_args(an, p, [value_of(x) for x in p.inputs], rank)
             if len(args) != 1 or args[0][0] != axis or args[0][3] != 1:
                 return None
             spans.append(args[0][1:3])

@@ -390,6 +390,8 @@ class Analysis:
                     continue
                 if pick == Lin.of(1):
                     pick = d
+                elif _equal_where_it_runs(pick, d) or _equal_where_it_runs(d, pick):
+                    pick = pick if isinstance(pick, Clamp) else d
                 elif not self.dims_equal(pick, d):
                     raise Unprovable(f"broadcasting {_show(pick)} with {_show(d)}: the sizes are not provably "
                                      "equal (nor one of them 1)")
@@ -570,6 +572,13 @@ class Analysis:
         return self.bounds(e, lows)
 
 # ---- helpers -------------------------------------------------------------------------------------
+def _equal_where_it_runs(a: Dim, b: Dim) -> bool:
+    """a = min(x, hi) (hi >= 2, no lower clamp above 0) and b = x: where they differ, x > hi >= 2, so
+    neither is 1 and the broadcast fails; wherever it runs they are one size (docs/masks.md)."""
+    return isinstance(a, Clamp) and isinstance(b, Lin) and a.inner == b and a.hi is not None and a.hi >= 2 \
+        and (a.lo is None or a.lo <= 0)
+
+
 FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "=="}
 
 

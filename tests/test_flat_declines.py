@@ -235,3 +235,42 @@ def test_one_query_row_compared_with_the_columns_is_a_band(k, w):
     assert sites(m)["m"][0] == "lowered", sites(m)["m"]
     ran, refused = differential(m, _grid([1], [0, 1, 2, 3, 5, 8], [0, 1, 2, 4, 6, 7]))
     assert ran >= 30 and not refused
+
+
+def buffer_pieces(cut: int) -> onnx.ModelProto:
+    """bias[:S, :S] of a stored 12 x 12 band (rows min(S, 12)), cut at rows `cut` and joined back."""
+    top = np.arange(N)[None, :] - np.arange(N)[:, None]
+    nodes = [h.make_node("Concat", ["s1", "s1"], ["ss"], axis=0), h.make_node("Slice", ["buffer", "z2", "ss"], ["full"]),
+             h.make_node("Slice", ["full", "z1", "cut", "z1"], ["top"]),
+             h.make_node("Slice", ["full", "cut", "big", "z1"], ["bottom"]),
+             h.make_node("Concat", ["top", "bottom"], ["m"], axis=0)]
+    return _model(nodes, [_i("z2", [0, 0]), _i("cut", [cut]), nh.from_array((top >= -3) & (top <= 1), "buffer")],
+                  square=True)
+
+
+@pytest.mark.parametrize("cut", [1, 3, N, N + 2])
+def test_pieces_of_a_clamped_size_lower(cut):
+    """[:c] of min(S, N) rows is clamp(S, 0, min(N, c)); [c:] starts at c, max(min(S, N) - c, 0) rows."""
+    m = buffer_pieces(cut)
+    got = sites(m)
+    assert got["top"][0] == got["bottom"][0] == got["m"][0] == "lowered", got
+    ran, refused = differential(m, [(s, s, 0) for s in [0, 1, 2, 3, 4, N - 1, N, N + 1]])
+    assert ran == 7 and not refused  # (at S = 13 the original fails: 12 rows against 13)
+
+
+def eye_and_buffer() -> onnx.ModelProto:
+    """EyeLike over [S, S] And bias[:S, :S] of a stored 12 x 12 band: broadcasting S with min(S, 12)."""
+    top = np.arange(N)[None, :] - np.arange(N)[:, None]
+    nodes = [h.make_node("Concat", ["s1", "s1"], ["ss"], axis=0), h.make_node("Slice", ["buffer", "z2", "ss"], ["full"]),
+             h.make_node("ConstantOfShape", ["ss"], ["zeros"], value=nh.from_array(np.zeros(1, np.float32))),
+             h.make_node("EyeLike", ["zeros"], ["eye"], k=-1), h.make_node("Cast", ["eye"], ["eyeb"], to=T.BOOL),
+             h.make_node("Or", ["eyeb", "full"], ["m"])]
+    return _model(nodes, [_i("z2", [0, 0]), nh.from_array((top >= 1) & (top <= 3), "buffer")], square=True)
+
+
+def test_a_size_and_its_clamp_broadcast_as_one():
+    """min(S, 12) and S differ only where S > 12, where neither is 1: onnxruntime fails there."""
+    m = eye_and_buffer()
+    assert sites(m)["m"][0] == "lowered", sites(m)["m"]
+    ran, refused = differential(m, [(s, s, 0) for s in [0, 1, 2, 3, N - 1, N, N + 1, N + 2]])
+    assert ran == 6 and not refused

@@ -329,6 +329,18 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
             continue
         if isinstance(size, (Lin, Clamp)) and (_from_end(s) or (e is not None and _from_end(e)) or
                                                isinstance(size, Clamp)):
+            if isinstance(size, Clamp) and e is None and s.is_const and s.const > 0:
+                # [s:] of min(x, hi) (a stored buffer sliced by a size): it starts at s where it has
+                # rows; its length max(clamp(x, lo, hi) - s, 0) is clamp(x - s, max(lo - s, 0), max(hi - s, 0))
+                low = 0 if size.lo is None else max(size.lo - s.const, 0)
+                high = None if size.hi is None else max(size.hi - s.const, 0)
+                shape[a], offsets[a] = make_clamp(size.inner - s.const, low, high, an), s
+                continue
+            if isinstance(size, Clamp) and s == Lin.of(0) and e is not None and e.is_const and e.const >= 0:
+                # [:e] of clamp(x, lo, hi) is min(clamp(x, lo, hi), e) = clamp(x, min(lo, e), min(hi, e))
+                lo_e = None if size.lo is None else min(size.lo, e.const)
+                shape[a] = make_clamp(size.inner, lo_e, e.const if size.hi is None else min(size.hi, e.const), an)
+                continue
             first = _clamped_bound(an, s, size)
             last = size if e is None else _clamped_bound(an, e, size)
             if isinstance(first, Lin) and isinstance(last, Lin):

@@ -334,12 +334,13 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
                 # rows; its length max(clamp(x, lo, hi) - s, 0) is clamp(x - s, max(lo - s, 0), max(hi - s, 0))
                 low = 0 if size.lo is None else max(size.lo - s.const, 0)
                 high = None if size.hi is None else max(size.hi - s.const, 0)
-                shape[a], offsets[a] = make_clamp(size.inner - s.const, low, high, an), s
+                shape[a], offsets[a] = _not_one_row(make_clamp(size.inner - s.const, low, high, an)), s
                 continue
             if isinstance(size, Clamp) and s == Lin.of(0) and e is not None and e.is_const and e.const >= 0:
                 # [:e] of clamp(x, lo, hi) is min(clamp(x, lo, hi), e) = clamp(x, min(lo, e), min(hi, e))
                 lo_e = None if size.lo is None else min(size.lo, e.const)
-                shape[a] = make_clamp(size.inner, lo_e, e.const if size.hi is None else min(size.hi, e.const), an)
+                shape[a] = _not_one_row(make_clamp(size.inner, lo_e, e.const if size.hi is None else
+                                                   min(size.hi, e.const), an))
                 continue
             first = _clamped_bound(an, s, size)
             last = size if e is None else _clamped_bound(an, e, size)
@@ -396,9 +397,17 @@ def _slice_length(an: Analysis, start: Lin, e: Lin | None, size: Lin) -> Lin | C
     if e is None or (e.is_const and e.const >= 0 and start.is_const and start.const <= e.const
                      and not an.nonneg(size - e)):
         hi = None if e is None else e.const - start.const
-        return make_clamp(size - start, 0, hi, an)
+        return _not_one_row(make_clamp(size - start, 0, hi, an))
     end = _slice_bound(an, e, size)  # (within [0, N]: the length is max(e - s, 0) whether s passes N or not)
     return make_clamp(end - start, 0, None, an)
+
+
+def _not_one_row(d: Lin | Clamp) -> Lin | Clamp:
+    """A clamped length of at most 1 (`[0:1]` of an S axis is min(S, 1)) is 1 at most sizes, where an
+    application broadcasts it along the data: no band there, and no size shape inference calls 1."""
+    if isinstance(d, Clamp) and d.hi is not None and d.hi <= 1:
+        raise Unprovable(f"a slice of at most one row or column ({render_dim(d, str)}), which broadcasts")
+    return d
 
 
 @handles("Concat")

@@ -329,18 +329,9 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
             continue
         if isinstance(size, (Lin, Clamp)) and (_from_end(s) or (e is not None and _from_end(e)) or
                                                isinstance(size, Clamp)):
-            if isinstance(size, Clamp) and e is None and s.is_const and s.const > 0:
-                # [s:] of min(x, hi) (a stored buffer sliced by a size): it starts at s where it has
-                # rows; its length max(clamp(x, lo, hi) - s, 0) is clamp(x - s, max(lo - s, 0), max(hi - s, 0))
-                low = 0 if size.lo is None else max(size.lo - s.const, 0)
-                high = None if size.hi is None else max(size.hi - s.const, 0)
-                shape[a], offsets[a] = _not_one_row(make_clamp(size.inner - s.const, low, high, an)), s
-                continue
-            if isinstance(size, Clamp) and s == Lin.of(0) and e is not None and e.is_const and e.const >= 0:
-                # [:e] of clamp(x, lo, hi) is min(clamp(x, lo, hi), e) = clamp(x, min(lo, e), min(hi, e))
-                lo_e = None if size.lo is None else min(size.lo, e.const)
-                shape[a] = _not_one_row(make_clamp(size.inner, lo_e, e.const if size.hi is None else
-                                                   min(size.hi, e.const), an))
+            piece = _piece_of_clamp(an, s, e, size) if isinstance(size, Clamp) else None
+            if piece is not None:
+                shape[a], offsets[a] = piece
                 continue
             first = _clamped_bound(an, s, size)
             last = size if e is None else _clamped_bound(an, e, size)
@@ -400,6 +391,22 @@ def _slice_length(an: Analysis, start: Lin, e: Lin | None, size: Lin) -> Lin | C
         return _not_one_row(make_clamp(size - start, 0, hi, an))
     end = _slice_bound(an, e, size)  # (within [0, N]: the length is max(e - s, 0) whether s passes N or not)
     return make_clamp(end - start, 0, None, an)
+
+
+def _piece_of_clamp(an: Analysis, s: Lin, e: Lin | None, size: Clamp) -> tuple[Lin | Clamp, Lin] | None:
+    """(length, offset) of [s:] or [:e] (constants) of an axis of clamped size (a stored buffer sliced
+    by a size); None for other slices."""
+    if e is None and s.is_const and s.const > 0:
+        # it starts at s where it has rows; max(clamp(x, lo, hi) - s, 0) = clamp(x - s, max(lo - s, 0), max(hi - s, 0))
+        low = 0 if size.lo is None else max(size.lo - s.const, 0)
+        high = None if size.hi is None else max(size.hi - s.const, 0)
+        return _not_one_row(make_clamp(size.inner - s.const, low, high, an)), s
+    if s == Lin.of(0) and e is not None and e.is_const and e.const >= 0:
+        # min(clamp(x, lo, hi), e) = clamp(x, min(lo, e), min(hi, e))
+        low_e = None if size.lo is None else min(size.lo, e.const)
+        high_e = e.const if size.hi is None else min(size.hi, e.const)
+        return _not_one_row(make_clamp(size.inner, low_e, high_e, an)), s
+    return None
 
 
 def _not_one_row(d: Lin | Clamp) -> Lin | Clamp:

@@ -390,6 +390,8 @@ class Analysis:
                     continue
                 if pick == Lin.of(1):
                     pick = d
+                elif _equal_where_it_runs(pick, d) or _equal_where_it_runs(d, pick):
+                    pick = pick if isinstance(pick, Clamp) else d
                 elif not self.dims_equal(pick, d):
                     raise Unprovable(f"broadcasting {_show(pick)} with {_show(d)}: the sizes are not provably "
                                      "equal (nor one of them 1)")
@@ -518,7 +520,9 @@ class Analysis:
                 return _bool_const(bool(verdicts.pop()), diff.shape)
             if ci == 0 and cj == 0:
                 raise Unprovable(f"{what} compares sizes whose order depends on the sizes")
-            raise Unprovable(f"{what} compares a row or column index with a bound, not a diagonal")
+            if not (ci == 0 and rank >= 2 and diff.shape[-2] == Lin.of(1)):
+                raise Unprovable(f"{what} compares a row or column index with a bound, not a diagonal")
+            ci = -cj  # one row (a decode step's query): its index is 0, so a column is its diagonal j - i
         # diff = a * (j - i) + base, a = cj
         a = cj
         if a < 0:
@@ -568,6 +572,13 @@ class Analysis:
         return self.bounds(e, lows)
 
 # ---- helpers -------------------------------------------------------------------------------------
+def _equal_where_it_runs(a: Dim, b: Dim) -> bool:
+    """a = min(x, hi) (hi >= 2, no lower clamp above 0) and b = x: where they differ, x > hi >= 2, so
+    neither is 1 and the broadcast fails; wherever it runs they are one size (docs/masks.md)."""
+    return isinstance(a, Clamp) and isinstance(b, Lin) and a.inner == b and a.hi is not None and a.hi >= 2 \
+        and (a.lo is None or a.lo <= 0)
+
+
 FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "=="}
 
 

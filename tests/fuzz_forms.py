@@ -6,11 +6,13 @@ symbolic or static) or a KV cache (a `past_key` input [1, 1, P, 1], T = P + S, S
 a decode step; the padding's length sometimes misnamed `S` as Optimum's merged decoders do). A mask
 made by one source --
   * an index grid: Range over x's dims (rows from P under a cache), compared with a shift (causal,
-    shifted), maybe And-ed with a sliding window; or a square grid over T sliced to its last S rows;
+    shifted), maybe And-ed with a sliding window; or a square grid over T sliced to its last rows
+    (`[P:]`, or `[-S:]`, which is declined);
   * Trilu (k shifted by P under a cache) or EyeLike of a shape-only tensor;
   * a stored band buffer [N, N] sliced to [P:P+S, :T] by Shape (the dynamo / GPT-2 form);
 -- then a random sequence of forms: Not, Unsqueeze/Reshape (maybe Expand) to 4-D, Squeeze back,
-Transpose of the matrix axes, Slice, Slice pieces Concat-ed back, Cast round trips, `1 - b` and
+Transpose of the matrix axes, Slice, Slice pieces Concat-ed back (two or three, cut at constants or
+at a size: P, which may pass the end, or S), Cast round trips, `1 - b` and
 `b * c + d > t` through float, Where(b, True, False) either way, And/Or with a second source, And/Or
 with the padding (data), a stack of two masks Concat-ed along a batch axis and Split back; then an
 application to x: Where either way, Add of a 0/-inf bias, Mul by the 0/1 gate, or GPT-1's blend
@@ -142,11 +144,11 @@ class Dims:
 @st.composite
 def _source(draw, b: CaseBuilder, d: Dims, constants: list[int]) -> tuple[str, str]:
     """A bool [S, T] mask over x's matrix; (its name, what it is)."""
-    kinds = ["grid", "grid", "window", "trilu", "eyelike", "stored"] + (["square_tail"] if d.kv else [])
+    kinds = ["grid", "grid", "window", "trilu", "eyelike", "stored"] + (["square_tail", "last_rows"] if d.kv else [])
     kind = draw(st.sampled_from(kinds))
     k = draw(st.integers(-4, 4))
-    if kind in ("grid", "window", "square_tail"):
-        if kind == "square_tail":  # a [T, T] grid, its last S rows (P: past) -- the cache over a full mask
+    if kind in ("grid", "window", "square_tail", "last_rows"):
+        if kind in ("square_tail", "last_rows"):  # a [T, T] grid, its last S rows -- the cache over a full mask
             r = b.op("Range", [_int(b, 0), d.t, _int(b, 1)], "range")
             rows, cols = r, r
         else:
@@ -169,9 +171,12 @@ def _source(draw, b: CaseBuilder, d: Dims, constants: list[int]) -> tuple[str, s
             dist = b.op("Sub", [rows, cols], "dist")
             m = b.op("And", [m, b.op("Less", [dist, _int(b, w)], "win")], "window")
             what += f" window {w}"
-        if kind == "square_tail":
+        if kind == "square_tail":  # rows [P:]
             m = b.op("Slice", [m, b.op("Unsqueeze", [d.p, _ints(b, [0])], "p1"), _ints(b, [BIG]), _ints(b, [0])],
                      "tail")
+        elif kind == "last_rows":  # rows [-S:] (declined: at S = 0 ONNX keeps the whole axis)
+            minus_s = b.op("Neg", [b.op("Unsqueeze", [d.s, _ints(b, [0])], "s1")], "minus_s")
+            m = b.op("Slice", [m, minus_s, _ints(b, [BIG]), _ints(b, [0])], "last")
         return m, what
     if kind == "trilu":
         ones = b.op("ConstantOfShape", [d.matrix()], "ones", value=onnx.numpy_helper.from_array(np.ones(1, np.float32)))
@@ -225,13 +230,18 @@ def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: l
             m = b.op("Transpose", [m], "t", perm=list(range(r - 2)) + [r - 1, r - 2])
         elif form == "slice_rows":
             m = b.op("Slice", [m, _ints(b, [0]), _ints(b, [BIG]), _ints(b, [-2])], "sliced")
-        elif form == "slice_concat":  # two Slice pieces of one axis, Concat-ed back
-            axis, cut = draw(st.sampled_from([-1, -2])), draw(st.integers(1, 3))
-            constants.append(cut)
-            a = b.op("Slice", [m, _ints(b, [0]), _ints(b, [cut]), _ints(b, [axis])], "piece")
-            c = b.op("Slice", [m, _ints(b, [cut]), _ints(b, [BIG]), _ints(b, [axis])], "piece")
-            m = b.op("Concat", [a, c], "joined", axis=axis)
-            steps[-1] = f"slice_concat({axis}, {cut})"
+        elif form == "slice_concat":  # Slice pieces of one axis, Concat-ed back (cut at a constant or a size)
+            axis, cut = draw(st.sampled_from([-1, -2])), draw(st.sampled_from([1, 2, 3, -1, "size"]))
+            if cut == "size":  # P under a cache (it may pass the end), else S (the end of a square axis)
+                bound = b.op("Unsqueeze", [d.p if d.kv else d.s, _ints(b, [0])], "cut")
+                edges = [_ints(b, [0]), bound, _ints(b, [BIG])]
+            else:
+                constants.append(abs(int(cut)))
+                inner = [cut] if cut == -1 or draw(st.booleans()) else [cut, cut + 1]  # two or three pieces
+                edges = [_ints(b, [0])] + [_ints(b, [x]) for x in inner] + [_ints(b, [BIG])]
+            pieces = [b.op("Slice", [m, lo, hi, _ints(b, [axis])], "piece") for lo, hi in zip(edges, edges[1:])]
+            m = b.op("Concat", pieces, "joined", axis=axis)
+            steps[-1] = f"slice_concat({axis}, {cut}, {len(pieces)} pieces)"
         elif form == "arith_not":  # 1 - Cast(b) as float, back to bool: Not through arithmetic
             f = b.op("Cast", [m], "f", to=T.FLOAT)
             m = b.op("Cast", [b.op("Sub", [b.const(np.float32(1), "one"), f], "inv")], "back", to=T.BOOL)

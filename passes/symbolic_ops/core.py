@@ -34,6 +34,9 @@ from dmlgraph.passes.symbolic import (
 
 Handler = Callable[[Analysis, OnnxNode, list], list]
 HANDLERS: dict[str, Handler] = {}
+# Second tries that read a node's producers (Concat of Slice pieces): (analysis, node, value_of) -> value or None
+REJOINS: dict[str, Callable[[Analysis, OnnxNode, Callable[[Value | None], "AbstractValue | None"]],
+                            "AbstractValue | None"]] = {}
 SLICE_TO_END = 2**62  # a Slice end at least this large means "to the end" (exporters write INT64_MAX)
 
 
@@ -87,6 +90,10 @@ def evaluate(an: Analysis, nodes: Sequence[Node], inputs: Sequence[Value], targe
         try:
             outs = fn(an, n, ins)
         except (Unprovable, ValueError, IndexError, KeyError, TypeError, OverflowError, AssertionError) as e:
+            again = REJOINS[n.op_type](an, n, value_of) if n.op_type in REJOINS else None
+            if again is not None:
+                env[n.outputs[0].name] = again
+                continue
             upstream = next((x.why for x in ins if isinstance(x, Opaque) and x.why), None)
             why = upstream or (f"{label}: {e}" if isinstance(e, Unprovable) else f"{label} cannot be analysed: {e}")
             if isinstance(e, NotAMask) and upstream is None:

@@ -3,11 +3,11 @@ GatherND, Split): moving axes keeps a band a band only while its row and column 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from dmlgraph.ir.graph import OnnxNode
+from dmlgraph.ir.graph import OnnxNode, Value
 from dmlgraph.passes.symbolic import (
     BOOL,
     AbstractValue,
@@ -31,6 +31,7 @@ from dmlgraph.passes.symbolic import (
 )
 from dmlgraph.passes.symbolic_ops.arith import is_piecewise, sub
 from dmlgraph.passes.symbolic_ops.core import (
+    REJOINS,
     SLICE_TO_END,
     attr,
     axes_input,
@@ -247,16 +248,17 @@ def _slice_args(an: Analysis, n: OnnxNode, ins: list, rank: int) -> list[tuple[i
     return out
 
 
-def _slice_bound(an: Analysis, b: Lin, size: Lin) -> Lin:
-    """An ONNX Slice start/end clamped to [0, size], as a Lin when the clamp is provably a no-op."""
+def _slice_bound(an: Analysis, b: Lin, size: Lin, start: bool = False) -> Lin:
+    """An ONNX Slice start/end clamped to [0, size], as a Lin when the clamp is provably a no-op. A
+    start may pass the end: where it does, the slice is empty (docs/semantics.md, "Slice bounds")."""
     if b.is_const and b.const < 0:
         b = size + b
     if not an.nonneg(b):
         if an.bounds(b)[1] <= 0:  # (-S: from the end where S > 0, yet the whole axis at S = 0)
             raise Unprovable(f"a slice bound {b.render(str)} that counts from the end only where it is not 0 "
-                             "(at 0 ONNX starts at 0), which no one size expression states")
+                             "(at 0 ONNX keeps the whole axis, which no one size expression states)")
         raise Unprovable("a slice bound that may be negative")
-    if not an.nonneg(size - b):
+    if not start and not an.nonneg(size - b):
         if size.is_const:
             raise Unprovable(f"the slice bound {b.render(str)} may pass the fixed size {size.const}, where the "
                              "slice clamps (its sizes and diagonal would follow min(bound, size))")
@@ -323,10 +325,14 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
             lo, hi = make_clamp(s, None, size.const, an), make_clamp(end, None, size.const, an)
             shape[a] = make_clamp(hi - lo, 0, None, an) if isinstance(lo, Lin) and isinstance(hi, Lin) else \
                 hi if lo == Lin.of(0) else Difference(hi, lo)
-            offsets[a] = lo
+            offsets[a] = s  # (not min(s, N): where s passes N the slice is empty, and any offset describes it)
             continue
         if isinstance(size, (Lin, Clamp)) and (_from_end(s) or (e is not None and _from_end(e)) or
                                                isinstance(size, Clamp)):
+            piece = _piece_of_clamp(an, s, e, size) if isinstance(size, Clamp) else None
+            if piece is not None:
+                shape[a], offsets[a] = piece
+                continue
             first = _clamped_bound(an, s, size)
             last = size if e is None else _clamped_bound(an, e, size)
             if isinstance(first, Lin) and isinstance(last, Lin):
@@ -340,9 +346,8 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
             offsets[a] = first
             continue
         size_lin = as_lin(size, "a sliced size")
-        start = _slice_bound(an, s, size_lin)
-        end = size_lin if e is None else _slice_bound(an, e, size_lin)
-        shape[a] = make_clamp(end - start, 0, None, an)
+        start = _slice_bound(an, s, size_lin, start=True)
+        shape[a] = _slice_length(an, start, e, size_lin)
         offsets[a] = start
     new_shape = tuple(shape)
     if isinstance(v, Opaque):
@@ -377,6 +382,41 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
     return Band(v.dtype, new_shape, tuple(-shift + x.const for x in v.breaks), v.values)
 
 
+def _slice_length(an: Analysis, start: Lin, e: Lin | None, size: Lin) -> Lin | Clamp:
+    """The length of [start:e] along an axis of `size`, start >= 0 (it may pass the end: the length is
+    0 there). A constant end that may pass the end is clamped: min(e, N) - s = clamp(N - s, 0, e - s)."""
+    if e is None or (e.is_const and e.const >= 0 and start.is_const and start.const <= e.const
+                     and not an.nonneg(size - e)):
+        hi = None if e is None else e.const - start.const
+        return _not_one_row(make_clamp(size - start, 0, hi, an))
+    end = _slice_bound(an, e, size)  # (within [0, N]: the length is max(e - s, 0) whether s passes N or not)
+    return make_clamp(end - start, 0, None, an)
+
+
+def _piece_of_clamp(an: Analysis, s: Lin, e: Lin | None, size: Clamp) -> tuple[Lin | Clamp, Lin] | None:
+    """(length, offset) of [s:] or [:e] (constants) of an axis of clamped size (a stored buffer sliced
+    by a size); None for other slices."""
+    if e is None and s.is_const and s.const > 0:
+        # it starts at s where it has rows; max(clamp(x, lo, hi) - s, 0) = clamp(x - s, max(lo - s, 0), max(hi - s, 0))
+        low = 0 if size.lo is None else max(size.lo - s.const, 0)
+        high = None if size.hi is None else max(size.hi - s.const, 0)
+        return _not_one_row(make_clamp(size.inner - s.const, low, high, an)), s
+    if s == Lin.of(0) and e is not None and e.is_const and e.const >= 0:
+        # min(clamp(x, lo, hi), e) = clamp(x, min(lo, e), min(hi, e))
+        low_e = None if size.lo is None else min(size.lo, e.const)
+        high_e = e.const if size.hi is None else min(size.hi, e.const)
+        return _not_one_row(make_clamp(size.inner, low_e, high_e, an)), s
+    return None
+
+
+def _not_one_row(d: Lin | Clamp) -> Lin | Clamp:
+    """A clamped length of at most 1 (`[0:1]` of an S axis is min(S, 1)) is 1 at most sizes, where an
+    application broadcasts it along the data: no band there, and no size shape inference calls 1."""
+    if isinstance(d, Clamp) and d.hi is not None and d.hi <= 1:
+        raise Unprovable(f"a slice of at most one row or column ({render_dim(d, str)}), which broadcasts")
+    return d
+
+
 @handles("Concat")
 def _concat(an: Analysis, n: OnnxNode, ins: list) -> list:
     vs = [v for v in ins if v is not None]
@@ -404,6 +444,47 @@ def _concat(an: Analysis, n: OnnxNode, ins: list) -> list:
     if any(isinstance(v, Band) and len(v.values) > 1 for v in vs) or any(is_piecewise(an, v) for v in vs):
         return [_concat_bands(an, [an.band_at(v, shape_of(v)) for v in vs], offsets, axis, tuple(shape))]
     return [_concat_grids(an, [an.affine(v, "a concatenated piece") for v in vs], offsets, axis, tuple(shape))]
+
+
+def _rejoined(an: Analysis, n: OnnxNode, value_of: Callable[[Value | None], AbstractValue | None]
+              ) -> AbstractValue | None:
+    """A Concat of Slices of one tensor along the Concat's axis, [0:b1] [b1:b2] ... [bk:], is that tensor
+    whatever the bounds: ONNX clamps equal bounds of one axis to one position, so the pieces meet. With
+    more than two pieces the inner bounds must be constants of one sign in order (clamping keeps
+    their order). None when the node is not such a Concat."""
+    pieces = [p for p in (v.producer if v is not None else None for v in n.inputs)
+              if isinstance(p, OnnxNode) and p.op_type == "Slice" and p.domain in ("", "ai.onnx") and len(p.inputs) >= 3]
+    if len(pieces) < 2 or len(pieces) != len(n.inputs) or any(p.inputs[0] is not pieces[0].inputs[0] for p in pieces):
+        return None
+    try:
+        v = value_of(pieces[0].inputs[0])
+        if v is None:
+            return None
+        rank = len(shape_of(v))
+        axis = axis_index(int(attr(n, "axis", 0)), rank)
+        spans = []
+        for p in pieces:
+            args = _slice_args(an, p, [value_of(x) for x in p.inputs], rank)
+            if len(args) != 1 or args[0][0] != axis or args[0][3] != 1:
+                return None
+            spans.append(args[0][1:3])
+    except Unprovable:
+        return None
+    if spans[0][0] != Lin.of(0) or spans[-1][1] is not None:
+        return None
+    inner = [e for _, e in spans[:-1]]
+    if any(e is None or e != s for e, (s, _) in zip(inner, spans[1:])):
+        return None
+    if len(inner) > 1:
+        if not all(e is not None and e.is_const for e in inner):
+            return None
+        consts = [e.const for e in inner if e is not None]
+        if consts != sorted(consts) or (min(consts) < 0 <= max(consts)):
+            return None
+    return v
+
+
+REJOINS["Concat"] = _rejoined
 
 
 def _stackable(v: AbstractValue) -> bool:

@@ -1,0 +1,276 @@
+"""Flat mask forms the fuzzer of forms found declined though a rule could prove them (issue 26),
+rebuilt from the form (docs/semantics.md, "Slice bounds"):
+
+* a start that may pass the end: a square [T, T] grid's last rows `[P:]` with P its own symbol
+  ("P may pass the end T"); the rows of a stored buffer `bias[P:P+S]` (its offset was min(P, N),
+  which a later proof could not compute with: "k is a clamped size");
+* Slice pieces Concat-ed back ("the slice bound may pass the end": pieces [0:a] and [a:] are the
+  whole whatever a is);
+* a row slice `[-S:]` stays declined, with the reason (at S = 0 ONNX keeps the whole axis).
+
+Each model is checked against onnxruntime on the original at every size where that runs (S, P and T
+around every constant, T not tied to P + S), on both targets, bit for bit.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from dmlgraph import api
+from dmlgraph.errors import DmlgraphError
+
+N = 12  # a stored buffer's rows and columns
+BIG = 2**62
+
+
+def _i(name: str, v) -> onnx.TensorProto:
+    return nh.from_array(np.array(v, np.int64), name)
+
+
+INITS = [_i("two", 2), _i("three", 3), _i("ax0", [0]), _i("ax1", [1]), _i("zero", 0), _i("one", 1), _i("z1", [0]),
+         _i("big", [BIG]), _i("c2", [2]), _i("c4", [4]), nh.from_array(np.float32(-np.inf), "ninf")]
+DIMS = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "two"], ["s"], axis=0),
+        h.make_node("Gather", ["shape", "three"], ["t"], axis=0), h.make_node("Unsqueeze", ["s", "ax0"], ["s1"]),
+        h.make_node("Unsqueeze", ["t", "ax0"], ["t1"]), h.make_node("Shape", ["past_key"], ["pshape"]),
+        h.make_node("Gather", ["pshape", "two"], ["p"], axis=0), h.make_node("Unsqueeze", ["p", "ax0"], ["p1"])]
+
+
+def _model(nodes: list, inits: list, square: bool = False, sdim: str | int = "S") -> onnx.ModelProto:
+    sdim, tdim = (sdim, sdim) if square else (sdim, "T")
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, [1, 2, sdim, tdim]),
+              h.make_tensor_value_info("past_key", T.FLOAT, [1, 1, "P", 1])]
+    out = h.make_tensor_value_info("y", T.FLOAT, [1, 2, sdim, tdim])
+    m = h.make_model(h.make_graph(DIMS + nodes + [h.make_node("Where", ["m", "x", "ninf"], ["y"])], "form", inputs,
+                                  [out], INITS + inits), opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def _square_grid(k: int = 0) -> list:
+    """cols <= rows + k over [T, T]."""
+    return [h.make_node("Range", ["zero", "t", "one"], ["r"]), h.make_node("Unsqueeze", ["r", "ax1"], ["rows"]),
+            h.make_node("Unsqueeze", ["r", "ax0"], ["cols"]), h.make_node("Add", ["rows", f"k{k}"], ["shifted"]),
+            h.make_node("LessOrEqual", ["cols", "shifted"], ["sq"])], [_i(f"k{k}", k)]
+
+
+def _trilu_band() -> list:
+    """Trilu of ones over x's [S, T] matrix, as bool."""
+    return [h.make_node("Slice", ["shape", "c2", "c4"], ["matrix"]),
+            h.make_node("ConstantOfShape", ["matrix"], ["ones"], value=nh.from_array(np.ones(1, np.float32))),
+            h.make_node("Trilu", ["ones"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["band"], to=T.BOOL)]
+
+
+def square_tail(k: int = 0) -> onnx.ModelProto:
+    """A [T, T] grid's rows [P:] (the cache over a full mask), P and T symbols of their own."""
+    grid, inits = _square_grid(k)
+    return _model(grid + [h.make_node("Slice", ["sq", "p1", "big", "z1"], ["m"])], inits)
+
+
+def buffer_rows_and_tail(k: int = 0, sdim: str | int = "S") -> onnx.ModelProto:
+    """bias[P:P+S, :T] of a stored band, through a Cast round trip, And-ed with a grid's rows [P:]: the
+    second proof reads the first one's lowered node, whose k was min(P, N)."""
+    top = np.arange(N)[None, :] - np.arange(N)[:, None]
+    grid, inits = _square_grid(k)
+    nodes = grid + [h.make_node("Slice", ["sq", "p1", "big", "z1"], ["tail"]),
+                    h.make_node("Add", ["p1", "s1"], ["ps"]),
+                    h.make_node("Slice", ["buffer", "p1", "ps", "z1"], ["brows"]),
+                    h.make_node("Slice", ["brows", "z1", "t1", "ax1"], ["stored"]),
+                    h.make_node("Cast", ["stored"], ["ci"], to=T.INT32), h.make_node("Cast", ["ci"], ["cb"], to=T.BOOL),
+                    h.make_node("And", ["cb", "tail"], ["m"])]
+    return _model(nodes, inits + [nh.from_array((top >= -4) & (top <= 2), "buffer")], sdim=sdim)
+
+
+def rejoined(axis: int, cut: str | int, pieces: int = 2) -> onnx.ModelProto:
+    """A Trilu band over [S, S] cut along `axis` into pieces and Concat-ed back; `cut` a constant, or
+    "P" (a size of another input: it may pass the end, or not)."""
+    inits = [_i("ax", [axis])]
+    if cut == "P":
+        bounds = ["p1"]
+    else:
+        bounds = [f"cut{j}" for j in range(pieces - 1)]
+        inits += [_i(f"cut{j}", [int(cut) + j]) for j in range(pieces - 1)]
+    edges = ["z1"] + bounds + ["big"]
+    nodes = _trilu_band() + [h.make_node("Slice", ["band", a, b, "ax"], [f"piece{j}"])
+                             for j, (a, b) in enumerate(zip(edges, edges[1:]))]
+    nodes.append(h.make_node("Concat", [f"piece{j}" for j in range(len(edges) - 1)], ["m"], axis=axis))
+    return _model(nodes, inits, square=True)
+
+
+def last_rows() -> onnx.ModelProto:
+    """A [T, T] grid's rows [-S:]."""
+    grid, inits = _square_grid()
+    return _model(grid + [h.make_node("Neg", ["s1"], ["ns1"]), h.make_node("Slice", ["sq", "ns1", "big", "z1"], ["m"])],
+                  inits)
+
+
+def decode_window(k: int, w: int) -> onnx.ModelProto:
+    """One query row (S = 1 static) at position P: cols <= P + k and P - cols < w, negated."""
+    nodes = [h.make_node("Range", ["zero", "s", "one"], ["r0"]), h.make_node("Add", ["r0", "p"], ["pos"]),
+             h.make_node("Unsqueeze", ["pos", "ax1"], ["rows"]), h.make_node("Range", ["zero", "t", "one"], ["c0"]),
+             h.make_node("Unsqueeze", ["c0", "ax0"], ["cols"]), h.make_node("Add", ["rows", "k"], ["shifted"]),
+             h.make_node("LessOrEqual", ["cols", "shifted"], ["causal"]), h.make_node("Sub", ["rows", "cols"], ["dist"]),
+             h.make_node("Less", ["dist", "w"], ["near"]), h.make_node("And", ["causal", "near"], ["window"]),
+             h.make_node("Not", ["window"], ["m"])]
+    return _model(nodes, [_i("k", k), _i("w", w)], sdim=1)
+
+
+def _session(m: onnx.ModelProto) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _feeds(s: int, t: int, p: int) -> dict:
+    rng = np.random.default_rng(100 * s + 10 * t + p)
+    x = rng.standard_normal((1, 2, s, t)).astype(np.float32)
+    x.reshape(-1)[::5] = np.float32(0.0)  # (+0.0: onnxruntime's broadcasting Where drops a -0.0, fuzz_forms.py)
+    return {"x": x, "past_key": np.zeros((1, 1, p, 1), np.float32)}
+
+
+def _with_mask_output(m: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    out.graph.output.append(h.make_tensor_value_info("m", T.BOOL, None))
+    return out
+
+
+def differential(m: onnx.ModelProto, sizes) -> tuple[int, int]:
+    """Both targets equal onnxruntime on the original, bit for bit, at every (S, T, P) it runs; (how many
+    ran, how many the dml target refused). A guarded application (docs/limits.md) takes the band's
+    matrix: where the mask has a side of 1 that the original broadcasts against other data, the DML
+    node stops with an error, never a different result."""
+    want_session = _session(_with_mask_output(m))
+    lowered = {t: api.optimize(m, target=t) for t in ("dml", "onnx")}
+    assert all(r.exact for r in lowered["dml"].rewrites)
+    onnx_session = _session(lowered["onnx"].model)
+    ran = refused = 0
+    for s, t, p in sizes:
+        f = _feeds(s, t, p)
+        try:
+            want, mask = want_session.run(None, f)
+        except Exception:  # noqa: BLE001 - a size the original cannot run
+            continue
+        ran += 1
+        broadcast = mask.shape[-2:] != f["x"].shape[-2:] and 1 in mask.shape[-2:]
+        try:
+            dml = api.run(lowered["dml"].model, f)["y"]
+        except DmlgraphError:
+            assert broadcast, (s, t, p)
+            refused += 1
+            dml = None
+        for target, got in (("onnx", onnx_session.run(None, f)[0]), ("dml", dml)):
+            assert got is None or want.shape == got.shape and np.array_equal(want.view(np.uint32), got.view(np.uint32)), \
+                (target, (s, t, p))
+    return ran, refused
+
+
+def sites(m: onnx.ModelProto) -> dict[str, tuple[str, str | None]]:
+    return {r["value"]: (r["status"], r.get("reason")) for r in api.inspect(m).report["masks"]}
+
+
+def _grid(*axes) -> list[tuple[int, int, int]]:
+    return list(itertools.product(*axes))
+
+
+SMALL = [0, 1, 2, 3, 5]
+AROUND_N = [0, 1, 2, 3, 5, N - 1, N, N + 1]
+
+
+@pytest.mark.parametrize("k", [-2, 0, 3])
+def test_square_tail_with_its_own_t_lowers(k):
+    """rows [P:] of [T, T]: where P passes T the slice is empty, so its rows start at P at every size."""
+    m = square_tail(k)
+    assert sites(m)["m"][0] == "lowered", sites(m)["m"]
+    # (S, T, P): the cache's T = P + S, and T apart from P + S where the broadcast still runs (rows 1 or S 1)
+    ran, refused = differential(m, _grid(SMALL, SMALL + [8], [0, 1, 2, 3, 4, 5, 7, 9]))
+    assert ran >= 40 and refused < ran / 2, (ran, refused)
+
+
+@pytest.mark.parametrize("sdim", ["S", 1])
+def test_buffer_rows_and_tail_lower_together(sdim):
+    """bias[P:P+S] starts at row P (not min(P, N)): a later proof reads the lowered node's k as P."""
+    m = buffer_rows_and_tail(sdim=sdim)
+    got = sites(m)
+    assert all(status == "lowered" for status, _ in got.values()), got  # (main: tail "k is a clamped size")
+    ran, refused = differential(m, _grid([1, 2, 3] if sdim == "S" else [1], AROUND_N + [N + 2],
+                                         [0, 1, 2, N - 2, N - 1, N, N + 1]))
+    assert ran >= 15 and refused < ran / 2, (ran, refused)
+
+
+@pytest.mark.parametrize("axis,cut,pieces", [(-1, 1, 2), (-1, 2, 2), (-2, 3, 2), (-2, 1, 3), (-1, -2, 2),
+                                             (-1, "P", 2), (-2, "P", 2)])
+def test_slice_pieces_joined_are_the_whole(axis, cut, pieces):
+    m = rejoined(axis, cut, pieces)
+    got = sites(m)
+    assert got["m"][0] == "lowered", got["m"]
+    ran, refused = differential(m, [(s, s, p) for s in [0, 1, 2, 3, 4, 6] for p in ([0, 2, 5, 9] if cut == "P" else [0])])
+    assert ran >= 6 and not refused
+
+
+def test_three_pieces_with_crossing_bounds_are_not_the_whole():
+    """[0:-1] [-1:2] [2:]: at S = 5 the inner bounds clamp to 4 and 2 (out of order): not rejoined."""
+    m = rejoined(-1, -1, 3)
+    m.graph.initializer[-1].CopyFrom(_i("cut1", [2]))
+    assert sites(m)["m"][0] != "lowered"
+    assert differential(m, [(s, s, 0) for s in range(0, 7)]) == (4, 0)  # (at S = 4, 5, 6 the original fails)
+
+
+def test_rows_from_minus_s_stay_declined_with_the_reason():
+    """[-S:] keeps the whole axis at S = 0 and S rows where 0 < S <= T: no one size expression."""
+    status, reason = sites(last_rows())["m"]
+    assert status == "declined" and "at 0 ONNX keeps the whole axis" in str(reason), (status, reason)
+
+
+@pytest.mark.parametrize("k,w", [(0, 3), (4, 1), (-2, 5)])
+def test_one_query_row_compared_with_the_columns_is_a_band(k, w):
+    """S = 1: the row index is 0, so `cols OP pos + k` is a diagonal of the [1, T] matrix."""
+    m = decode_window(k, w)
+    assert sites(m)["m"][0] == "lowered", sites(m)["m"]
+    ran, refused = differential(m, _grid([1], [0, 1, 2, 3, 5, 8], [0, 1, 2, 4, 6, 7]))
+    assert ran >= 30 and not refused
+
+
+def buffer_pieces(cut: int) -> onnx.ModelProto:
+    """bias[:S, :S] of a stored 12 x 12 band (rows min(S, 12)), cut at rows `cut` and joined back."""
+    top = np.arange(N)[None, :] - np.arange(N)[:, None]
+    nodes = [h.make_node("Concat", ["s1", "s1"], ["ss"], axis=0), h.make_node("Slice", ["buffer", "z2", "ss"], ["full"]),
+             h.make_node("Slice", ["full", "z1", "cut", "z1"], ["top"]),
+             h.make_node("Slice", ["full", "cut", "big", "z1"], ["bottom"]),
+             h.make_node("Concat", ["top", "bottom"], ["m"], axis=0)]
+    return _model(nodes, [_i("z2", [0, 0]), _i("cut", [cut]), nh.from_array((top >= -3) & (top <= 1), "buffer")],
+                  square=True)
+
+
+@pytest.mark.parametrize("cut", [1, 3, N, N + 2])
+def test_pieces_of_a_clamped_size_lower(cut):
+    """[:c] of min(S, N) rows is clamp(S, 0, min(N, c)); [c:] starts at c, max(min(S, N) - c, 0) rows."""
+    m = buffer_pieces(cut)
+    got = sites(m)
+    assert got["top"][0] == got["bottom"][0] == got["m"][0] == "lowered", got
+    ran, refused = differential(m, [(s, s, 0) for s in [0, 1, 2, 3, 4, N - 1, N, N + 1]])
+    assert ran == 7 and not refused  # (at S = 13 the original fails: 12 rows against 13)
+
+
+def eye_and_buffer() -> onnx.ModelProto:
+    """EyeLike over [S, S] And bias[:S, :S] of a stored 12 x 12 band: broadcasting S with min(S, 12)."""
+    top = np.arange(N)[None, :] - np.arange(N)[:, None]
+    nodes = [h.make_node("Concat", ["s1", "s1"], ["ss"], axis=0), h.make_node("Slice", ["buffer", "z2", "ss"], ["full"]),
+             h.make_node("ConstantOfShape", ["ss"], ["zeros"], value=nh.from_array(np.zeros(1, np.float32))),
+             h.make_node("EyeLike", ["zeros"], ["eye"], k=-1), h.make_node("Cast", ["eye"], ["eyeb"], to=T.BOOL),
+             h.make_node("Or", ["eyeb", "full"], ["m"])]
+    return _model(nodes, [_i("z2", [0, 0]), nh.from_array((top >= 1) & (top <= 3), "buffer")], square=True)
+
+
+def test_a_size_and_its_clamp_broadcast_as_one():
+    """min(S, 12) and S differ only where S > 12, where neither is 1: onnxruntime fails there."""
+    m = eye_and_buffer()
+    assert sites(m)["m"][0] == "lowered", sites(m)["m"]
+    ran, refused = differential(m, [(s, s, 0) for s in [0, 1, 2, 3, N - 1, N, N + 1, N + 2]])
+    assert ran == 6 and not refused

@@ -21,6 +21,7 @@ import os
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -242,92 +243,88 @@ def save_inputs(sets: dict[str, dict[str, np.ndarray]], folder: str) -> None:
 
 
 # ---- deployment variants (onnx / onnxruntime only) --------------------------------------------
+def _fp16(a: str, b: str) -> None:
+    from onnxconverter_common import float16
+    onnx.save(float16.convert_float_to_float16(onnx.load(a), keep_io_types=True), b)
+
+
+def _int8(a: str, b: str) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    quantize_dynamic(a, b, weight_type=QuantType.QInt8)
+    m = onnx.load(b)
+    m.ir_version = min(m.ir_version, 10)
+    onnx.save(m, b)
+
+
+def _ortopt(level: int) -> Callable[[str, str], None]:
+    def run(a: str, b: str) -> None:
+        from onnxruntime.transformers import optimizer
+        opt = optimizer.optimize_model(a, model_type="gpt2", num_heads=2, hidden_size=32, opt_level=level)
+        opt.model.ir_version = min(opt.model.ir_version, 10)
+        opt.save_model_to_file(b)
+    return run
+
+
+def _extsub(a: str, b: str) -> None:
+    """One data file per tensor, in a subfolder next to the model."""
+    m = onnx.load(a)
+    sub = os.path.basename(b)[:-5] + "_data"
+    os.makedirs(os.path.join(os.path.dirname(b), sub), exist_ok=True)
+    onnx.external_data_helper.convert_model_to_external_data(m, all_tensors_to_one_file=False, size_threshold=256)
+    for t in onnx.external_data_helper._get_all_tensors(m):
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = f"{sub}/{e.value}"
+    onnx.save(m, b)
+
+
+def _extdata(a: str, b: str) -> None:
+    onnx.save(onnx.load(a), b, save_as_external_data=True, all_tensors_to_one_file=True,
+              location=os.path.basename(b) + ".data", size_threshold=256)
+
+
+def _optimum_names(a: str, b: str) -> None:
+    """Optimum merged decoders name attention_mask's length like input_ids's (it is past + seq)."""
+    m = onnx.load(a)
+    dims = {i.name: i.type.tensor_type.shape.dim for i in m.graph.input}
+    dims["attention_mask"][1].dim_param = dims["input_ids"][1].dim_param
+    onnx.save(m, b)
+
+
+# (suffix, what it is, converter, sources)
+VARIANTS = [
+    ("optnames", "attention_mask length named like input_ids's (Optimum)", _optimum_names,
+     ("qwen3_kv_ts", "gemma3_sw4_kv_dynamo")),
+    ("fp16", "onnxconverter-common float16 (keep_io_types)", _fp16, ("qwen3_kv_ts", "gemma3_sw4_kv_dynamo")),
+    ("int8", "onnxruntime quantize_dynamic QInt8", _int8, ("qwen3_kv_ts", "gemma3_sw4_kv_dynamo")),
+    ("ortopt", "onnxruntime.transformers.optimizer (gpt2, opt_level 1)", _ortopt(1),
+     ("qwen3_kv_ts", "gemma3_sw4_kv_dynamo")),
+    ("ortopt99", "onnxruntime.transformers.optimizer (gpt2, opt_level 99)", _ortopt(99),
+     ("gpt_bigcode_kv_ts", "gpt_bigcode_kv_dynamo")),
+    ("extsub", "external data, a file per tensor in a subfolder", _extsub, ("falcon_kv_dynamo",)),
+    ("extdata", "onnx.save save_as_external_data, one file", _extdata, ("qwen3_kv_dynamo", "falcon_kv_ts")),
+]
+
+
 def variants(out: str, log: list[dict]) -> None:
-    """float16, dynamic int8, onnxruntime's optimizer and external data of a few exports; each
-    reuses its source's input sets."""
+    """The deployment variants of the exports in `out`; each reuses its source's input sets."""
     import shutil
-
-    def src(name: str) -> str:
-        return os.path.join(out, name + ".onnx")
-
-    def record(name: str, source: str, how: str, fn) -> None:
-        entry = {"name": name, "file": name + ".onnx", "source": f"{how} of {source}", "variant_of": source}
-        try:
-            fn(src(source), os.path.join(out, name + ".onnx"))
-            shutil.copytree(os.path.join(out, "inputs", source), os.path.join(out, "inputs", name), dirs_exist_ok=True)
-            entry.update(ok=True, bytes=os.path.getsize(os.path.join(out, name + ".onnx")))
-            print(f"OK   {name}")
-        except Exception as e:  # noqa: BLE001 (recorded, not hidden)
-            entry.update(ok=False, error=f"{type(e).__name__}: {str(e).strip()[:400]}")
-            print(f"FAIL {name}: {entry['error']}")
-        log[:] = [e for e in log if e["name"] != name] + [entry]
-
-    def fp16(a: str, b: str) -> None:
-        from onnxconverter_common import float16
-        m = float16.convert_float_to_float16(onnx.load(a), keep_io_types=True)
-        onnx.save(m, b)
-
-    def qdyn(a: str, b: str) -> None:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-        quantize_dynamic(a, b, weight_type=QuantType.QInt8)
-        m = onnx.load(b)
-        m.ir_version = min(m.ir_version, 10)
-        onnx.save(m, b)
-
-    def ortopt(a: str, b: str) -> None:
-        from onnxruntime.transformers import optimizer
-        opt = optimizer.optimize_model(a, model_type="gpt2", num_heads=2, hidden_size=32, opt_level=1)
-        opt.model.ir_version = min(opt.model.ir_version, 10)
-        opt.save_model_to_file(b)
-
-    def ortopt99(a: str, b: str) -> None:
-        from onnxruntime.transformers import optimizer
-        opt = optimizer.optimize_model(a, model_type="gpt2", num_heads=2, hidden_size=32, opt_level=99)
-        opt.model.ir_version = min(opt.model.ir_version, 10)
-        opt.save_model_to_file(b)
-
-    def extsub(a: str, b: str) -> None:
-        """one data file per tensor, in a subfolder (the layout `save_as_external_data` writes with
-        all_tensors_to_one_file=False and a location under a folder)."""
-        m = onnx.load(a)
-        sub = os.path.basename(b)[:-5] + "_data"
-        os.makedirs(os.path.join(os.path.dirname(b), sub), exist_ok=True)
-        onnx.external_data_helper.convert_model_to_external_data(m, all_tensors_to_one_file=False,
-                                                                 size_threshold=256)
-        for t in onnx.external_data_helper._get_all_tensors(m):
-            for e in t.external_data:
-                if e.key == "location":
-                    e.value = f"{sub}/{e.value}"
-        onnx.save(m, b)
-
-    def extdata(a: str, b: str) -> None:
-        m = onnx.load(a)
-        onnx.save(m, b, save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=os.path.basename(b) + ".data", size_threshold=256)
-
-    def optimum_names(a: str, b: str) -> None:
-        """Optimum merged decoders name attention_mask's length like input_ids's (it is past + seq)."""
-        m = onnx.load(a)
-        dims = {i.name: i.type.tensor_type.shape.dim for i in m.graph.input}
-        dims["attention_mask"][1].dim_param = dims["input_ids"][1].dim_param
-        onnx.save(m, b)
-
-    for source in ("qwen3_kv_ts", "gemma3_sw4_kv_dynamo"):
-        if os.path.exists(src(source)):
-            record(source + "_optnames", source, "attention_mask length named like input_ids's (Optimum)",
-                   optimum_names)
-            record(source + "_fp16", source, "onnxconverter-common float16 (keep_io_types)", fp16)
-            record(source + "_int8", source, "onnxruntime quantize_dynamic QInt8", qdyn)
-            record(source + "_ortopt", source, "onnxruntime.transformers.optimizer (gpt2, opt_level 1)", ortopt)
-    for source in ("gpt_bigcode_kv_ts", "gpt_bigcode_kv_dynamo"):
-        if os.path.exists(src(source)):
-            record(source + "_ortopt99", source, "onnxruntime.transformers.optimizer (gpt2, opt_level 99)", ortopt99)
-    if os.path.exists(src("falcon_kv_dynamo")):
-        record("falcon_kv_dynamo_extsub", "falcon_kv_dynamo", "external data, a file per tensor in a subfolder",
-               extsub)
-    for source in ("qwen3_kv_dynamo", "falcon_kv_ts"):
-        if os.path.exists(src(source)):
-            record(source + "_extdata", source, "onnx.save save_as_external_data", extdata)
+    for suffix, how, convert, sources in VARIANTS:
+        for source in sources:
+            if not os.path.exists(os.path.join(out, source + ".onnx")):
+                continue
+            name = f"{source}_{suffix}"
+            entry = {"name": name, "file": name + ".onnx", "source": f"{how} of {source}", "variant_of": source}
+            try:
+                convert(os.path.join(out, source + ".onnx"), os.path.join(out, name + ".onnx"))
+                shutil.copytree(os.path.join(out, "inputs", source), os.path.join(out, "inputs", name),
+                                dirs_exist_ok=True)
+                entry.update(ok=True, bytes=os.path.getsize(os.path.join(out, name + ".onnx")))
+                print(f"OK   {name}")
+            except Exception as e:  # noqa: BLE001 (recorded, not hidden)
+                entry.update(ok=False, error=f"{type(e).__name__}: {str(e).strip()[:400]}")
+                print(f"FAIL {name}: {entry['error']}")
+            log[:] = [e for e in log if e["name"] != name] + [entry]
 
 
 def main(argv: list[str] | None = None) -> int:

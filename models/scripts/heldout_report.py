@@ -141,7 +141,8 @@ def _pair(t: dict, key: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("dir", nargs="?", default="/work/scratch/heldout_models")
+    ap.add_argument("dir", nargs="?", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                                           "out", "heldout"))
     ap.add_argument("--json", help="also write the rows as JSON")
     ap.add_argument("--rows", nargs="*", help="print the table of saved --json files instead of measuring")
     ap.add_argument("only", nargs="*", help="model name substrings")

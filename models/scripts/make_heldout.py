@@ -2,7 +2,7 @@
 
 Run under the torch venv (torch 2.13.0, transformers 5.23.0, onnxscript; see make_kv_models.py):
 
-    /work/scratch/torchvenv/bin/python models/scripts/make_heldout.py [--out DIR] [NAME_SUBSTRING ...]
+    /work/torchenv/bin/python models/scripts/make_heldout.py [--out DIR] [NAME_SUBSTRING ...]
 
 Same tools and wrappers as make_kv_models.py (flat KV cache through DynamicCache, TorchScript opset 17
 and dynamo opset 18, verified against torch in onnxruntime at every input set), other families. Every
@@ -33,6 +33,7 @@ import make_kv_models as kv
 from make_kv_models import TOTAL, InputSet, Spec
 
 warnings.filterwarnings("ignore")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "out", "heldout")  # (git ignores out/)
 VOCAB = kv.VOCAB
 # the corpus's sets plus one larger size (S = 64 with a past of 8)
 kv.KV_SETS = (*kv.KV_SETS, InputSet("long", 1, 8, 64))
@@ -329,7 +330,7 @@ def variants(out: str, log: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="/work/scratch/heldout_models")
+    ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("want", nargs="*")
     args = ap.parse_args(argv)

@@ -551,8 +551,8 @@ def _totals(lowered: OptimizeResult, seen: dict[str, Any], report: dict[str, Any
                     "file_bytes": report["model"]["file_bytes"]}
     return {
         "target": target, "feature_level": options.feature_level.label,
-        "grows": grows, "optimize_writes_lowered": bool(lowered.rewrites) and (grows is None or options.allow_growth
-                                                                              or len(growing) < len(lowered.rewrites)),
+        "grows": grows, "optimize_writes_lowered": bool(lowered.rewrites) and (
+            grows is None or options.allow_growth or bool(lowered.report.get("writes_lowered"))),
         "declined_for_growth": [] if options.allow_growth else growing,
         "portable": lowered.report.get("portable"),
         "candidates": len(report["candidates"]), "declined": len(report["declined"]),

@@ -373,6 +373,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         report["site_growth"] = [match_record(m, True) for m in (without[1].declined if without else [])
                                  if (m.reason or "").startswith(GROWTH_DECLINE)] if without else \
             [match_record(m) | {"reason": "every site (no kept subset stops the growth)"} for m in result.applied]
+        # (what optimize then writes: a lowering of the kept sites, unless it computes what the input does)
+        report["writes_lowered"] = bool(without and without[1].applied and not same_computation(source, without[2]))
     if target == "onnx" and result.applied:
         report["portable"] = portable_summary([*[n for n in g.nodes.values() if isinstance(n, DmlNode)],
                                                *nested_dml_nodes(result)])

@@ -77,9 +77,6 @@ def test_the_shared_kv_cone_lowers_right_when_growth_is_allowed(past: int, seq: 
     assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got))
 
 
-@pytest.mark.xfail(strict=True, reason="inspect's optimize_writes_lowered compares the number of sites "
-                   "declined for growth (1) with the number of rewrites (3, one site), so it says optimize "
-                   "writes the lowered model when optimize declines every site (dmlgraph/inspection.py _totals)")
 @pytest.mark.parametrize("target", ["dml", "onnx"])
 def test_inspect_says_what_optimize_writes(target: str) -> None:
     model = _kv_causal()

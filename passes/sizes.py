@@ -9,7 +9,7 @@ optimizing a portable export again reproduces the same graph.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, TypeGuard
+from typing import Callable, Sequence, TypeGuard, cast
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -250,20 +250,44 @@ class SizeBuilder:
         return self._read(*found[0], chain)
 
     def _own_scalar(self, e: Lin | Clamp, chain: list) -> Value | None:
-        """The model's own 0-D read of a plain size, `Gather(Shape(v), axis)` with a 0-D index
-        (TorchScript's `size(axis)`): no Gather and Reshape of our own beside it."""
-        if not isinstance(e, Lin) or e.const or len(e.terms) != 1 or e.terms[0][1] != 1 or e.terms[0][0] in self.derived:
+        """The model's own 0-D int64 value of e, where it computes one: a plain size's
+        `Gather(Shape(v), axis)` with a 0-D index (TorchScript's `size(axis)`), or the `Add`/`Sub`
+        of two such reads (a KV cache's `past = total - S`). No Gather, arithmetic and Reshape of
+        our own beside the model's."""
+        if not isinstance(e, Lin) or e.const or not 1 <= len(e.terms) <= 2 \
+                or any(abs(c) != 1 or sym in self.derived for sym, c in e.terms):
             return None
-        found = claims(self.graph, self.inputs, e.terms[0][0])
+        reads = [self._own_read(sym) for sym, _ in e.terms]
+        if any(r is None for r in reads):
+            return None
+        steps = [cast(OnnxNode, r) for r in reads]
+        if len(steps) == 1:
+            if e.terms[0][1] != 1:
+                return None
+        else:
+            (_, c0), (_, c1) = e.terms
+            a, b = (steps[0], steps[1]) if c0 > 0 else (steps[1], steps[0])
+            if c0 < 0 and c1 < 0:
+                return None
+            op = "Add" if c0 > 0 and c1 > 0 else "Sub"
+            out = existing_size_node(self.ctx, op, [a.outputs[0], b.outputs[0]], None)
+            if out is None and op == "Add":
+                out = existing_size_node(self.ctx, op, [b.outputs[0], a.outputs[0]], None)
+            if out is None or out.producer is None or out.shape != ():
+                return None
+            steps.append(cast(OnnxNode, out.producer))
+        for n in steps:
+            chain.append((n, list(n.inputs)))
+        return steps[-1].outputs[0]
+
+    def _own_read(self, sym: Symbol) -> OnnxNode | None:
+        """The model's own `Gather(Shape(v), axis)` with a 0-D index, v and axis the symbol's first claim."""
+        found = claims(self.graph, self.inputs, sym)
         if not found:
             return None
         v, axis = found[0]
         shape = existing_size_node(self.ctx, "Shape", [v], None)
-        own = None if shape is None else _existing_gather(self.graph, shape, axis, scalar=True)
-        if own is None:
-            return None
-        chain.append((own, list(own.inputs)))
-        return own.outputs[0]
+        return None if shape is None else _existing_gather(self.graph, shape, axis, scalar=True)
 
     def guard(self, exprs: Sequence[Lin]) -> Value | None:
         """A 0-D int64 zero that the run fails to compute where the values whose dims share the name

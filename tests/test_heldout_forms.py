@@ -15,6 +15,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import dmlgraph
+from dmlgraph import pipeline
 
 
 def _kv_causal() -> onnx.ModelProto:
@@ -58,11 +59,13 @@ def _feeds(past: int, seq: int, pad: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("target", ["dml", "onnx"])
 def test_a_shared_kv_cone_is_declined_for_growth_with_the_numbers(target: str) -> None:
-    """The site is found and declined with what it would add (not lowered into a bigger model)."""
-    result = dmlgraph.optimize(_kv_causal(), target=target)
-    assert sum(result.counts.values()) == 0
-    assert any(d.reason.startswith("would add ") and f"nodes on target {target}" in d.reason
-               for d in result.declined)
+    """What would grow the model is declined with what it would add, the rest lowered: the
+    written model is no bigger (on dml the causal part lowers, reading the model's own `past`)."""
+    model = _kv_causal()
+    result = dmlgraph.optimize(model, target=target)
+    assert pipeline.growth(model, result.model) is None
+    assert any(d.reason.startswith("would add ") and f"on target {target}" in d.reason for d in result.declined)
+    assert (sum(result.counts.values()) > 0) == (target == "dml")
 
 
 @pytest.mark.parametrize(("past", "seq", "pad"), [(0, 4, 0), (5, 3, 0), (7, 1, 0), (4, 3, 2)])
@@ -84,3 +87,16 @@ def test_inspect_says_what_optimize_writes(target: str) -> None:
     assert totals["declined_for_growth"]  # the one site, declined
     writes = sum(dmlgraph.optimize(model, target=target).counts.values()) > 0
     assert totals["optimize_writes_lowered"] == writes
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_the_shift_is_the_models_own_past(target: str) -> None:
+    """k = total - S is the model's own `past = Sub(Gather(Shape(mask), 1), Gather(Shape(ids), 1))`,
+    not a Neg/Add/Reshape of our own beside it: on dml the lowering adds no node."""
+    model = _kv_causal()
+    r = dmlgraph.optimize(model, target=target, allow_growth=True)
+    shifted = [n for n in r.model.graph.node if n.op_type in ("DiagonalMatrix1", "Trilu")]
+    assert len(shifted) == 1 and shifted[0].input[-1] == "past"
+    assert not {"Neg", "Reshape"} & {n.op_type for n in r.model.graph.node}
+    if target == "dml":
+        assert len(r.model.graph.node) <= len(model.graph.node)

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 
@@ -168,3 +170,36 @@ def test_a_band_of_one_inputs_sizes_applied_to_anothers(a_shape, x_shape):
         got = list(dmlgraph.run(r.model, f).values()) if t == "dml" else \
             ort.InferenceSession(r.model.SerializeToString(), providers=CPU).run(None, f)
         assert _same(want, got, exact=True), (t, a_shape, x_shape)
+
+
+_LOWERED: dict[str, onnx.ModelProto] = {}
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(h_=st.integers(1, 5), w=st.integers(1, 5), b=st.integers(1, 3), one=st.sampled_from(["none", "h", "w", "x_h", "x_w"]))
+def test_claim_breaking_sizes_drawn_at_random(h_, w, b, one):
+    """Sizes where one side of a claimed name is 1 (or none is): both targets as onnxruntime, bit-exact."""
+    a = (1 if one == "h" else h_, 1 if one == "w" else w)
+    x = (b, 1 if one == "x_h" else h_, 1 if one == "x_w" else w)
+    m = _where_model("s", "t")
+    if not _LOWERED:
+        _LOWERED.update({t: dmlgraph.optimize(m, target=t).model for t in ("dml", "onnx")})
+    f = {"a": np.zeros(a, np.float32), "x": np.random.default_rng(h_ * 7 + w).standard_normal(x).astype(np.float32)}
+    want = ort.InferenceSession(m.SerializeToString(), providers=CPU).run(None, f)
+    assert _same(want, list(dmlgraph.run(_LOWERED["dml"], f).values()), exact=True)
+    got = ort.InferenceSession(_LOWERED["onnx"].SerializeToString(), providers=CPU).run(None, f)
+    assert _same(want, got, exact=True)
+
+
+def test_dxdispatch_refuses_a_call_whose_mask_is_not_the_output_matrix():
+    from dmlgraph.errors import UnsupportedError
+    from dmlgraph.io.onnx_io import import_model
+    from dmlgraph.tools import dxdispatch
+
+    g = import_model(dmlgraph.optimize(DEMO, target="dml").model)
+    rng = np.random.default_rng(3)
+    same = {n: rng.standard_normal((2, 2, 4, 8)).astype(np.float32) for n in ("q", "k", "v")}
+    assert dxdispatch.build(dxdispatch.trace(g, same)).operators  # the claim holds: one DIAGONAL_MATRIX1
+    broken = dict(same, q=rng.standard_normal((2, 2, 1, 8)).astype(np.float32))
+    with pytest.raises(UnsupportedError, match="not the output's matrix"):
+        dxdispatch.build(dxdispatch.trace(g, broken))

@@ -21,8 +21,16 @@ import onnx
 from dmlgraph import mask_census
 from dmlgraph.errors import DmlgraphError, InternalError, ModelError
 from dmlgraph.io import saving
-from dmlgraph.io.modelfile import check_model, check_model_proto, data_nbytes, load_model, tensor_nbytes, without_weights
-from dmlgraph.io.onnx_io import export_model, import_model
+from dmlgraph.io.modelfile import (
+    check_model_proto,
+    checker_failure,
+    data_nbytes,
+    load_model,
+    onnxruntime_refuses,
+    tensor_nbytes,
+    without_weights,
+)
+from dmlgraph.io.onnx_io import PORTABLE_MIN_OPSET, export_model, import_model
 from dmlgraph.io.portable import ONE_OPERATOR
 from dmlgraph.io.saving import atomic_writer, check_for_save, output_target
 from dmlgraph.io.shape_inference import PendingShapes
@@ -66,9 +74,12 @@ def load(model: ModelLike, base_dir: str | None = None) -> tuple[onnx.ModelProto
     Like every whole-model step, with the cyclic collector paused where allowed (see `gc_paused`):
     its full passes over the proto walk and the new graph find nothing to free."""
     model = as_model(model)
+    notes: list[str] = []
     if isinstance(model, onnx.ModelProto):  # (`base_dir`: where its external data lives, if any)
-        check_model_proto(model, IN_MEMORY, base_dir)
-        return model, import_model(model, base_dir)
+        check_model_proto(model, IN_MEMORY, base_dir, notes=notes)
+        g = import_model(model, base_dir)
+        g.info.notes = notes
+        return model, g
     path = model
     shapes: PendingShapes | None = None
 
@@ -77,8 +88,10 @@ def load(model: ModelLike, base_dir: str | None = None) -> tuple[onnx.ModelProto
         shapes = PendingShapes(parsed)
         shapes.start()
     try:
-        proto = load_model(path, parsed=infer)
-        return proto, import_model(proto, os.path.dirname(os.path.abspath(path)), shapes)
+        proto = load_model(path, parsed=infer, notes=notes)
+        g = import_model(proto, os.path.dirname(os.path.abspath(path)), shapes)
+        g.info.notes = notes
+        return proto, g
     finally:
         if shapes is not None:
             shapes.close()
@@ -256,10 +269,10 @@ class OptimizeResult:
             return
         if self.original is None or full_check_failure(self.original) is None:
             raise AssertionError(f"dmlgraph made a model that fails onnx's full check: {failure}")
-        try:
-            check_model(without_weights(self.model, keep_dims=False), full_check=False)
-        except Exception as e:
-            raise AssertionError(f"dmlgraph made a model that fails onnx's checker: {e}") from e
+        base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
+        worse = worse_than_source(self.model, self.original, self.report.get("target", "dml"), base_dir)
+        if worse is not None:
+            raise AssertionError(f"dmlgraph made a model that {worse}")
 
     @gc_paused
     def save(self, path: str | os.PathLike[str], *, in_place: bool = False) -> int:
@@ -316,20 +329,22 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     model = as_model(model)
     label = model_label(model)
     source, g = load(model, base_dir)
+    notes = list(g.info.notes)
+    dir_of = base_dir if isinstance(model, onnx.ModelProto) else os.path.dirname(os.path.abspath(model))
     if loaded is not None:
         loaded(source, g)
     before = graph_stats(g)
-    result, exported, cleaned = _lower_graph(g, options, target, progress, census)
-    grown = growth(source, exported)
+    result, exported, cleaned = _lower_graph(g, source, options, target, progress, census)
+    grown = growth(source, exported, target)
     full = exported  # the lowering of every site (inspect and --allow-growth show it)
     if grown is not None and result.applied and not options.allow_growth:
         if check:
-            _check_output(exported, source, label)  # (a broken lowering is our bug, written or not)
+            _check_output(exported, source, label, target, dir_of, bool(notes))  # (a broken lowering: our bug)
         g, result, exported, cleaned = _decline_growing_sites(model, base_dir, source, options, target, result,
                                                               exported, census, grown, (g, cleaned))
     if result.applied or cleaned:  # (a model given back unchanged stays byte for byte the input)
         stamp(exported, target, options, result.counts, source)
-    serialized = _check_output(exported, source, label) if check else None
+    serialized = _check_output(exported, source, label, target, dir_of, bool(notes)) if check else None
     if serialized is not None and len(serialized) > KEEP_CHECKED_BYTES:
         serialized = None
     # The numbers describe the file written: the portable target expands each DML node.
@@ -349,6 +364,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "before": before, "after": after,
         "grows": grown,  # how lowering every site would make the model bigger (then declined sites)
         "declined_for_growth": sum(1 for m in result.declined if (m.reason or "").startswith(GROWTH_DECLINE)),
+        "notes": notes,  # what loading took though onnx's checks refuse it
     }
     if grown is not None and options.allow_growth and explain_growth and result.applied:
         # The sites optimize would decline, with its reasons (inspect lowers every site).
@@ -383,21 +399,39 @@ def _decline_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
         if result.applied and not same_computation(source, exported):
             return g, result, exported, cleaned
     else:  # no subset found that does not grow: every site declined, the input kept (cleaned)
-        reason = f"not written: the lowered model would grow on target {target} ({grown}); the input is kept"
-        for m in result.applied:
-            m.reason = reason
-        result = PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied,
-                            [], result.iterations, result.superseded, result.census)
+        result = _all_declined(result, f"not written: the lowered model would grow on target {target} ({grown}); "
+                                       "the input is kept")
+    exported, cleaned = _input_kept(source)
+    return g, result, exported, cleaned
+
+
+def _all_declined(result: PassResult, reason: str) -> PassResult:
+    """`result` with every lowered site declined for `reason`."""
+    for m in result.applied:
+        m.reason = reason
+    return PassResult(result.changed, {k: 0 for k in result.counts}, result.declined + result.applied,
+                      [], result.iterations, result.superseded, result.census)
+
+
+def _input_kept(source: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """A copy of the input, cleaned, to be written: (it, whether the clean-up changed it)."""
     exported = onnx.ModelProto()
     exported.CopyFrom(source)
-    return g, result, exported, clean(exported)
+    return exported, clean(exported)
 
 
-def _lower_graph(g: Graph, options: Options, target: str, progress: Callable[[str], None] | None,
-                 census: bool) -> tuple[PassResult, onnx.ModelProto, bool]:
+def _lower_graph(g: Graph, source: onnx.ModelProto, options: Options, target: str,
+                 progress: Callable[[str], None] | None, census: bool) -> tuple[PassResult, onnx.ModelProto, bool]:
     """The rules on `g` (in place), then the export to `target`, cleaned: (what ran, the model,
-    whether the clean-up changed it)."""
+    whether the clean-up changed it). The portable target writes opset 13 ops at least (Trilu
+    needs 14): below that every site is declined, saying so, and the input kept."""
     result = optimize_graph(g, options, progress, census)
+    opset = g.info.opset_imports.get("", 0)
+    if target == "onnx" and opset < PORTABLE_MIN_OPSET and result.applied:
+        result = _all_declined(result, f"not written: the portable target writes ops of opset {PORTABLE_MIN_OPSET} "
+                                       f"or later and the model imports opset {opset}; convert it "
+                                       "(onnx.version_converter) or use --target dml")
+        return (result, *_input_kept(source))
     g.remove_dead()
     exported = export_model(g, target)
     return result, exported, clean(exported)
@@ -416,7 +450,7 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
     for _ in range(2 * len(applied) + 1):
         found = [(m, why) for m, why in growing_sites(reference, out, applied, target) if site_key(m) not in declined]
         if not found:  # no site grows the model on its own, together they do: the costliest goes
-            costs = [(c[:2], i, c[2]) for i, c in enumerate(site_costs(reference, out, applied))
+            costs = [(c[:2], i, c[2]) for i, c in enumerate(site_costs(reference, out, applied, target))
                      if c is not None and site_key(applied[i]) not in declined]
             if not costs:
                 return None
@@ -425,12 +459,12 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
             added = (f"{extra} node{'s' if extra > 1 else ''}" if extra > 0 else
                      f"{_unstamped_bytes(out) - _unstamped_bytes(source)} bytes")
             found = [(applied[i], f"{GROWTH_DECLINE}{added} on target {target} together with the other sites "
-                      f"({growth(source, out)}), this one costing the most: {what}")]
+                      f"({growth(source, out, target)}), this one costing the most: {what}")]
         declined |= {site_key(m): why for m, why in found}
         _, g = load(model, base_dir)
-        result, out, cleaned = _lower_graph(g, dataclasses.replace(options, declined_sites=declined), target,
+        result, out, cleaned = _lower_graph(g, source, dataclasses.replace(options, declined_sites=declined), target,
                                             None, census)
-        if growth(source, out) is None:
+        if growth(source, out, target) is None:
             return g, result, out, cleaned
         applied = result.applied
         if not applied:  # every site declined with its own numbers: the input is written
@@ -453,7 +487,7 @@ def growing_sites(source: onnx.ModelProto, model: onnx.ModelProto, sites: list[M
     """The lowered sites of `model` that make it bigger than `source` on their own (a node more,
     what they share counted in part, or bytes past GROWTH_ALLOWANCE), each with the reason to
     decline it."""
-    return [(m, _growth_reason(c, target)) for m, c in zip(sites, site_costs(source, model, sites))
+    return [(m, _growth_reason(c, target)) for m, c in zip(sites, site_costs(source, model, sites, target))
             if c is not None and (c[0] >= 1 or c[1] > GROWTH_ALLOWANCE)]
 
 
@@ -464,12 +498,13 @@ def _growth_reason(cost: tuple[float, float, str], target: str) -> str:
     return f"{GROWTH_DECLINE}{size} bytes on target {target}: {what}"
 
 
-def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
-               sites: list[Match]) -> list[tuple[float, float, str] | None]:
+def site_costs(source: onnx.ModelProto, model: onnx.ModelProto, sites: list[Match],
+               target: str | None = None) -> list[tuple[float, float, str] | None]:
     """What each lowered site adds to the main graph of `model` over `source`, as (nodes, bytes,
     which ops for which): the nodes and constants `model` has that the site's output is computed
     from and `source` does not have, less the nodes and constants `source` had for it that `model`
-    no longer has (a stored matrix counts as the node that replaced it, as in `growth`). What
+    no longer has (a stored matrix counts as the node that replaced it except on target onnx, as
+    in `growth`). What
     several sites share is split among them. None for a site in a body or function."""
     s_nodes, m_nodes = _producers(source.graph), _producers(model.graph)
     s_inits = {t.name: t for t in source.graph.initializer}
@@ -527,7 +562,7 @@ def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
         def size(items: dict[str, Any]) -> float:
             return sum(v.ByteSize() / shared[k] for k, v in items.items())
 
-        costs.append((count(added, False) - count(gone, True), size(added) - size(gone),
+        costs.append((count(added, False) - count(gone, target != "onnx"), size(added) - size(gone),
                       f"writes {_ops(added)} for {_ops(gone)}"))
     return costs
 
@@ -583,10 +618,22 @@ def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
 def portable_summary(nodes: Iterable[DmlNode]) -> dict[str, Any]:
     """How the portable output writes the lowered sites: how many are one Trilu / EyeLike (one
     DIAGONAL_MATRIX1 / DIAGONAL_MATRIX on onnxruntime's DML provider, `triangular` in WebNN), and
-    what each other form is (`io.portable.form`)."""
-    forms = Counter(n.portable_form for n in nodes if n.portable_form is not None)
+    what each other form is (`io.portable.form`); per site, its standard nodes: the mask part and
+    the whole site with the select applying it (`io.portable.MASK` says which are which)."""
+    written = [n for n in nodes if n.portable_form is not None]
+    forms = Counter(n.portable_form for n in written)
+    counted = [(n, n.portable_nodes) for n in written if n.portable_nodes is not None]
+    per_site = [{"output": n.outputs[0].name, "form": n.portable_form, "mask_nodes": c[0], "site_nodes": c[1]}
+                for n, c in counted]
     return {"sites": sum(forms.values()), "one_operator": sum(c for f, c in forms.items() if f in ONE_OPERATOR),
-            "forms": dict(forms.most_common())}
+            "forms": dict(forms.most_common()),
+            "mask_nodes": _histogram(c[0] for _, c in counted), "site_nodes": _histogram(c[1] for _, c in counted),
+            "per_site": per_site}
+
+
+def _histogram(counts: Iterable[int]) -> dict[str, int]:
+    """{"3": sites with 3 nodes, ...}, fewest first (string keys: the JSON's)."""
+    return {str(k): v for k, v in sorted(Counter(counts).items())}
 
 
 def _op(dml: object) -> str | None:
@@ -617,15 +664,18 @@ def _unstamped_bytes(model: onnx.ModelProto) -> int:
     return model.ByteSize() - sum(p.ByteSize() + 2 for p in model.metadata_props if p.key.startswith(STAMP))
 
 
-def growth(source: onnx.ModelProto, model: onnx.ModelProto) -> str | None:
+def growth(source: onnx.ModelProto, model: onnx.ModelProto, target: str | None = None) -> str | None:
     """How `model` is bigger than `source` (more nodes at any depth, or more bytes than the
-    provenance allows), or None. A stored matrix (an initializer of 2 or more dims) the model no
-    longer has counts as the node that replaced it: a stored mask becomes its generator (one DML
-    node), which is the point of lowering it (a Constant node is a node already)."""
+    provenance allows), or None. On target dml (or None) a stored matrix (an initializer of 2 or
+    more dims) the model no longer has counts as the node that replaced it: a stored mask becomes
+    its generator, one DML node, which is the point of lowering it. On target onnx nodes are
+    nodes: a generator there is two or more (ConstantOfShape, Trilu), so a site that trades a
+    stored matrix for more nodes than the input spent on it is declined (docs/portable.md)."""
     n0, n1 = all_nodes(source), all_nodes(model)
     b0, b1 = _unstamped_bytes(source), _unstamped_bytes(model)
     kept = {t.name for t in model.graph.initializer}
-    removed = sum(1 for t in source.graph.initializer if t.name not in kept and len(t.dims) >= 2)  # (a matrix, at least)
+    removed = 0 if target == "onnx" else \
+        sum(1 for t in source.graph.initializer if t.name not in kept and len(t.dims) >= 2)  # (a matrix, at least)
     if n1 > n0 + removed or b1 > b0 + GROWTH_ALLOWANCE:
         stored = f" (+{removed} stored constant{'s' if removed > 1 else ''} removed)" if removed else ""
         return f"nodes {n0}{stored} -> {n1}, bytes {b0} -> {b1}"
@@ -666,22 +716,43 @@ def stamp(model: onnx.ModelProto, target: str, options: Options, counts: dict[st
         model.metadata_props.add(key=k, value=v)
 
 
-def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str) -> bytes | None:
-    """The model to be written must pass the full ONNX check (returns what `check_for_save` does).
-    When it fails, the source is checked the same way: a source that fails too is the user's
-    (exit 2: the loader's check is the lighter one), one that passes means our rewrite broke it
-    (InternalError)."""
+def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str, target: str,
+                  base_dir: str | None, taken: bool) -> bytes | None:
+    """The model to be written must pass the full ONNX check (returns what `check_for_save` does),
+    unless the source fails it too: a source the loader `taken` though onnx's checker refuses it
+    (onnxruntime loads it) is followed by an output no worse than it (`worse_than_source`); one
+    that passed the checker and fails strict inference is the user's to fix (ModelError, exit 2).
+    Anything else is our rewrite's fault (InternalError)."""
     try:
         return check_for_save(model)
     except InternalError as e:
-        try:
-            check_for_save(source)
-        except InternalError as src:
-            reason = str(src.__cause__ or src).strip().splitlines()[0]
+        failure = full_check_failure(source)
+        if failure is None:
+            raise e
+        if not taken:  # (strict inference refuses what the loader's checker passed: the user's to fix)
             raise ModelError(f"{label} fails the ONNX checker's full check (strict shape and type inference): "
-                             f"{reason}", hint="fix the model (re-export it); run and inspect do not need "
-                             "the full check") from None
-        raise e
+                             f"{failure.splitlines()[0]}", hint="fix the model (re-export it); run and inspect "
+                             "do not need the full check") from None
+        worse = worse_than_source(model, source, target, base_dir)
+        if worse is not None:
+            raise InternalError(f"the model to be written {worse}; nothing was written") from None
+        return None
+
+
+def worse_than_source(model: onnx.ModelProto, source: onnx.ModelProto, target: str,
+                      base_dir: str | None) -> str | None:
+    """How `model` (the lowering of `source`, which fails onnx's full check) is worse than the
+    source, or None: it must pass onnx's checker if the source does, else fail it no differently
+    (the checker reports the first problem it meets, the source's unless a rewrite made a new
+    one), and on the portable target load in onnxruntime if the source does."""
+    failure = checker_failure(without_weights(model, keep_dims=False))
+    if failure is not None and failure != checker_failure(without_weights(source, keep_dims=False)):
+        return f"fails onnx's checker ({failure})"
+    if target == "onnx" and onnxruntime_refuses(source, base_dir) is None:
+        refused = onnxruntime_refuses(model, base_dir)
+        if refused is not None:
+            return f"does not load in onnxruntime ({refused}), though its input does"
+    return None
 
 
 def _dml_summary(m: Match) -> dict | None:

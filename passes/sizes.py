@@ -157,18 +157,19 @@ def _existing_dim_read(graph: Graph, v: Value, axis: int) -> Value | None:
     return None
 
 
-def _existing_gather(graph: Graph, shape: Value, axis: int) -> OnnxNode | None:
+def _existing_gather(graph: Graph, shape: Value, axis: int, scalar: bool = False) -> OnnxNode | None:
     """A node the model has reading entry `axis` of the shape vector `shape` as a [1] tensor:
-    `Gather(shape, c, axis=0)` of a constant c holding [axis] (so its `Concat`s are found too)."""
+    `Gather(shape, c, axis=0)` of a constant c holding [axis] (so its `Concat`s are found too);
+    with `scalar`, as a 0-D tensor (c a 0-D constant)."""
     rank = shape.shape[0] if shape.shape and isinstance(shape.shape[0], int) else None
     for n in shape.consumers:
         if not (isinstance(n, OnnxNode) and n.op_type == "Gather" and n.domain in ("", "ai.onnx") and n.id in graph.nodes
                 and len(n.inputs) == 2 and n.inputs[0] is shape and n.attr("axis", 0) == 0):
             continue
         idx = const_value(graph, n.inputs[1])
-        if idx is None or idx.shape != (1,) or idx.dtype.kind not in "iu":
+        if idx is None or idx.shape != (() if scalar else (1,)) or idx.dtype.kind not in "iu":
             continue
-        at = int(idx[0])
+        at = int(idx.reshape(-1)[0])
         if at == axis or (rank is not None and at < 0 and at + rank == axis):
             return n
     return None
@@ -196,6 +197,9 @@ class SizeBuilder:
     def scalar(self, e: Lin | Clamp, hint: str) -> Value:
         """A 0-D int64 tensor holding e: the run-time shift of a mask's bounds."""
         def make(chain: list) -> Value:
+            own = self._own_scalar(e, chain)
+            if own is not None:
+                return own
             one = self.dim(e, chain)
             empty = constant(self.ctx, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
             return self._node("Reshape", [one, empty], f"{one.name}__scalar", chain, shape=())
@@ -244,6 +248,22 @@ class SizeBuilder:
             if one is not None:
                 return one
         return self._read(*found[0], chain)
+
+    def _own_scalar(self, e: Lin | Clamp, chain: list) -> Value | None:
+        """The model's own 0-D read of a plain size, `Gather(Shape(v), axis)` with a 0-D index
+        (TorchScript's `size(axis)`): no Gather and Reshape of our own beside it."""
+        if not isinstance(e, Lin) or e.const or len(e.terms) != 1 or e.terms[0][1] != 1 or e.terms[0][0] in self.derived:
+            return None
+        found = claims(self.graph, self.inputs, e.terms[0][0])
+        if not found:
+            return None
+        v, axis = found[0]
+        shape = existing_size_node(self.ctx, "Shape", [v], None)
+        own = None if shape is None else _existing_gather(self.graph, shape, axis, scalar=True)
+        if own is None:
+            return None
+        chain.append((own, list(own.inputs)))
+        return own.outputs[0]
 
     def guard(self, exprs: Sequence[Lin]) -> Value | None:
         """A 0-D int64 zero that the run fails to compute where the values whose dims share the name

@@ -84,3 +84,19 @@ def test_no_private_name_crosses_a_folder():
                     and _folder(target) != _folder(module):
                 crossing.append(f"{module} imports {target}.{name}")
     assert crossing == []
+
+
+# The numeric kernels are written as one loop nest each, for numba; everything else reads in one screen.
+LONG_FUNCTIONS_ALLOWED = {"dmlgraph.runtime.kernels", "dmlgraph.runtime.kernels_compiled"}
+
+
+def test_functions_fit_in_one_screen():
+    long = []
+    for module, path in _modules():
+        if module in LONG_FUNCTIONS_ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None \
+                    and node.end_lineno - node.lineno + 1 > 80:
+                long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert long == []

@@ -24,7 +24,8 @@ from dmlgraph.errors import ModelError
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-__all__ = ["RAW_ITEMSIZE", "check_model", "check_model_proto", "data_nbytes", "load_model", "read_tensor", "tensor_nbytes",
+__all__ = ["RAW_ITEMSIZE", "check_model", "check_model_proto", "checker_failure", "onnxruntime_refuses",
+           "data_nbytes", "load_model", "read_tensor", "tensor_nbytes",
            "without_weights"]
 
 # protobuf cannot parse or serialize a message of 2 GiB or more.
@@ -684,20 +685,56 @@ def _runtime_ops_apart(model: onnx.ModelProto | bytes) -> onnx.ModelProto | None
     return view
 
 
-def _run_checker(model: onnx.ModelProto, path: str, has_external: bool, data: bytes | None = None) -> None:
-    """onnx's checker on the model without its weights; `data`: the file's bytes, which it checks
-    as they are when nothing is left out (instead of serializing the model again)."""
-    view = without_weights(model, keep_dims=False, has_external=has_external)
+def checker_failure(model: onnx.ModelProto | bytes, full_check: bool = False) -> str | None:
+    """The first line of what `check_model` refuses in `model` (None: it passes), naming the node
+    where the checker does so on a later line."""
     try:
-        check_model(data if view is model and data is not None else view, full_check=False)
+        check_model(model, full_check=full_check)
     except Exception as e:  # noqa: BLE001 - checker raises ValidationError and others; all mean "invalid"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         node = re.search(r"Bad node spec for node\. Name: (.*?) OpType: (\S+)", str(e))
         if node:  # (the checker names the node on a later line)
             name = node.group(1).strip()
             first += f" (in {node.group(2)} node {name!r})" if name else f" (in an unnamed {node.group(2)} node)"
-        raise ModelError(f"{path} failed the ONNX checker: {first}",
-                         hint="the model does not conform to the ONNX spec; re-export it") from None
+        return first
+    return None
+
+
+def onnxruntime_refuses(model: onnx.ModelProto | bytes, base_dir: str | None = None) -> str | None:
+    """Why onnxruntime's CPU provider cannot load `model` (None: it loads it), graph optimizations
+    off: whether it loads, not how fast. `base_dir`: where its external data lives. Asked only where
+    onnx's checks refuse a model: a model onnxruntime runs is one dmlgraph must take."""
+    import onnxruntime as ort  # (only once onnx refused a model)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 4
+    if base_dir is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", base_dir)
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    try:
+        ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises several types; all mean "does not load"
+        return (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return None
+
+
+def _run_checker(model: onnx.ModelProto, path: str, has_external: bool, data: bytes | None = None,
+                 base_dir: str | None = None, notes: list[str] | None = None) -> None:
+    """onnx's checker on the model without its weights; `data`: the file's bytes, which it checks
+    as they are when nothing is left out (instead of serializing the model again). A model the
+    checker refuses and onnxruntime loads is taken, with a line in `notes` saying so."""
+    view = without_weights(model, keep_dims=False, has_external=has_external)
+    first = checker_failure(data if view is model and data is not None else view)
+    if first is None:
+        return
+    if (not has_external or base_dir is not None) and onnxruntime_refuses(data if data is not None else model,
+                                                                          base_dir) is None:
+        if notes is not None:
+            notes.append(f"the model fails onnx's checker ({first}); onnxruntime loads it, so dmlgraph takes it")
+        return
+    raise ModelError(f"{path} failed the ONNX checker: {first}",
+                     hint="the model does not conform to the ONNX spec, and onnxruntime does not load it "
+                          "either; re-export it")
 
 
 def utf8_twin() -> type[Message]:
@@ -791,10 +828,11 @@ def _check_opsets(model: onnx.ModelProto, path: str) -> None:
 
 
 def check_model_proto(model: onnx.ModelProto, label: str, base_dir: str | None, *, check: bool = True,
-                      data: bytes | None = None) -> bool:
+                      data: bytes | None = None, notes: list[str] | None = None) -> bool:
     """Validate a parsed model as `load_model` does (ModelError naming `label` on any failure);
     returns whether it stores tensors as external data. `base_dir` locates external data (None:
-    a model holding external data is refused). `data`: the serialized model, when at hand."""
+    a model holding external data is refused). `data`: the serialized model, when at hand.
+    `notes` gets what was accepted though onnx's checks refuse it (onnxruntime loads it)."""
     missing = [what for what, bad in (("graph", not model.HasField("graph")),
                                       ("opset_import", len(model.opset_import) == 0),
                                       ("ir_version", model.ir_version <= 0)) if bad]
@@ -820,7 +858,7 @@ def check_model_proto(model: onnx.ModelProto, label: str, base_dir: str | None, 
     _check_value_types(graphs, label)
     if check:
         try:
-            _run_checker(model, label, has_external, data)
+            _run_checker(model, label, has_external, data, base_dir, notes)
         except ModelError:
             # The checker reports dangling inputs, cycles and misordering alike; tell them apart
             # (a walk over every node in Python, so only once something is known to be wrong).
@@ -830,7 +868,8 @@ def check_model_proto(model: onnx.ModelProto, label: str, base_dir: str | None, 
 
 
 def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
-               check: bool = True, parsed: Callable[[onnx.ModelProto], None] | None = None) -> onnx.ModelProto:
+               check: bool = True, parsed: Callable[[onnx.ModelProto], None] | None = None,
+               notes: list[str] | None = None) -> onnx.ModelProto:
     """Read and validate an ONNX model file; every failure is a ModelError naming the path.
 
     Weights stored as external data are not read: their locations, offsets and lengths are
@@ -841,6 +880,7 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     `check=True` also rejects dangling inputs, cycles and misordered nodes with a specific message
     and runs `onnx.checker.check_model`. `parsed(model)` is called once the file has parsed, before
     any check (to start work that must not wait for them; the caller discards it on an error).
+    A model onnx's checker refuses and onnxruntime loads is taken (a line in `notes` says so).
     """
     p = os.fspath(path)
     try:
@@ -880,7 +920,7 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
         parsed(model)
     data = data if len(data) <= _UTF8_TWIN_MAX_BYTES else None  # kept for _check_utf8 only when small
     base_dir = os.path.dirname(os.path.abspath(p))
-    has_external = check_model_proto(model, p, base_dir, check=check, data=data)
+    has_external = check_model_proto(model, p, base_dir, check=check, data=data, notes=notes)
     del data
     if load_external_data and has_external:
         for tensor, label, _ in iter_tensors(model):

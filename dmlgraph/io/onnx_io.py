@@ -74,11 +74,14 @@ def _register_schemas() -> None:
 
 
 def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
-    """Y's type: DiagonalMatrix1's X, else its `value` tensor's; DiagonalMatrix's `dtype`; its shape
-    from `output_shape` when static. (Inference inside a local function reads no value_info: without
-    this, what reads a DML node there has no type and the checker refuses the model.)"""
+    """Y's type: DiagonalMatrix1's X, else its `value` tensor's; DiagonalMatrix's `dtype`. Its shape:
+    `output_shape` when static, else as many unknown dims as the `shape` input has entries, else
+    X's. (Inference inside a local function reads no value_info: without this, what reads a DML node
+    there has no type and the checker refuses the model; and a Loop that runs no iteration gives its
+    scan outputs the body's rank.)"""
     dtype, value = ctx.get_attribute("dtype"), ctx.get_attribute("value")
-    if dtype is not None:  # DiagonalMatrix (no X: its first input is the shape)
+    shape_at = 0 if dtype is not None else 1  # (DiagonalMatrix has no X: its first input is the shape)
+    if dtype is not None:
         elem = dtype.i
     elif ctx.has_input(0) and ctx.get_input_type(0).tensor_type.elem_type:
         elem = ctx.get_input_type(0).tensor_type.elem_type
@@ -87,8 +90,15 @@ def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
     if not elem:
         return
     sizes = ctx.get_attribute("output_shape")
-    out = onnx.helper.make_tensor_type_proto(elem, list(sizes.ints) if sizes is not None else None)
-    ctx.set_output_type(0, out)
+    dims: list[int | None] | None = list(sizes.ints) if sizes is not None else None
+    if dims is None and ctx.has_input(shape_at):
+        given = ctx.get_input_type(shape_at).tensor_type
+        if given.HasField("shape") and len(given.shape.dim) == 1 and given.shape.dim[0].HasField("dim_value"):
+            dims = [None] * given.shape.dim[0].dim_value
+    elif dims is None and shape_at == 1 and ctx.has_input(0) and ctx.get_input_type(0).tensor_type.HasField("shape"):
+        dims = [None] * len(ctx.get_input_type(0).tensor_type.shape.dim)  # (the rank: X's dims are what
+        # the export declares, so a model optimized again reads what it read the first time)
+    ctx.set_output_type(0, onnx.helper.make_tensor_type_proto(elem, dims))
 
 
 _register_schemas()
@@ -650,15 +660,19 @@ def _node_names(n: onnx.NodeProto, out: set[str]) -> None:
         _graph_names(sub, out)
 
 
+PORTABLE_MIN_OPSET = 13  # the oldest default-domain opset the portable forms are written in (Trilu: 14)
+
+
 def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
                    shared: dict[tuple, str] | None = None,
                    initializers: list[onnx.TensorProto] | None = None) -> list[onnx.NodeProto]:
     """Standard ops computing exactly what the DML node computes: the Trilu-first form
     (`dmlgraph.io.portable`) where one is bit-exact, else the spec pseudocode in int64.
     `shared`/`initializers`: the export's shared constants (new ones are appended as initializers);
-    without them (in a body) constants are Constant nodes. Sets `n.portable_form`."""
-    if opset < 13:
-        raise UnsupportedError(f"the portable target needs default-domain opset 13 or later; the model "
+    without them (in a body) constants are Constant nodes. Sets `n.portable_form` and
+    `n.portable_nodes` (mask part, whole site: `portable.MASK`)."""
+    if opset < PORTABLE_MIN_OPSET:
+        raise UnsupportedError(f"the portable target needs default-domain opset {PORTABLE_MIN_OPSET} or later; the model "
                                f"uses {opset}", hint="use --target dml, or convert the model with "
                                "onnx.version_converter first")
     out = n.outputs[0].name
@@ -667,7 +681,11 @@ def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
     rank = None if n.outputs[0].shape is None else len(n.outputs[0].shape)
     n.portable_form = portable.form(em.nodes if made is not None else None, rank)
     if made is None:
-        return _Pseudocode(n, names, f"{out}__dm").nodes()
+        pseudo = _Pseudocode(n, names, f"{out}__dm")
+        nodes = pseudo.nodes()
+        n.portable_nodes = pseudo.counts()
+        return nodes
+    n.portable_nodes = em.counts()
     assert em.nodes and em.nodes[-1].output[0] == made, "a form ends with the node making its output"
     em.nodes[-1].output[0] = out
     em.commit()
@@ -692,15 +710,24 @@ class _Pseudocode:
         self.n, self.names, self.p = n, names, prefix
         self.out: list[onnx.NodeProto] = []
         self.clipped_k: str | None = None  # made once per node: both bounds of an inverted band shift by it
+        self.sizes = 0  # nodes of size plumbing and constants (`portable.MASK`: counted in neither part)
+        self.select = 0  # nodes of the select applying the band to the data
+
+    def counts(self) -> tuple[int, int]:
+        """(mask part, whole site), as `portable.Emitter.counts` (the select: its bit-exact nodes)."""
+        site = len(self.out) - self.sizes
+        return site - self.select, site
 
     def const(self, name: str, arr: Any) -> str:
         fresh = self.names.fresh(f"{self.p}_{name}")
         self.out.append(helper.make_node("Constant", [], [fresh], value=numpy_helper.from_array(np.asarray(arr), fresh)))
+        self.sizes += 1
         return fresh
 
-    def op(self, op_type: str, ins: list[str], name: str, **attrs: Any) -> str:
+    def op(self, op_type: str, ins: list[str], name: str, size: bool = False, **attrs: Any) -> str:
         fresh = self.names.fresh(f"{self.p}_{name}")
         self.out.append(helper.make_node(op_type, ins, [fresh], **attrs))
+        self.sizes += size
         return fresh
 
     def shift(self, b: int, name: str) -> str:
@@ -711,8 +738,8 @@ class _Pseudocode:
             return c
         if self.clipped_k is None:
             self.clipped_k = self.op("Clip", [k.name, self.const("kmin", np.array(-2**40, np.int64)),
-                                              self.const("kmax", np.array(2**40, np.int64))], "kc")
-        return self.op("Add", [c, self.clipped_k], f"{name}_k")
+                                              self.const("kmax", np.array(2**40, np.int64))], "kc", size=True)
+        return self.op("Add", [c, self.clipped_k], f"{name}_k", size=True)
 
     def shape_name(self) -> str:
         x, shape, _ = self.n.operands
@@ -721,14 +748,16 @@ class _Pseudocode:
         if self.n.static_shape is not None:
             return self.const("shape", np.array(self.n.static_shape, dtype=np.int64))
         assert x is not None  # (import refuses a generator with neither a shape input nor output_shape)
-        return self.op("Shape", [x.name], "shape")
+        return self.op("Shape", [x.name], "shape", size=True)
 
     def top_x(self, shape_name: str) -> str:
         """topX = col - row over the output's last two sizes ([H, W], int64)."""
         op, const = self.op, self.const
         zero, one = const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64))
-        h = op("Squeeze", [op("Slice", [shape_name, const("m2", [-2]), const("m1", [-1])], "h1")], "h")
-        w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1")], "w")
+        h = op("Squeeze", [op("Slice", [shape_name, const("m2", [-2]), const("m1", [-1])], "h1", size=True)], "h",
+               size=True)
+        w = op("Squeeze", [op("Slice", [shape_name, const("m1b", [-1]), const("big", [2**62])], "w1", size=True)],
+               "w", size=True)
         rows = op("Unsqueeze", [op("Range", [zero, h, one], "rows"), const("ax1", [1])], "rows_col")
         return op("Sub", [op("Range", [zero, w, one], "cols"), rows], "topx")
 
@@ -771,9 +800,11 @@ class _Pseudocode:
             # x broadcast to the output first: the select then has the output's shape (no Expand after
             # it), and re-optimizing the portable model finds the selection again, a fixed point.
             other = self.op("Expand", [x.name, shape_name], "input")
+        before, sizes = len(self.out), self.sizes
         result = _portable_select(use, value, value_arr, other, n.elem_type, self.op, self.const,
                                   other_is_data=x is not None)
         if x is not None:
+            self.select = len(self.out) - before - (self.sizes - sizes)
             # The output is shaped like the (broadcast) input and the selection already broadcast `use`
             # ([H, W]) to it, so an Expand would be a no-op; leaving it out also keeps re-optimizing a
             # portable model from stacking one more Expand per round.

@@ -26,6 +26,9 @@ bits. onnxruntime's CPU Trilu has float, double, float16, int32, int64 and bool 
 lacks bool, int16, uint16 and uint64. Where no form here is exact (float16 data, a type a kernel
 lacks), `build` returns None and the caller writes the spec's pseudocode instead.
 
+Per site, `inspect` and the optimize summary report the form's *mask part* (the band) and its
+*whole site* (with the one select applying the band to the data): `MASK` says which node is which.
+
 `k` is an int64 scalar: a shared initializer when the bound is static, else the node's run-time
 `k` (the model's own size plumbing) plus the static part; a Clip guards the sum only when `k` is
 not provably computed from shapes (a Trilu's own k input can be any int64).
@@ -58,6 +61,15 @@ _SIZE_OPS = {"Shape", "Gather", "Concat", "Reshape", "Add", "Sub", "Mul", "Neg",
 
 Interval = tuple[int | None, int | None]  # [lo, hi) of topX; None = unbounded
 
+# What a site's portable nodes are, as `inspect` and the optimize summary count them (issue 25):
+# the *mask part* is the nodes computing the band (ones / Expand / Trilus / EyeLike / their join,
+# and a Trilu of the data itself); the *application* is the one select at the end that puts the
+# band onto the data, where the original model had a select of its own (Where / And / Or, or a
+# mask_arith site's Add); the *whole site* is both. Size plumbing (Shape, Slice, k's Add/Clip: the
+# int64 sizes) and constants count in neither. A form with no separate select (a Trilu of X) is
+# all mask part.
+MASK, APPLY, SIZE, CONST = "mask", "apply", "size", "const"
+
 
 class Names(Protocol):
     def fresh(self, hint: str) -> str: ...
@@ -67,13 +79,15 @@ class Emitter:
     """The nodes and constants of one portable node (committed by the caller only on success).
 
     Constants become initializers shared across the export when `shared` is given (a dict of
-    (dtype, shape, bytes) -> name; no node each), else Constant nodes (in a body)."""
+    (dtype, shape, bytes) -> name; no node each), else Constant nodes (in a body). Each node has a
+    role (`MASK`, `APPLY`, `SIZE`, `CONST`): what `counts` reports per site."""
 
     def __init__(self, names: Names, prefix: str, shared: dict[tuple, str] | None) -> None:
         self.names, self.prefix, self.shared = names, prefix, shared
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._local: dict[tuple, str] = {}
+        self.roles: list[str] = []  # one per node
 
     def const(self, name: str, arr: Any) -> str:
         a = np.asarray(arr)
@@ -87,13 +101,20 @@ class Emitter:
         else:
             fresh = self.names.fresh(f"{self.prefix}_{name}")
             self.nodes.append(helper.make_node("Constant", [], [fresh], value=numpy_helper.from_array(a, fresh)))
+            self.roles.append(CONST)
         self._local[key] = fresh
         return fresh
 
-    def op(self, op_type: str, ins: list[str], name: str, **attrs: Any) -> str:
+    def op(self, op_type: str, ins: list[str], name: str, role: str = MASK, **attrs: Any) -> str:
         fresh = self.names.fresh(f"{self.prefix}_{name}")
         self.nodes.append(helper.make_node(op_type, ins, [fresh], **attrs))
+        self.roles.append(role)
         return fresh
+
+    def counts(self) -> tuple[int, int]:
+        """(mask part, whole site): see `MASK`."""
+        mask = self.roles.count(MASK)
+        return mask, mask + self.roles.count(APPLY)
 
     def commit(self) -> None:
         if self.shared is not None:
@@ -224,6 +245,159 @@ def _lead_of(g: Graph | None, vec: Value | None, x: Value, n: int, depth: int = 
     return False
 
 
+# ---- what a sizes vector's entries provably are, without dim names -----------------------------------
+Key = tuple  # ("c", n): the constant n (or an inferred static size); ("dim", value name, axis): that
+#               value's size there; ("add" / "mul", k1, k2)
+_VIEW_OPS = ("Unsqueeze", "Squeeze", "Identity")
+
+
+def entry_keys(g: Graph | None, v: Value | None, depth: int = 0) -> list[Key | None] | None:
+    """The entries of a 1-D (or scalar) int64 sizes value as structural keys: equal keys are equal
+    sizes at run time, because they read the same value's size on the same axis (or are the same
+    constant, or sums of such). Dim names are never compared (two graph inputs may declare one
+    name for sizes nobody checks). None: not even the length is known; an entry None: not known."""
+    if g is None or v is None or depth > 24:
+        return None
+    arr = _const_array(g, v)
+    if arr is not None:
+        return [("c", int(d)) for d in arr.reshape(-1)] if arr.dtype.kind in "iu" and arr.ndim <= 1 else None
+    p = v.producer
+    if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
+        return None
+    ins = p.inputs
+
+    def sub(i: int) -> list[Key | None] | None:
+        return entry_keys(g, ins[i] if i < len(ins) else None, depth + 1)
+
+    op = p.op_type
+    if op == "Shape":
+        src = ins[0]
+        if src is None or src.shape is None:
+            return None
+        axes = list(range(len(src.shape)))[slice(p.attr("start", 0), p.attr("end", None))]
+        return [("c", src.shape[a]) if isinstance(src.shape[a], int) else ("dim", src.name, a) for a in axes]
+    if op in _VIEW_OPS or (op == "Reshape" and v.shape is not None and len(v.shape) <= 1) \
+            or (op == "Cast" and p.attr("to", 0) in (TensorProto.INT64, TensorProto.INT32)):
+        return sub(0)
+    if op == "Concat":
+        parts = [entry_keys(g, x, depth + 1) for x in ins]
+        return None if any(q is None for q in parts) else [k for q in parts for k in q]  # type: ignore[union-attr]
+    if op == "Gather" and p.attr("axis", 0) == 0:
+        keys, idx = sub(0), _const_array(g, ins[1] if len(ins) > 1 else None)
+        if keys is None or idx is None or idx.ndim > 1 or not all(-len(keys) <= int(i) < len(keys) for i in idx.reshape(-1)):
+            return None
+        return [keys[int(i)] for i in idx.reshape(-1)]
+    if op == "Slice" and len(ins) in (3, 4, 5):
+        keys = sub(0)
+        bounds = [_const_array(g, x) for x in ins[1:]]
+        if keys is None or any(b is None or b.size != 1 for b in bounds) \
+                or (len(bounds) > 2 and int(bounds[2].reshape(-1)[0]) not in (0, -1)):  # type: ignore[union-attr]
+            return None
+        start, stop = (int(b.reshape(-1)[0]) for b in bounds[:2])  # type: ignore[union-attr]
+        step = int(bounds[3].reshape(-1)[0]) if len(bounds) > 3 else 1  # type: ignore[union-attr]
+        return None if step == 0 else keys[slice(start, stop, step)]
+    if op == "ConstantOfShape":
+        count, t = sub(0), p.attr("value")
+        fill = None if t is None else numpy_helper.to_array(t).reshape(-1)
+        length = _key_int(count[0]) if count is not None and len(count) == 1 else None
+        if length is None or fill is None or fill.size != 1 or fill.dtype.kind not in "iu":
+            return None
+        return [("c", int(fill[0]))] * length
+    if op in ("Add", "Mul"):
+        a, b = sub(0), sub(1)
+        if a is None or b is None or not (len(a) == len(b) or 1 in (len(a), len(b))):
+            return None
+        n = max(len(a), len(b))
+        return [_arith(op, x, y) for x, y in zip(a * n if len(a) == 1 else a, b * n if len(b) == 1 else b)]
+    if op == "Where":
+        return _where_keys(g, p, depth)
+    return None
+
+
+def _key_int(k: Key | None) -> int | None:
+    return k[1] if k is not None and k[0] == "c" else None
+
+
+def _arith(op: str, x: Key | None, y: Key | None) -> Key | None:
+    if x is None or y is None:
+        return None
+    a, b = _key_int(x), _key_int(y)
+    if a is not None and b is not None:
+        return ("c", a + b if op == "Add" else a * b)
+    if op == "Add" and a == 0:
+        return y
+    if op == "Add" and b == 0 or op == "Mul" and b == 1:
+        return x
+    if op == "Mul" and a == 1:
+        return y
+    return (op.lower(), *sorted((x, y), key=repr))
+
+
+def _size(k: Key | None) -> bool:
+    """The key is provably >= 0: a size, a constant >= 0, or a sum or product of such."""
+    if k is None:
+        return False
+    if k[0] == "c":
+        return bool(k[1] >= 0)
+    return k[0] == "dim" or (k[0] in ("add", "mul") and _size(k[1]) and _size(k[2]))
+
+
+def _where_keys(g: Graph, p: OnnxNode, depth: int) -> list[Key | None] | None:
+    """`Where(Equal(x, c), a, b)` entry by entry where the condition is known: c and x constants,
+    or x a size (>= 0) and c negative (TorchScript's "-1 keeps the size" of `expand`)."""
+    eq = _producer(p.inputs[0], "Equal")
+    if eq is None:
+        return None
+    x, c, a, b = (entry_keys(g, v, depth + 1) for v in (eq.inputs[0], eq.inputs[1], p.inputs[1], p.inputs[2]))
+    if x is None or c is None or a is None or b is None or not len(x) == len(a) == len(b) or len(c) not in (1, len(x)):
+        return None
+    out: list[Key | None] = []
+    for xi, ci, ai, bi in zip(x, c * len(x) if len(c) == 1 else c, a, b):
+        xv, cv = _key_int(xi), _key_int(ci)
+        if xv is not None and cv is not None:
+            out.append(ai if xv == cv else bi)
+        elif _size(xi) and cv is not None and cv < 0:
+            out.append(bi)  # (a size is never negative)
+        elif ai is not None and ai == bi:
+            out.append(ai)
+        else:
+            out.append(None)
+    return out
+
+
+def _expand_to(g: Graph | None, vec: Value | None, t: Value) -> Value | None:
+    """An operand q of the sizes `vec` = `Where(Equal(p, 1), q, p)` (the rules' broadcast of two
+    sizes vectors, either order) such that `Expand(t, q)` is `Expand(t, vec)`: on every axis p's
+    entry is t's own size there (Expand broadcasts t with q anyway), a constant 1, or provably q's
+    entry (`entry_keys`). The model's own q then costs no node, and p's plumbing dies."""
+    where = _producer(vec, "Where")
+    eq = _producer(where.inputs[0], "Equal") if where is not None else None
+    t_rank = None if t.shape is None else len(t.shape)
+    if g is None or where is None or eq is None or t_rank is None:
+        return None
+    one = _const_array(g, eq.inputs[1])
+    if one is None or one.reshape(-1).tolist() != [1]:
+        return None
+    _, a, b = where.inputs
+    if eq.inputs[0] is not b or a is None or b is None:
+        return None
+    ka, kb = entry_keys(g, a), entry_keys(g, b)
+    if ka is None or kb is None or len(ka) != len(kb) or len(ka) < t_rank:
+        return None
+    rank = len(ka)
+
+    def covered(mine: list[Key | None], other: list[Key | None]) -> bool:
+        for d, (m, o) in enumerate(zip(mine, other)):
+            own = ("dim", t.name, d - (rank - t_rank))
+            if not (m is not None and (m == own or m == ("c", 1) or m == o)):
+                return False
+        return True
+
+    if covered(kb, ka):
+        return a
+    return b if covered(ka, kb) else None
+
+
 def _length(g: Graph, vec: Value | None) -> int | None:
     """The length of a 1-D sizes vector: inferred, or a Slice's of one whose length is known."""
     if vec is None:
@@ -304,16 +478,22 @@ class _Node:
             elif self.n.static_shape is not None:
                 self._shape_vec = self.em.const("shape", np.array(self.n.static_shape, np.int64))
             elif self.x is not None:
-                self._shape_vec = self.em.op("Shape", [self.x.name], "shape")
+                self._shape_vec = self.em.op("Shape", [self.x.name], "shape", role=SIZE)
         return self._shape_vec
 
     def full_x(self) -> str:
         assert self.x is not None
         if self.x_is_full():
             return self.x.name
+        return self.em.op("Expand", [self.x.name, self.expand_vec(self.x)], "input")
+
+    def expand_vec(self, t: Value) -> str:
+        """The sizes to `Expand` t to the output's shape: the node's sizes, or the model's own
+        operand of their broadcast where Expand's own broadcast with t gives the rest (`_expand_to`)."""
         vec = self.shape_vec()
         assert vec is not None
-        return self.em.op("Expand", [self.x.name, vec], "input")
+        plain = _expand_to(self.g, self.shape, t) if self.shape is not None and vec == self.shape.name else None
+        return plain.name if plain is not None else vec
 
     def data(self) -> str:
         """X as an operand of the select with the band (`band`): the select broadcasts it."""
@@ -343,14 +523,14 @@ class _Node:
         if hint is not None and (self.shape is not None or _kept_anyway(self.g, hint)):
             return hint.name
         if self.shape is None and self.n.static_shape is None and self.x is not None:
-            return self.em.op("Shape", [self.x.name], "hw", start=-2)
+            return self.em.op("Shape", [self.x.name], "hw", role=SIZE, start=-2)
         tail = _matrix_part(self.g, self.shape)
         if tail is not None:
             return tail
         vec = self.shape_vec()
         assert vec is not None
         return self.em.op("Slice", [vec, self.em.const("m2", np.array([-2], np.int64)),
-                                    self.em.const("int64_max", np.array([INT64_MAX], np.int64))], "hw")
+                                    self.em.const("int64_max", np.array([INT64_MAX], np.int64))], "hw", role=SIZE)
 
     def bcast_ok(self, other_rank: int = 2) -> bool:
         """Broadcasting X with a [H, W] operand gives the output's shape (proved by inference, or by
@@ -385,10 +565,11 @@ class _Node:
             if not from_shapes(self.g, self.k):
                 if self._kc is None:
                     self._kc = self.em.op("Clip", [k, self.em.const("kmin", np.array(-K_CLIP, np.int64)),
-                                                   self.em.const("kmax", np.array(K_CLIP, np.int64))], "kc")
+                                                   self.em.const("kmax", np.array(K_CLIP, np.int64))], "kc",
+                                          role=SIZE)
                 k = self._kc
             name = self.em.op("Add", [k, self.em.const(f"k{c}" if c >= 0 else f"k_neg{-c}",
-                                                      np.array(c, np.int64))], f"k{c}")
+                                                      np.array(c, np.int64))], f"k{c}", role=SIZE)
         self._k[c] = name
         return name
 
@@ -444,7 +625,7 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
     # sizes; the select broadcasts X either way (no copy of X).
     if et == TensorProto.BOOL:
         band = s.band(r if s.value else complement(r))
-        return None if band is None else em.op("Or" if s.value else "And", [s.data(), band], "sel")
+        return None if band is None else em.op("Or" if s.value else "And", [s.data(), band], "sel", role=APPLY)
     if et not in WHERE_TYPES:
         return None
     arith = _arithmetic(s, r)
@@ -454,9 +635,10 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
         return None  # (Value sits in Where's true branch, which drops a -0.0)
     if len(r) == 2 and s.dt.kind != "f":  # integers: X may sit in Where's true branch (exact)
         band = s.band(complement(r))
-        return None if band is None else em.op("Where", [band, s.data(), em.const("value", s.value)], "sel")
+        return None if band is None else em.op("Where", [band, s.data(), em.const("value", s.value)], "sel",
+                                               role=APPLY)
     band = s.band(r)
-    return None if band is None else em.op("Where", [band, em.const("value", s.value), s.data()], "sel")
+    return None if band is None else em.op("Where", [band, em.const("value", s.value), s.data()], "sel", role=APPLY)
 
 
 def _arithmetic(s: _Node, r: list[Interval]) -> str | None:
@@ -471,7 +653,7 @@ def _arithmetic(s: _Node, r: list[Interval]) -> str | None:
     if len(r) != 1 or not (bool(np.isinf(v)) or bool(v == np.finfo(s.dt).min)):
         return None  # (a Value 0 is already one Trilu of X)
     full = em.op("ConstantOfShape", [s.band_vec()], "fill", value=numpy_helper.from_array(np.array([v], s.dt)))
-    return em.op("Add", [s.data(), s.keep(full, r[0], "band")], "sel")
+    return em.op("Add", [s.data(), s.keep(full, r[0], "band")], "sel", role=APPLY)
 
 
 def _generator(s: _Node, r: list[Interval]) -> str | None:
@@ -552,12 +734,11 @@ def _padding_where(s: _Node, r: list[Interval]) -> str | None:
     elif _same(cond.shape, s.out_dims()):
         cond_name = cond.name
     else:
-        vec = s.shape_vec()
-        assert vec is not None  # (a shape input or a static shape)
-        cond_name = s.em.op("Expand", [cond.name, vec], "padding")
+        cond_name = s.em.op("Expand", [cond.name, s.expand_vec(cond)], "padding")
     kept = s.keep(cond_name, keep[0], "padding_keep")
     # (The fills as this export's own constants: optimizing the output again names them the same.)
-    return s.em.op("Where", [kept, s.em.const("fill_a", a.reshape(())), s.em.const("fill_b", b.reshape(()))], "sel")
+    return s.em.op("Where", [kept, s.em.const("fill_a", a.reshape(())), s.em.const("fill_b", b.reshape(()))], "sel",
+                   role=APPLY)  # (it replaces the model's own Where(P, a, b))
 
 
 ONE_OPERATOR = ("one Trilu", "one EyeLike")  # what onnxruntime's DML provider runs as one DIAGONAL_MATRIX1

@@ -196,7 +196,8 @@ class DmlNode(Node):
     whether the rewrite that made it is bit-exact for every input.
     """
 
-    __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind", "portable_form", "claimed")
+    __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind", "portable_form",
+                 "portable_nodes", "claimed")
     domain = "com.dmlgraph"
 
     def __init__(self, name: str, x: Value | None, shape: Value | None, k: Value | None, output: Value, *,
@@ -216,6 +217,8 @@ class DmlNode(Node):
         self.kind = kind  # "DiagonalMatrix1", or "DiagonalMatrix" below feature level 5_1
         # What the portable export wrote for it ("one Trilu", ... ; `io.portable.form`), once exported
         self.portable_form: str | None = None
+        # Its portable nodes: (mask part, whole site incl. the select applying it; `io.portable.MASK`)
+        self.portable_nodes: tuple[int, int] | None = None
 
     @property
     def op_type(self) -> str:  # type: ignore[override]
@@ -248,6 +251,7 @@ class ModelInfo:
     graph_doc_string: str = ""
     functions: list[onnx.FunctionProto] = field(default_factory=list)
     base_dir: str | None = None  # where the model's external data is (its subgraphs' tensors too)
+    notes: list[str] = field(default_factory=list)  # what loading took though onnx's checks refuse it
     source: onnx.ModelProto | None = None  # the imported model itself (not a copy), for analyses that re-infer it
 
 

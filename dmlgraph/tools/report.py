@@ -28,6 +28,7 @@ def optimize_text(r: dict, verbose: bool = False) -> str:
     also lists every rewrite and every decline (thousands of lines on a big model)."""
     lines = [f"target {r['target']}, feature level {r['feature_level']}"
              + (", exact rewrites only" if r["exact_only"] else "")]
+    lines += [f"note: {note}" for note in r.get("notes", ())]
     applied = {k: v for k, v in r["rewrites"].items() if v}
     if applied:
         w = max(len(k) for k in applied)
@@ -58,7 +59,14 @@ def portable_lines(p: dict) -> list[str]:
     lines = [f"portable form: {p['one_operator']} of {p['sites']} sites are one Trilu or EyeLike (one "
              "DIAGONAL_MATRIX1 on onnxruntime's DML provider, triangular in WebNN)"]
     lines += [f"  x{n}: {form}" for form, n in p["forms"].items() if form not in ONE_OPERATOR]
+    if p.get("mask_nodes"):
+        lines.append("  standard nodes per site (size plumbing not counted): mask part " + _counts(p["mask_nodes"])
+                     + "; whole site, with the select applying it to the data, " + _counts(p["site_nodes"]))
     return lines
+
+
+def _counts(hist: dict) -> str:
+    return ", ".join(f"{n} ({c} site{'s' if c != 1 else ''})" for n, c in hist.items())
 
 
 def _names(rec: dict) -> str:

@@ -8,12 +8,14 @@ its parts reduce to (`Where` here, `apply_bool`, `apply_arith`) and whether they
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union, cast
 
 import numpy as np
 import onnx
 
+from dmlgraph.io import shape_inference
 from dmlgraph.ir.dtypes import bitwise_equal
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.broadcast import (
@@ -174,10 +176,11 @@ class Plan:
     matrix: ShapeSource | None = None  # the band's sizes, when guarded
     sizes: Value | None = None  # the output sizes as they are (an absorbed Expand's target)
     hint: Value | None = None  # the band's sizes as the model has them (`band_matrix`)
+    claimed: bool = False  # the proof took a claimed dim name (`claimed_names`): the node reads `hint`
 
 
 def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluator, rule: str, exactness: str,
-                     options: Options, output_is_mask: bool = True) -> Match | None:
+                     options: Options, output_is_mask: bool = True, axes: AxisDims | None = None) -> Match | None:
     """The Match replacing `node`, whose input `d_index` a DIAGONAL_MATRIX1 makes (None: not an
     application: both parts are data and the output is data too, e.g. `Add(X, eye)`)."""
     d_value, out = cast(Value, node.inputs[d_index]), node.outputs[0]
@@ -206,13 +209,17 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
         m.reason = f"the rank of {node.op_type} {node.name!r} or of its band is unknown"
         return m
     plan = Plan(node, d, np.asarray(value[0], dtype).reshape(()), region, x, exact)
-    m.reason = _plan_sizes(graph, plan, d_index)
+    m.reason = _plan_sizes(graph, plan, d_index, axes)
     if m.reason:
         return m
     preview = DmlNode(node.name, None if x.const is not None and _is_plus_zero(x.const) else Value("pending"), None,
                       d.inputs[2], standin(out), elem_type=out.elem_type, value=dtype.type(plan.value),
                       begin=region[0], end=region[1], exact=exact)
-    plan.hint = band_matrix(graph, d, len(out.shape))
+    plan.hint = plan.hint or band_matrix(graph, d, len(out.shape))
+    if plan.claimed and plan.hint is None:
+        m.reason = (f"the proof that {node.op_type} {node.name!r} keeps the band's matrix takes a claimed dim "
+                    "name, and the band's sizes are no value of the model to check it by")
+        return m
     m.captures["plan"], m.dml = plan, preview
     m.reason = lowering_reason(preview, out.shape, options)
     return m
@@ -271,7 +278,7 @@ def _aligned_bands(graph: Graph, node: OnnxNode, d_index: int, d: DmlNode | None
     return found
 
 
-def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
+def _plan_sizes(graph: Graph, plan: Plan, d_index: int, axes: AxisDims | None = None) -> str | None:
     """Decide the output sizes of `plan` (static, carried by the input, or built at run time) and
     check the band's matrix is the output's; the reason when it cannot be proved."""
     node, out, x = plan.node, plan.node.outputs[0], plan.x
@@ -280,6 +287,9 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
     out_shape, d_shape = cast("tuple[Dim, ...]", out.shape), cast("tuple[Dim, ...]", d_value.shape)
     others = [v for i, v in enumerate(node.inputs) if v is not None and i != d_index]
     band = matrix_dims(graph, d_value)
+    plan.claimed = plan.band.claimed or _claims(graph, node, d_index, band, axes)
+    if plan.claimed:  # (the band's sizes as the model has them, else its whole sizes: both what it computed)
+        plan.hint = band_matrix(graph, plan.band, len(out_shape)) or plan.band.inputs[1]
     if _absorb_expand(graph, plan, d_index, band):
         return None
     if not same_dims(out_shape[-2:], d_shape[-2:]) and not all(keeps_matrix(v.shape, band) for v in others):
@@ -292,6 +302,7 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
             return (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix: operand "
                     f"{unproved[0].name!r} {list(unproved[0].shape or ['?'])} may widen {list(d_shape[-2:])}")
         plan.guarded = True
+        plan.claimed = plan.band.claimed  # (the sizes are the band's by construction)
     x_shape = _part_shape(x)
     if not plan.guarded and x_shape is not None and (
             same_dims(x_shape, out.shape) or all(fits_into(v.shape, x_shape) for v in node.inputs if v is not None)):
@@ -299,10 +310,15 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
     if not plan.guarded and out.static_shape is not None:
         plan.static_shape = out.static_shape
         return None
-    found = [shape_source(graph, v) for v in node.inputs if v is not None]
+    # A claimed band's sizes are the node's `matrix`, broadcast in when it runs: the rest is the data's.
+    own = plan.claimed and not plan.guarded and plan.hint is not None and plan.hint is plan.band.inputs[1] \
+        and any(v is not None and v.shape for i, v in enumerate(node.inputs) if i != d_index)
+    found = [shape_source(graph, v) for i, v in enumerate(node.inputs) if v is not None and not (own and i == d_index)]
     sources = [s for s in found if s is not None]
     if len(sources) != len(found):
         return f"an operand of {node.op_type} {node.name!r} has an unknown rank"
+    if own and len(sources) == 1 and sources[0].of is not None and sources[0].of is x.value:
+        return None  # (the node's output is its input broadcast with the mask's own sizes, as the model's)
     sources = needed(sources)
     static = static_broadcast(sources)
     if static is not None and plan.guarded and not _static_matrix(static, d_value):
@@ -314,6 +330,67 @@ def _plan_sizes(graph: Graph, plan: Plan, d_index: int) -> str | None:
         plan.shape = sources
         plan.matrix = shape_source(graph, d_value) if plan.guarded else None
     return None
+
+
+def claimed_names(graph: Graph) -> frozenset[str]:
+    """Dim names declared on two or more of the graph's inputs (a sum's terms each): a user's claim
+    that those sizes are one, which inputs may break where onnxruntime still runs the model (a
+    decode step's one row against a cache's length; issue 26). A name inference invented, or one
+    input declares (a square [B, S, S] too: not checked here, docs/limits.md), is taken as a proof."""
+    seen: Counter[str] = Counter()
+    for v in graph.inputs:
+        seen.update({t for d in v.shape or () if isinstance(d, str) for t in d.split(" + ")})
+    return frozenset(n for n, c in seen.items() if c > 1)
+
+
+def _other_axis(a: object, b: object) -> bool:
+    """Two dims that per-axis inference names after different input axes (not a 1, not invented)."""
+    named = [isinstance(d, str) and "@" in d and not d.startswith("unk__") for d in (a, b)]
+    return all(named) and a != b
+
+
+class AxisDims:
+    """The graph's values' shapes inferred with each claimed input axis a size of its own
+    (`shape_inference.axis_shapes`), made on first use: one more inference, only for a model whose
+    band dims name a claimed size. Empty where the graph has no source model (a body, whose formal
+    inputs `nested` types with fresh dims)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self._shapes: dict[str, tuple | None] | None = None
+
+    def shapes(self) -> dict[str, tuple | None]:
+        if self._shapes is None:
+            src, names = self.graph.info.source, claimed_names(self.graph)
+            self._shapes = {} if src is None or not names else shape_inference.axis_shapes(src, names)
+        return self._shapes
+
+
+def _claims(graph: Graph, node: OnnxNode, d_index: int, dims: tuple | None, axes: AxisDims | None) -> bool:
+    """The proof that `node`'s output keeps the band's matrix leans on a claimed dim name: the band's
+    dims name a claimed size and, with each claimed input axis a size of its own, the output's last
+    two dims or another operand's are another input axis's. (Where that inference cannot name a
+    dim, a Concat's sum, the proof's names are trusted as before: docs/limits.md.)"""
+    names = claimed_names(graph) if dims is not None and any(isinstance(d, str) for d in dims) else frozenset()
+    if not any(isinstance(d, str) and any(t in names for t in d.split(" + ")) for d in dims or ()):
+        return False
+    shapes = axes.shapes() if axes is not None else {}
+    if not shapes:
+        return False  # (a body: its formal inputs' dims are sizes of its own, its source no model)
+    saved = {v: v.shape for v in graph.values.values()}
+    try:  # (the rules' checks, run over the per-axis shapes; a value a rule made has none)
+        for v in saved:
+            if v.name not in graph.initializers:
+                v.shape = shapes.get(v.name)
+        band = matrix_dims(graph, cast(Value, node.inputs[d_index]))
+        out = node.outputs[0].shape
+        if band is None:
+            return True
+        shapes_seen = [out] + [v.shape for i, v in enumerate(node.inputs) if v is not None and i != d_index]
+        return any(_other_axis(a, b) for s in shapes_seen if s is not None and len(s) >= 2 for a, b in zip(s[-2:], band))
+    finally:
+        for v, shape in saved.items():
+            v.shape = shape
 
 
 def _absorb_expand(graph: Graph, plan: Plan, d_index: int, band: tuple | None) -> bool:
@@ -399,7 +476,8 @@ def build(plan: Plan, ctx: Context | None = None) -> Replacement:
                 shape = build_matrix_of(shape, plan.matrix, hint, built)
     dml = DmlNode(node.name, xv, shape, plan.band.inputs[2], standin(out, out.elem_type),
                   elem_type=cast(int, out.elem_type), value=plan.value.dtype.type(plan.value), begin=plan.region[0],
-                  end=plan.region[1], static_shape=plan.static_shape, exact=plan.exact, matrix=plan.hint)
+                  end=plan.region[1], static_shape=plan.static_shape, exact=plan.exact, matrix=plan.hint,
+                  claimed=plan.claimed)
     r = replace_node(node, dml, *built.nodes)
     r.initializers = built.initializers
     return r
@@ -493,7 +571,8 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
         for i in band_operands(graph, node, band_inputs):
             if two_valued and isinstance(_outside(graph, _band(node, i)), Value):
                 continue
-            m = plan_application(graph, node, i, evaluate, name, exact, options, output_is_mask)
+            m = plan_application(graph, node, i, evaluate, name, exact, options, output_is_mask,
+                                 ctx.analysis(AxisDims))
             if m is not None and not m.declined:
                 return m
             declined = declined or m
@@ -538,13 +617,16 @@ def _match_chain(ctx: Context, node: Node) -> Match | None:
     if node.inputs[1] is not None or node.static_shape is not None or inner.inputs[1] is not None \
             or inner.static_shape is not None or inner.inputs[2] is not node.inputs[2]:
         return None
+    if (node.claimed or inner.claimed) and node.matrix is not inner.matrix:
+        return None  # (each reads its own mask's sizes)
     if not bitwise_equal(np.asarray(node.value), np.asarray(inner.value)):
         return None
     region = union((inner.begin, inner.end), (node.begin, node.end))
     if region is None:
         return None
     dml = DmlNode(node.name, inner.inputs[0], None, node.inputs[2], standin(node.outputs[0]), elem_type=node.elem_type,
-                  value=node.value, begin=region[0], end=region[1], exact=node.exact and inner.exact)
+                  value=node.value, begin=region[0], end=region[1], exact=node.exact and inner.exact,
+                  matrix=node.matrix if node.claimed or inner.claimed else None, claimed=node.claimed or inner.claimed)
     return Match("chain", [inner, node], dml=dml)
 
 

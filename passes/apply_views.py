@@ -40,6 +40,9 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     m = Match("mask_view", [node])
     band = matrix_dims(graph, d_value)
     target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []
+    if node.op_type == "Reshape" and d.claimed:
+        m.reason = f"Reshape {node.name!r} of a band applied by a claimed dim name (its mask's sizes keep their rank)"
+        return m
     if node.op_type == "Reshape":
         return _match_reshape(graph, node, d, band, target_dims, m, options)
     if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
@@ -139,7 +142,8 @@ def _rewrite_view(ctx: Context, m: Match) -> Replacement:
         if static is None and not (x is not None and same_dims(x.shape, out.shape)):
             shape = build_broadcast(sources, out.name, built, ctx)
     dml = DmlNode(node.name, x, shape, d.inputs[2], standin(out, d.elem_type), elem_type=d.elem_type,
-                  value=d.value, begin=d.begin, end=d.end, static_shape=static, exact=d.exact)
+                  value=d.value, begin=d.begin, end=d.end, static_shape=static, exact=d.exact,
+                  matrix=d.matrix if d.claimed else None, claimed=d.claimed)  # (a view adds batch axes only)
     r = replace_node(node, dml, *built.nodes)
     r.initializers = built.initializers
     return r

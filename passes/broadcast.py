@@ -441,8 +441,9 @@ def matrix_dims(graph: Graph, v: Value) -> tuple[Dim, Dim] | None:
     generator was proved to have can name input dims that shape inference could not see)."""
     p = v.producer
     if isinstance(p, DmlNode):
-        if p.inputs[1] is not None:
-            dims = vector_dims(graph, p.inputs[1])
+        sizes = p.matrix if p.claimed else p.inputs[1]  # (a claimed node's matrix is its mask's)
+        if sizes is not None:
+            dims = vector_dims(graph, sizes)
             if dims is not None and len(dims) >= 2 and None not in dims[-2:]:
                 return cast("tuple[Dim, Dim]", tuple(dims[-2:]))
         elif p.static_shape is not None:

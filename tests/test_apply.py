@@ -144,7 +144,9 @@ def test_and_of_band_and_padding_is_one_node_reading_the_padding():
     g, result = lower(model)
     (dml,) = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
     assert dml.inputs[0].name == "p" and dml.value == np.False_ and (dml.begin, dml.end) == (1, None)
-    assert dml.inputs[1] is not None  # [B, 1, 1, S] broadcast to [B, 1, S, S] at run time
+    # [B, 1, 1, S] broadcast to [B, 1, S, S] at run time: by a sizes input, or (pad's S and X's S are
+    # one name on two inputs: a claim) by the band's own sizes, which the node reads (`DmlNode.matrix`)
+    assert dml.inputs[1] is not None or (dml.claimed and dml.matrix is not None)
     check(model, g, [left_padded(b, 1, s) for b, s in ((1, 1), (2, 5))])
 
 
@@ -281,6 +283,10 @@ def test_reshape_of_a_band_with_padding_regroups_its_batch_axes(target):
     if target == "minus_one":  # -1 needs the element count: declined, named
         assert not result.counts["mask_view"]
         assert any("Reshape" in m.reason for m in result.declined)
+    elif any("claimed dim name" in m.reason for m in result.declined):
+        # (pad's S and x3's S are one name on two inputs: the And's band reads its mask's own sizes,
+        # which a regrouping Reshape would not keep: declined, named; docs/limits.md)
+        assert not result.counts["mask_view"]
     else:
         assert result.counts["mask_view"] == 1 and result.counts["mask_where"] == 1, [m.reason for m in result.declined]
         assert sum(isinstance(n, DmlNode) for n in g.nodes.values()) == 1

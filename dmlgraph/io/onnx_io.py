@@ -42,13 +42,15 @@ def _register_schemas() -> None:
                      P("k", "tensor(int64)", "one int64 added to each bounded end (begin/end) when the node runs: "
                        "Trilu's run-time k, or the part of Begin/End that moves with the sizes (a KV-cache "
                        "mask's past length, computed from shapes with standard ops)", param_option=opt)]
+    matrix = P("matrix", "tensor(int64)", "the sizes of the mask the node applies ([H, W], or ending so): Y is then "
+               "that mask's band broadcast with X and the output sizes, as the model computed it", param_option=opt)
     outputs = [P("Y", "T", "output")]
     types = [("T", _T_ALL, "DML data types; bool is carried as UINT8")]
     dm1 = onnx.defs.OpSchema(
         "DiagonalMatrix1", DOMAIN, DOMAIN_VERSION,
         "DML_OPERATOR_DIAGONAL_MATRIX1: Y = value where (end >= begin) ^ (x-y >= begin) ^ (x-y < end), "
         "else X (or 0).",
-        inputs=common_inputs, outputs=outputs, type_constraints=types,
+        inputs=common_inputs + [matrix], outputs=outputs, type_constraints=types,
         attributes=[A("begin", AT.INT, "DiagonalFillBegin; absent = unbounded (INT32_MIN)", required=False),
                     A("end", AT.INT, "DiagonalFillEnd; absent = unbounded (INT32_MAX)", required=False),
                     A("value", AT.TENSOR, "Value: one element of the output type"),
@@ -115,7 +117,7 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None,
         producer_version=model.producer_version, domain=model.domain, model_version=model.model_version,
         doc_string=model.doc_string, metadata_props=[(p.key, p.value) for p in model.metadata_props],
         graph_name=model.graph.name or "graph", graph_doc_string=model.graph.doc_string,
-        functions=list(model.functions), base_dir=base_dir)
+        functions=list(model.functions), base_dir=base_dir, source=model)
     g = Graph(info)
     try:
         if shapes is None:
@@ -223,7 +225,7 @@ def _import_dml(n: onnx.NodeProto, ins: list, outs: list) -> DmlNode:
                           "dmlgraph optimize from the original model")
 
     a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
-    ins = ins + [None] * (3 - len(ins)) if n.op_type == "DiagonalMatrix1" else [None] + ins + [None] * (2 - len(ins))
+    ins = ins + [None] * (4 - len(ins)) if n.op_type == "DiagonalMatrix1" else [None] + ins + [None] * (3 - len(ins))
     shape = tuple(a["output_shape"]) if "output_shape" in a else None
     if shape is not None and (len(shape) < 2 or min(shape) < 1):
         raise bad("output_shape", f"{list(shape)} is not a matrix shape (2 or more dims, each at least 1)")
@@ -248,7 +250,8 @@ def _import_dml(n: onnx.NodeProto, ins: list, outs: list) -> DmlNode:
             raise bad("value_data_type", f"is {a['value_data_type']}, but the value is "
                       f"{TensorProto.DataType.Name(elem_type)} (DML_TENSOR_DATA_TYPE {expected})")
         node = DmlNode(n.name, ins[0], ins[1], ins[2], outs[0], elem_type=elem_type, value=value[0],
-                       begin=a.get("begin"), end=a.get("end"), static_shape=shape, exact=bool(a.get("exact", 1)))
+                       begin=a.get("begin"), end=a.get("end"), static_shape=shape, exact=bool(a.get("exact", 1)),
+                       matrix=ins[3], claimed=True)  # (the DML export writes a matrix only where it is claimed)
     else:
         elem_type = a["dtype"]
         _dml_type(elem_type, bad, "dtype")
@@ -306,8 +309,8 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
     # Filled in place, as helper.make_graph + make_model would: make_model copies the graph, which
     # for inline weights is one more copy of all of them (and a node list extended into the graph
     # is one more copy of every node).
-    if target == "dml":  # (the sizes a portable band may read: DML nodes never do)
-        hinted = [n for n in g.nodes.values() if isinstance(n, DmlNode) and n.matrix is not None]
+    if target == "dml":  # (the sizes a portable band may read; a DML node reads them only where claimed)
+        hinted = [n for n in g.nodes.values() if isinstance(n, DmlNode) and n.matrix is not None and not n.claimed]
         for n in hinted:
             g.drop_matrix(n)
         if hinted:
@@ -564,7 +567,8 @@ def dml_node_proto(n: DmlNode, into: onnx.NodeProto | None = None) -> onnx.NodeP
         template = _DML_TEMPLATES[key] = onnx.NodeProto(op_type=n.kind, domain=DOMAIN, attribute=_dml_attributes(n))
     proto = onnx.NodeProto() if into is None else into
     proto.CopyFrom(template)
-    proto.input.extend(_trim([_name(v) for v in (n.operands[1:] if n.kind == "DiagonalMatrix" else n.operands)]))
+    ins = n.operands[1:] if n.kind == "DiagonalMatrix" else n.operands + ((n.matrix,) if n.claimed else ())
+    proto.input.extend(_trim([_name(v) for v in ins]))
     proto.output.append(n.outputs[0].name)
     if n.name:
         proto.name = n.name
@@ -786,7 +790,8 @@ class _Pseudocode:
         n = self.n
         x, shape, _ = n.operands
         shape_name = self.shape_name()
-        use = self.use_value(self.top_x(shape_name))
+        claimed = n.matrix if n.claimed else None  # (the band of its mask's sizes, broadcast by the select)
+        use = self.use_value(self.top_x(shape_name if claimed is None else claimed.name))
         np_dt = helper.tensor_dtype_to_np_dtype(n.elem_type)
         value_arr = np.array(n.value, dtype=np_dt)
         value = self.const("value", value_arr)

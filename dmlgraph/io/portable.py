@@ -503,6 +503,8 @@ class _Node:
     def band_vec(self) -> str:
         """The band's sizes: the matrix's [H, W] when broadcasting X with it provably gives the
         output's shape, else the output's sizes (X broadcasts into them: the DML node's own rule)."""
+        if self.n.claimed and self.n.matrix is not None:
+            return self.n.matrix.name  # (a claimed node's band is its mask's, always: its definition)
         if self.bcast_ok():
             return self.matrix_vec()
         vec = self.shape_vec()
@@ -608,10 +610,10 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
     et = n.elem_type
     if s.x is None:
         return _generator(s, r)
-    fold = _padding_where(s, r)
+    fold = None if n.claimed else _padding_where(s, r)  # (these forms band X's own matrix, not its mask's)
     if fold is not None:
         return fold
-    if _bits_zero(s.value) and et in TRILU_TYPES and et != TensorProto.FLOAT16:
+    if _bits_zero(s.value) and et in TRILU_TYPES and et != TensorProto.FLOAT16 and not n.claimed:
         keep = complement(r)
         if len(keep) == 1:
             return s.keep(s.full_x(), keep[0], "keep")

@@ -184,23 +184,28 @@ class DmlNode(Node):
       x     -- the input tensor (broadcast to the output shape; a scalar is broadcast by zero strides)
       shape -- int64 1-D output sizes computed at run time (else `static_shape`, else x's shape)
       k     -- int64 scalar shifting every bounded end of [begin, end) at run time (Trilu's k)
-    and, optionally, a fourth: `matrix`, an int64 [2] vector holding the sizes of the mask this node
-    applies (the model's own, which the portable export may read instead of Shape(x)); never run,
-    and dropped by the DML export.
+    and, optionally, a fourth: `matrix`, an int64 vector holding the sizes of the mask this node
+    applies ([H, W], ones then [H, W], or its whole shape: the model's own). The node is then the
+    band of that mask broadcast with x and `shape`, as the model computed it (docs/semantics.md):
+    plain DIAGONAL_MATRIX1 where the mask's [H, W] is the output's matrix, which the rewrite proved
+    unless `claimed`. Unclaimed, the DML export drops it (only the portable export reads it);
+    `claimed` (the proof took a dim name several graph inputs declare for one size) keeps it on
+    every target, and the node reads it when it runs.
     begin/end are int64-space bounds (None = unbounded, never shifted). They are clamped to the
     matrix ([-H, W]) only when bound to a concrete shape, so a huge k never wraps. `exact` says
     whether the rewrite that made it is bit-exact for every input.
     """
 
     __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind", "portable_form",
-                 "portable_nodes")
+                 "portable_nodes", "claimed")
     domain = "com.dmlgraph"
 
     def __init__(self, name: str, x: Value | None, shape: Value | None, k: Value | None, output: Value, *,
                  elem_type: int, value: np.generic, begin: int | None, end: int | None,
                  static_shape: Iterable[int] | None = None, exact: bool = True, kind: str = "DiagonalMatrix1",
-                 matrix: Value | None = None):
+                 matrix: Value | None = None, claimed: bool = False):
         super().__init__(name, [x, shape, k] if matrix is None else [x, shape, k, matrix], [output])
+        self.claimed = claimed and matrix is not None
         self.elem_type = elem_type
         self.value = value
         # (Kept inside +-2^62, as `ops.clamp_bound` does: a bound past any matrix means the same
@@ -247,6 +252,7 @@ class ModelInfo:
     functions: list[onnx.FunctionProto] = field(default_factory=list)
     base_dir: str | None = None  # where the model's external data is (its subgraphs' tensors too)
     notes: list[str] = field(default_factory=list)  # what loading took though onnx's checks refuse it
+    source: onnx.ModelProto | None = None  # the imported model itself (not a copy), for analyses that re-infer it
 
 
 class ReservedNames(Protocol):

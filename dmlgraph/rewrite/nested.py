@@ -791,9 +791,11 @@ def _import(info: ModelInfo, proto: onnx.GraphProto, inputs: list[onnx.ValueInfo
     inference included)."""
     model = _model(info, opsets, proto.name or "body", [_Spec(proto, inputs, constants or [], {}, frozenset())])
     try:
-        return import_model(model, info.base_dir)
+        g = import_model(model, info.base_dir)
     except DmlgraphError as e:
         return f"it cannot be read as a graph of its own ({e})"
+    g.info.source = None  # (a body's formal inputs are typed from its holder: no user declared them)
+    return g
 
 
 class _Inferred(PendingShapes):
@@ -849,7 +851,7 @@ def _names(proto: onnx.GraphProto) -> set[str]:
 def _split(whole: Graph, s: _Spec, nodes: list[Node]) -> Graph:
     """Body `s`'s Graph out of `whole`: its nodes and values, and a copy of each enclosing value it
     reads (so that the uses of one are its own), in the order `_import` would make them."""
-    g = Graph(replace(whole.info, graph_name=s.proto.name or "body", functions=list(whole.info.functions)))
+    g = Graph(replace(whole.info, graph_name=s.proto.name or "body", functions=list(whole.info.functions), source=None))
     values = g.values
     initializers = [t.name for t in itertools.chain(s.proto.initializer, s.constants)]
     names = initializers + [vi.name for vi in s.inputs]

@@ -83,7 +83,8 @@ def shape_constants(g: Graph, order: list[Node] | None = None) -> set[str]:
             if all(name in const for name in ins):
                 const.update(outs)
                 shaped.update(outs)
-            elif (shape is None or shape.name in const) and (x is None or x.name in shaped):
+            elif (shape is None or shape.name in const) and (x is None or x.name in shaped) \
+                    and (n.matrix is None or n.matrix.name in const):
                 shaped.update(outs)
             continue
         if n.domain not in ("", "ai.onnx") or n.op_type not in _PURE or cast(OnnxNode, n).has_subgraph:
@@ -118,6 +119,7 @@ class DmlCall:
     x: np.ndarray | None
     k: int
     output: np.ndarray
+    matrix: tuple[int, ...] | None = None  # the applied mask's own sizes (`DmlNode.matrix`), when read
 
 
 @dataclass
@@ -370,7 +372,8 @@ class Executor:
                 env[step.outputs[0].name] = self._run_dml(step, env)
                 t_dml += time.perf_counter() - t0
                 if trace is not None:
-                    trace.append(DmlCall(step, *self._dml_operands(step, env), env[step.outputs[0].name]))
+                    trace.append(DmlCall(step, *self._dml_operands(step, env), env[step.outputs[0].name],
+                                         self._matrix(step, env)))
             elif isinstance(step, control_flow.HostStep):
                 env.update(step.run(lambda name: self._value(g.values[name], env), trace))
                 t_dml += time.perf_counter() - t0
@@ -406,7 +409,7 @@ class Executor:
         read: set[str] = {v.name for v in g.outputs}
         for s in self._fast_steps:
             if isinstance(s, DmlNode):
-                read.update(v.name for v in s.operands if v is not None)
+                read.update(v.name for v in s.inputs if v is not None)  # (a claimed node's matrix too)
             else:
                 read.update(s.inputs)
         self._keep = sorted(made & read)  # what the fast path reads from the cache (twins add theirs)
@@ -418,7 +421,7 @@ class Executor:
         self._input_names = [v.name for v in g.inputs]
         # DML nodes run through a kernel prepared per input-shape set when only x varies
         self._bindable = {s.id for s in self._fast_steps if isinstance(s, DmlNode) and s.kind == "DiagonalMatrix1"
-                          and s.inputs[0] is not None and all(v is None or v.name in const for v in s.operands[1:])}
+                          and s.inputs[0] is not None and all(v is None or v.name in const for v in s.inputs[1:])}
 
     def _key(self, feeds: dict[str, np.ndarray]) -> tuple | None:
         """The input shapes and dtypes, when the fast path may serve these feeds (plain arrays, no extras)."""
@@ -507,7 +510,7 @@ class Executor:
         if type(x) is not np.ndarray:
             return ()
         shape, dtype, _, bound = self._dml_checked(node, env)  # (checks that x broadcasts)
-        if not bound:  # a zero-size output: the general path
+        if not bound or self._broadcast_form(node, shape, env):  # (zero-size, or a band broadcast: the general path)
             return ()
         return (x_name, x.shape, node.outputs[0].name,
                 kernels.prepare_diagonal_matrix1(shape, dtype, node.value, *bound, input_shape=x.shape))
@@ -523,10 +526,27 @@ class Executor:
             return np.zeros(shape, dtype)
         if node.kind == "DiagonalMatrix":
             return kernels.diagonal_matrix(shape, dtype, cast(int, node.begin), float(node.value))  # begin: the offset
+        hw = self._broadcast_form(node, shape, env)
+        if hw:  # the mask's [H, W] is not the output's matrix: its band, broadcast as the model did
+            band = kernels.diagonal_matrix1(hw, np.bool_, np.True_, *bind_range(node.begin, node.end,
+                                                                                  self._dml_operands(node, env)[2], *hw))
+            return np.where(band, np.asarray(node.value, dtype), np.zeros(shape, dtype) if x is None else x)
         return kernels.diagonal_matrix1(shape, dtype, node.value, *cast("tuple[int, int]", bound), input=x)  # 0 not in shape
 
+    def _matrix(self, node: DmlNode, env: dict[str, np.ndarray]) -> tuple[int, ...] | None:
+        """The sizes of the mask a claimed node applies (`DmlNode.matrix`), else None."""
+        if not node.claimed or node.matrix is None:
+            return None
+        return tuple(int(s) for s in np.asarray(self._value(node.matrix, env)).reshape(-1))
+
+    def _broadcast_form(self, node: DmlNode, shape: tuple[int, ...], env: dict[str, np.ndarray]) -> tuple[int, int] | None:
+        """The mask's [H, W] when a claimed node's output matrix is not it (a claim the inputs broke)."""
+        m = self._matrix(node, env)
+        return None if m is None or m[-2:] == shape[-2:] else (m[-2], m[-1])
+
     def _dml_operands(self, node: DmlNode, env: dict[str, np.ndarray]) -> tuple[tuple[int, ...], np.ndarray | None, int]:
-        """(output shape, x as produced, k), with the checks on the shape and on k."""
+        """(output shape, x as produced, k), with the checks on the shape and on k. A claimed
+        node's output is its sizes broadcast with its mask's (`DmlNode.matrix`)."""
         x_v, shape_v, k_v = node.operands
         x = None if x_v is None else np.asarray(self._value(x_v, env))
         if shape_v is not None:
@@ -536,6 +556,13 @@ class Executor:
         else:
             shape = cast(np.ndarray, x).shape  # a node without shape input or static shape has x
         label = f"{node.kind} node {node.name or node.outputs[0].name!r}"
+        matrix = self._matrix(node, env)
+        if matrix is not None:
+            try:
+                shape = tuple(int(d) for d in np.broadcast_shapes(shape, matrix))
+            except ValueError:
+                raise DmlgraphError(f"{label}: its mask's sizes {list(matrix)} do not broadcast with the output "
+                                    f"sizes {list(shape)}", hint="onnxruntime refuses these inputs too") from None
         if len(shape) < 2 or any(d < 0 for d in shape):
             raise DmlgraphError(f"{label}: output shape {list(shape)} is not a matrix (needs 2+ dims, none "
                                 "negative)")

@@ -146,6 +146,11 @@ def build(calls: list[DmlCall], level: FeatureLevel = FeatureLevel.L5_1) -> Expo
             exp.skipped.append({"node": label, "reason": f"bound to shape {list(call.shape)}: a zero-size "
                                 "dimension is invalid in DirectML (the executor returns an empty tensor)"})
             continue
+        if call.matrix is not None and tuple(call.matrix[-2:]) != tuple(call.shape[-2:]):
+            raise UnsupportedError(f"{node.kind} node {label!r}: its mask's sizes {list(call.matrix)} are not the output's "
+                                   f"matrix {list(call.shape[-2:])} (a dim-name claim these inputs break): the node "
+                                   "is that band broadcast, not one DIAGONAL_MATRIX1",
+                                   hint="export with inputs whose dims keep the model's dim names")
         try:
             desc = node_desc(node, call.shape, None if call.x is None else call.x.shape, call.k, level)
             op = operator_json(desc)

@@ -185,9 +185,12 @@ def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], t
 
 
 def _reads_stored_matrix(graph: Graph, nodes: list[Node]) -> bool:
-    """Some node of the subgraph reads a stored constant of 2+ dims (a mask buffer sliced or split)."""
-    return any(v is not None and v.producer is None and v.name in graph.initializers and len(v.shape or ()) >= 2
-               for n in nodes for v in n.inputs)
+    """Some node of the subgraph reads a stored constant of 2+ dims (a mask buffer sliced or split):
+    an initializer, or a Constant node's (how a local function or a body holds one)."""
+    return any(v is not None and len(v.shape or ()) >= 2 and (
+        (v.producer is None and v.name in graph.initializers)
+        or (isinstance(v.producer, OnnxNode) and v.producer.op_type == "Constant"))
+        for n in nodes for v in n.inputs)
 
 
 def _match_subgraph(ctx: Context, node: Node) -> Match | None:

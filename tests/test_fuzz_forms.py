@@ -246,3 +246,23 @@ def test_function_band_sliced_and_joined_writes_on_the_dml_target():
     x = np.random.default_rng(0).standard_normal((1, 2, 5, 5)).astype(np.float32)
     want = fuzz_forms._session(m).run(None, {"x": x})[0]
     np.testing.assert_array_equal(api.run(lowered.model, {"x": x})["out"], want)
+
+
+def test_a_function_slicing_its_own_constant_buffer_is_lowered():
+    """A local function holding a stored band as a Constant node, sliced to x's [S, S] and applied:
+    the buffer is a stored matrix there too (found by the soak: the slices were missed)."""
+    buffer = np.tril(np.ones((12, 12), bool))
+    c = lambda name, v: h.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.asarray(v), name))
+    body = [c("buffer", buffer), c("i2", np.int64(2)), c("zero", np.array([0], np.int64)),
+            c("ax0", np.array([0], np.int64)), c("ax1", np.array([1], np.int64)),
+            c("fill", np.float32(-np.inf)),
+            h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "i2"], ["s"]),
+            h.make_node("Unsqueeze", ["s", "ax0"], ["s1"]),
+            h.make_node("Slice", ["buffer", "zero", "s1", "ax0"], ["rows"]),
+            h.make_node("Slice", ["rows", "zero", "s1", "ax1"], ["band"]),
+            h.make_node("Where", ["band", "x", "fill"], ["out"])]
+    fn = h.make_function("local", "Masked", ["x"], ["out"], body, [h.make_opsetid("", 18)])
+    m = _model([h.make_node("Masked", ["x"], ["y"], domain="local")], [], [X], [fn])
+    census = _census(m)
+    assert census["rows"]["status"] != "missed" and census["band"]["status"] == "lowered"
+    _same_as_onnxruntime(m, lambda n: {"x": _x(n)})

@@ -184,13 +184,17 @@ def _too_big_to_evaluate(graph: Graph, nodes: list[Node], inputs: list[Value], t
     return None  # size unknown: the evaluation runs under an address-space cap
 
 
-def _reads_stored_matrix(graph: Graph, nodes: list[Node]) -> bool:
-    """Some node of the subgraph reads a stored constant of 2+ dims (a mask buffer sliced or split):
-    an initializer, or a Constant node's (how a local function or a body holds one)."""
-    return any(v is not None and len(v.shape or ()) >= 2 and (
+def _stored_matrix(graph: Graph, v: Value | None) -> bool:
+    """A stored constant of 2+ dims: an initializer, or a Constant node's output (how a local
+    function or a body holds one)."""
+    return v is not None and len(v.shape or ()) >= 2 and (
         (v.producer is None and v.name in graph.initializers)
         or (isinstance(v.producer, OnnxNode) and v.producer.op_type == "Constant"))
-        for n in nodes for v in n.inputs)
+
+
+def _reads_stored_matrix(graph: Graph, nodes: list[Node]) -> bool:
+    """Some node of the subgraph reads a stored matrix (a mask buffer sliced or split)."""
+    return any(_stored_matrix(graph, v) for n in nodes for v in n.inputs)
 
 
 def _match_subgraph(ctx: Context, node: Node) -> Match | None:
@@ -252,8 +256,8 @@ def _makes_mask(n: Node) -> bool:
 
 def _reads_stored_band(graph: Graph, nodes: list[Node]) -> bool:
     """Some node of the subgraph reads a stored band buffer (what the census counts as a mask)."""
-    return any(v is not None and v.producer is None and v.name in graph.initializers and len(v.shape or ()) >= 2
-               and band_of(np.asarray(const_value(graph, v))) is not None for n in nodes for v in n.inputs)
+    return any(_stored_matrix(graph, v) and (c := const_value(graph, v)) is not None
+               and band_of(np.asarray(c)) is not None for n in nodes for v in n.inputs)
 
 
 def _no_band_reason(graph: Graph, nodes: list[Node], target: Value) -> str | None:

@@ -570,6 +570,11 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
         declined = None
         for i in band_operands(graph, node, band_inputs):
             if two_valued and isinstance(_outside(graph, _band(node, i)), Value):
+                if any(const_value(graph, v) is None for j, v in enumerate(node.inputs) if j != i and v is not None):
+                    continue  # (data applied to a data-holding mask: not a mask any more, nothing to say)
+                declined = declined or Match(name, [node], reason=(
+                    f"its band {cast(Value, node.inputs[i]).name!r} holds data (its input X, a padding say): folding "
+                    f"{node.op_type} {node.name!r} into it would compute per use what the model computes once"))
                 continue
             m = plan_application(graph, node, i, evaluate, name, exact, options, output_is_mask,
                                  ctx.analysis(AxisDims))

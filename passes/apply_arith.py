@@ -77,11 +77,26 @@ def evaluate_mul(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Pa
     return Part(op=("Mul", operands))
 
 
+def evaluate_sub(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    """`c - band` (GPT-1's `1 - b`): two constants on a generator's two regions, a fill of a
+    constant X; `X - 0` is X (-0.0 - 0.0 is -0.0)."""
+    if any(isinstance(o, np.ndarray) and o.dtype != dtype for o in operands):
+        return f"Sub {node.name!r}: an operand's type is not the output's {dtype}"
+    a, b = operands
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        with np.errstate(all="ignore"):
+            return Part(const=np.asarray(np.subtract(a, b, dtype=dtype), dtype))
+    if isinstance(b, np.ndarray) and isinstance(a, Value) and np.asarray(b, dtype) == 0 \
+            and not (dtype.kind == "f" and np.signbit(np.asarray(b, dtype))):
+        return Part(value=a)
+    return Part(op=("Sub", operands))
+
+
 def evaluate_arith(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
-    return (evaluate_add if node.op_type == "Add" else evaluate_mul)(node, operands, dtype)
+    return {"Add": evaluate_add, "Sub": evaluate_sub}.get(node.op_type, evaluate_mul)(node, operands, dtype)
 
 
 MASK_ARITH = application_rule(
-    "mask_arith", ("Add", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
-    "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band) -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
+    "mask_arith", ("Add", "Sub", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
+    "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band), c - band -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
     output_is_mask=False, two_valued=True)

@@ -40,6 +40,16 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     m = Match("mask_view", [node])
     band = matrix_dims(graph, d_value)
     target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []
+    if node.op_type == "Transpose":
+        perm = node.attr("perm", None)
+        rank = len(d_value.shape or ())
+        if perm is not None and rank >= 2 and list(perm)[-2:] == [rank - 2, rank - 1] and \
+                list(perm)[:-2] == list(range(rank - 2)):
+            return None  # (the identity: nothing to lower or say)
+        mirrored = perm is None or list(perm)[-2:] != [rank - 2, rank - 1]
+        m.reason = (f"Transpose {node.name!r} of a band that holds data or moves at run time is not lowered yet "
+                    + ("(its region would mirror, its k negate)" if mirrored else "(it moves the band's batch axes)"))
+        return m
     if node.op_type == "Reshape" and d.claimed:
         m.reason = f"Reshape {node.name!r} of a band applied by a claimed dim name (its mask's sizes keep their rank)"
         return m
@@ -208,6 +218,6 @@ def _unsqueezed_source(s: ShapeSource, axes: list[int], hint: str, built: Built)
     return ShapeSource(rank, vector=built.node("Concat", pieces, f"{hint}__sizes", shape=(rank,), axis=0))
 
 
-MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape"), _match_view, _rewrite_view, exact="bit-exact",
+MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape", "Transpose"), _match_view, _rewrite_view, exact="bit-exact",
                  description="Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
-                                      "node at the new shape")
+                                      "node at the new shape (a Transpose of one is declined)")

@@ -296,3 +296,20 @@ def test_a_blend_of_a_padded_mask_is_declined_not_missed():
     assert census["inv"]["status"] == "declined" and "holds data" in census["inv"]["reason"]
     assert census["fill"]["status"] != "missed" and census["outside"]["status"] == "lowered"
     _same_as_onnxruntime(m, lambda n: {"x": _x(n), "padding": np.arange(n).reshape(1, 1, 1, n) % 3 > 0})
+
+
+def test_a_transposed_padded_mask_is_declined_not_missed():
+    """Transpose of And(band, padding) applied by a Where: no rule lowers a transposed band that holds
+    data yet; it is declined with the reason (seed-7 soak: it was missed), and the outputs stay right."""
+    pad = h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"])
+    nodes = [h.make_node("Shape", ["x"], ["shape"]),
+             h.make_node("Slice", ["shape", "a2", "a4"], ["matrix"]),
+             h.make_node("ConstantOfShape", ["matrix"], ["ones"], value=h.make_tensor("v", T.FLOAT, [1], [1.0])),
+             h.make_node("Trilu", ["ones", "k"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["band"], to=T.BOOL),
+             h.make_node("And", ["band", "padding"], ["padded"]),
+             h.make_node("Transpose", ["padded"], ["t"], perm=[0, 1, 3, 2]),
+             h.make_node("Where", ["t", "x", "ninf"], ["y"])]
+    m = _model(nodes, [I64("a2", [2]), I64("a4", [4]), I64("k", -3), NINF], [X, pad])
+    census = _census(m)
+    assert census["t"]["status"] == "declined" and "Transpose" in census["t"]["reason"]
+    _same_as_onnxruntime(m, lambda n: {"x": _x(n), "padding": np.arange(n).reshape(1, 1, 1, n) % 3 > 0})

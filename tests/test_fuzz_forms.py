@@ -313,3 +313,22 @@ def test_a_transposed_padded_mask_is_declined_not_missed():
     census = _census(m)
     assert census["t"]["status"] == "declined" and "Transpose" in census["t"]["reason"]
     _same_as_onnxruntime(m, lambda n: {"x": _x(n), "padding": np.arange(n).reshape(1, 1, 1, n) % 3 > 0})
+
+
+def test_a_claimed_window_select_keeps_the_output_rank():
+    """An empty window (cols < rows and cols >= rows) selecting x or -inf, whose size S the inputs x
+    and padding both claim: all -inf, a DML node of the constant fill with the node's [1, 2, S, S]
+    sizes and the mask's [S, S]. The portable select's data takes the node's sizes first (seed-7
+    soak: the written model had rank 2 and failed onnx's checker, exit 3)."""
+    pad = h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"])
+    nodes = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "i2"], ["s"]),
+             h.make_node("Gather", ["shape", "i3"], ["t"]),
+             h.make_node("Range", ["i0", "t", "i1"], ["cols"]), h.make_node("Range", ["i0", "s", "i1"], ["rows"]),
+             h.make_node("Unsqueeze", ["rows", "a1"], ["rows2"]), h.make_node("Unsqueeze", ["cols", "a0"], ["cols2"]),
+             h.make_node("Add", ["rows2", "i0"], ["shifted"]), h.make_node("Less", ["cols2", "shifted"], ["causal"]),
+             h.make_node("Sub", ["rows2", "cols2"], ["dist"]), h.make_node("Less", ["dist", "i1"], ["near"]),
+             h.make_node("And", ["causal", "near"], ["window"]),
+             h.make_node("Where", ["window", "x", "ninf"], ["y"])]
+    inits = [I64("i0", 0), I64("i1", 1), I64("i2", 2), I64("i3", 3), I64("a0", [0]), I64("a1", [1]), NINF]
+    m = _model(nodes, inits, [X, pad])
+    _same_as_onnxruntime(m, lambda n: {"x": _x(n), "padding": np.ones((1, 1, 1, n), bool)})

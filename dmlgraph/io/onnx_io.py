@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -91,13 +91,18 @@ def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
         return
     sizes = ctx.get_attribute("output_shape")
     dims: list[int | None] | None = list(sizes.ints) if sizes is not None else None
-    if dims is None and ctx.has_input(shape_at):
-        given = ctx.get_input_type(shape_at).tensor_type
-        if given.HasField("shape") and len(given.shape.dim) == 1 and given.shape.dim[0].HasField("dim_value"):
-            dims = [None] * given.shape.dim[0].dim_value
-    elif dims is None and shape_at == 1 and ctx.has_input(0) and ctx.get_input_type(0).tensor_type.HasField("shape"):
-        dims = [None] * len(ctx.get_input_type(0).tensor_type.shape.dim)  # (the rank: X's dims are what
-        # the export declares, so a model optimized again reads what it read the first time)
+    if dims is None:  # (the rank only: X's dims are what the export declares, so a model optimized
+        # again reads what it read the first time). X broadcasts with the sizes: the longer rank.
+        ranks = []
+        if ctx.has_input(shape_at):
+            given = ctx.get_input_type(shape_at).tensor_type
+            ok = given.HasField("shape") and len(given.shape.dim) == 1 and given.shape.dim[0].HasField("dim_value")
+            ranks.append(given.shape.dim[0].dim_value if ok else None)
+        if shape_at == 1 and ctx.has_input(0):
+            x = ctx.get_input_type(0).tensor_type
+            ranks.append(len(x.shape.dim) if x.HasField("shape") else None)
+        if ranks and None not in ranks:
+            dims = [None] * max(cast("list[int]", ranks))
     ctx.set_output_type(0, onnx.helper.make_tensor_type_proto(elem, dims))
 
 

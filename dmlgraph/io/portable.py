@@ -496,8 +496,11 @@ class _Node:
         return plain.name if plain is not None else vec
 
     def data(self) -> str:
-        """X as an operand of the select with the band (`band`): the select broadcasts it."""
+        """X as an operand of the select with the band (`band`): the select broadcasts it. A claimed
+        node's band has its mask's sizes, not the node's: X then takes the node's sizes first."""
         assert self.x is not None
+        if self.n.claimed and self.shape is not None:
+            return self.full_x()
         return self.x.name
 
     def band_vec(self) -> str:

@@ -269,8 +269,7 @@ class OptimizeResult:
             return
         if self.original is None or full_check_failure(self.original) is None:
             raise AssertionError(f"dmlgraph made a model that fails onnx's full check: {failure}")
-        base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
-        worse = worse_than_source(self.model, self.original, self.report.get("target", "dml"), base_dir)
+        worse = worse_than_source(self.model, self.original, self.report.get("target", "dml"), self._source_dir)
         if worse is not None:
             raise AssertionError(f"dmlgraph made a model that {worse}")
 
@@ -284,9 +283,13 @@ class OptimizeResult:
         A model that serializes to the bytes `optimize` checked (one still as it made it) is not
         checked again.
         """
-        base_dir = None if self.source is None else os.path.dirname(os.path.abspath(self.source))
-        return saving.save_model(self.model, path, input_path=self.source, in_place=in_place, base_dir=base_dir,
-                                 check=self._check_unless_checked)
+        return saving.save_model(self.model, path, input_path=self.source, in_place=in_place,
+                                 base_dir=self._source_dir, check=self._check_unless_checked)
+
+    @property
+    def _source_dir(self) -> str | None:
+        """The input's folder: where its external data is."""
+        return None if self.source is None else os.path.dirname(os.path.abspath(self.source))
 
     def _check_unless_checked(self, data: bytes | None) -> None:
         """`check`, unless `data` (the bytes the save writes) are the bytes `optimize` checked."""
@@ -329,8 +332,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     model = as_model(model)
     label = model_label(model)
     source, g = load(model, base_dir)
-    notes = list(g.info.notes)
-    dir_of = base_dir if isinstance(model, onnx.ModelProto) else os.path.dirname(os.path.abspath(model))
+    notes, dir_of = list(g.info.notes), g.info.base_dir  # (dir_of: where the input's external data is)
     if loaded is not None:
         loaded(source, g)
     before = graph_stats(g)

@@ -45,10 +45,8 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
                     "(its rows or columns would shift the band's bounds)")
         return m
     if node.op_type == "Transpose":
-        perm = node.attr("perm", None)
-        rank = len(d_value.shape or ())
-        if perm is not None and rank >= 2 and list(perm)[-2:] == [rank - 2, rank - 1] and \
-                list(perm)[:-2] == list(range(rank - 2)):
+        perm, rank = node.attr("perm", None), len(d_value.shape or ())
+        if perm is not None and list(perm) == list(range(rank)):
             return None  # (the identity: nothing to lower or say)
         mirrored = perm is None or list(perm)[-2:] != [rank - 2, rank - 1]
         m.reason = (f"Transpose {node.name!r} of a band that holds data or moves at run time is not lowered yet "

@@ -257,22 +257,19 @@ class SizeBuilder:
         if not isinstance(e, Lin) or e.const or not 1 <= len(e.terms) <= 2 \
                 or any(abs(c) != 1 or sym in self.derived for sym, c in e.terms):
             return None
-        reads = [self._own_read(sym) for sym, _ in e.terms]
-        if any(r is None for r in reads):
+        terms = sorted(e.terms, key=lambda t: -t[1])  # (a + b, a - b, or a: the positive term first)
+        if terms[0][1] != 1:
             return None
-        steps = [cast(OnnxNode, r) for r in reads]
-        if len(steps) == 1:
-            if e.terms[0][1] != 1:
-                return None
-        else:
-            (_, c0), (_, c1) = e.terms
-            a, b = (steps[0], steps[1]) if c0 > 0 else (steps[1], steps[0])
-            if c0 < 0 and c1 < 0:
-                return None
-            op = "Add" if c0 > 0 and c1 > 0 else "Sub"
-            out = existing_size_node(self.ctx, op, [a.outputs[0], b.outputs[0]], None)
+        reads = [self._own_read(sym) for sym, _ in terms]
+        if None in reads:
+            return None
+        steps = cast("list[OnnxNode]", reads)
+        if len(terms) == 2:
+            a, b = (n.outputs[0] for n in steps)
+            op = "Add" if terms[1][1] > 0 else "Sub"
+            out = existing_size_node(self.ctx, op, [a, b], None)
             if out is None and op == "Add":
-                out = existing_size_node(self.ctx, op, [b.outputs[0], a.outputs[0]], None)
+                out = existing_size_node(self.ctx, op, [b, a], None)
             if out is None or out.producer is None or out.shape != ():
                 return None
             steps.append(cast(OnnxNode, out.producer))

@@ -727,8 +727,8 @@ def _run_checker(model: onnx.ModelProto, path: str, has_external: bool, data: by
     first = checker_failure(data if view is model and data is not None else view)
     if first is None:
         return
-    if (not has_external or base_dir is not None) and onnxruntime_refuses(data if data is not None else model,
-                                                                          base_dir) is None:
+    # (`check_model_proto` refused external data without a folder before this runs)
+    if onnxruntime_refuses(data if data is not None else model, base_dir) is None:
         if notes is not None:
             notes.append(f"the model fails onnx's checker ({first}); onnxruntime loads it, so dmlgraph takes it")
         return

@@ -75,10 +75,10 @@ def _register_schemas() -> None:
 
 def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
     """Y's type: DiagonalMatrix1's X, else its `value` tensor's; DiagonalMatrix's `dtype`. Its shape:
-    `output_shape` when static, else as many unknown dims as the `shape` input has entries, else
-    X's. (Inference inside a local function reads no value_info: without this, what reads a DML node
-    there has no type and the checker refuses the model; and a Loop that runs no iteration gives its
-    scan outputs the body's rank.)"""
+    `output_shape` when static, else unknown dims of the longer of X's rank and the `shape`
+    input's length (X broadcasts with the sizes). (Inference inside a local function reads no
+    value_info: without this, what reads a DML node there has no type and the checker refuses the
+    model; and a Loop that runs no iteration gives its scan outputs the body's rank.)"""
     dtype, value = ctx.get_attribute("dtype"), ctx.get_attribute("value")
     shape_at = 0 if dtype is not None else 1  # (DiagonalMatrix has no X: its first input is the shape)
     if dtype is not None:

@@ -33,13 +33,23 @@ def _const_other(operands: list[Operand]) -> tuple[np.ndarray, Value] | tuple[No
     return None, None
 
 
-def evaluate_add(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+def _folded(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str | None:
+    """The op on two constants (a Part), a reason when a constant is not of the output's type, else
+    None: what every evaluator here checks first."""
     if any(isinstance(o, np.ndarray) and o.dtype != dtype for o in operands):
-        return f"Add {node.name!r}: an operand's type is not the output's {dtype}"
+        return f"{node.op_type} {node.name!r}: an operand's type is not the output's {dtype}"
     consts = [o for o in operands if isinstance(o, np.ndarray)]
     if len(consts) == len(operands):
+        ufunc = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[node.op_type]
         with np.errstate(all="ignore"):
-            return Part(const=np.asarray(np.add(*consts, dtype=dtype), dtype))
+            return Part(const=np.asarray(ufunc(*consts, dtype=dtype), dtype))
+    return None
+
+
+def evaluate_add(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    folded = _folded(node, operands, dtype)
+    if folded is not None:
+        return folded
     c, x = _const_other(operands)
     if c is None:
         return Part(op=("Add", operands))
@@ -60,12 +70,9 @@ def evaluate_add(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Pa
 
 
 def evaluate_mul(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
-    if any(isinstance(o, np.ndarray) and o.dtype != dtype for o in operands):
-        return f"Mul {node.name!r}: an operand's type is not the output's {dtype}"
-    consts = [o for o in operands if isinstance(o, np.ndarray)]
-    if len(consts) == len(operands):
-        with np.errstate(all="ignore"):
-            return Part(const=np.asarray(np.multiply(*consts, dtype=dtype), dtype))
+    folded = _folded(node, operands, dtype)
+    if folded is not None:
+        return folded
     c, x = _const_other(operands)
     if c is None:
         return Part(op=("Mul", operands))
@@ -80,12 +87,10 @@ def evaluate_mul(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Pa
 def evaluate_sub(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
     """`c - band` (GPT-1's `1 - b`): two constants on a generator's two regions, a fill of a
     constant X; `X - 0` is X (-0.0 - 0.0 is -0.0)."""
-    if any(isinstance(o, np.ndarray) and o.dtype != dtype for o in operands):
-        return f"Sub {node.name!r}: an operand's type is not the output's {dtype}"
+    folded = _folded(node, operands, dtype)
+    if folded is not None:
+        return folded
     a, b = operands
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        with np.errstate(all="ignore"):
-            return Part(const=np.asarray(np.subtract(a, b, dtype=dtype), dtype))
     if isinstance(b, np.ndarray) and isinstance(a, Value) and np.asarray(b, dtype) == 0 \
             and not (dtype.kind == "f" and np.signbit(np.asarray(b, dtype))):
         return Part(value=a)

@@ -276,43 +276,51 @@ def test_a_function_slicing_its_own_constant_buffer_is_lowered(k, static):
         _same_as_onnxruntime(m, lambda n: {"x": _x(n)})
 
 
-def test_a_blend_of_a_padded_mask_is_declined_not_missed():
-    """GPT-1's blend `x * g + (1 - g) * -1e4` whose gate g holds the padding (Not(And(band, padding))
-    cast to float): `1 - g` and its Mul are no fill of one DIAGONAL_MATRIX1 (g holds data) and are
-    declined with that reason (found by the seed-7 soak: they were missed), and the rest lowers."""
-    pad = h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"])
+PAD = h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"])
+
+
+def _padded_band() -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`padded` = And(Trilu(ones [S, S], k=-3) as bool, padding): a band that holds data, which the
+    seed-7 soak regressions below apply in several ways; (its nodes, their constants)."""
     nodes = [h.make_node("Shape", ["x"], ["shape"]),
              h.make_node("Slice", ["shape", "a2", "a4"], ["matrix"]),
              h.make_node("ConstantOfShape", ["matrix"], ["ones"], value=h.make_tensor("v", T.FLOAT, [1], [1.0])),
              h.make_node("Trilu", ["ones", "k"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["band"], to=T.BOOL),
-             h.make_node("And", ["band", "padding"], ["padded"]), h.make_node("Not", ["padded"], ["outside"]),
+             h.make_node("And", ["band", "padding"], ["padded"])]
+    return nodes, [I64("a2", [2]), I64("a4", [4]), I64("k", -3)]
+
+
+def _padding(n: int) -> np.ndarray:
+    return np.arange(n).reshape(1, 1, 1, n) % 3 > 0
+
+
+def test_a_blend_of_a_padded_mask_is_declined_not_missed():
+    """GPT-1's blend `x * g + (1 - g) * -1e4` whose gate g holds the padding (Not(And(band, padding))
+    cast to float): `1 - g` and its Mul are no fill of one DIAGONAL_MATRIX1 (g holds data) and are
+    declined with that reason (found by the seed-7 soak: they were missed), and the rest lowers."""
+    band, inits = _padded_band()
+    nodes = [*band, h.make_node("Not", ["padded"], ["outside"]),
              h.make_node("Cast", ["outside"], ["gate"], to=T.FLOAT),
              h.make_node("Sub", ["one", "gate"], ["inv"]), h.make_node("Mul", ["inv", "big"], ["fill"]),
              h.make_node("Mul", ["x", "gate"], ["wx"]), h.make_node("Add", ["wx", "fill"], ["y"])]
-    inits = [I64("a2", [2]), I64("a4", [4]), I64("k", -3), onnx.numpy_helper.from_array(np.float32(1), "one"),
-             onnx.numpy_helper.from_array(np.float32(-1e4), "big")]
-    m = _model(nodes, inits, [X, pad])
+    inits += [onnx.numpy_helper.from_array(np.float32(1), "one"), onnx.numpy_helper.from_array(np.float32(-1e4), "big")]
+    m = _model(nodes, inits, [X, PAD])
     census = _census(m)
     assert census["inv"]["status"] == "declined" and "holds data" in census["inv"]["reason"]
     assert census["fill"]["status"] != "missed" and census["outside"]["status"] == "lowered"
-    _same_as_onnxruntime(m, lambda n: {"x": _x(n), "padding": np.arange(n).reshape(1, 1, 1, n) % 3 > 0})
+    _same_as_onnxruntime(m, lambda n: {"x": _x(n), "padding": _padding(n)})
 
 
 def test_a_transposed_padded_mask_is_declined_not_missed():
     """Transpose of And(band, padding) applied by a Where: no rule lowers a transposed band that holds
     data yet; it is declined with the reason (seed-7 soak: it was missed), and the outputs stay right."""
-    pad = h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"])
-    nodes = [h.make_node("Shape", ["x"], ["shape"]),
-             h.make_node("Slice", ["shape", "a2", "a4"], ["matrix"]),
-             h.make_node("ConstantOfShape", ["matrix"], ["ones"], value=h.make_tensor("v", T.FLOAT, [1], [1.0])),
-             h.make_node("Trilu", ["ones", "k"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["band"], to=T.BOOL),
-             h.make_node("And", ["band", "padding"], ["padded"]),
-             h.make_node("Transpose", ["padded"], ["t"], perm=[0, 1, 3, 2]),
+    band, inits = _padded_band()
+    nodes = [*band, h.make_node("Transpose", ["padded"], ["t"], perm=[0, 1, 3, 2]),
              h.make_node("Where", ["t", "x", "ninf"], ["y"])]
-    m = _model(nodes, [I64("a2", [2]), I64("a4", [4]), I64("k", -3), NINF], [X, pad])
+    m = _model(nodes, inits + [NINF], [X, PAD])
     census = _census(m)
     assert census["t"]["status"] == "declined" and "Transpose" in census["t"]["reason"]
-    _same_as_onnxruntime(m, lambda n: {"x": _x(n), "padding": np.arange(n).reshape(1, 1, 1, n) % 3 > 0})
+    _same_as_onnxruntime(m, lambda n: {"x": _x(n), "padding": _padding(n)})
 
 
 def test_a_claimed_window_select_keeps_the_output_rank():
@@ -320,7 +328,6 @@ def test_a_claimed_window_select_keeps_the_output_rank():
     and padding both claim: all -inf, a DML node of the constant fill with the node's [1, 2, S, S]
     sizes and the mask's [S, S]. The portable select's data takes the node's sizes first (seed-7
     soak: the written model had rank 2 and failed onnx's checker, exit 3)."""
-    pad = h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"])
     nodes = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "i2"], ["s"]),
              h.make_node("Gather", ["shape", "i3"], ["t"]),
              h.make_node("Range", ["i0", "t", "i1"], ["cols"]), h.make_node("Range", ["i0", "s", "i1"], ["rows"]),
@@ -330,23 +337,17 @@ def test_a_claimed_window_select_keeps_the_output_rank():
              h.make_node("And", ["causal", "near"], ["window"]),
              h.make_node("Where", ["window", "x", "ninf"], ["y"])]
     inits = [I64("i0", 0), I64("i1", 1), I64("i2", 2), I64("i3", 3), I64("a0", [0]), I64("a1", [1]), NINF]
-    m = _model(nodes, inits, [X, pad])
+    m = _model(nodes, inits, [X, PAD])
     _same_as_onnxruntime(m, lambda n: {"x": _x(n), "padding": np.ones((1, 1, 1, n), bool)})
 
 
 def test_a_sliced_padded_mask_is_declined_not_missed():
-    """Rows [0:S-1] of And(band, padding) applied by a Where: a Slice of a band that holds data is
+    """Rows [1:] of And(band, padding) applied by a Where: a Slice of a band that holds data is
     not lowered yet; it is declined with the reason (seed-7 soak: it was missed)."""
-    pad = h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"])
-    nodes = [h.make_node("Shape", ["x"], ["shape"]),
-             h.make_node("Slice", ["shape", "a2", "a4"], ["matrix"]),
-             h.make_node("ConstantOfShape", ["matrix"], ["ones"], value=h.make_tensor("v", T.FLOAT, [1], [1.0])),
-             h.make_node("Trilu", ["ones", "k"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["band"], to=T.BOOL),
-             h.make_node("And", ["band", "padding"], ["padded"]),
-             h.make_node("Slice", ["padded", "a1", "a_1", "a2"], ["sliced"]),
+    band, inits = _padded_band()
+    nodes = [*band, h.make_node("Slice", ["padded", "a1", "a_1", "a2"], ["sliced"]),
              h.make_node("Where", ["sliced", "x", "ninf"], ["y"])]
-    m = _model(nodes, [I64("a1", [1]), I64("a_1", [2**62]), I64("a2", [2]), I64("a4", [4]), I64("k", -3), NINF],
-               [X, pad])
+    m = _model(nodes, inits + [I64("a1", [1]), I64("a_1", [2**62]), NINF], [X, PAD])
     m.graph.output[0].type.tensor_type.shape.dim[2].dim_param = "R"
     census = _census(m)
     assert census["sliced"]["status"] == "declined" and "Slice" in census["sliced"]["reason"]

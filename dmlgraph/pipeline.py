@@ -30,7 +30,7 @@ from dmlgraph.io.modelfile import (
     tensor_nbytes,
     without_weights,
 )
-from dmlgraph.io.onnx_io import PORTABLE_MIN_OPSET, export_model, import_model
+from dmlgraph.io.onnx_io import PORTABLE_MIN_OPSET, export_model, import_model, portable_is_exact
 from dmlgraph.io.portable import ONE_OPERATOR
 from dmlgraph.io.saving import atomic_writer, check_for_save, output_target
 from dmlgraph.io.shape_inference import PendingShapes
@@ -361,7 +361,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "model": label, "target": target, "feature_level": options.feature_level.label,
         "exact_only": options.exact_only,
         "rewrites": result.counts,
-        "lowered": [match_record(m) | {"dml": _dml_summary(m)} for m in result.applied],
+        "lowered": [match_record(m) | {"dml": _dml_summary(m), "exact": _exact(m, g, target, options)}
+                    for m in result.applied],
         "declined": [match_record(m, True) for m in result.declined],
         "before": before, "after": after,
         "grows": grown,  # how lowering every site would make the model bigger (then declined sites)
@@ -380,8 +381,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     if target == "onnx" and result.applied:
         report["portable"] = portable_summary([*[n for n in g.nodes.values() if isinstance(n, DmlNode)],
                                                *nested_dml_nodes(result)])
-    rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.dml),
-                        bool(getattr(m.dml, "exact", True))) for m in result.applied]
+    rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.dml), _exact(m, g, target, options))
+                for m in result.applied]
     declined = [Decline(m.rule, tuple(n.name for n in m.nodes), tuple(m.initializers), m.reason or "")
                 for m in result.declined]
     path = None if isinstance(model, onnx.ModelProto) else model
@@ -424,6 +425,16 @@ def _input_kept(source: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     return exported, clean(exported)
 
 
+def _exact(m: Match, g: Graph, target: str, options: Options) -> bool:
+    """Whether a rewrite is bit-exact in what `target` writes: on `onnx`, its portable form too."""
+    dml = m.dml
+    if not isinstance(dml, DmlNode) or target != "onnx":
+        return bool(getattr(dml, "exact", True))
+    if dml.id in g.nodes:
+        return dml.exact and dml.portable_exact
+    return dml.exact and portable_is_exact(dml, g.info.opset_imports.get("", 0), options.exact_only)
+
+
 def _lower_graph(g: Graph, source: onnx.ModelProto, options: Options, target: str,
                  progress: Callable[[str], None] | None, census: bool) -> tuple[PassResult, onnx.ModelProto, bool]:
     """The rules on `g` (in place), then the export to `target`, cleaned: (what ran, the model,
@@ -437,7 +448,7 @@ def _lower_graph(g: Graph, source: onnx.ModelProto, options: Options, target: st
                                        "(onnx.version_converter) or use --target dml")
         return (result, *_input_kept(source))
     g.remove_dead()
-    exported = export_model(g, target)
+    exported = export_model(g, target, options.exact_only)
     return result, exported, clean(exported)
 
 

@@ -108,14 +108,14 @@ def test_size_table_counts_both_targets_and_the_nodes_per_site(tmp_path):
     assert tri.sites >= 1 and tri.nodes_dml is not None and tri.nodes_onnx is not None
     assert tri.expansion_per_site == (tri.nodes_onnx - tri.nodes_dml + tri.sites) / tri.sites
     assert tri.attribution in ("exact", "estimate") and tri.added_per_site is not None
-    assert by["band_w2_ts.onnx"].site_nodes == [(4, 5)]  # the mask part, and with the select (Where)
+    assert by["band_w2_ts.onnx"].site_nodes == [(3, 4)]  # the mask part, and with the select (Where)
     text = "\n".join(lines)
     assert text.startswith("| model | nodes | dml nodes | onnx nodes |") and "`--target onnx`:" in text
     data = json.loads(out.read_text())
     assert len(data["rows"]) == 3 and {"dml", "onnx", "sites"} <= set(data["summary"])
     goals = size_table.goal_rows(data["summary"])
     assert [g[0].split(" --target ")[-1][:4] for g in goals[:2]] == ["dml ", "onnx"]
-    assert data["summary"]["over_site_goal"] == ["band_w2_ts.onnx"] and goals[2][1].startswith("1 of ")
+    assert data["summary"]["over_site_goal"] == [] and goals[2][1].startswith("0 of ") and goals[2][3] is True
 
 
 def test_cli_routes_the_new_suites(tmp_path, monkeypatch):

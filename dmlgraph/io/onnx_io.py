@@ -307,8 +307,9 @@ def _type_name(elem_type: int) -> str:
 
 # ---- export ----------------------------------------------------------------------------------
 @gc_paused
-def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
-    """A ModelProto for `g`: `dml` keeps DML nodes as custom ops, `onnx` writes standard ops only."""
+def export_model(g: Graph, target: str = "dml", exact_only: bool = False) -> onnx.ModelProto:
+    """A ModelProto for `g`: `dml` keeps DML nodes as custom ops, `onnx` writes standard ops only
+    (`exact_only`: only bit-exact portable forms, as `--exact`; see `portable.build`)."""
     if target not in ("dml", "onnx"):
         raise UnsupportedError(f"unknown export target {target!r}", hint="use --target dml or --target onnx")
     # Filled in place, as helper.make_graph + make_model would: make_model copies the graph, which
@@ -322,12 +323,12 @@ def export_model(g: Graph, target: str = "dml") -> onnx.ModelProto:
             g.remove_dead()
     model = onnx.ModelProto()
     opsets = dict(g.info.opset_imports)
-    written = _write_nodes(g, target, opsets.get("", 0), model.graph.node)
+    written = _write_nodes(g, target, opsets.get("", 0), model.graph.node, exact_only)
     functions = list(g.info.functions)
     dml_functions = [i for i, f in enumerate(functions) if has_dml_nodes(f.node)]
     if target == "onnx":
         for i in dml_functions:
-            functions[i] = portable_function(functions[i], opsets.get("", 0))
+            functions[i] = portable_function(functions[i], opsets.get("", 0), exact_only)
     if written.dml_outputs or (target == "dml" and (written.nested_dml or dml_functions)):
         opsets[DOMAIN] = DOMAIN_VERSION
     elif target == "onnx":
@@ -356,7 +357,7 @@ class _Written:
         self.initializers: list[onnx.TensorProto] = []
 
 
-def _write_nodes(g: Graph, target: str, opset: int, nodes: Any) -> _Written:
+def _write_nodes(g: Graph, target: str, opset: int, nodes: Any, exact_only: bool) -> _Written:
     """`g`'s nodes in topological order into `nodes` (a graph's repeated node field)."""
     out = _Written()
     # Calls of functions holding DML nodes: onnx's inference cannot type their outputs (as a DML
@@ -371,7 +372,7 @@ def _write_nodes(g: Graph, target: str, opset: int, nodes: Any) -> _Written:
             if n.attributes and n.has_subgraph and has_dml(proto.attribute):
                 out.nested_dml = True
                 if target == "onnx":
-                    proto = portable_node(proto, opset)
+                    proto = portable_node(proto, opset, exact_only)
             elif hosted and (proto.domain, proto.op_type, proto.overload) in hosted:
                 out.dml_outputs.extend(n.outputs)
             nodes.append(proto)
@@ -382,7 +383,7 @@ def _write_nodes(g: Graph, target: str, opset: int, nodes: Any) -> _Written:
                 out.dml_outputs.append(n.outputs[0])
             else:
                 assert names is not None  # (made for target onnx)
-                nodes.extend(portable_nodes(g, n, opset, names, shared, out.initializers))
+                nodes.extend(portable_nodes(g, n, opset, names, shared, out.initializers, exact_only))
     return out
 
 
@@ -464,22 +465,22 @@ def has_dml(attributes: Iterable[onnx.AttributeProto]) -> bool:
     return any(has_dml_nodes(g.node) for g in graphs_of(attributes))
 
 
-def _portable_protos(nodes: Iterable[onnx.NodeProto], opset: int) -> list[onnx.NodeProto]:
+def _portable_protos(nodes: Iterable[onnx.NodeProto], opset: int, exact_only: bool) -> list[onnx.NodeProto]:
     """`nodes` with every DML node written as standard ops (`portable_nodes`), bodies included."""
     out: list[onnx.NodeProto] = []
     names = _NameSet.of_protos(nodes)
     for n in nodes:
         if n.domain == DOMAIN:
             dml = _import_dml(n, [Value(x) if x else None for x in n.input], [Value(x) for x in n.output])
-            out.extend(portable_nodes(None, dml, opset, names))  # (it reads the node, not the graph)
+            out.extend(portable_nodes(None, dml, opset, names, exact_only=exact_only))  # (it reads the node, not the graph)
         elif n.attribute and has_dml(n.attribute):
-            out.append(portable_node(n, opset))
+            out.append(portable_node(n, opset, exact_only))
         else:
             out.append(n)
     return out
 
 
-def portable_node(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
+def portable_node(node: onnx.NodeProto, opset: int, exact_only: bool) -> onnx.NodeProto:
     """An If/Loop/Scan node whose bodies hold DML nodes, with those written as standard ops (whose
     outputs, as in the main graph's portable export, onnx's inference types: no value_info)."""
     proto = onnx.NodeProto()
@@ -488,7 +489,7 @@ def portable_node(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
         for body in graphs_of([a]):
             if has_dml_nodes(body.node):
                 made = {o for n in body.node if n.domain == DOMAIN for o in n.output}
-                nodes = _portable_protos(body.node, opset)
+                nodes = _portable_protos(body.node, opset, exact_only)
                 infos = [vi for vi in body.value_info if vi.name not in made]
                 del body.node[:], body.value_info[:]
                 body.node.extend(nodes)
@@ -496,13 +497,13 @@ def portable_node(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
     return proto
 
 
-def portable_function(f: onnx.FunctionProto, opset: int) -> onnx.FunctionProto:
+def portable_function(f: onnx.FunctionProto, opset: int, exact_only: bool) -> onnx.FunctionProto:
     """A model-local function with its DML nodes written as standard ops (and no DML opset)."""
     proto = onnx.FunctionProto()
     proto.CopyFrom(f)
     made = {o for n in f.node if n.domain == DOMAIN for o in n.output}
     del proto.node[:], proto.value_info[:]
-    proto.node.extend(_portable_protos(f.node, opset))
+    proto.node.extend(_portable_protos(f.node, opset, exact_only))
     proto.value_info.extend(vi for vi in f.value_info if vi.name not in made)
     imports = [o for o in proto.opset_import if o.domain != DOMAIN]
     if not any(o.domain in ("", "ai.onnx") for o in imports):
@@ -670,7 +671,7 @@ PORTABLE_MIN_OPSET = 13  # the oldest default-domain opset the portable forms ar
 
 def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
                    shared: dict[tuple, str] | None = None,
-                   initializers: list[onnx.TensorProto] | None = None) -> list[onnx.NodeProto]:
+                   initializers: list[onnx.TensorProto] | None = None, exact_only: bool = False) -> list[onnx.NodeProto]:
     """Standard ops computing exactly what the DML node computes: the Trilu-first form
     (`dmlgraph.io.portable`) where one is bit-exact, else the spec pseudocode in int64.
     `shared`/`initializers`: the export's shared constants (new ones are appended as initializers);
@@ -682,15 +683,15 @@ def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
                                "onnx.version_converter first")
     out = n.outputs[0].name
     em = portable.Emitter(names, f"{out}__dm", shared if initializers is not None else None)
-    made = portable.build(g, n, em, opset)
+    made = portable.build(g, n, em, opset, exact_only)
     rank = None if n.outputs[0].shape is None else len(n.outputs[0].shape)
     n.portable_form = portable.form(em.nodes if made is not None else None, rank)
     if made is None:
         pseudo = _Pseudocode(n, names, f"{out}__dm")
         nodes = pseudo.nodes()
-        n.portable_nodes = pseudo.counts()
+        n.portable_nodes, n.portable_exact = pseudo.counts(), True
         return nodes
-    n.portable_nodes = em.counts()
+    n.portable_nodes, n.portable_exact = em.counts(), not em.signed_zero
     assert em.nodes and em.nodes[-1].output[0] == made, "a form ends with the node making its output"
     em.nodes[-1].output[0] = out
     em.commit()
@@ -699,11 +700,18 @@ def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
     return em.nodes
 
 
-def site_nodes(g: Graph) -> dict[str, list[onnx.NodeProto]]:
+def portable_is_exact(n: DmlNode, opset: int, exact_only: bool) -> bool:
+    """Whether a DML node in a body or function (written as `_portable_protos` writes it, without its
+    graph) gets a bit-exact portable form: builds it aside, changing nothing."""
+    em = portable.Emitter(_NameSet(set()), "dry", None)
+    return portable.build(None, n, em, opset, exact_only) is None or not em.signed_zero
+
+
+def site_nodes(g: Graph, exact_only: bool = False) -> dict[str, list[onnx.NodeProto]]:
     """Per DML node of `g` (by output name): the standard nodes the portable export writes for it."""
     names = _NameSet.of_graph(g, g.topological_order())
     opset = g.info.opset_imports.get("", 0)
-    return {n.outputs[0].name: portable_nodes(g, n, opset, names, {}, [])
+    return {n.outputs[0].name: portable_nodes(g, n, opset, names, {}, [], exact_only)
             for n in g.topological_order() if isinstance(n, DmlNode)}
 
 

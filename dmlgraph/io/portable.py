@@ -12,7 +12,10 @@ lowered node is written, when a form below is bit-exact for its type, as:
   one diagonal of value 1 in a 2-D output; an inverted band is the `Or`/`Add` of two Trilus;
 - a nonzero Value with data: `Where(band, Value, X)`, the band a Trilu of a bool ones tensor of the
   matrix's size (X in the false branch: see below; never `Where(Not(c), ...)`, which onnxruntime's
-  graph optimizer turns into `Where(c, X, Value)`); `Or(X, band)` for a bool X and Value true;
+  graph optimizer turns into `Where(c, X, Value)`); `Or(X, band)` for a bool X and Value true; a
+  float fill outside a window is `Where(window, X, Value)` unless `--exact` (X in the true branch
+  keeps every value but turns -0.0 into +0.0, as onnxruntime's own Not/Where fusion does to the
+  original; the bit-exact form takes 4 mask nodes: docs/portable.md);
 - an input that is itself `Where(P, a, b)` of a bool P with Value b (what the padding rules make:
   the padding mask turned into 0 / lowest): `Where(Trilu(P), a, b)`, P's Where left to die.
 
@@ -88,6 +91,7 @@ class Emitter:
         self.initializers: list[onnx.TensorProto] = []
         self._local: dict[tuple, str] = {}
         self.roles: list[str] = []  # one per node
+        self.signed_zero = False  # the form turns a -0.0 of the data into +0.0 (else: bit-exact)
 
     def const(self, name: str, arr: Any) -> str:
         a = np.asarray(arr)
@@ -601,9 +605,10 @@ class _Node:
         return self.em.op("Or", [self.keep(ones, r[0], "band_lo"), self.keep(ones, r[1], "band_hi")], "band")
 
 
-def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
+def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int, exact_only: bool = False) -> str | None:
     """Emit the Trilu-first form of `n` into `em`; its output name, or None (no exact form here:
-    nothing emitted is used)."""
+    nothing emitted is used). Without `exact_only`, a float fill outside a window puts X in Where's
+    true branch (3 mask nodes, not 4), which turns a -0.0 of X into +0.0: `em.signed_zero` says so."""
     if opset < 14 or n.kind not in ("DiagonalMatrix1", "DiagonalMatrix"):
         return None
     r = region(n.begin, n.end)
@@ -636,7 +641,8 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int) -> str | None:
         return arith
     if _neg_zero(s.value) or _is_nan(s.value):
         return None  # (Value sits in Where's true branch, which drops a -0.0)
-    if len(r) == 2 and s.dt.kind != "f":  # integers: X may sit in Where's true branch (exact)
+    if len(r) == 2 and (s.dt.kind != "f" or not exact_only):  # X in Where's true branch (exact for integers)
+        em.signed_zero = s.dt.kind == "f"
         band = s.band(complement(r))
         return None if band is None else em.op("Where", [band, s.data(), em.const("value", s.value)], "sel",
                                                role=APPLY)

@@ -197,7 +197,7 @@ class DmlNode(Node):
     """
 
     __slots__ = ("elem_type", "value", "begin", "end", "static_shape", "exact", "kind", "portable_form",
-                 "portable_nodes", "claimed")
+                 "portable_nodes", "portable_exact", "claimed")
     domain = "com.dmlgraph"
 
     def __init__(self, name: str, x: Value | None, shape: Value | None, k: Value | None, output: Value, *,
@@ -219,6 +219,8 @@ class DmlNode(Node):
         self.portable_form: str | None = None
         # Its portable nodes: (mask part, whole site incl. the select applying it; `io.portable.MASK`)
         self.portable_nodes: tuple[int, int] | None = None
+        # Whether that form is bit-exact (False: it turns a -0.0 of the data into +0.0; not under --exact)
+        self.portable_exact = True
 
     @property
     def op_type(self) -> str:  # type: ignore[override]

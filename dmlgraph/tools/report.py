@@ -34,6 +34,10 @@ def optimize_text(r: dict, verbose: bool = False) -> str:
         w = max(len(k) for k in applied)
         lines.append(f"rewrites ({sum(applied.values())}):")
         lines += [f"  {k:{w}}  {v:>6}" for k, v in applied.items()]
+        loose = Counter(rec["rule"] for rec in r["lowered"] if rec.get("exact") is False)
+        if loose:
+            lines.append("  not bit-exact (equal values; --exact keeps only bit-exact rewrites): "
+                         + ", ".join(f"{rule} x{n}" for rule, n in loose.items()))
     else:
         lines.append("rewrites: none")
     if verbose:

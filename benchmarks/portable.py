@@ -33,7 +33,10 @@ the model's own inputs:
   the noise floor of every figure above on this machine (each ratio should be 1.0; its sets
   counted slower are the false alarms). `--baseline DIR`: another arm, the portable outputs
   another checkout wrote to DIR/<model>.onnx (main's, say: `write_portable`), timed in the same
-  rounds and compared bit for bit as well. Per set, `sets_table` puts the arms side by side.
+  rounds and compared bit for bit as well; with `--control`, "vs_control" is the portable's
+  ratio to the A/A session round by round (a second reference: at a 1024-token prefill the A/A
+  arm itself ran 0.91-0.96x of the first session, one thread). Per set, `sets_table` puts the
+  arms side by side.
 
 Run: `python -m benchmarks portable [--quick] [--json FILE]` (`python -m benchmarks.portable
 [--rounds N] [--exact] [--models NAME ...] [--control] [--baseline DIR]`). A baseline folder from
@@ -93,7 +96,8 @@ class Row:
     note: str = ""
     lo: float | None = None  # the 95% interval of the median ratio (`interval`; None: too few rounds)
     hi: float | None = None
-    # the other arms timed in the same rounds: {"control" | "baseline": {"ratio", "lo", "hi"}}
+    # the other arms timed in the same rounds: {"control" | "baseline": {"ratio", "lo", "hi"}}, and
+    # "vs_control": the portable's ratio to the control's session, round by round
     arms: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     @property
@@ -318,7 +322,10 @@ def bench_model(name: str, path: str, portable: bytes, feed_sets: dict[str, dict
             lo, hi = interval(ratios[0])
             row = Row(name, set_name, label, o * 1e6, times[0] * 1e6, statistics.median(ratios[0]), True, rounds,
                       lo=lo, hi=hi)
-            for arm, r in zip(others, ratios[1:]):
+            per_arm = dict(zip(others, ratios[1:]))
+            if "control" in per_arm:  # the portable against the A/A clone: a reference without the first one's place
+                per_arm["vs_control"] = [p / c for p, c in zip(ratios[0], per_arm["control"])]
+            for arm, r in per_arm.items():
                 a_lo, a_hi = interval(r)
                 row.arms[arm] = {"ratio": statistics.median(r), "lo": a_lo, "hi": a_hi}
             result.rows.append(row)

@@ -128,16 +128,16 @@ def test_arms_are_timed_in_the_same_rounds_and_counted(tmp_path):
     assert not result.failures and len(result.rows) == 2 * len(sets)
     for r in result.rows:
         assert r.lo is not None and r.hi is not None and r.lo <= r.ratio <= r.hi and r.slower is not None
-        assert set(r.arms) == {"baseline", "control"}
+        assert set(r.arms) == {"baseline", "control", "vs_control"}
         assert all(a["lo"] <= a["ratio"] <= a["hi"] for a in r.arms.values())  # type: ignore[operator]
     text = bench_portable.sets_table(result.rows)
-    assert text.splitlines()[0].split() == ["model", "set", "threads", "portable", "baseline", "control"]
+    assert text.splitlines()[0].split() == ["model", "set", "threads", "portable", "baseline", "control", "vs_control"]
     assert "1 thread: portable" in text and "control" in text.splitlines()[-1]
     goals = {t.goal: t for t in bench_portable.targets(result)}
     slow = goals["input sets demonstrably slower (95% interval above 1.0x), one thread"]
     assert "control" in slow.detail and "baseline" in slow.detail
     md = bench_portable.sets_table([asdict(r) for r in result.rows], markdown=True)
-    assert md.startswith("| model | set | threads | portable | baseline | control |")
+    assert md.startswith("| model | set | threads | portable | baseline | control | vs_control |")
     bad = onnx.load_from_string(original)  # a baseline that does not give the original's outputs: a failure
     bad.graph.output[0].name, bad.graph.node[-1].output[0] = "other", "other"
     result = bench_portable.Result()

@@ -29,6 +29,8 @@ the model's own inputs:
   test's: order statistics of the rounds, distribution-free; `interval`). A set is "slower" only
   when its whole interval is above 1.0 (significantly more than half of the rounds ran slower),
   else "not slower"; the counts are a goal row and a line of the table.
+* kernels: the nodes of onnxruntime's optimized model (ORT_ENABLE_ALL, CPU) of each side, the
+  kernels a run launches (`kernels`; the table's last column and an informational goal row).
 * `--control`: an A/A arm in the same rounds, the original against a second session of itself:
   the noise floor of every figure above on this machine (each ratio should be 1.0; its sets
   counted slower are the false alarms). `--baseline DIR`: another arm, the portable outputs
@@ -402,6 +404,17 @@ def _nodes(model: onnx.ModelProto) -> int:
     return sum(1 for _ in all_nodes(model.graph.node))
 
 
+def kernels(model: bytes | str, tmp: str) -> int:
+    """Nodes of onnxruntime's optimized model (ORT_ENABLE_ALL, CPU): the kernels a run launches."""
+    import onnx
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.optimized_model_filepath = os.path.join(tmp, "ort_optimized.onnx")
+    ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    return len(onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node)
+
+
 def rounds_for(quick: bool) -> int:
     return 3 if quick else 21
 
@@ -443,7 +456,8 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
                     arms["control"] = f.read()
             result.sizes[name] = {"nodes_before": _nodes(original), "nodes_after": _nodes(optimized.model),
                                   "bytes_before": os.path.getsize(path), "bytes_after": len(portable),
-                                  "rewrites": len(optimized.rewrites)}
+                                  "rewrites": len(optimized.rewrites), "kernels_before": kernels(path, tmp),
+                                  "kernels_after": kernels(portable, tmp)}
             feed_sets = {s: load_feeds(p) for s, p in set_paths.items()}
             long_name = f"prefill_{length}"
             long_feeds, why = long_prefill(original, feed_sets, length)
@@ -533,6 +547,14 @@ def targets(result: Result) -> list[Target]:
             c = slow_counts(judged)
             out.append(Target(f"input sets demonstrably slower ({CONFIDENCE:.0%} interval above 1.0x), {what}",
                               "; ".join(f"{arm} {n}/{m} slower" for arm, (n, m) in c.items()), "0", c["portable"][0] == 0))
+    counted = {m: z for m, z in result.sizes.items() if "kernels_before" in z}
+    if counted:
+        fewer = sorted(m for m, z in counted.items() if z["kernels_after"] < z["kernels_before"])
+        more = [f"{m} {z['kernels_before']} -> {z['kernels_after']}" for m, z in sorted(counted.items())
+                if m not in fewer]
+        out.append(Target("onnxruntime kernels (optimized model's nodes), portable vs original",
+                          f"{len(fewer)}/{len(counted)} models fewer" + (f"; not fewer: {', '.join(more)}" if more else ""),
+                          "fewer, every KV decoder", None))
     compared = len(result.rows)
     equal = sum(r.equal for r in result.rows)
     out.append(Target("portable outputs bit-identical to the original's", f"{equal}/{compared} model x set x threads",
@@ -603,7 +625,7 @@ def sets_table(rows: list[dict[str, Any]] | list[Row], markdown: bool = False) -
 
 def table(result: Result) -> str:
     head = ("model", "1 thread: median", "worst (set)", "default: median", "worst (set)", "outputs", "run peak MiB o/p",
-            "mem x")
+            "mem x", "ort kernels o/p")
     body = []
     for e in per_model(result):
         one, dflt, mem = e["1"], e["default"], e["memory"]
@@ -612,7 +634,8 @@ def table(result: Result) -> str:
                      f"{'equal' if e['equal'] else 'DIFFER'} ({e['compared']})",
                      "-" if mem is None or mem["ratio"] is None else
                      f"{mem['original_run_mib']:.2f}/{mem['portable_run_mib']:.2f} ({mem['input_set']})",
-                     "-" if mem is None else _fmt(mem["ratio"])))
+                     "-" if mem is None else _fmt(mem["ratio"]),
+                     "-" if not e["sizes"] else f"{e['sizes']['kernels_before']}/{e['sizes']['kernels_after']}"))
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -45,8 +45,11 @@ def test_quick_run_times_and_compares_every_input_set(tmp_path):
         for m in result.memory:
             assert m.original_run_mib is not None and m.portable_run_mib is not None and m.ratio is not None
             assert m.second_ratio is not None  # a second run's peak (no first-run code faults)
+    for z in result.sizes.values():  # (the kernels onnxruntime's optimized model runs, both sides)
+        assert z["kernels_before"] > 0 and z["kernels_after"] > 0
     goals = [t.goal for t in bench_portable.targets(result)]
     assert any("one thread" in g for g in goals) and any("default threads" in g for g in goals)
+    assert any(g.startswith("onnxruntime kernels") for g in goals)
     assert any("bit-identical" in g for g in goals)
     md = bench_portable.markdown(data).splitlines()
     assert md[0].startswith("| model | 1 thread") and len(md) == len(models) + 2

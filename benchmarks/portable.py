@@ -25,17 +25,32 @@ the model's own inputs:
   beside it, and a second run's peak (the mark reset again): a session's first run also faults
   in its kernels' code and builds lazy state (about 1 MiB), which the second does not pay.
   Children alternate original / portable; medians of 5 repeats (1 with --quick).
-* `--control`: an A/A run, the original against a second session of itself: the noise floor
-  of every figure above on this machine (each ratio should be 1.0).
+* slower or noise: per input set, the per-round ratios' median and its 95% interval (the sign
+  test's: order statistics of the rounds, distribution-free; `interval`). A set is "slower" only
+  when its whole interval is above 1.0 (significantly more than half of the rounds ran slower),
+  else "not slower"; the counts are a goal row and a line of the table.
+* kernels: the nodes of onnxruntime's optimized model (ORT_ENABLE_ALL, CPU) of each side, the
+  kernels a run launches (`kernels`; the table's last column and an informational goal row).
+* `--control`: an A/A arm in the same rounds, the original against a second session of itself:
+  the noise floor of every figure above on this machine (each ratio should be 1.0; its sets
+  counted slower are the false alarms). `--baseline DIR`: another arm, the portable outputs
+  another checkout wrote to DIR/<model>.onnx (main's, say: `write_portable`), timed in the same
+  rounds and compared bit for bit as well; with `--control`, "vs_control" is the portable's
+  ratio to the A/A session round by round (a second reference: at a 1024-token prefill the A/A
+  arm itself ran 0.91-0.96x of the first session, one thread). Per set, `sets_table` puts the
+  arms side by side.
 
 Run: `python -m benchmarks portable [--quick] [--json FILE]` (`python -m benchmarks.portable
-[--rounds N] [--exact] [--models NAME ...]`).
+[--rounds N] [--exact] [--models NAME ...] [--control] [--baseline DIR]`). A baseline folder from
+another checkout: `cd /tmp && PYTHONPATH=/path/to/main python -m benchmarks.portable --write-portable
+DIR --models ...` run with this file on the path (it only calls `dmlgraph.optimize`).
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -81,6 +96,16 @@ class Row:
     equal: bool  # every output bit-identical
     rounds: int = 0
     note: str = ""
+    lo: float | None = None  # the 95% interval of the median ratio (`interval`; None: too few rounds)
+    hi: float | None = None
+    # the other arms timed in the same rounds: {"control" | "baseline": {"ratio", "lo", "hi"}}, and
+    # "vs_control": the portable's ratio to the control's session, round by round
+    arms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    @property
+    def slower(self) -> bool | None:
+        """Demonstrably slower: the whole interval above 1.0 (None: no interval)."""
+        return None if self.lo is None else self.lo > RATIO_GOAL
 
 
 @dataclass
@@ -210,34 +235,65 @@ def compare(names: list[str], ours: list[np.ndarray], theirs: list[np.ndarray]) 
     return "; ".join(bad[:3])
 
 
-def time_pair(orig: Any, port: Any, feeds: dict[str, np.ndarray], names: list[str], rounds: int,
-              clock: Callable[[], float]) -> tuple[float, float, float]:
-    """(original s/run, portable s/run, median per-round ratio portable/original): interleaved
-    rounds, the order flipped every round, each a block of `inner` back-to-back runs."""
+CONFIDENCE = 0.95
+
+
+def interval(ratios: list[float], confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
+    """The distribution-free interval of the median of `ratios` (the sign test's): the k-th
+    smallest and k-th largest, k the largest with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2,
+    so it holds the true median with at least `confidence`. (None, None) below 6 rounds (no k)."""
+    n = len(ratios)
+    tail, k, cdf = (1 - confidence) / 2, 0, 0.0
+    while k < n and cdf + math.comb(n, k) / 2 ** n <= tail:
+        cdf += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        return None, None
+    ordered = sorted(ratios)
+    return ordered[k - 1], ordered[n - k]
+
+
+def time_arms(orig: Any, arms: list[Any], feeds: dict[str, np.ndarray], names: list[str], rounds: int,
+              clock: Callable[[], float]) -> tuple[float, list[float], list[list[float]]]:
+    """(original s/run, each arm's s/run, each arm's per-round ratios arm/original): interleaved
+    rounds, each a block of `inner` back-to-back runs per session, the sessions' order rotated and
+    reversed round by round (each one is first and last as often)."""
     t0 = clock()
     orig.run(names, feeds)
     one = max(clock() - t0, 1e-6)
     inner = max(1, min(1000, int(MIN_BLOCK_S / one) + 1))
-    sessions = (orig, port)
-    times: list[list[float]] = [[], []]
+    sessions = (orig, *arms)
+    times: list[list[float]] = [[] for _ in sessions]
     for r in range(rounds):
-        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+        order = list(range(len(sessions)))
+        order = order[r // 2 % len(order):] + order[:r // 2 % len(order)]
+        for i in (order if r % 2 == 0 else order[::-1]):
             s = sessions[i]
             t0 = clock()
             for _ in range(inner):
                 s.run(names, feeds)
             times[i].append((clock() - t0) / inner)
-    ratio = statistics.median(p / o for o, p in zip(*times) if o > 0)
-    return statistics.median(times[0]), statistics.median(times[1]), ratio
+    ratios = [[p / o for o, p in zip(times[0], t) if o > 0] for t in times[1:]]
+    return statistics.median(times[0]), [statistics.median(t) for t in times[1:]], ratios
+
+
+def time_pair(orig: Any, port: Any, feeds: dict[str, np.ndarray], names: list[str], rounds: int,
+              clock: Callable[[], float]) -> tuple[float, float, float]:
+    """(original s/run, portable s/run, median per-round ratio portable/original)."""
+    o, (p,), (ratios,) = time_arms(orig, [port], feeds, names, rounds, clock)
+    return o, p, statistics.median(ratios)
 
 
 def bench_model(name: str, path: str, portable: bytes, feed_sets: dict[str, dict[str, np.ndarray]],
-                rounds: int, result: Result, log: Callable[..., None]) -> None:
-    """Every input set at each thread setting: compare the outputs, then time the pair."""
+                rounds: int, result: Result, log: Callable[..., None], arms: dict[str, bytes] | None = None) -> None:
+    """Every input set at each thread setting: compare the outputs, then time the pair (and the
+    other `arms`, "control" / "baseline", in the same rounds; a baseline is compared too)."""
+    arms = arms or {}
     for threads in THREADS:
         label = "1" if threads == 1 else "default"
         clock = time.process_time if threads == 1 else time.perf_counter
         orig, port = session(path, threads), session(portable, threads)
+        others = {k: session(m, threads) for k, m in arms.items()}
         names = [o.name for o in orig.get_outputs()]
         for set_name, feeds in feed_sets.items():
             try:
@@ -248,21 +304,34 @@ def bench_model(name: str, path: str, portable: bytes, feed_sets: dict[str, dict
                         result.skipped.append(f"{name} {set_name}: the original does not run it ({str(e)[:160]})")
                     continue
                 raise
-            try:
-                got = port.run(names, feeds)
-            except Exception as e:  # noqa: BLE001 - any failure of the portable model is a failure row
-                result.failures.append(f"{name} {set_name} ({label} thread): the portable model fails: {str(e)[:200]}")
-                result.rows.append(Row(name, set_name, label, None, None, None, False, note="portable fails"))
-                continue
-            diff = compare(names, got, want)
+            diff = ""
+            for arm, sess in [("portable", port), *(("baseline", s) for k, s in others.items() if k == "baseline")]:
+                try:
+                    got = sess.run(names, feeds)
+                except Exception as e:  # noqa: BLE001 - any failure of the portable model is a failure row
+                    diff = f"the {arm} model fails: {str(e)[:200]}"
+                    break
+                diff = compare(names, got, want)
+                if diff:
+                    diff = f"{arm} outputs differ: {diff}"
+                    break
             if diff:
-                result.failures.append(f"{name} {set_name} ({label} thread): outputs differ: {diff}")
+                result.failures.append(f"{name} {set_name} ({label} thread): {diff}")
                 result.rows.append(Row(name, set_name, label, None, None, None, False, note=f"MISMATCH: {diff}"))
                 continue
             gc.collect()
-            o, p, ratio = time_pair(orig, port, feeds, names, rounds, clock)
-            result.rows.append(Row(name, set_name, label, o * 1e6, p * 1e6, ratio, True, rounds))
-        del orig, port
+            o, times, ratios = time_arms(orig, [port, *others.values()], feeds, names, rounds, clock)
+            lo, hi = interval(ratios[0])
+            row = Row(name, set_name, label, o * 1e6, times[0] * 1e6, statistics.median(ratios[0]), True, rounds,
+                      lo=lo, hi=hi)
+            per_arm = dict(zip(others, ratios[1:]))
+            if "control" in per_arm:  # the portable against the A/A clone: a reference without the first one's place
+                per_arm["vs_control"] = [p / c for p, c in zip(ratios[0], per_arm["control"])]
+            for arm, r in per_arm.items():
+                a_lo, a_hi = interval(r)
+                row.arms[arm] = {"ratio": statistics.median(r), "lo": a_lo, "hi": a_hi}
+            result.rows.append(row)
+        del orig, port, others
         gc.collect()
     worst = max((r for r in result.rows if r.model == name and r.ratio is not None), key=lambda r: r.ratio or 0,
                 default=None)
@@ -335,15 +404,27 @@ def _nodes(model: onnx.ModelProto) -> int:
     return sum(1 for _ in all_nodes(model.graph.node))
 
 
+def kernels(model: bytes | str, tmp: str) -> int:
+    """Nodes of onnxruntime's optimized model (ORT_ENABLE_ALL, CPU): the kernels a run launches."""
+    import onnx
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.optimized_model_filepath = os.path.join(tmp, "ort_optimized.onnx")
+    ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    return len(onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node)
+
+
 def rounds_for(quick: bool) -> int:
     return 3 if quick else 21
 
 
 def run(quick: bool = False, json_out: str | None = None, log: Callable[..., None] = print,
         rounds: int | None = None, exact: bool = False, models: list[str] | None = None,
-        memory: bool = True, control: bool = False) -> Result:
-    """control: an A/A run, the "portable" side a second session of the original model (the
-    method's noise floor: every ratio should be 1.0)."""
+        memory: bool = True, control: bool = False, baseline: str | None = None) -> Result:
+    """control: an A/A arm, a second session of the original model timed in the same rounds (the
+    method's noise floor: every ratio should be 1.0). baseline: a folder of other portable outputs
+    (<model>.onnx) timed as a third arm."""
     import onnx
 
     import dmlgraph
@@ -364,11 +445,19 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
                 continue
             portable_path = os.path.join(tmp, name + ".portable.onnx")
             optimized.save(portable_path)
-            with open(path if control else portable_path, "rb") as f:
+            with open(portable_path, "rb") as f:
                 portable = f.read()
+            arms: dict[str, bytes] = {}
+            if baseline is not None:
+                with open(os.path.join(baseline, name + ".onnx"), "rb") as f:
+                    arms["baseline"] = f.read()
+            if control:
+                with open(path, "rb") as f:
+                    arms["control"] = f.read()
             result.sizes[name] = {"nodes_before": _nodes(original), "nodes_after": _nodes(optimized.model),
                                   "bytes_before": os.path.getsize(path), "bytes_after": len(portable),
-                                  "rewrites": len(optimized.rewrites)}
+                                  "rewrites": len(optimized.rewrites), "kernels_before": kernels(path, tmp),
+                                  "kernels_after": kernels(portable, tmp)}
             feed_sets = {s: load_feeds(p) for s, p in set_paths.items()}
             long_name = f"prefill_{length}"
             long_feeds, why = long_prefill(original, feed_sets, length)
@@ -377,7 +466,7 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
             else:
                 feed_sets[long_name] = long_feeds
             try:
-                bench_model(name, path, portable, feed_sets, rounds, result, log)
+                bench_model(name, path, portable, feed_sets, rounds, result, log, arms)
             except Exception as e:  # noqa: BLE001 - recorded as the model's failure; the others still run
                 result.failures.append(f"{name}: the original fails: {str(e)[:200]}")
                 continue
@@ -386,7 +475,7 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
                 candidates = [s for s in feed_sets if s in ran]
                 if candidates:
                     big = max(candidates, key=lambda s: (s == long_name, sum(a.nbytes for a in feed_sets[s].values())))
-                    result.memory.append(bench_memory(name, path, path if control else portable_path, big, feed_sets[big],
+                    result.memory.append(bench_memory(name, path, portable_path, big, feed_sets[big],
                                                       1 if quick else 5, tmp))
         if not with_memory:
             result.skipped.append("memory: /proc/self/clear_refs is not writable here (not Linux?): not measured")
@@ -452,6 +541,20 @@ def targets(result: Result) -> list[Target]:
                           f"{ok}/{len(timed)} input sets <= 1.0x; median {statistics.median(ratios):.3f}x, worst "
                           f"{worst.ratio:.3f}x ({worst.model} {worst.input_set})", "<= 1.0x, every input set",
                           ok == len(timed)))
+    for label, what in (("1", "one thread"), ("default", "default threads")):
+        judged = [r for r in result.rows if r.threads == label and r.slower is not None]
+        if judged:
+            c = slow_counts(judged)
+            out.append(Target(f"input sets demonstrably slower ({CONFIDENCE:.0%} interval above 1.0x), {what}",
+                              "; ".join(f"{arm} {n}/{m} slower" for arm, (n, m) in c.items()), "0", c["portable"][0] == 0))
+    counted = {m: z for m, z in result.sizes.items() if "kernels_before" in z}
+    if counted:
+        fewer = sorted(m for m, z in counted.items() if z["kernels_after"] < z["kernels_before"])
+        more = [f"{m} {z['kernels_before']} -> {z['kernels_after']}" for m, z in sorted(counted.items())
+                if m not in fewer]
+        out.append(Target("onnxruntime kernels (optimized model's nodes), portable vs original",
+                          f"{len(fewer)}/{len(counted)} models fewer" + (f"; not fewer: {', '.join(more)}" if more else ""),
+                          "fewer, every KV decoder", None))
     compared = len(result.rows)
     equal = sum(r.equal for r in result.rows)
     out.append(Target("portable outputs bit-identical to the original's", f"{equal}/{compared} model x set x threads",
@@ -475,9 +578,54 @@ def targets(result: Result) -> list[Target]:
     return out
 
 
+def slow_counts(rows: list[Row]) -> dict[str, tuple[int, int]]:
+    """Per arm (portable, then the others): (sets whose whole interval is above 1.0, sets with an interval)."""
+    out = {"portable": (sum(bool(r.slower) for r in rows), sum(r.slower is not None for r in rows))}
+    for arm in dict.fromkeys(a for r in rows for a in r.arms):
+        lows = [r.arms[arm]["lo"] for r in rows if arm in r.arms and r.arms[arm]["lo"] is not None]
+        out[arm] = (sum((x or 0) > RATIO_GOAL for x in lows), len(lows))
+    return out
+
+
+def _stat(ratio: float | None, lo: float | None, hi: float | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.3f}" + ("" if lo is None or hi is None else f" [{lo:.3f}, {hi:.3f}]") \
+        + (" SLOWER" if lo is not None and lo > RATIO_GOAL else "")
+
+
+def sets_table(rows: list[dict[str, Any]] | list[Row], markdown: bool = False) -> str:
+    """Per input set and thread setting, each arm's median ratio and its 95% interval (SLOWER: all
+    of it above 1.0), then the counts per arm and thread setting. Rows as Row or as their JSON."""
+    data = [asdict(r) if isinstance(r, Row) else r for r in rows]
+    data = [r for r in data if r.get("ratio") is not None]
+    arms = list(dict.fromkeys(a for r in data for a in r.get("arms", {})))
+    head = ["model", "set", "threads", "portable", *arms]
+    body = [[r["model"], r["input_set"], r["threads"], _stat(r["ratio"], r.get("lo"), r.get("hi")),
+             *(_stat(*(r["arms"][a].get(k) for k in ("ratio", "lo", "hi"))) if a in r.get("arms", {}) else "-"
+               for a in arms)] for r in data]
+    counts = []
+    for label in ("1", "default"):
+        judged = [r for r in data if r["threads"] == label and r.get("lo") is not None]
+        if not judged:
+            continue
+        slow = {"portable": sum(r["lo"] > RATIO_GOAL for r in judged)}
+        for a in arms:
+            slow[a] = sum((r["arms"].get(a, {}).get("lo") or 0) > RATIO_GOAL for r in judged)
+        counts.append(f"{label} thread{'s' if label == 'default' else ''}: " + ", ".join(
+            f"{a} {n} slower / {len(judged) - n} not slower" for a, n in slow.items()))
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(b) + " |" for b in body]
+        return "\n".join(lines + [""] + [f"- {c}" for c in counts])
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines + counts)
+
+
 def table(result: Result) -> str:
     head = ("model", "1 thread: median", "worst (set)", "default: median", "worst (set)", "outputs", "run peak MiB o/p",
-            "mem x")
+            "mem x", "ort kernels o/p")
     body = []
     for e in per_model(result):
         one, dflt, mem = e["1"], e["default"], e["memory"]
@@ -486,11 +634,12 @@ def table(result: Result) -> str:
                      f"{'equal' if e['equal'] else 'DIFFER'} ({e['compared']})",
                      "-" if mem is None or mem["ratio"] is None else
                      f"{mem['original_run_mib']:.2f}/{mem['portable_run_mib']:.2f} ({mem['input_set']})",
-                     "-" if mem is None else _fmt(mem["ratio"])))
+                     "-" if mem is None else _fmt(mem["ratio"]),
+                     "-" if not e["sizes"] else f"{e['sizes']['kernels_before']}/{e['sizes']['kernels_after']}"))
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("")
+    lines += ["", sets_table(result.rows), ""]
     lines += [f"[{'met' if t.met else '-' if t.met is None else 'NOT met'}] {t.goal}: {t.detail} (goal {t.target})"
               for t in targets(result)]
     if result.failures:
@@ -535,6 +684,15 @@ def payload(result: Result, quick: bool, rounds: int, exact: bool) -> dict[str, 
             "failures": result.failures, "skipped": result.skipped, "load": result.load}
 
 
+def write_portable(folder: str, models: list[str] | None, exact: bool = False) -> None:
+    """The portable output of every corpus model (or `models`) as folder/<model>.onnx: a `--baseline`
+    for a later run (written by whichever dmlgraph is imported: run it with another checkout's)."""
+    import dmlgraph
+    os.makedirs(folder, exist_ok=True)
+    for name, path, _ in corpus(models):
+        dmlgraph.optimize(path, target="onnx", exact=exact).save(os.path.join(folder, name + ".onnx"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.portable", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a few models, few rounds, a 128-token prefill")
@@ -544,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-memory", action="store_true", help="skip the memory children")
     p.add_argument("--control", action="store_true",
                    help="A/A: time the original against a second session of itself (the noise floor)")
+    p.add_argument("--baseline", metavar="DIR", help="also time DIR/<model>.onnx (another checkout's portable "
+                   "outputs) in the same rounds")
+    p.add_argument("--write-portable", metavar="DIR", help="only write this checkout's portable outputs to DIR")
     p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
     p.add_argument("--markdown", metavar="JSON", help="print the per-model Markdown table of a run's JSON file")
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "FEEDS"), help=argparse.SUPPRESS)
@@ -553,10 +714,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.markdown:
         with open(args.markdown) as f:
-            print(markdown(json.load(f)))
+            document = json.load(f)
+        print(markdown(document) + "\n\n" + sets_table(document["rows"], markdown=True))
+        return 0
+    if args.write_portable:
+        write_portable(args.write_portable, args.models, args.exact)
         return 0
     result = run(quick=args.quick, json_out=args.json_out, rounds=args.rounds, exact=args.exact, models=args.models,
-                 memory=not args.no_memory, control=args.control)
+                 memory=not args.no_memory, control=args.control, baseline=args.baseline)
     return 1 if result.failures else 0
 
 

@@ -413,7 +413,7 @@ def _rewrite_subgraph(ctx: Context, m: Match) -> Replacement:
                          proto.static_shape, made)
     else:
         sizes = SizeBuilder(ctx, m.captures["inputs"], made, {n: (e, k) for n, e, k in fill.derived})
-        shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name)
+        shape = None if proto.static_shape is not None else sizes.vector(fill.shape, target.name, old)
         k = None if fill.shift.is_const else sizes.scalar(fill.shift, target.name)
         guard = sizes.guard(fill.sizes())  # (the dim-name claims the sizes rest on, checked when it runs)
         if guard is not None:

@@ -14,6 +14,8 @@ from typing import Callable, Sequence, TypeGuard, cast
 import numpy as np
 from onnx import TensorProto, helper
 
+from dmlgraph.io.dim_keys import DimKeys
+from dmlgraph.io.portable import Key
 from dmlgraph.ir.dtypes import bitwise_equal
 from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
@@ -175,6 +177,46 @@ def _existing_gather(graph: Graph, shape: Value, axis: int, scalar: bool = False
     return None
 
 
+CONE = 256  # nodes of a replaced value's cone searched for a Shape of its sizes
+
+
+def _cone(graph: Graph, v: Value) -> tuple[list[Node], set[int]] | None:
+    """The nodes `v` is computed from, nearest first (a Shape's input is not followed: only its
+    sizes are read), and the ids of those that die once v's producer is replaced: every reader
+    dead and no graph output. None: no producer, or more than CONE nodes."""
+    first = v.producer
+    if first is None:
+        return None
+    order, seen = [first], {first.id}
+    for n in order:
+        if len(order) > CONE:
+            return None
+        if isinstance(n, OnnxNode) and n.op_type == "Shape":
+            continue
+        for x in n.inputs:
+            p = x.producer if x is not None else None
+            if p is not None and p.id not in seen and p.id in graph.nodes:
+                seen.add(p.id)
+                order.append(p)
+    dead = {first.id}
+    changed = True
+    while changed:
+        changed = False
+        for n in order:
+            if n.id not in dead and all(not graph.is_graph_output(o) and all(c.id in dead for c in o.consumers)
+                                        for o in n.outputs):
+                dead.add(n.id)
+                changed = True
+    return order, dead
+
+
+def _full_shape(graph: Graph, n: Node, rank: int) -> TypeGuard[OnnxNode]:
+    """`Shape(y)` of every axis of a rank-`rank` y, a node of the graph."""
+    return isinstance(n, OnnxNode) and n.op_type == "Shape" and n.domain in ("", "ai.onnx") and n.id in graph.nodes \
+        and bool(n.inputs) and n.inputs[0] is not None and len(n.inputs[0].shape or ()) == rank \
+        and n.attr("start", 0) == 0 and n.attr("end", None) is None
+
+
 class SizeBuilder:
     """Makes (or finds) the nodes computing size expressions over the shapes of the graph's values.
 
@@ -189,10 +231,54 @@ class SizeBuilder:
         self.made = made
         self.derived = derived or {}  # symbols standing for e // k
 
-    def vector(self, dims: Sequence[Dim], hint: str) -> Value:
-        """A 1-D int64 tensor holding every dim: the output shape."""
-        return self._cached(("vector", tuple(self._key(d) for d in dims)), lambda chain: self._node(
-            "Concat", [self.dim(d, chain) for d in dims], f"{hint}__sizes", chain, axis=0, shape=(len(dims),)))
+    def vector(self, dims: Sequence[Dim], hint: str, replacing: Value | None = None) -> Value:
+        """A 1-D int64 tensor holding every dim: the output shape. `replacing`: the value the
+        vector's node replaces, whose cone may hold a Shape of the same sizes (`_own_vector`)."""
+        def make(chain: list) -> Value:
+            own = None if replacing is None else self._own_vector(dims, replacing, chain)
+            return own if own is not None else self._node(
+                "Concat", [self.dim(d, chain) for d in dims], f"{hint}__sizes", chain, axis=0, shape=(len(dims),))
+        return self._cached(("vector", tuple(self._key(d) for d in dims)), make)
+
+    def _own_vector(self, dims: Sequence[Dim], replacing: Value, chain: list) -> Value | None:
+        """The model's own `Shape(y)` holding exactly `dims`, read where it stays: y's sizes and the
+        dims' reads traced to the same keys (`DimKeys`: Range lengths, broadcasts, Reshape and Concat
+        sizes; never dim names), the Shape found in the cone of `replacing` (or reading a value of
+        it) and kept by a reader that does not die with it. TorchScript's T5 builds its relative
+        positions' [S, P + S] and reads `Shape(Sub)` of them: the generator reads that, no Concat."""
+        keys = DimKeys(self.graph)
+        want = [self._dim_key(d, keys) for d in dims]
+        if None in want:
+            return None
+        cone = _cone(self.graph, replacing)
+        if cone is None:
+            return None
+        nodes, dead = cone
+        seen: set[int] = set()
+        for n in nodes:
+            for v in [*n.outputs, *(i for i in n.inputs if i is not None)]:
+                for s in v.consumers:
+                    if s.id in seen or s.id in dead or not _full_shape(self.graph, s, len(want)):
+                        continue
+                    seen.add(s.id)
+                    if keys.dims(s.inputs[0]) == want:
+                        chain.append((s, list(s.inputs)))
+                        return s.outputs[0]
+        return None
+
+    def _dim_key(self, d: Dim, keys: DimKeys) -> Key | None:
+        """d as a structural key of what `dim` reads for it: sums of sizes and constants only."""
+        if not isinstance(d, Lin) or d.const < 0 or any(c <= 0 or sym in self.derived for sym, c in d.terms):
+            return None
+        acc: Key | None = ("c", d.const)
+        for sym, c in d.terms:
+            v, axis = self._symbol_read(sym)
+            k = keys.dims(v)
+            if k is None or axis >= len(k):
+                return None
+            term = k[axis] if c == 1 else ("mul", *sorted((k[axis], ("c", c)), key=repr))
+            acc = ("add", *sorted((acc, term), key=repr)) if acc != ("c", 0) else term
+        return acc
 
     def scalar(self, e: Lin | Clamp, hint: str) -> Value:
         """A 0-D int64 tensor holding e: the run-time shift of a mask's bounds."""
@@ -241,13 +327,15 @@ class SizeBuilder:
             e, k = self.derived[sym]
             x = self.dim(e, chain)
             return self._node("Div", [x, self._const(k)], f"{x.name}__div{k}", chain, shape=(1,))
+        v, axis = self._symbol_read(sym)
+        return _existing_dim_read(self.graph, v, axis) or self._read(v, axis, chain)
+
+    def _symbol_read(self, sym: Symbol) -> tuple[Value, int]:
+        """The value and axis `_symbol` reads: the first claim the model reads as
+        Shape(u, start=a, end=a + 1) itself, else the first."""
         found = claims(self.graph, self.inputs, sym)
         assert found, f"no input has a dim named {sym!r} (checked when matched)"
-        for u, a in found:  # the model's own Shape(u, start=a, end=a + 1), if it has one
-            one = _existing_dim_read(self.graph, u, a)
-            if one is not None:
-                return one
-        return self._read(*found[0], chain)
+        return next(((u, a) for u, a in found if _existing_dim_read(self.graph, u, a) is not None), found[0])
 
     def _own_scalar(self, e: Lin | Clamp, chain: list) -> Value | None:
         """The model's own 0-D int64 value of e, where it computes one: a plain size's

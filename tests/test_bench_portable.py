@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 
 import numpy as np
 import onnx
@@ -44,8 +45,11 @@ def test_quick_run_times_and_compares_every_input_set(tmp_path):
         for m in result.memory:
             assert m.original_run_mib is not None and m.portable_run_mib is not None and m.ratio is not None
             assert m.second_ratio is not None  # a second run's peak (no first-run code faults)
+    for z in result.sizes.values():  # (the kernels onnxruntime's optimized model runs, both sides)
+        assert z["kernels_before"] > 0 and z["kernels_after"] > 0
     goals = [t.goal for t in bench_portable.targets(result)]
     assert any("one thread" in g for g in goals) and any("default threads" in g for g in goals)
+    assert any(g.startswith("onnxruntime kernels") for g in goals)
     assert any("bit-identical" in g for g in goals)
     md = bench_portable.markdown(data).splitlines()
     assert md[0].startswith("| model | 1 thread") and len(md) == len(models) + 2
@@ -95,6 +99,54 @@ def test_a_mismatch_is_a_failure_not_a_timing_row():
     assert one.met is False and one.detail.startswith("1/2 input sets <= 1.0x")
     assert got["portable outputs bit-identical to the original's"].met is False
     assert "DIFFER" in bench_portable.table(result)
+
+
+def test_the_interval_is_the_sign_tests_and_needs_six_rounds():
+    """The median's 95% interval from order statistics: 41 rounds keep the 14th to the 28th (each
+    tail's binomial mass <= 2.5%); below 6 rounds no interval holds 95%."""
+    assert bench_portable.interval([float(x) for x in range(1, 42)]) == (14.0, 28.0)
+    assert bench_portable.interval([float(x) for x in range(6, 0, -1)]) == (1.0, 6.0)
+    assert bench_portable.interval([1.0] * 5) == (None, None)
+    rng = np.random.default_rng(0)
+    noise = list(1.0 + rng.normal(0, 0.05, 41))
+    lo, hi = bench_portable.interval(noise)
+    assert lo is not None and hi is not None and lo <= 1.0 <= hi  # (A/A noise: not slower)
+    lo, _ = bench_portable.interval([x + 0.05 for x in noise])
+    assert lo is not None and lo > 1.0  # (5% slower in most rounds: slower)
+
+
+def test_arms_are_timed_in_the_same_rounds_and_counted(tmp_path):
+    """`--control` and `--baseline` are arms of the same rounds: each row holds their median and
+    interval beside the portable's, the table puts them side by side and counts each arm's
+    slower sets, and a baseline is compared bit for bit too."""
+    name, path, sets = bench_portable.corpus(["concat_causal_halves_dynamo"])[0]
+    import dmlgraph
+    portable = dmlgraph.optimize(path, target="onnx").model.SerializeToString()
+    with open(path, "rb") as f:
+        original = f.read()
+    result = bench_portable.Result()
+    feeds = {s: bench_portable.load_feeds(p) for s, p in sets.items()}
+    bench_portable.bench_model(name, path, portable, feeds, 6, result, lambda *a: None,
+                               {"baseline": portable, "control": original})
+    assert not result.failures and len(result.rows) == 2 * len(sets)
+    for r in result.rows:
+        assert r.lo is not None and r.hi is not None and r.lo <= r.ratio <= r.hi and r.slower is not None
+        assert set(r.arms) == {"baseline", "control", "vs_control"}
+        assert all(a["lo"] <= a["ratio"] <= a["hi"] for a in r.arms.values())  # type: ignore[operator]
+    text = bench_portable.sets_table(result.rows)
+    assert text.splitlines()[0].split() == ["model", "set", "threads", "portable", "baseline", "control", "vs_control"]
+    assert "1 thread: portable" in text and "control" in text.splitlines()[-1]
+    goals = {t.goal: t for t in bench_portable.targets(result)}
+    slow = goals["input sets demonstrably slower (95% interval above 1.0x), one thread"]
+    assert "control" in slow.detail and "baseline" in slow.detail
+    md = bench_portable.sets_table([asdict(r) for r in result.rows], markdown=True)
+    assert md.startswith("| model | set | threads | portable | baseline | control | vs_control |")
+    bad = onnx.load_from_string(original)  # a baseline that does not give the original's outputs: a failure
+    bad.graph.output[0].name, bad.graph.node[-1].output[0] = "other", "other"
+    result = bench_portable.Result()
+    bench_portable.bench_model(name, path, portable, {"seq6": feeds["seq6"]}, 6, result, lambda *a: None,
+                               {"baseline": bad.SerializeToString()})
+    assert result.failures and "baseline" in result.failures[0]
 
 
 def test_size_table_counts_both_targets_and_the_nodes_per_site(tmp_path):

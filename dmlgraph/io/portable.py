@@ -38,7 +38,7 @@ not provably computed from shapes (a Trilu's own k input can be any int64).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -255,11 +255,13 @@ Key = tuple  # ("c", n): the constant n (or an inferred static size); ("dim", va
 _VIEW_OPS = ("Unsqueeze", "Squeeze", "Identity")
 
 
-def entry_keys(g: Graph | None, v: Value | None, depth: int = 0) -> list[Key | None] | None:
+def entry_keys(g: Graph | None, v: Value | None, depth: int = 0,
+               dims: Callable[[Value], list[Key] | None] | None = None) -> list[Key | None] | None:
     """The entries of a 1-D (or scalar) int64 sizes value as structural keys: equal keys are equal
     sizes at run time, because they read the same value's size on the same axis (or are the same
     constant, or sums of such). Dim names are never compared (two graph inputs may declare one
-    name for sizes nobody checks). None: not even the length is known; an entry None: not known."""
+    name for sizes nobody checks). None: not even the length is known; an entry None: not known.
+    `dims`: a value's sizes as keys traced further back (`dim_keys.DimKeys`), for a Shape's."""
     if g is None or v is None or depth > 24:
         return None
     arr = _const_array(g, v)
@@ -271,7 +273,7 @@ def entry_keys(g: Graph | None, v: Value | None, depth: int = 0) -> list[Key | N
     ins = p.inputs
 
     def sub(i: int) -> list[Key | None] | None:
-        return entry_keys(g, ins[i] if i < len(ins) else None, depth + 1)
+        return entry_keys(g, ins[i] if i < len(ins) else None, depth + 1, dims)
 
     op = p.op_type
     if op == "Shape":
@@ -279,12 +281,15 @@ def entry_keys(g: Graph | None, v: Value | None, depth: int = 0) -> list[Key | N
         if src is None or src.shape is None:
             return None
         axes = list(range(len(src.shape)))[slice(p.attr("start", 0), p.attr("end", None))]
+        traced = None if dims is None else dims(src)
+        if traced is not None:
+            return [traced[a] for a in axes]
         return [("c", src.shape[a]) if isinstance(src.shape[a], int) else ("dim", src.name, a) for a in axes]
     if op in _VIEW_OPS or (op == "Reshape" and v.shape is not None and len(v.shape) <= 1) \
             or (op == "Cast" and p.attr("to", 0) in (TensorProto.INT64, TensorProto.INT32)):
         return sub(0)
     if op == "Concat":
-        parts = [entry_keys(g, x, depth + 1) for x in ins]
+        parts = [entry_keys(g, x, depth + 1, dims) for x in ins]
         return None if any(q is None for q in parts) else [k for q in parts for k in q]  # type: ignore[union-attr]
     if op == "Gather" and p.attr("axis", 0) == 0:
         keys, idx = sub(0), _const_array(g, ins[1] if len(ins) > 1 else None)
@@ -314,7 +319,7 @@ def entry_keys(g: Graph | None, v: Value | None, depth: int = 0) -> list[Key | N
         n = max(len(a), len(b))
         return [_arith(op, x, y) for x, y in zip(a * n if len(a) == 1 else a, b * n if len(b) == 1 else b)]
     if op == "Where":
-        return _where_keys(g, p, depth)
+        return _where_keys(g, p, depth, dims)
     return None
 
 
@@ -346,13 +351,14 @@ def _size(k: Key | None) -> bool:
     return k[0] == "dim" or (k[0] in ("add", "mul") and _size(k[1]) and _size(k[2]))
 
 
-def _where_keys(g: Graph, p: OnnxNode, depth: int) -> list[Key | None] | None:
+def _where_keys(g: Graph, p: OnnxNode, depth: int,
+                dims: Callable[[Value], list[Key] | None] | None) -> list[Key | None] | None:
     """`Where(Equal(x, c), a, b)` entry by entry where the condition is known: c and x constants,
     or x a size (>= 0) and c negative (TorchScript's "-1 keeps the size" of `expand`)."""
     eq = _producer(p.inputs[0], "Equal")
     if eq is None:
         return None
-    x, c, a, b = (entry_keys(g, v, depth + 1) for v in (eq.inputs[0], eq.inputs[1], p.inputs[1], p.inputs[2]))
+    x, c, a, b = (entry_keys(g, v, depth + 1, dims) for v in (eq.inputs[0], eq.inputs[1], p.inputs[1], p.inputs[2]))
     if x is None or c is None or a is None or b is None or not len(x) == len(a) == len(b) or len(c) not in (1, len(x)):
         return None
     out: list[Key | None] = []

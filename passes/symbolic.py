@@ -297,6 +297,9 @@ class Analysis:
     def __init__(self, max_dim: int = DIM_MAX):
         self.max_dim = max_dim
         self.derived: dict[Symbol, tuple[Lin, int]] = {}  # a symbol standing for e // k
+        # rows [-S:] taken as [max(N - S, 0):], (S, their length, N): true where S >= 1 only, so an
+        # application must prove S = 0 harmless (passes/tails.py); None: declined as before
+        self.tails: list[tuple[Lin, Dim, Lin]] | None = None
 
     def floor_div(self, e: Lin, k: int) -> Symbol:
         """A new symbol q for e // k (e >= 0, k > 0). When e is one size n (+ c), bounds read n as

@@ -358,3 +358,50 @@ def test_a_size_and_its_clamp_broadcast_as_one():
     assert sites(m)["m"][0] == "lowered", sites(m)["m"]
     ran, refused = differential(m, [(s, s, 0) for s in [0, 1, 2, 3, N - 1, N, N + 1, N + 2]])
     assert ran == 6 and not refused
+
+
+def buffer_rows_expanded(cols: str) -> onnx.ModelProto:
+    """bias[P:P+S, :cols] of a stored 12 x 12 band Expand-ed to [1, 2, S, cols]: rows min(P + S, 12) -
+    min(P, 12) broadcast with S, cols "ps" (P + S) or "t1" (T, a size of its own)."""
+    top = np.arange(N)[None, :] - np.arange(N)[:, None]
+    nodes = [h.make_node("Add", ["p1", "s1"], ["ps"]), h.make_node("Slice", ["buffer", "p1", "ps", "z1"], ["brows"]),
+             h.make_node("Slice", ["brows", "z1", cols, "ax1"], ["stored"]),
+             h.make_node("Concat", ["lead", "s1", cols], ["target"], axis=0),
+             h.make_node("Expand", ["stored", "target"], ["m"])]
+    return _model(nodes, [nh.from_array((top >= -4) & (top <= 0), "buffer"), _i("lead", [1, 2])])
+
+
+def test_buffer_rows_against_s_lower_with_their_columns():
+    """Rows min(P + S, N) - min(P, N) against S, with columns min(P + S, N) against P + S: where the
+    rows differ P + S > N, so the columns are N against P + S, neither 1, and onnxruntime fails
+    (main: "broadcasting ... not provably equal")."""
+    m = buffer_rows_expanded("ps")
+    assert sites(m)["m"][0] == "lowered", sites(m)["m"]
+    ps = [0, 1, 2, 3, N - 2, N - 1, N, N + 1]
+    sizes = _grid([0, 1, 2, 3, 5], AROUND_N + [N + 2], ps) + [(s, s + p, p) for s in [0, 1, 2, 3, 5] for p in ps]
+    ran, refused = differential(m, sizes)
+    assert ran >= 60 and not refused, (ran, refused)
+    # where it fails with the data's columns P + S (the KV form: P = N - 1, P + S = N + 1, ...), both
+    # targets fail too
+    failing = [(s, s + p, p) for s in [0, 1, 2, 3, 5] for p in ps if s + p > N]
+    want = _session(m)
+    lowered = {t: api.optimize(m, target=t).model for t in ("dml", "onnx")}
+    for s, t, p in failing:
+        f = _feeds(s, t, p)
+        with pytest.raises(Exception):  # noqa: B017 - onnxruntime's own failure
+            want.run(None, f)
+        with pytest.raises(DmlgraphError):
+            api.run(lowered["dml"], f)
+        with pytest.raises(Exception):  # noqa: B017
+            _session(lowered["onnx"]).run(None, f)
+
+
+def test_buffer_rows_against_s_with_other_columns_stay_declined():
+    """Columns [:T], T a size of its own: at P = N - 1, S = 2, T = 5 the rows are one, which
+    onnxruntime broadcasts against S = 2: no proof, declined with the reason."""
+    m = buffer_rows_expanded("t1")
+    status, reason = sites(m)["m"]
+    assert status == "declined" and "not provably equal" in str(reason), (status, reason)
+    mask = _session(_with_mask_output(m)).run(None, _feeds(2, 5, N - 1))[1]
+    assert mask.shape == (1, 2, 2, 5)  # (from one row of the buffer)
+    assert differential(m, _grid([1, 2], [1, 5, N], [0, N - 1]))[0] == 12

@@ -391,16 +391,16 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
 def _tail(an: Analysis, s: Lin, e: Lin | None, size: Dim) -> tuple[Dim, Lin | Clamp] | None:
     """(length, offset) of [-S:] taken as [max(N - S, 0):], N the size, where the analysis allows it
     (`Analysis.tails`): exact for S >= 1 only (at S = 0 ONNX keeps all N), so it records S and the
-    length for an application to prove S = 0 harmless (docs/masks.md, "Rows [-S:]")."""
+    length for the mask's readers to prove S = 0 harmless (passes/tails.py; docs/masks.md)."""
     if an.tails is None or e is not None or s.is_const or not isinstance(size, Lin) or an.bounds(s)[1] > 0 \
             or an.nonneg(s):
         return None
     offset = make_clamp(size + s, 0, None, an)
-    if size.is_const:
-        length: Dim = make_clamp(-s, None, size.const, an)
-    else:
-        length = size - offset if isinstance(offset, Lin) else Difference(size, offset)
-    an.tails.append((-s, length, size))
+    # (a Difference, even where min(S, N) or S would do: a size no other source makes and no later
+    # step computes with, so the tail's axis is found in the mask's shape by it, or the proof fails)
+    length = Difference(size, offset)
+    if an.bounds(s)[1] == 0:  # (S >= 1 at every size: exact, nothing to prove)
+        an.tails.append((-s, length, size))
     return length, offset
 
 

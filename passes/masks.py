@@ -42,6 +42,7 @@ from dmlgraph.passes.symbolic import (
     sized_fill,
 )
 from dmlgraph.passes.symbolic_ops import evaluate
+from dmlgraph.passes.tails import tails_unproved
 from dmlgraph.process import address_space_headroom
 from dmlgraph.rewrite import Context, Match, Options, Replacement, Rule
 from dmlgraph.runtime.onnx_runner import OnnxRunner, numpy_dtype
@@ -228,6 +229,12 @@ def _match_subgraph(ctx: Context, node: Node) -> Match | None:
     verdict = verdicts.get(signature)
     if verdict is None:
         verdict = verdicts[signature] = _verdict(graph, nodes, inputs, target, symbolic, df)
+    if verdict[0] == "symbolic" and len(verdict) > 2:  # rows [-S:]: each reader must prove S = 0 harmless
+        why = tails_unproved(ctx, target, verdict[1].shape, verdict[2], inputs)
+        if why is not None:
+            verdict = verdict[3]
+            if verdict[0] == "decline":
+                verdict = "decline", f"{verdict[1]}; {why}"
     if verdict[0] == "none":
         m.reason = _no_band_reason(graph, nodes, target)
         return m if m.reason else None
@@ -320,7 +327,20 @@ def _only_indices(v: Value) -> bool:
 
 
 def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, max_dim: int) -> tuple:
+    """`_band_verdict`, taking rows [-S:] as [max(N - S, 0):] (`Analysis.tails`) where that makes the
+    whole cone one band: ("symbolic", fill, tails, the verdict without), for its readers to prove."""
+    tails: list = []
+    verdict = _band_verdict(graph, nodes, inputs, target, max_dim, tails)
+    if not tails:
+        return verdict
+    without = _band_verdict(graph, nodes, inputs, target, max_dim, None)
+    return (*verdict, tuple(tails), without) if verdict[0] == "symbolic" else without
+
+
+def _band_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, max_dim: int,
+                  tails: list | None) -> tuple:
     an = Analysis(max_dim)
+    an.tails = tails
     env: dict = {}
     try:
         value = evaluate(an, nodes, inputs, target, lambda v: const_value(graph, v), env)

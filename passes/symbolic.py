@@ -297,6 +297,9 @@ class Analysis:
     def __init__(self, max_dim: int = DIM_MAX):
         self.max_dim = max_dim
         self.derived: dict[Symbol, tuple[Lin, int]] = {}  # a symbol standing for e // k
+        # rows [-S:] taken as [max(N - S, 0):], (S, their length, N): true where S >= 1 only, so an
+        # application must prove S = 0 harmless (passes/tails.py); None: declined as before
+        self.tails: list[tuple[Lin, Dim, Lin]] | None = None
 
     def floor_div(self, e: Lin, k: int) -> Symbol:
         """A new symbol q for e // k (e >= 0, k > 0). When e is one size n (+ c), bounds read n as
@@ -383,20 +386,43 @@ class Analysis:
         rank = max(len(s) for s in shapes)
         out: list[Dim] = []
         for axis in range(rank):
-            dims = [s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0]
+            pairs = [(s[k], s[k + 1] if k + 1 < len(s) else None) for s in shapes if (k := axis - rank + len(s)) >= 0]
             pick: Dim = Lin.of(1)
-            for d in dims:
+            pick_next: Dim | None = None
+            for d, d_next in pairs:
                 if d == Lin.of(1):
                     continue
                 if pick == Lin.of(1):
-                    pick = d
+                    pick, pick_next = d, d_next
                 elif _equal_where_it_runs(pick, d) or _equal_where_it_runs(d, pick):
                     pick = pick if isinstance(pick, Clamp) else d
+                elif self.rows_equal_where_it_runs((pick, pick_next), (d, d_next)) or \
+                        self.rows_equal_where_it_runs((d, d_next), (pick, pick_next)):
+                    pick = pick if isinstance(pick, Difference) else d
                 elif not self.dims_equal(pick, d):
                     raise Unprovable(f"broadcasting {_show(pick)} with {_show(d)}: the sizes are not provably "
                                      "equal (nor one of them 1)")
             out.append(pick)
         return tuple(out)
+
+    def rows_equal_where_it_runs(self, a: tuple[Dim, Dim | None], b: tuple[Dim, Dim | None]) -> bool:
+        """a = (min(X, N) - min(P, N), min(X, N)), a stored buffer's rows [P:X] and columns [:X], and
+        b = (X - P, X), N >= 2: where X > N the columns are N against X > N, neither 1, so the
+        broadcast fails; where X <= N, P <= X too and the rows are X - P. So the rows are one size
+        wherever it runs, which the rows alone do not show (docs/masks.md)."""
+        (rows, cols), (size, x) = a, b
+        if not (isinstance(rows, Difference) and isinstance(cols, Clamp) and rows.a == cols and isinstance(size, Lin)
+                and isinstance(x, Lin) and cols.inner == x and cols.hi is not None and cols.hi >= 2
+                and (cols.lo is None or cols.lo <= 0)):
+            return False
+        n, start = cols.hi, rows.b
+        if isinstance(start, Clamp):
+            if start.hi != n or (start.lo is not None and (start.lo > 0 or not self.nonneg(start.inner - start.lo))):
+                return False
+            start = start.inner
+        elif not (isinstance(start, Lin) and self.nonneg(Lin.of(n) - start)):
+            return False
+        return self.sign(x - start - size) == 0
 
     def expand_affine(self, a: Affine, shape: tuple[Dim, ...]) -> Affine:
         """`a` viewed at a broadcast shape: new axes and broadcast axes get coefficient 0."""

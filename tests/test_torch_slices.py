@@ -125,8 +125,9 @@ def range_model(start: str) -> onnx.ModelProto:
 
 def test_row_slice_from_the_end_of_a_computed_band():
     """`[-1:]` of a causal [T, T] built by Range comparisons: before, declined ("a slice bound that
-    may be negative": T - 1 at T = 0); now max(T - 1, 0), as ONNX clamps it. `[-S:]` stays declined,
-    named: -S counts from the end only where S > 0 (at S = 0 ONNX keeps the whole axis)."""
+    may be negative": T - 1 at T = 0); now max(T - 1, 0), as ONNX clamps it. `[-S:]` (ONNX keeps the
+    whole axis at S = 0) lowers too: the Where applies it to scores of S rows, empty at S = 0 wherever
+    onnxruntime runs it."""
     m = range_model("1")
     assert [status for status, _ in sites(m)] == ["lowered", "lowered"], sites(m)
     session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -136,5 +137,12 @@ def test_row_slice_from_the_end_of_a_computed_band():
         for past in (0, 4, 9):
             f = feeds(1, past)
             assert np.array_equal(dmlgraph.run(r.model, f)["y"], session.run(None, f)[0]), (target, past)
-    declined = [reason for status, reason in sites(range_model("S")) if status == "declined"]
-    assert len(declined) == 1 and "counts from the end only where it is not 0" in declined[0]
+    # [-S:] lowers where its Where applies it to scores of S rows (docs/masks.md, "Rows [-S:]")
+    m = range_model("S")
+    assert [status for status, _ in sites(m)] == ["lowered", "lowered"], sites(m)
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for target in ("dml", "onnx"):
+        r = dmlgraph.optimize(m, target=target, allow_growth=True)
+        for s, past in ((1, 0), (1, 4), (3, 0), (3, 9), (0, 1), (0, 0)):
+            f = feeds(s, past)
+            assert np.array_equal(dmlgraph.run(r.model, f)["y"], session.run(None, f)[0]), (target, s, past)

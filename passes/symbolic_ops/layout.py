@@ -314,6 +314,12 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
         if st != 1:
             raise Unprovable("a slice with a step other than 1")
         size = shape[a]
+        if s == Lin.of(0) and e is None:
+            continue  # [0:] is the whole axis, whatever its size is (a clamped difference too)
+        tail = _tail(an, s, e, size)
+        if tail is not None:
+            shape[a], offsets[a] = tail
+            continue
         if isinstance(size, Lin) and size.is_const and (not s.is_const or (e is not None and not e.is_const)):
             # [s:e] of a fixed size N (a stored mask buffer): ONNX clamps both bounds to N, so the
             # slice is [min(s, N), min(e, N)), exactly, at every size
@@ -380,6 +386,22 @@ def slice_value(an: Analysis, v: AbstractValue, args: list[tuple[int, Lin, Lin |
     if not all(isinstance(x, Lin) and x.is_const for x in v.breaks):
         raise Unprovable("a band whose diagonals move with the sizes, sliced at a clamped offset")
     return Band(v.dtype, new_shape, tuple(-shift + x.const for x in v.breaks), v.values)
+
+
+def _tail(an: Analysis, s: Lin, e: Lin | None, size: Dim) -> tuple[Dim, Lin | Clamp] | None:
+    """(length, offset) of [-S:] taken as [max(N - S, 0):], N the size, where the analysis allows it
+    (`Analysis.tails`): exact for S >= 1 only (at S = 0 ONNX keeps all N), so it records S and the
+    length for the mask's readers to prove S = 0 harmless (passes/tails.py; docs/masks.md)."""
+    if an.tails is None or e is not None or s.is_const or not isinstance(size, Lin) or an.bounds(s)[1] > 0 \
+            or an.nonneg(s):
+        return None
+    offset = make_clamp(size + s, 0, None, an)
+    # (a Difference, even where min(S, N) or S would do: a size no other source makes and no later
+    # step computes with, so the tail's axis is found in the mask's shape by it, or the proof fails)
+    length = Difference(size, offset)
+    if an.bounds(s)[1] == 0:  # (S >= 1 at every size: exact, nothing to prove)
+        an.tails.append((-s, length, size))
+    return length, offset
 
 
 def _slice_length(an: Analysis, start: Lin, e: Lin | None, size: Lin) -> Lin | Clamp:

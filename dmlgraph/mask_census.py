@@ -180,7 +180,7 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
         key = s.node_id if s.node_id is not None else s.value
         if isinstance(p, DmlNode) or key in applied:
             row.update(status="lowered", rule=applied.get(key) or getattr(p, "rule", None))
-        elif key in declined:
+        elif key in declined and not (declined[key][0] == "data_mask" and s.outer is not None):
             rule, node, reason = declined[key]
             row.update(status="declined", rule=rule, reason=f"{node!r}: {reason}")
         elif v is None or (p is None and s.value not in graph.initializers and s.producer is not None) \
@@ -193,7 +193,7 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
                 root, why = roots.get(upstream["value"], (upstream["value"], upstream["reason"]))
                 roots[s.value] = (root, why)
                 row.update(status="declined", rule=upstream["rule"], reason=f"built from {root!r}, declined: {why}")
-            elif s.outer is not None:
+            elif s.outer is not None:  # (data_mask's "data" here is what the enclosing scope computes)
                 row.update(status="declined", rule="outer_read", reason=(
                     f"it is built from {s.outer!r}, which the enclosing scope computes: the proof inside this "
                     "body or function sees it as an input of unknown content"))

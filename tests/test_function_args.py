@@ -147,7 +147,8 @@ def _ort(model: onnx.ModelProto, feeds) -> list[np.ndarray]:
 def test_sizes_the_caller_passes_lower_inside_the_function(form, target):
     build, constants = FORMS[form]
     original = build()
-    result = pipeline.lower(original, target=target, census=True)
+    # (the portable form of kv_cache's shifted band is bigger than its Range cone: growth allowed here)
+    result = pipeline.lower(original, pipeline.make_options(allow_growth=True), target=target, census=True)
     model = result.model
     onnx.checker.check_model(model, full_check=True)
     assert result.passes.applied and {m.captures.get("scope") for m in result.passes.applied} == {"local::F"}
@@ -158,7 +159,8 @@ def test_sizes_the_caller_passes_lower_inside_the_function(form, target):
     assert [n for n in model.graph.node if n.domain == "local"] == [n for n in original.graph.node if n.domain == "local"]
     dml = [n for n in all_nodes(f.node) if n.domain == DOMAIN]
     assert len(dml) == (1 if target == "dml" else 0)
-    assert len(f.node) < len(before.node)  # (the kept prelude nodes included)
+    if target == "dml":
+        assert len(f.node) < len(before.node)  # (the kept prelude nodes included)
     rng = np.random.default_rng(0)
     for s in sorted({1, 2, 3} | {abs(c) + e for c in constants for e in (-1, 0, 1, 2) if abs(c) + e > 0}):
         for p in ([0, 1, 3] if "past" in [vi.name for vi in original.graph.input] else [0]):
@@ -215,3 +217,14 @@ def test_a_function_with_nothing_to_lower_is_written_as_it_was():
     for target in ("dml", "onnx"):
         result = pipeline.lower(model, target=target)
         assert result.model.functions[0].SerializeToString() == model.functions[0].SerializeToString()
+
+
+def test_calls_under_another_opset_define_nothing():
+    """The caller's cone is copied into the function: where the function imports another ONNX opset
+    (whose ops may read their inputs differently), its inputs stay undefined."""
+    model = causal_s_t()
+    model.functions[0].opset_import[0].version = 17
+    onnx.checker.check_model(model, full_check=True)
+    result = pipeline.lower(model, census=True)
+    assert not result.passes.applied
+    assert result.model.functions[0].SerializeToString() == model.functions[0].SerializeToString()

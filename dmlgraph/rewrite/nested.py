@@ -293,7 +293,8 @@ class _Driver:
             reason = types if isinstance(types, str) else _attribute_reason(f)
             prelude: Prelude = ([], frozenset(), frozenset())
             if not reason:
-                prelude = _prelude(f, self.calls.definitions(f))
+                opset = (dict(main.info.opset_imports) | {o.domain: o.version for o in f.opset_import}).get("", 0)
+                prelude = _prelude(f, self.calls.definitions(f, opset))
             g = reason or build_function(main.info, f, cast(list[TypeSpec], types), self.dims, prelude)
             if isinstance(g, str) and prelude[0]:  # (what the calls define does not import: typed as before)
                 prelude = ([], frozenset(), frozenset())
@@ -951,7 +952,8 @@ class _CallSites:
         self.reasons: dict[FunctionKey, str] = {}
         self.kinds: Kinds | None = None  # (census only) what a call's arguments are in its graph
         self.arg_kinds: dict[FunctionKey, list[list[str | None]]] = {}
-        self.cones: dict[FunctionKey, list[list[Cone | None]]] = {}  # per call: each argument's `_argument_cones`
+        # per call: the caller's ONNX opset and each argument's `_argument_cones`
+        self.cones: dict[FunctionKey, list[tuple[int, list[Cone | None]]]] = {}
 
     def record(self, g: Graph, hints: dict[str, str] | None = None) -> None:
         if not self.keys:
@@ -961,7 +963,7 @@ class _CallSites:
             if n.__class__ is OnnxNode and n.domain not in STANDARD and call_key(n) in self.keys:
                 self.sites.setdefault(call_key(n), []).append(
                     [(v.elem_type, v.shape) if v is not None and v.elem_type else None for v in n.inputs])
-                self.cones.setdefault(call_key(n), []).append(_argument_cones(g, n))
+                self.cones.setdefault(call_key(n), []).append((g.info.opset_imports.get("", 0), _argument_cones(g, n)))
                 if self.kinds:
                     self.arg_kinds.setdefault(call_key(n), []).append(
                         [None if v is None else kinds.get().get(v.name) for v in n.inputs])
@@ -973,11 +975,13 @@ class _CallSites:
         return {name: kind for i, name in enumerate(f.input) if calls
                 and len({c[i] if i < len(c) else None for c in calls}) == 1 and (kind := calls[0][i]) is not None}
 
-    def definitions(self, f: onnx.FunctionProto) -> list[tuple[int, Cone]]:
+    def definitions(self, f: onnx.FunctionProto, opset: int) -> list[tuple[int, Cone]]:
         """The formal inputs every call computes alike from its other arguments and constants (the
-        same cone), each with that cone, every one after those its cone reads."""
-        calls = self.cones.get(function_key(f), [])
-        if not calls or any(len(c) != len(f.input) for c in calls):
+        same cone, under the function's `opset`: its nodes are copied in), each with that cone,
+        every one after those its cone reads."""
+        made = self.cones.get(function_key(f), [])
+        calls = [c for _, c in made]
+        if not calls or any(len(c) != len(f.input) for c in calls) or any(o != opset for o, _ in made):
             return []
         agreed = {i: c for i, c in enumerate(calls[0]) if c is not None and all(other[i] == c for other in calls)}
         order: list[tuple[int, Cone]] = []

@@ -228,3 +228,22 @@ def test_calls_under_another_opset_define_nothing():
     result = pipeline.lower(model, census=True)
     assert not result.passes.applied
     assert result.model.functions[0].SerializeToString() == model.functions[0].SerializeToString()
+
+
+def test_a_grid_compared_with_data_stays_a_data_mask():
+    """`Range(p) <= pos[:, None]` in a function, `p` from a value the call does not pass, `pos` data
+    (a static cache's `cache_position`): the decline stays data_mask (the diagonal moves with `pos`),
+    not outer_read."""
+    body = [_c("zero", 0), _c("one", 1), _c("ax0", [0]), _c("ax1", [1]),
+            h.make_node("Range", ["zero", "p", "one"], ["cols"]), h.make_node("Unsqueeze", ["cols", "ax0"], ["c2"]),
+            h.make_node("Unsqueeze", ["pos", "ax1"], ["r2"]), h.make_node("LessOrEqual", ["c2", "r2"], ["m"])] + _apply()
+    inputs = [h.make_tensor_value_info("X", T.FLOAT, [1, 2, "S", "P"]), h.make_tensor_value_info("pos", T.INT64, ["S"]),
+              h.make_tensor_value_info("past", T.FLOAT, [1, 1, "P", 1])]
+    nodes = [h.make_node("Shape", ["past"], ["psh"]), h.make_node("Gather", ["psh", "i2"], ["p"]),
+             h.make_node("F", ["X", "p", "pos"], ["Y"], domain="local", name="call")]
+    g = h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info("Y", T.FLOAT, [1, 2, "S", "P"])],
+                     [numpy_helper.from_array(np.array(2, np.int64), "i2")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", OPSET), h.make_opsetid("local", 1)], ir_version=10,
+                         functions=[_function(["x", "p", "pos"], body)])
+    rows = [r for r in pipeline.lower(model, census=True).passes.census if r["scope"] == "local::F"]
+    assert rows and {r["rule"] for r in rows} == {"data_mask"}, rows

@@ -81,7 +81,9 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census
     if not holders and not g.info.functions:
         return flat(g)  # (nearly every model: no bodies, no functions)
     g.reserved |= _subgraph_names(holders)
+    traced = _traced(g, g.info.functions)  # (the calls' arguments as the graph computes them before the rules)
     driver = _Driver(flat, explain, flat(g), g)
+    driver.calls.cones_of(traced)
     driver.census = census
     driver.calls.kinds = kinds if census else None
     driver.calls.record(g)
@@ -259,6 +261,7 @@ class _Driver:
         g = body.graph
         hints = self.hints_of[id(g)] = self._hints([v.name for v in g.inputs], body.outer)
         finish = self.census(g, hints) if self.census else None
+        self.calls.cones_of(_traced(g, g.info.functions))
         result = self.flat(g)
         g.remove_dead()
         self._add(path, result, g)
@@ -307,6 +310,7 @@ class _Driver:
             hints = self.calls.hints(f) if self.census else {}
             hints = self.hints_of[id(g)] = {name: kind for name, kind in hints.items() if name not in defined}
             finish = self.census(g, hints) if self.census else None
+            self.calls.cones_of(_traced(g, functions))
             result = self.flat(g)
             g.remove_dead()
             self._add(path, result, g)
@@ -963,7 +967,6 @@ class _CallSites:
             if n.__class__ is OnnxNode and n.domain not in STANDARD and call_key(n) in self.keys:
                 self.sites.setdefault(call_key(n), []).append(
                     [(v.elem_type, v.shape) if v is not None and v.elem_type else None for v in n.inputs])
-                self.cones.setdefault(call_key(n), []).append((g.info.opset_imports.get("", 0), _argument_cones(g, n)))
                 if self.kinds:
                     self.arg_kinds.setdefault(call_key(n), []).append(
                         [None if v is None else kinds.get().get(v.name) for v in n.inputs])
@@ -974,6 +977,10 @@ class _CallSites:
         calls = self.arg_kinds.get(function_key(f), [])
         return {name: kind for i, name in enumerate(f.input) if calls
                 and len({c[i] if i < len(c) else None for c in calls}) == 1 and (kind := calls[0][i]) is not None}
+
+    def cones_of(self, traced: list[tuple[FunctionKey, int, list[Cone | None]]]) -> None:
+        for key, opset, cones in traced:
+            self.cones.setdefault(key, []).append((opset, cones))
 
     def definitions(self, f: onnx.FunctionProto, opset: int) -> list[tuple[int, Cone]]:
         """The formal inputs every call computes alike from its other arguments and constants (the
@@ -1041,6 +1048,16 @@ PRELUDE_PREFIX = "dmlgraph_call_"  # the names of a prelude's values (others' sk
 
 class _Undefined(Exception):
     """An argument whose cone reads something else than the call's arguments and constants."""
+
+
+def _traced(g: Graph, functions: list[onnx.FunctionProto]) -> list[tuple[FunctionKey, int, list[Cone | None]]]:
+    """Each call of a local function in `g`: its key, `g`'s ONNX opset, its `_argument_cones`. Taken
+    before the rules run on `g` (the cones are the caller's own nodes, not what it lowered them to)."""
+    if not functions:
+        return []
+    keys = {function_key(f) for f in functions}
+    return [(call_key(n), g.info.opset_imports.get("", 0), _argument_cones(g, n)) for n in g.nodes.values()
+            if n.__class__ is OnnxNode and n.domain not in STANDARD and call_key(n) in keys]
 
 
 def _argument_cones(g: Graph, call: OnnxNode) -> list[Cone | None]:

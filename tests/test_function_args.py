@@ -208,15 +208,25 @@ def test_a_cone_reading_a_value_not_passed_keeps_its_outer_read():
     assert rows and {r["rule"] for r in rows} == {"outer_read"} and all("'p'" in r["reason"] for r in rows), rows
 
 
-def test_a_function_with_nothing_to_lower_is_written_as_it_was():
-    """The calls define `s`, the prelude is built, but nothing in the function is a mask: the function's
-    bytes are the input's (the prelude never reaches the output)."""
-    body = [h.make_node("Cast", ["s"], ["sf"], to=T.FLOAT), h.make_node("Add", ["x", "sf"], ["y"])]
-    model = _model(_sizes("X") + [h.make_node("F", ["X", "s"], ["Y"], domain="local", name="call")],
-                   [_function(["x", "s"], body)], inits=[("i2", 2), ("i3", 3)])
+@pytest.mark.parametrize("passed", ["size", "mask"])
+def test_a_function_with_nothing_to_lower_is_written_as_it_was(passed):
+    """The calls define `s` (or the mask `m` the caller builds from Range grids), the prelude is built
+    (and the mask in it lowered), but nothing of the function's own is lowered: its bytes are the
+    input's (the prelude never reaches the output)."""
+    if passed == "size":
+        caller = _sizes("X")
+        body = [h.make_node("Cast", ["s"], ["sf"], to=T.FLOAT), h.make_node("Add", ["x", "sf"], ["y"])]
+    else:
+        caller = _sizes("X") + _band("zero", "s", "t", 0)
+        body = [h.make_node("Cast", ["m"], ["mf"], to=T.FLOAT), h.make_node("ReduceSum", ["mf"], ["count"], keepdims=0),
+                h.make_node("Mul", ["x", "count"], ["y"])]
+    arg = "s" if passed == "size" else "m"
+    model = _model(caller + [h.make_node("F", ["X", arg], ["Y"], domain="local", name="call")],
+                   [_function(["x", arg], body)], inits=[("i2", 2), ("i3", 3)])
     for target in ("dml", "onnx"):
         result = pipeline.lower(model, target=target)
         assert result.model.functions[0].SerializeToString() == model.functions[0].SerializeToString()
+        assert not any(m.captures.get("lowered") for m in result.passes.applied if m.captures.get("scope"))
 
 
 def test_calls_under_another_opset_define_nothing():

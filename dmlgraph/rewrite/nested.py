@@ -322,9 +322,10 @@ class _Driver:
             if result.applied or changed:
                 g.remove_dead()
                 new = write_back_function(g, f, made, defined)
+                if not changed and made and all(o.name in made for m in result.applied for n in m.nodes
+                                                for o in n.outputs):
+                    new = f  # (only the prelude was rewritten, which write-back drops: the function is as it was)
                 kept = {o for n in all_nodes(new.node) if n.domain == DOMAIN for o in n.output}
-                if not changed and made and not kept:  # (only the prelude was lowered: the function is as it was)
-                    new = f
                 for m in result.applied:
                     if m.captures.get(LOWERED) and isinstance(m.dml, DmlNode):
                         m.captures[LOWERED] = m.dml.outputs[0].name in kept

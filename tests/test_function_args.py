@@ -257,3 +257,27 @@ def test_a_grid_compared_with_data_stays_a_data_mask():
                          functions=[_function(["x", "p", "pos"], body)])
     rows = [r for r in pipeline.lower(model, census=True).passes.census if r["scope"] == "local::F"]
     assert rows and {r["rule"] for r in rows} == {"data_mask"}, rows
+
+
+def test_a_function_called_by_a_function_is_defined_through_it():
+    """Main calls G(X, s) with s = Gather(Shape(X), 2); G calls F(x, s, s): G's `s` is defined from
+    its `x` (in G's prelude), so F's arguments trace to G's `x` and F's `s` and `t` are defined too.
+    F is lowered, G written as it was."""
+    g_fn = h.make_function("local", "G", ["x", "s"], ["y"],
+                           [h.make_node("F", ["x", "s", "s"], ["y"], domain="local")],
+                           [h.make_opsetid("", OPSET), h.make_opsetid("local", 1)])
+    f_fn = _function(["x", "s", "t"], _band("zero", "s", "t", 0) + _apply())
+    model = _model(_sizes("X") + [h.make_node("G", ["X", "s"], ["Y"], domain="local", name="call")],
+                   [g_fn, f_fn], inits=[("i2", 2), ("i3", 3)])
+    for target in ("dml", "onnx"):
+        result = pipeline.lower(model, target=target)
+        assert {m.captures.get("scope") for m in result.passes.applied} == {"local::F"}
+        g_out, f_out = result.model.functions
+        assert g_out.SerializeToString() == g_fn.SerializeToString()
+        assert len([n for n in f_out.node if n.domain == DOMAIN]) == (target == "dml")
+        for s in (1, 2, 4):
+            feeds = {"X": np.random.default_rng(s).standard_normal((1, 2, s, s)).astype(np.float32)}
+            want = _ort(model, feeds)[0]
+            got = _ort(result.model, feeds)[0] if target == "onnx" else \
+                pipeline.run_graph(import_model(result.model), feeds)["Y"]
+            assert want.tobytes() == got.tobytes()

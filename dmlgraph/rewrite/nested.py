@@ -321,7 +321,7 @@ class _Driver:
             del self.hints_of[id(g)]
             if result.applied or changed:
                 g.remove_dead()
-                new = write_back_function(g, f, made, defined)
+                new = write_back_function(g, f, defined)
                 if not changed and made and all(o.name in made for m in result.applied for n in m.nodes
                                                 for o in n.outputs):
                     new = f  # (only the prelude was rewritten, which write-back drops: the function is as it was)
@@ -1181,17 +1181,16 @@ def _constant_node(r: tuple, name: str) -> onnx.NodeProto:
         np.frombuffer(data, np.dtype(dtype)).reshape(shape), name))
 
 
-def _without_prelude(nodes: list[onnx.NodeProto], outputs: list[str], made: frozenset[str],
-                     defined: frozenset[str]) -> list[onnx.NodeProto]:
-    """`nodes` (in order) without the prelude's nodes (those naming only prelude values) that no
-    other node nor the outputs read, nor any computing a formal input (`write_back_function`)."""
+def _without_prelude(nodes: list[onnx.NodeProto], outputs: list[str], defined: frozenset[str]) -> list[onnx.NodeProto]:
+    """`nodes` (in order) without those computing a formal input (`write_back_function`) and those
+    no other node nor the outputs read then (the prelude's, and what a rewrite of a prelude value
+    made: the Graph held no dead node before)."""
     live = set(outputs)
     kept: list[onnx.NodeProto] = []
     for n in reversed(nodes):
-        prelude = all(o in made or not o for o in n.output)
-        if prelude and not any(o in live and o not in defined for o in n.output):
+        if not any(o in live and o not in defined for o in n.output):
             continue
-        if any(o in defined for o in n.output):  # (a prelude node another node reads another output of)
+        if any(o in defined for o in n.output):  # (a node another node reads another output of)
             copy = onnx.NodeProto()
             copy.CopyFrom(n)
             for k, o in enumerate(copy.output):
@@ -1262,22 +1261,21 @@ def build_function(info: ModelInfo, f: onnx.FunctionProto, types: list[TypeSpec]
     return g
 
 
-def write_back_function(g: Graph, f: onnx.FunctionProto, made: frozenset[str] = frozenset(),
-                        defined: frozenset[str] = frozenset()) -> onnx.FunctionProto:
+def write_back_function(g: Graph, f: onnx.FunctionProto, defined: frozenset[str] = frozenset()) -> onnx.FunctionProto:
     """The lowered function: same signature; constants the rules made become Constant nodes (a
-    function has no initializers). Of the prelude (`made`: what it names), what still computes a
-    formal input (`defined`) goes (the formal holds that value: its calls proved it), what the other
-    nodes read stays (it reads only formals and constants), the rest goes."""
+    function has no initializers). Where a prelude defined formal inputs (`defined`), what still
+    computes one goes (the formal holds that value: its calls proved it), the prelude nodes the others
+    read stay (they read only formals and constants), the rest goes."""
     exported = export_model(g, "dml").graph
     new = onnx.FunctionProto()
     new.CopyFrom(f)
     del new.node[:], new.output[:], new.value_info[:]
     nodes = [helper.make_node("Constant", [], [t.name], value=t) for t in exported.initializer]
     nodes += exported.node
-    if made:
-        nodes = _without_prelude(nodes, [vi.name for vi in exported.output], made, defined)
+    if defined:
+        nodes = _without_prelude(nodes, [vi.name for vi in exported.output], defined)
         produced = {o for n in nodes for o in n.output}
-        _drop(exported.value_info, lambda vi: vi.name in defined or (vi.name in made and vi.name not in produced))
+        _drop(exported.value_info, lambda vi: vi.name in defined or vi.name not in produced)
     new.node.extend(nodes)
     new.output.extend(vi.name for vi in exported.output)
     new.value_info.extend(exported.value_info)

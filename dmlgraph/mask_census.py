@@ -42,6 +42,7 @@ class MaskSite:
     parents: list[str]  # the mask-like tensors it is built from
     node_id: int | None = None
     outer: str | None = None  # an input it is built from that an enclosing scope computes (`hints`)
+    data: bool = False  # built from the values (not the shape) of an input no hint describes
 
 
 def _const(graph: Graph, v: Value) -> np.ndarray | None:
@@ -91,6 +92,7 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
     constant: set[str] = set(graph.initializers) - set(graph.overridable_inputs)
     shape_only: set[str] = {name for name, kind in hints.items() if kind == "shape"}  # from shapes and constants
     fed = {name: name for name in hints}  # value -> the hinted input it is built from
+    data = {v.name for v in graph.inputs if v.name not in hints}  # values read from unhinted inputs' values
     sites: list[MaskSite] = []
 
     def add(v: Value, n: Node | None, found: str, parents: list[str]) -> None:
@@ -98,7 +100,7 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
             return
         site = MaskSite(v.name, None if n is None else n.name, "constant" if n is None else n.op_type,
                         None if n is None else order.get(n.id), None if v.shape is None else list(v.shape),
-                        v.elem_type, found, parents, None if n is None else n.id, fed.get(v.name))
+                        v.elem_type, found, parents, None if n is None else n.id, fed.get(v.name), v.name in data)
         mask[v.name] = site
         sites.append(site)
 
@@ -113,6 +115,8 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
         source = next((fed[x] for x in names if x in fed), None)
         if source is not None:
             fed.update(dict.fromkeys((v.name for v in n.outputs), source))
+        if op not in ("Shape", "Size") and any(x in data for x in names):
+            data.update(v.name for v in n.outputs)
         if isinstance(n, DmlNode):
             for v in n.outputs:
                 add(v, n, f"a {n.kind} node", [x for x in names if x in mask])
@@ -180,7 +184,7 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
         key = s.node_id if s.node_id is not None else s.value
         if isinstance(p, DmlNode) or key in applied:
             row.update(status="lowered", rule=applied.get(key) or getattr(p, "rule", None))
-        elif key in declined:
+        elif key in declined and not (declined[key][0] == "data_mask" and s.outer is not None and not s.data):
             rule, node, reason = declined[key]
             row.update(status="declined", rule=rule, reason=f"{node!r}: {reason}")
         elif v is None or (p is None and s.value not in graph.initializers and s.producer is not None) \
@@ -193,7 +197,7 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
                 root, why = roots.get(upstream["value"], (upstream["value"], upstream["reason"]))
                 roots[s.value] = (root, why)
                 row.update(status="declined", rule=upstream["rule"], reason=f"built from {root!r}, declined: {why}")
-            elif s.outer is not None:
+            elif s.outer is not None:  # (also data_mask's "data" where it is only what the enclosing scope computes)
                 row.update(status="declined", rule="outer_read", reason=(
                     f"it is built from {s.outer!r}, which the enclosing scope computes: the proof inside this "
                     "body or function sees it as an input of unknown content"))

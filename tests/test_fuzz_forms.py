@@ -190,15 +190,24 @@ def test_function_trilu_of_an_outer_shape_is_in_the_census():
     assert _census(m)["band"]["status"] == "lowered"
 
 
-def test_function_comparing_the_grids_it_is_passed_is_declined_with_a_reason():
-    """A function sees its inputs only: grids its caller builds are counted, and declined by name."""
+@pytest.mark.parametrize("passed", ["x", "neg"])
+def test_function_comparing_the_grids_it_is_passed(passed):
+    """Grids the caller builds from Shape(x) are defined in the function when x is passed too (its
+    calls prove it), so the band is lowered; built from a value the call does not pass (x where
+    Neg(x) is passed), they stay inputs of unknown content, counted and declined by name."""
     nodes, inits = _grid_nodes()
     body = [h.make_node("Constant", [], ["ninf"], value=NINF), h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
             h.make_node("Where", ["causal", "x", "ninf"], ["y"])]
     f = h.make_function("local", "masked", ["rows", "cols", "x"], ["y"], body, [h.make_opsetid("", 18)])
-    m = _model(nodes + [h.make_node("masked", ["rows", "cols", "x"], ["out"], domain="local")], inits, [X], [f])
+    arg = "x" if passed == "x" else "neg"
+    m = _model(nodes + [h.make_node("Neg", ["x"], ["neg"]),
+                        h.make_node("masked", ["rows", "cols", arg], ["out"], domain="local")], inits, [X], [f])
     row = _census(m)["causal"]
-    assert row["status"] == "declined" and row["rule"] == "outer_read" and "'cols'" in row["reason"]
+    if passed == "x":
+        assert row["status"] == "lowered"
+        _same_as_onnxruntime(m, lambda n: {"x": _x(n)})
+    else:
+        assert row["status"] == "declined" and row["rule"] == "outer_read" and "'cols'" in row["reason"]
 
 
 def test_if_branch_reads_sizes_from_the_inputs_the_main_graph_would():

@@ -81,7 +81,9 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census
     if not holders and not g.info.functions:
         return flat(g)  # (nearly every model: no bodies, no functions)
     g.reserved |= _subgraph_names(holders)
+    traced = _traced(g, g.info.functions)  # (the calls' arguments as the graph computes them before the rules)
     driver = _Driver(flat, explain, flat(g), g)
+    driver.calls.cones_of(traced)
     driver.census = census
     driver.calls.kinds = kinds if census else None
     driver.calls.record(g)
@@ -259,6 +261,7 @@ class _Driver:
         g = body.graph
         hints = self.hints_of[id(g)] = self._hints([v.name for v in g.inputs], body.outer)
         finish = self.census(g, hints) if self.census else None
+        self.calls.cones_of(_traced(g, g.info.functions))
         result = self.flat(g)
         g.remove_dead()
         self._add(path, result, g)
@@ -291,24 +294,42 @@ class _Driver:
             path = function_path(f)
             types = self.calls.types(f)
             reason = types if isinstance(types, str) else _attribute_reason(f)
-            g = reason or build_function(main.info, f, cast(list[TypeSpec], types), self.dims)  # reason: types is a list
+            prelude: Prelude = ([], frozenset(), frozenset())
+            if not reason:
+                opset = (dict(main.info.opset_imports) | {o.domain: o.version for o in f.opset_import}).get("", 0)
+                prelude = _prelude(f, self.calls.definitions(f, opset))
+            g = reason or build_function(main.info, f, cast(list[TypeSpec], types), self.dims, prelude)
+            if isinstance(g, str) and prelude[0]:  # (what the calls define does not import: typed as before)
+                prelude = ([], frozenset(), frozenset())
+                g = build_function(main.info, f, cast(list[TypeSpec], types), self.dims)
             if isinstance(g, str):
                 self._decline("", "local_function", [], f"function {path} is not lowered: {g}")
                 self.calls.untyped_nodes(f.node, f"it is called by function {path}, which is not lowered")
                 continue
-            hints = self.hints_of[id(g)] = self.calls.hints(f) if self.census else {}
+            _, made, defined = prelude
+            hints = self.calls.hints(f) if self.census else {}
+            hints = self.hints_of[id(g)] = {name: kind for name, kind in hints.items() if name not in defined}
             finish = self.census(g, hints) if self.census else None
+            self.calls.cones_of(_traced(g, functions))
             result = self.flat(g)
             g.remove_dead()
             self._add(path, result, g)
-            if finish is not None:
-                self._rows(path, finish(g, result))
+            if finish is not None:  # (the prelude's sites are the callers')
+                self._rows(path, [r for r in finish(g, result) if r["value"] not in made])
             self.calls.record(g, hints)
             changed = self.lower_bodies(g, path + "/")
             del self.hints_of[id(g)]
             if result.applied or changed:
                 g.remove_dead()
-                functions[i] = write_back_function(g, f)
+                new = write_back_function(g, f, defined)
+                if not changed and made and all(o.name in made for m in result.applied for n in m.nodes
+                                                for o in n.outputs):
+                    new = f  # (only the prelude was rewritten, which write-back drops: the function is as it was)
+                kept = {o for n in all_nodes(new.node) if n.domain == DOMAIN for o in n.output}
+                for m in result.applied:
+                    if m.captures.get(LOWERED) and isinstance(m.dml, DmlNode):
+                        m.captures[LOWERED] = m.dml.outputs[0].name in kept
+                functions[i] = new
 
 
 def _holders(g: Graph) -> list[OnnxNode]:
@@ -936,6 +957,8 @@ class _CallSites:
         self.reasons: dict[FunctionKey, str] = {}
         self.kinds: Kinds | None = None  # (census only) what a call's arguments are in its graph
         self.arg_kinds: dict[FunctionKey, list[list[str | None]]] = {}
+        # per call: the caller's ONNX opset and each argument's `_argument_cones`
+        self.cones: dict[FunctionKey, list[tuple[int, list[Cone | None]]]] = {}
 
     def record(self, g: Graph, hints: dict[str, str] | None = None) -> None:
         if not self.keys:
@@ -955,6 +978,27 @@ class _CallSites:
         calls = self.arg_kinds.get(function_key(f), [])
         return {name: kind for i, name in enumerate(f.input) if calls
                 and len({c[i] if i < len(c) else None for c in calls}) == 1 and (kind := calls[0][i]) is not None}
+
+    def cones_of(self, traced: list[tuple[FunctionKey, int, list[Cone | None]]]) -> None:
+        for key, opset, cones in traced:
+            self.cones.setdefault(key, []).append((opset, cones))
+
+    def definitions(self, f: onnx.FunctionProto, opset: int) -> list[tuple[int, Cone]]:
+        """The formal inputs every call computes alike from its other arguments and constants (the
+        same cone, under the function's `opset`: its nodes are copied in), each with that cone,
+        every one after those its cone reads."""
+        made = self.cones.get(function_key(f), [])
+        calls = [c for _, c in made]
+        if not calls or any(len(c) != len(f.input) for c in calls) or any(o != opset for o, _ in made):
+            return []
+        agreed = {i: c for i, c in enumerate(calls[0]) if c is not None and all(other[i] == c for other in calls)}
+        order: list[tuple[int, Cone]] = []
+        while agreed:  # (a cone reading a formal that is defined after it, or in a cycle, defines nothing)
+            ready = [i for i, c in agreed.items() if not (_cone_reads(c) & agreed.keys())]
+            if not ready:
+                break
+            order += [(i, agreed.pop(i)) for i in ready]
+        return order
 
     def untyped(self, proto: onnx.GraphProto, reason: str) -> None:
         for sub, _ in iter_graphs(proto):
@@ -995,6 +1039,178 @@ class _CallSites:
         return types
 
 
+# A formal input as its call computes it: (how the formal is read: ("arg", j) another argument of the
+# call, ("const", dtype, shape, bytes), ("node", k, output)), then the cone's nodes in order, each
+# (op_type, its attributes' bytes, its inputs as such references, its number of outputs).
+Cone = tuple[tuple, tuple]
+Prelude = tuple[list[onnx.NodeProto], frozenset[str], frozenset[str]]  # nodes, the names they make, the formals
+PRELUDE_PREFIX = "dmlgraph_call_"  # the names of a prelude's values (others' skipped)
+
+
+class _Undefined(Exception):
+    """An argument whose cone reads something else than the call's arguments and constants."""
+
+
+def _traced(g: Graph, functions: list[onnx.FunctionProto]) -> list[tuple[FunctionKey, int, list[Cone | None]]]:
+    """Each call of a local function in `g`: its key, `g`'s ONNX opset, its `_argument_cones`. Taken
+    before the rules run on `g` (the cones are the caller's own nodes, not what it lowered them to)."""
+    if not functions:
+        return []
+    keys = {function_key(f) for f in functions}
+    return [(call_key(n), g.info.opset_imports.get("", 0), _argument_cones(g, n)) for n in g.nodes.values()
+            if n.__class__ is OnnxNode and n.domain not in STANDARD and call_key(n) in keys]
+
+
+def _argument_cones(g: Graph, call: OnnxNode) -> list[Cone | None]:
+    """Each argument of `call` as a cone (`Cone`) over the call's other arguments and constants,
+    through CONE_OPS (None: it reads a value that is not passed, or is one): a call passing `x` and
+    `Gather(Shape(x), 2)` defines the second formal from the first. A value an argument is the
+    Identity of counts as that argument (`Shape(x)` where `Identity(x)` is passed)."""
+    args: dict[str, int] = {}
+    for j, v in enumerate(call.inputs):
+        x = v
+        while x is not None and x.name not in args:
+            args[x.name] = j
+            p = x.producer
+            x = p.inputs[0] if isinstance(p, OnnxNode) and p.op_type == "Identity" and p.domain in STANDARD \
+                and p.inputs else None
+    return [None if v is None else _argument_cone(g, v, i, args) for i, v in enumerate(call.inputs)]
+
+
+def _argument_cone(g: Graph, v: Value, i: int, args: dict[str, int]) -> Cone | None:
+    nodes: list[tuple] = []
+    index: dict[int, int] = {}
+
+    def ref(x: Value | None, top: bool = False) -> tuple:
+        if x is None:
+            return ("none",)
+        j = args.get(x.name)
+        if j is not None and not (top and j == i):
+            if j == i:
+                raise _Undefined  # (it reads itself)
+            return ("arg", j)
+        const = _constant(g, x)
+        if const is not None:
+            small = None if isinstance(const, DmlNode) else _small_tensor(x.name, const)
+            if small is None or small.data_type == TensorProto.STRING:
+                raise _Undefined
+            a = numpy_helper.to_array(small)
+            return ("const", a.dtype.str, a.shape, a.tobytes())
+        p = x.producer
+        if p is None or p.__class__ is not OnnxNode or p.domain not in STANDARD or p.op_type not in CONE_OPS:
+            raise _Undefined
+        n = p
+        if n.has_subgraph:
+            raise _Undefined
+        out = next(k for k, o in enumerate(n.outputs) if o is x)
+        if n.id not in index:
+            inputs = tuple(ref(y) for y in n.inputs)
+            attrs = tuple(sorted(a.SerializeToString(deterministic=True) for a in n.attributes))
+            nodes.append((n.op_type, attrs, inputs, len(n.outputs)))
+            index[n.id] = len(nodes) - 1
+            if len(nodes) > CONE_LIMIT:
+                raise _Undefined
+        return ("node", index[n.id], out)
+    try:
+        top = ref(v, True)
+    except _Undefined:
+        return None
+    return top, tuple(nodes)
+
+
+def _cone_reads(c: Cone) -> set[int]:
+    """The formal inputs a cone reads."""
+    refs = [c[0], *(r for n in c[1] for r in n[2])]
+    return {r[1] for r in refs if r[0] == "arg"}
+
+
+def _prelude(f: onnx.FunctionProto, definitions: list[tuple[int, Cone]]) -> Prelude:
+    """The nodes that compute the formal inputs the calls define (`_CallSites.definitions`) from the
+    other formals and constants, each formal under its own name, the rest under fresh ones (a
+    node two cones share made once)."""
+    if not definitions:
+        return [], frozenset(), frozenset()
+    taken = set(f.input) | set(f.output) | {vi.name for vi in f.value_info}
+    for n in all_nodes(f.node):
+        taken.update(n.input)
+        taken.update(n.output)
+        for body in graphs_of(n.attribute):
+            taken |= _graph_names(body)
+    counter = itertools.count()
+
+    def fresh() -> str:
+        while (name := f"{PRELUDE_PREFIX}{next(counter)}") in taken:
+            pass
+        return name
+    nodes: list[onnx.NodeProto] = []
+    made: dict[tuple, list[str]] = {}
+
+    def name_of(r: tuple, names: list[list[str]]) -> str:
+        if r[0] == "none":
+            return ""
+        if r[0] == "arg":
+            return f.input[r[1]]
+        if r[0] == "node":
+            return names[r[1]][r[2]]
+        if r not in made:
+            made[r] = [fresh()]
+            nodes.append(_constant_node(r, made[r][0]))
+        return made[r][0]
+    for i, (top, entries) in definitions:
+        formal = f.input[i]
+        names: list[list[str]] = []
+        for k, (op, attrs, inputs, n_out) in enumerate(entries):
+            key = (op, attrs, tuple(name_of(r, names) for r in inputs), n_out)
+            if key not in made:
+                outs = [formal if top[0] == "node" and top[1:] == (k, o) else fresh() for o in range(n_out)]
+                node = onnx.NodeProto(op_type=op, input=key[2], output=outs)
+                node.attribute.extend(onnx.AttributeProto.FromString(a) for a in attrs)
+                nodes.append(node)
+                made[key] = outs
+            names.append(made[key])
+        if top[0] == "const":
+            nodes.append(_constant_node(top, formal))
+        elif top[0] == "arg" or name_of(top, names) != formal:
+            nodes.append(onnx.NodeProto(op_type="Identity", input=[name_of(top, names)], output=[formal]))
+    return nodes, frozenset(o for n in nodes for o in n.output), frozenset(f.input[i] for i, _ in definitions)
+
+
+def _constant_node(r: tuple, name: str) -> onnx.NodeProto:
+    _, dtype, shape, data = r
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
+        np.frombuffer(data, np.dtype(dtype)).reshape(shape), name))
+
+
+def _without_prelude(nodes: list[onnx.NodeProto], outputs: list[str], defined: frozenset[str]) -> list[onnx.NodeProto]:
+    """`nodes` (in order) without those computing a formal input (`write_back_function`) and those
+    no other node nor the outputs read then (the prelude's, and what a rewrite of a prelude value
+    made: the Graph held no dead node before)."""
+    live = set(outputs)
+    kept: list[onnx.NodeProto] = []
+    for n in reversed(nodes):
+        if not any(o in live and o not in defined for o in n.output):
+            continue
+        if any(o in defined for o in n.output):  # (a node another node reads another output of)
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            for k, o in enumerate(copy.output):
+                if o in defined:
+                    copy.output[k] = _unused_name(o, nodes)
+            n = copy
+        kept.append(n)
+        live.update(n.input)
+        for body in graphs_of(n.attribute):
+            live |= free_names(body)
+    return kept[::-1]
+
+
+def _unused_name(base: str, nodes: list[onnx.NodeProto]) -> str:
+    names = {x for n in nodes for x in itertools.chain(n.input, n.output)}
+    while (base := f"{base}_") in names:
+        pass
+    return base
+
+
 def _call_order(functions: list[onnx.FunctionProto]) -> list[int] | str:
     """Function indices, every caller before the functions it calls."""
     index = {function_key(f): i for i, f in enumerate(functions)}
@@ -1028,28 +1244,39 @@ def _attribute_reason(f: onnx.FunctionProto) -> str | None:
     return None
 
 
-def build_function(info: ModelInfo, f: onnx.FunctionProto, types: list[TypeSpec], dims: FreshDims) -> Graph | str:
-    """A function body as a Graph whose inputs have `types`."""
+def build_function(info: ModelInfo, f: onnx.FunctionProto, types: list[TypeSpec], dims: FreshDims,
+                   prelude: Prelude = ([], frozenset(), frozenset())) -> Graph | str:
+    """A function body as a Graph whose inputs have `types`; the formal inputs its calls define
+    (`prelude`, `_prelude`) are computed from the others instead of being inputs."""
+    nodes, _, defined = prelude
     proto = onnx.GraphProto(name=f.name)
+    proto.node.extend(nodes)
     proto.node.extend(f.node)
     proto.output.extend(onnx.ValueInfoProto(name=o) for o in f.output)
     proto.value_info.extend(f.value_info)
     opsets = dict(info.opset_imports) | {o.domain: o.version for o in f.opset_import}
-    g = _import(info, proto, [_value_info(name, t) for name, t in zip(f.input, types)], opsets)
+    g = _import(info, proto, [_value_info(name, t) for name, t in zip(f.input, types) if name not in defined], opsets)
     if not isinstance(g, str):
         g.reserved = _subgraph_names(_holders(g))
     return g
 
 
-def write_back_function(g: Graph, f: onnx.FunctionProto) -> onnx.FunctionProto:
+def write_back_function(g: Graph, f: onnx.FunctionProto, defined: frozenset[str] = frozenset()) -> onnx.FunctionProto:
     """The lowered function: same signature; constants the rules made become Constant nodes (a
-    function has no initializers)."""
+    function has no initializers). Where a prelude defined formal inputs (`defined`), what still
+    computes one goes (the formal holds that value: its calls proved it), the prelude nodes the others
+    read stay (they read only formals and constants), the rest goes."""
     exported = export_model(g, "dml").graph
     new = onnx.FunctionProto()
     new.CopyFrom(f)
     del new.node[:], new.output[:], new.value_info[:]
-    new.node.extend(helper.make_node("Constant", [], [t.name], value=t) for t in exported.initializer)
-    new.node.extend(exported.node)
+    nodes = [helper.make_node("Constant", [], [t.name], value=t) for t in exported.initializer]
+    nodes += exported.node
+    if defined:
+        nodes = _without_prelude(nodes, [vi.name for vi in exported.output], defined)
+        produced = {o for n in nodes for o in n.output}
+        _drop(exported.value_info, lambda vi: vi.name in defined or vi.name not in produced)
+    new.node.extend(nodes)
     new.output.extend(vi.name for vi in exported.output)
     new.value_info.extend(exported.value_info)
     if has_dml_nodes(new.node) and all(o.domain != DOMAIN for o in new.opset_import):

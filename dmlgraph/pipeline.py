@@ -344,6 +344,9 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
             _check_output(exported, source, label, target, dir_of, bool(notes))  # (a broken lowering: our bug)
         g, result, exported, cleaned = _decline_growing_sites(model, base_dir, source, options, target, result,
                                                               exported, census, grown, (g, cleaned))
+    if target == "onnx" and result.applied and not options.allow_growth:
+        g, result, exported, cleaned = _decline_costlier_sites(model, base_dir, source, options, result, exported,
+                                                               census, (g, cleaned))
     if result.applied or cleaned:  # (a model given back unchanged stays byte for byte the input)
         stamp(exported, target, options, result.counts, source)
     serialized = _check_output(exported, source, label, target, dir_of, bool(notes)) if check else None
@@ -408,6 +411,55 @@ def _decline_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
                                        "the input is kept")
     exported, cleaned = _input_kept(source)
     return g, result, exported, cleaned
+
+
+def _decline_costlier_sites(model: onnx.ModelProto | str, base_dir: str | None, source: onnx.ModelProto,
+                            options: Options, result: PassResult, exported: onnx.ModelProto, census: bool,
+                            lowered: tuple[Graph, bool]) -> tuple[Graph, PassResult, onnx.ModelProto, bool]:
+    """On `onnx`: the sites whose standard form runs more onnxruntime kernels than what it replaces
+    (`site_costs`' fourth number: a stored matrix sliced at run time is two Slices, its generator
+    a ConstantOfShape, a Trilu and their sizes) are declined with their numbers and the rest
+    lowered again, as growing ones are (docs/portable.md, "Kernels")."""
+    g, cleaned = lowered
+    first = g, result, exported, cleaned
+    reference = _cleaned(source)
+    declined = dict(options.declined_sites) | {site_key(m): m.reason or "" for m in result.declined
+                                               if (m.reason or "").startswith(GROWTH_DECLINE)}
+    changed = False
+    for _ in range(2 * len(result.applied) + 2):  # (a declined select leaves its mask's generator to decline next)
+        costs = site_costs(reference, exported, result.applied)
+        found = {site_key(m): _kernel_reason(c) for m, c in zip(result.applied, costs)
+                 if c is not None and c[3] >= 0.5 and site_key(m) not in declined}
+        if not found:
+            break
+        declined |= found
+        for _ in range(3):  # (a stored matrix the declined mask read is a site of its own, which may grow)
+            _, g2 = load(model, base_dir)
+            result2, out, cleaned2 = _lower_graph(g2, source, dataclasses.replace(options, declined_sites=declined),
+                                                  "onnx", None, census)
+            grows = {site_key(m): why for m, why in growing_sites(reference, out, result2.applied, "onnx")
+                     if site_key(m) not in declined} if growth(source, out) is not None else {}
+            if not grows:
+                break
+            declined |= grows
+        if growth(source, out) is not None:
+            break  # (not seen)
+        g, result, exported, cleaned, changed = g2, result2, out, cleaned2, True
+        if not result.applied:
+            break
+    if not changed or len(_run_time(exported.graph)) >= len(_run_time(first[2].graph)):
+        return first  # (what was lowered instead costs as much: trilu_offsets_ts's other Trilus)
+    if not result.applied or same_computation(source, exported):
+        exported, cleaned = _input_kept(source)
+    return g, result, exported, cleaned
+
+
+def _kernel_reason(cost: tuple[float, float, str, float]) -> str:
+    n = math.ceil(cost[3] - 1e-9)
+    return f"{KERNEL_DECLINE}{n} more onnxruntime kernel{'s' if n > 1 else ''} on target onnx than the input: {cost[2]}"
+
+
+KERNEL_DECLINE = "would run "  # how a site declined for its kernels is told (`_kernel_reason`)
 
 
 def _all_declined(result: PassResult, reason: str) -> PassResult:
@@ -506,7 +558,7 @@ def growing_sites(source: onnx.ModelProto, model: onnx.ModelProto, sites: list[M
             if c is not None and (c[0] >= 1 or c[1] > GROWTH_ALLOWANCE)]
 
 
-def _growth_reason(cost: tuple[float, float, str], target: str) -> str:
+def _growth_reason(cost: tuple[float, float, str, float], target: str) -> str:
     nodes, size, what = math.ceil(cost[0] - 1e-9), math.ceil(cost[1]), cost[2]
     if nodes > 0:
         saves = f" (it would save {-size} bytes; --allow-growth writes it)" if size < 0 else ""
@@ -515,13 +567,15 @@ def _growth_reason(cost: tuple[float, float, str], target: str) -> str:
 
 
 def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
-               sites: list[Match]) -> list[tuple[float, float, str] | None]:
+               sites: list[Match]) -> list[tuple[float, float, str, float] | None]:
     """What each lowered site adds to the main graph of `model` over `source`, as (nodes, bytes,
-    which ops for which): the nodes and constants `model` has that the site's output is computed
+    which ops for which, kernels): the nodes and constants `model` has that the site's output is computed
     from and `source` does not have, less the nodes and constants `source` had for it that `model`
-    no longer has (nodes are nodes on both targets, as in `growth`). What
+    no longer has (nodes are nodes on both targets, as in `growth`); kernels counts only the nodes
+    onnxruntime runs (`_run_time`: not folded when it loads the model). What
     several sites share is split among them. None for a site in a body or function."""
     s_nodes, m_nodes = _producers(source.graph), _producers(model.graph)
+    s_run, m_run = _run_time(source.graph), _run_time(model.graph)
     s_inits = {t.name: t for t in source.graph.initializer}
     m_inits = {t.name: t for t in model.graph.initializer}
     s_sigs, m_sigs = _signatures(source.graph), _signatures(model.graph)
@@ -562,7 +616,7 @@ def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
             gone |= cone(o, s_nodes, s_inits, s_sigs, m_have)
         cones.append((added, gone))
     shared = Counter(k for c in cones if c is not None for part in c for k in part)
-    costs: list[tuple[float, float, str] | None] = []
+    costs: list[tuple[float, float, str, float] | None] = []
     for c in cones:
         if c is None:
             costs.append(None)
@@ -576,9 +630,50 @@ def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
         def size(items: dict[str, Any]) -> float:
             return sum(v.ByteSize() / shared[k] for k, v in items.items())
 
+        def kernels(items: dict[str, Any], run: set[str]) -> float:
+            return sum(1 / shared[k] for k, v in items.items() if isinstance(v, onnx.NodeProto) and k[2:] in run)
+
         costs.append((count(added) - count(gone), size(added) - size(gone),
-                      f"writes {_ops(added)} for {_ops(gone)}"))
+                      f"writes {_ops(added)} for {_ops(gone)}", kernels(added, m_run) - kernels(gone, s_run)))
     return costs
+
+
+_BOOL_OUT = {"Not", "And", "Or", "Xor", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "IsNaN", "IsInf"}
+
+
+def _run_time(graph: onnx.GraphProto) -> set[str]:
+    """The first outputs of the nodes onnxruntime runs (an estimate of its graph optimizations): not
+    computed from constants alone (folded when it loads the model), not a no-op (Identity, Dropout,
+    a Cast to the type it has: removed), not a Not whose readers are Where conditions (fused)."""
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    types |= {t.name: t.data_type for t in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+        if n.output and n.op_type in _BOOL_OUT:
+            types.setdefault(n.output[0], onnx.TensorProto.BOOL)
+        elif n.output and n.op_type == "Cast":
+            types.setdefault(n.output[0], next((a.i for a in n.attribute if a.name == "to"), 0))
+
+    def noop(n: onnx.NodeProto) -> bool:
+        return n.op_type in ("Identity", "Dropout") or n.op_type == "Cast" and bool(n.input) and \
+            types.get(n.input[0], -1) == next((a.i for a in n.attribute if a.name == "to"), -2)
+
+    def conditions(v: str) -> bool:
+        return all(r.op_type == "Where" and r.input[0] == v and v not in r.input[1:] or noop(r) and conditions(r.output[0])
+                   for r in readers.get(v, []))
+
+    known = {t.name for t in graph.initializer} | {""}
+    run: set[str] = set()
+    for n in graph.node:  # (in graph order)
+        if all(i in known for i in n.input) and not any(a.type in (onnx.AttributeProto.GRAPH,
+                                                                   onnx.AttributeProto.GRAPHS) for a in n.attribute):
+            known.update(n.output)
+        elif n.output and not noop(n) and not (n.op_type == "Not" and readers.get(n.output[0])
+                                               and conditions(n.output[0])):
+            run.add(n.output[0])
+    return run
 
 
 def _ops(items: dict[str, Any]) -> str:

@@ -391,9 +391,12 @@ class SizeBuilder:
                 else:
                     syms[sym] = None
         pairs = []
+        seen = self._cone_reads()
         for sym in syms:
             (v0, axis0), *others = claims(self.graph, self.inputs, sym)
-            pairs += [(sym, (v0, axis0), (v, axis)) for v, axis in dict(reversed(others)).items() if v is not v0]
+            pairs += [(sym, (v0, axis0), (v, axis)) for v, axis in dict(reversed(others)).items()
+                      if v is not v0 and (seen is None or any(v is u for u in self.inputs)
+                                          or ("dim", v.name, axis) in seen)]
         if not pairs:
             return None
 
@@ -411,6 +414,32 @@ class SizeBuilder:
             empty = constant(self.ctx, "dmlgraph__scalar_shape", np.zeros(0, np.int64), self.made)
             return self._node("Reshape", [acc, empty], f"{acc.name}__scalar", chain, shape=())
         return self._cached(("guard", tuple((self._source(s), s) for s in syms)), make)
+
+    def _cone_reads(self) -> set[Key] | None:
+        """The graph-input axes the proof's reads are sizes of: every symbolic dim of the mask's
+        inputs traced back (`DimKeys`) to graph inputs' axes and constants (None: one is not, so any
+        claim may be in them). A claim on an axis not among them is one the original mask never
+        reads, so the lowered mask cannot differ from it there: no guard (docs/semantics.md)."""
+        names = {v.name for v in self.graph.inputs}
+        keys = DimKeys(self.graph)
+        out: set[Key] = set()
+        todo: list[Key | None] = []
+        for v in self.inputs:
+            dims = keys.dims(v)
+            if dims is None:
+                return None
+            todo += [k for k, d in zip(dims, v.shape or ()) if not isinstance(d, int)]
+        while todo:
+            k = todo.pop()
+            if k is None or k[0] not in ("c", "dim", "add", "mul"):
+                return None
+            if k[0] in ("add", "mul"):
+                todo += [k[1], k[2]]
+            elif k[0] == "dim":
+                if k[1] not in names:
+                    return None
+                out.add(k)
+        return out
 
     def add(self, a: Value, b: Value) -> Value:
         """a + b, two 0-D int64 tensors."""

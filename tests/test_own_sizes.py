@@ -103,7 +103,8 @@ def test_t5s_band_reads_the_shape_of_its_relative_positions():
     path = os.path.join(ROOT, "models", "t5_decoder_kv_ts.onnx")
     source = {o for n in onnx.load(path, load_external_data=False).graph.node for o in n.output if n.op_type == "Shape"}
     for target in ("onnx", "dml"):
-        model = dmlgraph.optimize(path, target=target).model
+        # (on onnx the band is declined by default, 2 kernels more than the Less: test_site_kernels.py)
+        model = dmlgraph.optimize(path, target=target, allow_growth=target == "onnx").model
         made = {o: n for n in model.graph.node for o in n.output}
         gen = [n for n in model.graph.node if n.output[0].endswith("SelfAttention/Less_output_0__dm_full")
                or (n.op_type == "DiagonalMatrix1" and n.output[0].endswith("SelfAttention/Less_output_0"))]

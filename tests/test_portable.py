@@ -453,7 +453,7 @@ def test_a_band_with_sizes_from_the_broadcast_is_a_matrix(name):
     Where, not a ones tensor of the whole output (3x the work at 1 thread, measured 1.3x the
     original), and the plumbing that computed the leading sizes dies."""
     path = os.path.join(ROOT, "models", f"{name}.onnx")
-    r = dmlgraph.optimize(path, target="onnx")
+    r = dmlgraph.optimize(path, target="onnx", allow_growth=True)  # (by default declined: test_site_kernels.py)
     inferred = onnx.shape_inference.infer_shapes(r.model)
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in inferred.graph.value_info}
     trilus = [n for n in r.model.graph.node if n.op_type == "Trilu"]

@@ -85,6 +85,11 @@ class DimKeys:
                 return [k for a, k in enumerate(x) if a not in drop]
             rest = iter(x)
             return [("c", 1) if a in drop else next(rest) for a in range(rank)]
+        if op == "Split":  # (every output keeps the input's sizes off the split axis)
+            axis = p.attr("axis", 0)
+            if not -len(x) <= axis < len(x):
+                return None
+            return [None if a == axis % len(x) else k for a, k in enumerate(x)]
         if op == "Transpose":
             perm = p.attr("perm", None) or list(reversed(range(len(x))))
             return [x[a] for a in perm] if sorted(perm) == list(range(len(x))) else None

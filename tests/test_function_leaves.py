@@ -74,7 +74,20 @@ def call_in_if(k: int = -1) -> onnx.ModelProto:
                   _kv_body(k), [_vi("X", X), _vi("past_key", PAST), _vi("cond", [], T.BOOL)])
 
 
-FORMS = {"fuzzer_form": (fuzzer_form, [0]), "shifted": (lambda: fuzzer_form(2), [2]), "two_calls": (two_calls, [1]),
+def call_in_loop(k: int = 0) -> onnx.ModelProto:
+    """The call is in a Loop body (one trip, X carried), p and s computed in the body from past_key
+    and the carried x."""
+    body = h.make_graph(_sizes("past_key", "xc") + [h.make_node("F", ["xc", "p", "s"], ["xo"], domain="local"),
+                                                     h.make_node("Identity", ["c"], ["co"])], "body",
+                        [_vi("it", [], T.INT64), _vi("c", [], T.BOOL), _vi("xc", X)],
+                        [_vi("co", [], T.BOOL), _vi("xo", X)])
+    trips = h.make_node("Constant", [], ["trips"], value=numpy_helper.from_array(np.array(1, np.int64), "trips"))
+    return _model([trips, h.make_node("Loop", ["trips", "", "X"], ["Y"], body=body)], _kv_body(k),
+                  [_vi("X", X), _vi("past_key", PAST)])
+
+
+FORMS = {"call_in_loop": (call_in_loop, [0]),
+         "fuzzer_form": (fuzzer_form, [0]), "shifted": (lambda: fuzzer_form(2), [2]), "two_calls": (two_calls, [1]),
          "call_in_if": (call_in_if, [-1])}
 
 

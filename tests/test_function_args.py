@@ -190,12 +190,14 @@ def test_calls_computing_an_input_differently_define_nothing():
 
 
 def test_a_cone_reading_a_value_not_passed_keeps_its_outer_read():
-    """`p = Gather(Shape(past), 2)` where `past` is not an argument: `p` cannot be defined, and the
-    band built from it is declined `outer_read`."""
+    """`p = Gather(Shape(past), 2)` where `past` is not an argument and no main-graph input (a
+    Neg of one; test_function_leaves.py: an input is passed as a new argument): `p` cannot be
+    defined, and the band built from it is declined `outer_read`."""
     body = [h.make_node("Add", ["p", "s"], ["total"])] + _band("p", "total", "total", 0) + _apply()
     inputs = [h.make_tensor_value_info("X", T.FLOAT, [1, 2, "S", "T"]),
-              h.make_tensor_value_info("past", T.FLOAT, [1, 1, "P", 1])]
-    nodes = [h.make_node("Shape", ["past"], ["psh"]), h.make_node("Gather", ["psh", "i2"], ["p"]),
+              h.make_tensor_value_info("past_in", T.FLOAT, [1, 1, "P", 1])]
+    nodes = [h.make_node("Neg", ["past_in"], ["past"]),
+             h.make_node("Shape", ["past"], ["psh"]), h.make_node("Gather", ["psh", "i2"], ["p"]),
              h.make_node("Shape", ["X"], ["sh"]), h.make_node("Gather", ["sh", "i2"], ["s"]),
              h.make_node("F", ["X", "p", "s"], ["Y"], domain="local", name="call")]
     g = h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info("Y", T.FLOAT, [1, 2, "S", "T"])],

@@ -13,7 +13,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, cast
+from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 
 import numpy as np
 import onnx
@@ -34,7 +34,7 @@ from dmlgraph.io.onnx_io import (
 )
 from dmlgraph.io.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
 from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
-from dmlgraph.rewrite import Match, PassResult, body_reuse
+from dmlgraph.rewrite import Match, PassResult, body_reuse, call_leaves
 
 TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
 FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
@@ -81,8 +81,11 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census
     if not holders and not g.info.functions:
         return flat(g)  # (nearly every model: no bodies, no functions)
     g.reserved |= _subgraph_names(holders)
-    traced = _traced(g, g.info.functions)  # (the calls' arguments as the graph computes them before the rules)
+    visible = frozenset(v.name for v in g.inputs) if g.info.functions else frozenset()
+    traced = _traced(g, g.info.functions, visible)  # (the calls' arguments as the graph computes them before the rules)
     driver = _Driver(flat, explain, flat(g), g)
+    driver.visible = visible
+    driver.calls.total = call_leaves.count_calls(g, g.info.functions)
     driver.calls.cones_of(traced)
     driver.census = census
     driver.calls.kinds = kinds if census else None
@@ -112,6 +115,7 @@ class _Driver:
         self.hints_of: dict[int, dict[str, str]] = {}  # id(graph) -> its census hints, while it is lowered
         self.rows: list[dict] = []  # the bodies' census rows
         self.template_rows: dict[tuple, list[dict]] = {}  # a template's rows, in tokens
+        self.visible: frozenset[str] = frozenset()  # main-graph inputs a call may pass as a leaf
 
     def result(self) -> PassResult:
         return PassResult(bool(self.applied), self.counts, self.declined, self.applied, self.iterations,
@@ -261,7 +265,7 @@ class _Driver:
         g = body.graph
         hints = self.hints_of[id(g)] = self._hints([v.name for v in g.inputs], body.outer)
         finish = self.census(g, hints) if self.census else None
-        self.calls.cones_of(_traced(g, g.info.functions))
+        self.calls.cones_of(_traced(g, g.info.functions, self.visible))
         result = self.flat(g)
         g.remove_dead()
         self._add(path, result, g)
@@ -289,18 +293,21 @@ class _Driver:
         if isinstance(order, str):
             self._decline("", "local_function", [], order)
             return
+        self.visible = frozenset()  # (a call inside a function sees no main-graph input)
         for i in order:
             f = functions[i]
             path = function_path(f)
             types = self.calls.types(f)
             reason = types if isinstance(types, str) else _attribute_reason(f)
             prelude: Prelude = ([], frozenset(), frozenset())
+            added: list[tuple[str, TypeSpec, str]] = []  # new formals for leaves: name, type, the calls' value
             if not reason:
                 opset = (dict(main.info.opset_imports) | {o.domain: o.version for o in f.opset_import}).get("", 0)
-                prelude = _prelude(f, self.calls.definitions(f, opset))
-            g = reason or build_function(main.info, f, cast(list[TypeSpec], types), self.dims, prelude)
+                definitions, leaves = self.calls.definitions(f, opset)
+                prelude, added = _prelude(f, definitions, leaves)
+            g = reason or build_function(main.info, f, cast(list[TypeSpec], types), self.dims, prelude, added)
             if isinstance(g, str) and prelude[0]:  # (what the calls define does not import: typed as before)
-                prelude = ([], frozenset(), frozenset())
+                prelude, added = ([], frozenset(), frozenset()), []
                 g = build_function(main.info, f, cast(list[TypeSpec], types), self.dims)
             if isinstance(g, str):
                 self._decline("", "local_function", [], f"function {path} is not lowered: {g}")
@@ -325,11 +332,28 @@ class _Driver:
                 if not changed and made and all(o.name in made for m in result.applied for n in m.nodes
                                                 for o in n.outputs):
                     new = f  # (only the prelude was rewritten, which write-back drops: the function is as it was)
+                new = self._pass_leaves(main, f, new, added)
                 kept = {o for n in all_nodes(new.node) if n.domain == DOMAIN for o in n.output}
                 for m in result.applied:
                     if m.captures.get(LOWERED) and isinstance(m.dml, DmlNode):
                         m.captures[LOWERED] = m.dml.outputs[0].name in kept
                 functions[i] = new
+
+
+    def _pass_leaves(self, main: Graph, f: onnx.FunctionProto, new: onnx.FunctionProto,
+                     added: list[tuple[str, TypeSpec, str]]) -> onnx.FunctionProto:
+        """`new` with the leaf formals its nodes still read appended to its inputs, and every call
+        passing them (`call_leaves`); an input costs no node, so the growth gate sees none."""
+        if new is f or not added:
+            return new
+        read = {name for n in all_nodes(new.node) for name in n.input} | \
+            {name for n in all_nodes(new.node) for b in graphs_of(n.attribute) for name in free_names(b)}
+        needed = [(name, leaf) for name, _, leaf in added if name in read]
+        if needed:
+            edited = call_leaves.pass_leaves(main, function_key(f), len(f.input), [leaf for _, leaf in needed])
+            assert edited == self.calls.total[function_key(f)]  # (`definitions` counted them)
+            new.input.extend(name for name, _ in needed)
+        return new
 
 
 def _holders(g: Graph) -> list[OnnxNode]:
@@ -957,8 +981,9 @@ class _CallSites:
         self.reasons: dict[FunctionKey, str] = {}
         self.kinds: Kinds | None = None  # (census only) what a call's arguments are in its graph
         self.arg_kinds: dict[FunctionKey, list[list[str | None]]] = {}
-        # per call: the caller's ONNX opset and each argument's `_argument_cones`
-        self.cones: dict[FunctionKey, list[tuple[int, list[Cone | None]]]] = {}
+        # per call: the caller's ONNX opset, each argument's `_argument_cones`, the leaves they read
+        self.cones: dict[FunctionKey, list[tuple[int, list[Cone | None], list[Leaf]]]] = {}
+        self.total: collections.Counter = collections.Counter()  # calls in the model (`call_leaves.count_calls`)
 
     def record(self, g: Graph, hints: dict[str, str] | None = None) -> None:
         if not self.keys:
@@ -979,26 +1004,31 @@ class _CallSites:
         return {name: kind for i, name in enumerate(f.input) if calls
                 and len({c[i] if i < len(c) else None for c in calls}) == 1 and (kind := calls[0][i]) is not None}
 
-    def cones_of(self, traced: list[tuple[FunctionKey, int, list[Cone | None]]]) -> None:
-        for key, opset, cones in traced:
-            self.cones.setdefault(key, []).append((opset, cones))
+    def cones_of(self, traced: list[tuple[FunctionKey, int, list[Cone | None], list[Leaf]]]) -> None:
+        for key, opset, cones, leaves in traced:
+            self.cones.setdefault(key, []).append((opset, cones, leaves))
 
-    def definitions(self, f: onnx.FunctionProto, opset: int) -> list[tuple[int, Cone]]:
+    def definitions(self, f: onnx.FunctionProto, opset: int) -> tuple[list[tuple[int, Cone]], list[Leaf]]:
         """The formal inputs every call computes alike from its other arguments and constants (the
         same cone, under the function's `opset`: its nodes are copied in), each with that cone,
-        every one after those its cone reads."""
+        every one after those its cone reads; and the leaves the cones read (`call_leaves`): the
+        same main-graph inputs at every call, each typed as all calls agree. A cone reading a leaf
+        defines its formal only where every call of the model was traced and passes the same leaves."""
         made = self.cones.get(function_key(f), [])
-        calls = [c for _, c in made]
-        if not calls or any(len(c) != len(f.input) for c in calls) or any(o != opset for o, _ in made):
-            return []
-        agreed = {i: c for i, c in enumerate(calls[0]) if c is not None and all(other[i] == c for other in calls)}
+        calls = [c for _, c, _ in made]
+        if not calls or any(len(c) != len(f.input) for c in calls) or any(o != opset for o, _, _ in made):
+            return [], []
+        leaves = _agreed_leaves([ls for _, _, ls in made], self.dims) \
+            if len(made) == self.total[function_key(f)] else None
+        agreed = {i: c for i, c in enumerate(calls[0]) if c is not None and all(other[i] == c for other in calls)
+                  and (leaves is not None or not _cone_leaves(c))}
         order: list[tuple[int, Cone]] = []
         while agreed:  # (a cone reading a formal that is defined after it, or in a cycle, defines nothing)
             ready = [i for i, c in agreed.items() if not (_cone_reads(c) & agreed.keys())]
             if not ready:
                 break
             order += [(i, agreed.pop(i)) for i in ready]
-        return order
+        return order, leaves or []
 
     def untyped(self, proto: onnx.GraphProto, reason: str) -> None:
         for sub, _ in iter_graphs(proto):
@@ -1047,25 +1077,59 @@ Prelude = tuple[list[onnx.NodeProto], frozenset[str], frozenset[str]]  # nodes, 
 PRELUDE_PREFIX = "dmlgraph_call_"  # the names of a prelude's values (others' skipped)
 
 
+Leaf = tuple[str, TypeSpec]  # a main-graph input a cone reads the Shape of, as a call's graph types it
+
+
+def _agreed_leaves(calls: list[list[Leaf]], dims: FreshDims) -> list[Leaf] | None:
+    """The leaves every call reads (the same names in the same order), each typed as they agree
+    (None: they differ, or their element types do)."""
+    first = calls[0]
+    if any([name for name, _ in c] != [name for name, _ in first] for c in calls):
+        return None
+    merged: list[Leaf] = []
+    for k, (name, _) in enumerate(first):
+        specs = [c[k][1] for c in calls]
+        shapes = [s for _, s in specs]
+        if len({t for t, _ in specs}) != 1:
+            return None
+        if any(s is None for s in shapes) or len({len(s) for s in shapes if s is not None}) != 1:
+            merged.append((name, (specs[0][0], None)))
+            continue
+        merged.append((name, (specs[0][0], tuple(
+            ds[0] if ds[0] is not None and all(d == ds[0] for d in ds) else dims.new()
+            for ds in zip(*cast(list[tuple], shapes))))))
+    return merged
+
+
+def _cone_leaves(c: Cone) -> set[int]:
+    """The leaves a cone reads."""
+    return {r[1] for n in c[1] for r in n[2] if r[0] == "leaf"}
+
+
 class _Undefined(Exception):
     """An argument whose cone reads something else than the call's arguments and constants."""
 
 
-def _traced(g: Graph, functions: list[onnx.FunctionProto]) -> list[tuple[FunctionKey, int, list[Cone | None]]]:
-    """Each call of a local function in `g`: its key, `g`'s ONNX opset, its `_argument_cones`. Taken
-    before the rules run on `g` (the cones are the caller's own nodes, not what it lowered them to)."""
+def _traced(g: Graph, functions: list[onnx.FunctionProto], visible: frozenset[str] = frozenset()
+            ) -> list[tuple[FunctionKey, int, list[Cone | None], list[Leaf]]]:
+    """Each call of a local function in `g`: its key, `g`'s ONNX opset, its `_argument_cones` and
+    their leaves (`visible`: the main-graph inputs a call here may pass). Taken before the rules run
+    on `g` (the cones are the caller's own nodes, not what it lowered them to)."""
     if not functions:
         return []
     keys = {function_key(f) for f in functions}
-    return [(call_key(n), g.info.opset_imports.get("", 0), _argument_cones(g, n)) for n in g.nodes.values()
+    return [(call_key(n), g.info.opset_imports.get("", 0), *_argument_cones(g, n, visible)) for n in g.nodes.values()
             if n.__class__ is OnnxNode and n.domain not in STANDARD and call_key(n) in keys]
 
 
-def _argument_cones(g: Graph, call: OnnxNode) -> list[Cone | None]:
+def _argument_cones(g: Graph, call: OnnxNode, visible: frozenset[str] = frozenset()
+                    ) -> tuple[list[Cone | None], list[Leaf]]:
     """Each argument of `call` as a cone (`Cone`) over the call's other arguments and constants,
     through CONE_OPS (None: it reads a value that is not passed, or is one): a call passing `x` and
     `Gather(Shape(x), 2)` defines the second formal from the first. A value an argument is the
-    Identity of counts as that argument (`Shape(x)` where `Identity(x)` is passed)."""
+    Identity of counts as that argument (`Shape(x)` where `Identity(x)` is passed). The Shape of a
+    `visible` input of `g` that is not passed reads a leaf (`call_leaves`): ("leaf", k), the k-th of
+    the call's leaves (returned, in the order the cones first read them)."""
     args: dict[str, int] = {}
     for j, v in enumerate(call.inputs):
         x = v
@@ -1074,12 +1138,25 @@ def _argument_cones(g: Graph, call: OnnxNode) -> list[Cone | None]:
             p = x.producer
             x = p.inputs[0] if isinstance(p, OnnxNode) and p.op_type == "Identity" and p.domain in STANDARD \
                 and p.inputs else None
-    return [None if v is None else _argument_cone(g, v, i, args) for i, v in enumerate(call.inputs)]
+    leaves: list[Leaf] = []
+    cones = [None if v is None else _argument_cone(g, v, i, args, leaves, visible) for i, v in enumerate(call.inputs)]
+    return cones, leaves
 
 
-def _argument_cone(g: Graph, v: Value, i: int, args: dict[str, int]) -> Cone | None:
+def _argument_cone(g: Graph, v: Value, i: int, args: dict[str, int], leaves: list[Leaf],
+                   visible: frozenset[str]) -> Cone | None:
     nodes: list[tuple] = []
     index: dict[int, int] = {}
+    kept = len(leaves)
+
+    def leaf(x: Value | None) -> tuple | None:
+        if x is None or x.name not in visible or x.name in args or x.producer is not None or not x.elem_type:
+            return None
+        names = [name for name, _ in leaves]
+        if x.name not in names:
+            leaves.append((x.name, (x.elem_type, x.shape)))
+            names.append(x.name)
+        return ("leaf", names.index(x.name))
 
     def ref(x: Value | None, top: bool = False) -> tuple:
         if x is None:
@@ -1104,7 +1181,8 @@ def _argument_cone(g: Graph, v: Value, i: int, args: dict[str, int]) -> Cone | N
             raise _Undefined
         out = next(k for k, o in enumerate(n.outputs) if o is x)
         if n.id not in index:
-            inputs = tuple(ref(y) for y in n.inputs)
+            shape_of = n.op_type == "Shape" and n.inputs and leaf(n.inputs[0])
+            inputs = (shape_of, *(ref(y) for y in n.inputs[1:])) if shape_of else tuple(ref(y) for y in n.inputs)
             attrs = tuple(sorted(a.SerializeToString(deterministic=True) for a in n.attributes))
             nodes.append((n.op_type, attrs, inputs, len(n.outputs)))
             index[n.id] = len(nodes) - 1
@@ -1114,6 +1192,7 @@ def _argument_cone(g: Graph, v: Value, i: int, args: dict[str, int]) -> Cone | N
     try:
         top = ref(v, True)
     except _Undefined:
+        del leaves[kept:]
         return None
     return top, tuple(nodes)
 
@@ -1124,12 +1203,14 @@ def _cone_reads(c: Cone) -> set[int]:
     return {r[1] for r in refs if r[0] == "arg"}
 
 
-def _prelude(f: onnx.FunctionProto, definitions: list[tuple[int, Cone]]) -> Prelude:
+def _prelude(f: onnx.FunctionProto, definitions: list[tuple[int, Cone]], leaves: Sequence[Leaf] = ()
+             ) -> tuple[Prelude, list[tuple[str, TypeSpec, str]]]:
     """The nodes that compute the formal inputs the calls define (`_CallSites.definitions`) from the
-    other formals and constants, each formal under its own name, the rest under fresh ones (a
-    node two cones share made once)."""
+    other formals, constants and `leaves`, each formal under its own name, the rest under fresh ones
+    (a node two cones share made once); and the new formals the leaves read become (fresh name,
+    type, the calls' leaf)."""
     if not definitions:
-        return [], frozenset(), frozenset()
+        return ([], frozenset(), frozenset()), []
     taken = set(f.input) | set(f.output) | {vi.name for vi in f.value_info}
     for n in all_nodes(f.node):
         taken.update(n.input)
@@ -1144,12 +1225,17 @@ def _prelude(f: onnx.FunctionProto, definitions: list[tuple[int, Cone]]) -> Prel
         return name
     nodes: list[onnx.NodeProto] = []
     made: dict[tuple, list[str]] = {}
+    added: dict[int, str] = {}
 
     def name_of(r: tuple, names: list[list[str]]) -> str:
         if r[0] == "none":
             return ""
         if r[0] == "arg":
             return f.input[r[1]]
+        if r[0] == "leaf":
+            if r[1] not in added:
+                added[r[1]] = fresh()
+            return added[r[1]]
         if r[0] == "node":
             return names[r[1]][r[2]]
         if r not in made:
@@ -1172,7 +1258,8 @@ def _prelude(f: onnx.FunctionProto, definitions: list[tuple[int, Cone]]) -> Prel
             nodes.append(_constant_node(top, formal))
         elif top[0] == "arg" or name_of(top, names) != formal:
             nodes.append(onnx.NodeProto(op_type="Identity", input=[name_of(top, names)], output=[formal]))
-    return nodes, frozenset(o for n in nodes for o in n.output), frozenset(f.input[i] for i, _ in definitions)
+    prelude = nodes, frozenset(o for n in nodes for o in n.output), frozenset(f.input[i] for i, _ in definitions)
+    return prelude, [(name, leaves[k][1], leaves[k][0]) for k, name in sorted(added.items())]
 
 
 def _constant_node(r: tuple, name: str) -> onnx.NodeProto:
@@ -1245,9 +1332,11 @@ def _attribute_reason(f: onnx.FunctionProto) -> str | None:
 
 
 def build_function(info: ModelInfo, f: onnx.FunctionProto, types: list[TypeSpec], dims: FreshDims,
-                   prelude: Prelude = ([], frozenset(), frozenset())) -> Graph | str:
+                   prelude: Prelude = ([], frozenset(), frozenset()),
+                   added: Sequence[tuple[str, TypeSpec, str]] = ()) -> Graph | str:
     """A function body as a Graph whose inputs have `types`; the formal inputs its calls define
-    (`prelude`, `_prelude`) are computed from the others instead of being inputs."""
+    (`prelude`, `_prelude`) are computed from the others (and the leaf formals `added`, inputs after
+    them) instead of being inputs."""
     nodes, _, defined = prelude
     proto = onnx.GraphProto(name=f.name)
     proto.node.extend(nodes)
@@ -1255,7 +1344,8 @@ def build_function(info: ModelInfo, f: onnx.FunctionProto, types: list[TypeSpec]
     proto.output.extend(onnx.ValueInfoProto(name=o) for o in f.output)
     proto.value_info.extend(f.value_info)
     opsets = dict(info.opset_imports) | {o.domain: o.version for o in f.opset_import}
-    g = _import(info, proto, [_value_info(name, t) for name, t in zip(f.input, types) if name not in defined], opsets)
+    inputs = [_value_info(name, t) for name, t in zip(f.input, types) if name not in defined]
+    g = _import(info, proto, inputs + [_value_info(name, t) for name, t, _ in added], opsets)
     if not isinstance(g, str):
         g.reserved = _subgraph_names(_holders(g))
     return g

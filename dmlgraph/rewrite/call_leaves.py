@@ -1,0 +1,103 @@
+"""New formal inputs for what a local function's calls read but do not pass (issue 26).
+
+A function given `p = Gather(Shape(past_key), 2)` from its caller, where `past_key` is no argument,
+sees `p` as an input of unknown content. Where every call computes `p` alike from the same main-graph
+inputs (`nested._CallSites.definitions`: the *leaves* of its cone, read only through `Shape`), the
+function takes those inputs as new formals appended after its own, `p` is defined from them, and each
+call passes them. This module finds the calls and edits them; nested.py decides when (only where a
+site then lowers). A leaf is a main-graph input: every call of the main graph or of its If/Loop/Scan
+bodies (any depth) sees it by name, and no rule removes it. Calls inside functions see no main-graph
+value, so a function called from one gets no leaf.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Iterable
+
+import onnx
+
+from dmlgraph.io.onnx_io import graphs_of
+from dmlgraph.ir.graph import Graph, OnnxNode
+
+FunctionKey = tuple[str, str, str]  # domain, name, overload
+STANDARD = ("", "ai.onnx")
+
+
+def _proto_key(n: onnx.NodeProto) -> FunctionKey:
+    return n.domain, n.op_type, n.overload
+
+
+def _node_key(n: OnnxNode) -> FunctionKey:
+    return n.domain, n.op_type, n.source.overload if n.source is not None else ""
+
+
+def _body_calls(nodes: Iterable[onnx.NodeProto], keys: set[FunctionKey]) -> Iterable[FunctionKey]:
+    """The key of each call in `nodes` and their bodies."""
+    for n in nodes:
+        if n.domain not in STANDARD and _proto_key(n) in keys:
+            yield _proto_key(n)
+        for body in graphs_of(n.attribute):
+            yield from _body_calls(body.node, keys)
+
+
+def count_calls(g: Graph, functions: list[onnx.FunctionProto]) -> collections.Counter:
+    """How many calls each local function has in the whole model (main graph, bodies, functions):
+    a leaf is given only where every call was traced."""
+    keys = {(f.domain, f.name, f.overload) for f in functions}
+    counts: collections.Counter = collections.Counter()
+    for n in g.nodes.values():
+        if n.__class__ is not OnnxNode:
+            continue
+        assert isinstance(n, OnnxNode)
+        if n.domain not in STANDARD and _node_key(n) in keys:
+            counts[_node_key(n)] += 1
+        for body in graphs_of(n.attributes):
+            counts.update(_body_calls(body.node, keys))
+    for f in functions:
+        counts.update(_body_calls(f.node, keys))
+    return counts
+
+
+def pass_leaves(g: Graph, key: FunctionKey, n_formals: int, leaves: list[str]) -> int:
+    """Append `leaves` (main-graph inputs of `g`) as arguments to every call of `key` in `g` and
+    its bodies, after its `n_formals` arguments (absent trailing ones written as ''). Returns the
+    number of calls edited."""
+    edited = 0
+    values = [g.values[name] for name in leaves]
+    for n in list(g.nodes.values()):
+        if n.__class__ is not OnnxNode:
+            continue
+        assert isinstance(n, OnnxNode)
+        if n.domain not in STANDARD and _node_key(n) == key:
+            n.inputs += [None] * (n_formals - len(n.inputs))
+            for v in values:
+                v.uses[n, len(n.inputs)] = None
+                n.inputs.append(v)
+            n.rewired = True
+            g.changes.append(n)
+            edited += 1
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attributes):
+            attributes = [_copy(a) for a in n.attributes]
+            count = sum(_edit(body, key, n_formals, leaves) for a in attributes for body in graphs_of([a]))
+            if count:
+                g.set_bodies(n, attributes)
+                edited += count
+    return edited
+
+
+def _copy(a: onnx.AttributeProto) -> onnx.AttributeProto:
+    new = onnx.AttributeProto()
+    new.CopyFrom(a)
+    return new
+
+
+def _edit(body: onnx.GraphProto, key: FunctionKey, n_formals: int, leaves: list[str]) -> int:
+    edited = 0
+    for n in body.node:
+        if n.domain not in STANDARD and _proto_key(n) == key:
+            n.input.extend([""] * (n_formals - len(n.input)))
+            n.input.extend(leaves)
+            edited += 1
+        for sub in graphs_of(n.attribute):
+            edited += _edit(sub, key, n_formals, leaves)
+    return edited

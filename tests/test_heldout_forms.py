@@ -15,7 +15,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import dmlgraph
-from dmlgraph import pipeline
+from dmlgraph import costs
 
 
 def _kv_causal() -> onnx.ModelProto:
@@ -63,7 +63,7 @@ def test_a_shared_kv_cone_is_declined_for_growth_with_the_numbers(target: str) -
     written model is no bigger (on dml the causal part lowers, reading the model's own `past`)."""
     model = _kv_causal()
     result = dmlgraph.optimize(model, target=target)
-    assert pipeline.growth(model, result.model) is None
+    assert costs.growth(model, result.model) is None
     assert any(d.reason.startswith("would add ") and f"on target {target}" in d.reason for d in result.declined)
     assert (sum(result.counts.values()) > 0) == (target == "dml")
 

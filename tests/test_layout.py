@@ -15,7 +15,7 @@ LAYERS = [
     ("dmlgraph.rewrite",),
     ("dmlgraph.runtime",),
     ("dmlgraph.passes",),
-    ("dmlgraph.pipeline", "dmlgraph.mask_census"),
+    ("dmlgraph.costs", "dmlgraph.pipeline", "dmlgraph.mask_census"),
     ("dmlgraph.inspection",),
     ("dmlgraph.api",),
     ("dmlgraph.tools", "dmlgraph.integrations"),

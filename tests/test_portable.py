@@ -21,7 +21,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 import dmlgraph
-from dmlgraph import pipeline
+from dmlgraph import costs, pipeline
 from dmlgraph.io import onnx_io, portable
 from dmlgraph.ir.graph import DmlNode
 
@@ -282,12 +282,12 @@ def test_corpus_model_never_grows(path):
     for target in ("dml", "onnx"):
         result = dmlgraph.optimize(path, target=target)
         out = result.model
-        assert pipeline.growth(source, out) is None, f"--target {target}: {pipeline.growth(source, out)}"
+        assert costs.growth(source, out) is None, f"--target {target}: {costs.growth(source, out)}"
         kept = {t.name for t in out.graph.initializer}
         removed = [t for t in source.graph.initializer if t.name not in kept and len(t.dims) >= 2]  # stored masks
         # (On dml a stored mask becomes one DML node; on onnx nodes never grow: nanogpt_dynamo.)
-        assert pipeline.all_nodes(out) <= pipeline.all_nodes(source) + (len(removed) if target == "dml" else 0)
-        assert out.ByteSize() <= source.ByteSize() + pipeline.GROWTH_ALLOWANCE
+        assert costs.all_nodes(out) <= costs.all_nodes(source) + (len(removed) if target == "dml" else 0)
+        assert out.ByteSize() <= source.ByteSize() + costs.GROWTH_ALLOWANCE
         props = {p.key: p.value for p in out.metadata_props}
         if sum(result.counts.values()):
             assert props["dmlgraph.version"] == dmlgraph.__version__ and props["dmlgraph.target"] == target

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 import dmlgraph
-from dmlgraph import pipeline
+from dmlgraph import costs, pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "models", "synthetic", "causal_attention.onnx")
@@ -31,7 +31,7 @@ def test_the_demo_is_lowered_whole_without_growth(target):
     and the size plumbing is the model's own Shape -> Gather -> Concat."""
     r = dmlgraph.optimize(DEMO, target=target)
     assert len(r.rewrites) == 3 and not r.declined
-    assert r.after["nodes"] <= r.before["nodes"] and pipeline.growth(onnx.load(DEMO), r.model) is None
+    assert r.after["nodes"] <= r.before["nodes"] and costs.growth(onnx.load(DEMO), r.model) is None
     nodes = {n.output[0]: n for n in r.model.graph.node}
     assert {"seq_len", "mask_shape"} <= set(nodes)  # (the model's own, kept and read)
     if target == "onnx":
@@ -61,7 +61,7 @@ def test_inspect_names_the_sites_optimize_declines_for_growth():
     for target in ("onnx", "dml"):
         t = dmlgraph.inspect(path, target=target).totals
         assert [d["rule"] for d in t["declined_for_growth"]] == ["stored_mask", "stored_mask"]
-        assert all(d["reason"].startswith(pipeline.GROWTH_DECLINE) and f"on target {target}" in d["reason"]
+        assert all(d["reason"].startswith(costs.GROWTH_DECLINE) and f"on target {target}" in d["reason"]
                    and "stored matrix" in d["reason"] for d in t["declined_for_growth"])
         assert not t["optimize_writes_lowered"] and t["grows"]
 
@@ -81,9 +81,9 @@ PARTLY = [("nanogpt_dynamo", "dml", False),
 def test_a_growing_site_is_declined_and_the_others_kept(name, target, declines):
     path = os.path.join(ROOT, "models", f"{name}.onnx")
     r = dmlgraph.optimize(path, target=target)
-    growing = [d for d in r.declined if d.reason.startswith(pipeline.GROWTH_DECLINE)]
+    growing = [d for d in r.declined if d.reason.startswith(costs.GROWTH_DECLINE)]
     assert r.rewrites and bool(growing) == declines and all(f"on target {target}" in d.reason for d in growing)
-    assert pipeline.growth(onnx.load(path, load_external_data=False), r.model) is None
+    assert costs.growth(onnx.load(path, load_external_data=False), r.model) is None
     feeds = sorted(glob.glob(os.path.join(ROOT, "models", "inputs", name, "*.npz")))
     for f in feeds:
         if target == "onnx":
@@ -101,9 +101,9 @@ def test_a_stored_mask_is_no_node_on_target_onnx():
     path = os.path.join(ROOT, "models", "nanogpt_dynamo.onnx")
     source = onnx.load(path, load_external_data=False)
     r = dmlgraph.optimize(path, target="onnx")
-    assert not r.rewrites and [d.rule for d in r.declined if d.reason.startswith(pipeline.GROWTH_DECLINE)]
+    assert not r.rewrites and [d.rule for d in r.declined if d.reason.startswith(costs.GROWTH_DECLINE)]
     assert all("on target onnx" in d.reason and "stored matrix" in d.reason for d in r.declined)
-    assert pipeline.all_nodes(r.model) <= pipeline.all_nodes(source)
+    assert costs.all_nodes(r.model) <= costs.all_nodes(source)
     assert dmlgraph.optimize(path, target="dml").rewrites
 
 
@@ -144,8 +144,8 @@ def test_site_costs_match_values_by_their_computation_not_their_names():
         return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
     site = SimpleNamespace(replacement=SimpleNamespace(replaces=[(SimpleNamespace(name="y"), None)]))  # (a Match)
-    costs = pipeline.site_costs(model(("s", "i", "d"), "Add"), model(("s2", "j", "e"), "Mul"), [site])  # type: ignore[list-item]
-    assert costs[0] is not None and costs[0][0] == 0 and costs[0][2] == "writes Mul for Add"
+    got = costs.site_costs(model(("s", "i", "d"), "Add"), model(("s2", "j", "e"), "Mul"), [site])  # type: ignore[list-item]
+    assert got[0] is not None and got[0][0] == 0 and got[0][2] == "writes Mul for Add"
 
 
 def test_the_clean_up_keeps_a_loops_empty_cond():

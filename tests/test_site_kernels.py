@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 import dmlgraph
-from dmlgraph import pipeline
+from dmlgraph import costs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLICED = ["split_concat_tril_dynamo", "split_concat_tril_ts", "stored_tril_past_ts"]
@@ -36,10 +36,10 @@ def test_a_site_costing_kernels_is_declined_on_onnx_only(name):
     every = dmlgraph.optimize(path, target="onnx", allow_growth=True)
     assert _kernels(every.model) > _kernels(path)  # (what writing the site costs)
     assert _kernels(kept.model) <= _kernels(path)
-    assert any(d.reason.startswith(pipeline.KERNEL_DECLINE) and "onnxruntime kernel" in d.reason
+    assert any(d.reason.startswith(costs.KERNEL_DECLINE) and "onnxruntime kernel" in d.reason
                for d in kept.declined)
     dml = dmlgraph.optimize(path, target="dml")
-    assert not any(d.reason.startswith(pipeline.KERNEL_DECLINE) and "onnxruntime" in d.reason for d in dml.declined)
+    assert not any(d.reason.startswith(costs.KERNEL_DECLINE) and "onnxruntime" in d.reason for d in dml.declined)
 
 
 def test_run_time_nodes_leave_out_what_onnxruntime_folds_removes_or_fuses():
@@ -52,4 +52,4 @@ def test_run_time_nodes_leave_out_what_onnxruntime_folds_removes_or_fuses():
                      [h.make_tensor_value_info(v, T.FLOAT, [2]) for v in "xy"],
                      [h.make_tensor_value_info("z", T.FLOAT, [2]), h.make_tensor_value_info("s", T.INT64, [1])],
                      [onnx.numpy_helper.from_array(np.zeros(2, np.float32), "c")])
-    assert pipeline._run_time(g) == {"lt", "w"}
+    assert costs.run_time_nodes(g) == {"lt", "w"}

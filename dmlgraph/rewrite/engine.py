@@ -24,7 +24,7 @@ class Options:
     feature_level: FeatureLevel = FeatureLevel.L5_1
     exact_only: bool = False
     min_mask_bytes: int | None = None  # None: any mask bigger than the node replacing it
-    allow_growth: bool = False  # write a lowering even where it makes the model bigger (see pipeline.growth)
+    allow_growth: bool = False  # write a lowering even where it makes the model bigger (see costs.growth)
     # Sites declined by what their lowering would cost (pipeline.lower's growth decisions): the
     # names of the nodes and constants a match covers (`site_key`) -> the reason it is declined with.
     declined_sites: dict[tuple[str, ...], str] = field(default_factory=dict)

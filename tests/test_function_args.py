@@ -161,14 +161,23 @@ def test_sizes_the_caller_passes_lower_inside_the_function(form, target):
     assert len(dml) == (1 if target == "dml" else 0)
     if target == "dml":
         assert len(f.node) < len(before.node)  # (the kept prelude nodes included)
+    pasts = [0, 1, 3] if "past" in [vi.name for vi in original.graph.input] else [0]
+    assert_same_outputs(original, model, target, constants, pasts, lambda s, p, rng: _feeds(original, s, p, rng),
+                        form)
+
+
+def assert_same_outputs(original: onnx.ModelProto, model: onnx.ModelProto, target: str, constants: list[int],
+                        pasts: list[int], feeds_of, label: str) -> None:
+    """`model` (run by onnxruntime on onnx, dmlgraph's executor on dml) gives `original`'s outputs
+    bit for bit at S around every constant and each past length; `feeds_of(s, p, rng)` makes the feeds."""
     rng = np.random.default_rng(0)
     for s in sorted({1, 2, 3} | {abs(c) + e for c in constants for e in (-1, 0, 1, 2) if abs(c) + e > 0}):
-        for p in ([0, 1, 3] if "past" in [vi.name for vi in original.graph.input] else [0]):
-            feeds = _feeds(original, s, p, rng)
+        for p in pasts:
+            feeds = feeds_of(s, p, rng)
             want = _ort(original, feeds)
             got = _ort(model, feeds) if target == "onnx" else \
                 [pipeline.run_graph(import_model(model), feeds)[o.name] for o in model.graph.output]
-            assert all(w.tobytes() == g.tobytes() for w, g in zip(want, got)), (form, s, p)
+            assert all(w.tobytes() == g.tobytes() for w, g in zip(want, got)), (label, s, p)
 
 
 def test_calls_computing_an_input_differently_define_nothing():

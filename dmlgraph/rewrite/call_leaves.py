@@ -23,19 +23,19 @@ FunctionKey = tuple[str, str, str]  # domain, name, overload
 STANDARD = ("", "ai.onnx")
 
 
-def _proto_key(n: onnx.NodeProto) -> FunctionKey:
+def proto_call_key(n: onnx.NodeProto) -> FunctionKey:
     return n.domain, n.op_type, n.overload
 
 
-def _node_key(n: OnnxNode) -> FunctionKey:
+def call_key(n: OnnxNode) -> FunctionKey:
     return n.domain, n.op_type, n.source.overload if n.source is not None else ""
 
 
 def _body_calls(nodes: Iterable[onnx.NodeProto], keys: set[FunctionKey]) -> Iterable[FunctionKey]:
     """The key of each call in `nodes` and their bodies."""
     for n in nodes:
-        if n.domain not in STANDARD and _proto_key(n) in keys:
-            yield _proto_key(n)
+        if n.domain not in STANDARD and proto_call_key(n) in keys:
+            yield proto_call_key(n)
         for body in graphs_of(n.attribute):
             yield from _body_calls(body.node, keys)
 
@@ -49,8 +49,8 @@ def count_calls(g: Graph, functions: list[onnx.FunctionProto]) -> collections.Co
         if n.__class__ is not OnnxNode:
             continue
         assert isinstance(n, OnnxNode)
-        if n.domain not in STANDARD and _node_key(n) in keys:
-            counts[_node_key(n)] += 1
+        if n.domain not in STANDARD and call_key(n) in keys:
+            counts[call_key(n)] += 1
         for body in graphs_of(n.attributes):
             counts.update(_body_calls(body.node, keys))
     for f in functions:
@@ -68,7 +68,7 @@ def pass_leaves(g: Graph, key: FunctionKey, n_formals: int, leaves: list[str]) -
         if n.__class__ is not OnnxNode:
             continue
         assert isinstance(n, OnnxNode)
-        if n.domain not in STANDARD and _node_key(n) == key:
+        if n.domain not in STANDARD and call_key(n) == key:
             n.inputs += [None] * (n_formals - len(n.inputs))
             for v in values:
                 v.uses[n, len(n.inputs)] = None
@@ -94,7 +94,7 @@ def _copy(a: onnx.AttributeProto) -> onnx.AttributeProto:
 def _edit(body: onnx.GraphProto, key: FunctionKey, n_formals: int, leaves: list[str]) -> int:
     edited = 0
     for n in body.node:
-        if n.domain not in STANDARD and _proto_key(n) == key:
+        if n.domain not in STANDARD and proto_call_key(n) == key:
             n.input.extend([""] * (n_formals - len(n.input)))
             n.input.extend(leaves)
             edited += 1

@@ -35,6 +35,7 @@ from dmlgraph.io.onnx_io import (
 from dmlgraph.io.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
 from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
 from dmlgraph.rewrite import Match, PassResult, body_reuse, call_leaves
+from dmlgraph.rewrite.call_leaves import STANDARD, FunctionKey, call_key, proto_call_key
 
 TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
 FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
@@ -45,7 +46,6 @@ Explain = Callable[[Graph, dict[str, str]], list[Match]]  # declines for masks r
 Census = Callable[[Graph, dict[str, str]], Callable[[Graph, PassResult], list[dict]]]
 Kinds = Callable[[Graph, dict[str, str]], dict[str, str]]  # (a graph, its own inputs' hints)
 
-STANDARD = ("", "ai.onnx")
 FRESH_PREFIX = body_reuse.FRESH  # `FreshDims`
 SCOPE, LOWERED = "scope", "lowered"  # the captures this module adds to the matches it reports
 
@@ -960,15 +960,8 @@ def execution_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphPr
 
 
 # ---- model-local functions -----------------------------------------------------------------------
-FunctionKey = tuple[str, str, str]  # domain, name, overload
-
-
 def function_key(f: onnx.FunctionProto) -> FunctionKey:
     return f.domain, f.name, f.overload
-
-
-def call_key(n: OnnxNode) -> FunctionKey:
-    return n.domain, n.op_type, n.source.overload if n.source is not None else ""
 
 
 class _CallSites:
@@ -1036,7 +1029,7 @@ class _CallSites:
 
     def untyped_nodes(self, nodes: Iterable[onnx.NodeProto], reason: str) -> None:
         for n in nodes:
-            key = (n.domain, n.op_type, n.overload)
+            key = proto_call_key(n)
             if key in self.keys:
                 self.reasons.setdefault(key, reason)
             for body in graphs_of(n.attribute):
@@ -1307,7 +1300,7 @@ def _call_order(functions: list[onnx.FunctionProto]) -> list[int] | str:
     calls.add_nodes_from(range(len(functions)))
     for i, f in enumerate(functions):
         for n in all_nodes(f.node):
-            j = index.get((n.domain, n.op_type, n.overload))
+            j = index.get(proto_call_key(n))
             if j is not None:
                 calls.add_edge(i, j)
     try:

@@ -14,7 +14,8 @@ import onnx
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.io.onnx_io import dml_function_keys, graphs_of, has_dml
 from dmlgraph.ir.graph import CONTROL_FLOW, Graph, OnnxNode, Value
-from dmlgraph.rewrite.nested import STANDARD, all_nodes, call_key, execution_body, execution_function
+from dmlgraph.rewrite.call_leaves import STANDARD, call_key
+from dmlgraph.rewrite.nested import all_nodes, execution_body, execution_function
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 Read = Callable[[str], np.ndarray]  # an enclosing value by name

@@ -10,17 +10,12 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, produced_by
 from dmlgraph.passes.apply import _outside, complement
 from dmlgraph.passes.broadcast import keeps_matrix
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Context, Match, Replacement, Rule
 from dmlgraph.runtime.onnx_runner import numpy_dtype
-
-
-def _producer(v: Value | None, op_type: str) -> OnnxNode | None:
-    n = v.producer if v is not None else None
-    return n if isinstance(n, OnnxNode) and n.op_type == op_type and n.domain in ("", "ai.onnx") else None
 
 
 def _is_axis0(graph: Graph, v: Value | None) -> bool:
@@ -30,15 +25,15 @@ def _is_axis0(graph: Graph, v: Value | None) -> bool:
 
 def _unsqueezed0(graph: Graph, v: Value | None) -> Value | None:
     """x when v = Unsqueeze(x, [0])."""
-    n = _producer(v, "Unsqueeze")
+    n = produced_by(v, "Unsqueeze")
     return n.input(0) if n is not None and _is_axis0(graph, n.input(1)) else None
 
 
 def _index_band(graph: Graph, index: Value | None) -> tuple[DmlNode, tuple[Dim, ...] | None] | None:
     """(the band generator, the band's shape without the stacking axis) that the index is made of."""
-    cast = _producer(_unsqueezed0(graph, index), "Cast")
+    cast = produced_by(_unsqueezed0(graph, index), "Cast")
     if cast is not None and cast.attr("to") == TensorProto.INT64:
-        expand = _producer(cast.input(0), "Expand")
+        expand = produced_by(cast.input(0), "Expand")
         band = expand.input(0) if expand is not None else None
         shape = band.shape if band is not None else None
     else:  # the whole shape-only chain already lowered: one int64 generator [1, ..., H, W]
@@ -54,14 +49,14 @@ def _match(ctx: Context, node: Node) -> Match | None:
     graph, options = ctx.graph, ctx.options
     if not isinstance(node, OnnxNode) or len(node.inputs) != 2 or not _is_axis0(graph, node.input(1)):
         return None
-    gather = _producer(node.input(0), "GatherElements")
+    gather = produced_by(node.input(0), "GatherElements")
     if gather is None or int(gather.attr("axis", 0)) != 0:
         return None
-    concat = _producer(gather.input(0), "Concat")
+    concat = produced_by(gather.input(0), "Concat")
     if concat is None or len(concat.inputs) != 2 or int(concat.attr("axis", 0)) != 0:
         return None
     other, picked = (_unsqueezed0(graph, v) for v in concat.inputs)
-    expand_value = _producer(picked, "Expand")
+    expand_value = produced_by(picked, "Expand")
     c = const_value(graph, expand_value.input(0)) if expand_value is not None else None
     found = _index_band(graph, gather.input(1))
     if other is None or c is None or c.size != 1 or found is None:
@@ -71,7 +66,7 @@ def _match(ctx: Context, node: Node) -> Match | None:
     if isinstance(outside, Value) or bool(np.asarray(band.value)) == bool(outside):
         return None  # the index must be a two-valued generator (0 and 1)
     out = node.outputs[0]
-    expand_x = _producer(other, "Expand")  # other = Expand(X, sizes): X, when it already has the output's matrix
+    expand_x = produced_by(other, "Expand")  # other = Expand(X, sizes): X, when it already has the output's matrix
     x_in = expand_x.input(0) if expand_x is not None else None
     x = x_in if x_in is not None and keeps_matrix(x_in.shape, band_shape) else other
     m = Match("mask_gather", [node])

@@ -14,8 +14,7 @@ from typing import Callable, Sequence, TypeGuard, cast
 import numpy as np
 from onnx import TensorProto, helper
 
-from dmlgraph.io.dim_keys import DimKeys
-from dmlgraph.io.portable import Key
+from dmlgraph.io.dim_keys import DimKeys, Key
 from dmlgraph.ir.dtypes import bitwise_equal
 from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value

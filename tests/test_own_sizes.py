@@ -16,8 +16,7 @@ from onnx import numpy_helper
 
 import dmlgraph
 from dmlgraph.io import onnx_io
-from dmlgraph.io.dim_keys import DimKeys
-from dmlgraph.io.portable import entry_keys
+from dmlgraph.io.dim_keys import DimKeys, entry_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KV_DECODERS = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(ROOT, "models", "*_kv_*.onnx")))

@@ -1,17 +1,166 @@
-"""A tensor's sizes as structural keys, traced back through the ops that carry sizes (no dim names).
+"""Sizes as structural keys, traced back through the ops that carry sizes (no dim names).
 
-`portable.entry_keys` says what a sizes *vector's* entries are; this says what a *tensor's* sizes are,
-so that `Shape(Sub(Unsqueeze(Range(n)), ...))` and `Concat(Gather(Shape(x), 1), ...)` are seen to hold
+`entry_keys` says what a sizes *vector's* entries are; `DimKeys` what a *tensor's* sizes are, so
+that `Shape(Sub(Unsqueeze(Range(n)), ...))` and `Concat(Gather(Shape(x), 1), ...)` are seen to hold
 the same sizes when both come from the same reads: a generator can then take the model's own sizes
 vector instead of building one (`SizeBuilder.vector`). Every key is a true statement about the
 run-time size (an op either determines it or the run fails), so equal keys are equal sizes.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from dmlgraph.io.portable import Key, _arith, _const_array, _key_int, _size, entry_keys
-from dmlgraph.ir.graph import Graph, OnnxNode, Value
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from dmlgraph.ir.graph import Graph, OnnxNode, Value, produced_by
+
+
+# ---- what a sizes vector's entries provably are -----------------------------------------------------
+def small_constant(g: Graph | None, v: Value | None) -> np.ndarray | None:
+    """A small constant's value (an initializer the model cannot override, or a Constant node)."""
+    if g is None or v is None:
+        return None
+    if v.name in g.initializers and v.name not in g.overridable_inputs:
+        if v.array is not None:
+            return np.asarray(v.array)
+        t = v.initializer
+        if t is not None and not t.external_data and np.prod(t.dims) <= 16:
+            return numpy_helper.to_array(t)
+        return None
+    p = v.producer
+    if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
+        for a in p.attributes:
+            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR and np.prod(a.t.dims) <= 16:
+                return numpy_helper.to_array(a.t)
+    return None
+
+
+Key = tuple  # ("c", n): the constant n (or an inferred static size); ("dim", value name, axis): that
+#               value's size there; ("add" / "mul", k1, k2)
+_VIEW_OPS = ("Unsqueeze", "Squeeze", "Identity")
+
+
+def entry_keys(g: Graph | None, v: Value | None, depth: int = 0,
+               dims: Callable[[Value], list[Key] | None] | None = None) -> list[Key | None] | None:
+    """The entries of a 1-D (or scalar) int64 sizes value as structural keys: equal keys are equal
+    sizes at run time, because they read the same value's size on the same axis (or are the same
+    constant, or sums of such). Dim names are never compared (two graph inputs may declare one
+    name for sizes nobody checks). None: not even the length is known; an entry None: not known.
+    `dims`: a value's sizes as keys traced further back (`dim_keys.DimKeys`), for a Shape's."""
+    if g is None or v is None or depth > 24:
+        return None
+    arr = small_constant(g, v)
+    if arr is not None:
+        return [("c", int(d)) for d in arr.reshape(-1)] if arr.dtype.kind in "iu" and arr.ndim <= 1 else None
+    p = v.producer
+    if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
+        return None
+    ins = p.inputs
+
+    def sub(i: int) -> list[Key | None] | None:
+        return entry_keys(g, ins[i] if i < len(ins) else None, depth + 1, dims)
+
+    op = p.op_type
+    if op == "Shape":
+        src = ins[0]
+        if src is None or src.shape is None:
+            return None
+        axes = list(range(len(src.shape)))[slice(p.attr("start", 0), p.attr("end", None))]
+        traced = None if dims is None else dims(src)
+        if traced is not None:
+            return [traced[a] for a in axes]
+        return [("c", src.shape[a]) if isinstance(src.shape[a], int) else ("dim", src.name, a) for a in axes]
+    if op in _VIEW_OPS or (op == "Reshape" and v.shape is not None and len(v.shape) <= 1) \
+            or (op == "Cast" and p.attr("to", 0) in (TensorProto.INT64, TensorProto.INT32)):
+        return sub(0)
+    if op == "Concat":
+        parts = [entry_keys(g, x, depth + 1, dims) for x in ins]
+        return None if any(q is None for q in parts) else [k for q in parts for k in q]  # type: ignore[union-attr]
+    if op == "Gather" and p.attr("axis", 0) == 0:
+        keys, idx = sub(0), small_constant(g, ins[1] if len(ins) > 1 else None)
+        if keys is None or idx is None or idx.ndim > 1 or not all(-len(keys) <= int(i) < len(keys) for i in idx.reshape(-1)):
+            return None
+        return [keys[int(i)] for i in idx.reshape(-1)]
+    if op == "Slice" and len(ins) in (3, 4, 5):
+        keys = sub(0)
+        bounds = [small_constant(g, x) for x in ins[1:]]
+        if keys is None or any(b is None or b.size != 1 for b in bounds) \
+                or (len(bounds) > 2 and int(bounds[2].reshape(-1)[0]) not in (0, -1)):  # type: ignore[union-attr]
+            return None
+        start, stop = (int(b.reshape(-1)[0]) for b in bounds[:2])  # type: ignore[union-attr]
+        step = int(bounds[3].reshape(-1)[0]) if len(bounds) > 3 else 1  # type: ignore[union-attr]
+        return None if step == 0 else keys[slice(start, stop, step)]
+    if op == "ConstantOfShape":
+        count, t = sub(0), p.attr("value")
+        fill = None if t is None else numpy_helper.to_array(t).reshape(-1)
+        length = key_int(count[0]) if count is not None and len(count) == 1 else None
+        if length is None or fill is None or fill.size != 1 or fill.dtype.kind not in "iu":
+            return None
+        return [("c", int(fill[0]))] * length
+    if op in ("Add", "Mul"):
+        a, b = sub(0), sub(1)
+        if a is None or b is None or not (len(a) == len(b) or 1 in (len(a), len(b))):
+            return None
+        n = max(len(a), len(b))
+        return [key_arith(op, x, y) for x, y in zip(a * n if len(a) == 1 else a, b * n if len(b) == 1 else b)]
+    if op == "Where":
+        return _where_keys(g, p, depth, dims)
+    return None
+
+
+def key_int(k: Key | None) -> int | None:
+    return k[1] if k is not None and k[0] == "c" else None
+
+
+def key_arith(op: str, x: Key | None, y: Key | None) -> Key | None:
+    if x is None or y is None:
+        return None
+    a, b = key_int(x), key_int(y)
+    if a is not None and b is not None:
+        return ("c", a + b if op == "Add" else a * b)
+    if op == "Add" and a == 0:
+        return y
+    if op == "Add" and b == 0 or op == "Mul" and b == 1:
+        return x
+    if op == "Mul" and a == 1:
+        return y
+    return (op.lower(), *sorted((x, y), key=repr))
+
+
+def nonnegative(k: Key | None) -> bool:
+    """The key is provably >= 0: a size, a constant >= 0, or a sum or product of such."""
+    if k is None:
+        return False
+    if k[0] == "c":
+        return bool(k[1] >= 0)
+    return k[0] == "dim" or (k[0] in ("add", "mul") and nonnegative(k[1]) and nonnegative(k[2]))
+
+
+def _where_keys(g: Graph, p: OnnxNode, depth: int,
+                dims: Callable[[Value], list[Key] | None] | None) -> list[Key | None] | None:
+    """`Where(Equal(x, c), a, b)` entry by entry where the condition is known: c and x constants,
+    or x a size (>= 0) and c negative (TorchScript's "-1 keeps the size" of `expand`)."""
+    eq = produced_by(p.inputs[0], "Equal")
+    if eq is None:
+        return None
+    x, c, a, b = (entry_keys(g, v, depth + 1, dims) for v in (eq.inputs[0], eq.inputs[1], p.inputs[1], p.inputs[2]))
+    if x is None or c is None or a is None or b is None or not len(x) == len(a) == len(b) or len(c) not in (1, len(x)):
+        return None
+    out: list[Key | None] = []
+    for xi, ci, ai, bi in zip(x, c * len(x) if len(c) == 1 else c, a, b):
+        xv, cv = key_int(xi), key_int(ci)
+        if xv is not None and cv is not None:
+            out.append(ai if xv == cv else bi)
+        elif nonnegative(xi) and cv is not None and cv < 0:
+            out.append(bi)  # (a size is never negative)
+        elif ai is not None and ai == bi:
+            out.append(ai)
+        else:
+            out.append(None)
+    return out
+
 
 _SAME = {"Identity", "Cast", "CastLike", "Neg", "Abs", "Not", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",
          "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Erf", "IsNaN", "IsInf", "Softmax", "LogSoftmax", "Trilu",
@@ -67,13 +216,13 @@ class DimKeys:
         if op == "Range" and len(ins) == 3:
             start, limit, delta = (self._entries(i, depth) for i in ins)
             if start == [("c", 0)] and delta == [("c", 1)] and limit is not None and len(limit) == 1 \
-                    and _size(limit[0]):
+                    and nonnegative(limit[0]):
                 return limit  # (a size is >= 0: the length is the limit itself)
             return None
         if x is None:
             return None
         if op in ("Unsqueeze", "Squeeze"):
-            axes = _const_array(self.g, ins[1]) if len(ins) > 1 and ins[1] is not None else None
+            axes = small_constant(self.g, ins[1]) if len(ins) > 1 and ins[1] is not None else None
             listed = [int(a) for a in axes.reshape(-1)] if axes is not None else p.attr("axes", None)
             if listed is None:
                 return None
@@ -101,7 +250,7 @@ class DimKeys:
             axis %= len(x)
             total: Key | None = ("c", 0)
             for q in parts:
-                total = _arith("Add", total, q[axis])  # type: ignore[index]
+                total = key_arith("Add", total, q[axis])  # type: ignore[index]
             return [total if a == axis else k for a, k in enumerate(x)]  # (Concat checks the others agree)
         if op == "Reshape" and len(ins) == 2:
             return self._reshape(x, self._entries(ins[1], depth), p.attr("allowzero", 0))
@@ -127,11 +276,11 @@ class DimKeys:
             return None
         out: list[Key | None] = []
         for a, k in enumerate(to):
-            c = _key_int(k)
+            c = key_int(k)
             if c is not None:
                 out.append(("c", c) if c > 0 or (c == 0 and allowzero) else
                            (x[a] if c == 0 and a < len(x) else None))
-            elif k is not None and _size(k) and (allowzero or (a < len(x) and x[a] == k)):
+            elif k is not None and nonnegative(k) and (allowzero or (a < len(x) and x[a] == k)):
                 out.append(k)
             else:
                 out.append(None)

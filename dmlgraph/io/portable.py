@@ -38,14 +38,15 @@ not provably computed from shapes (a Trilu's own k input can be any int64).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value
+from dmlgraph.io.dim_keys import Key, entry_keys, small_constant
+from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value, produced_by
 
 INT64_MAX = 2**63 - 1
 BOUND = 2**62  # |topX| < 2^62 for any tensor: a static bound past it means "unbounded" (no overflow at +-1)
@@ -166,38 +167,13 @@ def complement(r: list[Interval]) -> list[Interval]:
     return [(None, lo), (hi, None)]
 
 
-def _const_array(g: Graph | None, v: Value | None) -> np.ndarray | None:
-    """A small constant's value (an initializer the model cannot override, or a Constant node)."""
-    if g is None or v is None:
-        return None
-    if v.name in g.initializers and v.name not in g.overridable_inputs:
-        if v.array is not None:
-            return np.asarray(v.array)
-        t = v.initializer
-        if t is not None and not t.external_data and np.prod(t.dims) <= 16:
-            return numpy_helper.to_array(t)
-        return None
-    p = v.producer
-    if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
-        for a in p.attributes:
-            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR and np.prod(a.t.dims) <= 16:
-                return numpy_helper.to_array(a.t)
-    return None
-
-
-def _producer(v: Value | None, op_type: str) -> OnnxNode | None:
-    p = v.producer if v is not None else None
-    ok = isinstance(p, OnnxNode) and p.op_type == op_type and p.domain in ("", "ai.onnx")
-    return p if ok else None  # type: ignore[return-value]
-
-
 def _matrix_part(g: Graph | None, vec: Value | None) -> str | None:
     """A sizes vector built as Concat(lead, [H, W]): the [H, W] value (no Slice needed)."""
-    p = _producer(vec, "Concat")
+    p = produced_by(vec, "Concat")
     last = p.inputs[-1] if p is not None and p.inputs else None
     if g is None or last is None or _length(g, last) != 2:
         return None
-    whole = _producer(last, "Slice")  # a Slice keeping all of a 2-vector (build_matrix_of's): that vector
+    whole = produced_by(last, "Slice")  # a Slice keeping all of a 2-vector (build_matrix_of's): that vector
     if whole is not None and _length(g, whole.inputs[0]) == 2:
         return whole.inputs[0].name  # type: ignore[union-attr]
     return last.name
@@ -221,27 +197,27 @@ def _lead_of(g: Graph | None, vec: Value | None, x: Value, n: int, depth: int = 
         return False
     if n == 0:
         return True
-    shape = _producer(vec, "Shape")
+    shape = produced_by(vec, "Shape")
     if shape is not None:  # (from the start, to the end or at least n entries: `build_guarded`'s lead)
         end = shape.attr("end", None)
         return shape.inputs[0] is x and shape.attr("start", 0) == 0 and (end is None or 0 <= end and n <= end)
-    cat = _producer(vec, "Concat")
+    cat = produced_by(vec, "Concat")
     if cat is not None and cat.inputs and (_length(g, cat.inputs[0]) or 0) >= n:
         return _lead_of(g, cat.inputs[0], x, n, depth + 1)
-    sl = _producer(vec, "Slice")
+    sl = produced_by(vec, "Slice")
     if sl is not None and len(sl.inputs) >= 3:
-        start = _const_array(g, sl.inputs[1])
+        start = small_constant(g, sl.inputs[1])
         if start is not None and start.size == 1 and int(start.reshape(-1)[0]) == 0 and len(sl.inputs) == 3:
-            stop = _const_array(g, sl.inputs[2])
+            stop = small_constant(g, sl.inputs[2])
             if stop is not None and stop.size == 1 and (int(stop.reshape(-1)[0]) >= n or (_length(g, vec) or 0) >= n):
                 return _lead_of(g, sl.inputs[0], x, n, depth + 1)
         return False
-    where = _producer(vec, "Where")
+    where = produced_by(vec, "Where")
     if where is not None:
         cond, a, b = where.inputs
-        eq = _producer(cond, "Equal")
-        if eq is None or eq.inputs[0] is not b or _const_array(g, eq.inputs[1]) is None \
-                or _const_array(g, eq.inputs[1]).reshape(-1).tolist() != [1]:  # type: ignore[union-attr]
+        eq = produced_by(cond, "Equal")
+        if eq is None or eq.inputs[0] is not b or small_constant(g, eq.inputs[1]) is None \
+                or small_constant(g, eq.inputs[1]).reshape(-1).tolist() != [1]:  # type: ignore[union-attr]
             return False
         # (either order: where X's size is 1 the ones give 1 too)
         return (_lead_of(g, a, x, n, depth + 1) and _ones_prefix(g, b, n)) \
@@ -249,143 +225,17 @@ def _lead_of(g: Graph | None, vec: Value | None, x: Value, n: int, depth: int = 
     return False
 
 
-# ---- what a sizes vector's entries provably are, without dim names -----------------------------------
-Key = tuple  # ("c", n): the constant n (or an inferred static size); ("dim", value name, axis): that
-#               value's size there; ("add" / "mul", k1, k2)
-_VIEW_OPS = ("Unsqueeze", "Squeeze", "Identity")
-
-
-def entry_keys(g: Graph | None, v: Value | None, depth: int = 0,
-               dims: Callable[[Value], list[Key] | None] | None = None) -> list[Key | None] | None:
-    """The entries of a 1-D (or scalar) int64 sizes value as structural keys: equal keys are equal
-    sizes at run time, because they read the same value's size on the same axis (or are the same
-    constant, or sums of such). Dim names are never compared (two graph inputs may declare one
-    name for sizes nobody checks). None: not even the length is known; an entry None: not known.
-    `dims`: a value's sizes as keys traced further back (`dim_keys.DimKeys`), for a Shape's."""
-    if g is None or v is None or depth > 24:
-        return None
-    arr = _const_array(g, v)
-    if arr is not None:
-        return [("c", int(d)) for d in arr.reshape(-1)] if arr.dtype.kind in "iu" and arr.ndim <= 1 else None
-    p = v.producer
-    if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
-        return None
-    ins = p.inputs
-
-    def sub(i: int) -> list[Key | None] | None:
-        return entry_keys(g, ins[i] if i < len(ins) else None, depth + 1, dims)
-
-    op = p.op_type
-    if op == "Shape":
-        src = ins[0]
-        if src is None or src.shape is None:
-            return None
-        axes = list(range(len(src.shape)))[slice(p.attr("start", 0), p.attr("end", None))]
-        traced = None if dims is None else dims(src)
-        if traced is not None:
-            return [traced[a] for a in axes]
-        return [("c", src.shape[a]) if isinstance(src.shape[a], int) else ("dim", src.name, a) for a in axes]
-    if op in _VIEW_OPS or (op == "Reshape" and v.shape is not None and len(v.shape) <= 1) \
-            or (op == "Cast" and p.attr("to", 0) in (TensorProto.INT64, TensorProto.INT32)):
-        return sub(0)
-    if op == "Concat":
-        parts = [entry_keys(g, x, depth + 1, dims) for x in ins]
-        return None if any(q is None for q in parts) else [k for q in parts for k in q]  # type: ignore[union-attr]
-    if op == "Gather" and p.attr("axis", 0) == 0:
-        keys, idx = sub(0), _const_array(g, ins[1] if len(ins) > 1 else None)
-        if keys is None or idx is None or idx.ndim > 1 or not all(-len(keys) <= int(i) < len(keys) for i in idx.reshape(-1)):
-            return None
-        return [keys[int(i)] for i in idx.reshape(-1)]
-    if op == "Slice" and len(ins) in (3, 4, 5):
-        keys = sub(0)
-        bounds = [_const_array(g, x) for x in ins[1:]]
-        if keys is None or any(b is None or b.size != 1 for b in bounds) \
-                or (len(bounds) > 2 and int(bounds[2].reshape(-1)[0]) not in (0, -1)):  # type: ignore[union-attr]
-            return None
-        start, stop = (int(b.reshape(-1)[0]) for b in bounds[:2])  # type: ignore[union-attr]
-        step = int(bounds[3].reshape(-1)[0]) if len(bounds) > 3 else 1  # type: ignore[union-attr]
-        return None if step == 0 else keys[slice(start, stop, step)]
-    if op == "ConstantOfShape":
-        count, t = sub(0), p.attr("value")
-        fill = None if t is None else numpy_helper.to_array(t).reshape(-1)
-        length = _key_int(count[0]) if count is not None and len(count) == 1 else None
-        if length is None or fill is None or fill.size != 1 or fill.dtype.kind not in "iu":
-            return None
-        return [("c", int(fill[0]))] * length
-    if op in ("Add", "Mul"):
-        a, b = sub(0), sub(1)
-        if a is None or b is None or not (len(a) == len(b) or 1 in (len(a), len(b))):
-            return None
-        n = max(len(a), len(b))
-        return [_arith(op, x, y) for x, y in zip(a * n if len(a) == 1 else a, b * n if len(b) == 1 else b)]
-    if op == "Where":
-        return _where_keys(g, p, depth, dims)
-    return None
-
-
-def _key_int(k: Key | None) -> int | None:
-    return k[1] if k is not None and k[0] == "c" else None
-
-
-def _arith(op: str, x: Key | None, y: Key | None) -> Key | None:
-    if x is None or y is None:
-        return None
-    a, b = _key_int(x), _key_int(y)
-    if a is not None and b is not None:
-        return ("c", a + b if op == "Add" else a * b)
-    if op == "Add" and a == 0:
-        return y
-    if op == "Add" and b == 0 or op == "Mul" and b == 1:
-        return x
-    if op == "Mul" and a == 1:
-        return y
-    return (op.lower(), *sorted((x, y), key=repr))
-
-
-def _size(k: Key | None) -> bool:
-    """The key is provably >= 0: a size, a constant >= 0, or a sum or product of such."""
-    if k is None:
-        return False
-    if k[0] == "c":
-        return bool(k[1] >= 0)
-    return k[0] == "dim" or (k[0] in ("add", "mul") and _size(k[1]) and _size(k[2]))
-
-
-def _where_keys(g: Graph, p: OnnxNode, depth: int,
-                dims: Callable[[Value], list[Key] | None] | None) -> list[Key | None] | None:
-    """`Where(Equal(x, c), a, b)` entry by entry where the condition is known: c and x constants,
-    or x a size (>= 0) and c negative (TorchScript's "-1 keeps the size" of `expand`)."""
-    eq = _producer(p.inputs[0], "Equal")
-    if eq is None:
-        return None
-    x, c, a, b = (entry_keys(g, v, depth + 1, dims) for v in (eq.inputs[0], eq.inputs[1], p.inputs[1], p.inputs[2]))
-    if x is None or c is None or a is None or b is None or not len(x) == len(a) == len(b) or len(c) not in (1, len(x)):
-        return None
-    out: list[Key | None] = []
-    for xi, ci, ai, bi in zip(x, c * len(x) if len(c) == 1 else c, a, b):
-        xv, cv = _key_int(xi), _key_int(ci)
-        if xv is not None and cv is not None:
-            out.append(ai if xv == cv else bi)
-        elif _size(xi) and cv is not None and cv < 0:
-            out.append(bi)  # (a size is never negative)
-        elif ai is not None and ai == bi:
-            out.append(ai)
-        else:
-            out.append(None)
-    return out
-
-
 def _expand_to(g: Graph | None, vec: Value | None, t: Value) -> Value | None:
     """An operand q of the sizes `vec` = `Where(Equal(p, 1), q, p)` (the rules' broadcast of two
     sizes vectors, either order) such that `Expand(t, q)` is `Expand(t, vec)`: on every axis p's
     entry is t's own size there (Expand broadcasts t with q anyway), a constant 1, or provably q's
     entry (`entry_keys`). The model's own q then costs no node, and p's plumbing dies."""
-    where = _producer(vec, "Where")
-    eq = _producer(where.inputs[0], "Equal") if where is not None else None
+    where = produced_by(vec, "Where")
+    eq = produced_by(where.inputs[0], "Equal") if where is not None else None
     t_rank = None if t.shape is None else len(t.shape)
     if g is None or where is None or eq is None or t_rank is None:
         return None
-    one = _const_array(g, eq.inputs[1])
+    one = small_constant(g, eq.inputs[1])
     if one is None or one.reshape(-1).tolist() != [1]:
         return None
     _, a, b = where.inputs
@@ -414,24 +264,24 @@ def _length(g: Graph, vec: Value | None) -> int | None:
         return None
     if vec.shape is not None and len(vec.shape) == 1 and isinstance(vec.shape[0], int):
         return vec.shape[0]
-    sl = _producer(vec, "Slice")
+    sl = produced_by(vec, "Slice")
     if sl is None or len(sl.inputs) != 3:
         return None
     base = _length(g, sl.inputs[0])
-    start, stop = _const_array(g, sl.inputs[1]), _const_array(g, sl.inputs[2])
+    start, stop = small_constant(g, sl.inputs[1]), small_constant(g, sl.inputs[2])
     if base is None or start is None or stop is None or start.size != 1 or stop.size != 1:
         return None
     return len(range(base)[slice(int(start.reshape(-1)[0]), int(stop.reshape(-1)[0]))])
 
 
 def _ones_prefix(g: Graph, vec: Value | None, n: int) -> bool:
-    arr = _const_array(g, vec)
+    arr = small_constant(g, vec)
     if arr is not None:
         return arr.size >= n and bool(np.all(arr.reshape(-1)[:n] == 1))
-    cat = _producer(vec, "Concat")
+    cat = produced_by(vec, "Concat")
     if cat is None or not cat.inputs:
         return False
-    first = _const_array(g, cat.inputs[0])
+    first = small_constant(g, cat.inputs[0])
     return first is not None and first.size >= n and bool(np.all(first.reshape(-1)[:n] == 1))
 
 
@@ -440,7 +290,7 @@ def from_shapes(g: Graph | None, v: Value | None, depth: int = 0) -> bool:
     inside int64 (a bound plus it cannot overflow)."""
     if g is None or v is None or depth > 24:
         return False
-    arr = _const_array(g, v)
+    arr = small_constant(g, v)
     if arr is not None:
         return arr.dtype.kind in "iu" and bool(np.all(np.abs(arr.astype(np.float64)) <= 2**31))
     p = v.producer
@@ -449,7 +299,7 @@ def from_shapes(g: Graph | None, v: Value | None, depth: int = 0) -> bool:
     if p.op_type in ("Shape", "Size"):
         return True
     if p.op_type == "Mul":  # sizes times small constants only (a product of two sizes can be large)
-        consts = [_const_array(g, x) for x in p.inputs]
+        consts = [small_constant(g, x) for x in p.inputs]
         if sum(c is None for c in consts) > 1:
             return False
     data = p.inputs[:1] if p.op_type in ("Gather", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Cast") else p.inputs
@@ -728,7 +578,7 @@ def _padding_where(s: _Node, r: list[Interval]) -> str | None:
     cond, a_v, b_v = p.inputs
     if cond is None or cond.elem_type != TensorProto.BOOL or cond.shape is None or x.shape is None:
         return None
-    a, b = _const_array(g, a_v), _const_array(g, b_v)
+    a, b = small_constant(g, a_v), small_constant(g, b_v)
     if a is None or b is None or a.size != 1 or b.size != 1 or a.dtype != s.dt or b.dtype != s.dt:
         return None
     if b.reshape(()).tobytes() != s.value.tobytes():

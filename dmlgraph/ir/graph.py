@@ -541,6 +541,13 @@ class Graph:
         return len(dead)
 
 
+def produced_by(v: Value | None, op_type: str) -> OnnxNode | None:
+    """`v`'s producer when it is the standard op `op_type`."""
+    p = v.producer if v is not None else None
+    ok = isinstance(p, OnnxNode) and p.op_type == op_type and p.domain in ("", "ai.onnx")
+    return p if ok else None  # type: ignore[return-value]
+
+
 def outer_names(node: OnnxNode) -> set[str]:
     """Names a node's subgraph attributes (If/Loop/Scan bodies) read from the enclosing scope."""
     names: set[str] = set()

@@ -29,7 +29,7 @@ __all__ = ["RAW_ITEMSIZE", "check_model", "check_model_proto", "checker_failure"
            "without_weights"]
 
 # protobuf cannot parse or serialize a message of 2 GiB or more.
-_PROTOBUF_LIMIT = 2**31 - 1
+PROTOBUF_LIMIT = 2**31 - 1
 # More elements than this is not a real model; refusing it keeps every size computation sane.
 _MAX_ELEMENTS = 2**40
 
@@ -201,7 +201,7 @@ def _expected_nbytes(tensor: TensorProto, label: str) -> int | None:
 
 
 _EXTERNAL = TensorProto.EXTERNAL
-_EXTERNAL_FIELD = bytes([TensorProto.DESCRIPTOR.fields_by_name["data_location"].number << 3, _EXTERNAL])
+EXTERNAL_FIELD = bytes([TensorProto.DESCRIPTOR.fields_by_name["data_location"].number << 3, _EXTERNAL])
 
 
 def uses_external(tensor: TensorProto) -> bool:
@@ -217,7 +217,7 @@ def any_external(graph: onnx.GraphProto) -> bool:
     # An external tensor's data_location = EXTERNAL is serialized as the bytes 0x70 0x01 (field 14,
     # varint 1): nodes whose bytes lack them hold none, at any depth (one C call per node instead
     # of a Python step per attribute). The walk tells the rest (the bytes may be other data).
-    if _EXTERNAL_FIELD not in b"".join(map(onnx.NodeProto.SerializeToString, graph.node)):
+    if EXTERNAL_FIELD not in b"".join(map(onnx.NodeProto.SerializeToString, graph.node)):
         return False
     for node in graph.node:
         for attr in node.attribute if node.attribute else ():
@@ -255,7 +255,7 @@ def _plain_inline(tensor: TensorProto) -> bool:
         and tensor.data_location != _EXTERNAL and not tensor.HasField("segment")
 
 
-def _check_inline_data(tensor: TensorProto, label: str) -> None:
+def check_inline_data(tensor: TensorProto, label: str) -> None:
     """Raw data or typed field counts must match the shape exactly (numpy would fail or misread)."""
     expected = _expected_nbytes(tensor, label)
     dt = tensor.data_type
@@ -370,7 +370,7 @@ def _resolve_location(location: str, base_dir: str, label: str) -> str:
     return real
 
 
-def _external_span(tensor: TensorProto, base_dir: str | os.PathLike, label: str) -> tuple[str, int, int]:
+def external_span(tensor: TensorProto, base_dir: str | os.PathLike, label: str) -> tuple[str, int, int]:
     """(real path, offset, length) of an external tensor's bytes, after every check."""
     entries = _external_entries(tensor, label)
     location = entries.get("location", "")
@@ -396,7 +396,8 @@ def _external_span(tensor: TensorProto, base_dir: str | os.PathLike, label: str)
     return path, offset, length
 
 
-def _read_span(path: str, offset: int, length: int) -> bytes:
+def read_span(path: str, offset: int, length: int) -> bytes:
+    """`length` bytes of `path` at `offset`; a file that shrank since it was checked is a ModelError."""
     with open(path, "rb") as f:
         f.seek(offset)
         data = f.read(length)
@@ -412,7 +413,7 @@ def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
     `load_model`, so a huge initializer is paged in on demand instead of read into memory. Sub-byte
     packed types cannot be mapped and are read (they are small by construction). Inline data is
     size-checked and converted: raw bytes of a plain numpy type directly, anything else (or a size
-    mismatch, which `_check_inline_data` then reports) with `onnx.numpy_helper.to_array`.
+    mismatch, which `check_inline_data` then reports) with `onnx.numpy_helper.to_array`.
     """
     label = f"tensor '{tensor.name}'"
     if tensor.HasField("segment"):
@@ -423,12 +424,12 @@ def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
             raw, shape = tensor.raw_data, tuple(tensor.dims[:])
             if len(raw) == dtype.itemsize * _num_elements(tensor, label):
                 return np.frombuffer(raw, dtype).reshape(shape).astype(dtype.newbyteorder("="))
-        _check_inline_data(tensor, label)
+        check_inline_data(tensor, label)
         try:
             return numpy_helper.to_array(tensor)
         except Exception as e:  # noqa: BLE001 - untrusted data; surface as a user-facing error
             raise ModelError(f"{label} cannot be decoded: {e}") from None
-    path, offset, length = _external_span(tensor, base_dir, label)
+    path, offset, length = external_span(tensor, base_dir, label)
     dt = tensor.data_type
     shape = tuple(tensor.dims)
     np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(dt))
@@ -437,7 +438,7 @@ def read_tensor(tensor: TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
         raw.CopyFrom(tensor)
         del raw.external_data[:]
         raw.data_location = TensorProto.DEFAULT
-        raw.raw_data = _read_span(path, offset, length)
+        raw.raw_data = read_span(path, offset, length)
         return numpy_helper.to_array(raw)
     if length == 0:
         return np.empty(shape, dtype=np_dtype)
@@ -571,7 +572,7 @@ def _big(tensor: TensorProto, min_bytes: int) -> bool:
     return n is not None and n >= min_bytes
 
 
-def _may_hold_big(model: onnx.ModelProto, min_bytes: int) -> bool:
+def may_hold_big(model: onnx.ModelProto, min_bytes: int) -> bool:
     """False only when no inline tensor has `min_bytes` or more: read from encoded sizes, which a
     tensor's data cannot exceed (about 10x cheaper than visiting every tensor)."""
     mg = model.graph  # (map: the sizes are read in C, with no Python step per tensor or node)
@@ -598,7 +599,7 @@ def without_weights(model: onnx.ModelProto, *, keep_dims: bool, min_bytes: int =
     mg = model.graph
     if not keep_dims and has_external is None:
         has_external = any_external(mg)
-    if not (has_external and not keep_dims) and not _may_hold_big(model, min_bytes):
+    if not (has_external and not keep_dims) and not may_hold_big(model, min_bytes):
         return model
     view = onnx.ModelProto()
     copy_fields(view, model, skip="graph")
@@ -850,9 +851,9 @@ def check_model_proto(model: onnx.ModelProto, label: str, base_dir: str | None, 
             if base_dir is None:
                 raise ModelError(f"{label}: {where} is stored as external data, and an in-memory model has "
                                  "no folder to find it in", hint="pass the model's path instead")
-            _external_span(tensor, base_dir, where)
+            external_span(tensor, base_dir, where)
         else:
-            _check_inline_data(tensor, where)
+            check_inline_data(tensor, where)
     _check_opsets(model, label)
     _check_utf8(model, label, data)
     _check_value_types(graphs, label)
@@ -897,7 +898,7 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     if st.st_size == 0:
         raise ModelError(f"{p} is empty (0 bytes), not an ONNX model",
                          hint="the file was not written completely; re-export or re-download it")
-    if st.st_size > _PROTOBUF_LIMIT:
+    if st.st_size > PROTOBUF_LIMIT:
         raise ModelError(f"{p} is {st.st_size / 2**30:.1f} GiB; protobuf cannot parse a model file of "
                          "2 GiB or more",
                          hint="models this large must store their weights as external data; re-export "
@@ -925,8 +926,8 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = False,
     if load_external_data and has_external:
         for tensor, label, _ in iter_tensors(model):
             if uses_external(tensor):
-                span = _external_span(tensor, base_dir, label)
-                tensor.raw_data = _read_span(*span)
+                span = external_span(tensor, base_dir, label)
+                tensor.raw_data = read_span(*span)
                 del tensor.external_data[:]
                 tensor.data_location = TensorProto.DEFAULT
     return model

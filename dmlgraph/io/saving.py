@@ -28,16 +28,16 @@ from onnx.external_data_helper import ExternalDataInfo
 from dmlgraph.errors import InternalError, ModelError
 from dmlgraph.io.inference_scopes import full_check, strict_inference
 from dmlgraph.io.modelfile import (
-    _EXTERNAL_FIELD,
-    _PROTOBUF_LIMIT,
+    EXTERNAL_FIELD,
+    PROTOBUF_LIMIT,
     STRIP_BYTES,
-    _check_inline_data,
-    _external_span,
-    _may_hold_big,
-    _read_span,
     any_external,
+    check_inline_data,
     check_model,
+    external_span,
     iter_tensors,
+    may_hold_big,
+    read_span,
     tensor_nbytes,
     uses_external,
     without_weights,
@@ -67,7 +67,7 @@ def check_for_save(model: onnx.ModelProto) -> bytes | None:
     """
     try:
         has_external = None
-        if not _may_hold_big(model, STRIP_BYTES):
+        if not may_hold_big(model, STRIP_BYTES):
             data = model.SerializeToString(deterministic=True)
             has_external = _has_external(model, data)
             if not has_external:
@@ -87,7 +87,7 @@ def _has_external(model: onnx.ModelProto, data: bytes) -> bool:
     """`any_external(model.graph)`, given `model` serialized: a tensor stored as external data has
     the bytes of data_location = EXTERNAL in it, so bytes without them answer at once (one C search
     instead of serializing every node once more)."""
-    return _EXTERNAL_FIELD in data and any_external(model.graph)
+    return EXTERNAL_FIELD in data and any_external(model.graph)
 
 
 def write_bytes(f: BinaryIO, data: bytes) -> None:
@@ -418,7 +418,7 @@ def _external_sources(model: onnx.ModelProto, serialized: bytes | None, base_dir
             if base_dir is None:
                 raise ModelError(f"{label} is stored as external data, but the source model's folder "
                                  "is unknown", hint="pass base_dir (the input model's folder)")
-            span = _external_span(tensor, base_dir, label)
+            span = external_span(tensor, base_dir, label)
             location = ExternalDataInfo(tensor).location
             source_files |= {span[0], _entry(os.path.join(os.fspath(base_dir), location))}
         sources.append(span)
@@ -430,7 +430,7 @@ def _use_external(model: onnx.ModelProto, out: str, serialized: bytes | None,
     """Whether the output gets a data file: asked for, or needed past protobuf's limit."""
     external_bytes = sum(span[2] for span in sources if span is not None)
     if external_bytes == 0 and external_data is not True:  # (ByteSize would cost one more pass)
-        total = len(serialized) if serialized is not None else _PROTOBUF_LIMIT + 1
+        total = len(serialized) if serialized is not None else PROTOBUF_LIMIT + 1
     else:
         total = model.ByteSize() + external_bytes
     if external_data is None:
@@ -465,7 +465,7 @@ def _placed(model: onnx.ModelProto, sources: list[tuple[str, int, int] | None], 
     for span, (tensor, label, is_init) in zip(sources, iter_tensors(result), strict=True):
         if data_tmp is None:
             if span is not None:
-                tensor.raw_data = _read_span(*span)
+                tensor.raw_data = read_span(*span)
                 del tensor.external_data[:]
                 tensor.data_location = TensorProto.DEFAULT
             continue
@@ -480,7 +480,7 @@ def _placed(model: onnx.ModelProto, sources: list[tuple[str, int, int] | None], 
             _copy_span(*span, data_tmp.file)
             length = span[2]
         else:
-            _check_inline_data(tensor, label)
+            check_inline_data(tensor, label)
             if tensor.HasField("raw_data"):
                 payload = tensor.raw_data
             else:
@@ -498,7 +498,7 @@ def _serialize(model: onnx.ModelProto, out: str) -> bytes:
     except Exception as e:  # noqa: BLE001 - protobuf raises various types for oversized messages
         raise ModelError(f"cannot serialize the model for {out}: {e}",
                          hint="a model over 2 GiB must be written with external data") from None
-    if len(serialized) > _PROTOBUF_LIMIT:
+    if len(serialized) > PROTOBUF_LIMIT:
         raise ModelError(f"cannot write {out}: the model proto is over protobuf's 2 GiB limit",
                          hint="write it with external data")
     return serialized

@@ -149,7 +149,7 @@ def _band(node: Node, i: int) -> DmlNode:
     return cast(DmlNode, cast(Value, node.inputs[i]).producer)
 
 
-def _outside(graph: Graph, d: DmlNode) -> Operand:
+def off_region(graph: Graph, d: DmlNode) -> Operand:
     """D's elements off its region: its input (a one-element constant as a 0-d array), else 0."""
     x = d.inputs[0]
     if x is None:
@@ -239,11 +239,11 @@ def _choose_parts(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluato
     d, d_outside = band if band is not None else (_band(node, d_index), None)
     operands = cast("list[Operand]", [_operand(graph, v) for v in node.inputs])  # (the ops' inputs are required)
     ins = [np.asarray(d.value) if i == d_index else o for i, o in enumerate(operands)]
-    outs = [(_outside(graph, d) if d_outside is None else d_outside) if i == d_index else o
+    outs = [(off_region(graph, d) if d_outside is None else d_outside) if i == d_index else o
             for i, o in enumerate(operands)]
     absorbed_exact = True
     for j, o in _aligned_bands(graph, node, d_index, d):
-        inside_j, outside_j = np.asarray(o.value), _outside(graph, o)
+        inside_j, outside_j = np.asarray(o.value), off_region(graph, o)
         ins[j], outs[j] = (inside_j, outside_j) if (o.begin, o.end) == (d.begin, d.end) else (outside_j, inside_j)
         absorbed_exact = absorbed_exact and o.exact
     inside = evaluate(node, ins, dtype)
@@ -569,7 +569,7 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
             return None
         declined = None
         for i in band_operands(graph, node, band_inputs):
-            if two_valued and isinstance(_outside(graph, _band(node, i)), Value):
+            if two_valued and isinstance(off_region(graph, _band(node, i)), Value):
                 if any(const_value(graph, v) is None for j, v in enumerate(node.inputs) if j != i and v is not None):
                     continue  # (data applied to a data-holding mask: not a mask any more, nothing to say)
                 declined = declined or Match(name, [node], reason=(

@@ -11,7 +11,7 @@ import numpy as np
 from onnx import TensorProto
 
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, produced_by
-from dmlgraph.passes.apply import _outside, complement
+from dmlgraph.passes.apply import complement, off_region
 from dmlgraph.passes.broadcast import keeps_matrix
 from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Context, Match, Replacement, Rule
@@ -62,7 +62,7 @@ def _match(ctx: Context, node: Node) -> Match | None:
     if other is None or c is None or c.size != 1 or found is None:
         return None
     band, band_shape = found
-    outside = _outside(graph, band)
+    outside = off_region(graph, band)
     if isinstance(outside, Value) or bool(np.asarray(band.value)) == bool(outside):
         return None  # the index must be a two-valued generator (0 and 1)
     out = node.outputs[0]

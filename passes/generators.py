@@ -13,11 +13,11 @@ from dmlgraph.rewrite import Context
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 
-def _bounds(p: BandPattern) -> tuple[int | None, int | None]:
+def pattern_bounds(p: BandPattern) -> tuple[int | None, int | None]:
     return (None if p.begin == INT32_MIN else p.begin), (None if p.end == INT32_MAX else p.end)
 
 
-def _is_zero(v: object) -> bool:
+def is_plus_zero(v: object) -> bool:
     """+0 only: the generator writes +0.0, so a -0.0 'else' value needs an input."""
     a = np.asarray(v)
     return bool(a == 0) and not (a.dtype.kind == "f" and np.signbit(a))
@@ -28,10 +28,10 @@ def generator(ctx: Context, p: BandPattern, elem_type: int, name: str, output: V
     """The DmlNode producing pattern `p` into `output` (detached); a nonzero 'else' value becomes a
     scalar input (a constant the graph holds, or one added to `made`)."""
     x = None
-    if not _is_zero(p.other):
+    if not is_plus_zero(p.other):
         x = constant(ctx, f"{output.name}__else", np.asarray(p.other, dtype=numpy_dtype(elem_type)).reshape(()),
                      made)
-    begin, end = _bounds(p)
+    begin, end = pattern_bounds(p)
     return DmlNode(name, x, shape, None, output, elem_type=elem_type, value=p.value, begin=begin, end=end,
                    static_shape=static_shape)
 
@@ -44,12 +44,12 @@ def band_of(arr: np.ndarray) -> BandPattern | None:
     if p is None:
         return None
     h, w = arr.shape[-2:]
-    b, e = bind_range(*_bounds(p), 0, h, w)
+    b, e = bind_range(*pattern_bounds(p), 0, h, w)
     use = diagonal_use_mask(h, w, b, e)
     return p if use.any() and not use.all() else None
 
 
-def _node_bytes(g: Graph, node: DmlNode) -> int:
+def node_bytes(g: Graph, node: DmlNode) -> int:
     """`node`'s size as written: its names' included (so `g` notes that a decision read them)."""
     g.sized_names = True
     return len(dml_node_proto(node).SerializeToString())

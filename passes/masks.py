@@ -27,7 +27,7 @@ from dmlgraph.passes.data_free import (
     data_free_of,
     subgraph_target,
 )
-from dmlgraph.passes.generators import _bounds, _is_zero, band_of, generator
+from dmlgraph.passes.generators import band_of, generator, is_plus_zero, pattern_bounds
 from dmlgraph.passes.sizes import Made, SizeBuilder, constant, locate
 from dmlgraph.passes.symbolic import (
     DIM_MAX,
@@ -388,7 +388,7 @@ def _finish(graph: Graph, m: Match, target: Value, p: BandPattern, arr: np.ndarr
             options: Options) -> Match:
     elem_type = target.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
     static = arr.shape if sources is None or all(s[0] == "const" for s in sources) else None
-    begin, end = _bounds(p)
+    begin, end = pattern_bounds(p)
     dml = DmlNode(f"{target.name}__gen", None, None, None, standin(target, elem_type), elem_type=elem_type, value=p.value,
                   begin=begin, end=end, static_shape=static)
     m.dml = dml
@@ -440,7 +440,7 @@ def _rewrite_subgraph(ctx: Context, m: Match) -> Replacement:
             k = guard if k is None else sizes.add(k, guard)
         # What we proved about the sizes beats what shape inference guessed (often unk__N names).
         target.shape = tuple(d.const if isinstance(d, Lin) and d.is_const else render_dim(d, str) for d in fill.shape)
-        x = None if _is_zero(fill.other) else constant(
+        x = None if is_plus_zero(fill.other) else constant(
             ctx, f"{target.name}__else", np.asarray(fill.other, dtype=numpy_dtype(proto.elem_type)).reshape(()), made)
         node = DmlNode(proto.name, x, shape, k, target, elem_type=proto.elem_type, value=fill.value,
                        begin=fill.begin, end=fill.end, static_shape=proto.static_shape)

@@ -16,7 +16,7 @@ from dmlgraph.io.modelfile import RAW_ITEMSIZE
 from dmlgraph.ir.graph import DmlNode, Node, Value
 from dmlgraph.passes.apply import absorbed
 from dmlgraph.passes.common import const_value, lowering_reason, standin
-from dmlgraph.passes.generators import _bounds, _node_bytes, band_of, generator
+from dmlgraph.passes.generators import band_of, generator, node_bytes, pattern_bounds
 from dmlgraph.passes.sizes import Made
 from dmlgraph.rewrite import Context, Match, Replacement, Rule
 from dmlgraph.runtime.onnx_runner import numpy_dtype
@@ -46,11 +46,11 @@ def _match_stored(ctx: Context, item: Value | Node) -> Match | None:
         return None
     elem_type = value.elem_type or helper.np_dtype_to_tensor_dtype(arr.dtype)
     dml = DmlNode(f"{value.name}__gen", None, None, None, standin(value, elem_type), elem_type=elem_type, value=p.value,
-                  begin=_bounds(p)[0], end=_bounds(p)[1], static_shape=arr.shape)
+                  begin=pattern_bounds(p)[0], end=pattern_bounds(p)[1], static_shape=arr.shape)
     m.dml = dml
     m.captures.update(pattern=p, nbytes=int(arr.nbytes))
     m.reason = lowering_reason(dml, arr.shape, options)
-    threshold = options.min_mask_bytes if options.min_mask_bytes is not None else _node_bytes(graph, dml)
+    threshold = options.min_mask_bytes if options.min_mask_bytes is not None else node_bytes(graph, dml)
     if m.reason is None and arr.nbytes <= threshold:
         # A tiny band read only by applications is worth it all the same: each application takes it
         # into its own DIAGONAL_MATRIX1, so the constant and the Where/And go, and no generator stays.

@@ -455,14 +455,14 @@ class Analysis:
         if isinstance(v, Affine):
             if any(v.coef) or not v.base.is_const:
                 return None
-            return _scalar(v.base.const, v.dtype)
+            return as_scalar(v.base.const, v.dtype)
         if isinstance(v, Elems):
             if not v.items:
                 return None
             first = v.items[0]
-            if all(_same(first, x) for x in v.items[1:]):
+            if all(same_bits(first, x) for x in v.items[1:]):
                 if isinstance(first, Lin):
-                    return _scalar(first.const, v.dtype) if first.is_const else None
+                    return as_scalar(first.const, v.dtype) if first.is_const else None
                 return None if isinstance(first, (Clamp, Difference)) else first
         return None
 
@@ -472,14 +472,14 @@ class Analysis:
             return v
         if isinstance(v, Elems) and v.dtype.kind in "iuf" and len(v.items) == 1:
             item = v.items[0]
-            base = item if isinstance(item, Lin) else _int_of(item)
+            base = item if isinstance(item, Lin) else int_of(item)
             if base is None:
                 raise Unprovable(f"{what} is a non-integer value")
             return Affine(v.dtype, tuple(Lin.of(d) for d in v.shape), (0,) * len(v.shape), base)
         long_axes = [a for a, d in enumerate(v.shape) if d != 1] if isinstance(v, Elems) else []
         if isinstance(v, Elems) and v.dtype.kind in "iuf" and len(long_axes) == 1:
             # [c, c + s, c + 2s, ...] along one axis: an arithmetic progression is an index grid
-            items = [x if isinstance(x, Lin) else _int_of(x) for x in v.items]
+            items = [x if isinstance(x, Lin) else int_of(x) for x in v.items]
             if all(isinstance(x, Lin) and x.is_const for x in items):
                 step = items[1].const - items[0].const  # type: ignore[union-attr]
                 if all(items[k].const == items[0].const + k * step for k in range(len(items))):  # type: ignore[union-attr]
@@ -487,7 +487,7 @@ class Analysis:
                     return Affine(v.dtype, tuple(Lin.of(d) for d in v.shape), coef, items[0])  # type: ignore[arg-type]
         u = self.uniform(v)
         if u is not None and u.dtype.kind in "iuf":
-            base = _int_of(u)
+            base = int_of(u)
             if base is not None:
                 return Affine(v.dtype, shape_of(v), (0,) * len(shape_of(v)), base)
         raise Unprovable(f"{what} is not an index grid ({type(v).__name__})")
@@ -506,7 +506,7 @@ class Analysis:
         for k in range(len(breaks) + 1):
             probe = breaks[k - 1] if k > 0 else None  # a point inside piece k: its first diagonal
             args = [p.values[self.piece(p, probe, k == 0)] for p in parts]
-            values.append(_scalar(fn(*args), dtype))
+            values.append(as_scalar(fn(*args), dtype))
         return self.simplify(Band(dtype, shape, tuple(breaks), tuple(values)))
 
     def piece(self, b: Band, at: "Lin | Clamp | None", leftmost: bool) -> int:
@@ -524,7 +524,7 @@ class Analysis:
     def simplify(b: Band) -> Band:
         breaks, values = [], [b.values[0]]
         for x, v in zip(b.breaks, b.values[1:]):
-            if _same(v, values[-1]):
+            if same_bits(v, values[-1]):
                 continue
             breaks.append(x)
             values.append(v)
@@ -671,7 +671,7 @@ def _show(d: Dim) -> str:
     return render_dim(d, _plain)
 
 
-def _scalar(x: object, dtype: np.dtype) -> np.generic:
+def as_scalar(x: object, dtype: np.dtype) -> np.generic:
     if isinstance(x, Lin):
         if not x.is_const:
             raise Unprovable("a size-dependent value where a constant was needed")
@@ -682,14 +682,14 @@ def _scalar(x: object, dtype: np.dtype) -> np.generic:
         return np.asarray(x).astype(dtype).reshape(-1)[0]
 
 
-def _same(a: object, b: object) -> bool:
+def same_bits(a: object, b: object) -> bool:
     """Equal, bit for bit for numpy scalars (so -0.0 and NaN payloads are kept apart)."""
     if isinstance(a, np.generic) and isinstance(b, np.generic):
         return a.dtype == b.dtype and a.tobytes() == b.tobytes()
     return a == b
 
 
-def _int_of(x: object) -> Lin | None:
+def int_of(x: object) -> Lin | None:
     """An integer-valued scalar as a constant Lin (None for a fraction, inf or NaN)."""
     if isinstance(x, Lin):
         return x
@@ -756,7 +756,7 @@ def sized_fill(b: Band, derived: dict[Symbol, tuple[Lin, int]] | None = None) ->
     v, x = b.values, b.breaks
     if len(v) == 2:  # v0 on (-inf, x0), v1 on [x0, inf)
         forms = [(None, x[0], v[0], v[1]), (x[0], None, v[1], v[0])]
-    elif len(v) == 3 and _same(v[0], v[2]):  # v1 on [x0, x1), v0 outside (an inverted range)
+    elif len(v) == 3 and same_bits(v[0], v[2]):  # v1 on [x0, x1), v0 outside (an inverted range)
         forms = [(x[0], x[1], v[1], v[0]), (x[1], x[0], v[0], v[1])]
     else:
         return (f"it takes {len(v)} runs of values along the diagonals "

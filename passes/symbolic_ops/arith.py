@@ -20,8 +20,8 @@ from dmlgraph.passes.symbolic import (
     Opaque,
     Pieces,
     Unprovable,
-    _int_of,
     as_lin,
+    int_of,
     make_clamp,
     shape_of,
 )
@@ -31,10 +31,10 @@ from dmlgraph.passes.symbolic_ops.core import attr, handles, lin_breaks, objs
 def is_piecewise(an: Analysis, v: AbstractValue) -> bool:
     """Held as a band or a non-integer one-value tensor: combined piece by piece, not as an index grid."""
     if isinstance(v, Band):
-        return len(v.values) > 1 or _int_of(v.values[0]) is None or v.dtype.kind == "b"
+        return len(v.values) > 1 or int_of(v.values[0]) is None or v.dtype.kind == "b"
     if isinstance(v, Elems):
         u = an.uniform(v)
-        return u is not None and (_int_of(u) is None or v.dtype.kind == "b")
+        return u is not None and (int_of(u) is None or v.dtype.kind == "b")
     return False
 
 
@@ -75,7 +75,7 @@ def _elems_op(an: Analysis, a: Elems, b: Elems, fn: Callable[[object, object], o
 def _lin_of(x: object) -> Lin:
     if isinstance(x, (Clamp, Difference)):
         return as_lin(x, "an operand")  # (raises, naming the clamp)
-    y = _int_of(x)
+    y = int_of(x)
     if y is None:
         raise Unprovable("a non-integer value in integer arithmetic")
     return as_lin(y, "an operand")

@@ -16,7 +16,7 @@ from dmlgraph.passes.symbolic import (
     Opaque,
     Pieces,
     Unprovable,
-    _scalar,
+    as_scalar,
 )
 from dmlgraph.passes.symbolic_ops.arith import map_pieces, sub
 from dmlgraph.passes.symbolic_ops.core import attr, dtype_of, handles
@@ -29,7 +29,7 @@ def _cast_scalar(x: object, dtype: np.dtype) -> object:
     if src.dtype.kind == "f" and dtype.kind in "iub" and dtype.kind != "b":
         if not np.isfinite(src) or not (np.iinfo(dtype).min <= float(src) <= np.iinfo(dtype).max):
             raise Unprovable(f"casting {src} to {dtype} is undefined")
-    return _scalar(x, dtype)
+    return as_scalar(x, dtype)
 
 
 def cast(an: Analysis, v: AbstractValue, dtype: np.dtype) -> AbstractValue:

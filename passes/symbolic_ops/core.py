@@ -26,8 +26,8 @@ from dmlgraph.passes.symbolic import (
     NotAMask,
     Opaque,
     Unprovable,
-    _int_of,
     as_lin,
+    int_of,
     parse_dim,
     shape_of,
 )
@@ -283,7 +283,7 @@ def scalar_lin(an: Analysis, v: AbstractValue | None, what: str) -> Lin:
     if v is None:
         raise Unprovable(f"{what} is missing")
     items = ints(an, v, what) if not (isinstance(v, Elems) and v.dtype.kind == "f") else \
-        [_int_of(x) for x in v.items]
+        [int_of(x) for x in v.items]
     if len(items) != 1 or items[0] is None:
         raise Unprovable(f"{what} is not one integer")
     return as_lin(items[0], what)

@@ -11,8 +11,8 @@ from dmlgraph.passes.symbolic import (
     Band,
     Lin,
     Unprovable,
-    _int_of,
     as_lin,
+    int_of,
     make_clamp,
     shape_of,
 )
@@ -42,7 +42,7 @@ def _cumsum(an: Analysis, n: OnnxNode, ins: list) -> list:
     axis = const_ints(an, ins[1], "the axis")[0]
     axis = axis_index(axis, len(shape))
     u = an.uniform(x)
-    c = _int_of(u) if u is not None else None
+    c = int_of(u) if u is not None else None
     if c is None or not c.is_const:
         raise Unprovable("a cumulative sum of anything but one integer value repeated is not affine")
     k = c.const

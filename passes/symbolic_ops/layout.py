@@ -23,10 +23,10 @@ from dmlgraph.passes.symbolic import (
     Opaque,
     Stack,
     Unprovable,
-    _same,
     as_lin,
     make_clamp,
     render_dim,
+    same_bits,
     shape_of,
 )
 from dmlgraph.passes.symbolic_ops.arith import is_piecewise, sub
@@ -585,7 +585,7 @@ def _concat_bands(an: Analysis, parts: list[Band], offsets: list[Lin], axis: int
     agree on every diagonal the piece has."""
     rank = len(shape)
     if axis < rank - 2:
-        if any(p.breaks != parts[0].breaks or not all(_same(a, b) for a, b in zip(p.values, parts[0].values))
+        if any(p.breaks != parts[0].breaks or not all(same_bits(a, b) for a, b in zip(p.values, parts[0].values))
                for p in parts):
             raise Unprovable("batch slices holding different bands")
         return Band(parts[0].dtype, shape, parts[0].breaks, parts[0].values)
@@ -611,7 +611,7 @@ def _agree_on_piece(an: Analysis, piece: Band, whole: Band, shift: Lin, axis: in
     lo, hi = Lin.of(1) - rows, cols  # the piece's diagonals: [1 - rows, cols)
     whole_breaks = lin_breaks(whole, "concatenated bands whose diagonals follow a clamped size")
     moved = Band(whole.dtype, piece.shape, tuple(x + shift for x in whole_breaks), whole.values)
-    both = an.merge([piece, moved], lambda a, b: np.bool_(_same(a, b)), BOOL, piece.shape)
+    both = an.merge([piece, moved], lambda a, b: np.bool_(same_bits(a, b)), BOOL, piece.shape)
     edges = (None,) + both.breaks + (None,)
     for k, same in enumerate(both.values):
         if bool(same):

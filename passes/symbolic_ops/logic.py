@@ -22,7 +22,7 @@ from dmlgraph.passes.symbolic import (
     Opaque,
     Pieces,
     Unprovable,
-    _int_of,
+    int_of,
     shape_of,
 )
 from dmlgraph.passes.symbolic_ops.arith import is_piecewise, piecewise, sub
@@ -44,7 +44,7 @@ def _compare(an: Analysis, n: OnnxNode, ins: list) -> list:
     ua, ub = an.uniform(a), an.uniform(b)
     # An integer grid against a fractional or infinite float constant: x < 2.5 is x < 3.
     for grid, const, flipped in ((a, ub, False), (b, ua, True)):
-        if const is not None and const.dtype.kind == "f" and _int_of(const) is None and \
+        if const is not None and const.dtype.kind == "f" and int_of(const) is None and \
                 not is_piecewise(an, grid) and an.uniform(grid) is None:
             return [_compare_fraction(an, an.affine(grid, "the compared grid"), float(const),
                                       FLIP[op] if flipped else op)]

@@ -445,7 +445,7 @@ def feeds(case: FormCase, size: tuple[int, int], seed: int, model: onnx.ModelPro
     return {k: v for k, v in f.items() if k in names}
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
@@ -462,7 +462,7 @@ def oracle_bands(case: FormCase) -> list[str]:
     del m.graph.output[:]
     m.graph.output.extend(inferred[o] for n in m.graph.node for o in n.output if o in inferred)
     names = [vi.name for vi in m.graph.output]
-    sess = _session(m)
+    sess = ort_session(m)
     seen_pattern, failed = set(), set()
     for size in sizes_of(case):
         try:
@@ -495,10 +495,10 @@ def check(case: FormCase) -> tuple[Stats, list[str]]:
         _problem(stats, problems, case, f"crash: {type(e).__name__}: {e}")
         return stats, problems
     exact = {t: all(r.exact for r in lowered[t].rewrites) for t in lowered}  # (onnx: its portable forms too)
-    want_session = _session(case.model)
+    want_session = ort_session(case.model)
     out = case.model.graph.output[0].name
     try:
-        onnx_session = _session(lowered["onnx"].model)
+        onnx_session = ort_session(lowered["onnx"].model)
     except Exception as e:  # noqa: BLE001 - an output must load in onnxruntime whenever its input did
         stats.crashes += 1
         return stats, [f"crash: the onnx target does not load: {type(e).__name__}: {e}"]

@@ -92,9 +92,9 @@ def _same_as_onnxruntime(m, feeds_of):
         onnx.checker.check_model(lowered, full_check=True)
         for n in (1, 2, 5):
             feeds = feeds_of(n)
-            want = fuzz_forms._session(m).run(None, feeds)[0]
+            want = fuzz_forms.ort_session(m).run(None, feeds)[0]
             got = api.run(lowered, feeds)[m.graph.output[0].name] if target == "dml" else \
-                fuzz_forms._session(lowered).run(None, feeds)[0]
+                fuzz_forms.ort_session(lowered).run(None, feeds)[0]
             np.testing.assert_array_equal(got, want)
 
 
@@ -253,7 +253,7 @@ def test_function_band_sliced_and_joined_writes_on_the_dml_target():
     m = _model([h.make_node("masked", ["x"], ["out"], domain="local")], [], [X], [f])
     lowered = api.optimize(m, target="dml")
     x = np.random.default_rng(0).standard_normal((1, 2, 5, 5)).astype(np.float32)
-    want = fuzz_forms._session(m).run(None, {"x": x})[0]
+    want = fuzz_forms.ort_session(m).run(None, {"x": x})[0]
     np.testing.assert_array_equal(api.run(lowered.model, {"x": x})["out"], want)
 
 

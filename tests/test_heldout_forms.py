@@ -100,3 +100,111 @@ def test_the_shift_is_the_models_own_past(target: str) -> None:
     assert not {"Neg", "Reshape"} & {n.op_type for n in r.model.graph.node}
     if target == "dml":
         assert len(r.model.graph.node) <= len(model.graph.node)
+
+
+def _fp16_cut() -> onnx.ModelProto:
+    """softmax(m + causal bias), m = x * c in float16 (onnxruntime's transformer optimizer in
+    float16 of a decoder, cut down): `Shape(m)` sizes the mask, so the lowered model hands `m`
+    from one onnxruntime session to the next, where one session of the original keeps the Mul's
+    float32 result through the Casts it inserts around float16 ops it has no CPU kernel for."""
+    nodes = [
+        h.make_node("Mul", ["x", "c"], ["m"]),
+        h.make_node("Shape", ["m"], ["shape"]), h.make_node("Gather", ["shape", "zero"], ["S"], axis=0),
+        h.make_node("Range", ["zero", "S", "one"], ["r"]),
+        h.make_node("Unsqueeze", ["r", "ax0"], ["k"]), h.make_node("Unsqueeze", ["r", "ax1"], ["q"]),
+        h.make_node("LessOrEqual", ["k", "q"], ["causal"]),
+        h.make_node("Where", ["causal", "zf", "low"], ["bias"]),
+        h.make_node("Add", ["m", "bias"], ["s"]),
+        h.make_node("Softmax", ["s"], ["y"], axis=-1),
+    ]
+    inits = [h.make_tensor("c", T.FLOAT16, [], [1.37]), h.make_tensor("zero", T.INT64, [], [0]),
+             h.make_tensor("one", T.INT64, [], [1]), h.make_tensor("ax0", T.INT64, [1], [0]),
+             h.make_tensor("ax1", T.INT64, [1], [1]), h.make_tensor("zf", T.FLOAT16, [], [0.0]),
+             h.make_tensor("low", T.FLOAT16, [], [-60000.0])]
+    g = h.make_graph(nodes, "fp16_cut", [h.make_tensor_value_info("x", T.FLOAT16, ["S", "S"])],
+                     [h.make_tensor_value_info("y", T.FLOAT16, ["S", "S"])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_validate_cuts_the_original_where_the_lowered_model_is_cut() -> None:
+    """qwen3/gemma3 dynamo exports through the optimizer in float16 failed `validate` at every
+    set (logits 200 of 200 elements differ) with the mask itself bit-exact: the run of the
+    original, one session, rounded elsewhere than the lowered model's two."""
+    model = _fp16_cut()
+    lowered = dmlgraph.optimize(model)
+    assert lowered.counts["mask_subgraph"] == 1
+    x = (np.random.default_rng(0).standard_normal((9, 9)) * 3).astype(np.float16)
+    result = dmlgraph.validate(model, lowered, {"x": x})
+    assert result.ok and result.exact
+    assert all(c.detail == "bit-exact" for c in result.outputs + result.tensors)
+
+
+def _two_sites(prefix: str, scores: str = "scores") -> list[onnx.NodeProto]:
+    """A causal mask with a past offset from `scores`' sizes, and a stored 16 x 16 tril (a
+    Constant node, as a branch holds it), each applied by a Where."""
+    p = prefix
+    tril = onnx.numpy_helper.from_array(np.tril(np.ones((16, 16), bool)), f"{p}_tril")
+    return [
+        h.make_node("Shape", [scores], [f"{p}_sh"]),
+        h.make_node("Gather", [f"{p}_sh", "two"], [f"{p}_S"], axis=0),
+        h.make_node("Gather", [f"{p}_sh", "three"], [f"{p}_T"], axis=0),
+        h.make_node("Sub", [f"{p}_T", f"{p}_S"], [f"{p}_past"]),
+        h.make_node("Range", ["zero", f"{p}_S", "one"], [f"{p}_q0"]),
+        h.make_node("Add", [f"{p}_q0", f"{p}_past"], [f"{p}_q"]),
+        h.make_node("Range", ["zero", f"{p}_T", "one"], [f"{p}_k"]),
+        h.make_node("Unsqueeze", [f"{p}_k", "ax0"], [f"{p}_k2"]),
+        h.make_node("Unsqueeze", [f"{p}_q", "ax1"], [f"{p}_q2"]),
+        h.make_node("LessOrEqual", [f"{p}_k2", f"{p}_q2"], [f"{p}_keep"]),
+        h.make_node("Where", [f"{p}_keep", scores, "low"], [f"{p}_y"]),
+        h.make_node("Constant", [], [f"{p}_tril"], value=tril),
+        h.make_node("Where", [f"{p}_tril", "x16", "low"], [f"{p}_z"]),
+    ]
+
+
+def _merged(as_if: bool) -> onnx.ModelProto:
+    """The two sites in the main graph, or (as Optimum's merge_decoders writes a decoder pair)
+    in both branches of an If on a `use_cache_branch` flag."""
+    inits = [h.make_tensor("zero", T.INT64, [], [0]), h.make_tensor("one", T.INT64, [], [1]),
+             h.make_tensor("two", T.INT64, [], [2]), h.make_tensor("three", T.INT64, [], [3]),
+             h.make_tensor("ax0", T.INT64, [1], [0]), h.make_tensor("ax1", T.INT64, [1], [1]),
+             h.make_tensor("low", T.FLOAT, [], [-1e9])]
+    ins = [h.make_tensor_value_info("scores", T.FLOAT, ["b", 2, "S", "T"]),
+           h.make_tensor_value_info("x16", T.FLOAT, [2, 16, 16])]
+    outs = [h.make_tensor_value_info("y", T.FLOAT, ["b", 2, "S", "T"]), h.make_tensor_value_info("z", T.FLOAT, [2, 16, 16])]
+    if not as_if:
+        nodes = [*_two_sites("a"), h.make_node("Identity", ["a_y"], ["y"]), h.make_node("Identity", ["a_z"], ["z"])]
+        g = h.make_graph(nodes, "flat", ins, outs, inits)
+    else:
+        def branch(p: str) -> onnx.GraphProto:
+            return h.make_graph(_two_sites(p), p, [], [h.make_tensor_value_info(f"{p}_y", T.FLOAT, None),
+                                                       h.make_tensor_value_info(f"{p}_z", T.FLOAT, None)])
+        node = h.make_node("If", ["use_cache_branch"], ["y", "z"], then_branch=branch("then"), else_branch=branch("else"))
+        g = h.make_graph([node], "merged", [h.make_tensor_value_info("use_cache_branch", T.BOOL, [1]), *ins], outs, inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _all_nodes(g: onnx.GraphProto) -> int:
+    return sum(1 + sum(_all_nodes(a.g) for a in n.attribute if a.type == onnx.AttributeProto.GRAPH) for n in g.node)
+
+
+def test_the_two_sites_lower_on_onnx_in_the_main_graph() -> None:
+    model = _merged(as_if=False)
+    r = dmlgraph.optimize(model, target="onnx")
+    assert r.counts["mask_subgraph"] == 1 and r.counts["stored_mask"] == 1
+    assert _all_nodes(r.model.graph) <= _all_nodes(model.graph)  # 15 -> 14
+
+
+@pytest.mark.xfail(strict=True, reason="a branch is written back with its constants as Constant nodes and a "
+                   "Clip (27 -> 41 nodes where the main graph goes 15 -> 14), and a body site is only declined "
+                   "by the whole-model growth check: rewrite/nested.py (branch bodygraphs); docs/limits.md")
+def test_a_merged_decoder_lowers_its_branches_on_onnx_like_the_main_graph() -> None:
+    """Optimum's merged t5 decoder is kept whole on onnx (1,081 -> 1,104 nodes if written), bart's
+    too, though each branch's sites lower in the separate decoder files."""
+    model = _merged(as_if=True)
+    r = dmlgraph.optimize(model, target="onnx")
+    assert sum(r.counts.values()) > 0
+    assert _all_nodes(r.model.graph) <= _all_nodes(model.graph)

@@ -13,6 +13,7 @@ import os
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -141,8 +142,12 @@ class Executor:
     or "simple".
     """
 
-    def __init__(self, graph: Graph, threads: int | None = None, optimize: bool = True, fast: bool = True):
+    def __init__(self, graph: Graph, threads: int | None = None, optimize: bool = True, fast: bool = True,
+                 stages: Mapping[str, int] | None = None):
         self.graph = graph
+        # `stages` (value name -> session, another Executor's `value_stages`) places a node making
+        # one of those values in that session: `validate` runs the original cut as the lowered model
+        self._pinned = dict(stages or {})
         self.threads = threads
         self.optimize = optimize
         # If/Loop/Scan nodes and calls whose bodies hold DML nodes run here (`control_flow`); a graph
@@ -176,12 +181,12 @@ class Executor:
                 p = v.producer if v is not None else None
                 if p is not None and p.id in stage:
                     s = max(s, stage[p.id] + (1 if isinstance(p, DmlNode) or p.id in hosts else 0))
-            stage[n.id] = s
+            stage[n.id] = max([s] + [self._pinned[v.name] for v in n.outputs if v.name in self._pinned])
         # Then each ONNX node moves as late as its readers allow: what only later stages need (the
         # data path beside a mask, weights behind Identity nodes) runs in their region instead of
         # crossing a session boundary. Edges still never go to an earlier stage, so the invariant
         # above holds. A value's readers are its consumers (the nodes whose bodies read it among them).
-        for n in reversed(order):
+        for n in reversed(order) if not self._pinned else ():  # (pinned: the other plan's, kept)
             if isinstance(n, DmlNode) or n.id in hosts:
                 continue
             later = [stage[c.id] for v in n.outputs for c in v.consumers if c.id in stage]
@@ -203,6 +208,12 @@ class Executor:
                 self._wire(regions[s])
             steps.extend(dml_at.get(s, []))
         return steps
+
+    def value_stages(self) -> dict[str, int]:
+        """The session (region stage) that makes each value. onnxruntime rounds a value handed to
+        another session to its type, where one session can keep the wider type of the Casts it
+        inserts (float16 on CPU): a model run cut the same way rounds alike."""
+        return {v.name: s.stage for s in self.steps if isinstance(s, Region) for n in s.nodes for v in n.outputs}
 
     def _wire(self, region: Region) -> None:
         inside = {n.id for n in region.nodes}

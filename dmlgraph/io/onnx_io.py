@@ -205,23 +205,25 @@ def _read_body(proto: onnx.GraphProto, holder: OnnxNode, parent: Graph) -> Graph
     scope's Value (an edge), else a value of its own that nothing defines. Untyped: the passes and
     the executor type a body from its holder (`rewrite.nested`)."""
     b = Graph(parent.info, holder, parent, proto)
-    own = {vi.name for vi in proto.input} | {t.name for t in proto.initializer} | \
-        {t.values.name for t in proto.sparse_initializer}
-    for n in proto.node:
+    # (each repeated field read once, as a slice: `build_graph` says why)
+    inputs, initializers, nodes = proto.input[:], proto.initializer[:], proto.node[:]
+    own = {vi.name for vi in inputs} if inputs else set()
+    for n in nodes:
         own.update(n.output[:])
-    value, find = b.value, parent.find
-
-    def resolve(name: str) -> Value:
-        return value(name) if name in own else (find(name) or value(name))
-    for t in proto.initializer:
+    if initializers or len(proto.sparse_initializer):
+        own.update(t.name for t in initializers)
+        own.update(t.values.name for t in proto.sparse_initializer)
+    value, values, find = b.value, b.values, parent.find
+    for t in initializers:
         v = value(t.name)
         v.initializer, v.base_dir = t, parent.info.base_dir
         v.elem_type, v.shape = t.data_type, tuple(t.dims[:])
         b.initializers[t.name] = v
-    b.inputs = [value(vi.name) for vi in proto.input if vi.name not in b.initializers]
+    b.inputs = [value(vi.name) for vi in inputs if vi.name not in b.initializers]
     b.reading = []
-    for n in proto.node:
-        ins = [resolve(x) if x else None for x in n.input[:]]
+    for n in nodes:
+        ins = [None if not x else (values.get(x) or value(x)) if x in own else (find(x) or value(x))
+               for x in n.input[:]]
         outs = [value(x) if x else Value("") for x in n.output[:]]
         node: DmlNode | OnnxNode | None = None
         if n.domain == DOMAIN:
@@ -232,7 +234,7 @@ def _read_body(proto: onnx.GraphProto, holder: OnnxNode, parent: Graph) -> Graph
         b.add_node(node or OnnxNode(n.name, n.op_type, ins, outs, n.attribute[:], n.domain, n.doc_string, n))
     for h in b.finish_reading():
         read_bodies(b, h)
-    b.outputs = [resolve(o.name) for o in proto.output]
+    b.outputs = [value(o.name) if o.name in own else (find(o.name) or value(o.name)) for o in proto.output[:]]
     return b
 
 

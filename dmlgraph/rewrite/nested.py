@@ -155,8 +155,9 @@ class _Driver:
         found = []  # (node, attribute index, [(label, body)])
         for node in _holders(parent):
             for i, a in enumerate(node.attributes):
-                if a.type == onnx.AttributeProto.GRAPH:
-                    found.append((node, i, [(a.name, a.g)]))
+                if a.type == onnx.AttributeProto.GRAPH:  # (the body Graph as written: unchanged, as read)
+                    body = node.bodies.get(a.name)
+                    found.append((node, i, [(a.name, a.g if body is None or body.source is None else body.source)]))
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
         each = [(node, node.attributes[i].name, body) for node, i, bodies in found for _, body in bodies]

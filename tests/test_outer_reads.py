@@ -255,3 +255,21 @@ def test_the_executor_runs_the_body_graphs_the_node_holds(form):
         for attr, sub in step._bodies.items():
             assert sub.graph is step.node.bodies[attr]
             assert all(g.find(name) is v for name, v in sub.graph.free_values().items() if name in g.values)
+
+
+def test_a_rewired_read_of_a_dml_node_in_a_body_is_written_with_the_new_name():
+    """The same through a DML node a lowering put into a body (its proto's inputs map to the
+    node's from the first, DiagonalMatrix's from the second): the written body reads the new value
+    and runs as the model reading it from the start."""
+    from dmlgraph.io.onnx_io import DOMAIN, export_model, import_model
+
+    g = import_model(dmlgraph.optimize(if_computed(), target="dml").model)
+    holder = next(n for n in g.nodes.values() if n.op_type == "If")
+    g.replace_uses(g.values["r"], g.values["x"])
+    g.remove_dead()
+    written = export_model(g)
+    then = next(a.g for a in written.graph.node[-1].attribute if a.name == "then_branch")
+    assert [list(n.input) for n in then.node if n.domain == DOMAIN] == [["x"]]
+    assert [n.op_type for n in written.graph.node] == ["If"] and holder.outer == [g.values["x"]]
+    feeds = _feeds(if_computed(), True)
+    assert np.array_equal(dmlgraph.run(written, feeds)["y"], np.triu(feeds["x"]))

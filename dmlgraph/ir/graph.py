@@ -12,7 +12,8 @@ import heapq
 import itertools
 import operator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, ParamSpec, Protocol, TypeVar, cast
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, ParamSpec, Protocol, TypeVar, cast
 
 import numpy as np
 import onnx
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # networkx costs ~0.15 s to import; only analyses that ask fo
 Dim = int | str | None  # static size, symbolic name, or unknown
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard ops with graph attributes
 BODY_READ = -1  # the input index of a use `(node, BODY_READ)`: a body of `node` reads the value
+NO_BODIES: Mapping[str, Graph] = MappingProxyType({})  # (shared by every node without bodies: no dict each)
 
 
 def gc_paused(fn: Callable[P, R]) -> Callable[P, R]:
@@ -144,7 +146,7 @@ class OnnxNode(Node):
         # Its GRAPH attributes (If/Loop/Scan bodies) as Graphs, by attribute name (built by import,
         # `onnx_io.read_bodies`): the truth; each GRAPH attribute proto is that Graph's `source`,
         # rewritten with it (`Graph.replace_uses`, `Graph.set_bodies`). GRAPHS stay protos only.
-        self.bodies: dict[str, Graph] = {}
+        self.bodies: Mapping[str, Graph] = NO_BODIES
         # The values of the graph holding it that its bodies read (at any depth), by name order:
         # edges the holding graph links (`Graph.link_bodies`), each also a use `(self, BODY_READ)`.
         self.outer: list[Value] = []
@@ -400,7 +402,7 @@ class Graph:
         for v in node.outer:
             v.uses[node, BODY_READ] = None
 
-    def set_bodies(self, node: OnnxNode, attributes: list[onnx.AttributeProto], bodies: dict[str, Graph]) -> None:
+    def set_bodies(self, node: OnnxNode, attributes: list[onnx.AttributeProto], bodies: Mapping[str, Graph]) -> None:
         """Replace `node`'s attributes and their Graphs (`bodies`: read from those attributes, its
         bodies lowered) and link what they read now."""
         node.set_attributes(attributes)

@@ -171,8 +171,9 @@ def test_commands_on_the_smallest_forms(form, tmp_path):
 
 def test_a_value_a_body_reads_has_the_holder_among_its_uses():
     """What a body reads of the enclosing graph is an edge: the value's uses list the holder (made
-    after the holder in an unsorted graph too), a rewiring leaves the body reading it, and removing
-    the holder removes the use."""
+    after the holder in an unsorted graph too), the body's node reads the enclosing Value itself,
+    a rewiring moves the body's read and the holder's use to the new value, and removing the
+    holder removes the use."""
     from dmlgraph.io.onnx_io import import_model
     from dmlgraph.ir.graph import BODY_READ
 
@@ -187,7 +188,88 @@ def test_a_value_a_body_reads_has_the_holder_among_its_uses():
     read = g.values["m"]
     assert holder.outer == [read] and (holder, BODY_READ) in read.uses
     assert g.reads(holder)[-1] is read and g.body_reads() == {"m"}
-    g.replace_uses(read, g.values["x"])
-    assert list(read.uses) == [(holder, BODY_READ)]  # (the body still names it)
+    then_node = next(iter(holder.bodies["then_branch"].nodes.values()))
+    assert then_node.inputs[0] is read and (then_node, 0) not in read.uses
+    assert holder.bodies["then_branch"].holder is holder and holder.bodies["else_branch"].parent is g
+    x = g.values["x"]
+    g.replace_uses(read, x)
+    assert not read.uses and (holder, BODY_READ) in x.uses and then_node.inputs[0] is x
+    assert holder.outer == [x] and g.body_reads() == {"x"}
+    assert [n.input[0] for a in holder.attributes for n in a.g.node] == ["x", "x"]  # (what export writes)
     g.remove_node(holder)
-    assert not read.uses
+    assert not any(n is holder for n, _ in x.uses)
+
+
+def test_a_rewired_read_deep_in_bodies_is_written_with_the_new_name():
+    """A value read two scopes down (the Loop inside loop_in_if's If) replaced in the main graph, as
+    a rule rewiring its readers would: every body reads the new Value, the written model names it
+    at both depths, drops the old producer, loads in onnxruntime, passes the checker and computes
+    what the model with the replacement written by hand computes."""
+    from dmlgraph.io.onnx_io import export_model, import_model
+
+    m = loop_in_if()
+    g = import_model(m)
+    holder = next(n for n in g.nodes.values() if n.op_type == "If")
+    loop_node = next(n for n in holder.bodies["then_branch"].nodes.values() if n.op_type == "Loop")
+    trilu = next(n for n in loop_node.bodies["body"].nodes.values() if n.op_type == "Trilu")
+    r, x = g.values["r"], g.values["x"]
+    assert trilu.inputs[0] is r and loop_node.bodies["body"].parent is holder.bodies["then_branch"]
+    g.replace_uses(r, x)
+    g.remove_dead()
+    assert trilu.inputs[0] is x and holder.outer == [g.values["M"], x] and not r.uses
+    written = export_model(g)
+    assert [n.op_type for n in written.graph.node] == ["If"]  # (the Relu nothing reads now is gone)
+    onnx.checker.check_model(written, full_check=True)
+    by_hand = onnx.ModelProto()
+    by_hand.CopyFrom(m)
+    del by_hand.graph.node[0]  # (the Relu)
+    for sub in [by_hand.graph.node[0].attribute[0].g, by_hand.graph.node[0].attribute[1].g]:
+        for node in list(sub.node) + [y for n in sub.node for a in n.attribute for y in a.g.node]:
+            node.input[:] = ["x" if i == "r" else i for i in node.input]
+    feeds = _feeds(m, True)
+    want = ort.InferenceSession(by_hand.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert written.graph.node[0].SerializeToString() == by_hand.graph.node[0].SerializeToString()
+    assert np.array_equal(want[0], got[0])
+
+
+@pytest.mark.parametrize("form", [if_computed, loop, loop_in_if], ids=lambda f: f.__name__)
+def test_the_executor_runs_the_body_graphs_the_node_holds(form):
+    """The executor runs a lowered body as the Graph its node holds (the one import built), not a
+    Graph imported again from the body's proto; each enclosing value it reads is the outer Value."""
+    from dmlgraph.io.onnx_io import import_model
+    from dmlgraph.runtime.control_flow import HostStep
+    from dmlgraph.runtime.executor import Executor
+
+    m = form()
+    lowered = dmlgraph.optimize(m, target="dml").model
+    g = import_model(lowered)
+    ex = Executor(g)
+    feeds = _feeds(m, True)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ex.run(feeds)
+    assert np.array_equal(want[0], got[m.graph.output[0].name])
+    steps = [s for s in ex.steps if isinstance(s, HostStep)]
+    assert steps
+    for step in steps:
+        for attr, sub in step._bodies.items():
+            assert sub.graph is step.node.bodies[attr]
+            assert all(g.find(name) is v for name, v in sub.graph.free_values().items() if name in g.values)
+
+
+def test_a_rewired_read_of_a_dml_node_in_a_body_is_written_with_the_new_name():
+    """The same through a DML node a lowering put into a body (its proto's inputs map to the
+    node's from the first, DiagonalMatrix's from the second): the written body reads the new value
+    and runs as the model reading it from the start."""
+    from dmlgraph.io.onnx_io import DOMAIN, export_model, import_model
+
+    g = import_model(dmlgraph.optimize(if_computed(), target="dml").model)
+    holder = next(n for n in g.nodes.values() if n.op_type == "If")
+    g.replace_uses(g.values["r"], g.values["x"])
+    g.remove_dead()
+    written = export_model(g)
+    then = next(a.g for a in written.graph.node[-1].attribute if a.name == "then_branch")
+    assert [list(n.input) for n in then.node if n.domain == DOMAIN] == [["x"]]
+    assert [n.op_type for n in written.graph.node] == ["If"] and holder.outer == [g.values["x"]]
+    feeds = _feeds(if_computed(), True)
+    assert np.array_equal(dmlgraph.run(written, feeds)["y"], np.triu(feeds["x"]))

@@ -150,7 +150,7 @@ def build_graph(g: Graph, model: onnx.ModelProto, shapes: shape_inference.Pendin
     unnamed: list[tuple[Value, str]] = []  # unused outputs: named once every name in the graph is known
     # (The hottest loop of a load: each proto field is read once, a repeated one as a slice: upb's
     # containers have no iterator, and a loop over one ends by raising IndexError, ~1 us.)
-    holders = []
+    g.reading = []  # (bodies are read once every value of the graph exists: it may be unsorted)
     for i, n in enumerate(mg.node):
         ins = [(values.get(x) or value(x)) if x else None for x in n.input[:]]  # (read: mostly there)
         out_names = n.output[:]
@@ -162,13 +162,11 @@ def build_graph(g: Graph, model: onnx.ModelProto, shapes: shape_inference.Pendin
             node = OnnxNode(n.name, n.op_type, ins, outs, n.attribute[:], domain, n.doc_string, n)
             g.add_node(node)
             node.rewired = "" in out_names  # an unused output got a name above
-            if node.attributes and len(node.outer) != len(node.subgraph_reads):  # (read before made: unsorted)
-                holders.append(node)
     for v, hint in unnamed:
         v.name = g.fresh_value(hint).name  # (a free name: the unused output takes its place)
         g.values[v.name] = v
-    for node in holders:  # its bodies read a value made after it (an unsorted graph)
-        g.link_bodies(node)
+    for node in g.finish_reading():
+        read_bodies(g, node)
     g.outputs = [value(o.name) for o in mg.output]
     # Declared graph inputs/outputs win over inferred shapes; inferred ones fill the rest; an
     # initializer's own type and dims win over both.
@@ -188,6 +186,56 @@ def build_graph(g: Graph, model: onnx.ModelProto, shapes: shape_inference.Pendin
     _check_defined(g)
     _check_dml_types(g)
     return g
+
+
+def read_bodies(g: Graph, node: OnnxNode) -> None:
+    """Read `node`'s GRAPH attributes (If/Loop/Scan bodies) as Graphs nested in `g`, and link them."""
+    node.bodies = {a.name: _read_body(a.g, node, g) for a in node.attributes if a.type == onnx.AttributeProto.GRAPH}
+    g.link_bodies(node)
+
+
+def set_bodies(g: Graph, node: OnnxNode, attributes: list[onnx.AttributeProto]) -> None:
+    """Give `node` these attributes (its bodies lowered, written as protos) and their bodies read as Graphs."""
+    bodies = {a.name: _read_body(a.g, node, g) for a in attributes if a.type == onnx.AttributeProto.GRAPH}
+    g.set_bodies(node, attributes, bodies)
+
+
+def _read_body(proto: onnx.GraphProto, holder: OnnxNode, parent: Graph) -> Graph:
+    """A body as a Graph (onnx-ir's scope stack): a name it does not define itself is the enclosing
+    scope's Value (an edge), else a value of its own that nothing defines. Untyped: the passes and
+    the executor type a body from its holder (`rewrite.nested`)."""
+    b = Graph(parent.info, holder, parent, proto)
+    # (each repeated field read once, as a slice: `build_graph` says why)
+    inputs, initializers, nodes = proto.input[:], proto.initializer[:], proto.node[:]
+    own = {vi.name for vi in inputs} if inputs else set()
+    for n in nodes:
+        own.update(n.output[:])
+    if initializers or len(proto.sparse_initializer):
+        own.update(t.name for t in initializers)
+        own.update(t.values.name for t in proto.sparse_initializer)
+    value, values, find = b.value, b.values, parent.find
+    for t in initializers:
+        v = value(t.name)
+        v.initializer, v.base_dir = t, parent.info.base_dir
+        v.elem_type, v.shape = t.data_type, tuple(t.dims[:])
+        b.initializers[t.name] = v
+    b.inputs = [value(vi.name) for vi in inputs if vi.name not in b.initializers]
+    b.reading = []
+    for n in nodes:
+        ins = [None if not x else (values.get(x) or value(x)) if x in own else (find(x) or value(x))
+               for x in n.input[:]]
+        outs = [value(x) if x else Value("") for x in n.output[:]]
+        node: DmlNode | OnnxNode | None = None
+        if n.domain == DOMAIN:
+            try:
+                node = _import_dml(n, ins, outs)
+            except ModelError:  # (kept as read: running it says why it cannot run, as lowering it does)
+                node = None
+        b.add_node(node or OnnxNode(n.name, n.op_type, ins, outs, n.attribute[:], n.domain, n.doc_string, n))
+    for h in b.finish_reading():
+        read_bodies(b, h)
+    b.outputs = [value(o.name) if o.name in own else (find(o.name) or value(o.name)) for o in proto.output[:]]
+    return b
 
 
 def _unnamed(unnamed: list, hint: str) -> Value:

@@ -12,7 +12,8 @@ import heapq
 import itertools
 import operator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, ParamSpec, Protocol, TypeVar, cast
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, ParamSpec, Protocol, TypeVar, cast
 
 import numpy as np
 import onnx
@@ -29,7 +30,8 @@ if TYPE_CHECKING:  # networkx costs ~0.15 s to import; only analyses that ask fo
 
 Dim = int | str | None  # static size, symbolic name, or unknown
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard ops with graph attributes
-BODY_READ = -1  # the input index of a use `(node, BODY_READ)`: a body of `node` reads the value by name
+BODY_READ = -1  # the input index of a use `(node, BODY_READ)`: a body of `node` reads the value
+NO_BODIES: Mapping[str, Graph] = MappingProxyType({})  # (shared by every node without bodies: no dict each)
 
 
 def gc_paused(fn: Callable[P, R]) -> Callable[P, R]:
@@ -123,9 +125,9 @@ class Node:
 
 
 class OnnxNode(Node):
-    """An ONNX node passed through unchanged (attributes kept as protos, subgraphs included)."""
+    """An ONNX node passed through unchanged (attributes kept as protos; GRAPH ones are also `bodies`)."""
 
-    __slots__ = ("op_type", "domain", "attributes", "doc_string", "source", "rewired", "_outer", "outer")
+    __slots__ = ("op_type", "domain", "attributes", "doc_string", "source", "rewired", "bodies", "outer")
 
     def __init__(self, name: str, op_type: str, inputs: Iterable[Value | None], outputs: Iterable[Value],
                  attributes: Iterable[onnx.AttributeProto] = (), domain: str = "", doc_string: str = "",
@@ -141,9 +143,12 @@ class OnnxNode(Node):
         # import naming an unused output).
         self.source = source
         self.rewired = False
-        self._outer: frozenset[str] | None = None
-        # The enclosing values its bodies read, by name order: edges the graph holding it links
-        # (`Graph.link_bodies`), each also a use `(self, BODY_READ)` of the value.
+        # Its GRAPH attributes (If/Loop/Scan bodies) as Graphs, by attribute name (built by import,
+        # `onnx_io.read_bodies`): the truth; each GRAPH attribute proto is that Graph's `source`,
+        # rewritten with it (`Graph.replace_uses`, `Graph.set_bodies`). GRAPHS stay protos only.
+        self.bodies: Mapping[str, Graph] = NO_BODIES
+        # The values of the graph holding it that its bodies read (at any depth), by name order:
+        # edges the holding graph links (`Graph.link_bodies`), each also a use `(self, BODY_READ)`.
         self.outer: list[Value] = []
 
     @property
@@ -151,16 +156,9 @@ class OnnxNode(Node):
         """An If/Loop/Scan-style node: a graph-valued attribute."""
         return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in self.attributes)
 
-    @property
-    def subgraph_reads(self) -> frozenset[str]:
-        """`outer_names(self)`, computed once (and again after `set_attributes`)."""
-        if self._outer is None:
-            self._outer = frozenset(outer_names(self)) if self.attributes else frozenset()
-        return self._outer
-
     def set_attributes(self, attributes: list[onnx.AttributeProto]) -> None:
-        """Replace the attributes (a lowered If/Loop/Scan body written back), in the proto export
-        writes too (`Graph.set_bodies` for a node in a graph: it links the new reads)."""
+        """Replace the attributes, in the proto export writes too (`Graph.set_bodies` for a node
+        with bodies: it sets the Graphs and links what they read)."""
         self.attributes = list(attributes)
         if self.source is not None:
             proto = onnx.NodeProto()
@@ -168,7 +166,6 @@ class OnnxNode(Node):
             del proto.attribute[:]
             proto.attribute.extend(self.attributes)
             self.source = proto
-        self._outer = None
 
     def attr(self, name: str, default: Any = None) -> Any:
         for a in self.attributes:
@@ -266,10 +263,20 @@ class ReservedNames(Protocol):
 
 
 class Graph:
-    """Values, nodes, graph inputs/outputs and initializers of one (main) ONNX graph."""
+    """Values, nodes, graph inputs/outputs and initializers of one ONNX graph: the main one, or an
+    If/Loop/Scan body (`holder`, `parent`), whose nodes read enclosing values as the enclosing
+    `Value` objects themselves (edges; the enclosing value's uses list the holder, `BODY_READ`)."""
 
-    def __init__(self, info: ModelInfo | None = None):
+    def __init__(self, info: ModelInfo | None = None, holder: OnnxNode | None = None,
+                 parent: Graph | None = None, source: onnx.GraphProto | None = None):
         self.info = info or ModelInfo()
+        # A body: the node holding it, the graph holding that node, and the GraphProto it is written
+        # as (as read, then rewritten with each edit: `replace_uses`, `set_bodies`).
+        self.holder = holder
+        self.parent = parent
+        self.source = source
+        # Holders added while the graph is being read: linked once all its values exist (`finish_reading`)
+        self.reading: list[OnnxNode] | None = None
         self.values: dict[str, Value] = {}
         self.nodes: dict[int, Node] = {}  # insertion-ordered: original order first
         self.by_op: dict[str, dict[int, Node]] = {}  # op type -> its nodes, each in `nodes` order
@@ -297,6 +304,32 @@ class Graph:
         if v is None:
             v = self.values[name] = Value(name)
         return v
+
+    def find(self, name: str) -> Value | None:
+        """The value `name` means here: this graph's own, else an enclosing graph's."""
+        g: Graph | None = self
+        while g is not None:
+            v = g.values.get(name)
+            if v is not None:
+                return v
+            g = g.parent
+        return None
+
+    def free_values(self) -> dict[str, Value]:
+        """The values of enclosing graphs this graph reads (its nodes, its bodies at any depth, its
+        outputs), by name."""
+        found: dict[str, Value] = {}
+        values = self.values
+        reads: list[Value | None] = list(self.outputs)
+        for n in self.nodes.values():
+            reads += n.inputs
+            if n.__class__ is OnnxNode:
+                for b in n.bodies.values():
+                    reads += b.free_values().values()
+        for v in reads:
+            if v is not None and values.get(v.name) is not v:
+                found.setdefault(v.name, v)
+        return found
 
     def fresh_value(self, hint: str, elem_type: int | None = None, shape: tuple[Dim, ...] | None = None) -> Value:
         name = hint
@@ -326,11 +359,16 @@ class Graph:
         same_op[node.id] = node
         node.added = added = next(self._added)
         node.place = (added if instead_of is None else instead_of, added)
+        values = self.values if self.parent is not None else None  # (a body: enclosing values list the holder)
         for i, v in enumerate(node.inputs):
-            if v is not None:
+            if v is not None and (values is None or values.get(v.name) is v):
                 v.uses[node, i] = None
         if node.__class__ is OnnxNode and node.attributes:  # (no attributes: no bodies)
-            self.link_bodies(node)
+            if self.reading is not None:
+                if node.has_subgraph:
+                    self.reading.append(node)
+            else:
+                self.link_bodies(node)
         for v in node.outputs:
             if v.producer is not None and v.producer is not node:
                 raise ModelError(f"value {v.name!r} is produced by two nodes "
@@ -339,25 +377,41 @@ class Graph:
         self.changes.append(node)
         return node
 
+    def finish_reading(self) -> list[OnnxNode]:
+        """End reading (`reading`): the holders added meanwhile, for their bodies to be read and linked."""
+        holders, self.reading = self.reading or [], None
+        return holders
+
     def link_bodies(self, node: OnnxNode) -> None:
-        """Make the enclosing values `node`'s bodies read (by name, those this graph has) its
-        `outer` edges and uses (again: after its attributes changed, or once import has made every
-        value of an unsorted graph)."""
+        """Make the values of this graph that `node`'s bodies read (their edges at any depth) its
+        `outer` edges and uses (again: after its bodies changed)."""
         for v in node.outer:
             v.uses.pop((node, BODY_READ), None)
-        if not node.subgraph_reads:
-            node.outer = []
-            return
         values = self.values
-        node.outer = [values[name] for name in sorted(node.subgraph_reads) if name in values]
+        read: dict[str, Value] = {}
+        for b in node.bodies.values():
+            b.parent = self
+            for name, v in b.free_values().items():
+                if values.get(name) is v:
+                    read[name] = v
+        # (GRAPHS attributes, and a node made with bodies no reader built: by name, from the protos)
+        for name in _graphs_reads(node) if node.bodies else _proto_reads(node):
+            if name in values:
+                read[name] = values[name]
+        node.outer = [read[name] for name in sorted(read)]
         for v in node.outer:
             v.uses[node, BODY_READ] = None
 
-    def set_bodies(self, node: OnnxNode, attributes: list[onnx.AttributeProto]) -> None:
-        """Replace `node`'s attributes (its bodies lowered) and link what they read now."""
+    def set_bodies(self, node: OnnxNode, attributes: list[onnx.AttributeProto], bodies: Mapping[str, Graph]) -> None:
+        """Replace `node`'s attributes and their Graphs (`bodies`: read from those attributes, its
+        bodies lowered) and link what they read now."""
         node.set_attributes(attributes)
+        node.bodies = bodies
+        for b in bodies.values():
+            b.holder = node
         self.link_bodies(node)
         self.changes.append(node)
+        self._rewritten({node.id})
 
     def remove_node(self, node: Node) -> None:
         del self.nodes[node.id]
@@ -383,22 +437,44 @@ class Graph:
             self.changes.append(node)
 
     def replace_uses(self, old: Value, new: Value) -> None:
-        """Point every use of `old` (and graph outputs) at `new`; a body reading `old` by name
-        still reads it (its proto names it)."""
-        read_by_bodies: dict[tuple[Node, int], None] = {}
+        """Point every use of `old` (and graph outputs) at `new`, the reads of the bodies of this
+        graph's nodes included (their protos rewritten to name `new`)."""
+        rewired: set[int] = set()
+        kept: dict[tuple[Node, int], None] = {}  # a node made with bodies no reader built reads `old` by name
         for node, i in list(old.uses):
-            if i == BODY_READ:
-                read_by_bodies[node, i] = None
+            if i == BODY_READ and not cast(OnnxNode, node).bodies:
+                kept[node, i] = None
                 continue
-            node.inputs[i] = new
-            if isinstance(node, OnnxNode):
-                node.rewired = True
-            new.uses[node, i] = None
+            if i == BODY_READ:
+                holder = cast(OnnxNode, node)
+                for b in holder.bodies.values():
+                    rewire_body(b, old, new)
+                holder.set_attributes(_body_attributes(holder))
+                self.link_bodies(holder)
+            else:
+                node.inputs[i] = new
+                if isinstance(node, OnnxNode):
+                    node.rewired = True
+                new.uses[node, i] = None
+            rewired.add(node.id)
             self.changes.append(node)
-        old.uses = read_by_bodies
+        old.uses = kept
         for i, out in enumerate(self.outputs):
             if out is old:
                 self.outputs[i] = new
+                rewired.add(-1)
+        if rewired:
+            self._rewritten(rewired)
+
+    def _rewritten(self, nodes: set[int]) -> None:
+        """In a body: write these nodes (ids; -1: the outputs) into its proto again, then its holder's."""
+        if self.holder is None or self.source is None:
+            return
+        self.source = _written(self, nodes)
+        holder, parent = self.holder, self.parent
+        holder.set_attributes(_body_attributes(holder))
+        if parent is not None:
+            parent._rewritten({holder.id})
 
     def iter_nodes(self) -> Iterator[Node]:
         return iter(list(self.nodes.values()))
@@ -548,17 +624,91 @@ def produced_by(v: Value | None, op_type: str) -> OnnxNode | None:
     return p if ok else None  # type: ignore[return-value]
 
 
-def outer_names(node: OnnxNode) -> set[str]:
-    """Names a node's subgraph attributes (If/Loop/Scan bodies) read from the enclosing scope."""
+def _graphs_reads(node: OnnxNode) -> set[str]:
+    """The names a node's GRAPHS attributes (still protos: no standard op has one) read from outside."""
     names: set[str] = set()
     for a in node.attributes:
-        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]  # (a slice: a loop over a
-        for g in graphs:  # upb container ends by raising IndexError, and most attributes hold no graph)
-            names |= free_names(g)
+        if a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs[:]:  # (a slice: a loop over a upb container ends by raising IndexError)
+                names |= free_names(g)
     return names
 
 
 _place = operator.attrgetter("place")
+
+
+def _proto_reads(node: OnnxNode) -> set[str]:
+    """The names a node's bodies read from outside, from their protos (bodies not read as Graphs)."""
+    names: set[str] = set()
+    for a in node.attributes:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs[:]
+        for g in graphs:
+            names |= free_names(g)
+    return names
+
+
+def rewire_body(b: Graph, old: Value, new: Value) -> None:
+    """Point the reads of `old` by `b`'s nodes, outputs and nested bodies at `new`, and write them
+    (a `new` of the same name: the protos stay as they are)."""
+    changed: set[int] = set()
+    for n in b.nodes.values():
+        if any(v is old for v in n.inputs):
+            n.inputs = [new if v is old else v for v in n.inputs]
+            changed.add(n.id)
+        if n.__class__ is OnnxNode and n.bodies:
+            holder = n
+            if any(old in body.free_values().values() for body in holder.bodies.values()):
+                for body in holder.bodies.values():
+                    rewire_body(body, old, new)
+                if old.name != new.name:
+                    holder.set_attributes(_body_attributes(holder))
+                changed.add(n.id)
+    if any(v is old for v in b.outputs):
+        b.outputs = [new if v is old else v for v in b.outputs]
+        changed.add(-1)
+    if changed and b.source is not None and old.name != new.name:
+        b.source = _written(b, changed)
+
+
+def _written(b: Graph, changed: set[int]) -> onnx.GraphProto:
+    """`b.source` with the input names and attributes of the `changed` nodes (ids; -1: the graph's
+    outputs) written from the Graph (its nodes are its proto's, one to one, in order)."""
+    proto = onnx.GraphProto()
+    proto.CopyFrom(cast(onnx.GraphProto, b.source))
+    for k, n in enumerate(b.nodes.values()):
+        if n.id not in changed:
+            continue
+        p = proto.node[k]
+        if n.__class__ is OnnxNode:
+            del p.input[:]
+            p.input.extend("" if v is None else v.name for v in n.inputs)
+            del p.attribute[:]
+            p.attribute.extend(n.attributes)
+            n.source = p
+        else:  # a DML node: its proto's inputs are its own from the first (DiagonalMatrix: from the second)
+            skip = 1 if n.op_type == "DiagonalMatrix" else 0
+            for j in range(len(p.input)):
+                v = n.inputs[j + skip]
+                p.input[j] = "" if v is None else v.name
+    if -1 in changed:
+        for vi, v in zip(proto.output, b.outputs):
+            vi.name = v.name
+    return proto
+
+
+def _body_attributes(holder: OnnxNode) -> list[onnx.AttributeProto]:
+    """`holder`'s attributes with each GRAPH one holding its body Graph's proto."""
+    out = []
+    for a in holder.attributes:
+        body = holder.bodies.get(a.name) if a.type == onnx.AttributeProto.GRAPH else None
+        if body is not None and body.source is not None and body.source is not a.g:
+            written = onnx.AttributeProto(name=a.name, type=a.type)
+            if a.HasField("doc_string"):
+                written.doc_string = a.doc_string
+            written.g.CopyFrom(body.source)
+            a = written
+        out.append(a)
+    return out
 
 
 def free_names(g: onnx.GraphProto) -> set[str]:

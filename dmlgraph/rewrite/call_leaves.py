@@ -16,7 +16,7 @@ from typing import Iterable
 
 import onnx
 
-from dmlgraph.io.onnx_io import graphs_of
+from dmlgraph.io.onnx_io import graphs_of, set_bodies
 from dmlgraph.ir.graph import Graph, OnnxNode
 
 FunctionKey = tuple[str, str, str]  # domain, name, overload
@@ -80,7 +80,7 @@ def pass_leaves(g: Graph, key: FunctionKey, n_formals: int, leaves: list[str]) -
             attributes = [_copy(a) for a in n.attributes]
             count = sum(_edit(body, key, n_formals, leaves) for a in attributes for body in graphs_of([a]))
             if count:
-                g.set_bodies(n, attributes)
+                set_bodies(g, n, attributes)
                 edited += count
     return edited
 

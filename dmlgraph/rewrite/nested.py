@@ -31,9 +31,10 @@ from dmlgraph.io.onnx_io import (
     has_dml_nodes,
     import_model,
     onnx_node_proto,
+    set_bodies,
 )
 from dmlgraph.io.shape_inference import CHILD_MIN_NODES, PendingShapes, ValueType, type_shape, whole_value_types
-from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names
+from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, ModelInfo, Node, OnnxNode, Value, free_names, rewire_body
 from dmlgraph.rewrite import Match, PassResult, body_reuse, call_leaves
 from dmlgraph.rewrite.call_leaves import STANDARD, FunctionKey, call_key, proto_call_key
 
@@ -154,8 +155,9 @@ class _Driver:
         found = []  # (node, attribute index, [(label, body)])
         for node in _holders(parent):
             for i, a in enumerate(node.attributes):
-                if a.type == onnx.AttributeProto.GRAPH:
-                    found.append((node, i, [(a.name, a.g)]))
+                if a.type == onnx.AttributeProto.GRAPH:  # (the body Graph as written: unchanged, as read)
+                    body = node.bodies.get(a.name)
+                    found.append((node, i, [(a.name, a.g if body is None or body.source is None else body.source)]))
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
         each = [(node, node.attributes[i].name, body) for node, i, bodies in found for _, body in bodies]
@@ -184,7 +186,7 @@ class _Driver:
                 kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
                 touched.setdefault(node, list(node.attributes))[i] = _graph_attribute(a, kept)
         for node, attributes in touched.items():
-            parent.set_bodies(node, attributes)  # (its outer reads may have changed: remove_dead looks again)
+            set_bodies(parent, node, attributes)  # (its outer reads may have changed: remove_dead looks again)
         return bool(touched)
 
     def _key(self, parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, s: _Spec,
@@ -574,7 +576,7 @@ def _body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto,
     borrowed: dict[str, Value | np.ndarray | DmlNode] = {}
     constants: list[onnx.TensorProto] = []  # small enclosing constants, which shape inference reads
     for name in reads:
-        v = parent.values.get(name)
+        v = parent.find(name)
         if v is None:
             return f"it reads {name!r}, which no enclosing scope defines"
         if not v.elem_type:
@@ -913,6 +915,10 @@ def _split(whole: Graph, s: _Spec, nodes: list[Node]) -> Graph:
             values[name] = v
     for n in nodes:
         n.inputs = [None if v is None else values[v.name] for v in n.inputs]
+        for b in n.bodies.values() if n.__class__ is OnnxNode else ():  # (what its bodies read: the same)
+            for name, x in b.free_values().items():
+                if values.get(name, x) is not x:
+                    rewire_body(b, x, values[name])
         g.add_node(n)
     g.initializers = {name: values[name] for name in initializers}
     g.inputs = [values[vi.name] for vi in s.inputs if vi.name not in g.initializers]
@@ -951,11 +957,20 @@ def _drop(items: Any, gone: Callable[[Any], bool]) -> None:
         del items[i]
 
 
-def execution_body(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto) -> Body:
-    """The body `node` runs, as a Graph to execute (the executor runs bodies holding DML nodes)."""
-    body = build_body(parent, node, attr, proto, FreshDims(lambda: _fresh_like_dims(parent, [proto])))
-    if isinstance(body, str):
-        raise DmlgraphError(f"cannot run the {attr} of {node.op_type} node {node.name!r}: {body}")
+def execution_body(parent: Graph, node: OnnxNode, attr: str) -> Graph:
+    """`node`'s body Graph under `attr`, its values typed as a lowering types them (the executor
+    runs bodies holding DML nodes: a zero-trip Loop's outputs take the body's types)."""
+    body = node.bodies.get(attr)
+    if body is None or body.source is None:
+        raise DmlgraphError(f"cannot run the {attr} of {node.op_type} node {node.name!r}: it is not a body")
+    proto = body.source
+    typed = build_body(parent, node, attr, proto, FreshDims(lambda: _fresh_like_dims(parent, [proto])))
+    if isinstance(typed, str):
+        raise DmlgraphError(f"cannot run the {attr} of {node.op_type} node {node.name!r}: {typed}")
+    for name, v in body.values.items():
+        t = typed.graph.values.get(name)
+        if t is not None and t.elem_type:
+            v.elem_type, v.shape = t.elem_type, t.shape
     return body
 
 

@@ -13,7 +13,7 @@ import onnx
 
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.io.onnx_io import dml_function_keys, graphs_of, has_dml
-from dmlgraph.ir.graph import CONTROL_FLOW, Graph, OnnxNode, Value
+from dmlgraph.ir.graph import CONTROL_FLOW, Graph, Node, OnnxNode, Value
 from dmlgraph.rewrite.call_leaves import STANDARD, call_key
 from dmlgraph.rewrite.nested import all_nodes, execution_body, execution_function
 from dmlgraph.runtime.onnx_runner import numpy_dtype
@@ -40,6 +40,17 @@ def host_nodes(g: Graph) -> dict[int, OnnxNode]:
     return found
 
 
+def reads(g: Graph, n: Node) -> list[Value | None]:
+    """What a step of `g` running `n` reads: `g.reads(n)`, and the values of scopes enclosing `g`
+    that `n`'s bodies read (`g` a body: they are fed to its executor)."""
+    found = g.reads(n)
+    if n.__class__ is not OnnxNode or not n.bodies or g.parent is None:
+        return found
+    seen = {id(v) for v in found}
+    more = [v for b in n.bodies.values() for v in b.free_values().values() if id(v) not in seen]
+    return found + list({id(v): v for v in more}.values())
+
+
 def _calls_any(n: OnnxNode, keys: set) -> bool:
     """Whether `n`'s bodies call one of these functions."""
     return any((x.domain, x.op_type, x.overload) in keys for body in graphs_of(n.attributes)
@@ -51,7 +62,7 @@ class HostStep:
 
     def __init__(self, graph: Graph, node: OnnxNode, make_executor: MakeExecutor) -> None:
         self.graph, self.node, self._make = graph, node, make_executor
-        self.inputs = list(dict.fromkeys(v.name for v in graph.reads(node) if v is not None))
+        self.inputs = list(dict.fromkeys(v.name for v in reads(graph, node) if v is not None))
         self.outputs = [v.name for v in node.outputs]
         self._bodies: dict[str, Any] = {}  # attribute name -> sub-executor
         self._trace: list | None = None  # this run's DML calls are appended here, when traced
@@ -79,14 +90,14 @@ class HostStep:
 
     # -- bodies
     def _executor(self, attr: str) -> Any:
-        """The sub-executor of the body under `attr` ('' for the called function), made once."""
+        """The sub-executor of the body under `attr` (the node's body Graph, typed; '' for the
+        called function), made once."""
         ex = self._bodies.get(attr)
         if ex is None:
             if attr == "":
                 g = execution_function(self.graph, self.node)
             else:
-                proto = next(a.g for a in self.node.attributes if a.name == attr)
-                g = execution_body(self.graph, self.node, attr, proto).graph
+                g = execution_body(self.graph, self.node, attr)
             ex = self._bodies[attr] = self._make(g)
         return ex
 
@@ -95,8 +106,10 @@ class HostStep:
         ex = self._executor(attr)
         g = ex.graph
         feeds = dict(zip((v.name for v in g.inputs), formal))
-        for v in g.inputs[len(formal):]:  # the enclosing values the body reads
+        for v in g.inputs[len(formal):]:  # (a called function: the leaves passed after its formals)
             feeds[v.name] = read(v.name)
+        for name in g.free_values():  # the enclosing values a body reads, through its edges
+            feeds[name] = read(name)
         if self._trace is None:
             out = ex.run(feeds)
         else:

@@ -220,7 +220,7 @@ class Executor:
         produced = {v.name for n in region.nodes for v in n.outputs}
         needed: list[str] = []
         for n in region.nodes:
-            names = [v.name for v in self.graph.reads(n) if v is not None]
+            names = [v.name for v in control_flow.reads(self.graph, n) if v is not None]
             for name in names:
                 if name not in produced and name not in needed:
                     needed.append(name)
@@ -237,7 +237,7 @@ class Executor:
             g = self.graph
             inits, external, inputs = [], {}, []
             for name in region.inputs:
-                v = g.values[name]
+                v = cast(Value, g.find(name))  # (in a body: an enclosing value too)
                 if name in g.initializers:
                     if v.initializer is None:  # made by a rule
                         inits.append(onnx.numpy_helper.from_array(np.asarray(v.array), name))
@@ -386,7 +386,7 @@ class Executor:
                     trace.append(DmlCall(step, *self._dml_operands(step, env), env[step.outputs[0].name],
                                          self._matrix(step, env)))
             elif isinstance(step, control_flow.HostStep):
-                env.update(step.run(lambda name: self._value(g.values[name], env), trace))
+                env.update(step.run(lambda name: self._value(cast(Value, g.find(name)), env), trace))
                 t_dml += time.perf_counter() - t0
             else:
                 runner = self._runner(step, env)

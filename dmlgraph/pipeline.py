@@ -214,9 +214,10 @@ def match_record(m: Match, with_reason: bool = False) -> dict:
 
 
 def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] | None = None,
-                   census: bool = False) -> PassResult:
+                   census: bool = False, target: str = "dml") -> PassResult:
     """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place
-    (`census`: with the mask census of each body and function in the result)."""
+    (`census`: with the mask census of each body and function in the result; `target` the export's:
+    on `onnx` a lowered body's portable form is written from the copy its rules ran on)."""
     from dmlgraph.passes import default_phases  # the one place where core and passes meet
     from dmlgraph.passes.scoped import varying_masks
 
@@ -225,7 +226,8 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
     def flat(graph: Graph) -> PassResult:
         return manager.run(graph, progress if graph is g else None)
 
-    return optimize_nested(g, flat, varying_masks, mask_census.body_census if census else None, mask_census.kinds)
+    return optimize_nested(g, flat, varying_masks, mask_census.body_census if census else None, mask_census.kinds,
+                           options.exact_only if target == "onnx" else None)
 
 
 @dataclass(frozen=True)
@@ -485,7 +487,7 @@ def _exact(m: Match, g: Graph, target: str, options: Options) -> bool:
     dml = m.dml
     if not isinstance(dml, DmlNode) or target != "onnx":
         return bool(getattr(dml, "exact", True))
-    if dml.id in g.nodes:
+    if dml.id in g.nodes or dml.portable_form is not None:  # (a body's: its form written from its typed copy)
         return dml.exact and dml.portable_exact
     return dml.exact and portable_is_exact(dml, g.info.opset_imports.get("", 0), options.exact_only)
 
@@ -495,7 +497,7 @@ def _lower_graph(g: Graph, source: onnx.ModelProto, options: Options, target: st
     """The rules on `g` (in place), then the export to `target`, cleaned: (what ran, the model,
     whether the clean-up changed it). The portable target writes opset 13 ops at least (Trilu
     needs 14): below that every site is declined, saying so, and the input kept."""
-    result = optimize_graph(g, options, progress, census)
+    result = optimize_graph(g, options, progress, census, target)
     opset = g.info.opset_imports.get("", 0)
     if target == "onnx" and opset < PORTABLE_MIN_OPSET and result.applied:
         result = _all_declined(result, f"not written: the portable target writes ops of opset {PORTABLE_MIN_OPSET} "

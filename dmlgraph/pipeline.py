@@ -227,7 +227,7 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
         return manager.run(graph, progress if graph is g else None)
 
     return optimize_nested(g, flat, varying_masks, mask_census.body_census if census else None, mask_census.kinds,
-                           options.exact_only if target == "onnx" else None)
+                           options.exact_only if target == "onnx" else None, not options.declined_sites)
 
 
 @dataclass(frozen=True)

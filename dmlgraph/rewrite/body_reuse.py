@@ -18,6 +18,7 @@ import onnx
 
 from dmlgraph.ir.graph import DmlNode, Graph, Node, ReservedNames, Value
 from dmlgraph.rewrite import Match, PassResult
+from dmlgraph.rewrite.engine import Replacement
 
 ENABLED = True  # (tests compare the written models with reuse off)
 _OPEN, _CLOSE = "\u2983", "\u2984"
@@ -369,6 +370,9 @@ class _Renamed:
         bounds = m.captures.get("bounds")  # (a mask's Begin/End as text: the KV-cache reports read them)
         if bounds is not None:
             captures = {"bounds": tuple(self.c.to_real(b) for b in bounds)} | captures
+        rep = m.replacement  # (what it replaces, in the body's names: `costs.site_costs` reads it)
         return Match(m.rule, [self.node(n) for n in m.nodes], captures,
                      None if m.reason is None else self.c.to_real(m.reason), [self.c.to_real(i) for i in m.initializers],
+                     None if rep is None else Replacement(replaces=[(cast(Value, self.value(old)), cast(Value, self.value(new)))
+                                                                   for old, new in rep.replaces], exact=rep.exact, rule=rep.rule),
                      dml=dml)

@@ -75,12 +75,14 @@ def nested_dml_nodes(result: PassResult) -> list[DmlNode]:
 
 # ---- the driver ----------------------------------------------------------------------------------
 def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census | None = None,
-                    kinds: Kinds | None = None, portable: bool | None = None) -> PassResult:
+                    kinds: Kinds | None = None, portable: bool | None = None, reuse: bool = True) -> PassResult:
     """`flat` on `g`, then on every If/Loop/Scan body and model-local function, written back in
     place; one PassResult for all of them. `census`: take the mask census of each body and function
     too (its rows, each with its `scope`, in `PassResult.census`; the main graph's is the caller's).
     `portable`: the export writes the portable target (with this `exact_only`): each lowered body's
-    portable form is written too, from the typed copy the rules ran on (`Graph.portable`)."""
+    portable form is written too, from the typed copy the rules ran on (`Graph.portable`).
+    `reuse`: lower a body as another's template renamed (`body_reuse`); off where the rules decline
+    sites by their names (`Options.declined_sites`), which a template in tokens does not have."""
     holders = _holders(g)
     if not holders and not g.info.functions:
         return flat(g)  # (nearly every model: no bodies, no functions)
@@ -89,6 +91,7 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census
     traced = _traced(g, g.info.functions, visible)  # (the calls' arguments as the graph computes them before the rules)
     driver = _Driver(flat, explain, flat(g), g)
     driver.portable = portable
+    driver.reuse = reuse
     driver.visible = visible
     driver.calls.total = call_leaves.count_calls(g, g.info.functions)
     driver.calls.cones_of(traced)
@@ -122,6 +125,7 @@ class _Driver:
         self.template_rows: dict[tuple, list[dict]] = {}  # a template's rows, in tokens
         self.visible: frozenset[str] = frozenset()  # main-graph inputs a call may pass as a leaf
         self.portable: bool | None = None  # `optimize_nested`'s
+        self.reuse = True  # `optimize_nested`'s
 
     def result(self) -> PassResult:
         return PassResult(bool(self.applied), self.counts, self.declined, self.applied, self.iterations,
@@ -167,7 +171,7 @@ class _Driver:
                     found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
         each = [(node, node.attributes[i].name, body) for node, i, bodies in found for _, body in bodies]
         specs = [_body_spec(parent, node, attr, proto, self.dims, varying or {}) for node, attr, proto in each]
-        keys = [self._key(parent, node, attr, proto, s, varying or {}) if isinstance(s, _Spec) else None
+        keys = [self._key(parent, node, attr, proto, s, varying or {}) if isinstance(s, _Spec) and self.reuse else None
                 for (node, attr, proto), s in zip(each, specs)]
         self.sightings.update(k[0] for k in keys if k is not None)
         reused = [k is not None and self.sightings[k[0]] > 1 for k in keys]

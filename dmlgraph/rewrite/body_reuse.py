@@ -371,8 +371,9 @@ class _Renamed:
         if bounds is not None:
             captures = {"bounds": tuple(self.c.to_real(b) for b in bounds)} | captures
         rep = m.replacement  # (what it replaces, in the body's names: `costs.site_costs` reads it)
+        renamed = None if rep is None else Replacement(
+            replaces=[(cast(Value, self.value(old)), cast(Value, self.value(new))) for old, new in rep.replaces],
+            exact=rep.exact, rule=rep.rule)
         return Match(m.rule, [self.node(n) for n in m.nodes], captures,
                      None if m.reason is None else self.c.to_real(m.reason), [self.c.to_real(i) for i in m.initializers],
-                     None if rep is None else Replacement(replaces=[(cast(Value, self.value(old)), cast(Value, self.value(new)))
-                                                                   for old, new in rep.replaces], exact=rep.exact, rule=rep.rule),
-                     dml=dml)
+                     renamed, dml=dml)

@@ -19,6 +19,7 @@ import onnx
 
 from dmlgraph import mask_census
 from dmlgraph.costs import (
+    GROWTH_ALLOWANCE,
     GROWTH_DECLINE,
     STAMP,
     all_nodes,
@@ -521,17 +522,10 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
     reference = _cleaned(source)  # (what declining every site writes: a site is not paid for by the clean-up)
     for _ in range(2 * len(applied) + 1):
         found = [(m, why) for m, why in growing_sites(reference, out, applied, target) if site_key(m) not in declined]
-        if not found:  # no site grows the model on its own, together they do: the costliest goes
-            costs = [(c[:2], i, c[2]) for i, c in enumerate(site_costs(reference, out, applied))
-                     if c is not None and site_key(applied[i]) not in declined]
-            if not costs:
+        if not found:  # no site grows the model on its own, together they do: the costliest go
+            found = _costliest_sites(reference, source, out, applied, declined, target)
+            if not found:
                 return None
-            _, i, what = max(costs)
-            extra = all_nodes(out) - all_nodes(source)
-            added = (f"{extra} node{'s' if extra > 1 else ''}" if extra > 0 else
-                     f"{unstamped_bytes(out) - unstamped_bytes(source)} bytes")
-            found = [(applied[i], f"{GROWTH_DECLINE}{added} on target {target} together with the other sites "
-                      f"({growth(source, out)}), this one costing the most: {what}")]
         declined |= {site_key(m): why for m, why in found}
         _, g = load(model, base_dir)
         result, out, cleaned = _lower_graph(g, source, dataclasses.replace(options, declined_sites=declined), target,
@@ -542,6 +536,28 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
         if not applied:  # every site declined with its own numbers: the input is written
             return g, result, out, cleaned
     return None
+
+
+def _costliest_sites(reference: onnx.ModelProto, source: onnx.ModelProto, out: onnx.ModelProto,
+                     applied: list[Match], declined: dict[str, str], target: str) -> list[tuple[Match, str]]:
+    """The costliest sites of `out` whose costs together cover what it adds over `source`
+    (nodes if it has more, else bytes), costliest first: declined in one run, not one run per
+    site (thousands of body sites made that quadratic). Empty when no site has a cost."""
+    extra_nodes = all_nodes(out) - all_nodes(source)
+    extra = extra_nodes if extra_nodes > 0 else unstamped_bytes(out) - unstamped_bytes(source) - GROWTH_ALLOWANCE
+    costs = sorted(((c[:2], i, c[2]) for i, c in enumerate(site_costs(reference, out, applied))
+                    if c is not None and site_key(applied[i]) not in declined), reverse=True)
+    added = (f"{extra_nodes} node{'s' if extra_nodes > 1 else ''}" if extra_nodes > 0 else
+             f"{unstamped_bytes(out) - unstamped_bytes(source)} bytes")
+    found: list[tuple[Match, str]] = []
+    covered = 0.0
+    for (nodes, size), i, what in costs:
+        found.append((applied[i], f"{GROWTH_DECLINE}{added} on target {target} together with the other sites "
+                                  f"({growth(source, out)}), this one among the costliest: {what}"))
+        covered += nodes if extra_nodes > 0 else size
+        if covered >= extra:
+            break
+    return found
 
 
 def _cleaned(source: onnx.ModelProto) -> onnx.ModelProto:

@@ -20,7 +20,7 @@ def _optimum_mask() -> onnx.ModelProto:
     n = h.make_node
     nodes = [
         n("Shape", ["past_key"], ["s_past"]), n("Gather", ["s_past", "two"], ["past"], axis=0),
-        n("Shape", ["input_ids"], ["s_ids"]), n("Gather", ["s_ids", "one"], ["S"], axis=0),
+        n("Gather", ["embed", "input_ids"], ["emb"]), n("Shape", ["emb"], ["s_ids"]), n("Gather", ["s_ids", "one"], ["S"], axis=0),
         n("Gather", ["s_ids", "zero"], ["B"], axis=0),
         n("Add", ["past", "S"], ["end"]), n("Range", ["past", "end", "one"], ["cache"]),
         n("Shape", ["cache"], ["s_cache"]), n("Gather", ["s_cache", "zero"], ["q"], axis=0),
@@ -49,7 +49,8 @@ def _optimum_mask() -> onnx.ModelProto:
              h.make_tensor("m1", T.INT64, [1], [-1]), h.make_tensor("ax0", T.INT64, [1], [0]),
              h.make_tensor("ax012", T.INT64, [3], [0, 1, 2]), h.make_tensor("ax013", T.INT64, [3], [0, 1, 3]),
              h.make_tensor("ax123", T.INT64, [3], [1, 2, 3]), h.make_tensor("zf", T.FLOAT, [], [0.0]),
-             h.make_tensor("ninf", T.FLOAT, [], [float("-inf")])]
+             h.make_tensor("ninf", T.FLOAT, [], [float("-inf")]),
+             h.make_tensor("embed", T.FLOAT, [100, 4], np.zeros(400, np.float32))]
     g = h.make_graph(nodes, "optimum_mask",
                      [h.make_tensor_value_info("input_ids", T.INT64, ["batch", "sequence"]),
                       h.make_tensor_value_info("attention_mask", T.INT64, ["batch", "past + sequence"]),

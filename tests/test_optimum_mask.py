@@ -20,7 +20,8 @@ def _optimum_mask() -> onnx.ModelProto:
     n = h.make_node
     nodes = [
         n("Shape", ["past_key"], ["s_past"]), n("Gather", ["s_past", "two"], ["past"], axis=0),
-        n("Gather", ["embed", "input_ids"], ["emb"]), n("Shape", ["emb"], ["s_ids"]), n("Gather", ["s_ids", "one"], ["S"], axis=0),
+        n("Gather", ["embed", "input_ids"], ["emb"]), n("Shape", ["emb"], ["s_ids"]),
+        n("Gather", ["s_ids", "one"], ["S"], axis=0),
         n("Gather", ["s_ids", "zero"], ["B"], axis=0),
         n("Add", ["past", "S"], ["end"]), n("Range", ["past", "end", "one"], ["cache"]),
         n("Shape", ["cache"], ["s_cache"]), n("Gather", ["s_cache", "zero"], ["q"], axis=0),

@@ -205,7 +205,8 @@ class DimKeys:
         if isinstance(p, DmlNode):  # (its output has the sizes it is given, else its input's)
             if p.inputs[1] is not None:
                 return self._entries(p.inputs[1], depth)
-            return None if p.static_shape is not None or p.inputs[0] is None else self.dims(p.inputs[0], depth)
+            own = None if p.static_shape is not None else self.dims(p.inputs[0], depth)
+            return None if own is None else [*own]
         if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx") or not p.inputs or p.inputs[0] is None:
             return None
         op, ins = p.op_type, p.inputs
@@ -287,10 +288,10 @@ class DimKeys:
         if to is None:
             return None
         if to == [("c", -1)]:
-            total: Key | None = ("c", 1)
-            for k in x:
-                total = key_arith("Mul", total, k)
-            return [total]
+            count: Key | None = ("c", 1)
+            for size in x:
+                count = key_arith("Mul", count, size)
+            return [count]
         out: list[Key | None] = []
         for a, k in enumerate(to):
             c = key_int(k)

@@ -94,3 +94,23 @@ def test_optimums_mask_lowers_right(past: int, seq: int, pad: int) -> None:
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     got = ort.InferenceSession(portable.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got))
+
+
+def test_dim_keys_see_the_lengths_the_mask_computes() -> None:
+    """q = len(Range(past, past + S)) is S; the padding's `Reshape(.., Shape(idx))` keeps idx's
+    batch (a 0 there would copy the flat length, a product with that batch as a factor: 0 too);
+    Range(S, past + S) is past long; Range(1, past + S) is not known (1 is no term of the limit)."""
+    from dmlgraph.io import onnx_io
+    from dmlgraph.io.dim_keys import DimKeys
+
+    model = _optimum_mask()
+    model.graph.node.extend([h.make_node("Range", ["S", "end", "one"], ["other"]),
+                             h.make_node("Range", ["one", "end", "one"], ["from_1"])])
+    model.graph.output.extend([h.make_tensor_value_info(v, T.INT64, [None]) for v in ("other", "from_1")])
+    g = onnx_io.import_model(model)
+    keys = DimKeys(g)
+    s, past = ("dim", "input_ids", 1), ("dim", "past_key", 2)
+    assert keys.dims(g.values["cache"]) == [s]
+    assert keys.dims(g.values["pad"]) == [("dim", "input_ids", 0), ("c", 1), ("c", 1), ("add", *sorted((s, past), key=repr))]
+    assert keys.dims(g.values["other"]) == [past]
+    assert keys.dims(g.values["from_1"]) == [("dim", "from_1", 0)]

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from dmlgraph.io.dim_keys import DimKeys
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.apply import band_operands
 from dmlgraph.passes.broadcast import (
@@ -57,8 +58,9 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
         return m
     if node.op_type == "Reshape":
         return _match_reshape(graph, node, d, band, target_dims, m, options)
+    same = node.op_type == "Expand" and _expand_is_identity(graph, node)
     if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
-            not (same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
+            not (same or same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
         m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix (output's last two dims "
                     f"{list(out.shape or ())[-2:]}, band's {list(band or ())})")
         return m
@@ -73,7 +75,7 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
         else:
             m.reason = f"the target shape of Expand {node.name!r} has an unknown length"
             return m
-        plan: dict[str, Any] = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target]}
+        plan: dict[str, Any] = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target], "same": same}
     else:
         axes = _axes(graph, node)
         rank = len(out.shape)
@@ -98,6 +100,17 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
                                           value=d.value, begin=d.begin, end=d.end, exact=d.exact)
     m.reason = lowering_reason(preview, out.shape, options)
     return m
+
+
+def _expand_is_identity(graph: Graph, node: OnnxNode) -> bool:
+    """The Expand's target is, axis by axis, the band's own size or a 1 (`DimKeys`: sizes traced to
+    the reads that make them, never dim names), so it returns the band as it is (Optimum's
+    `[batch, 1, q, k]` from a computed shape)."""
+    keys = DimKeys(graph)
+    band = keys.dims(node.inputs[0])
+    target = keys.entries(node.inputs[1])
+    return band is not None and target is not None and len(target) <= len(band) and \
+        all(t is not None and (t == ("c", 1) or t == b) for t, b in zip(target, band[len(band) - len(target):]))
 
 
 def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None, target: list | None, m: Match,
@@ -144,6 +157,8 @@ def _rewrite_view(ctx: Context, m: Match) -> Replacement:
         if plan["reshape_x"]:
             x = _reshaped_input(graph, cast(Value, x), plan["reshape"], plan["lead"], out.name, built)
         shape = None if static else plan["reshape"]
+    elif plan.get("same"):  # (the band's own sizes: the target's plumbing can die)
+        shape, static = d.inputs[1], d.static_shape
     else:
         sources = plan["sources"]
         if plan["unsqueeze"] is not None:

@@ -604,7 +604,9 @@ def targets(result: Result) -> list[Target]:
     compared = len(result.rows)
     equal = sum(r.equal for r in result.rows)
     out.append(Target("portable outputs bit-identical to the original's", f"{equal}/{compared} model x set x threads",
-                      "every one", None if not compared else equal == compared and not result.failures))
+                      "every one",
+                      None if not compared and not result.failures else  # (memory only: nothing compared)
+                      equal == compared > 0 and not result.failures))
     mem = [m for m in result.memory if m.ratio is not None]
     if mem:
         worst_m = max(mem, key=lambda m: m.ratio or 0.0)

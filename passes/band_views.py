@@ -131,12 +131,13 @@ def _bound(v: Value, i: int, hint: str, built: Built) -> Value:
     return built.node("Slice", [v, lo, hi], f"{hint}__bound", shape=(1,))
 
 
-def _sliced_input(x: Value, rank: int, axes: list[int], how: dict[int, str], starts: Value, ends: Value, hint: str,
-                  built: Built) -> Value:
+def _sliced_input(x: Value, out: tuple[Dim, ...] | None, axes: list[int], how: dict[int, str], starts: Value,
+                  ends: Value, hint: str, built: Built) -> Value:
     """x sliced like the band along the axes in `how`; along a "choose" axis the bounds are [0:] where
     x's dim is 1 at run time (broadcast: kept whole)."""
-    taken = sorted(how)
-    lead = rank - len(cast("tuple[Dim, ...]", x.shape))
+    taken, x_shape = sorted(how), list(cast("tuple[Dim, ...]", x.shape))
+    rank = len(out) if out is not None else len(x_shape)
+    lead = rank - len(x_shape)
     idx = built.constant(f"{hint}__pos", np.array([axes.index(a) for a in taken], np.int64))
     s = built.node("Gather", [starts, idx], f"{hint}__xstarts", shape=(len(taken),), axis=0)
     e = built.node("Gather", [ends, idx], f"{hint}__xends", shape=(len(taken),), axis=0)
@@ -151,7 +152,9 @@ def _sliced_input(x: Value, rank: int, axes: list[int], how: dict[int, str], sta
         e = built.node("Where", [kept, built.constant(f"{hint}__big", np.array([BOUND_LIMIT], np.int64)), e],
                        f"{hint}__xends", shape=(len(taken),))
     ax = built.constant(f"{hint}__axes", np.array([a - lead for a in taken], np.int64))
-    return built.node("Slice", [x, s, e, ax], f"{hint}__input", x.elem_type, None)
+    for a in taken:
+        x_shape[a - lead] = out[a] if out is not None and how[a] == "take" else None
+    return built.node("Slice", [x, s, e, ax], f"{hint}__input", x.elem_type, tuple(x_shape))
 
 
 def _static_axis(n: Dim, s: np.ndarray | None, e: np.ndarray | None, i: int) -> tuple[int | None, int | None]:
@@ -175,7 +178,7 @@ def build_slice(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str,
     s_arr, e_arr = const_value(graph, plan["starts"]), const_value(graph, plan["ends"])
     starts, ends = _int64(plan["starts"], hint, built), _int64(plan["ends"], hint, built)
     if plan["how"]:
-        x = _sliced_input(cast(Value, x), rank, axes, plan["how"], starts, ends, hint, built)
+        x = _sliced_input(cast(Value, x), node.outputs[0].shape, axes, plan["how"], starts, ends, hint, built)
     need_sizes = not plan["full"] and static_out is None
     band_shape = cast("tuple[Dim, ...]", node.inputs[0].shape)  # type: ignore[union-attr]
     sizes_vec: Value | None = None

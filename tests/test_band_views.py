@@ -49,19 +49,20 @@ def _band_nodes(source: str) -> tuple[list, list, list]:
     return nodes, inits, []
 
 
-def _model(source: str, data: str, elem: int = T.FLOAT, view: str = "slice", bounds: tuple | None = None):
+def _model(source: str, data: str, elem: int = T.FLOAT, view: str = "slice", bounds: tuple | None = None,
+           axes: tuple[int, int] = (-2, -1), static: int | None = None):
     """y = view(band applied to data): `data` "pad" (And with the padding: bool data), "x" (Where(band,
     x, fill): data of `elem`); the view a Slice of the last two axes (bounds graph inputs, or
     constants) or a Transpose."""
     nodes, inits, inputs = _band_nodes(source)
-    inputs += [h.make_tensor_value_info("pad", T.INT64, ["B", "L"])]
+    inputs += [h.make_tensor_value_info("pad", T.INT64, [2, static] if static else ["B", "L"])]
     if data == "pad":
         nodes += [h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL),
                   h.make_node("Unsqueeze", ["padb", "ax12"], ["p"]), h.make_node("And", ["band", "p"], ["m"])]
         inits.append(c("ax12", np.array([1, 2])))
         out_type = T.BOOL
     else:
-        inputs.append(h.make_tensor_value_info("x", elem, ["B", 2, "R", "C"]))
+        inputs.append(h.make_tensor_value_info("x", elem, [2, 2, static, static] if static else ["B", 2, "R", "C"]))
         nodes.append(h.make_node("Where", ["band", "x", "fill"], ["m"]))
         inits.append(c("fill", np.array(-3.5, FLOATS[elem])))
         out_type = elem
@@ -71,7 +72,7 @@ def _model(source: str, data: str, elem: int = T.FLOAT, view: str = "slice", bou
         else:
             inputs += [h.make_tensor_value_info("st", T.INT64, [2]), h.make_tensor_value_info("en", T.INT64, [2])]
         nodes.append(h.make_node("Slice", ["m", "st", "en", "axes"], ["y"]))
-        inits.append(c("axes", np.array([-2, -1])))
+        inits.append(c("axes", np.array(axes)))
     else:
         nodes.append(h.make_node("Transpose", ["m"], ["y"], perm=[0, 1, 3, 2]))
     return model_of(nodes, inputs, [h.make_tensor_value_info("y", out_type, ["B", "H", "R", "C"])], inits)
@@ -142,3 +143,19 @@ def test_slice_with_a_step_is_declined_named():
     _, result = lower(model)
     assert not result.counts["mask_view"]
     assert any("step other than 1" in (m.reason or "") for m in result.declined), [m.reason for m in result.declined]
+
+
+@pytest.mark.parametrize("data", ["pad", "x"])
+@pytest.mark.parametrize("axes", [(-2, -1), (0, -1), (-2, 1)])
+def test_slice_of_a_static_band_and_of_its_batch_axes(data, axes):
+    """Static sizes (the clamped starts and lengths are constants where the bounds are), and a batch
+    axis sliced with a matrix axis (the data sliced alike, a broadcast axis left whole)."""
+    for static in (None, 3):
+        model = _model("causal", data, axes=axes, static=static)
+        g, result = lower(model)
+        _lowered(g, result)
+        feeds = []
+        for s in ((static,) if static else SIZES):
+            for i, (st, en) in enumerate(BOUNDS):
+                feeds.append(dict(_feeds("causal", data, T.FLOAT, s, 7 * s + i), st=np.array(st), en=np.array(en)))
+        check(model, g, feeds, reference=data == "x")

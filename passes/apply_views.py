@@ -170,11 +170,11 @@ def _rewrite_view(ctx: Context, m: Match) -> Replacement:
 def _rewrite_band_view(ctx: Context, node: OnnxNode, d: DmlNode, plan: dict[str, Any]) -> Replacement:
     """Slice / Transpose of the band: the node over the viewed input, its region moved (band_views)."""
     built, out = Built(), node.outputs[0]
-    x, sizes, k, begin, end = (build_slice if plan["view"] == "slice" else build_transpose)(
+    x, sizes, k, begin, end, matrix = (build_slice if plan["view"] == "slice" else build_transpose)(
         ctx.graph, node, d, plan, out.name, built)
-    static = out.static_shape if sizes is None and not plan["full"] else None
+    static = out.static_shape if sizes is None else None
     dml = DmlNode(node.name, x, sizes, k, standin(out, d.elem_type), elem_type=d.elem_type, value=d.value,
-                  begin=begin, end=end, static_shape=static, exact=d.exact)
+                  begin=begin, end=end, static_shape=static, exact=d.exact, matrix=matrix, claimed=matrix is not None)
     r = replace_node(node, dml, *built.nodes)
     r.initializers = built.initializers
     return r

@@ -37,7 +37,8 @@ def _input_axes(d: DmlNode, d_value: Value, axes: list[int]) -> tuple[str | None
     lead = len(band) - len(x.shape)
     if lead < 0:
         return f"the band's input {x.name!r} {list(x.shape)} has more axes than the band", {}
-    own = d.inputs[1] is None and d.static_shape is None  # (the band takes x's shape)
+    # (the band takes x's shape, unless claimed: then its mask's sizes may broadcast x)
+    own = d.inputs[1] is None and d.static_shape is None and not d.claimed
     how = {}
     for a in axes:
         if a < lead or x.shape[a - lead] == 1:
@@ -45,6 +46,47 @@ def _input_axes(d: DmlNode, d_value: Value, axes: list[int]) -> tuple[str | None
         how[a] = "take" if own or isinstance(x.shape[a - lead], int) or \
             same_dims((x.shape[a - lead],), (band[a],)) else "choose"
     return None, how
+
+
+def _claim_reason(d: DmlNode, what: str) -> str | None:
+    """Why a claimed band's mask sizes (`DmlNode.matrix`) cannot be viewed: they must be a vector of
+    known length (the view moves its last two)."""
+    m = d.matrix if d.claimed else None
+    if m is not None and (m.shape is None or len(m.shape) != 1 or not isinstance(m.shape[0], int) or m.shape[0] < 2):
+        return f"{what} of a band applied by a claimed dim name whose mask sizes have no known length"
+    return None
+
+
+def _claimed_matrix(d: DmlNode, lengths: dict[int, Value], first: dict[int, Value | int], rank: int, hint: str,
+                    built: Built) -> Value:
+    """A claimed band's mask sizes [.., H, W] at the slice: a side sliced takes the slice's length, and
+    its start shifts the band, unless it is 1 (the model broadcast the mask along it: kept, no
+    shift). `first` is updated in place to the shifts the mask's band takes."""
+    m = cast(Value, d.matrix)
+    n = cast(int, cast("tuple[Dim, ...]", m.shape)[0])
+    one = built.constant(f"{hint}__one1", np.array([1], np.int64))
+    pieces = []
+    if n > 2:
+        pieces.append(built.node("Slice", [m, built.constant(f"{hint}__z1", np.array([0], np.int64)),
+                                           built.constant(f"{hint}__b", np.array([n - 2], np.int64))],
+                                 f"{hint}__mask_batch", shape=(n - 2,)))
+    for a, i in ((rank - 2, n - 2), (rank - 1, n - 1)):
+        side = built.node("Slice", [m, built.constant(f"{hint}__i", np.array([i], np.int64)),
+                                    built.constant(f"{hint}__i1", np.array([i + 1], np.int64))], f"{hint}__side", shape=(1,))
+        if a not in lengths:
+            pieces.append(side)
+            continue
+        broadcast = built.node("Equal", [side, one], f"{hint}__bcast", TensorProto.BOOL, (1,))
+        pieces.append(built.node("Where", [broadcast, one, lengths[a]], f"{hint}__side", shape=(1,)))
+        f = first.get(a, 0)
+        if f != 0:
+            start = built.constant(f"{hint}__f", np.array([f], np.int64)) if isinstance(f, int) else \
+                built.node("Reshape", [f, one], f"{hint}__f", shape=(1,))
+            moved = built.node("Where", [broadcast, built.constant(f"{hint}__z1", np.array([0], np.int64)), start],
+                               f"{hint}__start", shape=(1,))
+            first[a] = built.node("Reshape", [moved, built.constant(f"{hint}__scalar", np.zeros(0, np.int64))],
+                                  f"{hint}__start", shape=())
+    return built.node("Concat", pieces, f"{hint}__mask_sizes", shape=(n,), axis=0)
 
 
 def match_slice(graph: Graph, node: OnnxNode, d: DmlNode, d_value: Value) -> tuple[str | None, Plan]:
@@ -73,8 +115,11 @@ def match_slice(graph: Graph, node: OnnxNode, d: DmlNode, d_value: Value) -> tup
     if any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != len(axes):
         return f"the axes {axes} of Slice {node.name!r} are out of range or repeated", {}
     axes = [a % rank for a in axes]
-    if d.claimed:
-        return f"Slice {node.name!r} of a band applied by a claimed dim name (its mask's sizes would change)", {}
+    why = _claim_reason(d, f"Slice {node.name!r}")
+    if why is None and d.claimed and any(a < rank - 2 for a in axes):
+        why = f"Slice {node.name!r} of a batch axis of a band applied by a claimed dim name"
+    if why is not None:
+        return why, {}
     why, how = _input_axes(d, d_value, axes)
     if why is not None:
         return f"Slice {node.name!r}: {why}", {}
@@ -99,8 +144,11 @@ def match_transpose(graph: Graph, node: OnnxNode, d: DmlNode, d_value: Value) ->
         return f"the band feeding Transpose {node.name!r} has an unknown rank", {}
     if sorted(perm[-2:]) != [rank - 2, rank - 1]:
         return f"Transpose {node.name!r} moves a matrix axis among the batch axes", {}
-    if d.claimed:
-        return f"Transpose {node.name!r} of a band applied by a claimed dim name (its mask's sizes would change)", {}
+    why = _claim_reason(d, f"Transpose {node.name!r}")
+    if why is None and d.claimed and perm[:-2] != list(range(rank - 2)):
+        why = f"Transpose {node.name!r} moves the batch axes of a band applied by a claimed dim name"
+    if why is not None:
+        return why, {}
     x = d.inputs[0]
     if x is not None and x.shape is None:
         return f"Transpose {node.name!r}: the band's input {x.name!r} has an unknown shape", {}
@@ -171,15 +219,18 @@ def _static_axis(n: Dim, s: np.ndarray | None, e: np.ndarray | None, i: int) -> 
 
 
 def build_slice(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str, built: Built
-                ) -> tuple[Value | None, Value | None, Value | None, int | None, int | None]:
-    """(x, sizes or None for x's / the static shape, k, begin, end) of the band at the slice."""
+                ) -> tuple[Value | None, Value | None, Value | None, int | None, int | None, Value | None]:
+    """(x, sizes or None for x's / the static shape, k, begin, end, a claimed band's mask sizes) of the
+    band at the slice."""
     x, source = d.inputs[0], plan["source"]
     rank, axes, static_out = source.rank, plan["axes"], node.outputs[0].static_shape
     s_arr, e_arr = const_value(graph, plan["starts"]), const_value(graph, plan["ends"])
     starts, ends = _int64(plan["starts"], hint, built), _int64(plan["ends"], hint, built)
     if plan["how"]:
         x = _sliced_input(cast(Value, x), node.outputs[0].shape, axes, plan["how"], starts, ends, hint, built)
-    need_sizes = not plan["full"] and static_out is None
+    # (a claimed band's output broadcasts x's sizes with its mask's, whose sides of 1 stay: the sizes say it)
+    need_sizes = static_out is None and (not plan["full"] or d.claimed)
+    need_lengths = need_sizes or d.claimed
     band_shape = cast("tuple[Dim, ...]", node.inputs[0].shape)  # type: ignore[union-attr]
     sizes_vec: Value | None = None
     zero = built.constant(f"{hint}__zero", np.array([0], np.int64))
@@ -187,11 +238,11 @@ def build_slice(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str,
     lengths: dict[int, Value] = {}
     for i, a in enumerate(axes):
         matrix = a >= rank - 2
-        if not matrix and not need_sizes:
+        if not matrix and not need_lengths:
             continue
         n_dim = source.static[a] if source.static is not None else band_shape[a]
         f0, length = _static_axis(n_dim, s_arr, e_arr, i)
-        if f0 is not None and (length is not None or not need_sizes):
+        if f0 is not None and (length is not None or not need_lengths):
             if matrix:
                 first[a] = f0
             if length is not None:
@@ -204,6 +255,13 @@ def build_slice(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str,
                 sizes_vec = _sizes(source, hint, built)
             n = built.node("Gather", [sizes_vec, built.constant(f"{hint}__a", np.array(a, np.int64))],
                            f"{hint}__n", shape=())
+            if d.claimed:  # (the output's dim: the sizes' broadcast with the mask's)
+                mi = cast("tuple[int]", cast(Value, d.matrix).shape)[0] - rank + a
+                md = built.node("Gather", [cast(Value, d.matrix), built.constant(f"{hint}__m", np.array(mi, np.int64))],
+                                f"{hint}__mask_n", shape=())
+                is1 = built.node("Equal", [n, built.constant(f"{hint}__one", np.array(1, np.int64))], f"{hint}__is1",
+                                 TensorProto.BOOL, ())
+                n = built.node("Where", [is1, md, n], f"{hint}__n", shape=())
         rng = built.node("Range", [built.constant(f"{hint}__z", np.array(0, np.int64)), n,
                                    built.constant(f"{hint}__one", np.array(1, np.int64))], f"{hint}__range", shape=(None,))
         kept = built.node("Slice", [rng, _bound(starts, i, hint, built), _bound(ends, i, hint, built), zero],
@@ -230,12 +288,14 @@ def build_slice(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str,
             hi = built.constant(f"{hint}__hi", np.array([rank], np.int64))
             pieces.append(built.node("Slice", [sizes_vec, lo, hi], f"{hint}__dims", shape=(rank - i,)))
         sizes = built.node("Concat", pieces, f"{hint}__out_sizes", shape=(rank,), axis=0) if len(pieces) > 1 else pieces[0]
+    matrix = _claimed_matrix(d, lengths, first, rank, hint, built) if d.claimed else None
     k, begin, end = d.inputs[2], d.begin, d.end
     if begin is None and end is None:
-        return x, sizes, k, begin, end
+        return x, sizes, k, begin, end, matrix
     row, col = first.get(rank - 2, 0), first.get(rank - 1, 0)
     if isinstance(row, int) and isinstance(col, int):  # a static shift moves the bounds themselves
-        return x, sizes, k, None if begin is None else begin + row - col, None if end is None else end + row - col
+        return x, sizes, k, None if begin is None else begin + row - col, \
+            None if end is None else end + row - col, matrix
     if isinstance(col, int):
         shift = row if col == 0 else built.node("Sub", [cast(Value, row), built.constant(
             f"{hint}__c0", np.array(col, np.int64))], f"{hint}__shift", shape=())
@@ -244,7 +304,7 @@ def build_slice(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str,
                            shape=())
     else:
         shift = built.node("Sub", [row, col], f"{hint}__shift", shape=())
-    return x, sizes, _plus_k(k, cast(Value, shift), hint, built), begin, end
+    return x, sizes, _plus_k(k, cast(Value, shift), hint, built), begin, end, matrix
 
 
 def _clamped_k(k: Value, hint: str, built: Built) -> Value:
@@ -264,8 +324,8 @@ def _plus_k(k: Value | None, shift: Value, hint: str, built: Built) -> Value:
 
 
 def build_transpose(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str, built: Built
-                    ) -> tuple[Value | None, Value | None, Value | None, int | None, int | None]:
-    """(x, sizes or None for x's, k, begin, end) of the band transposed."""
+                    ) -> tuple[Value | None, Value | None, Value | None, int | None, int | None, Value | None]:
+    """(x, sizes or None for x's, k, begin, end, a claimed band's mask sizes) of the band transposed."""
     x, perm, rank = d.inputs[0], plan["perm"], plan["source"].rank
     if x is not None and not all(s == 1 for s in cast("tuple[Dim, ...]", x.shape)):
         xs = cast("tuple[Dim, ...]", x.shape)
@@ -282,9 +342,13 @@ def build_transpose(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: 
         else:
             order = built.constant(f"{hint}__perm", np.array(perm, np.int64))
             sizes = built.node("Gather", [_sizes(source, hint, built), order], f"{hint}__out_sizes", shape=(rank,), axis=0)
-    k, begin, end = d.inputs[2], d.begin, d.end
+    k, begin, end, matrix = d.inputs[2], d.begin, d.end, d.matrix if d.claimed else None
+    if matrix is not None and plan["mirror"]:  # (the batch axes stay: the match checked)
+        n = cast(int, cast("tuple[Dim, ...]", matrix.shape)[0])
+        order = built.constant(f"{hint}__mask_perm", np.array(list(range(n - 2)) + [n - 1, n - 2], np.int64))
+        matrix = built.node("Gather", [matrix, order], f"{hint}__mask_sizes", shape=(n,), axis=0)
     if plan["mirror"]:
         begin, end = (None if d.end is None else 1 - d.end), (None if d.begin is None else 1 - d.begin)
         if k is not None:
             k = built.node("Neg", [_clamped_k(k, hint, built)], f"{hint}__k_negated", shape=())
-    return x, sizes, k, begin, end
+    return x, sizes, k, begin, end, matrix

@@ -159,3 +159,30 @@ def test_slice_of_a_static_band_and_of_its_batch_axes(data, axes):
             for i, (st, en) in enumerate(BOUNDS):
                 feeds.append(dict(_feeds("causal", data, T.FLOAT, s, 7 * s + i), st=np.array(st), en=np.array(en)))
         check(model, g, feeds, reference=data == "x")
+
+
+@pytest.mark.parametrize("view", ["slice", "transpose"])
+@pytest.mark.parametrize("source", ["causal", "trilu"])
+def test_a_view_of_a_claimed_band(view, source):
+    """x and pad both declare L: the band is applied by that claim and reads its mask's sizes at run
+    time (`DmlNode.matrix`). The view moves them too; where the claim breaks (pad's L is 1, x's is
+    not: the model broadcasts the mask's one row and column) the mask's sides of 1 stay and take no
+    shift."""
+    model = _model(source, "x", view=view)
+    x = model.graph.input[-3 if view == "slice" else -1]
+    assert x.name == "x"
+    for i, name in ((2, "L"), (3, "L")):
+        x.type.tensor_type.shape.dim[i].dim_param = name
+    g, result = lower(model)
+    _lowered(g, result)
+    assert any(isinstance(n, DmlNode) and n.claimed for n in g.nodes.values())
+    feeds = []
+    for s, n in [(s, s) for s in SIZES] + [(3, 1), (2, 1), (0, 1)]:
+        for i, (st, en) in enumerate(BOUNDS if view == "slice" else [([0], [0])]):
+            for k in (_ks("x")[:3] if source == "trilu" else (0,)):
+                f = _feeds(source, "x", T.FLOAT, n, 3 * s + i, k)
+                f["x"] = _data(np.float32, (2, 2, s, s), 3 * s + i)
+                if view == "slice":
+                    f.update(st=np.array(st), en=np.array(en))
+                feeds.append(f)
+    check(model, g, feeds, reference=True)

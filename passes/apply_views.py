@@ -3,7 +3,8 @@ that node at the new shape; a Slice or Transpose of one is that node over the vi
 region moved (passes/band_views.py).
 
 DIAGONAL_MATRIX1 fills by the last two axes only, so changing the batch axes gives the same node
-with other sizes (bit-exact); a view that touches the matrix is declined (docs/internals.md, passes/apply_views.py).
+with other sizes (bit-exact); an Expand, Unsqueeze or Reshape that touches the matrix is declined
+(docs/internals.md, passes/apply_views.py).
 """
 from __future__ import annotations
 

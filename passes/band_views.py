@@ -6,7 +6,7 @@ ONNX clamps them, so j - i in [b, e) becomes j - i in [b + r0 - c0, e + r0 - c0)
 and the sizes are read from a Slice of Range(0, N) with the model's own bounds (onnxruntime clamps
 them, negative, past the end or -S at S = 0 alike); an empty slice has no element, so any shift
 describes it. Transpose of the last two axes: (i, j) is (j, i) of the band, so [b, e) becomes
-[-e + 1, -b + 1) and k becomes -k. Proof: docs/limits.md, "Views of a band".
+[-e + 1, -b + 1) and k becomes -k. Proof: docs/masks.md, "Views of a band that holds data".
 """
 from __future__ import annotations
 
@@ -173,8 +173,10 @@ def _int64(v: Value, hint: str, built: Built) -> Value:
     return built.node("Cast", [v], f"{hint}__bounds", shape=v.shape, to=TensorProto.INT64)
 
 
-def _bound(v: Value, i: int, hint: str, built: Built) -> Value:
-    """Entry i of a Slice's (int64) starts/ends as a 1-element vector."""
+def _bound(v: Value, arr: np.ndarray | None, i: int, hint: str, built: Built) -> Value:
+    """Entry i of a Slice's (int64) starts/ends as a 1-element vector (`arr`: their constant value)."""
+    if arr is not None:
+        return built.constant(f"{hint}__bound", np.asarray(arr, np.int64).reshape(-1)[i:i + 1])
     lo, hi = built.constant(f"{hint}__i", np.array([i], np.int64)), built.constant(f"{hint}__i1", np.array([i + 1], np.int64))
     return built.node("Slice", [v, lo, hi], f"{hint}__bound", shape=(1,))
 
@@ -264,7 +266,7 @@ def build_slice(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str,
                 n = built.node("Where", [is1, md, n], f"{hint}__n", shape=())
         rng = built.node("Range", [built.constant(f"{hint}__z", np.array(0, np.int64)), n,
                                    built.constant(f"{hint}__one", np.array(1, np.int64))], f"{hint}__range", shape=(None,))
-        kept = built.node("Slice", [rng, _bound(starts, i, hint, built), _bound(ends, i, hint, built), zero],
+        kept = built.node("Slice", [rng, _bound(starts, s_arr, i, hint, built), _bound(ends, e_arr, i, hint, built), zero],
                           f"{hint}__kept", shape=(None,))
         lengths[a] = built.node("Shape", [kept], f"{hint}__len", shape=(1,))
         if matrix:  # (an empty slice takes 0: any shift describes it)

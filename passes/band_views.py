@@ -39,6 +39,8 @@ def _input_axes(d: DmlNode, d_value: Value, axes: list[int]) -> tuple[str | None
         return f"the band's input {x.name!r} {list(x.shape)} has more axes than the band", {}
     # (the band takes x's shape, unless claimed: then its mask's sizes may broadcast x)
     own = d.inputs[1] is None and d.static_shape is None and not d.claimed
+    if own or _full(d, d_value):  # (x's dims are the band's, 1s included: each is sliced, none broadcast)
+        return None, {a: "take" for a in axes if a >= lead}
     how = {}
     for a in axes:
         if a < lead or x.shape[a - lead] == 1:

@@ -97,7 +97,8 @@ def _ks(data: str) -> tuple[int, ...]:
 def _lowered(g, result) -> None:
     """y is made by one DIAGONAL_MATRIX1 node: the view went into it."""
     assert result.counts["mask_view"] >= 1, [m.reason for m in result.declined]
-    assert [isinstance(n, DmlNode) for n in g.nodes.values() if n.outputs[0].name == "y"] == [True]
+    assert [isinstance(n, DmlNode) for n in g.nodes.values() if n.outputs[0].name == "y"] == [True], \
+        [m.reason for m in result.declined]
 
 
 @pytest.mark.parametrize("source,data,elem", [("causal", "pad", None), ("causal", "x", T.FLOAT),
@@ -186,3 +187,42 @@ def test_a_view_of_a_claimed_band(view, source):
                     f.update(st=np.array(st), en=np.array(en))
                 feeds.append(f)
     check(model, g, feeds, reference=True)
+
+
+@pytest.mark.parametrize("data", ["pad", "x"])
+def test_slice_of_a_one_row_band_slices_its_row(data):
+    """A band of one row [1, L] (a decode step) applied to data of its own shape: the data's row axis
+    is 1 and not broadcast, so the slice takes it too (`[1:]` leaves no row). Found by the fuzzer of
+    forms (seed 11) where a body's band took its data's shape."""
+    nodes = [h.make_node("Shape", ["pad"], ["ps"]), h.make_node("Gather", ["ps", "one"], ["len"], axis=0),
+             h.make_node("Unsqueeze", ["len", "ax0"], ["l1"]), h.make_node("Concat", ["o1", "l1"], ["shape"], axis=0),
+             h.make_node("ConstantOfShape", ["shape"], ["ones"], value=h.make_tensor("v", T.FLOAT, [1], [1.0])),
+             h.make_node("Trilu", ["ones", "k"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["b2"], to=T.BOOL),
+             h.make_node("Unsqueeze", ["b2", "ax01"], ["band"])]
+    inits = [c("one", np.int64(1)), c("ax0", np.array([0])), c("ax01", np.array([0, 1])), c("o1", np.array([1])),
+             c("axes", np.array([-2, -1]))]
+    inputs = [h.make_tensor_value_info("pad", T.INT64 if data == "x" else T.BOOL, [1, "L"]),
+              h.make_tensor_value_info("k", T.INT64, []),
+              h.make_tensor_value_info("st", T.INT64, [2]), h.make_tensor_value_info("en", T.INT64, [2])]
+    if data == "x":
+        inputs.append(h.make_tensor_value_info("x", T.FLOAT, [1, 2, 1, "L"]))
+        nodes.append(h.make_node("Where", ["band", "x", "fill"], ["m"]))
+        inits.append(c("fill", np.float32(-3.5)))
+    else:
+        nodes += [h.make_node("Unsqueeze", ["pad", "ax01"], ["p"]), h.make_node("And", ["band", "p"], ["m"])]
+    nodes.append(h.make_node("Slice", ["m", "st", "en", "axes"], ["y"]))
+    out = h.make_tensor_value_info("y", T.FLOAT if data == "x" else T.BOOL, ["B", "H", "R", "C"])
+    model = model_of(nodes, inputs, [out], inits)
+    g, result = lower(model)
+    _lowered(g, result)
+    feeds = []
+    for n in (1, 2, 4):
+        for i, (st, en) in enumerate(BOUNDS):
+            for k in (-1, 0, 2):
+                f = {"k": np.array(k), "st": np.array(st), "en": np.array(en)}
+                if data == "x":
+                    f.update(pad=np.ones((1, n), np.int64), x=_data(np.float32, (1, 2, 1, n), n + i))
+                else:
+                    f["pad"] = np.arange(n).reshape(1, n) % 2 == 0
+                feeds.append(f)
+    check(model, g, feeds, reference=data == "x")

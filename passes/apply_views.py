@@ -47,6 +47,11 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
         perm, rank = node.attr("perm", None), len(d_value.shape or ())
         if perm is not None and list(perm) == list(range(rank)):
             return None  # (the identity: nothing to lower or say)
+    if node.op_type in ("Slice", "Transpose") and d.inputs[0] is None and d.inputs[2] is None:
+        # (a band of shapes only: its view is the cone's, which the mask analysis proves or declines)
+        m.reason = (f"{node.op_type} {node.name!r} of a band of shapes only is left to the mask analysis "
+                    "(its rows or columns would shift the band's bounds)")
+        return m
     if node.op_type in ("Slice", "Transpose"):
         why, view = (match_slice if node.op_type == "Slice" else match_transpose)(graph, node, d, d_value)
         if why is not None:

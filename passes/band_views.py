@@ -275,23 +275,9 @@ def build_slice(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str,
             padded = built.node("Concat", [kept, zero], f"{hint}__kept0", shape=(None,), axis=0)
             first[a] = f0 if f0 is not None else built.node(
                 "Gather", [padded, built.constant(f"{hint}__z", np.array(0, np.int64))], f"{hint}__start", shape=())
-    sizes = None
-    if need_sizes:
-        if sizes_vec is None:
-            sizes_vec = _sizes(source, hint, built)
-        pieces, i = [], 0
-        for a in sorted(lengths):
-            if a > i:
-                lo = built.constant(f"{hint}__lo", np.array([i], np.int64))
-                hi = built.constant(f"{hint}__hi", np.array([a], np.int64))
-                pieces.append(built.node("Slice", [sizes_vec, lo, hi], f"{hint}__dims", shape=(a - i,)))
-            pieces.append(lengths[a])
-            i = a + 1
-        if i < rank:
-            lo = built.constant(f"{hint}__lo", np.array([i], np.int64))
-            hi = built.constant(f"{hint}__hi", np.array([rank], np.int64))
-            pieces.append(built.node("Slice", [sizes_vec, lo, hi], f"{hint}__dims", shape=(rank - i,)))
-        sizes = built.node("Concat", pieces, f"{hint}__out_sizes", shape=(rank,), axis=0) if len(pieces) > 1 else pieces[0]
+    if need_sizes and sizes_vec is None:
+        sizes_vec = _sizes(source, hint, built)
+    sizes = _sliced_sizes(cast(Value, sizes_vec), lengths, rank, hint, built) if need_sizes else None
     matrix = _claimed_matrix(d, lengths, first, rank, hint, built) if d.claimed else None
     k, begin, end = d.inputs[2], d.begin, d.end
     if begin is None and end is None:
@@ -309,6 +295,23 @@ def build_slice(graph: Graph, node: OnnxNode, d: DmlNode, plan: Plan, hint: str,
     else:
         shift = built.node("Sub", [row, col], f"{hint}__shift", shape=())
     return x, sizes, _plus_k(k, cast(Value, shift), hint, built), begin, end, matrix
+
+
+def _sliced_sizes(sizes_vec: Value, lengths: dict[int, Value], rank: int, hint: str, built: Built) -> Value:
+    """The band's sizes with each sliced axis' length in place."""
+    pieces, i = [], 0
+    for a in sorted(lengths):
+        if a > i:
+            lo = built.constant(f"{hint}__lo", np.array([i], np.int64))
+            hi = built.constant(f"{hint}__hi", np.array([a], np.int64))
+            pieces.append(built.node("Slice", [sizes_vec, lo, hi], f"{hint}__dims", shape=(a - i,)))
+        pieces.append(lengths[a])
+        i = a + 1
+    if i < rank:
+        lo = built.constant(f"{hint}__lo", np.array([i], np.int64))
+        hi = built.constant(f"{hint}__hi", np.array([rank], np.int64))
+        pieces.append(built.node("Slice", [sizes_vec, lo, hi], f"{hint}__dims", shape=(rank - i,)))
+    return built.node("Concat", pieces, f"{hint}__out_sizes", shape=(rank,), axis=0) if len(pieces) > 1 else pieces[0]
 
 
 def _clamped_k(k: Value, hint: str, built: Built) -> Value:

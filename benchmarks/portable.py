@@ -18,7 +18,7 @@ the model's own inputs:
 * peak memory of a run: each model (original and portable) in a fresh child process per
   measurement, one thread, onnxruntime's CPU arena and memory pattern off (so the resident set
   follows the tensors a run allocates, not the arena's growth in doubling chunks; glibc's
-  malloc with a fixed mmap threshold, see CHILD_ENV), the
+  malloc mapping every buffer of a page or more, with no top pad, see CHILD_ENV), the
   high-water mark reset (/proc/self/clear_refs 5) after the session is built: the run's peak is
   VmHWM during one run minus VmRSS before it, at the model's largest input set (the long
   prefill where it runs). The session's own resident memory (weights, constants) is reported
@@ -44,7 +44,8 @@ the model's own inputs:
   arms side by side.
 
 Run: `python -m benchmarks portable [--quick] [--json FILE]` (`python -m benchmarks.portable
-[--rounds N] [--exact] [--models NAME ...] [--control] [--baseline DIR]`). A baseline folder from
+[--rounds N] [--exact] [--models NAME ...] [--control] [--baseline DIR] [--memory-only
+[--repeats N]]`). A baseline folder from
 another checkout: `cd /tmp && PYTHONPATH=/path/to/main python -m benchmarks.portable --write-portable
 DIR --models ...` run with this file on the path (it only calls `dmlgraph.optimize`).
 """
@@ -84,7 +85,10 @@ MB = 1024 * 1024
 # back when freed, so the resident set follows the live tensors. With the default (dynamic)
 # threshold, the first free of a mapped buffer raises it and later buffers come from the heap,
 # which keeps freed memory: one model's run peaked at 26 or 50 MiB from child to child (A/A).
-CHILD_ENV = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+# A page, not 64 KiB, and no top pad: a buffer of 4-64 KiB carved from the heap's slack stays
+# resident after it is freed, and how much slack a session's build leaves differs from graph to
+# graph, so the first run's peak moved by 0.1-0.2 MiB with the heap, not the tensors (benchmarks.md).
+CHILD_ENV = dict(os.environ, MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TOP_PAD_="0", MALLOC_TRIM_THRESHOLD_="0")
 
 
 @dataclass
@@ -438,16 +442,32 @@ def kernels(model: bytes | str, tmp: str) -> int:
     return len(onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node)
 
 
+def _runs(path: str, feed_sets: dict[str, dict[str, np.ndarray]]) -> list[str]:
+    """The sets the original runs (a long prefill past its positions does not: skipped, as timed)."""
+    sess, out = session(path, 1), []
+    for set_name, feeds in feed_sets.items():
+        try:
+            sess.run(None, feeds)
+        except Exception:  # the original cannot run it (past its positions): not a memory candidate
+            if not set_name.startswith("prefill_"):
+                raise
+            continue
+        out.append(set_name)
+    return out
+
+
 def rounds_for(quick: bool) -> int:
     return 3 if quick else 21
 
 
 def run(quick: bool = False, json_out: str | None = None, log: Callable[..., None] = print,
         rounds: int | None = None, exact: bool = False, models: list[str] | None = None,
-        memory: bool = True, control: bool = False, baseline: str | None = None) -> Result:
+        memory: bool = True, control: bool = False, baseline: str | None = None, timing: bool = True,
+        repeats: int | None = None) -> Result:
     """control: an A/A arm, a second session of the original model timed in the same rounds (the
     method's noise floor: every ratio should be 1.0). baseline: a folder of other portable outputs
-    (<model>.onnx) timed as a third arm."""
+    (<model>.onnx) timed as a third arm. timing=False: the memory children only (each set the
+    original runs is a candidate; no rows), `repeats` of them per model (default 5; 1 with quick)."""
     import onnx
 
     import dmlgraph
@@ -489,17 +509,20 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
             else:
                 feed_sets[long_name] = long_feeds
             try:
-                bench_model(name, path, portable, feed_sets, rounds, result, log, arms)
+                if timing:
+                    bench_model(name, path, portable, feed_sets, rounds, result, log, arms)
+                    ran = {r.input_set for r in result.rows if r.model == name and r.ratio is not None}
+                else:
+                    ran = set(_runs(path, feed_sets))
             except Exception as e:  # noqa: BLE001 - recorded as the model's failure; the others still run
                 result.failures.append(f"{name}: the original fails: {str(e)[:200]}")
                 continue
             if with_memory:
-                ran = {r.input_set for r in result.rows if r.model == name and r.ratio is not None}
                 candidates = [s for s in feed_sets if s in ran]
                 if candidates:
                     big = max(candidates, key=lambda s: (s == long_name, sum(a.nbytes for a in feed_sets[s].values())))
                     result.memory.append(bench_memory(name, path, portable_path, big, feed_sets[big],
-                                                      1 if quick else 5, tmp))
+                                                      repeats or (1 if quick else 5), tmp))
         if not with_memory:
             result.skipped.append("memory: /proc/self/clear_refs is not writable here (not Linux?): not measured")
     result.load.append(list(os.getloadavg()))
@@ -529,7 +552,7 @@ def _fmt(x: float | None) -> str:
 def per_model(result: Result) -> list[dict[str, Any]]:
     """Per model: median and worst ratio (named) at each thread setting, outputs, memory."""
     out = []
-    for model in dict.fromkeys(r.model for r in result.rows):
+    for model in dict.fromkeys([*(r.model for r in result.rows), *(m.model for m in result.memory)]):
         entry: dict[str, Any] = {"model": model}
         rows = [r for r in result.rows if r.model == model]
         for label in ("1", "default"):
@@ -581,7 +604,9 @@ def targets(result: Result) -> list[Target]:
     compared = len(result.rows)
     equal = sum(r.equal for r in result.rows)
     out.append(Target("portable outputs bit-identical to the original's", f"{equal}/{compared} model x set x threads",
-                      "every one", equal == compared and compared > 0 and not result.failures))
+                      "every one",
+                      None if not compared and not result.failures else  # (memory only: nothing compared)
+                      equal == compared > 0 and not result.failures))
     mem = [m for m in result.memory if m.ratio is not None]
     if mem:
         worst_m = max(mem, key=lambda m: m.ratio or 0.0)
@@ -646,6 +671,20 @@ def sets_table(rows: list[dict[str, Any]] | list[Row], markdown: bool = False) -
     return "\n".join(lines + counts)
 
 
+def memory_table(memory: list[Memory]) -> str:
+    """Per model: the set, first and second run's peak (MiB, original / portable), "over" where higher."""
+    lines = ["memory: model  set  first run o/p MiB  second run o/p MiB"]
+    for m in memory:
+        if m.ratio is None:
+            lines.append(f"  {m.model}  {m.input_set}  - ({m.note})")
+            continue
+        over = [w for w, r in (("first", m.ratio), ("second", m.second_ratio)) if r is not None and r > 1.0]
+        lines.append(f"  {m.model}  {m.input_set}  {m.original_run_mib:.3f}/{m.portable_run_mib:.3f}  "
+                     f"{m.original_second_mib or 0:.3f}/{m.portable_second_mib or 0:.3f}"
+                     + (f"  over: {', '.join(over)}" if over else ""))
+    return "\n".join(lines)
+
+
 def table(result: Result) -> str:
     head = ("model", "1 thread: median", "worst (set)", "default: median", "worst (set)", "outputs", "run peak MiB o/p",
             "mem x", "ort kernels o/p")
@@ -662,7 +701,7 @@ def table(result: Result) -> str:
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines += ["", sets_table(result.rows), ""]
+    lines += ["", sets_table(result.rows), "", memory_table(result.memory), ""]
     lines += [f"[{'met' if t.met else '-' if t.met is None else 'NOT met'}] {t.goal}: {t.detail} (goal {t.target})"
               for t in targets(result)]
     if result.failures:
@@ -723,6 +762,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exact", action="store_true", help="optimize with exact=True (bit-exact rules only)")
     p.add_argument("--models", nargs="+", metavar="NAME", help="only these models (names without .onnx)")
     p.add_argument("--no-memory", action="store_true", help="skip the memory children")
+    p.add_argument("--memory-only", action="store_true", help="only the memory children (no timing rows)")
+    p.add_argument("--repeats", type=int, help="memory children per model and side (default 5; 1 with --quick)")
     p.add_argument("--control", action="store_true",
                    help="A/A: time the original against a second session of itself (the noise floor)")
     p.add_argument("--baseline", metavar="DIR", help="also time DIR/<model>.onnx (another checkout's portable "
@@ -744,7 +785,8 @@ def main(argv: list[str] | None = None) -> int:
         write_portable(args.write_portable, args.models, args.exact)
         return 0
     result = run(quick=args.quick, json_out=args.json_out, rounds=args.rounds, exact=args.exact, models=args.models,
-                 memory=not args.no_memory, control=args.control, baseline=args.baseline)
+                 memory=not args.no_memory, control=args.control, baseline=args.baseline,
+                 timing=not args.memory_only, repeats=args.repeats)
     return 1 if result.failures else 0
 
 

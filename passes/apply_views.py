@@ -1,8 +1,10 @@
 """Batch-axis views of a band: `Expand`, `Unsqueeze` and `Reshape` of a DIAGONAL_MATRIX1 output are
-that node at the new shape.
+that node at the new shape; a Slice or Transpose of one is that node over the viewed input, its
+region moved (passes/band_views.py).
 
 DIAGONAL_MATRIX1 fills by the last two axes only, so changing the batch axes gives the same node
-with other sizes (bit-exact); a view that touches the matrix is declined (docs/internals.md, passes/apply_views.py).
+with other sizes (bit-exact); an Expand, Unsqueeze or Reshape that touches the matrix is declined
+(docs/internals.md, passes/apply_views.py).
 """
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from typing import Any, cast
 
 import numpy as np
 
+from dmlgraph.io.dim_keys import DimKeys
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.apply import band_operands
+from dmlgraph.passes.band_views import build_slice, build_transpose, match_slice, match_transpose
 from dmlgraph.passes.broadcast import (
     Built,
     ShapeSource,
@@ -40,25 +44,33 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     m = Match("mask_view", [node])
     band = matrix_dims(graph, d_value)
     target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []
-    if node.op_type == "Slice":
-        m.reason = (f"Slice {node.name!r} of a band that holds data or moves at run time is not lowered yet "
-                    "(its rows or columns would shift the band's bounds)")
-        return m
     if node.op_type == "Transpose":
         perm, rank = node.attr("perm", None), len(d_value.shape or ())
         if perm is not None and list(perm) == list(range(rank)):
             return None  # (the identity: nothing to lower or say)
-        mirrored = perm is None or list(perm)[-2:] != [rank - 2, rank - 1]
-        m.reason = (f"Transpose {node.name!r} of a band that holds data or moves at run time is not lowered yet "
-                    + ("(its region would mirror, its k negate)" if mirrored else "(it moves the band's batch axes)"))
+    if node.op_type in ("Slice", "Transpose") and d.inputs[0] is None and d.inputs[2] is None:
+        # (a band of shapes only: its view is the cone's, which the mask analysis proves or declines)
+        m.reason = (f"{node.op_type} {node.name!r} of a band of shapes only is left to the mask analysis "
+                    "(its rows or columns would shift the band's bounds)")
+        return m
+    if node.op_type in ("Slice", "Transpose"):
+        why, view = (match_slice if node.op_type == "Slice" else match_transpose)(graph, node, d, d_value)
+        if why is not None:
+            m.reason = why
+            return m
+        m.captures["plan"] = view
+        m.dml = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], standin(out), elem_type=d.elem_type,
+                                  value=d.value, begin=d.begin, end=d.end, exact=d.exact)
+        m.reason = lowering_reason(preview, out.shape, options)
         return m
     if node.op_type == "Reshape" and d.claimed:
         m.reason = f"Reshape {node.name!r} of a band applied by a claimed dim name (its mask's sizes keep their rank)"
         return m
     if node.op_type == "Reshape":
         return _match_reshape(graph, node, d, band, target_dims, m, options)
+    same = node.op_type == "Expand" and _expand_is_identity(graph, node)
     if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
-            not (same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
+            not (same or same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
         m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix (output's last two dims "
                     f"{list(out.shape or ())[-2:]}, band's {list(band or ())})")
         return m
@@ -73,7 +85,7 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
         else:
             m.reason = f"the target shape of Expand {node.name!r} has an unknown length"
             return m
-        plan: dict[str, Any] = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target]}
+        plan: dict[str, Any] = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target], "same": same}
     else:
         axes = _axes(graph, node)
         rank = len(out.shape)
@@ -98,6 +110,17 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
                                           value=d.value, begin=d.begin, end=d.end, exact=d.exact)
     m.reason = lowering_reason(preview, out.shape, options)
     return m
+
+
+def _expand_is_identity(graph: Graph, node: OnnxNode) -> bool:
+    """The Expand's target is, axis by axis, the band's own size or a 1 (`DimKeys`: sizes traced to
+    the reads that make them, never dim names), so it returns the band as it is (Optimum's
+    `[batch, 1, q, k]` from a computed shape)."""
+    keys = DimKeys(graph)
+    band = keys.dims(node.inputs[0])
+    target = keys.entries(node.inputs[1])
+    return band is not None and target is not None and len(target) <= len(band) and \
+        all(t is not None and (t == ("c", 1) or t == b) for t, b in zip(target, band[len(band) - len(target):]))
 
 
 def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None, target: list | None, m: Match,
@@ -139,11 +162,15 @@ def _rewrite_view(ctx: Context, m: Match) -> Replacement:
     d = cast(DmlNode, d_value.producer)
     plan, out = m.captures["plan"], node.outputs[0]
     built, x, shape = Built(), d.inputs[0], None
+    if "view" in plan:
+        return _rewrite_band_view(ctx, node, d, plan)
     static = plan["static"]
     if "reshape" in plan:
         if plan["reshape_x"]:
             x = _reshaped_input(graph, cast(Value, x), plan["reshape"], plan["lead"], out.name, built)
         shape = None if static else plan["reshape"]
+    elif plan.get("same"):  # (the band's own sizes: the target's plumbing can die)
+        shape, static = d.inputs[1], d.static_shape
     else:
         sources = plan["sources"]
         if plan["unsqueeze"] is not None:
@@ -156,6 +183,19 @@ def _rewrite_view(ctx: Context, m: Match) -> Replacement:
     dml = DmlNode(node.name, x, shape, d.inputs[2], standin(out, d.elem_type), elem_type=d.elem_type,
                   value=d.value, begin=d.begin, end=d.end, static_shape=static, exact=d.exact,
                   matrix=d.matrix if d.claimed else None, claimed=d.claimed)  # (a view adds batch axes only)
+    r = replace_node(node, dml, *built.nodes)
+    r.initializers = built.initializers
+    return r
+
+
+def _rewrite_band_view(ctx: Context, node: OnnxNode, d: DmlNode, plan: dict[str, Any]) -> Replacement:
+    """Slice / Transpose of the band: the node over the viewed input, its region moved (band_views)."""
+    built, out = Built(), node.outputs[0]
+    x, sizes, k, begin, end, matrix = (build_slice if plan["view"] == "slice" else build_transpose)(
+        ctx.graph, node, d, plan, out.name, built)
+    static = out.static_shape if sizes is None else None
+    dml = DmlNode(node.name, x, sizes, k, standin(out, d.elem_type), elem_type=d.elem_type, value=d.value,
+                  begin=begin, end=end, static_shape=static, exact=d.exact, matrix=matrix, claimed=matrix is not None)
     r = replace_node(node, dml, *built.nodes)
     r.initializers = built.initializers
     return r
@@ -223,4 +263,5 @@ def _unsqueezed_source(s: ShapeSource, axes: list[int], hint: str, built: Built)
 MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape", "Transpose", "Slice"), _match_view, _rewrite_view,
                  exact="bit-exact",
                  description="Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
-                                      "node at the new shape (a Transpose or Slice of one is declined)")
+                                      "node at the new shape; Slice (steps 1) / Transpose of one -> that node over the "
+                                      "viewed input, its region moved")

@@ -177,3 +177,22 @@ def test_cli_routes_the_new_suites(tmp_path, monkeypatch):
     assert main(["portable", "--quick"]) == 0
     assert main(["sizes", "--json", str(tmp_path / "s.json")]) == 0
     assert calls == [("portable", True, None), ("sizes", str(tmp_path / "s.json"))]
+
+
+def test_memory_only_measures_the_children_without_timing_rows():
+    result = bench_portable.run(models=["split_concat_tril_ts"], timing=False, repeats=1, log=lambda *a: None)
+    assert not result.rows and not result.failures
+    if bench_portable.memory_supported():
+        (m,) = result.memory
+        assert m.model == "split_concat_tril_ts" and m.repeats == 1 and m.ratio is not None
+        assert m.second_ratio is not None
+        assert "split_concat_tril_ts" in bench_portable.memory_table(result.memory)
+    rows = {t.goal: t for t in bench_portable.targets(result)}
+    assert rows["portable outputs bit-identical to the original's"].met is None  # nothing compared: not judged
+
+
+def test_memory_children_map_every_buffer_of_a_page_or_more():
+    # (the heap's slack left by a session's build decided where 4-64 KiB buffers went: benchmarks.md)
+    env = bench_portable.CHILD_ENV
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "4096" and env["MALLOC_TOP_PAD_"] == "0"
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "0"

@@ -109,7 +109,7 @@ def test_the_demo_skips_the_generator_and_times_the_applied_mask():
     # constants; the -inf mask applied to the scores still runs on its kernel, every time
     assert ex.last_path == "fast" and ex.timings["skipped"] == 1 and ex.timings["dml"] > 0
     assert 0 < ex.timings["dml"] + ex.timings["onnx"] <= ex.timings["total"]
-    kinds = [type(s).__name__ for s in ex._fast_steps]
+    kinds = [type(s).__name__ for s in ex.fast_plan]
     assert kinds == ["Region", "DmlNode", "Region"]
 
 
@@ -124,7 +124,7 @@ def test_gpt2_runs_two_sessions_around_its_padded_mask_at_steady_state():
     want = Executor(g, fast=False).run(feeds)
     ex.run(feeds)
     got = ex.run(feeds)
-    assert [type(s).__name__ for s in ex._fast_steps] == ["Region", "DmlNode", "Region"]
+    assert [type(s).__name__ for s in ex.fast_plan] == ["Region", "DmlNode", "Region"]
     assert ex.timings["dml"] > 0
     assert all(same_bits(got[k], want[k]) for k in want)
 
@@ -143,13 +143,13 @@ def test_twins_run_without_the_shape_constants_and_hand_out_copies():
     x = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)
     want = simple.run({"x": x})
     ex.run({"x": x})
-    assert not any(isinstance(s, executor.Region) and s.twin is not None for s in ex._fast_steps)
+    assert not any(isinstance(s, executor.Region) and s.twin is not None for s in ex.fast_plan)
     for _ in range(3):
         got = ex.run({"x": x})
         assert all(same_bits(got[k], want[k]) for k in want)
         got["s"][:] = 0  # the caller's copy
     assert ex.last_path == "fast"
-    region = next(s for s in ex._fast_steps if isinstance(s, executor.Region) and s.twin is not None)
+    region = next(s for s in ex.fast_plan if isinstance(s, executor.Region) and s.twin is not None)
     assert len(region.twin.model.graph.node) < len(region.runner.model.graph.node)
     assert "s" in region.twin.input_names and "s" in region.runner.output_names
 
@@ -162,7 +162,7 @@ def _twins_after_fast_runs(g) -> bool:
         got = ex.run(feeds)
         assert all(same_bits(got[k], want[k]) for k in want)
     assert ex.last_path == "fast"
-    return any(s.twin is not None for s in ex._fast_steps if isinstance(s, executor.Region))
+    return any(s.twin is not None for s in ex.fast_plan if isinstance(s, executor.Region))
 
 
 def test_regions_with_large_weights_get_no_twin(monkeypatch):
@@ -259,7 +259,7 @@ def test_kept_bytes_are_bounded(monkeypatch):
     for n in (3, 3, 4, 4, 20, 20):  # 20 x 20 float32 is over the budget: never kept
         got = ex.run({"x": np.zeros((n, n), np.float32)})
         assert same_bits(got["eye"], np.eye(n, n, 1, dtype=np.float32))
-    assert ex.last_path == "simple" and ex._cache_bytes <= 100
+    assert ex.last_path == "simple" and ex.cache_bytes <= 100
 
 
 def test_feeds_the_fast_path_does_not_take():

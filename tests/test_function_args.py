@@ -148,12 +148,9 @@ def test_sizes_the_caller_passes_lower_inside_the_function(form, target):
     build, constants = FORMS[form]
     original = build()
     # (the portable form of kv_cache's shifted band is bigger than its Range cone: growth allowed here)
-    result = pipeline.lower(original, pipeline.make_options(allow_growth=True), target=target, census=True)
+    result = lowered_in_function(original, target)
     model = result.model
-    onnx.checker.check_model(model, full_check=True)
     assert result.passes.applied and {m.captures.get("scope") for m in result.passes.applied} == {"local::F"}
-    rows = [r for r in result.passes.census if r["scope"] == "local::F"]
-    assert rows and all(r["status"] == "lowered" for r in rows), rows
     [f], [before] = model.functions, original.functions
     assert (list(f.input), list(f.output)) == (list(before.input), list(before.output))
     assert [n for n in model.graph.node if n.domain == "local"] == [n for n in original.graph.node if n.domain == "local"]
@@ -164,6 +161,16 @@ def test_sizes_the_caller_passes_lower_inside_the_function(form, target):
     pasts = [0, 1, 3] if "past" in [vi.name for vi in original.graph.input] else [0]
     assert_same_outputs(original, model, target, constants, pasts, lambda s, p, rng: _feeds(original, s, p, rng),
                         form)
+
+
+def lowered_in_function(original: onnx.ModelProto, target: str) -> pipeline.OptimizeResult:
+    """`original` lowered with growth allowed; the written model passes the full check and every
+    mask the census finds in function F is lowered."""
+    result = pipeline.lower(original, pipeline.make_options(allow_growth=True), target=target, census=True)
+    onnx.checker.check_model(result.model, full_check=True)
+    rows = [r for r in result.passes.census if r["scope"] == "local::F"]
+    assert rows and all(r["status"] == "lowered" for r in rows), rows
+    return result
 
 
 def assert_same_outputs(original: onnx.ModelProto, model: onnx.ModelProto, target: str, constants: list[int],

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from dmlgraph.ir.graph import Graph, OnnxNode, Value, produced_by
+from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value, produced_by
 
 
 # ---- what a sizes vector's entries provably are -----------------------------------------------------
@@ -192,12 +192,21 @@ class DimKeys:
         self.memo[id(v)] = (v, out)
         return out
 
+    def entries(self, v: Value | None) -> list[Key | None] | None:
+        """A sizes vector's entries as keys, its Shape reads traced through `dims`."""
+        return self._entries(v, 0)
+
     def _entries(self, v: Value | None, depth: int) -> list[Key | None] | None:
         """A sizes vector's entries, its Shape reads traced on from here (`entry_keys`)."""
         return entry_keys(self.g, v, 0, lambda src: self.dims(src, depth))
 
     def _trace(self, v: Value, depth: int) -> list[Key | None] | None:
         p = v.producer
+        if isinstance(p, DmlNode):  # (its output has the sizes it is given, else its input's)
+            if p.inputs[1] is not None:
+                return self._entries(p.inputs[1], depth)
+            own = None if p.static_shape is not None else self.dims(p.inputs[0], depth)
+            return None if own is None else [*own]
         if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx") or not p.inputs or p.inputs[0] is None:
             return None
         op, ins = p.op_type, p.inputs
@@ -215,10 +224,12 @@ class DimKeys:
             return self._entries(ins[0], depth)
         if op == "Range" and len(ins) == 3:
             start, limit, delta = (self._entries(i, depth) for i in ins)
-            if start == [("c", 0)] and delta == [("c", 1)] and limit is not None and len(limit) == 1 \
-                    and nonnegative(limit[0]):
+            if delta != [("c", 1)] or start is None or limit is None or len(start) != 1 or len(limit) != 1:
+                return None
+            if start == [("c", 0)] and nonnegative(limit[0]):
                 return limit  # (a size is >= 0: the length is the limit itself)
-            return None
+            n = _less(limit[0], start[0])  # Range(p, p + n): n long (integer keys: no rounding)
+            return [n] if n is not None and nonnegative(n) else None
         if x is None:
             return None
         if op in ("Unsqueeze", "Squeeze"):
@@ -270,21 +281,54 @@ class DimKeys:
 
     @staticmethod
     def _reshape(x: list[Key], to: list[Key | None] | None, allowzero: int) -> list[Key | None] | None:
-        """Reshape's output sizes: an entry > 0 (a constant, or a size where 0 would copy x's size and
-        x's size is that same key), x's size for a 0 entry (allowzero 0), not known for -1."""
+        """Reshape's output sizes: an entry > 0 (a constant, or a size k where a 0 would copy x's size
+        there and that size is 0 whenever k is: k itself, a product with k as a factor, or no axis of
+        x, where the run fails), x's size for a 0 entry (allowzero 0); -1 is known only as the whole
+        of a 1-D target (x's element count)."""
         if to is None:
             return None
+        if to == [("c", -1)]:
+            count: Key | None = ("c", 1)
+            for size in x:
+                count = key_arith("Mul", count, size)
+            return [count]
         out: list[Key | None] = []
         for a, k in enumerate(to):
             c = key_int(k)
             if c is not None:
                 out.append(("c", c) if c > 0 or (c == 0 and allowzero) else
                            (x[a] if c == 0 and a < len(x) else None))
-            elif k is not None and nonnegative(k) and (allowzero or (a < len(x) and x[a] == k)):
+            elif k is not None and nonnegative(k) and (allowzero or a >= len(x) or k in _factors(x[a])):
                 out.append(k)
             else:
                 out.append(None)
         return out
+
+
+def _factors(k: Key | None) -> list[Key]:
+    """k as a product: its factors (k itself when it is no product)."""
+    if k is None:
+        return []
+    return [*_factors(k[1]), *_factors(k[2])] if k[0] == "mul" else [k]
+
+
+def _terms(k: Key) -> list[Key]:
+    return [*_terms(k[1]), *_terms(k[2])] if k[0] == "add" else [k]
+
+
+def _less(total: Key | None, part: Key | None) -> Key | None:
+    """total - part when total is a sum with part among its terms (None otherwise)."""
+    if total is None or part is None:
+        return None
+    terms, drop = _terms(total), _terms(part)
+    for t in drop:
+        if t not in terms:
+            return None
+        terms.remove(t)
+    out: Key | None = ("c", 0)
+    for t in terms:
+        out = key_arith("Add", out, t)
+    return out
 
 
 def broadcast(parts: Sequence[Sequence[Key | None]]) -> list[Key | None] | None:

@@ -164,6 +164,7 @@ class Executor:
         self._keep: list[str] = []
         self._const_outputs: set[str] = set()
         self._outputs: list[tuple[str, int]] = []
+        self._fast_steps: list[Region | DmlNode] = []  # (planned below when the fast path is on)
         self._twinned = False
         # Initializers the model lets callers replace are baked into the plan: a feed for one
         # is refused (pipeline.run_graph writes it into the graph before an Executor is made).
@@ -208,6 +209,17 @@ class Executor:
                 self._wire(regions[s])
             steps.extend(dml_at.get(s, []))
         return steps
+
+    @property
+    def fast_plan(self) -> list[Region | DmlNode]:
+        """The steps the fast path runs (a region of onnxruntime nodes or a DML node), in order;
+        empty without a fast path."""
+        return list(self._fast_steps)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the fast path's per-shape cache holds now."""
+        return self._cache_bytes
 
     def value_stages(self) -> dict[str, int]:
         """The session (region stage) that makes each value. onnxruntime rounds a value handed to

@@ -539,7 +539,8 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
 
 
 def _costliest_sites(reference: onnx.ModelProto, source: onnx.ModelProto, out: onnx.ModelProto,
-                     applied: list[Match], declined: dict[str, str], target: str) -> list[tuple[Match, str]]:
+                     applied: list[Match], declined: dict[tuple[str, ...], str], target: str
+                     ) -> list[tuple[Match, str]]:
     """The costliest sites of `out` whose costs together cover what it adds over `source`
     (nodes if it has more, else bytes), costliest first: declined in one run, not one run per
     site (thousands of body sites made that quadratic). Empty when no site has a cost."""

@@ -12,6 +12,7 @@ from typing import Any
 import onnx
 
 from dmlgraph.rewrite import Match
+from dmlgraph.rewrite.nested import SCOPE
 
 GROWTH_DECLINE = "would add "  # how a site declined for growth is told (`growth_reason`)
 KERNEL_DECLINE = "would run "  # how a site declined for its kernels is told (`kernel_reason`)
@@ -44,62 +45,102 @@ def growth_reason(cost: tuple[float, float, str, float], target: str) -> str:
     return f"{GROWTH_DECLINE}{size} bytes on target {target}: {what}"
 
 
-def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
-               sites: list[Match]) -> list[tuple[float, float, str, float] | None]:
-    """What each lowered site adds to the main graph of `model` over `source`, as (nodes, bytes,
-    which ops for which, kernels): the nodes and constants `model` has that the site's output is computed
-    from and `source` does not have, less the nodes and constants `source` had for it that `model`
-    no longer has (nodes are nodes on both targets, as in `growth`); kernels counts only the nodes
-    onnxruntime runs (`run_time_nodes`: not folded when it loads the model). What
-    several sites share is split among them. None for a site in a body or function."""
-    s_nodes, m_nodes = _producers(source.graph), _producers(model.graph)
-    s_run, m_run = run_time_nodes(source.graph), run_time_nodes(model.graph)
-    s_inits = {t.name: t for t in source.graph.initializer}
-    m_inits = {t.name: t for t in model.graph.initializer}
-    s_sigs, m_sigs = _signatures(source.graph), _signatures(model.graph)
-    s_have, m_have = set(s_sigs.values()), set(m_sigs.values())
+class _Scope:
+    """One graph of a model (the main graph or a body), as `site_costs` reads it."""
 
-    def cone(out: str, nodes: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto],
-             sigs: dict[str, bytes], other: set[bytes]) -> dict[str, Any]:
-        """The nodes and constants `out` is computed from that the other model does not compute."""
+    def __init__(self, graph: onnx.GraphProto, prefix: str) -> None:
+        self.prefix = prefix  # (keys of two scopes' nodes differ)
+        self.nodes = _producers(graph)
+        self.run = run_time_nodes(graph)
+        self.inits = {t.name: t for t in graph.initializer}
+        self.sigs = _signatures(graph)
+        self.have = set(self.sigs.values())
+
+    def cone(self, out: str, other: set[bytes]) -> dict[str, Any]:
+        """The nodes and constants `out` is computed from that the other model does not compute
+        (a value of an enclosing scope stops it: the enclosing graph's, not the site's)."""
         found: dict[str, Any] = {}
         stack = [out]
         while stack:
             name = stack.pop()
-            if sigs.get(name) in other and name != out:
+            if self.sigs.get(name) in other and name != out:
                 continue  # (the other model computes the same: a node both have, maybe under other names)
-            n = nodes.get(name)
+            n = self.nodes.get(name)
             if n is None:
-                if name in inits:
-                    found[f"i:{name}"] = inits[name]
+                if name in self.inits:
+                    found[f"{self.prefix}i:{name}"] = self.inits[name]
                 continue
-            key = f"n:{n.output[0]}"
-            if key in found or sigs.get(n.output[0]) in other:
+            key = f"{self.prefix}n:{n.output[0]}"
+            if key in found or self.sigs.get(n.output[0]) in other:
                 continue
             found[key] = n
             stack.extend(i for i in n.input if i)
         return found
 
-    cones: list[tuple[dict[str, Any], dict[str, Any]] | None] = []
+
+def _bodies(graph: onnx.GraphProto, prefix: str = "") -> dict[str, onnx.GraphProto]:
+    """Every If/Loop/Scan body of `graph` at any depth by its path as nested reports scopes
+    (`If_3/then_branch`, `Loop_1/body/If_2/else_branch`)."""
+    found: dict[str, onnx.GraphProto] = {}
+    for n in graph.node:
+        for a in n.attribute:
+            bodies = [(a.name, a.g)] if a.type == onnx.AttributeProto.GRAPH else \
+                [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)] if a.type == onnx.AttributeProto.GRAPHS else []
+            for label, b in bodies:
+                path = f"{prefix}{n.name or n.op_type}/{label}"
+                found[path] = b
+                found |= _bodies(b, path + "/")
+    return found
+
+
+def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
+               sites: list[Match]) -> list[tuple[float, float, str, float] | None]:
+    """What each lowered site adds to its graph of `model` over `source`, as (nodes, bytes, which
+    ops for which, kernels): the nodes and constants `model` has that the site's output is computed
+    from and `source` does not have, less the nodes and constants `source` had for it that `model`
+    no longer has (nodes are nodes on both targets, as in `growth`); kernels counts only the nodes
+    onnxruntime runs (`run_time_nodes`: not folded when it loads the model). What several sites
+    share is split among them. A site in an If/Loop/Scan body is counted in that body, as one in
+    the main graph (a costly site in one branch is declined alone); None for a site in a function
+    (or a body no longer found at its path)."""
+    scopes: dict[str, tuple[_Scope, _Scope] | None] = {"": (_Scope(source.graph, ""), _Scope(model.graph, ""))}
+    s_bodies: dict[str, onnx.GraphProto] | None = None
+    m_bodies: dict[str, onnx.GraphProto] | None = None
+
+    def scope(path: str) -> tuple[_Scope, _Scope] | None:
+        nonlocal s_bodies, m_bodies
+        if path not in scopes:
+            if s_bodies is None or m_bodies is None:
+                s_bodies, m_bodies = _bodies(source.graph), _bodies(model.graph)
+            s, m = s_bodies.get(path), m_bodies.get(path)
+            scopes[path] = None if s is None or m is None else (_Scope(s, path + ":"), _Scope(m, path + ":"))
+        return scopes[path]
+
+    cones: list[tuple[dict[str, Any], dict[str, Any], _Scope, _Scope] | None] = []
     for m in sites:
+        pair = scope(str(m.captures.get(SCOPE) or ""))
+        if pair is None:
+            cones.append(None)
+            continue
+        src, out = pair
         outs = [old.name for old, _ in m.replacement.replaces] if m.replacement is not None else []
-        outs = [o for o in outs if o in m_nodes and (o in s_nodes or o in s_inits)]  # (a stored mask: an initializer)
+        outs = [o for o in outs if o in out.nodes and (o in src.nodes or o in src.inits)]  # (a stored mask: an initializer)
         if not outs:
             cones.append(None)
             continue
         added: dict[str, Any] = {}
         gone: dict[str, Any] = {}
         for o in outs:
-            added |= cone(o, m_nodes, m_inits, m_sigs, s_have)
-            gone |= cone(o, s_nodes, s_inits, s_sigs, m_have)
-        cones.append((added, gone))
-    shared = Counter(k for c in cones if c is not None for part in c for k in part)
+            added |= out.cone(o, src.have)
+            gone |= src.cone(o, out.have)
+        cones.append((added, gone, src, out))
+    shared = Counter(k for c in cones if c is not None for part in c[:2] for k in part)
     costs: list[tuple[float, float, str, float] | None] = []
     for c in cones:
         if c is None:
             costs.append(None)
             continue
-        added, gone = c
+        added, gone, s_scope, m_scope = c
 
         def count(items: dict[str, Any]) -> float:
             """Nodes, split among their sites."""
@@ -109,10 +150,11 @@ def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
             return sum(v.ByteSize() / shared[k] for k, v in items.items())
 
         def kernels(items: dict[str, Any], run: set[str]) -> float:
-            return sum(1 / shared[k] for k, v in items.items() if isinstance(v, onnx.NodeProto) and k[2:] in run)
+            return sum(1 / shared[k] for k, v in items.items() if isinstance(v, onnx.NodeProto) and v.output[0] in run)
 
         costs.append((count(added) - count(gone), size(added) - size(gone),
-                      f"writes {_ops(added)} for {_ops(gone)}", kernels(added, m_run) - kernels(gone, s_run)))
+                      f"writes {_ops(added)} for {_ops(gone)}",
+                      kernels(added, m_scope.run) - kernels(gone, s_scope.run)))
     return costs
 
 

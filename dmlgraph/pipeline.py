@@ -19,6 +19,7 @@ import onnx
 
 from dmlgraph import mask_census
 from dmlgraph.costs import (
+    GROWTH_ALLOWANCE,
     GROWTH_DECLINE,
     STAMP,
     all_nodes,
@@ -214,9 +215,10 @@ def match_record(m: Match, with_reason: bool = False) -> dict:
 
 
 def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] | None = None,
-                   census: bool = False) -> PassResult:
+                   census: bool = False, target: str = "dml") -> PassResult:
     """Every rule on `g`, then on each If/Loop/Scan body and local function (`nested`), in place
-    (`census`: with the mask census of each body and function in the result)."""
+    (`census`: with the mask census of each body and function in the result; `target` the export's:
+    on `onnx` a lowered body's portable form is written from the copy its rules ran on)."""
     from dmlgraph.passes import default_phases  # the one place where core and passes meet
     from dmlgraph.passes.scoped import varying_masks
 
@@ -225,7 +227,8 @@ def optimize_graph(g: Graph, options: Options, progress: Callable[[str], None] |
     def flat(graph: Graph) -> PassResult:
         return manager.run(graph, progress if graph is g else None)
 
-    return optimize_nested(g, flat, varying_masks, mask_census.body_census if census else None, mask_census.kinds)
+    return optimize_nested(g, flat, varying_masks, mask_census.body_census if census else None, mask_census.kinds,
+                           options.exact_only if target == "onnx" else None, not options.declined_sites)
 
 
 @dataclass(frozen=True)
@@ -485,7 +488,7 @@ def _exact(m: Match, g: Graph, target: str, options: Options) -> bool:
     dml = m.dml
     if not isinstance(dml, DmlNode) or target != "onnx":
         return bool(getattr(dml, "exact", True))
-    if dml.id in g.nodes:
+    if dml.id in g.nodes or dml.portable_form is not None:  # (a body's: its form written from its typed copy)
         return dml.exact and dml.portable_exact
     return dml.exact and portable_is_exact(dml, g.info.opset_imports.get("", 0), options.exact_only)
 
@@ -495,7 +498,7 @@ def _lower_graph(g: Graph, source: onnx.ModelProto, options: Options, target: st
     """The rules on `g` (in place), then the export to `target`, cleaned: (what ran, the model,
     whether the clean-up changed it). The portable target writes opset 13 ops at least (Trilu
     needs 14): below that every site is declined, saying so, and the input kept."""
-    result = optimize_graph(g, options, progress, census)
+    result = optimize_graph(g, options, progress, census, target)
     opset = g.info.opset_imports.get("", 0)
     if target == "onnx" and opset < PORTABLE_MIN_OPSET and result.applied:
         result = _all_declined(result, f"not written: the portable target writes ops of opset {PORTABLE_MIN_OPSET} "
@@ -519,17 +522,10 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
     reference = _cleaned(source)  # (what declining every site writes: a site is not paid for by the clean-up)
     for _ in range(2 * len(applied) + 1):
         found = [(m, why) for m, why in growing_sites(reference, out, applied, target) if site_key(m) not in declined]
-        if not found:  # no site grows the model on its own, together they do: the costliest goes
-            costs = [(c[:2], i, c[2]) for i, c in enumerate(site_costs(reference, out, applied))
-                     if c is not None and site_key(applied[i]) not in declined]
-            if not costs:
+        if not found:  # no site grows the model on its own, together they do: the costliest go
+            found = _costliest_sites(reference, source, out, applied, declined, target)
+            if not found:
                 return None
-            _, i, what = max(costs)
-            extra = all_nodes(out) - all_nodes(source)
-            added = (f"{extra} node{'s' if extra > 1 else ''}" if extra > 0 else
-                     f"{unstamped_bytes(out) - unstamped_bytes(source)} bytes")
-            found = [(applied[i], f"{GROWTH_DECLINE}{added} on target {target} together with the other sites "
-                      f"({growth(source, out)}), this one costing the most: {what}")]
         declined |= {site_key(m): why for m, why in found}
         _, g = load(model, base_dir)
         result, out, cleaned = _lower_graph(g, source, dataclasses.replace(options, declined_sites=declined), target,
@@ -540,6 +536,29 @@ def _without_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
         if not applied:  # every site declined with its own numbers: the input is written
             return g, result, out, cleaned
     return None
+
+
+def _costliest_sites(reference: onnx.ModelProto, source: onnx.ModelProto, out: onnx.ModelProto,
+                     applied: list[Match], declined: dict[tuple[str, ...], str], target: str
+                     ) -> list[tuple[Match, str]]:
+    """The costliest sites of `out` whose costs together cover what it adds over `source`
+    (nodes if it has more, else bytes), costliest first: declined in one run, not one run per
+    site (thousands of body sites made that quadratic). Empty when no site has a cost."""
+    extra_nodes = all_nodes(out) - all_nodes(source)
+    extra = extra_nodes if extra_nodes > 0 else unstamped_bytes(out) - unstamped_bytes(source) - GROWTH_ALLOWANCE
+    costs = sorted(((c[:2], i, c[2]) for i, c in enumerate(site_costs(reference, out, applied))
+                    if c is not None and site_key(applied[i]) not in declined), reverse=True)
+    added = (f"{extra_nodes} node{'s' if extra_nodes > 1 else ''}" if extra_nodes > 0 else
+             f"{unstamped_bytes(out) - unstamped_bytes(source)} bytes")
+    found: list[tuple[Match, str]] = []
+    covered = 0.0
+    for (nodes, size), i, what in costs:
+        found.append((applied[i], f"{GROWTH_DECLINE}{added} on target {target} together with the other sites "
+                                  f"({growth(source, out)}), this one among the costliest: {what}"))
+        covered += nodes if extra_nodes > 0 else size
+        if covered >= extra:
+            break
+    return found
 
 
 def _cleaned(source: onnx.ModelProto) -> onnx.ModelProto:

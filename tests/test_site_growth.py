@@ -143,7 +143,7 @@ def test_site_costs_match_values_by_their_computation_not_their_names():
                          [numpy_helper.from_array(np.array(1, np.int64), i)])
         return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
-    site = SimpleNamespace(replacement=SimpleNamespace(replaces=[(SimpleNamespace(name="y"), None)]))  # (a Match)
+    site = SimpleNamespace(captures={}, replacement=SimpleNamespace(replaces=[(SimpleNamespace(name="y"), None)]))  # (a Match)
     got = costs.site_costs(model(("s", "i", "d"), "Add"), model(("s2", "j", "e"), "Mul"), [site])  # type: ignore[list-item]
     assert got[0] is not None and got[0][0] == 0 and got[0][2] == "writes Mul for Add"
 

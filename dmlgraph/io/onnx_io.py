@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any, Mapping, cast
 
 import numpy as np
 import onnx
@@ -355,9 +355,10 @@ def _type_name(elem_type: int) -> str:
 
 # ---- export ----------------------------------------------------------------------------------
 @gc_paused
-def export_model(g: Graph, target: str = "dml", exact_only: bool = False) -> onnx.ModelProto:
+def export_model(g: Graph, target: str = "dml", exact_only: bool = False, body: bool = False) -> onnx.ModelProto:
     """A ModelProto for `g`: `dml` keeps DML nodes as custom ops, `onnx` writes standard ops only
-    (`exact_only`: only bit-exact portable forms, as `--exact`; see `portable.build`)."""
+    (`exact_only`: only bit-exact portable forms, as `--exact`; see `portable.build`). `body`: `g`
+    is a body's typed copy (`rewrite.nested`): new names also avoid `g.reserved` (its scopes')."""
     if target not in ("dml", "onnx"):
         raise UnsupportedError(f"unknown export target {target!r}", hint="use --target dml or --target onnx")
     # Filled in place, as helper.make_graph + make_model would: make_model copies the graph, which
@@ -371,7 +372,7 @@ def export_model(g: Graph, target: str = "dml", exact_only: bool = False) -> onn
             g.remove_dead()
     model = onnx.ModelProto()
     opsets = dict(g.info.opset_imports)
-    written = _write_nodes(g, target, opsets.get("", 0), model.graph.node, exact_only)
+    written = _write_nodes(g, target, opsets.get("", 0), model.graph.node, exact_only, body)
     functions = list(g.info.functions)
     dml_functions = [i for i, f in enumerate(functions) if has_dml_nodes(f.node)]
     if target == "onnx":
@@ -405,14 +406,14 @@ class _Written:
         self.initializers: list[onnx.TensorProto] = []
 
 
-def _write_nodes(g: Graph, target: str, opset: int, nodes: Any, exact_only: bool) -> _Written:
+def _write_nodes(g: Graph, target: str, opset: int, nodes: Any, exact_only: bool, body: bool = False) -> _Written:
     """`g`'s nodes in topological order into `nodes` (a graph's repeated node field)."""
     out = _Written()
     # Calls of functions holding DML nodes: onnx's inference cannot type their outputs (as a DML
     # node's), so those are written down too.
     hosted = dml_function_keys(g.info.functions) if target == "dml" and g.info.functions else set()
     order = g.topological_order()
-    names = _NameSet.of_graph(g, order) if target == "onnx" else None
+    names = _NameSet.of_graph(g, order, body) if target == "onnx" else None
     shared: dict[tuple, str] = {}  # the portable forms' constants, one initializer each
     for n in order:
         if isinstance(n, OnnxNode):
@@ -420,7 +421,7 @@ def _write_nodes(g: Graph, target: str, opset: int, nodes: Any, exact_only: bool
             if n.attributes and n.has_subgraph and has_dml(proto.attribute):
                 out.nested_dml = True
                 if target == "onnx":
-                    proto = portable_node(proto, opset, exact_only)
+                    proto = portable_node(proto, opset, exact_only, n.bodies)
             elif hosted and (proto.domain, proto.op_type, proto.overload) in hosted:
                 out.dml_outputs.extend(n.outputs)
             nodes.append(proto)
@@ -528,12 +529,21 @@ def _portable_protos(nodes: Iterable[onnx.NodeProto], opset: int, exact_only: bo
     return out
 
 
-def portable_node(node: onnx.NodeProto, opset: int, exact_only: bool) -> onnx.NodeProto:
+def portable_node(node: onnx.NodeProto, opset: int, exact_only: bool,
+                  bodies: Mapping[str, Graph] | None = None) -> onnx.NodeProto:
     """An If/Loop/Scan node whose bodies hold DML nodes, with those written as standard ops (whose
-    outputs, as in the main graph's portable export, onnx's inference types: no value_info)."""
+    outputs, as in the main graph's portable export, onnx's inference types: no value_info): a body
+    Graph's own portable form where its lowering made one (`Graph.portable`: written from the typed
+    copy the rules ran on, so with the same proofs as the main graph, its constants initializers of
+    the body), else each DML node without its graph (constants as Constant nodes)."""
     proto = onnx.NodeProto()
     proto.CopyFrom(node)
     for a in proto.attribute:
+        made_for = bodies.get(a.name) if bodies and a.type == onnx.AttributeProto.GRAPH else None
+        written = made_for.portable_source() if made_for is not None else None
+        if written is not None:
+            a.g.CopyFrom(written)
+            continue
         for body in graphs_of([a]):
             if has_dml_nodes(body.node):
                 made = {o for n in body.node if n.domain == DOMAIN for o in n.output}
@@ -661,11 +671,15 @@ class _NameSet:
     rewrite removed are free again, so optimizing a portable export again reproduces its names.
     """
 
-    def __init__(self, taken: set[str]) -> None:
+    def __init__(self, taken: set[str], scoped: Graph | None = None) -> None:
         self.taken = taken
+        self.scoped = scoped
 
     @classmethod
-    def of_graph(cls, g: Graph, nodes: list) -> "_NameSet":
+    def of_graph(cls, g: Graph, nodes: list, body: bool = False) -> "_NameSet":
+        """(`body`: `g` is a body's typed copy: a new name must not name a value of its enclosing
+        scopes (`g.reserved.encloses`), and is asked of `g.values` too, which a `body_reuse`
+        template records; the other bodies' names are free, as the body's removed ones.)"""
         taken = {v.name for v in g.inputs} | {v.name for v in g.outputs} | set(g.initializers)
         for n in nodes:
             taken.update(v.name for v in n.inputs if v is not None)
@@ -673,12 +687,16 @@ class _NameSet:
             if isinstance(n, OnnxNode):
                 for sub in graphs_of(n.attributes):
                     _graph_names(sub, taken)
+                for b in n.bodies.values():  # (the constants of a body's portable form)
+                    written = b.portable_source()
+                    if written is not None:
+                        _graph_names(written, taken)
         for f in g.info.functions:
             taken.update(f.input)
             taken.update(f.output)
             for fn in f.node:
                 _node_names(fn, taken)
-        return cls(taken)
+        return cls(taken, g if body else None)
 
     @classmethod
     def of_protos(cls, nodes: Iterable[onnx.NodeProto]) -> "_NameSet":
@@ -690,11 +708,17 @@ class _NameSet:
 
     def fresh(self, hint: str) -> str:
         name, i = hint, 0
-        while name in self.taken:
+        while name in self.taken or self.scoped is not None and self._scoped(name):
             i += 1
             name = f"{hint}__{i}"
         self.taken.add(name)
         return name
+
+    def _scoped(self, name: str) -> bool:
+        g = cast(Graph, self.scoped)
+        g.values.__contains__(name)  # (asked, not heeded: a removed node's name is free, as in the main graph)
+        encloses = getattr(g.reserved, "encloses", None)  # (`nested.EnclosingNames`: the enclosing scopes' values)
+        return bool(encloses(name)) if encloses is not None else False
 
 
 def _graph_names(gp: onnx.GraphProto, out: set[str]) -> None:

@@ -275,6 +275,9 @@ class Graph:
         self.holder = holder
         self.parent = parent
         self.source = source
+        # A lowered body as the portable target writes it, made from the typed copy its rules ran on
+        # (`rewrite.nested.write_back`): (the `source` it was made for, it); stale once `source` changes.
+        self.portable: tuple[onnx.GraphProto, onnx.GraphProto] | None = None
         # Holders added while the graph is being read: linked once all its values exist (`finish_reading`)
         self.reading: list[OnnxNode] | None = None
         self.values: dict[str, Value] = {}
@@ -475,6 +478,11 @@ class Graph:
         holder.set_attributes(_body_attributes(holder))
         if parent is not None:
             parent._rewritten({holder.id})
+
+    def portable_source(self) -> onnx.GraphProto | None:
+        """The portable form of this body, if it was made for the proto the body is now."""
+        p = self.portable
+        return p[1] if p is not None and p[0] is self.source else None
 
     def iter_nodes(self) -> Iterator[Node]:
         return iter(list(self.nodes.values()))

@@ -11,13 +11,14 @@ import copy
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 import onnx
 
 from dmlgraph.ir.graph import DmlNode, Graph, Node, ReservedNames, Value
 from dmlgraph.rewrite import Match, PassResult
+from dmlgraph.rewrite.engine import Replacement
 
 ENABLED = True  # (tests compare the written models with reuse off)
 _OPEN, _CLOSE = "\u2983", "\u2984"
@@ -28,6 +29,7 @@ _ONNX_FRESH = re.compile(r"unk__\d+")
 _MARKS = (_OPEN.encode(), _CLOSE.encode(), FRESH.encode())
 _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 TOKENS = 10 ** 6  # tokens have six digits: a body of more names or fresh dims is not reused
+Written = tuple[onnx.GraphProto, "onnx.GraphProto | None"]  # a lowered body: as written, its portable form
 SMALL = 4096  # elements: a borrowed constant keyed by its bytes (a larger one by its identity)
 
 
@@ -230,6 +232,7 @@ class AskedReserved:
     def __init__(self, c: Canonical, reserved: ReservedNames) -> None:
         self.c, self.reserved = c, reserved
         self.answers: dict[str, bool] = {}
+        self.enclosed: dict[str, bool] = {}  # `encloses`' answers
 
     def __contains__(self, name: object) -> bool:
         assert isinstance(name, str)  # (graphs ask for names)
@@ -241,6 +244,18 @@ class AskedReserved:
     def __ior__(self, names: set[str]) -> "AskedReserved":
         raise AssertionError("a template holds no bodies")
 
+    def encloses(self, name: str) -> bool:
+        """`nested.EnclosingNames.encloses`, asked in the first body's names, every answer kept."""
+        answer = self.enclosed.get(name)
+        if answer is None:
+            answer = self.enclosed[name] = _encloses(self.reserved, self.c.to_real(name))
+        return answer
+
+
+def _encloses(reserved: ReservedNames, name: str) -> bool:
+    encloses = getattr(reserved, "encloses", None)
+    return bool(encloses(name)) if encloses is not None else False
+
 
 @dataclass
 class Template:
@@ -249,12 +264,13 @@ class Template:
     result: PassResult
     explained: list[Match]
     lowered: list[bool]  # per applied match: its DML node stayed in the body
-    written: onnx.GraphProto | None
+    written: tuple[onnx.GraphProto, onnx.GraphProto | None] | None  # (as written, its portable form)
     seen: set[str]  # every name the lowering tested, held or made
     reserved: dict[str, bool]
+    enclosed: dict[str, bool]  # (`AskedReserved.encloses`)
 
     @staticmethod
-    def lower(g: Graph, c: Canonical, run: Callable[[Graph], tuple[PassResult, list[Match], onnx.GraphProto | None]]
+    def lower(g: Graph, c: Canonical, run: Callable[[Graph], tuple[PassResult, list[Match], Written | None]]
               ) -> Template | None:
         seen = set(g.values)
         g.values = SeenValues(g.values, seen)
@@ -265,10 +281,10 @@ class Template:
             return None
         seen.update(g.values)
         lowered = [isinstance(m.dml, DmlNode) and m.dml.id in g.nodes for m in result.applied]
-        return Template(result, explained, lowered, written, seen, asked.answers)
+        return Template(result, explained, lowered, written, seen, asked.answers, asked.enclosed)
 
     def instance(self, c: Canonical, reserved: ReservedNames, scope: str
-                 ) -> tuple[PassResult, list[Match], onnx.GraphProto | None] | None:
+                 ) -> tuple[PassResult, list[Match], Written | None] | None:
         """The lowering renamed into the body of `c` (under `scope`), or None where that body's own
         lowering could choose other names."""
         real = {c.to_real(s) for s in self.seen}
@@ -276,15 +292,23 @@ class Template:
             return None
         if any((c.to_real(name) in reserved) != answer for name, answer in self.reserved.items()):
             return None
+        if any(_encloses(reserved, c.to_real(name)) != answer for name, answer in self.enclosed.items()):
+            return None
         r = _Renamed(c)
         applied = [r.match(m, {"scope": scope, "lowered": low}) for m, low in zip(self.result.applied, self.lowered)]
         declined = [r.match(m, {"scope": scope}) for m in self.result.declined]
         explained = [r.match(m, {"scope": scope}) for m in self.explained]
         written = None
         if self.written is not None:
-            written = onnx.GraphProto()
-            written.CopyFrom(self.written)
-            rename_graph(written, c.to_real)
+            protos = []
+            for proto in self.written:
+                if proto is not None:
+                    copied = onnx.GraphProto()
+                    copied.CopyFrom(proto)
+                    rename_graph(copied, c.to_real)
+                    proto = copied
+                protos.append(proto)
+            written = (cast(onnx.GraphProto, protos[0]), protos[1])
         res = self.result
         return PassResult(res.changed, dict(res.counts), declined, applied, res.iterations), explained, written
 
@@ -346,6 +370,10 @@ class _Renamed:
         bounds = m.captures.get("bounds")  # (a mask's Begin/End as text: the KV-cache reports read them)
         if bounds is not None:
             captures = {"bounds": tuple(self.c.to_real(b) for b in bounds)} | captures
+        rep = m.replacement  # (what it replaces, in the body's names: `costs.site_costs` reads it)
+        renamed = None if rep is None else Replacement(
+            replaces=[(cast(Value, self.value(old)), cast(Value, self.value(new))) for old, new in rep.replaces],
+            exact=rep.exact, rule=rep.rule)
         return Match(m.rule, [self.node(n) for n in m.nodes], captures,
                      None if m.reason is None else self.c.to_real(m.reason), [self.c.to_real(i) for i in m.initializers],
-                     dml=dml)
+                     renamed, dml=dml)

@@ -39,6 +39,7 @@ from dmlgraph.rewrite import Match, PassResult, body_reuse, call_leaves
 from dmlgraph.rewrite.call_leaves import STANDARD, FunctionKey, call_key, proto_call_key
 
 TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
+Written = body_reuse.Written
 FlatPasses = Callable[[Graph], PassResult]  # the ordinary passes on one graph
 Explain = Callable[[Graph, dict[str, str]], list[Match]]  # declines for masks reading varying values
 # The mask census of a body: given its graph before the passes and what its inputs are outside (a
@@ -74,10 +75,14 @@ def nested_dml_nodes(result: PassResult) -> list[DmlNode]:
 
 # ---- the driver ----------------------------------------------------------------------------------
 def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census | None = None,
-                    kinds: Kinds | None = None) -> PassResult:
+                    kinds: Kinds | None = None, portable: bool | None = None, reuse: bool = True) -> PassResult:
     """`flat` on `g`, then on every If/Loop/Scan body and model-local function, written back in
     place; one PassResult for all of them. `census`: take the mask census of each body and function
-    too (its rows, each with its `scope`, in `PassResult.census`; the main graph's is the caller's)."""
+    too (its rows, each with its `scope`, in `PassResult.census`; the main graph's is the caller's).
+    `portable`: the export writes the portable target (with this `exact_only`): each lowered body's
+    portable form is written too, from the typed copy the rules ran on (`Graph.portable`).
+    `reuse`: lower a body as another's template renamed (`body_reuse`); off where the rules decline
+    sites by their names (`Options.declined_sites`), which a template in tokens does not have."""
     holders = _holders(g)
     if not holders and not g.info.functions:
         return flat(g)  # (nearly every model: no bodies, no functions)
@@ -85,6 +90,8 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census
     visible = frozenset(v.name for v in g.inputs) if g.info.functions else frozenset()
     traced = _traced(g, g.info.functions, visible)  # (the calls' arguments as the graph computes them before the rules)
     driver = _Driver(flat, explain, flat(g), g)
+    driver.portable = portable
+    driver.reuse = reuse
     driver.visible = visible
     driver.calls.total = call_leaves.count_calls(g, g.info.functions)
     driver.calls.cones_of(traced)
@@ -117,6 +124,8 @@ class _Driver:
         self.rows: list[dict] = []  # the bodies' census rows
         self.template_rows: dict[tuple, list[dict]] = {}  # a template's rows, in tokens
         self.visible: frozenset[str] = frozenset()  # main-graph inputs a call may pass as a leaf
+        self.portable: bool | None = None  # `optimize_nested`'s
+        self.reuse = True  # `optimize_nested`'s
 
     def result(self) -> PassResult:
         return PassResult(bool(self.applied), self.counts, self.declined, self.applied, self.iterations,
@@ -162,7 +171,7 @@ class _Driver:
                     found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
         each = [(node, node.attributes[i].name, body) for node, i, bodies in found for _, body in bodies]
         specs = [_body_spec(parent, node, attr, proto, self.dims, varying or {}) for node, attr, proto in each]
-        keys = [self._key(parent, node, attr, proto, s, varying or {}) if isinstance(s, _Spec) else None
+        keys = [self._key(parent, node, attr, proto, s, varying or {}) if isinstance(s, _Spec) and self.reuse else None
                 for (node, attr, proto), s in zip(each, specs)]
         self.sightings.update(k[0] for k in keys if k is not None)
         reused = [k is not None and self.sightings[k[0]] > 1 for k in keys]
@@ -170,6 +179,7 @@ class _Driver:
         kinds = _Lazy(lambda: self.calls.kinds(parent, self.hints_of.get(id(parent), {})) if self.calls.kinds else {})
         plan = iter(zip(specs, keys, reused))
         touched: dict[OnnxNode, list[onnx.AttributeProto]] = {}
+        forms: dict[OnnxNode, dict[str, onnx.GraphProto]] = {}  # the lowered bodies' portable forms
         for node, i, bodies in found:
             a = node.attributes[i]
             new = []
@@ -183,10 +193,15 @@ class _Driver:
                     done = (self._lower_body(parent, node, a.name, label, body, made, scope, varying or {}),)
                 new.append(done[0])
             if any(b is not None for b in new):
-                kept = [b if b is not None else old for b, (_, old) in zip(new, bodies)]
+                kept = [b[0] if b is not None else old for b, (_, old) in zip(new, bodies)]
                 touched.setdefault(node, list(node.attributes))[i] = _graph_attribute(a, kept)
+                if a.type == onnx.AttributeProto.GRAPH and new[0] is not None and new[0][1] is not None:
+                    forms.setdefault(node, {})[a.name] = new[0][1]
         for node, attributes in touched.items():
             set_bodies(parent, node, attributes)  # (its outer reads may have changed: remove_dead looks again)
+            for name, form in forms.get(node, {}).items():
+                b = node.bodies[name]
+                b.portable = (cast(onnx.GraphProto, b.source), form)
         return bool(touched)
 
     def _key(self, parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, s: _Spec,
@@ -199,7 +214,7 @@ class _Driver:
                               self.memo)
 
     def _reuse(self, parent: Graph, node: OnnxNode, attr: str, spec: _Spec | str, k: tuple | None, path: str,
-               outer_varying: dict[str, str]) -> tuple[onnx.GraphProto | None] | None:
+               outer_varying: dict[str, str]) -> tuple[Written | None] | None:
         """The body lowered as its key's template renamed (a 1-tuple of what `_lower_body` returns), or
         None when it is to be lowered itself."""
         assert isinstance(spec, _Spec) and k is not None  # (a body with a key)
@@ -241,7 +256,7 @@ class _Driver:
             return None
         body = _finish(parent, cspec, g)
 
-        def run(g: Graph) -> tuple[PassResult, list[Match], onnx.GraphProto | None]:
+        def run(g: Graph) -> tuple[PassResult, list[Match], Written | None]:
             finish = self.census(g, hints) if self.census else None
             result = self.flat(g)
             g.remove_dead()
@@ -252,11 +267,11 @@ class _Driver:
             if not result.applied:
                 return result, explained, None
             g.remove_dead()
-            return result, explained, write_back(body, cspec.proto)
+            return result, explained, self._write_back(body, cspec.proto)
         return body_reuse.Template.lower(g, c, run)
 
     def _lower_body(self, parent: Graph, node: OnnxNode, attr: str, label: str, proto: onnx.GraphProto,
-                    body: Body | str, scope: str, outer_varying: dict[str, str]) -> onnx.GraphProto | None:
+                    body: Body | str, scope: str, outer_varying: dict[str, str]) -> Written | None:
         """The lowered body (`body`: it as built, or why it cannot be), or None when nothing in it (or
         in its own bodies) changed."""
         path = f"{scope}{node.name or node.op_type}/{label}"
@@ -285,7 +300,22 @@ class _Driver:
         if not result.applied and not changed:
             return None
         g.remove_dead()
-        return write_back(body, proto)
+        return self._write_back(body, proto)
+
+    def _write_back(self, body: Body, proto: onnx.GraphProto) -> Written:
+        """The lowered body as `write_back` writes it, and as the portable target does (if it is the
+        export's: the portable form first, as the main graph's export reads the matrix hints)."""
+        form = None if self.portable is None else write_back_portable(body, proto, self.portable)
+        written = write_back(body, proto)
+        if form is not None and not free_names(form) <= free_names(written):
+            form = None  # (it reads an enclosing value the body as written does not: the enclosing graph may drop it)
+            for n in body.graph.nodes.values():  # (then written without its graph: `pipeline._exact` asks again)
+                if isinstance(n, DmlNode):
+                    n.portable_form = None
+        if form is not None:  # (the constants of forms the export tried and did not write)
+            kept = {t.name for t in written.initializer} | _read_names(form)
+            _drop(form.initializer, lambda t: t.name not in kept)
+        return written, form
 
     # -- model-local functions
     def lower_functions(self, main: Graph) -> None:
@@ -755,6 +785,13 @@ class EnclosingNames:
         self.own |= names
         return self
 
+    def encloses(self, name: str) -> bool:
+        """Whether an enclosing scope has a value of that name (what a body's new name must not shadow)."""
+        if name in self.parent.values:
+            return True
+        outer = self.parent.reserved
+        return isinstance(outer, EnclosingNames) and outer.encloses(name)
+
 
 def _constant(g: Graph, v: Value) -> Value | np.ndarray | DmlNode | None:
     """An enclosing constant: the initializer (shared, not copied), a Constant node's tensor, or a
@@ -932,7 +969,48 @@ def write_back(body: Body, proto: onnx.GraphProto) -> onnx.GraphProto:
     """The lowered body as a GraphProto for the same attribute: `proto`'s formal inputs, no extra
     inputs, no enclosing constants (edited in the exported graph rather than copied out of it: a
     copy per field was a third of the write-back of a small body)."""
-    new = export_model(body.graph, "dml").graph
+    return _as_body(export_model(body.graph, "dml").graph, body, proto)
+
+
+def write_back_portable(body: Body, proto: onnx.GraphProto, exact_only: bool) -> onnx.GraphProto | None:
+    """The lowered body as the portable target writes it, from the typed copy the rules ran on:
+    the same proofs as the main graph's export (a k computed from sizes needs no Clip, a static
+    size no Shape), its new constants initializers of the body (ONNX and onnxruntime allow them;
+    a Constant node each was a node more)."""
+    new = _as_body(export_model(body.graph, "onnx", exact_only, body=True).graph, body, proto)
+    _drop_dead(new)
+    return new
+
+
+def _drop_dead(g: onnx.GraphProto) -> None:
+    """Delete the nodes nothing reads (the portable nodes of a copied enclosing generator, whose
+    last node `_as_body` dropped)."""
+    live = {vi.name for vi in g.output}
+    dead = []
+    for i in reversed(range(len(g.node))):
+        n = g.node[i]
+        if not any(o in live for o in n.output):
+            dead.append(i)
+            continue
+        live.update(n.input)
+        for b in graphs_of(n.attribute):
+            live |= free_names(b)
+    for i in dead:  # (descending)
+        del g.node[i]
+
+
+def _read_names(g: onnx.GraphProto) -> set[str]:
+    """The names a graph's nodes (their bodies included) and outputs read."""
+    read = {vi.name for vi in g.output}
+    for n in g.node:
+        read.update(n.input)
+        for b in graphs_of(n.attribute):
+            read |= free_names(b)
+    return read
+
+
+def _as_body(new: onnx.GraphProto, body: Body, proto: onnx.GraphProto) -> onnx.GraphProto:
+    """An exported body's graph edited into the body of `proto`'s attribute (`write_back`)."""
     outer = body.outer
     new.name = proto.name
     new.doc_string = proto.doc_string

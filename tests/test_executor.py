@@ -8,6 +8,7 @@ import json
 import os
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -313,3 +314,43 @@ def test_a_feed_for_a_baked_in_initializer_is_refused_not_ignored(fast):
             run(feeds)
         assert "pipeline.run_graph" in e.value.hint
     assert pipeline.run_graph(g, feeds)["y"].tolist() == [11, 21]
+
+
+def _branches_with_int4_weights() -> onnx.ModelProto:
+    """An If whose branches each run MatMulNBits (int4, accuracy_level 4) on weights of the main
+    graph, then a Trilu the rules lower: the executor runs the branches itself."""
+    k, n, block = 32, 8, 32
+    rng = np.random.default_rng(0)
+    weights = rng.integers(0, 256, (n, k // block, block // 2), dtype=np.uint8)
+    scales = (rng.random(n * k // block).astype(np.float32) + 0.5) * 0.1
+
+    def branch(name: str, upper: int):
+        return h.make_graph([
+            h.make_node("MatMulNBits", ["x", "B", "S"], [f"{name}_y"], domain="com.microsoft",
+                        K=k, N=n, bits=4, block_size=block, accuracy_level=4),
+            h.make_node("Cast", [f"{name}_y"], [f"{name}_c"], to=T.FLOAT),
+            h.make_node("Reshape", [f"{name}_c", "shape"], [f"{name}_m"]),
+            h.make_node("Trilu", [f"{name}_m"], [f"{name}_out"], upper=upper)], name, [],
+            [h.make_tensor_value_info(f"{name}_out", T.FLOAT, [2, 4])])
+
+    g = h.make_graph([h.make_node("If", ["cond"], ["out"], then_branch=branch("then", 1),
+                                  else_branch=branch("else", 0))], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, k]), h.make_tensor_value_info("cond", T.BOOL, [])],
+                     [h.make_tensor_value_info("out", T.FLOAT, [2, 4])],
+                     [numpy_helper.from_array(weights, "B"), numpy_helper.from_array(scales, "S"),
+                      numpy_helper.from_array(np.array([2, 4], np.int64), "shape")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)],
+                        ir_version=10)
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_a_body_reads_enclosing_weights_as_constants(cond):
+    """A body's session gets the enclosing graph's initializers as initializers, not as inputs:
+    onnxruntime prepacks MatMulNBits' constant weights (accuracy_level 4 then quantizes the
+    activations), so fed weights computed other numbers (Optimum's int4 merged decoder failed
+    validate at every input set)."""
+    model = _branches_with_int4_weights()
+    x = np.random.default_rng(1).standard_normal((1, 32)).astype(np.float32) * 3
+    result = pipeline.validate(model, None, {"x": x, "cond": np.array(cond)})
+    assert len(pipeline.lower(model).rewrites) == 2
+    assert result.ok and [o.detail for o in result.outputs] == ["bit-exact"]

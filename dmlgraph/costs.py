@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import onnx
 
 from dmlgraph.rewrite import Match
@@ -48,12 +49,12 @@ def growth_reason(cost: tuple[float, float, str, float], target: str) -> str:
 class _Scope:
     """One graph of a model (the main graph or a body), as `site_costs` reads it."""
 
-    def __init__(self, graph: onnx.GraphProto, prefix: str) -> None:
+    def __init__(self, graph: onnx.GraphProto, prefix: str, same: dict[str, bytes] | None = None) -> None:
         self.prefix = prefix  # (keys of two scopes' nodes differ)
         self.nodes = _producers(graph)
         self.run = run_time_nodes(graph)
         self.inits = {t.name: t for t in graph.initializer}
-        self.sigs = _signatures(graph)
+        self.sigs = _signatures(graph, same)
         self.have = set(self.sigs.values())
 
     def cone(self, out: str, other: set[bytes]) -> dict[str, Any]:
@@ -63,7 +64,7 @@ class _Scope:
         stack = [out]
         while stack:
             name = stack.pop()
-            if self.sigs.get(name) in other and name != out:
+            if name != out and self.sigs.get(name) in other:
                 continue  # (the other model computes the same: a node both have, maybe under other names)
             n = self.nodes.get(name)
             if n is None:
@@ -71,7 +72,7 @@ class _Scope:
                     found[f"{self.prefix}i:{name}"] = self.inits[name]
                 continue
             key = f"{self.prefix}n:{n.output[0]}"
-            if key in found or self.sigs.get(n.output[0]) in other:
+            if key in found or (name != out and self.sigs.get(n.output[0]) in other):
                 continue
             found[key] = n
             stack.extend(i for i in n.input if i)
@@ -103,17 +104,33 @@ def site_costs(source: onnx.ModelProto, model: onnx.ModelProto,
     share is split among them. A site in an If/Loop/Scan body is counted in that body, as one in
     the main graph (a costly site in one branch is declined alone); None for a site in a function
     (or a body no longer found at its path)."""
-    scopes: dict[str, tuple[_Scope, _Scope] | None] = {"": (_Scope(source.graph, ""), _Scope(model.graph, ""))}
+    # A site's output computes what it replaced (the rewrite's proof): the sites after it in a
+    # scope stop there, as at any value both models compute (not in the nodes it replaced).
+    replaced: dict[str, set[str]] = {}
+    for m in sites:
+        if m.replacement is not None:
+            replaced.setdefault(str(m.captures.get(SCOPE) or ""), set()).update(
+                old.name for old, _ in m.replacement.replaces)
+    scopes: dict[str, tuple[_Scope, _Scope] | None] = {}
     s_bodies: dict[str, onnx.GraphProto] | None = None
     m_bodies: dict[str, onnx.GraphProto] | None = None
 
     def scope(path: str) -> tuple[_Scope, _Scope] | None:
         nonlocal s_bodies, m_bodies
         if path not in scopes:
-            if s_bodies is None or m_bodies is None:
-                s_bodies, m_bodies = _bodies(source.graph), _bodies(model.graph)
-            s, m = s_bodies.get(path), m_bodies.get(path)
-            scopes[path] = None if s is None or m is None else (_Scope(s, path + ":"), _Scope(m, path + ":"))
+            if not path:
+                s, m = source.graph, model.graph
+            else:
+                if s_bodies is None or m_bodies is None:
+                    s_bodies, m_bodies = _bodies(source.graph), _bodies(model.graph)
+                s, m = s_bodies.get(path), m_bodies.get(path)  # type: ignore[assignment]
+            if s is None or m is None:
+                scopes[path] = None
+            else:
+                prefix = path + ":" if path else ""
+                src = _Scope(s, prefix)
+                same = {o: src.sigs[o] for o in replaced.get(path, ()) if o in src.sigs}
+                scopes[path] = src, _Scope(m, prefix, same)
         return scopes[path]
 
     cones: list[tuple[dict[str, Any], dict[str, Any], _Scope, _Scope] | None] = []
@@ -210,22 +227,24 @@ def same_computation(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
         [sa.get(o.name) for o in a.graph.output] == [sb.get(o.name) for o in b.graph.output]
 
 
-def _signatures(graph: onnx.GraphProto) -> dict[str, bytes]:
+def _signatures(graph: onnx.GraphProto, same: dict[str, bytes] | None = None) -> dict[str, bytes]:
     """Each value of the graph by what computes it, not by its name: a digest of its node's op,
     attributes and inputs' digests (a small constant by its content, a graph input or big constant
-    by its name), so that two models' values of one digest are the same computation."""
+    by its name), so that two models' values of one digest are the same computation; `same`: the
+    digests of values known to compute what the other model's do (lowered sites)."""
     import hashlib
 
     sigs: dict[str, bytes] = {}
     for t in graph.initializer:
         if t.ByteSize() <= 1024 and not t.external_data:
-            content = onnx.TensorProto()
-            content.CopyFrom(t)
-            content.ClearField("name")
-            sigs[t.name] = hashlib.sha1(b"c" + content.SerializeToString()).digest()
+            sigs[t.name] = _content(onnx.numpy_helper.to_array(t))
         else:
             sigs[t.name] = hashlib.sha1(b"i" + t.name.encode()).digest()
     for n in graph.node:  # (in graph order: an input's producer comes first)
+        value = _constant_value(n)
+        if value is not None and value.nbytes <= 1024:  # (a Constant node is its initializer's twin)
+            sigs[n.output[0]] = _content(value)
+            continue
         h = hashlib.sha1(f"{n.domain}:{n.op_type}".encode())
         for a in n.attribute:
             h.update(a.SerializeToString())
@@ -233,8 +252,30 @@ def _signatures(graph: onnx.GraphProto) -> dict[str, bytes]:
             h.update(sigs.get(i) or hashlib.sha1(b"i" + i.encode()).digest())
         for k, o in enumerate(n.output):
             if o:
-                sigs[o] = hashlib.sha1(h.digest() + bytes([k % 256])).digest()
+                sigs[o] = (same or {}).get(o) or hashlib.sha1(h.digest() + bytes([k % 256])).digest()
     return sigs
+
+
+def _content(a: np.ndarray) -> bytes:
+    """A small constant's digest: its dtype, shape and values (however the tensor stores them)."""
+    import hashlib
+    data = str(a.tolist()).encode() if a.dtype == object else np.ascontiguousarray(a).tobytes()
+    return hashlib.sha1(b"c" + f"{a.dtype.str}{a.shape}".encode() + data).digest()
+
+
+_CONSTANT_DTYPES = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+                    "value_ints": np.int64}
+
+
+def _constant_value(n: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a standard Constant node holding a number tensor, else None."""
+    if n.op_type != "Constant" or n.domain not in ("", "ai.onnx") or len(n.attribute) != 1 or len(n.output) != 1:
+        return None
+    a = n.attribute[0]
+    if a.name == "value":
+        return None if a.t.data_type == onnx.TensorProto.STRING else onnx.numpy_helper.to_array(a.t)
+    dtype = _CONSTANT_DTYPES.get(a.name)
+    return None if dtype is None else np.asarray(onnx.helper.get_attribute_value(a), dtype)
 
 
 def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:

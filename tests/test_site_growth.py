@@ -166,3 +166,39 @@ def test_the_clean_up_keeps_a_loops_empty_cond():
     assert [list(n.input) for n in m.graph.node] == [["trip", ""]]
     assert [n.op_type for n in m.graph.node[0].attribute[0].g.node] == ["Identity", "Identity"]
     onnx.checker.check_model(m, full_check=True)
+
+
+def _chain(ops: tuple[str, str], constant_nodes: bool = False) -> onnx.ModelProto:
+    """x -> ops[0](x, c) -> y1 -> ops[1](y1, c) -> y2, `c` an initializer or a Constant node."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper
+
+    c = numpy_helper.from_array(np.array([2.0, 3.0], np.float32), "c")
+    nodes = [h.make_node("Constant", [], ["c"], value=c)] if constant_nodes else []
+    nodes += [h.make_node(ops[0], ["x", "c"], ["y1"]), h.make_node(ops[1], ["y1", "c"], ["y2"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2])],
+                     [h.make_tensor_value_info("y2", T.FLOAT, [2])], [] if constant_nodes else [c])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def _site(name: str) -> SimpleNamespace:
+    return SimpleNamespace(captures={}, replacement=SimpleNamespace(replaces=[(SimpleNamespace(name=name), None)]))
+
+
+def test_a_site_after_another_costs_only_its_own_nodes():
+    """A site's output computes what it replaced, so the site after it stops there: its cost is
+    its own node, not the first site's too (each layer of a merged decoder's branch was charged
+    every layer before it)."""
+    sites = [_site("y1"), _site("y2")]
+    got = costs.site_costs(_chain(("Add", "Mul")), _chain(("Sub", "Div")), sites)  # type: ignore[arg-type]
+    assert [c[2] if c else None for c in got] == ["writes Sub for Add", "writes Div for Mul"]
+    assert [c[0] if c else None for c in got] == [0, 0]
+
+
+def test_a_constant_node_is_the_same_computation_as_its_initializer():
+    """Optimum writes a branch's constants as Constant nodes and a lowered body holds them as
+    initializers: the same values, so no cost (every node reading one was charged before)."""
+    got = costs.site_costs(_chain(("Add", "Mul"), constant_nodes=True), _chain(("Add", "Div")),
+                           [_site("y2")])  # type: ignore[list-item]
+    assert got[0] is not None and got[0][2] == "writes Div for Mul" and got[0][0] == 0

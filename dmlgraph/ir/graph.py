@@ -255,7 +255,7 @@ class ModelInfo:
 
 
 class ReservedNames(Protocol):
-    """`Graph.reserved`: a set of names, or a body's view of its enclosing scopes' (`nested.EnclosingNames`)."""
+    """`Graph.reserved`: a set of names, or a body's view of its enclosing scopes' (`nested.enclosing.EnclosingNames`)."""
 
     def __contains__(self, name: object, /) -> bool: ...
 
@@ -276,7 +276,7 @@ class Graph:
         self.parent = parent
         self.source = source
         # A lowered body as the portable target writes it, made from the typed copy its rules ran on
-        # (`rewrite.nested.write_back`): (the `source` it was made for, it); stale once `source` changes.
+        # (`rewrite.nested.write_back.write_back`): (the `source` it was made for, it); stale once `source` changes.
         self.portable: tuple[onnx.GraphProto, onnx.GraphProto] | None = None
         # Holders added while the graph is being read: linked once all its values exist (`finish_reading`)
         self.reading: list[OnnxNode] | None = None

@@ -9,8 +9,18 @@ from dmlgraph.rewrite.nested.bodies import execution_body, import_together
 from dmlgraph.rewrite.nested.body_types import FRESH_PREFIX
 from dmlgraph.rewrite.nested.driver import Census, optimize_nested
 from dmlgraph.rewrite.nested.functions import PRELUDE_PREFIX, execution_function
-from dmlgraph.rewrite.nested.scopes import LOWERED, SCOPE, all_nodes, in_lowered_graph, nested_dml_nodes, qualified_name
+from dmlgraph.rewrite.nested.scopes import (
+    LOWERED,
+    SCOPE,
+    Scope,
+    all_nodes,
+    body_path,
+    in_lowered_graph,
+    nested_dml_nodes,
+    qualified_name,
+    scopes,
+)
 
-__all__ = ["Census", "FRESH_PREFIX", "LOWERED", "PRELUDE_PREFIX", "SCOPE", "all_nodes", "execution_body",
-           "execution_function", "import_together", "in_lowered_graph", "nested_dml_nodes", "optimize_nested",
-           "qualified_name"]
+__all__ = ["Census", "FRESH_PREFIX", "LOWERED", "PRELUDE_PREFIX", "SCOPE", "Scope", "all_nodes", "body_path",
+           "execution_body", "execution_function", "import_together", "in_lowered_graph", "nested_dml_nodes",
+           "optimize_nested", "qualified_name", "scopes"]

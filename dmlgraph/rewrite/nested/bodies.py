@@ -32,7 +32,7 @@ from dmlgraph.rewrite.nested.enclosing import (
     outer_cones,
     small_tensor,
 )
-from dmlgraph.rewrite.nested.scopes import graph_names, holder_nodes, subgraph_names
+from dmlgraph.rewrite.nested.scopes import graph_names, subgraph_names
 
 
 @dataclass
@@ -106,7 +106,7 @@ def body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, 
 def finish_body(parent: Graph, spec: BodySpec, g: Graph) -> Body:
     for name, const in spec.borrowed.items():
         borrow(g, g.values[name], const)
-    g.reserved = EnclosingNames(parent, subgraph_names(holder_nodes(g)))
+    g.reserved = EnclosingNames(parent, subgraph_names(g))
     return Body(g, spec.outer, spec.copied)
 
 

@@ -21,7 +21,7 @@ from dmlgraph.io.shape_inference import type_shape
 from dmlgraph.ir.graph import Graph, OnnxNode, Value
 from dmlgraph.rewrite import body_reuse
 from dmlgraph.rewrite.call_leaves import STANDARD
-from dmlgraph.rewrite.nested.scopes import holder_nodes
+from dmlgraph.rewrite.nested.scopes import scopes
 
 TypeSpec = tuple[int, "tuple | None"]  # ONNX element type, shape (None: unknown rank)
 FRESH_PREFIX = body_reuse.FRESH  # `FreshDims`
@@ -54,7 +54,7 @@ def fresh_like_dims(g: Graph, bodies: Iterable[onnx.GraphProto] = ()) -> set[str
     """The dims named like fresh ones anywhere in the model `g` is the main graph of (its values',
     its bodies' and functions' declarations at any depth), and in `bodies`."""
     dims = {d for v in g.values.values() if v.shape for d in v.shape if isinstance(d, str) and FRESH_PREFIX in d}
-    bodies = itertools.chain((b for n in holder_nodes(g) for b in graphs_of(n.attributes)),
+    bodies = itertools.chain((s.proto for s in scopes(g, recursive=False)),
                              (b for f in g.info.functions for n in f.node for b in graphs_of(n.attribute)), bodies)
     infos = [vi for body in bodies for sub, _ in iter_graphs(body)
              for vi in itertools.chain(sub.input, sub.output, sub.value_info)]
@@ -138,24 +138,3 @@ def formal_types(parent: Graph, node: OnnxNode, attr: str, body: onnx.GraphProto
             types.append((outer.elem_type, shape))
         return types
     return f"bodies of {op} are not lowered (If, Loop and Scan bodies are)"
-
-
-def body_varying(node: OnnxNode, attr: str, body: onnx.GraphProto, outer: frozenset[str],
-                  outer_varying: dict[str, str]) -> dict[str, str]:
-    """What changes per iteration in a body: its formal inputs if it is a Loop/Scan body, and what it
-    reads of an enclosing body's (an If inside a Loop reading the loop-carried value)."""
-    return {name: what for name, what in outer_varying.items() if name in outer} | _varying(node, attr, body)
-
-
-def _varying(node: OnnxNode, attr: str, body: onnx.GraphProto) -> dict[str, str]:
-    """The formal inputs of a Loop or Scan body, which change per iteration, each described."""
-    if node.domain not in STANDARD or attr != "body":
-        return {}
-    names = [vi.name for vi in body.input]
-    if node.op_type == "Loop" and len(names) >= 2:
-        return {names[0]: "the iteration number", names[1]: "the loop condition"} | \
-            {name: "a loop-carried value" for name in names[2:]}
-    if node.op_type == "Scan":
-        n_state = len(names) - node.attr("num_scan_inputs", 0)
-        return {name: "a scan state value" if i < n_state else "a scanned slice" for i, name in enumerate(names)}
-    return {}

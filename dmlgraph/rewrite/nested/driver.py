@@ -17,7 +17,7 @@ from dmlgraph.io.onnx_io import DOMAIN, graphs_of, set_bodies
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, free_names
 from dmlgraph.rewrite import Match, PassResult, body_reuse, call_leaves
 from dmlgraph.rewrite.nested.bodies import Body, BodySpec, body_spec, build_alone, built_bodies, finish_body, import_body
-from dmlgraph.rewrite.nested.body_types import FreshDims, TypeSpec, body_varying, fresh_like_dims
+from dmlgraph.rewrite.nested.body_types import FreshDims, TypeSpec, fresh_like_dims
 from dmlgraph.rewrite.nested.enclosing import EnclosingNames
 from dmlgraph.rewrite.nested.functions import (
     CallSites,
@@ -31,7 +31,19 @@ from dmlgraph.rewrite.nested.functions import (
     traced_calls,
     write_back_function,
 )
-from dmlgraph.rewrite.nested.scopes import LOWERED, SCOPE, Kinds, Lazy, all_nodes, holder_nodes, subgraph_names
+from dmlgraph.rewrite.nested.scopes import (
+    LOWERED,
+    SCOPE,
+    Kinds,
+    Lazy,
+    Scope,
+    all_nodes,
+    body_path,
+    body_varying,
+    holder_nodes,
+    scopes,
+    subgraph_names,
+)
 from dmlgraph.rewrite.nested.write_back import drop_items, graph_attribute, read_names, write_back, write_back_portable
 
 Written = body_reuse.Written
@@ -55,7 +67,7 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census
     holders = holder_nodes(g)
     if not holders and not g.info.functions:
         return flat(g)  # (nearly every model: no bodies, no functions)
-    g.reserved |= subgraph_names(holders)
+    g.reserved |= subgraph_names(g)
     visible = frozenset(v.name for v in g.inputs) if g.info.functions else frozenset()
     traced = traced_calls(g, g.info.functions, visible)  # (the calls' arguments as the graph computes them before the rules)
     driver = _Driver(flat, explain, flat(g), g)
@@ -130,15 +142,13 @@ class _Driver:
         """Lower every body of `parent`'s nodes (`scope`: `parent`'s own path, '' for the main
         graph; `varying`: `parent`'s values that change per iteration of an enclosing Loop/Scan);
         True if any body was written back."""
-        found = []  # (node, attribute index, [(label, body)])
-        for node in holder_nodes(parent):
-            for i, a in enumerate(node.attributes):
-                if a.type == onnx.AttributeProto.GRAPH:  # (the body Graph as written: unchanged, as read)
-                    body = node.bodies.get(a.name)
-                    found.append((node, i, [(a.name, a.g if body is None or body.source is None else body.source)]))
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    found.append((node, i, [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)]))
-        each = [(node, node.attributes[i].name, body) for node, i, bodies in found for _, body in bodies]
+        found: list[tuple[OnnxNode, int, list[Scope]]] = []  # (holder, attribute index, its bodies)
+        for sc in scopes(parent, scope, varying, recursive=False):
+            if found and found[-1][0] is sc.holder and found[-1][1] == sc.index:
+                found[-1][2].append(sc)
+            else:
+                found.append((sc.holder, sc.index, [sc]))
+        each = [(node, node.attributes[i].name, sc.proto) for node, i, bodies in found for sc in bodies]
         specs = [body_spec(parent, node, attr, proto, self.dims, varying or {}) for node, attr, proto in each]
         keys = [self._key(parent, node, attr, proto, s, varying or {}) if isinstance(s, BodySpec) and self.reuse else None
                 for (node, attr, proto), s in zip(each, specs)]
@@ -152,9 +162,9 @@ class _Driver:
         for node, i, bodies in found:
             a = node.attributes[i]
             new = []
-            for label, body in bodies:
+            for sc in bodies:
                 spec, k, r = next(plan)
-                path = f"{scope}{node.name or node.op_type}/{label}"
+                label, body, path = sc.label, sc.proto, sc.path
                 self.parent_kinds = kinds  # (a nested lower_bodies sets its own)
                 done = self._reuse(parent, node, a.name, spec, k, path, varying or {}) if r else None
                 if done is None:
@@ -162,7 +172,7 @@ class _Driver:
                     done = (self._lower_body(parent, node, a.name, label, body, made, scope, varying or {}),)
                 new.append(done[0])
             if any(b is not None for b in new):
-                kept = [b[0] if b is not None else old for b, (_, old) in zip(new, bodies)]
+                kept = [b[0] if b is not None else old.proto for b, old in zip(new, bodies)]
                 touched.setdefault(node, list(node.attributes))[i] = graph_attribute(a, kept)
                 if a.type == onnx.AttributeProto.GRAPH and new[0] is not None and new[0][1] is not None:
                     forms.setdefault(node, {})[a.name] = new[0][1]
@@ -243,7 +253,7 @@ class _Driver:
                     body: Body | str, scope: str, outer_varying: dict[str, str]) -> Written | None:
         """The lowered body (`body`: it as built, or why it cannot be), or None when nothing in it (or
         in its own bodies) changed."""
-        path = f"{scope}{node.name or node.op_type}/{label}"
+        path = body_path(scope, node, label)
         if isinstance(body, str):
             self._decline(scope.rstrip("/"), "nested_body", [node], f"its {label} is not lowered: {body}")
             self.calls.untyped(proto, f"it is called in {path}, which is not lowered")

@@ -28,7 +28,7 @@ from dmlgraph.rewrite.call_leaves import STANDARD, FunctionKey, call_key, proto_
 from dmlgraph.rewrite.nested.bodies import import_body
 from dmlgraph.rewrite.nested.body_types import FreshDims, TypeSpec, fresh_like_dims, typed_value_info
 from dmlgraph.rewrite.nested.enclosing import CONE_LIMIT, CONE_OPS, enclosing_constant, small_tensor
-from dmlgraph.rewrite.nested.scopes import Kinds, Lazy, all_nodes, graph_names, holder_nodes, subgraph_names
+from dmlgraph.rewrite.nested.scopes import Kinds, Lazy, all_nodes, graph_names, subgraph_names
 from dmlgraph.rewrite.nested.write_back import drop_items
 
 
@@ -406,7 +406,7 @@ def build_function(info: ModelInfo, f: onnx.FunctionProto, types: list[TypeSpec]
     inputs = [typed_value_info(name, t) for name, t in zip(f.input, types) if name not in defined]
     g = import_body(info, proto, inputs + [typed_value_info(name, t) for name, t, _ in added], opsets)
     if not isinstance(g, str):
-        g.reserved = subgraph_names(holder_nodes(g))
+        g.reserved = subgraph_names(g)
     return g
 
 

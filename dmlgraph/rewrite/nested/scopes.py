@@ -5,14 +5,13 @@ Every other module of the nested lowering walks bodies through these, so they si
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import onnx
 
 from dmlgraph.io.modelfile import iter_graphs
-from dmlgraph.io.onnx_io import (
-    graphs_of,
-)
+from dmlgraph.io.onnx_io import graphs_of
 from dmlgraph.ir.graph import CONTROL_FLOW, DmlNode, Graph, Node, OnnxNode
 from dmlgraph.rewrite import Match, PassResult
 from dmlgraph.rewrite.call_leaves import STANDARD
@@ -47,12 +46,11 @@ def holder_nodes(g: Graph) -> list[OnnxNode]:
             and (n.op_type in CONTROL_FLOW or n.domain not in STANDARD) and n.has_subgraph]
 
 
-def subgraph_names(holders: list[OnnxNode]) -> set[str]:
-    """Every name used inside the bodies of these nodes, at any depth."""
+def subgraph_names(g: Graph) -> set[str]:
+    """Every name used inside the bodies of `g`'s nodes, at any depth."""
     names: set[str] = set()
-    for n in holders:
-        for body in graphs_of(n.attributes):
-            names |= graph_names(body)
+    for s in scopes(g, recursive=False):  # (`graph_names` reads the nested bodies' protos too, GRAPHS ones included)
+        names |= graph_names(s.proto)
     return names
 
 
@@ -88,3 +86,66 @@ def all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
         yield n
         for body in graphs_of(n.attribute):
             yield from all_nodes(body.node)
+
+
+# ---- the scope walk --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scope:
+    """One If/Loop/Scan body as a walk of the model meets it."""
+
+    path: str  # as reports name it: `If_3/then_branch`, `Loop_1/body/If_2/else_branch`
+    holder: OnnxNode
+    index: int  # of its attribute in `holder.attributes`
+    label: str  # the attribute's name; `name[j]` for the j-th body of a GRAPHS attribute
+    graph: Graph | None  # the body Graph (None: a GRAPHS attribute's body, which no standard op has, stays a proto)
+    proto: onnx.GraphProto  # the body as written (`Graph.source`)
+    varying: dict[str, str]  # the enclosing values that change per iteration of an enclosing Loop/Scan
+
+
+def body_path(prefix: str, holder: Node | onnx.NodeProto, label: str) -> str:
+    """A body's path: its enclosing scope's (`prefix`, ending in '/', '' for the main graph), the
+    holder's name (its op if unnamed) and the attribute."""
+    return f"{prefix}{holder.name or holder.op_type}/{label}"
+
+
+def scopes(g: Graph, prefix: str = "", varying: dict[str, str] | None = None,
+           recursive: bool = True) -> Iterator[Scope]:
+    """Every body of `g`'s holders in graph order, then attribute order, each followed by its own
+    bodies (`recursive`), as onnx-ir's `RecursiveGraphIterator` walks subgraphs: through the body
+    Graphs (`OnnxNode.bodies`), not the protos. `prefix`, `varying`: `g`'s own path and varying values."""
+    for node in holder_nodes(g):
+        for i, a in enumerate(node.attributes):
+            if a.type == onnx.AttributeProto.GRAPH:
+                body = node.bodies.get(a.name)
+                found = [(a.name, body, a.g if body is None or body.source is None else body.source)]
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                found = [(f"{a.name}[{j}]", None, b) for j, b in enumerate(a.graphs)]
+            else:
+                continue
+            for label, graph, proto in found:
+                s = Scope(body_path(prefix, node, label), node, i, label, graph, proto, varying or {})
+                yield s
+                if recursive and graph is not None:
+                    inner = body_varying(node, a.name, proto, frozenset(graph.free_values()), s.varying)
+                    yield from scopes(graph, s.path + "/", inner)
+
+
+def body_varying(node: OnnxNode, attr: str, body: onnx.GraphProto, outer: frozenset[str],
+                  outer_varying: dict[str, str]) -> dict[str, str]:
+    """What changes per iteration in a body: its formal inputs if it is a Loop/Scan body, and what it
+    reads of an enclosing body's (an If inside a Loop reading the loop-carried value)."""
+    return {name: what for name, what in outer_varying.items() if name in outer} | _varying(node, attr, body)
+
+
+def _varying(node: OnnxNode, attr: str, body: onnx.GraphProto) -> dict[str, str]:
+    """The formal inputs of a Loop or Scan body, which change per iteration, each described."""
+    if node.domain not in STANDARD or attr != "body":
+        return {}
+    names = [vi.name for vi in body.input]
+    if node.op_type == "Loop" and len(names) >= 2:
+        return {names[0]: "the iteration number", names[1]: "the loop condition"} | \
+            {name: "a loop-carried value" for name in names[2:]}
+    if node.op_type == "Scan":
+        n_state = len(names) - node.attr("num_scan_inputs", 0)
+        return {name: "a scan state value" if i < n_state else "a scanned slice" for i, name in enumerate(names)}
+    return {}

@@ -1,5 +1,6 @@
-"""The scopes of a model: the nodes that hold If/Loop/Scan bodies, the names the bodies use, and how a
-match made in a body is reported (its `scope` path, whether its DML node stayed in the written model).
+"""The scopes of a model and the one walk over them (`scopes`, through the body Graphs): the nodes
+that hold If/Loop/Scan bodies, the names the bodies use, what changes per iteration, and how a match
+made in a body is reported (its `scope` path, whether its DML node stayed in the written model).
 
 Every other module of the nested lowering walks bodies through these, so they sit at the bottom.
 """

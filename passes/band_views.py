@@ -1,5 +1,5 @@
-"""Slice and Transpose of a DIAGONAL_MATRIX1 output that holds data or moves at run time: the same
-node over the sliced (transposed) input, its region moved.
+"""Slice and Transpose of a DIAGONAL_MATRIX1 output (holding data, moving at run time, or of shapes
+only): the same node over the sliced (transposed) input, its region moved.
 
 Slice, steps 1: element (i, j) of the slice is (i + r0, j + c0) of the band, r0 and c0 the starts as
 ONNX clamps them, so j - i in [b, e) becomes j - i in [b + r0 - c0, e + r0 - c0). The clamped starts

@@ -303,7 +303,7 @@ def test_reshape_of_a_band_with_padding_regroups_its_batch_axes(target):
 def test_band_broadcast_along_its_rows_is_declined(first, last, axis):
     """A [1, T] row of a band repeated down S rows is no band (nor a column across). The row alone is exact as a view of
     the band, but the Where then takes it guarded and refuses every S >= 2 the original runs:
-    declined at the view, named (docs/masks.md, "Views of a band of shapes only")."""
+    declined at the view, named (docs/masks.md, "Views of a band that holds data", its last item)."""
     nodes, inits = causal_nodes()
     nodes += [h.make_node("Slice", ["band", "s0", "s1", "ax2"], ["row"]),  # [1, 1, 1, S]
               h.make_node("Where", ["row", "x", "neg"], ["y"])]

@@ -327,7 +327,7 @@ def test_rows_from_minus_s_applied_to_other_rows_lower():
     """Data of one row (x[:, :, :1]) or of another input's rows that only shares the name S: the
     grid lowers and `[-S:]` is a view of it, whose run-time clamp is ONNX's own (at S = 0 the whole
     axis, as the original), so no S > 0 proof is needed (main: declined, "no operand of Where has S
-    rows"; docs/masks.md, "Views of a band of shapes only")."""
+    rows"; docs/masks.md, "Views of a band that holds data", its last item)."""
     one_row = _apply_to(last_rows(), "xrow", [h.make_node("Slice", ["x", "z1", "one1", "c2"], ["xrow"])])
     one_row.graph.initializer.append(_i("one1", [1]))
     other = _apply_to(last_rows(), "y2", [], [h.make_tensor_value_info("y2", T.FLOAT, [1, 2, "S", "T"])])

@@ -351,9 +351,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         loaded(source, g)
     before = graph_stats(g)
     result, exported, cleaned = _lower_graph(g, source, options, target, progress, census)
-    # A site must beat the clean-up alone too (onnx-ir's passes shrink a model with nothing
-    # lowered: Optimum's llama 625 -> 374 nodes), so growth is measured against both.
-    reference = _Reference(source)
+    reference = _Reference(source)  # (the input, and its clean-up: a lowering must beat both)
     grown = reference.growth(exported)
     full = exported  # the lowering of every site (inspect and --allow-growth show it)
     if grown is not None and result.applied and not options.allow_growth:
@@ -362,8 +360,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         g, result, exported, cleaned = _decline_growing_sites(model, base_dir, source, reference, options, target,
                                                               result, exported, census, grown, (g, cleaned))
     if target == "onnx" and result.applied and not options.allow_growth:
-        g, result, exported, cleaned = _decline_costlier_sites(model, base_dir, source, reference, options, result,
-                                                               exported, census, (g, cleaned))
+        g, result, exported, cleaned = _decline_costlier_sites(model, base_dir, source, reference, options,
+                                                               result, exported, census, (g, cleaned))
     if result.applied or cleaned:  # (a model given back unchanged stays byte for byte the input)
         stamp(exported, target, options, result.counts, source)
     serialized = _check_output(exported, source, label, target, dir_of, bool(notes)) if check else None
@@ -391,9 +389,8 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     }
     if grown is not None and options.allow_growth and explain_growth and result.applied:
         # The sites optimize would decline, with its reasons (inspect lowers every site).
-        without = _without_growing_sites(model, base_dir, source, reference,
-                                         dataclasses.replace(options, allow_growth=False), target, result, full,
-                                         census)
+        without = _without_growing_sites(model, base_dir, source, reference, dataclasses.replace(
+            options, allow_growth=False), target, result, full, census)
         report["site_growth"] = [match_record(m, True) for m in (without[1].declined if without else [])
                                  if (m.reason or "").startswith(GROWTH_DECLINE)] if without else \
             [match_record(m) | {"reason": "every site (no kept subset stops the growth)"} for m in result.applied]

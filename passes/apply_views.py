@@ -15,7 +15,7 @@ import numpy as np
 from dmlgraph.io.dim_keys import DimKeys
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.apply import band_operands
-from dmlgraph.passes.band_views import build_slice, build_transpose, match_slice, match_transpose
+from dmlgraph.passes.band_views import build_slice, build_transpose, match_slice, match_transpose, one_line
 from dmlgraph.passes.broadcast import (
     Built,
     ShapeSource,
@@ -48,11 +48,12 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
         perm, rank = node.attr("perm", None), len(d_value.shape or ())
         if perm is not None and list(perm) == list(range(rank)):
             return None  # (the identity: nothing to lower or say)
-    if node.op_type in ("Slice", "Transpose") and d.inputs[0] is None and d.inputs[2] is None:
-        # (a band of shapes only: its view is the cone's, which the mask analysis proves or declines)
-        m.reason = (f"{node.op_type} {node.name!r} of a band of shapes only is left to the mask analysis "
-                    "(its rows or columns would shift the band's bounds)")
-        return m
+    if node.op_type == "Slice" and d.inputs[0] is None and d.inputs[2] is None:
+        axis = one_line(graph, node, len(d_value.shape or ()))
+        if axis is not None:  # (exact itself, but read broadcast it repeats one line: docs/masks.md)
+            m.reason = (f"Slice {node.name!r} keeps at most one {('row', 'column')[axis]} of a band of shapes only "
+                        "(min(N, 1)), which a reader broadcasts: a line repeated is no band")
+            return m
     if node.op_type in ("Slice", "Transpose"):
         why, view = (match_slice if node.op_type == "Slice" else match_transpose)(graph, node, d, d_value)
         if why is not None:

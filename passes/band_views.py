@@ -1,5 +1,5 @@
-"""Slice and Transpose of a DIAGONAL_MATRIX1 output that holds data or moves at run time: the same
-node over the sliced (transposed) input, its region moved.
+"""Slice and Transpose of a DIAGONAL_MATRIX1 output (holding data, moving at run time, or of shapes
+only): the same node over the sliced (transposed) input, its region moved.
 
 Slice, steps 1: element (i, j) of the slice is (i + r0, j + c0) of the band, r0 and c0 the starts as
 ONNX clamps them, so j - i in [b, e) becomes j - i in [b + r0 - c0, e + r0 - c0). The clamped starts
@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 from onnx import TensorProto
 
+from dmlgraph.ir.dtypes import INT32_MAX
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, OnnxNode, Value
 from dmlgraph.ir.ops import BOUND_LIMIT
 from dmlgraph.passes.broadcast import Built, ShapeSource, same_dims, shape_source
@@ -130,6 +131,22 @@ def match_slice(graph: Graph, node: OnnxNode, d: DmlNode, d_value: Value) -> tup
         return f"the band feeding Slice {node.name!r} has an unknown rank", {}
     return None, {"view": "slice", "axes": axes, "how": how, "source": source, "full": _full(d, d_value),
                   "starts": starts, "ends": ends}
+
+
+def one_line(graph: Graph, node: OnnxNode, rank: int) -> int | None:
+    """0 (rows) or 1 (columns) where Slice `node` keeps at most one line of a matrix axis at every
+    size: constant bounds of one sign at most 1 apart (`[0:1]`, `[-2:-1]`) or `[-1:]`; else None."""
+    s_arr, e_arr = const_value(graph, cast(Value, node.inputs[1])), const_value(graph, cast(Value, node.inputs[2]))
+    axes_v = node.input(3)
+    axes_arr = const_value(graph, axes_v) if axes_v is not None else None
+    if s_arr is None or e_arr is None or (axes_v is not None and axes_arr is None) or rank < 2:
+        return None
+    starts, ends = np.asarray(s_arr).reshape(-1), np.asarray(e_arr).reshape(-1)
+    axes = range(len(starts)) if axes_arr is None else np.asarray(axes_arr).reshape(-1)
+    for s, e, a in zip(starts, ends, axes):
+        if int(a) % rank >= rank - 2 and ((s >= 0) == (e >= 0) and int(e) - int(s) <= 1 or s == -1 and e >= INT32_MAX):
+            return int(a) % rank - (rank - 2)
+    return None
 
 
 def _full(d: DmlNode, d_value: Value) -> bool:

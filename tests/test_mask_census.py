@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -167,9 +168,13 @@ def test_fail_on_missed_passes_when_every_mask_lowers(capsys):
     assert "0 missed" in capsys.readouterr().out
 
 
-def test_a_stored_band_sliced_to_one_value_at_a_static_size_is_declined_not_missed():
+@pytest.mark.parametrize("size", [0, 1, 3, 4, 12])
+def test_a_stored_band_sliced_to_one_value_at_a_static_size_lowers_exact(size):
     """(Found by tests/fuzz_forms.py.) A band buffer `j - i <= 3` sliced to a static [3, 3] is all
-    ones: no band to lower, but its slices were mask-like and listed as missed."""
+    ones. Its slices were mask-like and listed as missed, then declined ("one value everywhere");
+    the column slice is now a view of the lowered rows `buffer[:S]`, the same DIAGONAL_MATRIX1
+    over [S, S] (all ones up to S = 4): lowered, and bit for bit onnxruntime's on both targets, with
+    the growth gate and without, at S = 0, 1, around 3 and the buffer's 12."""
     n = 12
     top = np.arange(n)[None, :] - np.arange(n)[:, None]
     ints = {name: onnx.numpy_helper.from_array(np.array(v, np.int64), name)
@@ -181,9 +186,18 @@ def test_a_stored_band_sliced_to_one_value_at_a_static_size_is_declined_not_miss
              h.make_node("Slice", ["buffer", "zero", "s1", "ax0"], ["rows"]),
              h.make_node("Slice", ["rows", "zero", "s1", "ax1"], ["stored"]),
              h.make_node("Where", ["stored", "x", "ninf"], ["y"])]
-    x = h.make_tensor_value_info("x", T.FLOAT, [1, 2, 3, 3])
-    m = h.make_model(h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 3, 3])], inits),
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 2, size, size])
+    m = h.make_model(h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("y", T.FLOAT, [1, 2, size, size])], inits),
                      opset_imports=[h.make_opsetid("", 18)], ir_version=10)
     rows = {r["value"]: r for r in api.inspect(m).report["masks"]}
-    assert rows["rows"]["status"] == "declined" and rows["stored"]["status"] == "declined", rows
-    assert "one value everywhere" in rows["stored"]["reason"]
+    assert rows["rows"]["status"] == "lowered" and rows["stored"]["status"] == "lowered", rows
+    feeds = {"x": np.random.default_rng(size).standard_normal((1, 2, size, size)).astype(np.float32)}
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    for growth in (False, True):
+        dml = api.optimize(m, target="dml", allow_growth=growth)
+        assert all(r.exact for r in dml.rewrites) and (dml.rewrites or not growth)
+        portable = api.optimize(m, target="onnx", allow_growth=growth).model
+        onnx.checker.check_model(portable, full_check=True)
+        for got in (api.run(dml.model, feeds)["y"],
+                    ort.InferenceSession(portable.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]):
+            assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), growth

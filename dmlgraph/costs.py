@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from dmlgraph.rewrite import Match
-from dmlgraph.rewrite.nested import SCOPE
+from dmlgraph.rewrite.nested import SCOPE, body_path
 
 GROWTH_DECLINE = "would add "  # how a site declined for growth is told (`growth_reason`)
 KERNEL_DECLINE = "would run "  # how a site declined for its kernels is told (`kernel_reason`)
@@ -81,14 +81,15 @@ class _Scope:
 
 def _bodies(graph: onnx.GraphProto, prefix: str = "") -> dict[str, onnx.GraphProto]:
     """Every If/Loop/Scan body of `graph` at any depth by its path as nested reports scopes
-    (`If_3/then_branch`, `Loop_1/body/If_2/else_branch`)."""
+    (`If_3/then_branch`, `Loop_1/body/If_2/else_branch`). A walk of protos, not `nested.scopes`:
+    it reads the written models, which are no Graphs."""
     found: dict[str, onnx.GraphProto] = {}
     for n in graph.node:
         for a in n.attribute:
             bodies = [(a.name, a.g)] if a.type == onnx.AttributeProto.GRAPH else \
                 [(f"{a.name}[{j}]", b) for j, b in enumerate(a.graphs)] if a.type == onnx.AttributeProto.GRAPHS else []
             for label, b in bodies:
-                path = f"{prefix}{n.name or n.op_type}/{label}"
+                path = body_path(prefix, n, label)
                 found[path] = b
                 found |= _bodies(b, path + "/")
     return found

@@ -2,7 +2,7 @@
 
 A function given `x` and `s = Gather(Shape(x), 2)` sees `s` as an input of unknown content unless
 its calls define it: where every call computes an argument alike from the call's other arguments
-and constants (`nested._CallSites.definitions`), the function's graph computes that formal from the
+and constants (`nested.functions.CallSites.definitions`), the function's graph computes that formal from the
 others (a prelude), so the proof sees `Gather(Shape(x), 2)`. Each form below is built with
 onnx.helper: lowered on both targets inside the function, signature and calls unchanged, outputs
 equal to onnxruntime's at sizes around every constant; what cannot be defined keeps its decline.

@@ -151,8 +151,8 @@ def test_together_lowers_exactly_as_alone(case, monkeypatch):
         calls.append(made is not None)
         return made
 
-    monkeypatch.setattr(nested, "import_together", spy)
+    monkeypatch.setattr(nested.bodies, "import_together", spy)
     ours = _optimized(build())
     assert any(calls) == shared
-    monkeypatch.setattr(nested, "import_together", lambda info, specs: None)
+    monkeypatch.setattr(nested.bodies, "import_together", lambda info, specs: None)
     assert _optimized(build()) == ours

@@ -717,7 +717,7 @@ class _NameSet:
     def _scoped(self, name: str) -> bool:
         g = cast(Graph, self.scoped)
         g.values.__contains__(name)  # (asked, not heeded: a removed node's name is free, as in the main graph)
-        encloses = getattr(g.reserved, "encloses", None)  # (`nested.EnclosingNames`: the enclosing scopes' values)
+        encloses = getattr(g.reserved, "encloses", None)  # (`nested.enclosing.EnclosingNames`: the enclosing scopes' values)
         return bool(encloses(name)) if encloses is not None else False
 
 

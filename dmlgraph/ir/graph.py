@@ -255,7 +255,7 @@ class ModelInfo:
 
 
 class ReservedNames(Protocol):
-    """`Graph.reserved`: a set of names, or a body's view of its enclosing scopes' (`nested.EnclosingNames`)."""
+    """`Graph.reserved`: a set of names, or a body's view of its enclosing scopes' (`nested.enclosing.EnclosingNames`)."""
 
     def __contains__(self, name: object, /) -> bool: ...
 
@@ -276,7 +276,7 @@ class Graph:
         self.parent = parent
         self.source = source
         # A lowered body as the portable target writes it, made from the typed copy its rules ran on
-        # (`rewrite.nested.write_back`): (the `source` it was made for, it); stale once `source` changes.
+        # (`rewrite.nested.write_back.write_back`): (the `source` it was made for, it); stale once `source` changes.
         self.portable: tuple[onnx.GraphProto, onnx.GraphProto] | None = None
         # Holders added while the graph is being read: linked once all its values exist (`finish_reading`)
         self.reading: list[OnnxNode] | None = None
@@ -416,12 +416,22 @@ class Graph:
         self.changes.append(node)
         self._rewritten({node.id})
 
-    def remove_node(self, node: Node) -> None:
+    def remove_node(self, node: Node, relink: bool = True) -> None:
+        """Remove `node` and its uses. In a body, an enclosing value it read lists the holder, not
+        it (`add_node`): the holders up the scopes are linked again (`relink`), so an enclosing
+        value the body no longer reads loses the holder's use."""
+        if relink and self.source is not None:
+            self._unwrite([node])
         del self.nodes[node.id]
         del self.by_op[node.op_type][node.id]
+        values = self.values if self.parent is not None else None
+        enclosing = values is not None and node.__class__ is OnnxNode and bool(node.bodies)
         for i, v in enumerate(node.inputs):
             if v is not None:
-                del v.uses[node, i]
+                if values is None or values.get(v.name) is v:
+                    del v.uses[node, i]
+                else:
+                    enclosing = True
         if node.__class__ is OnnxNode:
             for v in node.outer:
                 v.uses.pop((node, BODY_READ), None)
@@ -429,6 +439,34 @@ class Graph:
             if v.producer is node:
                 v.producer = None
         self.changes.append(node)
+        if enclosing and relink:
+            self.relink_holders()
+
+    def _unwrite(self, nodes: list[Node]) -> None:
+        """Drop `nodes` from this body's `source` (node for node with the Graph's, in order) and write
+        the holders' attributes and the enclosing bodies' sources up the scopes again."""
+        gone = {n.id for n in nodes}
+        proto = onnx.GraphProto()
+        proto.CopyFrom(cast(onnx.GraphProto, self.source))
+        for k in reversed([k for k, n in enumerate(self.nodes.values()) if n.id in gone]):
+            del proto.node[k]
+        self.source = proto
+        g = self
+        while g.holder is not None and g.parent is not None:
+            g.holder.set_attributes(_body_attributes(g.holder))
+            if g.parent.source is None:
+                break
+            g.parent.source = _written(g.parent, {g.holder.id})
+            g = g.parent
+
+    def relink_holders(self) -> None:
+        """Link this body's holder again in its graph, and so on up the scopes (what the bodies
+        read of each enclosing graph is its holder's `outer` and uses)."""
+        g = self
+        while g.parent is not None and g.holder is not None:
+            g.parent.link_bodies(g.holder)
+            g.parent.changes.append(g.holder)  # (its reads changed: the enclosing `remove_dead` looks again)
+            g = g.parent
 
     def drop_matrix(self, node: DmlNode) -> None:
         """Forget `node`'s `matrix` hint (an export that will not read it): what only it read
@@ -602,9 +640,10 @@ class Graph:
     def _remove_dead(self) -> int:
         live: set[int] = set()
         stack = [v.producer for v in self.outputs if v.producer is not None]
+        own = self.nodes if self.parent is not None else None  # (a body: an enclosing producer is not its own)
         while stack:  # (the hottest loop of a sweep's clean-up: kept plain)
             n = stack.pop()
-            if n.id in live:
+            if n.id in live or (own is not None and n.id not in own):
                 continue
             live.add(n.id)
             for v in n.inputs:
@@ -617,8 +656,12 @@ class Graph:
                     if v.producer is not None:
                         stack.append(v.producer)
         dead = [n for n in self.nodes.values() if n.id not in live]
+        if dead and self.source is not None:
+            self._unwrite(dead)
         for n in dead:
-            self.remove_node(n)
+            self.remove_node(n, relink=False)
+        if dead and self.parent is not None:
+            self.relink_holders()
         outputs = {v.name for v in self.outputs}
         for name in [k for k, v in self.initializers.items() if not v.uses and k not in outputs]:
             del self.initializers[name]

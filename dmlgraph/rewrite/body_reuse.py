@@ -23,7 +23,7 @@ from dmlgraph.rewrite.engine import Replacement
 ENABLED = True  # (tests compare the written models with reuse off)
 _OPEN, _CLOSE = "\u2983", "\u2984"
 _DIM = "unk__dmlgraph_c"
-FRESH = "unk__dmlgraph_"  # `nested.FreshDims`
+FRESH = "unk__dmlgraph_"  # `nested.body_types.FreshDims`
 _TOKEN = re.compile(f"{_OPEN}\\d{{6}}{_CLOSE}|{_DIM}\\d{{6}}")
 _ONNX_FRESH = re.compile(r"unk__\d+")
 _MARKS = (_OPEN.encode(), _CLOSE.encode(), FRESH.encode())
@@ -164,7 +164,7 @@ def key(proto: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], constants: li
         borrowed: dict, outer: frozenset[str], varying: dict[str, str], context: tuple,
         function_keys: set, memo: dict
         ) -> tuple[tuple, Canonical, onnx.GraphProto] | None:
-    """The key of a body (`nested._Spec`'s fields, its varying set, `context`: the holder's op and
+    """The key of a body (`nested.bodies.BodySpec`'s fields, its varying set, `context`: the holder's op and
     attribute, the model's opsets), its names as tokens, and its proto in tokens; None where it may
     not be reused."""
     if not ENABLED or proto.sparse_initializer or proto.quantization_annotation:
@@ -245,7 +245,7 @@ class AskedReserved:
         raise AssertionError("a template holds no bodies")
 
     def encloses(self, name: str) -> bool:
-        """`nested.EnclosingNames.encloses`, asked in the first body's names, every answer kept."""
+        """`nested.enclosing.EnclosingNames.encloses`, asked in the first body's names, every answer kept."""
         answer = self.enclosed.get(name)
         if answer is None:
             answer = self.enclosed[name] = _encloses(self.reserved, self.c.to_real(name))

@@ -2,9 +2,9 @@
 
 A function given `p = Gather(Shape(past_key), 2)` from its caller, where `past_key` is no argument,
 sees `p` as an input of unknown content. Where every call computes `p` alike from the same main-graph
-inputs (`nested._CallSites.definitions`: the *leaves* of its cone, read only through `Shape`), the
+inputs (`nested.functions.CallSites.definitions`: the *leaves* of its cone, read only through `Shape`), the
 function takes those inputs as new formals appended after its own, `p` is defined from them, and each
-call passes them. This module finds the calls and edits them; nested.py decides when (only where a
+call passes them. This module finds the calls and edits them; nested/functions.py decides when (only where a
 site then lowers). A leaf is a main-graph input: every call of the main graph or of its If/Loop/Scan
 bodies (any depth) sees it by name, and no rule removes it. Calls inside functions see no main-graph
 value, so a function called from one gets no leaf.

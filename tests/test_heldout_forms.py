@@ -300,3 +300,28 @@ def test_a_site_is_not_charged_for_the_other_sites_generator_on_its_data() -> No
     assert costs.growth(model, r.model) is None and len(r.model.graph.node) == 4
     s = np.random.default_rng(2).standard_normal((3, 16, 16)).astype(np.float32)
     assert dmlgraph.validate(model, r, {"s": s}).ok
+
+
+def _ids_named_like_mask() -> onnx.ModelProto:
+    """`_kv_causal` with input_ids' length named `total` like attention_mask's (round 3's
+    `_collide` kind, cut down): a claim, false whenever the past is not empty."""
+    model = _kv_causal()
+    for d in model.graph.input[0].type.tensor_type.shape.dim:
+        if d.dim_param == "sequence":
+            d.dim_param = "total"
+    return model
+
+
+@pytest.mark.xfail(strict=True, reason="the portable form's Expand of the padding to [b, 1, 1, S] runs "
+                   "before the guard and fails first ('invalid expand shape'); docs/limits.md")
+def test_a_false_dim_claim_stops_the_portable_run_with_the_guards_name() -> None:
+    """docs/limits.md "Dim names are claims": the lowered model stops with an error naming
+    `dmlgraph__<dim>__same_in_<input>`. On `dml` it does (the executor); on `onnx` an Expand
+    whose sizes do not read the guard fails before it, with onnxruntime's own message."""
+    model = _ids_named_like_mask()
+    portable = dmlgraph.optimize(model, target="onnx", allow_growth=True).model
+    assert any(n.name.startswith("dmlgraph__total__same_in_") for n in portable.graph.node)
+    feeds = _feeds(5, 3, 0)
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with pytest.raises(Exception, match="same_in_attention_mask"):
+        ort.InferenceSession(portable.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -9,7 +9,7 @@ Three parts, each in the venv that has its tools (no weights downloaded: configs
         naming: TorchScript `dynamic_axes` naming attention_mask's length like input_ids's (it is
         past + seq at run time; `collide`), the same renamed globally to "past_sequence + sequence"
         as make_kv_models does (input_ids' length then claims the sum; `sumnamed`), dynamo with
-        `Dim.AUTO` everywhere; a tiny ViT with a stored band and a torch.eye; tril/triu of data
+        `Dim.AUTO` everywhere; T5EncoderModel; a tiny ViT with a stored band and a torch.eye; tril/triu of data
         with a run-time diagonal (from shapes); a larger llama (hidden 256) for external data.
     /work/scratch/optimumvenv/bin/python models/scripts/make_heldout3.py optimum [--out DIR]
         Optimum's exporter (make_heldout2.optimum_part) on mistral (sliding 4), phi3 and gemma:
@@ -82,6 +82,11 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         from transformers import Qwen2Config, Qwen2ForCausalLM
         return Qwen2ForCausalLM(Qwen2Config(**sdpa()))
 
+    def t5_encoder() -> nn.Module:
+        from transformers import T5Config, T5EncoderModel
+        return T5EncoderModel(T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+                                       pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
+
     class LocalViT(nn.Module):
         """4x4 patches of a 16x16 image (16 tokens), one attention layer that sees a stored band
         (|i - j| <= 2) and leaves itself out with torch.eye(16)."""
@@ -122,6 +127,8 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         Spec("llama_sdpa_nocache", hf.format("LlamaForCausalLM", "sdpa", ", no cache"), llama, "nocache"),
         Spec("llama_big_sdpa_kv", hf.format("LlamaForCausalLM hidden 256, vocab 2000", "sdpa", kvs), llama_big,
              "decoder"),
+        Spec("t5_encoder", "transformers T5EncoderModel (tiny random config; relative position buckets, "
+             "right padding)", t5_encoder, "encoder"),
         Spec("vit_local", LocalViT.__doc__ or "", LocalViT, "vision"),
         Spec("trilu_data", TriluData.__doc__ or "", TriluData, "plain"),
     ]

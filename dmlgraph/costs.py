@@ -274,7 +274,8 @@ def _constant_value(n: onnx.NodeProto) -> np.ndarray | None:
         return None
     a = n.attribute[0]
     if a.name == "value":
-        return None if a.t.data_type == onnx.TensorProto.STRING else onnx.numpy_helper.to_array(a.t)
+        return None if a.t.data_type == onnx.TensorProto.STRING or a.t.external_data else \
+            onnx.numpy_helper.to_array(a.t)
     dtype = _CONSTANT_DTYPES.get(a.name)
     return None if dtype is None else np.asarray(onnx.helper.get_attribute_value(a), dtype)
 

@@ -6,6 +6,7 @@ so a model means the same thing to each of them. Targets and rule options are de
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections import Counter
@@ -352,7 +353,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     before = graph_stats(g)
     result, exported, cleaned = _lower_graph(g, source, options, target, progress, census)
     reference = _Reference(source)  # (the input, and its clean-up: a lowering must beat both)
-    grown = reference.growth(exported)
+    grown = reference.growth(exported) if result.applied else growth(source, exported)
     full = exported  # the lowering of every site (inspect and --allow-growth show it)
     if grown is not None and result.applied and not options.allow_growth:
         if check:
@@ -424,7 +425,7 @@ def _decline_growing_sites(model: onnx.ModelProto | str, base_dir: str | None, s
     else:  # no subset found that does not grow: every site declined, the input kept (cleaned)
         result = _all_declined(result, f"not written: the lowered model would grow on target {target} over the "
                                        f"input cleaned up ({grown}); the input is kept")
-    exported, cleaned = _input_kept(source)
+    exported, cleaned = reference.kept()
     return g, result, exported, cleaned
 
 
@@ -465,7 +466,7 @@ def _decline_costlier_sites(model: onnx.ModelProto | str, base_dir: str | None, 
     if not changed or len(run_time_nodes(exported.graph)) >= len(run_time_nodes(first[2].graph)):
         return first  # (what was lowered instead costs as much: trilu_offsets_ts's other Trilus)
     if not result.applied or same_computation(source, exported):
-        exported, cleaned = _input_kept(source)
+        exported, cleaned = reference.kept()
     return g, result, exported, cleaned
 
 
@@ -549,11 +550,11 @@ def _costliest_sites(reference: _Reference, out: onnx.ModelProto, applied: list[
     costs = sorted(((c[:2], i, c[2]) for i, c in enumerate(site_costs(reference.cleaned, out, applied))
                     if c is not None and site_key(applied[i]) not in declined), reverse=True)
     added = f"{extra_nodes} node{'s' if extra_nodes > 1 else ''}" if extra_nodes > 0 else f"{extra_bytes} bytes"
+    why = f"{GROWTH_DECLINE}{added} on target {target} together with the other sites ({reference.growth(out)})"
     found: list[tuple[Match, str]] = []
     covered = 0.0
     for (nodes, size), i, what in costs:
-        found.append((applied[i], f"{GROWTH_DECLINE}{added} on target {target} together with the other sites "
-                                  f"({reference.growth(out)}), this one among the costliest: {what}"))
+        found.append((applied[i], f"{why}, this one among the costliest: {what}"))
         covered += nodes if extra_nodes > 0 else size
         if covered >= extra:
             break
@@ -564,32 +565,47 @@ class _Reference:
     """What a lowering must beat: the input (no more nodes, no more bytes: `growth`), and the
     input cleaned up, which is what declining every site writes (onnx-ir's passes can shrink it
     a lot: Optimum's llama 625 -> 374 nodes). Against the clean-up a lowering may trade nodes for
-    bytes (a stored mask for its generator: a node more, kilobytes less), not lose on both."""
+    bytes (a stored mask for its generator: a node more, kilobytes less), not lose on both. The
+    clean-up runs once, when first needed, and is what a declined model writes (`kept`)."""
 
     def __init__(self, source: onnx.ModelProto) -> None:
-        self.source, self.cleaned = source, _cleaned(source)
+        self.source = source
+
+    @functools.cached_property
+    def _clean_up(self) -> tuple[onnx.ModelProto, bool]:
+        return _input_kept(self.source)
+
+    @property
+    def cleaned(self) -> onnx.ModelProto:
+        return self._clean_up[0]
+
+    @functools.cached_property
+    def _sizes(self) -> tuple[int, int, int, int]:
+        """Nodes and bytes of the input, then of its clean-up."""
+        return (all_nodes(self.source), unstamped_bytes(self.source),
+                all_nodes(self.cleaned), unstamped_bytes(self.cleaned))
+
+    def kept(self) -> tuple[onnx.ModelProto, bool]:
+        """The input cleaned, to be written (a copy: the stamp edits it), and whether the clean-up
+        changed it."""
+        copy = onnx.ModelProto()
+        copy.CopyFrom(self.cleaned)
+        return copy, self._clean_up[1]
 
     def growth(self, model: onnx.ModelProto) -> str | None:
         grown = growth(self.source, model)
         if grown is not None:
             return grown
-        n0, n1 = all_nodes(self.cleaned), all_nodes(model)
-        b0, b1 = unstamped_bytes(self.cleaned), unstamped_bytes(model)
+        _, _, n0, b0 = self._sizes
+        n1, b1 = all_nodes(model), unstamped_bytes(model)
         if (n1 > n0 and b1 >= b0) or (n1 >= n0 and b1 > b0 + GROWTH_ALLOWANCE):
             return f"nodes {n0} -> {n1}, bytes {b0} -> {b1} over the input cleaned up"
         return None
 
     def extra(self, model: onnx.ModelProto) -> tuple[int, int]:
         """The nodes and bytes `model` has over the smaller of the two."""
-        return (all_nodes(model) - min(all_nodes(self.source), all_nodes(self.cleaned)),
-                unstamped_bytes(model) - min(unstamped_bytes(self.source), unstamped_bytes(self.cleaned)))
-
-
-def _cleaned(source: onnx.ModelProto) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(source)
-    clean(copy)
-    return copy
+        n_src, b_src, n_clean, b_clean = self._sizes
+        return all_nodes(model) - min(n_src, n_clean), unstamped_bytes(model) - min(b_src, b_clean)
 
 
 def portable_summary(nodes: Iterable[DmlNode]) -> dict[str, Any]:

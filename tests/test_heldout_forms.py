@@ -211,10 +211,16 @@ def test_a_merged_decoder_lowers_its_branches_on_onnx_like_the_main_graph() -> N
         ops = [n.op_type for n in g.node]
         assert "Constant" not in ops and "Clip" not in ops and ops.count("Shape") == 2, ops
         assert {t.name for t in g.initializer} == {"dmlgraph__k1", "dmlgraph__value", "dmlgraph__hw"}
-    rng = np.random.default_rng(0)
-    before, after = (ort.InferenceSession(m.SerializeToString()) for m in (model, r.model))
+    _same_in_both_branches(model, r.model, (2, 2, 3, 7), seed=0)
+
+
+def _same_in_both_branches(model: onnx.ModelProto, lowered: onnx.ModelProto, scores: tuple[int, ...],
+                           seed: int) -> None:
+    """`lowered` computes what `model` does in onnxruntime, bit for bit, through either branch."""
+    rng = np.random.default_rng(seed)
+    before, after = (ort.InferenceSession(m.SerializeToString()) for m in (model, lowered))
     for flag in (True, False):
-        feeds = {"use_cache_branch": np.array([flag]), "scores": rng.standard_normal((2, 2, 3, 7)).astype(np.float32),
+        feeds = {"use_cache_branch": np.array([flag]), "scores": rng.standard_normal(scores).astype(np.float32),
                  "x16": rng.standard_normal((2, 16, 16)).astype(np.float32)}
         for a, b in zip(before.run(None, feeds), after.run(None, feeds)):
             assert a.tobytes() == b.tobytes()
@@ -261,13 +267,7 @@ def test_a_costly_site_in_one_branch_is_declined_alone() -> None:
     assert _all_nodes(r.model.graph) < _all_nodes(model.graph)
     reasons = [d.reason for d in r.declined if d.rule == "stored_mask"]
     assert len(reasons) == 3 and all(x.startswith(costs.GROWTH_DECLINE + "1 node on target onnx") for x in reasons)
-    rng = np.random.default_rng(1)
-    before, after = (ort.InferenceSession(m.SerializeToString()) for m in (model, r.model))
-    for flag in (True, False):
-        feeds = {"use_cache_branch": np.array([flag]), "scores": rng.standard_normal((1, 2, 4, 6)).astype(np.float32),
-                 "x16": rng.standard_normal((2, 16, 16)).astype(np.float32)}
-        for a, b in zip(before.run(None, feeds), after.run(None, feeds)):
-            assert a.tobytes() == b.tobytes()
+    _same_in_both_branches(model, r.model, (1, 2, 4, 6), seed=1)
 
 
 def _band_and_eye() -> onnx.ModelProto:

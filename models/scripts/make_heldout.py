@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
 import warnings
 from collections.abc import Callable
 
@@ -358,12 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                 entry.update(ok=True, bytes=os.path.getsize(path), input_sets=sorted(spec.sets))
                 print(f"OK   {name}: {entry['bytes']} bytes", flush=True)
             except Exception as e:  # noqa: BLE001 (recorded, not hidden)
-                if os.path.exists(path):
-                    os.remove(path)
-                msg = str(e).strip().splitlines()
-                entry.update(ok=False, error=f"{type(e).__name__}: {msg[0][:400] if msg else ''}")
-                print(f"FAIL {name}: {entry['error']}", flush=True)
-                traceback.print_exc(limit=3)
+                kv.record_failure(entry, path, name, e)
             log = [e for e in log if e["name"] != name] + [entry]
             with open(log_path, "w") as f:
                 json.dump(sorted(log, key=lambda e: e["name"]), f, indent=1)

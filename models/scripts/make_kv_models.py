@@ -566,6 +566,18 @@ def specs() -> list[Spec]:
     ]
 
 
+
+def record_failure(entry: dict, path: str, name: str, e: Exception) -> None:
+    """A failed export in the log: its partial file removed, the error's first line kept, and the
+    traceback printed (recorded, not hidden)."""
+    if os.path.exists(path):
+        os.remove(path)
+    msg = str(e).strip().splitlines()
+    entry.update(ok=False, error=f"{type(e).__name__}: {msg[0][:400] if msg else ''}")
+    print(f"FAIL {name}: {entry['error']}", flush=True)
+    traceback.print_exc(limit=3)
+
+
 def main(argv: list[str]) -> int:
     """Export, verify and log every spec (or those whose name contains an argument)."""
     want = argv[1:]
@@ -587,13 +599,7 @@ def main(argv: list[str]) -> int:
                              input_sets=sorted(spec.sets))
                 print(f"OK   {name}: {entry['bytes']} bytes")
             except Exception as e:  # recorded in the log, not hidden
-                p = os.path.join(HERE, name + ".onnx")
-                if os.path.exists(p):
-                    os.remove(p)
-                msg = str(e).strip().splitlines()
-                entry.update(ok=False, error=f"{type(e).__name__}: {msg[0][:400] if msg else ''}")
-                print(f"FAIL {name}: {entry['error']}")
-                traceback.print_exc(limit=3)
+                record_failure(entry, os.path.join(HERE, name + ".onnx"), name, e)
             log = [e for e in log if e["name"] != name] + [entry]
             with open(LOG, "w") as f:
                 json.dump(sorted(log, key=lambda e: e["name"]), f, indent=1)

@@ -310,13 +310,15 @@ class Graph:
 
     def find(self, name: str) -> Value | None:
         """The value `name` means here: this graph's own, else an enclosing graph's."""
+        g = self.owner(name)
+        return None if g is None else g.values[name]
+
+    def owner(self, name: str) -> Graph | None:
+        """The graph of this one's scopes (itself or an enclosing one) whose value `name` is."""
         g: Graph | None = self
-        while g is not None:
-            v = g.values.get(name)
-            if v is not None:
-                return v
+        while g is not None and name not in g.values:
             g = g.parent
-        return None
+        return g
 
     def free_values(self) -> dict[str, Value]:
         """The values of enclosing graphs this graph reads (its nodes, its bodies at any depth, its

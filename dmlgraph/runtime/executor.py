@@ -132,14 +132,6 @@ class _Entry:
     twinned: bool = False  # holds what the twins read (kept after they were made)
 
 
-def _defining_graph(g: Graph, name: str) -> Graph:
-    """The graph of `g`'s scopes (itself or an enclosing one) that defines `name`."""
-    home = g
-    while name not in home.values and home.parent is not None:
-        home = home.parent
-    return home
-
-
 class Executor:
     """Runs a Graph on concrete inputs; `timings` keeps the last run's seconds per backend.
 
@@ -257,7 +249,7 @@ class Executor:
             g = self.graph
             inits, external, inputs = [], {}, []
             for name in region.inputs:
-                home = _defining_graph(g, name)  # (in a body: an enclosing graph's value too)
+                home = cast(Graph, g.owner(name))  # (in a body: an enclosing graph's value too)
                 v = home.values[name]
                 if name in home.initializers:  # (a constant stays one: onnxruntime prepacks weights)
                     if v.initializer is None:  # made by a rule

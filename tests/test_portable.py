@@ -446,6 +446,38 @@ def test_an_arithmetic_mask_is_written_as_its_arithmetic(op):
     assert dmlgraph.validate(m, r, {"x": x}).ok
 
 
+@pytest.mark.parametrize("claimed", [False, True])
+def test_a_band_read_off_x_declares_xs_dims(claimed):
+    """A band `ConstantOfShape(Shape(x, start=-2))` gets x's declared last two dims as value_info,
+    so onnxruntime's planner can prove `Add(x, band)` has x's size and run it in place (one buffer
+    the size of x less: docs/benchmarks.md, branch `peakmem`); not where two inputs name a dim alike."""
+    nodes = [h.make_node("Shape", ["x"], ["s"], start=-2),
+             h.make_node("ConstantOfShape", ["s"], ["full"],
+                         value=numpy_helper.from_array(np.array([np.finfo(np.float32).min], np.float32))),
+             h.make_node("Trilu", ["full", "one"], ["band"], upper=1),
+             h.make_node("Add", ["x", "band"], ["y"])]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, ["b", "n", "m"])]
+    if claimed:
+        inputs.append(h.make_tensor_value_info("other", T.FLOAT, ["n"]))
+        nodes.append(h.make_node("Identity", ["other"], ["other_out"]))
+    outputs = [h.make_tensor_value_info("y", T.FLOAT, ["b", "n", "m"])]
+    outputs += [h.make_tensor_value_info("other_out", T.FLOAT, ["n"])] if claimed else []
+    g = h.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(np.array(1, np.int64), "one")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    r = dmlgraph.optimize(m, target="onnx", allow_growth=True)
+    assert r.counts["mask_arith"] == 1
+    fill = next(n.output[0] for n in r.model.graph.node if n.op_type == "ConstantOfShape")
+    declared = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+                for vi in r.model.graph.value_info}
+    assert declared.get(fill) == (None if claimed else ["n", "m"])
+    onnx.checker.check_model(r.model, full_check=True)
+    x = np.random.default_rng(0).standard_normal((2, 5, 7)).astype(np.float32)
+    feeds = {"x": x} | ({"other": np.zeros(3, np.float32)} if claimed else {})
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got))
+
+
 @pytest.mark.parametrize("name", ["split_concat_tril_ts", "split_concat_tril_dynamo"])
 def test_a_band_with_sizes_from_the_broadcast_is_a_matrix(name):
     """The node's sizes are X's leading sizes and the band's matrix (`build_matrix_of` of a

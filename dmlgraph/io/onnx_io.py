@@ -404,6 +404,7 @@ class _Written:
         self.dml_outputs: list[Value] = []
         self.nested_dml = False  # a DML node inside an If/Loop/Scan body (or a function) needs the domain too
         self.initializers: list[onnx.TensorProto] = []
+        self.value_info: list[onnx.ValueInfoProto] = []  # the portable bands' declared dims (`portable.declared_tail`)
 
 
 def _write_nodes(g: Graph, target: str, opset: int, nodes: Any, exact_only: bool, body: bool = False) -> _Written:
@@ -432,7 +433,8 @@ def _write_nodes(g: Graph, target: str, opset: int, nodes: Any, exact_only: bool
                 out.dml_outputs.append(n.outputs[0])
             else:
                 assert names is not None  # (made for target onnx)
-                nodes.extend(portable_nodes(g, n, opset, names, shared, out.initializers, exact_only))
+                nodes.extend(portable_nodes(g, n, opset, names, shared, out.initializers, exact_only,
+                                            None if body else out.value_info))
     return out
 
 
@@ -463,6 +465,7 @@ def _write_graph(g: Graph, graph: onnx.GraphProto, written: _Written) -> None:
         if a is not None and a.producer is not None and a.producer.id in g.nodes and a.elem_type \
                 and not g.is_graph_output(a):
             value_info(a, graph.value_info.add())
+    graph.value_info.extend(written.value_info)
     if g.info.graph_doc_string:
         graph.doc_string = g.info.graph_doc_string
 
@@ -743,11 +746,13 @@ PORTABLE_MIN_OPSET = 13  # the oldest default-domain opset the portable forms ar
 
 def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
                    shared: dict[tuple, str] | None = None,
-                   initializers: list[onnx.TensorProto] | None = None, exact_only: bool = False) -> list[onnx.NodeProto]:
+                   initializers: list[onnx.TensorProto] | None = None, exact_only: bool = False,
+                   declared: list[onnx.ValueInfoProto] | None = None) -> list[onnx.NodeProto]:
     """Standard ops computing exactly what the DML node computes: the Trilu-first form
     (`dmlgraph.io.portable`) where one is bit-exact, else the spec pseudocode in int64.
     `shared`/`initializers`: the export's shared constants (new ones are appended as initializers);
-    without them (in a body) constants are Constant nodes. Sets `n.portable_form` and
+    without them (in a body) constants are Constant nodes. `declared`: the main graph's value_info,
+    for the bands whose dims the model declares. Sets `n.portable_form` and
     `n.portable_nodes` (mask part, whole site: `portable.MASK`)."""
     if opset < PORTABLE_MIN_OPSET:
         raise UnsupportedError(f"the portable target needs default-domain opset {PORTABLE_MIN_OPSET} or later; the model "
@@ -755,6 +760,7 @@ def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
                                "onnx.version_converter first")
     out = n.outputs[0].name
     em = portable.Emitter(names, f"{out}__dm", shared if initializers is not None else None)
+    em.declare = declared is not None
     made = portable.build(g, n, em, opset, exact_only)
     rank = None if n.outputs[0].shape is None else len(n.outputs[0].shape)
     n.portable_form = portable.form(em.nodes if made is not None else None, rank)
@@ -769,6 +775,8 @@ def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
     em.commit()
     if initializers is not None:
         initializers.extend(em.initializers)
+    if declared is not None:
+        declared.extend(vi for vi in em.value_info if vi.name != out)
     return em.nodes
 
 

@@ -93,6 +93,11 @@ class Emitter:
         self._local: dict[tuple, str] = {}
         self.roles: list[str] = []  # one per node
         self.signed_zero = False  # the form turns a -0.0 of the data into +0.0 (else: bit-exact)
+        # Sizes vectors whose dims the written model declares (`declared_tail`), and the value_info
+        # of the tensors made from them: `declare` is set where the caller writes value_info.
+        self.declare = False
+        self.sized: dict[str, tuple] = {}
+        self.value_info: list[onnx.ValueInfoProto] = []
 
     def const(self, name: str, arr: Any) -> str:
         a = np.asarray(arr)
@@ -114,6 +119,8 @@ class Emitter:
         fresh = self.names.fresh(f"{self.prefix}_{name}")
         self.nodes.append(helper.make_node(op_type, ins, [fresh], **attrs))
         self.roles.append(role)
+        if op_type == "ConstantOfShape" and ins[0] in self.sized:
+            self.value_info.append(helper.make_tensor_value_info(fresh, attrs["value"].data_type, self.sized[ins[0]]))
         return fresh
 
     def counts(self) -> tuple[int, int]:
@@ -285,6 +292,25 @@ def _ones_prefix(g: Graph, vec: Value | None, n: int) -> bool:
     return first is not None and first.size >= n and bool(np.all(first.reshape(-1)[:n] == 1))
 
 
+def declared_tail(g: Graph | None, x: Value) -> tuple | None:
+    """x's last two dims as the written main graph declares them (an input, an output, or value_info
+    kept from the source), where each is a size or a name no two graph input axes share.
+
+    A band `ConstantOfShape(Shape(x, start=-2))` has these dims by construction; onnxruntime's
+    inference cannot see through the Shape, so without them its planner cannot prove that an Add
+    of x and the band has x's size, and runs it out of place (one more buffer the size of x:
+    docs/benchmarks.md, branch `peakmem`). Declaring them adds no claim: they are x's own."""
+    if g is None or g.parent is not None or x.shape is None or len(x.shape) < 2 or not x.elem_type:
+        return None
+    declared = any(v is x for v in g.inputs) or g.is_graph_output(x) or (
+        x.name in g.value_info_names and x.producer is not None and x.producer.id in g.nodes)
+    tail = tuple(x.shape[-2:])
+    if not declared or any(d is None or isinstance(d, str) and d.startswith("unk__") for d in tail):
+        return None
+    axes = [d for v in g.inputs if v.shape is not None for d in v.shape if isinstance(d, str)]
+    return None if any(isinstance(d, str) and axes.count(d) > 1 for d in tail) else tail
+
+
 def from_shapes(g: Graph | None, v: Value | None, depth: int = 0) -> bool:
     """`v` is computed only from tensor sizes and small constants by a few integer ops, so it is far
     inside int64 (a bound plus it cannot overflow)."""
@@ -386,7 +412,11 @@ class _Node:
         if hint is not None and (self.shape is not None or _kept_anyway(self.g, hint)):
             return hint.name
         if self.shape is None and self.n.static_shape is None and self.x is not None:
-            return self.em.op("Shape", [self.x.name], "hw", role=SIZE, start=-2)
+            hw = self.em.op("Shape", [self.x.name], "hw", role=SIZE, start=-2)
+            declared = declared_tail(self.g, self.x) if self.em.declare else None
+            if declared is not None:
+                self.em.sized[hw] = declared
+            return hw
         tail = _matrix_part(self.g, self.shape)
         if tail is not None:
             return tail

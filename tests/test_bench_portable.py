@@ -115,6 +115,19 @@ def test_the_interval_is_the_sign_tests_and_needs_six_rounds():
     assert lo is not None and lo > 1.0  # (5% slower in most rounds: slower)
 
 
+def test_memory_is_demonstrably_higher_only_when_every_child_is():
+    """A median a page over is within the children's spread; higher means every portable child
+    above every original child, and needs 4 children a side."""
+    assert bench_portable.above([100, 104, 108, 100], [112, 116, 112, 120]) is True
+    assert bench_portable.above([100, 104, 108, 100], [104, 116, 112, 120]) is False  # (one overlaps)
+    assert bench_portable.above([100, 100, 100], [200, 200, 200]) is None
+    mem = [bench_portable.Memory("a", "s", 1.0, 1.01, higher=False, second_higher=False),
+           bench_portable.Memory("b", "s", 1.0, 1.2, higher=True, second_higher=False)]
+    rows = {t.goal.split(" (")[0]: t for t in bench_portable.targets(bench_portable.Result(memory=mem))}
+    row = rows["peak memory demonstrably higher"]
+    assert row.met is False and row.detail.startswith("1/2 / 0/2 models (first: b)")
+
+
 def test_arms_are_timed_in_the_same_rounds_and_counted(tmp_path):
     """`--control` and `--baseline` are arms of the same rounds: each row holds their median and
     interval beside the portable's, the table puts them side by side and counts each arm's

@@ -4,7 +4,7 @@ Two parts, each in the venv that has its tools (no weights downloaded: configs b
 
     /work/scratch/torchvenv/bin/python models/scripts/make_heldout4.py torch [--out DIR] [WANT ...]
         torch's dynamo exporter at opset 23 (scaled_dot_product_attention may become ONNX's own
-        `Attention`) on three SDPA decoders with a KV cache; plain SDPA layers (`is_causal=True`, a
+        `Attention`) on three SDPA decoders with a KV cache, with and without onnxscript's optimizer; plain SDPA layers (`is_causal=True`, a
         tril mask, a sliding window built from arange) through TorchScript 17, dynamo 18 and dynamo
         23; float16 from torch (`model.half()`) of a sliding-window mistral and gemma3 without cache;
         a whole BART (encoder, decoder, cross attention) without cache on a padded batch; every KV
@@ -148,7 +148,7 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
     seq2seq = Spec("bart_full_nocache", "transformers BartForConditionalGeneration, encoder + decoder, no cache, "
                    "padded encoder batch", bart, "seq2seq_nocache")
     jobs: list[tuple[Spec, str, str]] = []  # (spec, name suffix, exporter)
-    jobs += [(s, "dynamo23", "dynamo23") for s in kv_specs]
+    jobs += [(s, suffix, suffix) for s in kv_specs for suffix in ("dynamo23", "dynamo23raw")]
     jobs += [(kv_specs[0], "ts", "torchscript"), (kv_specs[0], "dynamo", "dynamo")]
     jobs += [(s, suffix, e) for s in plain for suffix, e in (("ts", "torchscript"), ("dynamo", "dynamo"),
                                                             ("dynamo23", "dynamo23"))]
@@ -187,8 +187,11 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
             module = prepare(spec).eval()
             opset = kv.DYNAMO_OPSET
             try:
-                kv.DYNAMO_OPSET = 23 if exporter == "dynamo23" else opset
-                h1.export(spec, module, "torchscript" if exporter == "torchscript" else "dynamo", path)
+                kv.DYNAMO_OPSET = 23 if exporter.startswith("dynamo23") else opset
+                if exporter == "dynamo23raw":
+                    _export_unoptimized(spec, module, path, h1, kv)
+                else:
+                    h1.export(spec, module, "torchscript" if exporter == "torchscript" else "dynamo", path)
             finally:
                 kv.DYNAMO_OPSET = opset
             m = onnx.load(path)
@@ -205,6 +208,23 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         except Exception as e:  # noqa: BLE001 (recorded, not hidden)
             kv.record_failure(entry, path, name, e)
         log[:] = [e for e in log if e["name"] != name] + [entry]
+
+
+def _export_unoptimized(spec: object, module: object, path: str, h1: object, kv: object) -> None:
+    """The dynamo exporter without onnxscript's optimizer (`optimize=False`): at opset 23 the
+    optimized KV decoders' fused RotaryEmbedding does not run in onnxruntime 1.32."""
+    import torch
+    export_set = spec.sets.get("prefill_past") or spec.sets["seq9"]
+    args = tuple(torch.from_numpy(export_set[n]) for n in spec.input_names)
+    with torch.no_grad():
+        prog = torch.onnx.export(module, args, dynamo=True, input_names=spec.input_names,
+                                 output_names=spec.output_names, dynamic_shapes=h1._dynamo_shapes(spec),
+                                 opset_version=kv.DYNAMO_OPSET, external_data=False, optimize=False)
+        prog.save(path, external_data=False)
+    model = kv._fix_ir(path)
+    kv._rename_total(model)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
 
 
 # ---- 2. onnxruntime's transformer optimizer with fused attention --------------------------------

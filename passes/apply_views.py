@@ -70,8 +70,10 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     if node.op_type == "Reshape":
         return _match_reshape(graph, node, d, band, target_dims, m, options)
     same = node.op_type == "Expand" and _expand_is_identity(graph, node)
+    to_target = node.op_type == "Expand" and not same and _expand_to_target(graph, node)
+    kept = same or to_target
     if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
-            not (same or same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
+            not (kept or same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
         m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix (output's last two dims "
                     f"{list(out.shape or ())[-2:]}, band's {list(band or ())})")
         return m
@@ -86,7 +88,8 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
         else:
             m.reason = f"the target shape of Expand {node.name!r} has an unknown length"
             return m
-        plan: dict[str, Any] = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target], "same": same}
+        plan: dict[str, Any] = {"x": d.inputs[0], "unsqueeze": None, "sources": [source, target], "same": same,
+                                "to_target": to_target}
     else:
         axes = _axes(graph, node)
         rank = len(out.shape)
@@ -122,6 +125,19 @@ def _expand_is_identity(graph: Graph, node: OnnxNode) -> bool:
     target = keys.entries(node.inputs[1])
     return band is not None and target is not None and len(target) <= len(band) and \
         all(t is not None and (t == ("c", 1) or t == b) for t, b in zip(target, band[len(band) - len(target):]))
+
+
+def _expand_to_target(graph: Graph, node: OnnxNode) -> bool:
+    """The Expand's target ends in the band's own last two sizes and each of the band's batch sizes
+    is a 1 or the target's (`DimKeys`), so the output is the band at exactly the target's sizes:
+    Optimum's `mask[None, None].expand(batch, 1, q, k)`, whose output inference names `unk__`."""
+    keys = DimKeys(graph)
+    band = keys.dims(node.inputs[0])
+    target = keys.entries(node.inputs[1])
+    if band is None or target is None or len(band) < 2 or len(target) < len(band) or None in target:
+        return False
+    pairs = list(zip(target[::-1], band[::-1]))
+    return all(t == b for t, b in pairs[:2]) and all(b in (t, ("c", 1)) for t, b in pairs[2:])
 
 
 def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None, target: list | None, m: Match,
@@ -172,6 +188,8 @@ def _rewrite_view(ctx: Context, m: Match) -> Replacement:
         shape = None if static else plan["reshape"]
     elif plan.get("same"):  # (the band's own sizes: the target's plumbing can die)
         shape, static = d.inputs[1], d.static_shape
+    elif plan.get("to_target"):  # (the Expand's own sizes: no broadcast to compute)
+        shape = None if static else node.inputs[1]
     else:
         sources = plan["sources"]
         if plan["unsqueeze"] is not None:

@@ -325,3 +325,73 @@ def test_a_false_dim_claim_stops_the_portable_run_with_the_guards_name() -> None
     ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     with pytest.raises(Exception, match="same_in_attention_mask"):
         ort.InferenceSession(portable.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _expanded_causal(layers: int = 2) -> onnx.ModelProto:
+    """Round 4's Optimum Whisper decoder, cut down: a causal band over [S, P + S] unsqueezed to
+    [1, 1, S, P + S] and TorchScript's `expand(batch, 1, S, P + S)` (a -1 keeps the input's size:
+    `Where(Equal(v, -1), 1, v)`), S read as the length of a Range, so inference names the output's
+    dims `unk__`; each layer slices it to its keys and selects the scores with it."""
+    nodes = [
+        h.make_node("Shape", ["input_ids"], ["s_ids"]), h.make_node("Gather", ["s_ids", "one"], ["S"], axis=0),
+        h.make_node("Gather", ["s_ids", "zero"], ["B"], axis=0),
+        h.make_node("Shape", ["past_key"], ["s_p"]), h.make_node("Gather", ["s_p", "two"], ["P"], axis=0),
+        h.make_node("Add", ["P", "S"], ["T"]),
+        h.make_node("Range", ["P", "T", "one"], ["q"]), h.make_node("Range", ["zero", "T", "one"], ["k"]),
+        h.make_node("Unsqueeze", ["k", "ax0"], ["k2"]), h.make_node("Unsqueeze", ["q", "ax1"], ["q2"]),
+        h.make_node("LessOrEqual", ["k2", "q2"], ["causal"]),
+        h.make_node("Unsqueeze", ["causal", "ax01"], ["c4"]),
+        h.make_node("Shape", ["q"], ["s_q"]), h.make_node("Gather", ["s_q", "zero"], ["Sq"], axis=0),
+        h.make_node("Unsqueeze", ["B", "ax0"], ["B1"]), h.make_node("Unsqueeze", ["Sq", "ax0"], ["S1"]),
+        h.make_node("Unsqueeze", ["T", "ax0"], ["T1"]),
+        h.make_node("Concat", ["B1", "one1", "S1", "T1"], ["cat"], axis=0),
+        h.make_node("Reshape", ["cat", "minus1"], ["r"]), h.make_node("Shape", ["r"], ["rs"]),
+        h.make_node("ConstantOfShape", ["rs"], ["ones"], value=h.make_tensor("v", T.INT64, [1], [1])),
+        h.make_node("Mul", ["ones", "neg1"], ["negs"]), h.make_node("Equal", ["r", "negs"], ["is_neg"]),
+        h.make_node("Where", ["is_neg", "ones", "r"], ["target"]),
+        h.make_node("Expand", ["c4", "target"], ["ce"]),
+    ]
+    outs = []
+    for i in range(layers):
+        nodes += [h.make_node("Shape", [f"scores{i}"], [f"ss{i}"]),
+                  h.make_node("Gather", [f"ss{i}", "three"], [f"kl{i}"], axis=0),
+                  h.make_node("Unsqueeze", [f"kl{i}", "ax0"], [f"kl1{i}"]),
+                  h.make_node("Slice", ["ce", "zero1", f"kl1{i}", "three1"], [f"cs{i}"]),
+                  h.make_node("Where", [f"cs{i}", f"scores{i}", "low"], [f"y{i}"])]
+        outs.append(h.make_tensor_value_info(f"y{i}", T.FLOAT, ["batch", 2, "sequence", "total"]))
+    inits = [h.make_tensor(n, T.INT64, [], [v]) for n, v in (("zero", 0), ("one", 1), ("two", 2), ("three", 3),
+                                                             ("neg1", -1))]
+    inits += [h.make_tensor(n, T.INT64, [1], [v]) for n, v in (("ax0", 0), ("ax1", 1), ("one1", 1), ("zero1", 0),
+                                                              ("three1", 3), ("minus1", -1))]
+    inits += [h.make_tensor("ax01", T.INT64, [2], [0, 1]),
+              h.make_tensor("low", T.FLOAT, [], [float(np.finfo(np.float32).min)])]
+    ins = [h.make_tensor_value_info("input_ids", T.INT64, ["batch", "sequence"]),
+           h.make_tensor_value_info("past_key", T.FLOAT, ["batch", 2, "past", 8])]
+    ins += [h.make_tensor_value_info(f"scores{i}", T.FLOAT, ["batch", 2, "sequence", "total"]) for i in range(layers)]
+    model = h.make_model(h.make_graph(nodes, "expanded_causal", ins, outs, inits),
+                         opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_an_expand_of_a_band_to_the_batch_read_by_size_keys_lowers(target: str) -> None:
+    """The Expand's target ends in the band's own sizes by the reads that make them (`DimKeys`),
+    so it is the band at the target's sizes (was: "cannot prove Expand keeps the band's matrix",
+    Whisper's decoders kept it and each layer's Slice and Where). Exact at every size, decode and
+    an empty past included."""
+    model = _expanded_causal()
+    r = dmlgraph.optimize(model, target=target, allow_growth=True)
+    assert not [d.reason for d in r.declined if "Expand" in d.reason]
+    assert "Expand" not in {n.op_type for n in r.model.graph.node}
+    rng = np.random.default_rng(4)
+    for b, p, s in ((1, 0, 4), (2, 5, 3), (2, 7, 1), (1, 0, 1), (3, 2, 6)):
+        feeds = {"input_ids": rng.integers(0, 100, (b, s)).astype(np.int64),
+                 "past_key": rng.standard_normal((b, 2, p, 8)).astype(np.float32)}
+        feeds |= {f"scores{i}": rng.standard_normal((b, 2, s, p + s)).astype(np.float32) for i in range(2)}
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        if target == "onnx":
+            got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            assert all(a.shape == g.shape and a.tobytes() == g.tobytes() for a, g in zip(want, got)), (b, p, s)
+        else:
+            assert dmlgraph.validate(model, r, feeds).ok, (b, p, s)

@@ -4,12 +4,17 @@ Two parts, each in the venv that has its tools (no weights downloaded: configs b
 
     /work/scratch/torchvenv/bin/python models/scripts/make_heldout4.py torch [--out DIR] [WANT ...]
         torch's dynamo exporter at opset 23 (scaled_dot_product_attention may become ONNX's own
-        `Attention`) on three SDPA decoders with a KV cache, with and without onnxscript's optimizer; plain SDPA layers (`is_causal=True`, a
-        tril mask, a sliding window built from arange) through TorchScript 17, dynamo 18 and dynamo
-        23; float16 from torch (`model.half()`) of a sliding-window mistral and gemma3 without cache;
-        a whole BART (encoder, decoder, cross attention) without cache on a padded batch; every KV
-        decoder also at a batch of 3 with mixed left padding (`mixed_pad3`).
-    <project venv> models/scripts/make_heldout4.py variants [--out DIR]
+        `Attention`) on three SDPA decoders with a KV cache, with and without onnxscript's
+        optimizer; plain SDPA layers (`is_causal=True`, a tril mask, a sliding window built from
+        arange) through TorchScript 17, dynamo 18 and dynamo 23; float16 from torch
+        (`model.half()`) of a sliding-window mistral and gemma3 without cache; a whole BART
+        (encoder, decoder, cross attention) without cache on a padded batch; every KV decoder also
+        at a batch of 3 with mixed left padding (`mixed_pad3`).
+    /work/scratch/optimumvenv/bin/python models/scripts/make_heldout4.py optimum [--out DIR]
+        Optimum's exporter (optimum-onnx 0.1.0, transformers 4.57.6) on a tiny Whisper,
+        automatic-speech-recognition-with-past: decoder_model, decoder_with_past_model and the
+        merged decoder (If on use_cache_branch).
+    <torch venv> models/scripts/make_heldout4.py variants [--out DIR]
         onnxruntime's transformer optimizer (model_type "bert", opt_level 1 and 2: fused
         `Attention` with a mask input) of the corpus's BERT exports.
 
@@ -264,16 +269,51 @@ def variants(out: str, want: list[str], log: list[dict]) -> None:
             log[:] = [e for e in log if e["name"] != name] + [entry]
 
 
+# ---- 3. Optimum's Whisper ----------------------------------------------------------------------
+def optimum_part(out: str, want: list[str], log: list[dict]) -> None:
+    import tempfile
+
+    import make_heldout2 as h2
+    import torch
+    from optimum.exporters.onnx import main_export
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exp = os.path.join(tmp, "src"), os.path.join(tmp, "exp")
+        WhisperForConditionalGeneration(WhisperConfig(
+            vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8,
+            max_source_positions=1500, max_target_positions=256, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+            decoder_start_token_id=0, suppress_tokens=[], begin_suppress_tokens=[])).save_pretrained(src)  # (1500:
+        # Optimum validates with 3000 mel frames)
+        task = "automatic-speech-recognition-with-past"
+        main_export(src, output=exp, task=task, do_validation=True)
+        with_past = tuple(s for s in h2.KV_SETS if s[2] > 0)
+        for f, short, sets in (("decoder_model_merged.onnx", "merged", h2.KV_SETS),
+                               ("decoder_model.onnx", "decoder", h2.NOPAST_SETS),
+                               ("decoder_with_past_model.onnx", "with_past", with_past)):
+            name = f"opt_whisper_{short}"
+            if want and not any(w in name for w in want):
+                continue
+            dst = os.path.join(out, name + ".onnx")
+            onnx.save(onnx.load(os.path.join(exp, f)), dst)
+            entry = {"name": name, "file": name + ".onnx", "source": f"optimum {task} {f}", "ok": True,
+                     "bytes": os.path.getsize(dst), "input_sets": h2.save_sets(dst, out, name, sets)}
+            log[:] = [e for e in log if e["name"] != name] + [entry]
+            print(f"OK   {name}: {entry['bytes']} bytes", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["torch", "variants"])
+    ap.add_argument("part", choices=["torch", "optimum", "variants"])
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("want", nargs="*")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "heldout_log.json")
     log = json.load(open(log_path)) if os.path.exists(log_path) else []
-    (torch_part if args.part == "torch" else variants)(args.out, args.want, log)
+    {"torch": torch_part, "optimum": optimum_part, "variants": variants}[args.part](args.out, args.want, log)
     with open(log_path, "w") as f:
         json.dump(sorted(log, key=lambda e: e["name"]), f, indent=1)
     return 0

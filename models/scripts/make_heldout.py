@@ -209,15 +209,16 @@ def _dynamo_shapes(spec: Spec) -> dict:
     def axes(name: str) -> dict:
         return {ax: dim(n) for ax, n in spec.ts_axes.get(name, {}).items()}
 
-    if spec.kind not in ("decoder", "seq2seq"):
+    if spec.kind not in ("decoder", "seq2seq", "cachepos"):
         return {name: axes(name) for name in spec.input_names}
-    named = 4 if spec.kind == "seq2seq" else 2
+    named = sum(not n.startswith("past_key_values") for n in spec.input_names)  # (cache_position too)
     shapes = {name: axes(name) for name in spec.input_names[:named]}
     shapes["past"] = tuple(axes(name) for name in spec.input_names[named:])
     return shapes
 
 
-def export(spec: Spec, module: nn.Module, exporter: str, path: str) -> None:
+def export(spec: Spec, module: nn.Module, exporter: str, path: str, opset: int | None = None,
+           optimize: bool = True) -> None:
     export_set = spec.sets.get("prefill_past") or spec.sets["seq9"]
     args = tuple(torch.from_numpy(export_set[n]) for n in spec.input_names)
     with torch.no_grad():
@@ -228,7 +229,7 @@ def export(spec: Spec, module: nn.Module, exporter: str, path: str) -> None:
         else:
             prog = torch.onnx.export(module, args, dynamo=True, input_names=spec.input_names,
                                      output_names=spec.output_names, dynamic_shapes=_dynamo_shapes(spec),
-                                     opset_version=kv.DYNAMO_OPSET, external_data=False, optimize=True)
+                                     opset_version=opset or kv.DYNAMO_OPSET, external_data=False, optimize=optimize)
             prog.save(path, external_data=False)
     model = kv._fix_ir(path)
     kv._rename_total(model)

@@ -10,11 +10,12 @@ made by one source --
     (`[P:]`, or `[-S:]`, which is declined);
   * Trilu (k shifted by P under a cache) or EyeLike of a shape-only tensor;
   * a stored band buffer [N, N] sliced to [P:P+S, :T] by Shape (the dynamo / GPT-2 form);
--- then a random sequence of forms: Not, Unsqueeze/Reshape (maybe Expand) to 4-D, Squeeze back,
-Transpose of the matrix axes, Slice, Slice pieces Concat-ed back (two or three, cut at constants or
-at a size: P, which may pass the end, or S), Cast round trips, `1 - b` and
-`b * c + d > t` through float, Where(b, True, False) either way, And/Or with a second source, And/Or
-with the padding (data), a stack of two masks Concat-ed along a batch axis and Split back; then an
+-- then a random sequence of forms: Not, Unsqueeze/Reshape to 4-D (maybe Expand: to constant sizes,
+or TorchScript's expand() of run-time ones), Squeeze back, Transpose of the matrix axes, Slice,
+Slice pieces Concat-ed back (two or three, cut at constants or at a size: P, which may pass the end,
+or S), Cast round trips, `1 - b` and `b * c + d > t` through float, Where(b, True, False) either
+way, And/Or with a second source, And/Or with the padding (data), a stack of two masks Concat-ed
+along a batch axis and Split back; then an
 application to x: Where either way, Add of a 0/-inf bias, Mul by the 0/1 gate, or GPT-1's blend
 `x * b + -1e4 * (1 - b)`. Then up to two containers wrap a random tail of the nodes (so a body
 reads outer values, masks included): an If branch, a Loop body (x carried, 1-2 trips), a local
@@ -214,8 +215,19 @@ def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: l
             m = b.op("Not", [m], "not")
         elif form == "rank4" and r == 2:
             m = b.op("Unsqueeze", [m, _ints(b, [0, 1])], "m4")
-            if draw(st.booleans()):
+            how = draw(st.sampled_from(["none", "constant", "sizes"]))
+            if how == "constant":
                 m, expanded = b.op("Expand", [m, _ints(b, [1, 2, 1, 1])], "expanded"), True
+            elif how == "sizes":  # TorchScript's expand(1, 2, S, T): -1 kept, S a Range's length
+                s_len = b.op("Shape", [b.op("Range", [_int(b, 0), d.s, _int(b, 1)], "q")], "q_len")
+                v = b.op("Concat", [_ints(b, [1, 2]), s_len, b.op("Unsqueeze", [d.t, _ints(b, [0])], "t1")],
+                         "target", axis=0)
+                ones = b.op("ConstantOfShape", [b.op("Shape", [v], "v_shape")], "v_ones",
+                            value=onnx.numpy_helper.from_array(np.ones(1, np.int64)))
+                neg = b.op("Equal", [v, b.op("Mul", [ones, _int(b, -1)], "v_neg")], "v_is_neg")
+                m = b.op("Expand", [m, b.op("Where", [neg, ones, v], "v_kept")], "expanded")
+                steps.append("expand_sizes")
+                expanded = True
             r = 4
         elif form == "reshape4" and r == 2:
             if draw(st.booleans()):

@@ -6,6 +6,9 @@ torch 2.13 / transformers 5.23 (random weights, configs in code):
   * bart_sdpa_full_nocache: a whole BART (encoder, causal decoder, cross attention) with **sdpa**
     attention on a right-padded encoder batch, through dynamo 18, dynamo 23 (SDPA becomes ONNX's
     `Attention` with the padding / causal mask as its input) and dynamo 23 with optimize=False;
+  * bart_sdpa_decoder_kv: BART sdpa's decoder step with a self-attention cache and cross attention
+    to a right-padded encoder, and qwen2_mixed_sw4_sdpa_kv (layer 0 full, layer 1 sliding 4, sdpa,
+    with the mixed padding set), each through TorchScript, dynamo 18, 23 and 23 with optimize=False;
   * gemma3_sw4_sdpa_kv_fp16: float16 (`model.half()`) Gemma3 sdpa with sliding 4 / global layers and
     a KV cache, TorchScript and dynamo 18, with the batch-3 mixed left padding set.
 Reuses make_heldout4.py's round (its wrappers come from make_heldout.py / make_kv_models.py);
@@ -51,6 +54,13 @@ def run(out: str, want: list[str], log: list[dict]) -> None:
             head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
             layer_types=["sliding_attention", "full_attention"], attn_implementation="sdpa")).half()
 
+    def qwen2_sdpa() -> nn.Module:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        return Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=256, use_sliding_window=True, sliding_window=4,
+            max_window_layers=1, attn_implementation="sdpa"))
+
     class Seq2SeqNoCache(nn.Module):
         def __init__(self, model: nn.Module) -> None:
             super().__init__()
@@ -65,13 +75,28 @@ def run(out: str, want: list[str], log: list[dict]) -> None:
                 "no cache, right-padded encoder batch", bart_sdpa, "seq2seq_nocache")
     gemma = Spec("gemma3_sw4_sdpa_kv_fp16", "transformers Gemma3ForCausalLM sliding 4 / global (sdpa), flat KV "
                  "cache through DynamicCache, model.half()", gemma3_half, "decoder")
+    bart_kv = Spec("bart_sdpa_decoder_kv", "transformers BartForConditionalGeneration (sdpa) decoder step, flat "
+                   "self-attention cache, cross attention to a right-padded encoder_attention_mask", bart_sdpa,
+                   "seq2seq")
+    qwen2 = Spec("qwen2_mixed_sw4_sdpa_kv", "transformers Qwen2ForCausalLM (sdpa), layer 0 full / layer 1 sliding 4, "
+                 "flat KV cache through DynamicCache", qwen2_sdpa, "decoder")
+    every = (("ts", "torchscript"), ("dynamo", "dynamo"), ("dynamo23", "dynamo23"), ("dynamo23raw", "dynamo23raw"))
     jobs = [(bart, s, s) for s in ("dynamo", "dynamo23", "dynamo23raw")] + [(gemma, "ts", "torchscript"),
                                                                             (gemma, "dynamo", "dynamo")]
+    jobs += [(s, suffix, e) for s in (bart_kv, qwen2) for suffix, e in every]
 
     def prepare(spec: Spec) -> nn.Module:
+        if spec.kind == "seq2seq":
+            module = h1.prepare(spec)
+            for feeds in spec.sets.values():  # the first row's encoder is right-padded by 2 of 5
+                if feeds["encoder_attention_mask"].shape[0] > 1:
+                    feeds["encoder_attention_mask"][0, -2:] = 0
+            return module
         if spec.kind == "decoder":
             module = h1.prepare(spec)
             spec.sets["mixed_pad3"] = h4._mixed_pad3(spec.sets["left_padded"])
+            if "fp16" not in spec.base:
+                return module
             for feeds in spec.sets.values():  # a half model's cache is float16
                 feeds.update({k: v.astype(np.float16) for k, v in feeds.items() if v.dtype == np.float32})
             return module

@@ -71,6 +71,22 @@ def run(out: str, want: list[str], log: list[dict]) -> None:
             return self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
                               use_cache=False, return_dict=True).logits
 
+    class SdpaCausalPast(nn.Module):
+        """scaled_dot_product_attention(q, cat(past_k, k), cat(past_v, v), is_causal=True): a query
+        shorter than the keys, where torch's is_causal is the top-left tril (diagonal 0)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(16, 48)
+
+        def forward(self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            b, s, _ = x.shape
+            q, k, v = (t.reshape(b, s, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+            k, v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return y.transpose(1, 2).flatten(2), k, v
+
+    causal_past = Spec("sdpaiscausal_past", SdpaCausalPast.__doc__ or "", SdpaCausalPast, "plainpast")
     bart = Spec("bart_sdpa_full_nocache", "transformers BartForConditionalGeneration (sdpa), encoder + decoder, "
                 "no cache, right-padded encoder batch", bart_sdpa, "seq2seq_nocache")
     gemma = Spec("gemma3_sw4_sdpa_kv_fp16", "transformers Gemma3ForCausalLM sliding 4 / global (sdpa), flat KV "
@@ -83,9 +99,22 @@ def run(out: str, want: list[str], log: list[dict]) -> None:
     every = (("ts", "torchscript"), ("dynamo", "dynamo"), ("dynamo23", "dynamo23"), ("dynamo23raw", "dynamo23raw"))
     jobs = [(bart, s, s) for s in ("dynamo", "dynamo23", "dynamo23raw")] + [(gemma, "ts", "torchscript"),
                                                                             (gemma, "dynamo", "dynamo")]
-    jobs += [(s, suffix, e) for s in (bart_kv, qwen2) for suffix, e in every]
+    jobs += [(s, suffix, e) for s in (bart_kv, qwen2, causal_past) for suffix, e in every]
 
     def prepare(spec: Spec) -> nn.Module:
+        if spec.kind == "plainpast":
+            torch.manual_seed(0)
+            spec.input_names, spec.output_names = ["x", "past_k", "past_v"], ["y", "present_k", "present_v"]
+            past = {0: "batch", 2: "past_sequence"}
+            spec.ts_axes = {"x": {0: "batch", 1: "sequence"}, "past_k": past, "past_v": past,
+                            "y": {0: "batch", 1: "sequence"}}
+            rng = np.random.default_rng(6)
+            for name, b, t, p in (("seq6", 1, 6, 0), ("prefill_past", 2, 3, 5), ("past7_seq1", 2, 1, 7),
+                                  ("past3_seq9", 1, 9, 3)):  # (prefill_past: the export set)
+                spec.sets[name] = {"x": rng.standard_normal((b, t, 16)).astype(np.float32),
+                                   "past_k": rng.standard_normal((b, 2, p, 8)).astype(np.float32),
+                                   "past_v": rng.standard_normal((b, 2, p, 8)).astype(np.float32)}
+            return spec.build()
         if spec.kind == "seq2seq":
             module = h1.prepare(spec)
             for feeds in spec.sets.values():  # the first row's encoder is right-padded by 2 of 5

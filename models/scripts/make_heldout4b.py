@@ -154,15 +154,8 @@ def run(out: str, want: list[str], log: list[dict]) -> None:
         try:
             spec.sets.clear()
             module = prepare(spec).eval()
-            opset = kv.DYNAMO_OPSET
-            try:
-                kv.DYNAMO_OPSET = 23 if exporter.startswith("dynamo23") else opset
-                if exporter == "dynamo23raw":
-                    h4._export_unoptimized(spec, module, path, h1, kv)
-                else:
-                    h1.export(spec, module, "torchscript" if exporter == "torchscript" else "dynamo", path)
-            finally:
-                kv.DYNAMO_OPSET = opset
+            h1.export(spec, module, "torchscript" if exporter == "torchscript" else "dynamo", path,
+                      opset=23 if exporter.startswith("dynamo23") else None, optimize=exporter != "dynamo23raw")
             m = onnx.load(path)
             entry["ops"] = sorted({n.op_type for n in m.graph.node} & {"Attention", "Trilu", "EyeLike", "Range"})
             try:

@@ -46,7 +46,7 @@ DEFAULT_OUT = os.path.join(HERE, "..", "..", "out", "heldout4")
 VOCAB = 100
 
 
-def _mixed_pad3(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def mixed_pad3(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A batch of 3 from a batch-2 set: rows padded on the left by 2, 0 and 4 tokens (the whole past:
     every new token still sees one token, so torch and onnxruntime agree on every row)."""
     out = {}
@@ -149,18 +149,6 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
             bias = torch.zeros(d.shape).masked_fill((d < 0) | (d >= 4), float("-inf"))
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).flatten(2)
 
-    class Seq2SeqNoCache(nn.Module):
-        """A whole encoder-decoder without a cache: (input_ids, attention_mask, decoder_input_ids) -> logits."""
-
-        def __init__(self, model: nn.Module) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    decoder_input_ids: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                              use_cache=False, return_dict=True).logits
-
     hf = "transformers {} (tiny random config, {} attention){}"
     kvs = ", flat KV cache through DynamicCache"
     kv_specs = [
@@ -210,34 +198,67 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
             module = DecoderCachePosition(module.model, module.layers)
             spec.input_names.insert(2, "cache_position")
             spec.ts_axes["cache_position"] = {0: "sequence"}
-            spec.sets["mixed_pad3"] = _mixed_pad3(spec.sets["left_padded"])
+            spec.sets["mixed_pad3"] = mixed_pad3(spec.sets["left_padded"])
             for feeds in spec.sets.values():
                 total, seq = feeds["attention_mask"].shape[1], feeds["input_ids"].shape[1]
                 feeds["cache_position"] = np.arange(total - seq, total, dtype=np.int64)
             return module
-        if spec.kind != "seq2seq_nocache":
-            module = h1.prepare(spec)
-            if spec.kind == "decoder":
-                spec.sets["mixed_pad3"] = _mixed_pad3(spec.sets["left_padded"])
-            if "fp16" in spec.base:  # a half model's cache is float16
-                for feeds in spec.sets.values():
-                    feeds.update({k: v.astype(np.float16) for k, v in feeds.items() if v.dtype == np.float32})
-            return module
-        torch.manual_seed(0)
-        module = Seq2SeqNoCache(spec.build().eval())
-        spec.input_names = ["input_ids", "attention_mask", "decoder_input_ids"]
-        spec.output_names = ["logits"]
-        spec.ts_axes = {"input_ids": {0: "batch", 1: "encoder_sequence"},
-                        "attention_mask": {0: "batch", 1: "encoder_sequence"},
-                        "decoder_input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}
-        rng = np.random.default_rng(4)
-        for name, b, t, d, pad in (("seq5", 1, 5, 4, 0), ("seq9", 2, 9, 6, 0), ("right_padded", 2, 8, 5, 3),
-                                   ("long", 1, 40, 33, 0)):
-            mask = np.ones((b, t), np.int64)
-            mask[0, t - pad:] = 0
-            spec.sets[name] = {"input_ids": rng.integers(3, VOCAB, (b, t)).astype(np.int64), "attention_mask": mask,
-                               "decoder_input_ids": rng.integers(3, VOCAB, (b, d)).astype(np.int64)}
+        if spec.kind == "seq2seq_nocache":
+            return prepare_seq2seq_nocache(spec)
+        module = h1.prepare(spec)
+        if spec.kind == "decoder":
+            spec.sets["mixed_pad3"] = mixed_pad3(spec.sets["left_padded"])
+        if "fp16" in spec.base:
+            half_feeds(spec)
         return module
+
+    export_jobs(jobs, prepare, out, want, log)
+
+
+def half_feeds(spec: object) -> None:
+    """A half model's cache is float16: its float32 feeds become float16."""
+    for feeds in spec.sets.values():
+        feeds.update({k: v.astype(np.float16) for k, v in feeds.items() if v.dtype == np.float32})
+
+
+def prepare_seq2seq_nocache(spec: object) -> object:
+    """A whole encoder-decoder without a cache, (input_ids, attention_mask, decoder_input_ids) ->
+    logits, with its input sets (the first row's encoder right-padded)."""
+    import torch
+    import torch.nn as nn
+
+    class Seq2SeqNoCache(nn.Module):
+        def __init__(self, model: nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    decoder_input_ids: torch.Tensor) -> torch.Tensor:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                              use_cache=False, return_dict=True).logits
+
+    torch.manual_seed(0)
+    module = Seq2SeqNoCache(spec.build().eval())
+    spec.input_names = ["input_ids", "attention_mask", "decoder_input_ids"]
+    spec.output_names = ["logits"]
+    spec.ts_axes = {"input_ids": {0: "batch", 1: "encoder_sequence"},
+                    "attention_mask": {0: "batch", 1: "encoder_sequence"},
+                    "decoder_input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}
+    rng = np.random.default_rng(4)
+    for name, b, t, d, pad in (("seq5", 1, 5, 4, 0), ("seq9", 2, 9, 6, 0), ("right_padded", 2, 8, 5, 3),
+                               ("long", 1, 40, 33, 0)):
+        mask = np.ones((b, t), np.int64)
+        mask[0, t - pad:] = 0
+        spec.sets[name] = {"input_ids": rng.integers(3, VOCAB, (b, t)).astype(np.int64), "attention_mask": mask,
+                           "decoder_input_ids": rng.integers(3, VOCAB, (b, d)).astype(np.int64)}
+    return module
+
+
+def export_jobs(jobs: list, prepare: object, out: str, want: list[str], log: list[dict]) -> None:
+    """Each (spec, name suffix, exporter) prepared, exported, verified against torch and its sets
+    saved; one log entry each (a failure recorded, not raised)."""
+    import make_heldout as h1
+    import make_kv_models as kv
 
     for spec, suffix, exporter in jobs:
         name = f"{spec.base}_{suffix}"

@@ -23,7 +23,6 @@ import sys
 import warnings
 
 import numpy as np
-import onnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 warnings.filterwarnings("ignore")
@@ -34,7 +33,6 @@ VOCAB = h4.VOCAB
 
 def run(out: str, want: list[str], log: list[dict]) -> None:
     import make_heldout as h1
-    import make_kv_models as kv
     import torch
     import torch.nn as nn
     from make_kv_models import Spec
@@ -60,16 +58,6 @@ def run(out: str, want: list[str], log: list[dict]) -> None:
             vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=1, max_position_embeddings=256, use_sliding_window=True, sliding_window=4,
             max_window_layers=1, attn_implementation="sdpa"))
-
-    class Seq2SeqNoCache(nn.Module):
-        def __init__(self, model: nn.Module) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    decoder_input_ids: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                              use_cache=False, return_dict=True).logits
 
     class SdpaCausalPast(nn.Module):
         """scaled_dot_product_attention(q, cat(past_k, k), cat(past_v, v), is_causal=True): a query
@@ -123,55 +111,13 @@ def run(out: str, want: list[str], log: list[dict]) -> None:
             return module
         if spec.kind == "decoder":
             module = h1.prepare(spec)
-            spec.sets["mixed_pad3"] = h4._mixed_pad3(spec.sets["left_padded"])
-            if "fp16" not in spec.base:
-                return module
-            for feeds in spec.sets.values():  # a half model's cache is float16
-                feeds.update({k: v.astype(np.float16) for k, v in feeds.items() if v.dtype == np.float32})
+            spec.sets["mixed_pad3"] = h4.mixed_pad3(spec.sets["left_padded"])
+            if "fp16" in spec.base:
+                h4.half_feeds(spec)
             return module
-        torch.manual_seed(0)
-        module = Seq2SeqNoCache(spec.build().eval())
-        spec.input_names = ["input_ids", "attention_mask", "decoder_input_ids"]
-        spec.output_names = ["logits"]
-        spec.ts_axes = {"input_ids": {0: "batch", 1: "encoder_sequence"},
-                        "attention_mask": {0: "batch", 1: "encoder_sequence"},
-                        "decoder_input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}
-        rng = np.random.default_rng(4)
-        for name, b, t, d, pad in (("seq5", 1, 5, 4, 0), ("seq9", 2, 9, 6, 0), ("right_padded", 2, 8, 5, 3),
-                                   ("long", 1, 40, 33, 0)):
-            mask = np.ones((b, t), np.int64)
-            mask[0, t - pad:] = 0
-            spec.sets[name] = {"input_ids": rng.integers(3, VOCAB, (b, t)).astype(np.int64), "attention_mask": mask,
-                               "decoder_input_ids": rng.integers(3, VOCAB, (b, d)).astype(np.int64)}
-        return module
+        return h4.prepare_seq2seq_nocache(spec)
 
-    for spec, suffix, exporter in jobs:
-        name = f"{spec.base}_{suffix}"
-        if want and not any(w in name for w in want):
-            continue
-        path = os.path.join(out, name + ".onnx")
-        entry = {"name": name, "file": name + ".onnx", "exporter": exporter, "source": spec.source}
-        try:
-            spec.sets.clear()
-            module = prepare(spec).eval()
-            h1.export(spec, module, "torchscript" if exporter == "torchscript" else "dynamo", path,
-                      opset=23 if exporter.startswith("dynamo23") else None, optimize=exporter != "dynamo23raw")
-            m = onnx.load(path)
-            entry["ops"] = sorted({n.op_type for n in m.graph.node} & {"Attention", "Trilu", "EyeLike", "Range"})
-            try:
-                entry["verify"] = kv.verify(spec, module, path)
-            except AssertionError as e:  # float16: torch's CPU half kernels round differently
-                if "fp16" not in name:
-                    raise
-                entry["verify_note"] = str(e)[:300]
-            taken = {i.name for i in m.graph.input}  # (TorchScript drops an input the trace never read)
-            h1.save_inputs({k: {n: a for n, a in f.items() if n in taken} for k, f in spec.sets.items()},
-                           os.path.join(out, "inputs", name))
-            entry.update(ok=True, bytes=os.path.getsize(path), input_sets=sorted(spec.sets))
-            print(f"OK   {name}: {entry['bytes']} bytes, ops {entry['ops']}", flush=True)
-        except Exception as e:  # noqa: BLE001 (recorded, not hidden)
-            kv.record_failure(entry, path, name, e)
-        log[:] = [e for e in log if e["name"] != name] + [entry]
+    h4.export_jobs(jobs, prepare, out, want, log)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,9 +69,9 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
         return m
     if node.op_type == "Reshape":
         return _match_reshape(graph, node, d, band, target_dims, m, options)
-    same = node.op_type == "Expand" and _expand_is_identity(graph, node)
-    to_target = node.op_type == "Expand" and not same and _expand_to_target(graph, node)
-    kept = same or to_target
+    by_keys = _expand_by_keys(graph, node) if node.op_type == "Expand" else None
+    same, to_target = by_keys == "same", by_keys == "target"
+    kept = by_keys is not None
     if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
             not (kept or same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
         m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix (output's last two dims "
@@ -116,28 +116,25 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     return m
 
 
-def _expand_is_identity(graph: Graph, node: OnnxNode) -> bool:
-    """The Expand's target is, axis by axis, the band's own size or a 1 (`DimKeys`: sizes traced to
-    the reads that make them, never dim names), so it returns the band as it is (Optimum's
-    `[batch, 1, q, k]` from a computed shape)."""
+def _expand_by_keys(graph: Graph, node: OnnxNode) -> str | None:
+    """What the Expand's output is, by `DimKeys` (sizes traced to the reads that make them, never
+    dim names): "same", the band as it is (the target is, axis by axis, the band's own size or a
+    1: Optimum's `[batch, 1, q, k]` from a computed shape); "target", the band at exactly the
+    target's sizes (the target ends in the band's own last two sizes and each batch size of the
+    band is a 1 or the target's: `mask[None, None].expand(batch, 1, q, k)`, whose output inference
+    names `unk__`); None when neither is proved."""
     keys = DimKeys(graph)
     band = keys.dims(node.inputs[0])
     target = keys.entries(node.inputs[1])
-    return band is not None and target is not None and len(target) <= len(band) and \
-        all(t is not None and (t == ("c", 1) or t == b) for t, b in zip(target, band[len(band) - len(target):]))
-
-
-def _expand_to_target(graph: Graph, node: OnnxNode) -> bool:
-    """The Expand's target ends in the band's own last two sizes and each of the band's batch sizes
-    is a 1 or the target's (`DimKeys`), so the output is the band at exactly the target's sizes:
-    Optimum's `mask[None, None].expand(batch, 1, q, k)`, whose output inference names `unk__`."""
-    keys = DimKeys(graph)
-    band = keys.dims(node.inputs[0])
-    target = keys.entries(node.inputs[1])
-    if band is None or target is None or len(band) < 2 or len(target) < len(band) or None in target:
-        return False
+    if band is None or target is None:
+        return None
+    if len(target) <= len(band) and \
+            all(t is not None and (t == ("c", 1) or t == b) for t, b in zip(target, band[len(band) - len(target):])):
+        return "same"
+    if len(band) < 2 or len(target) < len(band) or None in target:
+        return None
     pairs = list(zip(target[::-1], band[::-1]))
-    return all(t == b for t, b in pairs[:2]) and all(b in (t, ("c", 1)) for t, b in pairs[2:])
+    return "target" if all(t == b for t, b in pairs[:2]) and all(b in (t, ("c", 1)) for t, b in pairs[2:]) else None
 
 
 def _match_reshape(graph: Graph, node: OnnxNode, d: DmlNode, band: tuple | None, target: list | None, m: Match,

@@ -295,7 +295,7 @@ def _verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value
     size by `dmlgraph.passes.symbolic`), ("decline", reason) or ("none",) (not a mask). Everything it reads
     is in the subgraph's `cone_signature`."""
     if symbolic or any(isinstance(n, DmlNode) for n in nodes):  # (a lowered node has no ONNX form to evaluate)
-        verdict = _symbolic_verdict(graph, nodes, inputs, target, max_dim)
+        verdict = symbolic_verdict(graph, nodes, inputs, target, max_dim)
         if df.index_only(target) or verdict[0] == "inner" or \
                 (verdict[0] == "decline" and any(_makes_mask(n) for n in nodes)):
             return verdict
@@ -326,7 +326,7 @@ def _only_indices(v: Value) -> bool:
     return bool(data_uses) and all(INDEX_READERS.get(n.op_type) == i for n, i in data_uses)
 
 
-def _symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, max_dim: int) -> tuple:
+def symbolic_verdict(graph: Graph, nodes: list[Node], inputs: list[Value], target: Value, max_dim: int) -> tuple:
     """`_band_verdict`, taking rows [-S:] as [max(N - S, 0):] (`Analysis.tails`) where that makes the
     whole cone one band: ("symbolic", fill, tails, the verdict without), for its readers to prove."""
     tails: list = []

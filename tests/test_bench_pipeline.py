@@ -83,13 +83,13 @@ def test_blocks_model_is_valid_and_fully_lowered(tmp_path):
 def _count_evaluations(monkeypatch) -> list:
     """Counts the proofs made (one symbolic analysis per distinct mask structure)."""
     calls = []
-    real = masks._symbolic_verdict
+    real = masks.symbolic_verdict
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(masks, "_symbolic_verdict", counting)
+    monkeypatch.setattr(masks, "symbolic_verdict", counting)
     return calls
 
 

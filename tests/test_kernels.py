@@ -726,8 +726,8 @@ def test_tiny_setting_and_signature_lookups_follow_changes(monkeypatch):
     assert_bits_equal(kernels.diagonal_matrix1(shape, "float32", 2, -1, 2, input=x), want)
     monkeypatch.setattr(kernels, "TINY_ELEMENTS", 0)
     spied = []
-    run3 = kernels._run3
-    monkeypatch.setattr(kernels, "_run3", lambda *args: spied.append(args) or run3(*args))
+    fast = kernels.run_fast_path
+    monkeypatch.setattr(kernels, "run_fast_path", lambda *args: spied.append(args) or fast(*args))
     with kernels.numpy_only():
         assert_bits_equal(kernels.diagonal_matrix1(shape, "float32", 2, -1, 2, input=x), want)
     assert spied

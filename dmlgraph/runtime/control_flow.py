@@ -89,7 +89,7 @@ class HostStep:
         return {v.name: r for v, r in zip(n.outputs, results) if v.name}
 
     # -- bodies
-    def _executor(self, attr: str) -> Any:
+    def executor(self, attr: str) -> Any:
         """The sub-executor of the body under `attr` (the node's body Graph, typed; '' for the
         called function), made once."""
         ex = self._bodies.get(attr)
@@ -103,7 +103,7 @@ class HostStep:
 
     def _run_body(self, attr: str, formal: list[np.ndarray], read: Read) -> list[np.ndarray]:
         """The body's outputs for these formal inputs (the enclosing values it reads by `read`)."""
-        ex = self._executor(attr)
+        ex = self.executor(attr)
         g = ex.graph
         feeds = dict(zip((v.name for v in g.inputs), formal))
         for v in g.inputs[len(formal):]:  # (a called function: the leaves passed after its formals)
@@ -155,7 +155,7 @@ class HostStep:
         arrays of the body output's type and rank, 0 on that axis and for every dim not static."""
         axes = axes or [0] * count
         if scans is None:
-            ex = self._executor(attr)
+            ex = self.executor(attr)
             result = []
             for v, axis in zip(ex.graph.outputs[first:first + count], axes):
                 shape = [d if isinstance(d, int) else 0 for d in v.shape or ()]

@@ -417,7 +417,7 @@ _BYTE = np.dtype(np.uint8)  # (np.frombuffer given the dtype object: ~0.1 us les
 _FROM_BYTES = int.from_bytes  # (looking the classmethod up costs ~0.06 us a call)
 
 
-def _run3(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
+def run_fast_path(o3: np.ndarray, s3: np.ndarray | None, v: np.ndarray, plan: _Plan) -> None:
     """The fast path on (batch, H, W) views."""
     b, h, w = o3.shape
     value_iv, keep_iv = plan.value_intervals, plan.keep_intervals
@@ -683,10 +683,10 @@ def diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: npt.Arra
     o3 = _as3d(o)
     s3 = None if s is None else _as3d(s)
     if o3 is not None and (s is None or s3 is not None):
-        _run3(o3, s3, vv, sig.plan)
+        run_fast_path(o3, s3, vv, sig.plan)
     else:  # leading axes that cannot be collapsed into one batch axis: one matrix at a time
         for idx in np.ndindex(*shape[:-2]):
-            _run3(o[idx][None], None if s is None else s[idx][None], vv, sig.plan)
+            run_fast_path(o[idx][None], None if s is None else s[idx][None], vv, sig.plan)
     return out
 
 
@@ -756,7 +756,7 @@ def prepare_diagonal_matrix1(shape: Iterable[int], dtype: npt.DTypeLike, value: 
     if not (plan.value_intervals and plan.keep_intervals and h * w * dtype.itemsize <= SMALL_TEMPLATE_BYTES):
         return generic  # one region everywhere, or big matrices: the block writers (planning is cheap there)
     if _compiled_for(plan, size * dtype.itemsize) is not None:
-        return generic  # the compiled kernel beats the templates here (see _run3)
+        return generic  # the compiled kernel beats the templates here (see run_fast_path)
     keep, value_bits = _templates(plan, vv)
     u = keep.dtype
     b3 = (size // (h * w), h, w)

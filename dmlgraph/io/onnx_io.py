@@ -769,7 +769,7 @@ def portable_nodes(g: Graph | None, n: DmlNode, opset: int, names: "_NameSet",
         nodes = pseudo.nodes()
         n.portable_nodes, n.portable_exact = pseudo.counts(), True
         return nodes
-    n.portable_nodes, n.portable_exact = em.counts(), not em.signed_zero
+    n.portable_nodes, n.portable_exact = em.counts(), not em.inexact
     assert em.nodes and em.nodes[-1].output[0] == made, "a form ends with the node making its output"
     em.nodes[-1].output[0] = out
     em.commit()
@@ -784,7 +784,7 @@ def portable_is_exact(n: DmlNode, opset: int, exact_only: bool) -> bool:
     """Whether a DML node in a body or function (written as `_portable_protos` writes it, without its
     graph) gets a bit-exact portable form: builds it aside, changing nothing."""
     em = portable.Emitter(_NameSet(set()), "dry", None)
-    return portable.build(None, n, em, opset, exact_only) is None or not em.signed_zero
+    return portable.build(None, n, em, opset, exact_only) is None or not em.inexact
 
 
 def site_nodes(g: Graph, exact_only: bool = False) -> dict[str, list[onnx.NodeProto]]:

@@ -21,13 +21,14 @@ lowered node is written, when a form below is bit-exact for its type, as:
 
 What keeps every bit, measured on onnxruntime's CPU kernels (tests/test_portable.py pins it):
 Trilu copies float32/float64 data bit for bit (-0.0 and NaN payloads) and writes +0; for float16
-it quiets signaling NaNs and rewrites NaN payloads (0x7c01 -> 0x7e01, 0xfd01 -> 0xff01), so float16
-data keeps the general form. Where keeps the bits of its false branch for float32/float64 (also
-with a broadcast scalar true branch and a broadcast condition) but turns a -0.0 of its true branch
-into +0.0, and rewrites float16 NaN payloads in both branches. Expand and ConstantOfShape copy
-bits. onnxruntime's CPU Trilu has float, double, float16, int32, int64 and bool kernels; Where
-lacks bool, int16, uint16 and uint64. Where no form here is exact (float16 data, a type a kernel
-lacks), `build` returns None and the caller writes the spec's pseudocode instead.
+it changes NaN payloads (0x7c01 -> 0x7e01, 0xfd01 -> 0xfe00), so float16 data takes the float32
+forms only without `exact_only` (the rewrite then says it is not bit-exact). Where keeps the bits
+of its false branch for float32/float64 (also with a broadcast scalar true branch and a broadcast
+condition) but turns a -0.0 of its true branch into +0.0, and rewrites float16 NaN payloads in
+both branches. Expand and ConstantOfShape copy bits. onnxruntime's CPU Trilu has float, double,
+float16, int32, int64 and bool kernels; Where lacks bool, int16, uint16 and uint64. Where no form
+here is exact (a type a kernel lacks, float16 data under `exact_only`), `build` returns None and
+the caller writes the spec's pseudocode instead.
 
 Per site, `inspect` and the optimize summary report the form's *mask part* (the band) and its
 *whole site* (with the one select applying the band to the data): `MASK` says which node is which.
@@ -92,7 +93,9 @@ class Emitter:
         self.initializers: list[onnx.TensorProto] = []
         self._local: dict[tuple, str] = {}
         self.roles: list[str] = []  # one per node
-        self.signed_zero = False  # the form turns a -0.0 of the data into +0.0 (else: bit-exact)
+        # The form changes bits of the data (else: bit-exact): X in Where's true branch turns a -0.0
+        # into +0.0; Trilu and Where on float16 change NaN payloads (a NaN stays a NaN of its sign).
+        self.inexact = False
         # Sizes vectors whose dims the written model declares (`declared_tail`), and the value_info
         # of the tensors made from them: `declare` is set where the caller writes value_info.
         self.declare = False
@@ -494,7 +497,8 @@ class _Node:
 def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int, exact_only: bool = False) -> str | None:
     """Emit the Trilu-first form of `n` into `em`; its output name, or None (no exact form here:
     nothing emitted is used). Without `exact_only`, a float fill outside a window puts X in Where's
-    true branch (3 mask nodes, not 4), which turns a -0.0 of X into +0.0: `em.signed_zero` says so."""
+    true branch (3 mask nodes, not 4), which turns a -0.0 of X into +0.0, and float16 data takes the
+    float32 forms, whose Trilu and Where change its NaN payloads: `em.inexact` says so."""
     if opset < 14 or n.kind not in ("DiagonalMatrix1", "DiagonalMatrix"):
         return None
     r = region(n.begin, n.end)
@@ -507,9 +511,11 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int, exact_only: bool
     fold = None if n.claimed else _padding_where(s, r)  # (these forms band X's own matrix, not its mask's)
     if fold is not None:
         return fold
-    if _bits_zero(s.value) and et in TRILU_TYPES and et != TensorProto.FLOAT16 and not n.claimed:
+    half = et == TensorProto.FLOAT16 and not exact_only  # (exact but for NaN payloads)
+    if _bits_zero(s.value) and et in TRILU_TYPES and (et != TensorProto.FLOAT16 or half) and not n.claimed:
         keep = complement(r)
         if len(keep) == 1:
+            em.inexact = half
             return s.keep(s.full_x(), keep[0], "keep")
         if et == TensorProto.BOOL or et in (TensorProto.INT32, TensorProto.INT64):
             x = s.full_x()
@@ -520,15 +526,16 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int, exact_only: bool
     if et == TensorProto.BOOL:
         band = s.band(r if s.value else complement(r))
         return None if band is None else em.op("Or" if s.value else "And", [s.data(), band], "sel", role=APPLY)
-    if et not in WHERE_TYPES:
+    if et not in WHERE_TYPES and not half:
         return None
     arith = _arithmetic(s, r)
     if arith is not None:
         return arith
     if _neg_zero(s.value) or _is_nan(s.value):
         return None  # (Value sits in Where's true branch, which drops a -0.0)
+    em.inexact = half
     if len(r) == 2 and (s.dt.kind != "f" or not exact_only):  # X in Where's true branch (exact for integers)
-        em.signed_zero = s.dt.kind == "f"
+        em.inexact = s.dt.kind == "f"
         band = s.band(complement(r))
         return None if band is None else em.op("Where", [band, s.data(), em.const("value", s.value)], "sel",
                                                role=APPLY)
@@ -613,10 +620,9 @@ def _padding_where(s: _Node, r: list[Interval]) -> str | None:
         return None
     if b.reshape(()).tobytes() != s.value.tobytes():
         return None
-    if s.dt.kind == "f" and (_neg_zero(a.reshape(())) or _is_nan(a.reshape(())) or _is_nan(b.reshape(()))
-                             or s.dt == np.float16):
+    if s.dt.kind == "f" and (_neg_zero(a.reshape(())) or _is_nan(a.reshape(())) or _is_nan(b.reshape(()))):
         return None  # (Where's true branch drops a -0.0; float16 NaNs change)
-    if s.n.elem_type not in WHERE_TYPES:
+    if s.n.elem_type not in WHERE_TYPES | {TensorProto.FLOAT16}:  # (a and b pass no data bits: float16 exact)
         return None
     keep = complement(r)
     if len(keep) != 1:

@@ -31,7 +31,8 @@ the model's own inputs:
   Both children first run one tiny model of the ops the portable forms write (`_warm_kernels`),
   so that neither first run counts the code pages of a kernel the other child has already
   touched (the original's own kernels are not the portable's: Trilu, EyeLike, Expand).
-  Children alternate original / portable; medians of 5 repeats (1 with --quick). Children of one
+  Children alternate original / portable (and with --control a copy of the original, the A/A
+  arm); medians of 5 repeats (1 with --quick). Children of one
   model spread by a few pages, so a median a page over is not a finding: a model is demonstrably
   higher only when every portable child peaks above every original child (`above`).
 * slower or noise: per input set, the per-round ratios' median and its 95% interval (the sign
@@ -62,6 +63,7 @@ import gc
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -150,6 +152,10 @@ class Memory:
     portable_second_peak_mib: float | None = None
     peak_higher: bool | None = None
     second_peak_higher: bool | None = None
+    # With --control, an A/A arm: the original again, in its own children (the noise floor of the
+    # figures above: its median over the original's, and whether it is "demonstrably higher").
+    control_peak_mib: float | None = None
+    control_peak_higher: bool | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -442,13 +448,19 @@ def memory_supported() -> bool:
 
 
 def bench_memory(name: str, path: str, portable_path: str, set_name: str, feeds: dict[str, np.ndarray],
-                 repeats: int, tmp: str) -> Memory:
+                 repeats: int, tmp: str, control: bool = False) -> Memory:
+    """Fresh children per side, alternating (`control`: a third side, a copy of the original)."""
     feeds_path = os.path.join(tmp, f"{name}.{set_name}.npz")
     np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
-    got: dict[str, list[dict[str, int]]] = {"original": [], "portable": []}
+    paths = {"original": path, "portable": portable_path}
+    if control:
+        paths["control"] = os.path.join(tmp, f"{name}.control.onnx")
+        shutil.copyfile(path, paths["control"])
+    got: dict[str, list[dict[str, int]]] = {which: [] for which in paths}
+    sides = list(paths)
     for r in range(repeats):
-        for which in (("original", "portable") if r % 2 == 0 else ("portable", "original")):
-            model = path if which == "original" else portable_path
+        for which in sides[r % len(sides):] + sides[:r % len(sides)]:  # (each side first in turn)
+            model = paths[which]
             proc = subprocess.run([sys.executable, "-m", "benchmarks.portable", "--memory-child", model, feeds_path],
                                   capture_output=True, text=True, cwd=ROOT, env=CHILD_ENV)
             if proc.returncode != 0:
@@ -458,8 +470,8 @@ def bench_memory(name: str, path: str, portable_path: str, set_name: str, feeds:
     def med(which: str, key: str) -> float:
         return statistics.median(g[key] for g in got[which]) / MB
 
-    def higher(key: str) -> bool | None:
-        return above([g[key] for g in got["original"]], [g[key] for g in got["portable"]])
+    def higher(key: str, side: str = "portable") -> bool | None:
+        return above([g[key] for g in got["original"]], [g[key] for g in got[side]])
 
     return Memory(name, set_name, med("original", "run"), med("portable", "run"), med("original", "session"),
                   med("portable", "session"), repeats, original_second_mib=med("original", "second"),
@@ -467,7 +479,9 @@ def bench_memory(name: str, path: str, portable_path: str, set_name: str, feeds:
                   second_higher=higher("second"), original_peak_mib=med("original", "peak"),
                   portable_peak_mib=med("portable", "peak"), original_second_peak_mib=med("original", "second_peak"),
                   portable_second_peak_mib=med("portable", "second_peak"), peak_higher=higher("peak"),
-                  second_peak_higher=higher("second_peak"))
+                  second_peak_higher=higher("second_peak"),
+                  control_peak_mib=med("control", "peak") if control else None,
+                  control_peak_higher=higher("peak", "control") if control else None)
 
 
 MIN_RANKED = 4  # children a side for `above` (4: 1 chance in 70 under no difference; 5: 1 in 252)
@@ -580,7 +594,7 @@ def run(quick: bool = False, json_out: str | None = None, log: Callable[..., Non
                 if candidates:
                     big = max(candidates, key=lambda s: (s == long_name, sum(a.nbytes for a in feed_sets[s].values())))
                     result.memory.append(bench_memory(name, path, portable_path, big, feed_sets[big],
-                                                      repeats or (1 if quick else 5), tmp))
+                                                      repeats or (1 if quick else 5), tmp, control))
         if not with_memory:
             result.skipped.append("memory: /proc/self/clear_refs is not writable here (not Linux?): not measured")
     result.load.append(list(os.getloadavg()))
@@ -685,20 +699,26 @@ def _memory_targets(memory: list[Memory]) -> list[Target]:
                 continue
             worst = max(mem, key=lambda m: getattr(m, attr))
             ok = sum(getattr(m, attr) <= 1.0 for m in mem)
+            over = [(m.control_peak_mib or 0) > (m.original_peak_mib or 0) for m in mem if m.control_peak_mib is not None]
+            noise = f"; the A/A control over the original at {sum(over)}/{len(over)}" \
+                if judged and run == "first" and over else ""
             out.append(Target(f"{what}, {run} run, portable vs original",
                               f"{ok}/{len(mem)} models <= 1.0x; worst {getattr(worst, attr):.2f}x ({worst.model} "
-                              f"{worst.input_set})", "<= 1.0x, every model" if judged else "informational",
+                              f"{worst.input_set}){noise}", "<= 1.0x, every model" if judged else "informational",
                               ok == len(mem) == len(memory) if judged else None))
         ranked = [m for m in measured if getattr(m, flags[0]) is not None]
         if ranked:
             first = [m.model for m in ranked if getattr(m, flags[0])]
             again = [m.model for m in ranked if getattr(m, flags[1])]
+            aa_higher = [m.model for m in ranked if m.control_peak_higher] if judged else []
+            control = judged and any(m.control_peak_higher is not None for m in ranked)
             out.append(Target(f"{what} demonstrably higher (every portable child above every original child), "
                               "first / second run",
                               f"{len(first)}/{len(ranked)} / {len(again)}/{len(ranked)} models"
                               + (f" (first: {', '.join(first)})" if first else "")
-                              + (f" (second: {', '.join(again)})" if again else ""), "0" if judged else "informational",
-                              not first and not again if judged else None))
+                              + (f" (second: {', '.join(again)})" if again else "")
+                              + (f"; the A/A control, first run: {len(aa_higher)}/{len(ranked)}" if control else ""),
+                              "0" if judged else "informational", not first and not again if judged else None))
     return out
 
 
@@ -762,7 +782,9 @@ def memory_table(memory: list[Memory]) -> str:
                      f"{m.original_second_peak_mib or 0:.3f}/{m.portable_second_peak_mib or 0:.3f}  "
                      f"({m.original_run_mib:.3f}/{m.portable_run_mib:.3f})"
                      + (f"  over: {', '.join(over)}" if over else "")
-                     + (f"  demonstrably higher: {', '.join(higher)}" if higher else ""))
+                     + (f"  demonstrably higher: {', '.join(higher)}" if higher else "")
+                     + ("" if m.control_peak_mib is None else f"  A/A first {m.control_peak_mib:.3f}"
+                        + ("  A/A demonstrably higher" if m.control_peak_higher else "")))
     return "\n".join(lines)
 
 
@@ -846,7 +868,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-only", action="store_true", help="only the memory children (no timing rows)")
     p.add_argument("--repeats", type=int, help="memory children per model and side (default 5; 1 with --quick)")
     p.add_argument("--control", action="store_true",
-                   help="A/A: time the original against a second session of itself (the noise floor)")
+                   help="A/A: time the original against a second session of itself, and run it in a third "
+                   "memory child (the noise floor)")
     p.add_argument("--baseline", metavar="DIR", help="also time DIR/<model>.onnx (another checkout's portable "
                    "outputs) in the same rounds")
     p.add_argument("--write-portable", metavar="DIR", help="only write this checkout's portable outputs to DIR")

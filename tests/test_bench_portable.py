@@ -130,6 +130,14 @@ def test_memory_is_demonstrably_higher_only_when_every_child_is():
     assert row.met is False and row.detail.startswith("1/2 / 0/2 models (first: b)")
     first = rows["peak memory of a run (the process's, session included), first run, portable vs original"]
     assert first.met is False and first.detail.startswith("0/2 models <= 1.0x; worst 1.10x (b s)")
+    assert "A/A" not in first.detail  # (no control arm measured)
+    mem[0].control_peak_mib, mem[0].control_peak_higher = 2.02, False  # (--control: the A/A arm over by a page)
+    mem[1].control_peak_mib, mem[1].control_peak_higher = 1.98, False
+    rows = {t.goal.split(" (every")[0]: t for t in bench_portable.targets(bench_portable.Result(memory=mem))}
+    assert rows["peak memory of a run (the process's, session included), first run, portable vs original"].detail \
+        .endswith("the A/A control over the original at 1/2")
+    assert rows["peak memory of a run (the process's, session included) demonstrably higher"].detail \
+        .endswith("the A/A control, first run: 0/2")
 
 
 def test_a_runs_increment_over_its_session_is_reported_not_judged():
@@ -211,13 +219,15 @@ def test_cli_routes_the_new_suites(tmp_path, monkeypatch):
 
 
 def test_memory_only_measures_the_children_without_timing_rows():
-    result = bench_portable.run(models=["split_concat_tril_ts"], timing=False, repeats=1, log=lambda *a: None)
+    result = bench_portable.run(models=["split_concat_tril_ts"], timing=False, repeats=1, control=True,
+                                log=lambda *a: None)
     assert not result.rows and not result.failures
     if bench_portable.memory_supported():
         (m,) = result.memory
         assert m.model == "split_concat_tril_ts" and m.repeats == 1 and m.ratio is not None
         assert m.second_ratio is not None and m.peak_ratio is not None and m.second_peak_ratio is not None
         assert (m.original_peak_mib or 0) >= m.original_run_mib  # (the session's memory and the run's)
+        assert m.control_peak_mib is not None  # (--control: the A/A arm's own children)
         assert "split_concat_tril_ts" in bench_portable.memory_table(result.memory)
     rows = {t.goal: t for t in bench_portable.targets(result)}
     assert rows["portable outputs bit-identical to the original's"].met is None  # nothing compared: not judged

@@ -450,7 +450,7 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
     report["missed"] = [r for r in report["masks"] if r["status"] == "missed"]
 
     say(f"describing {len(result.applied)} candidates")
-    candidates = _candidate_rows(result, g, index, sizes, shapes, options)
+    candidates = _candidate_rows(result, g, index, sizes, shapes, options, [r.exact for r in lowered.rewrites])
     report["candidates"] = candidates
     report["declined"] = _declined_rows(result, index, sizes, shapes)
 
@@ -460,8 +460,9 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
 
 
 def _candidate_rows(result: PassResult, g: Graph, index: dict[int, int], sizes: dict[str, int],
-                    shapes: dict[str, tuple], options: Options) -> list[dict[str, Any]]:
-    """One row per applied Match: what it covers, what it lowers to, what it saves."""
+                    shapes: dict[str, tuple], options: Options, written: list[bool]) -> list[dict[str, Any]]:
+    """One row per applied Match: what it covers, what it lowers to, what it saves (`written`: per
+    Match, whether what the target writes is bit-exact, as optimize reports it)."""
     from dmlgraph.ir.graph import DmlNode
     rules = _rule_table()
     # What each match covers: its nodes, the constants it names, and the constants its covered nodes
@@ -507,7 +508,8 @@ def _candidate_rows(result: PassResult, g: Graph, index: dict[int, int], sizes: 
             "initializers": cov_inits,
             "lowers_to": _lowers_to(dml, options.feature_level) if isinstance(dml, DmlNode) else None,
             "exact": {"bit_exact": bool(dml.exact) if isinstance(dml, DmlNode) else None,
-                      "rule": rule.exact if rule else None},
+                      "rule": rule.exact if rule else None,
+                      "written": written[i - 1] if len(written) == len(result.applied) else None},
             "saves": {"nodes": sum(1 for nid in removed_nodes if node_cover[nid] == 1),
                       "shared_nodes": sum(1 for nid in removed_nodes if node_cover[nid] > 1),
                       "initializers": sum(1 for r in gone if init_cover[r["name"]] == 1),

@@ -15,6 +15,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 
+import dmlgraph
 from dmlgraph import inspection
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.rewrite import Options
@@ -45,7 +46,7 @@ LOWERS_TO = {"operator", "node", "begin", "begin_unbounded", "end", "end_unbound
              "shape_static", "desc", "desc_kind", "representative", "notes"}
 DESC1 = {"operator", "begin", "end", "value", "value_data_type", "input", "output"}
 BUFFER = {"data_type", "flags", "sizes", "strides", "total_bytes", "alignment"}
-EXACT = {"bit_exact", "rule"}
+EXACT = {"bit_exact", "rule", "written"}
 SAVES = {"nodes", "shared_nodes", "initializers", "initializer_bytes", "shared_initializer_bytes", "dml_nodes_added"}
 PICTURE = {"rows", "height", "width", "of", "representative", "k", "runtime_k", "begin", "end", "legend"}
 DECLINED = {"rule", "scope", "nodes", "initializers", "reason"}
@@ -146,7 +147,7 @@ def test_conformance_case_candidates(case, reports):
     assert t["operator"] == "DIAGONAL_MATRIX1"
     assert t["has_input"] == (op == "Trilu")
     assert t["runtime_k"] == ("k" in [i.name for i in case.model.graph.input])
-    assert c["exact"] == {"bit_exact": True, "rule": "bit-exact"}
+    assert c["exact"] == {"bit_exact": True, "rule": "bit-exact", "written": True}
     assert c["saves"]["nodes"] == 1 and c["saves"]["dml_nodes_added"] == 1
     # Static shapes: the exact desc, from binding.node_desc.
     shape = list(case.data_sets[0][1][0].shape)
@@ -509,3 +510,14 @@ def test_stored_mask_constant(tmp_path):
     re_ = inspection.inspect_model(path, Options(exact_only=True))
     assert all(c["exact"]["bit_exact"] for c in re_["candidates"])
     assert re_["options"]["exact_only"] is True
+
+
+def test_inspect_says_when_the_targets_form_is_not_bit_exact():
+    """band_w2's window fill on `onnx` is `Where(window, X, fill)` (a -0.0 of X comes out +0.0):
+    inspect says so per candidate, as optimize does, and not under --exact nor on `dml`."""
+    path = os.path.join(ROOT, "models", "band_w2_ts.onnx")
+    loose = dmlgraph.inspect(path, target="onnx").candidates
+    opt = dmlgraph.optimize(path, target="onnx")
+    assert sorted(c["exact"]["written"] for c in loose) == sorted(r.exact for r in opt.rewrites) == [False, True]
+    assert all(c["exact"]["written"] for c in dmlgraph.inspect(path, target="onnx", exact=True).candidates)
+    assert all(c["exact"]["written"] for c in dmlgraph.inspect(path, target="dml").candidates)

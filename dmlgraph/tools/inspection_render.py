@@ -154,7 +154,10 @@ def _candidate_text(c: dict) -> list[str]:
             L.append(f"    note: {note}")
     ex = c["exact"]
     L.append(f"    exact: {ex['rule'] or '?'}" + ("" if ex["bit_exact"] is None else
-                                               f" (node {'bit-exact' if ex['bit_exact'] else 'not bit-exact'})"))
+                                               f" (node {'bit-exact' if ex['bit_exact'] else 'not bit-exact'})")
+             + ("" if ex["written"] is not False or not ex["bit_exact"] else
+                "; the target's form is not bit-exact (equal values: a -0.0 or float16 NaN payload may change; "
+                "--exact keeps only bit-exact forms)"))
     s = c["saves"]
     shared = []
     if s["shared_nodes"]:

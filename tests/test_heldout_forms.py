@@ -395,3 +395,42 @@ def test_an_expand_of_a_band_to_the_batch_read_by_size_keys_lowers(target: str) 
             assert all(a.shape == g.shape and a.tobytes() == g.tobytes() for a, g in zip(want, got)), (b, p, s)
         else:
             assert dmlgraph.validate(model, r, feeds).ok, (b, p, s)
+
+
+def _padding_named_like_the_rows(padding_first: bool) -> onnx.ModelProto:
+    """The fuzzer's kv form (2026-11-29): a causal band [S, T] shifted by the past, And a padding
+    mask declared [1, 1, 1, "S"] (a false claim: it is T long at run time, as onnxruntime accepts),
+    then Where(., x, -inf). The lowered Where's sizes are read where the dims are named: with the
+    padding before x among the inputs (or a local function's formals), S is read off its last axis."""
+    def c(name: str, value) -> onnx.NodeProto:
+        return h.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.array(value), name))
+    nodes = [h.make_node("Shape", ["x"], ["sx"]), c("two", 2), c("a2", [2]), c("a4", [4]),
+             h.make_node("Shape", ["past_key"], ["sp"]), h.make_node("Gather", ["sp", "two"], ["p"], axis=0),
+             h.make_node("Slice", ["sx", "a2", "a4"], ["mat"]),
+             h.make_node("ConstantOfShape", ["mat"], ["ones"], value=h.make_tensor("one", T.INT64, [1], [1])),
+             h.make_node("Trilu", ["ones", "p"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["band"], to=T.BOOL),
+             h.make_node("And", ["band", "padding"], ["keep"]),
+             c("ninf", np.float32(-np.inf)), h.make_node("Where", ["keep", "x", "ninf"], ["y"])]
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 2, "S", "T"])
+    pad = h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"])
+    past = h.make_tensor_value_info("past_key", T.FLOAT, [1, 1, "P", 1])
+    g = h.make_graph(nodes, "claim", [pad, past, x] if padding_first else [x, pad, past],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, "S", "T"])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize(("target", "padding_first"), [("dml", False), ("onnx", False), ("onnx", True), pytest.param(
+    "dml", True, marks=pytest.mark.xfail(strict=True, reason="a settled broadcast reads S off the first graph input "
+                                         "that names it, the padding's last axis (a false claim no guard checks): "
+                                         "docs/limits.md"))])
+def test_a_padding_named_like_the_rows_is_not_read_for_the_rows(target: str, padding_first: bool) -> None:
+    model = _padding_named_like_the_rows(padding_first)
+    out = dmlgraph.optimize(model, target=target).model
+    for s, t in ((1, 2), (2, 3), (3, 3)):
+        rng = np.random.default_rng(s)
+        feeds = {"x": rng.standard_normal((1, 2, s, t)).astype(np.float32), "padding": rng.random((1, 1, 1, t)) < 0.7,
+                 "past_key": np.zeros((1, 1, t - s, 1), np.float32)}
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        got = dmlgraph.run(out, feeds)["y"] if target == "dml" else \
+            ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        assert got.shape == want.shape and got.tobytes() == want.tobytes(), (s, t)

@@ -307,32 +307,11 @@ def _settled_vector(ctx: Context, sources: list[ShapeSource], hint: str, built: 
     if not all(isinstance(d, int) or (isinstance(d, str) and locate(graph, [], d) is not None) for d in dims):
         return None
     made = Made()
-    vec = SizeBuilder(ctx, _operands_if_claims_mislead(graph, sources, dims), made).vector(
-        [Lin.of(d) if isinstance(d, int) else Lin.sym(cast(str, d)) for d in dims], hint)
+    vec = SizeBuilder(ctx, [], made).vector([Lin.of(d) if isinstance(d, int) else Lin.sym(cast(str, d))
+                                               for d in dims], hint)
     built.nodes.extend(made.nodes)
     built.initializers.extend(made.initializers)
     return vec
-
-
-def _operands_if_claims_mislead(graph: Graph, sources: list[ShapeSource], dims: list[Dim]) -> list[Value]:
-    """The operands to read sizes off, where a dim name's first graph input (what `SizeBuilder` reads
-    without them) is not the input axis an operand's size provably comes from (`DimKeys`): a name
-    two inputs declare is a claim, and a padding mask declared [1, 1, 1, "S"] but T long must not
-    size the rows. Else none: the model's own reads of its inputs, as before."""
-    from dmlgraph.io.dim_keys import DimKeys
-    from dmlgraph.passes.sizes import locate
-
-    keys = DimKeys(graph)
-    inputs = {v.name for v in graph.inputs}
-    for s in sources:
-        per = keys.dims(s.of) if s.of is not None and s.rank == len(dims) else None
-        for d, k in zip(dims, per or ()):
-            if not (isinstance(d, str) and k is not None and k[0] == "dim" and k[1] in inputs):
-                continue
-            first = locate(graph, [], d)
-            if first is not None and (first[0].name, first[1]) != (k[1], k[2]):
-                return [x.of for x in sources if x.of is not None]
-    return []
 
 
 def build_broadcast(sources: list[ShapeSource], hint: str, built: Built, ctx: Context | None = None) -> Value:

@@ -395,3 +395,49 @@ def test_an_expand_of_a_band_to_the_batch_read_by_size_keys_lowers(target: str) 
             assert all(a.shape == g.shape and a.tobytes() == g.tobytes() for a, g in zip(want, got)), (b, p, s)
         else:
             assert dmlgraph.validate(model, r, feeds).ok, (b, p, s)
+
+
+def _trilu_read_by_its_own_shape() -> onnx.ModelProto:
+    """ProphetNet's TorchScript decoder: `Trilu(ConstantOfShape([S, S], lowest), k=1, upper)`, its
+    causal bias added to the scores, whose own `Shape` another reader (a Reshape) takes S from."""
+    nodes = [
+        h.make_node("Shape", ["x"], ["sx"]), h.make_node("Gather", ["sx", "one"], ["S"], axis=0),
+        h.make_node("Unsqueeze", ["S", "ax0"], ["s1"]), h.make_node("Concat", ["s1", "s1"], ["ss"], axis=0),
+        h.make_node("ConstantOfShape", ["ss"], ["full"],
+                    value=h.make_tensor("v", T.FLOAT, [1], [float(np.finfo(np.float32).min)])),
+        h.make_node("Trilu", ["full", "one"], ["tri"], upper=1), h.make_node("Add", ["scores", "tri"], ["y"]),
+        h.make_node("Shape", ["tri"], ["st"]), h.make_node("Gather", ["st", "one"], ["k"], axis=0),
+        h.make_node("Unsqueeze", ["k", "ax0"], ["k1"]), h.make_node("Concat", ["m1", "k1"], ["rs"], axis=0),
+        h.make_node("Reshape", ["x", "rs"], ["z"]),
+    ]
+    inits = [h.make_tensor("one", T.INT64, [], [1]), h.make_tensor("ax0", T.INT64, [1], [0]),
+             h.make_tensor("m1", T.INT64, [1], [-1])]
+    g = h.make_graph(nodes, "trilu_own_shape",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, "sequence"]),
+                      h.make_tensor_value_info("scores", T.FLOAT, ["batch", 2, "sequence", "sequence"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["batch", 2, "sequence", "sequence"]),
+                      h.make_tensor_value_info("z", T.FLOAT, [1, "sequence"])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_a_generator_never_reads_the_shape_of_what_it_replaces(target: str) -> None:
+    """The generator's size vector may be the model's own `Shape(y)`, but never a Shape of the
+    value it replaces (ProphetNet: `Shape(Trilu)`): that read is its own output, a cycle (here
+    "the graph has a cycle" at write-back; in ProphetNet a later analysis walked it and grew to
+    22 GB before it was stopped)."""
+    model = _trilu_read_by_its_own_shape()
+    result = dmlgraph.optimize(model, target=target, allow_growth=True)
+    onnx.checker.check_model(result.model, full_check=True)
+    rng = np.random.default_rng(1)
+    for seq in (1, 4, 9):
+        feeds = {"x": rng.standard_normal((1, seq)).astype(np.float32),
+                 "scores": rng.standard_normal((2, 2, seq, seq)).astype(np.float32)}
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        if target == "dml":
+            assert dmlgraph.validate(model, result, feeds).ok
+            continue
+        got = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got))

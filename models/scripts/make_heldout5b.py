@@ -11,13 +11,20 @@ make_kv_models.verify (make_heldout4.export_jobs):
     (make_heldout4.prepare_seq2seq_nocache: seq5, seq9, right_padded, long): pegasus, mbart,
     m2m_100, blenderbot, led (Longformer encoder-decoder, attention_window 4), prophetnet;
   * their decoder steps with a flat self-attention cache (make_kv_models' seq2seq kind: prefill,
-    prefill_past, decode, left_padded): pegasus, mbart, m2m_100, blenderbot, speech2text;
-  * encoders, input_ids + attention_mask -> last_hidden_state (seq5, seq9, right_padded, long):
-    longformer (attention_window 4: sliding-chunk attention whose invalid corners are a flipped
-    triangle, `ones(w, w + 1).tril().flip(dims=[0])`), bigbird (block sparse falls back to full
-    attention at these lengths, so also `original_full`), funnel;
-  * swin (window 2, shifted windows: the shift mask is a block pattern), pixel_values -> last
-    hidden state, batch 1 and 2 at 16x16 and 32x32.
+    prefill_past, decode, left_padded, long): pegasus, mbart, m2m_100, blenderbot, speech2text;
+  * encoders, input_ids + attention_mask -> last_hidden_state (seq5, seq9, right_padded, long 40,
+    pad3: a batch of 3 right-padded by 0, 2 and 5 of 11): longformer (attention_window 4:
+    sliding-chunk attention whose invalid corners are a flipped triangle,
+    `ones(w, w + 1).tril().flip(dims=[0])`), bigbird (`original_full`, what block sparse falls back
+    to at these lengths), funnel, reformer (local attention, chunk 4, one chunk before, causal);
+  * swin (window 2, shifted windows: the shift mask is a block pattern), pixel_values [b, 3, 32, 32]
+    -> last_hidden_state, batch 1 (set `seq5`) and 2 (`seq9`).
+
+Longformer, LED and Reformer chunk with Python ints (TorchScript bakes the traced batch and length
+in), so their sets are all batch 2 and encoder length 12 (`fixed_length`), Longformer verified at
+1e-3 (its export is 4.6e-4 off torch everywhere). What fails to export (logged, not measured):
+dynamo Longformer / LED (a data-dependent guard), m2m_100's and speech2text's decoder steps under
+dynamo, ProphetNet under dynamo, Reformer under TorchScript, Funnel under both (docs/heldout.md).
 
 Names given as WANT select models by substring. Input sets are saved as DIR/inputs/<model>/<set>.npz,
 so `models/scripts/heldout_report.py DIR` measures them (default DIR out/heldout5b, git-ignored).
@@ -75,6 +82,11 @@ def builders() -> dict[str, object]:
         "funnel": lambda: t.FunnelBaseModel(t.FunnelConfig(
             vocab_size=VOCAB, d_model=32, n_head=2, d_head=16, d_inner=64, block_sizes=[1, 1], num_decoder_layers=1,
             pad_token_id=0)),
+        "reformer": lambda: t.ReformerModel(t.ReformerConfig(
+            vocab_size=VOCAB, hidden_size=32, num_attention_heads=2, attention_head_size=16, feed_forward_size=64,
+            attn_layers=["local", "local"], local_attn_chunk_length=4, local_num_chunks_before=1,
+            local_num_chunks_after=0, is_decoder=True, axial_pos_embds=False, max_position_embeddings=256,
+            pad_token_id=0, eos_token_id=2)),
         "swin": lambda: t.SwinModel(t.SwinConfig(
             image_size=32, patch_size=2, num_channels=3, embed_dim=16, depths=[2], num_heads=[2], window_size=2,
             attn_implementation="eager"), add_pooling_layer=False),
@@ -151,7 +163,7 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
     specs += [Spec(f"{k}_decoder_kv", hf.format(k, " decoder step, flat KV cache through DynamicCache"), b[k],
                    "seq2seq") for k in ("pegasus", "mbart", "m2m100", "blenderbot", "speech2text")]
     specs += [Spec(f"{k}_encoder", hf.format(k, ", encoder, last_hidden_state"), b[k], "encoder")
-              for k in ("longformer", "bigbird", "funnel")]
+              for k in ("longformer", "bigbird", "funnel", "reformer")]
     specs += [Spec("swin_w2", hf.format("SwinModel window 2 (shifted windows)", ", last_hidden_state"), b["swin"],
                    "vision")]
     jobs = [(s, suffix, e) for s in specs for suffix, e in (("ts", "torchscript"), ("dynamo", "dynamo"))]
@@ -170,13 +182,14 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         fixed_length(spec)
         return module
 
-    fixed = ("longformer", "led")  # (sliding-chunk attention: exported at one encoder length)
+    fixed = ("longformer", "led", "reformer")  # (sliding-chunk attention: exported at one encoder length)
     export_jobs([j for j in jobs if not j[0].base.startswith(fixed)], prepare, out, want, log)
     import make_kv_models as kv
     verify = kv.verify
     # Longformer's TorchScript export differs from torch by up to 4.6e-4 at every position, padded
-    # or not (float rounding of its chunked matmuls): verified at 1e-3, said in docs/heldout.md
-    kv.verify = lambda spec, module, path, tol=1e-4: verify(spec, module, path, tol=max(tol, 1e-3))
+    # or not (float rounding of its chunked matmuls): verified at 1e-3 (docs/heldout.md); the rest 1e-4
+    kv.verify = lambda spec, module, path, tol=1e-4: verify(
+        spec, module, path, tol=max(tol, 1e-3) if spec.base.startswith("longformer") else tol)
     try:
         export_jobs([j for j in jobs if j[0].base.startswith(fixed)], prepare_fixed, out, want, log)
     finally:

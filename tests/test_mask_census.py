@@ -120,10 +120,12 @@ def test_cumsum_gathernd_cone_is_listed_never_absent(tmp_path):
     assert "GatherND" in by_value["causal"]["found"] and "index grid" in by_value["causal_table"]["found"]
 
 
-def block_mask_model() -> onnx.ModelProto:
-    """A stored two-valued matrix that is no band (2x2 blocks on the diagonal) applied by Where:
-    mask-like, and no rule looks at it."""
-    block = np.kron(np.eye(3, dtype=bool), np.ones((2, 2), bool))
+def block_mask_model(pattern: str = "blocks") -> onnx.ModelProto:
+    """A stored two-valued matrix that is no band applied by Where: 2x2 blocks on the diagonal, or
+    a checkerboard (its first row changes value at every column: stored_mask turns it away before
+    decoding it, as it does weights, so no rule looks at it)."""
+    i, j = np.indices((6, 6))
+    block = np.kron(np.eye(3, dtype=bool), np.ones((2, 2), bool)) if pattern == "blocks" else (i + j) % 2 == 0
     g = h.make_graph([h.make_node("Where", ["blocks", "x", "neg"], ["y"])], "blocks",
                      [h.make_tensor_value_info("x", T.FLOAT, [2, 6, 6])], [h.make_tensor_value_info("y", T.FLOAT, [2, 6, 6])],
                      [c("blocks", block), c("neg", np.float32(-1e9))])
@@ -131,7 +133,7 @@ def block_mask_model() -> onnx.ModelProto:
 
 
 def test_fail_on_missed_exits_1_on_an_unhandled_mask(tmp_path, capsys):
-    path = save(tmp_path, block_mask_model(), "blocks.onnx")
+    path = save(tmp_path, block_mask_model("checkerboard"), "blocks.onnx")
     assert main(["inspect", path, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [m["value"] for m in report["missed"]] == ["blocks"]
@@ -139,6 +141,17 @@ def test_fail_on_missed_exits_1_on_an_unhandled_mask(tmp_path, capsys):
     assert main(["inspect", path, "--fail-on-missed"]) == 1
     captured = capsys.readouterr()
     assert "MISSED 'blocks'" in captured.out and "--fail-on-missed" in captured.err
+
+
+def test_a_stored_block_mask_is_declined_with_why(tmp_path, capsys):
+    """2x2 blocks on the diagonal: stored_mask decodes it and says it is no band (before: missed;
+    held-out round 5b's ProphetNet, Swin and Reformer masks)."""
+    path = save(tmp_path, block_mask_model(), "blocks.onnx")
+    assert main(["inspect", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["missed"] == []
+    row = next(m for m in report["masks"] if m["value"] == "blocks")
+    assert row["status"] == "declined" and "not all one band pattern" in row["reason"]
 
 
 def test_a_data_dependent_mask_is_declined_not_missed(tmp_path, capsys):

@@ -256,6 +256,8 @@ class SizeBuilder:
         seen: set[int] = set()
         for n in nodes:
             for v in [*n.outputs, *(i for i in n.inputs if i is not None)]:
+                if v.producer is not None and v.producer is replacing.producer:
+                    continue  # (a Shape of the replaced value itself: the generator would read its own output)
                 for s in v.consumers:
                     if s.id in seen or s.id in dead or not _full_shape(self.graph, s, len(want)):
                         continue

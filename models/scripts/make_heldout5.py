@@ -12,9 +12,13 @@ against torch at every input set (rtol/atol 1e-4) by make_heldout4.py's `export_
   with a flat KV cache through DynamicCache (sets prefill, prefill_past, decode, left_padded,
   long, mixed_pad3) and gpt_neo, ctrl, codegen without a cache (seq5, seq9, left_padded, long);
 - xlnet (XLNetLMHeadModel) without memory, attn_type "uni" (its create_mask: triu/tril of ones)
-  and "bi" with same_length, no-cache sets;
+  and "bi" with same_length, no-cache sets; with memory (mem_len 8, `mems` in and out, "uni",
+  with and without same_length), sets prefill (empty memory), prefill_past, decode, long;
 - llama with a static KV cache (transformers' StaticCache, fixed length 80, a `cache_position`
   input, as on-device exports use it): sets prefill, prefill_past, decode, left_padded, long.
+
+mixtral (both exporters, eager experts), cohere's TorchScript export and xlnet bi's dynamo export fail in the
+exporters (logged as failures in DIR/heldout_log.json; why: docs/heldout.md, Round 5).
 
 Input sets are saved as DIR/inputs/<model>/<set>.npz, so models/scripts/heldout_report.py DIR
 measures them. The files stay out of git (out/ is ignored).

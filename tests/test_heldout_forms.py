@@ -400,7 +400,6 @@ def test_an_expand_of_a_band_to_the_batch_read_by_size_keys_lowers(target: str) 
 def _mem_mask_with_its_shape_read() -> onnx.ModelProto:
     """XLNet's create_mask with memory (TorchScript): triu_(ones(q, q + m), m + 1), and the
     model reads Shape() of that mask itself (for the in-place `mask[:, :q] += tril(-1)`)."""
-    i64 = lambda name, v: h.make_tensor(name, T.INT64, [len(v)], v)  # noqa: E731
     nodes = [
         h.make_node("Shape", ["ids"], ["q"], start=1, end=2),
         h.make_node("Shape", ["mem"], ["m"], start=0, end=1),
@@ -419,7 +418,7 @@ def _mem_mask_with_its_shape_read() -> onnx.ModelProto:
         [h.make_tensor_value_info("ids", T.INT64, [1, "q"]), h.make_tensor_value_info("mem", T.FLOAT, ["m", 4]),
          h.make_tensor_value_info("scores", T.FLOAT, ["q", 1])],
         [h.make_tensor_value_info("y", T.FLOAT, None)],
-        [i64("one", [1])])
+        [h.make_tensor("one", T.INT64, [1], [1])])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
 
 

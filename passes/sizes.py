@@ -255,11 +255,12 @@ class SizeBuilder:
         nodes, dead = cone
         seen: set[int] = set()
         for n in nodes:
-            # (never a Shape of what the replaced node writes: the generator takes those values
-            # over, so that Shape would read the generator's own output, a cycle; ProphetNet's
-            # `Shape(Trilu)`)
-            outs = n.outputs if n is not replacing.producer else []
-            for v in [*outs, *(i for i in n.inputs if i is not None)]:
+            # (never a Shape of what the replaced node writes: the generator takes those values over,
+            # so that Shape would read its own output, a cycle: ProphetNet's `Shape(Trilu)`, XLNet's
+            # `Shape(mask)`)
+            for v in [*n.outputs, *(i for i in n.inputs if i is not None)]:
+                if v.producer is not None and v.producer is replacing.producer:
+                    continue
                 for s in v.consumers:
                     if s.id in seen or s.id in dead or not _full_shape(self.graph, s, len(want)):
                         continue

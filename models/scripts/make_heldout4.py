@@ -373,19 +373,37 @@ def optimum_part(out: str, want: list[str], log: list[dict]) -> None:
             print(f"OK   {name}: {entry['bytes']} bytes", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["torch", "variants", "optimum"])
-    ap.add_argument("--out", default=DEFAULT_OUT)
+def _read_log(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_parts(doc: str | None, default_out: str, parts: dict, argv: list[str] | None = None,
+              log_name: str = "heldout_log.json") -> int:
+    """The held-out scripts' command line: `[PART] [--out DIR] [WANT ...]` (PART where there are
+    several), the part run with DIR's log, one entry per model name (a part replaces a rebuilt
+    model's entry), re-read before writing so that runs sharing DIR keep each other's entries."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    if len(parts) > 1:
+        ap.add_argument("part", choices=list(parts))
+    ap.add_argument("--out", default=default_out)
     ap.add_argument("want", nargs="*")
     args = ap.parse_intermixed_args(argv)  # (--out before or after the part and names)
     os.makedirs(args.out, exist_ok=True)
-    log_path = os.path.join(args.out, "heldout_log.json")
-    log = json.load(open(log_path)) if os.path.exists(log_path) else []
-    {"torch": torch_part, "variants": variants, "optimum": optimum_part}[args.part](args.out, args.want, log)
+    log_path = os.path.join(args.out, log_name)
+    log = _read_log(log_path)
+    parts[args.part if len(parts) > 1 else next(iter(parts))](args.out, args.want, log)
+    done = {e["name"] for e in log}
+    merged = [e for e in _read_log(log_path) if e["name"] not in done] + log
     with open(log_path, "w") as f:
-        json.dump(sorted(log, key=lambda e: e["name"]), f, indent=1)
+        json.dump(sorted(merged, key=lambda e: e["name"]), f, indent=1, default=str)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_parts(__doc__, DEFAULT_OUT, {"torch": torch_part, "variants": variants, "optimum": optimum_part}, argv)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ input sets are saved as DIR/inputs/<model>/<set>.npz for heldout_report.py.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import warnings
@@ -121,17 +119,7 @@ def run(out: str, want: list[str], log: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(h4.HERE, "..", "..", "out", "heldout4b"))
-    ap.add_argument("want", nargs="*")
-    args = ap.parse_intermixed_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    log_path = os.path.join(args.out, "heldout_log.json")
-    log = json.load(open(log_path)) if os.path.exists(log_path) else []
-    run(args.out, args.want, log)
-    with open(log_path, "w") as f:
-        json.dump(sorted(log, key=lambda e: e["name"]), f, indent=1)
-    return 0
+    return h4.run_parts(__doc__, os.path.join(h4.HERE, "..", "..", "out", "heldout4b"), {"run": run}, argv)
 
 
 if __name__ == "__main__":

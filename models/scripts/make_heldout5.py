@@ -26,8 +26,6 @@ measures them. The files stay out of git (out/ is ignored).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import warnings
@@ -255,17 +253,8 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=DEFAULT_OUT)
-    ap.add_argument("want", nargs="*")
-    args = ap.parse_intermixed_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    log_path = os.path.join(args.out, "heldout_log.json")
-    log = json.load(open(log_path)) if os.path.exists(log_path) else []
-    torch_part(args.out, args.want, log)
-    with open(log_path, "w") as f:
-        json.dump(sorted(log, key=lambda e: e["name"]), f, indent=1)
-    return 0
+    import make_heldout4 as h4
+    return h4.run_parts(__doc__, DEFAULT_OUT, {"torch": torch_part}, argv)
 
 
 if __name__ == "__main__":

@@ -33,8 +33,6 @@ A model that cannot be built or exported is logged (DIR/heldout_log.json) with i
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import warnings
@@ -198,19 +196,8 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=DEFAULT_OUT)
-    ap.add_argument("want", nargs="*")
-    args = ap.parse_intermixed_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    log: list[dict] = []
-    torch_part(args.out, args.want, log)
-    log_path = os.path.join(args.out, "heldout_log.json")  # (re-read: several runs may share DIR)
-    old = json.load(open(log_path)) if os.path.exists(log_path) else []
-    done = {e["name"] for e in log}
-    with open(log_path, "w") as f:
-        json.dump(sorted([e for e in old if e["name"] not in done] + log, key=lambda e: e["name"]), f, indent=1)
-    return 0
+    import make_heldout4 as h4
+    return h4.run_parts(__doc__, DEFAULT_OUT, {"torch": torch_part}, argv)
 
 
 if __name__ == "__main__":

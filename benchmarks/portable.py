@@ -123,6 +123,14 @@ class Row:
         return None if self.lo is None else self.lo > RATIO_GOAL
 
 
+def _ratio(portable: float | None, original: float | None) -> float | None:
+    """portable / original MiB; below a page's worth, both are "nothing": 1.0 rather than a ratio
+    of noise (a process's peak is hundreds of pages: never floored)."""
+    if original is None or portable is None:
+        return None
+    return max(portable, 4 / 1024) / max(original, 4 / 1024)
+
+
 @dataclass
 class Memory:
     """Peak memory of one run, original vs portable, at one input set (medians of fresh children)."""
@@ -159,28 +167,19 @@ class Memory:
 
     @property
     def ratio(self) -> float | None:
-        if self.original_run_mib is None or self.portable_run_mib is None:
-            return None
-        # below a page's worth, both are "nothing": 1.0 rather than a ratio of noise
-        return max(self.portable_run_mib, 4 / 1024) / max(self.original_run_mib, 4 / 1024)
+        return _ratio(self.portable_run_mib, self.original_run_mib)
 
     @property
     def second_ratio(self) -> float | None:
-        if self.original_second_mib is None or self.portable_second_mib is None:
-            return None
-        return max(self.portable_second_mib, 4 / 1024) / max(self.original_second_mib, 4 / 1024)
+        return _ratio(self.portable_second_mib, self.original_second_mib)
 
     @property
     def peak_ratio(self) -> float | None:
-        if self.original_peak_mib is None or self.portable_peak_mib is None:
-            return None
-        return self.portable_peak_mib / self.original_peak_mib
+        return _ratio(self.portable_peak_mib, self.original_peak_mib)
 
     @property
     def second_peak_ratio(self) -> float | None:
-        if self.original_second_peak_mib is None or self.portable_second_peak_mib is None:
-            return None
-        return self.portable_second_peak_mib / self.original_second_peak_mib
+        return _ratio(self.portable_second_peak_mib, self.original_second_peak_mib)
 
     def ratios(self) -> dict[str, float | None]:
         return {"ratio": self.ratio, "second_ratio": self.second_ratio, "peak_ratio": self.peak_ratio,

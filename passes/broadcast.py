@@ -7,7 +7,7 @@ by `Where(Equal(a, 1), b, a)`. Why that is exact: docs/internals.md, passes/broa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence, cast
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -307,11 +307,42 @@ def _settled_vector(ctx: Context, sources: list[ShapeSource], hint: str, built: 
     if not all(isinstance(d, int) or (isinstance(d, str) and locate(graph, [], d) is not None) for d in dims):
         return None
     made = Made()
-    vec = SizeBuilder(ctx, [], made).vector([Lin.of(d) if isinstance(d, int) else Lin.sym(cast(str, d))
-                                               for d in dims], hint)
+    builder = SizeBuilder(ctx, [], made)
+    builder.reads = _traced_reads(graph, sources, per, dims, builder.symbol_read)
+    vec = builder.vector([Lin.of(d) if isinstance(d, int) else Lin.sym(cast(str, d)) for d in dims], hint)
     built.nodes.extend(made.nodes)
     built.initializers.extend(made.initializers)
     return vec
+
+
+def _traced_reads(graph: Graph, sources: list[ShapeSource], per: list[list[Dim]], dims: list[Dim],
+                  named: Callable[[str], tuple[Value, int]]) -> dict[str, tuple[Value, int]]:
+    """The graph-input axes to read a broadcast's sizes off where the names would mislead: a dim
+    name is read off the first input naming it (`named`), a claim; where every operand holding
+    that name traces (`DimKeys`, no names) to one other input axis, that axis is the size.
+    A padding declared [1, 1, 1, "S"] but T long must not size the rows (docs/limits.md)."""
+    from dmlgraph.io.dim_keys import DimKeys
+
+    keys, inputs = DimKeys(graph), {v.name: v for v in graph.inputs}
+    traced: dict[str, set] = {}
+    for s, d in zip(sources, per):
+        got = keys.dims(s.of) if s.of is not None else keys.entries(s.vector) if s.vector is not None else None
+        if got is None or len(got) != s.rank:
+            continue
+        for name, k in zip(d[len(d) - s.rank:], got):
+            if isinstance(name, str):
+                traced.setdefault(name, set()).add(k)
+    out: dict[str, tuple[Value, int]] = {}
+    for name, found in traced.items():
+        if name not in dims or len(found) != 1:
+            continue
+        (k,) = found
+        if k is None or k[0] != "dim" or k[1] not in inputs:
+            continue
+        v, axis = named(name)
+        if (v.name, axis) != (k[1], k[2]):
+            out[name] = (inputs[k[1]], k[2])
+    return out
 
 
 def build_broadcast(sources: list[ShapeSource], hint: str, built: Built, ctx: Context | None = None) -> Value:

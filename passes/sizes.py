@@ -219,16 +219,19 @@ def _full_shape(graph: Graph, n: Node, rank: int) -> TypeGuard[OnnxNode]:
 class SizeBuilder:
     """Makes (or finds) the nodes computing size expressions over the shapes of the graph's values.
 
-    Symbols are dim names, read from `inputs` (or the graph's inputs). New nodes and constants go
-    to `made`, detached: the rewriter adds them with the generator.
+    Symbols are dim names, read from `inputs` (or the graph's inputs), or from the axis `reads`
+    gives (one proved to hold that size, where the names alone would mislead). New nodes and
+    constants go to `made`, detached: the rewriter adds them with the generator.
     """
 
     def __init__(self, ctx: Context, inputs: Sequence[Value], made: Made,
-                 derived: dict[Symbol, tuple[Lin, int]] | None = None):
+                 derived: dict[Symbol, tuple[Lin, int]] | None = None,
+                 reads: dict[Symbol, tuple[Value, int]] | None = None):
         self.ctx, self.graph, self.memo = ctx, ctx.graph, ctx.analysis(SizeMemo)
         self.inputs = list(inputs)
         self.made = made
         self.derived = derived or {}  # symbols standing for e // k
+        self.reads = reads or {}
 
     def vector(self, dims: Sequence[Dim], hint: str, replacing: Value | None = None) -> Value:
         """A 1-D int64 tensor holding every dim: the output shape. `replacing`: the value the
@@ -276,7 +279,7 @@ class SizeBuilder:
             return None
         acc: Key | None = ("c", d.const)
         for sym, c in d.terms:
-            v, axis = self._symbol_read(sym)
+            v, axis = self.symbol_read(sym)
             k = keys.dims(v)
             if k is None or axis >= len(k):
                 return None
@@ -331,12 +334,14 @@ class SizeBuilder:
             e, k = self.derived[sym]
             x = self.dim(e, chain)
             return self._node("Div", [x, self._const(k)], f"{x.name}__div{k}", chain, shape=(1,))
-        v, axis = self._symbol_read(sym)
+        v, axis = self.symbol_read(sym)
         return _existing_dim_read(self.graph, v, axis) or self._read(v, axis, chain)
 
-    def _symbol_read(self, sym: Symbol) -> tuple[Value, int]:
-        """The value and axis `_symbol` reads: the first claim the model reads as
-        Shape(u, start=a, end=a + 1) itself, else the first."""
+    def symbol_read(self, sym: Symbol) -> tuple[Value, int]:
+        """The value and axis `_symbol` reads: the one `reads` gives, else the first claim the model
+        reads as Shape(u, start=a, end=a + 1) itself, else the first."""
+        if sym in self.reads:
+            return self.reads[sym]
         found = claims(self.graph, self.inputs, sym)
         assert found, f"no input has a dim named {sym!r} (checked when matched)"
         return next(((u, a) for u, a in found if _existing_dim_read(self.graph, u, a) is not None), found[0])
@@ -371,7 +376,7 @@ class SizeBuilder:
 
     def _own_read(self, sym: Symbol) -> OnnxNode | None:
         """The model's own `Gather(Shape(v), axis)` with a 0-D index, v and axis the symbol's first claim."""
-        found = claims(self.graph, self.inputs, sym)
+        found = [self.reads[sym]] if sym in self.reads else claims(self.graph, self.inputs, sym)
         if not found:
             return None
         v, axis = found[0]
@@ -475,7 +480,7 @@ class SizeBuilder:
         if sym in self.derived:
             e, k = self.derived[sym]
             return ("div", self._key(e), k)
-        found = claims(self.graph, self.inputs, sym)
+        found = [self.reads[sym]] if sym in self.reads else claims(self.graph, self.inputs, sym)
         return tuple((id(v), axis) for v, axis in found) if found else sym
 
     def _cached(self, key: tuple, make: Callable[[list], Value]) -> Value:

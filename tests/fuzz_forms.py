@@ -294,18 +294,20 @@ def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: l
     return m
 
 
-def _application(b: CaseBuilder, m: str, application: str) -> str:
+def _application(b: CaseBuilder, m: str, application: str, data: int = T.FLOAT) -> str:
+    """The band applied to XIN, data of type `data` (float32 or float16)."""
+    dt = h.tensor_dtype_to_np_dtype(data).type
     if application == "where_x_c":
-        return b.op("Where", [m, XIN, b.const(np.float32(-np.inf), "fill")], "y")
+        return b.op("Where", [m, XIN, b.const(dt(-np.inf), "fill")], "y")
     if application == "where_c_x":
-        return b.op("Where", [m, b.const(np.float32(-1e9), "fill"), XIN], "y")
+        return b.op("Where", [m, b.const(dt(-1e4 if data == T.FLOAT16 else -1e9), "fill"), XIN], "y")
     if application == "add_bias":
-        bias = b.op("Where", [m, b.const(np.float32(0), "zero"), b.const(np.float32(-np.inf), "ninf")], "bias")
+        bias = b.op("Where", [m, b.const(dt(0), "zero"), b.const(dt(-np.inf), "ninf")], "bias")
         return b.op("Add", [XIN, bias], "y")
-    g = b.op("Cast", [m], "gate", to=T.FLOAT)
+    g = b.op("Cast", [m], "gate", to=data)
     if application == "mul_gate":
         return b.op("Mul", [XIN, g], "y")
-    fill = b.op("Mul", [b.op("Sub", [b.const(np.float32(1), "one"), g], "inv"), b.const(np.float32(-1e4), "big")],
+    fill = b.op("Mul", [b.op("Sub", [b.const(dt(1), "one"), g], "inv"), b.const(dt(-1e4), "big")],
                 "fill")
     return b.op("Add", [b.op("Mul", [XIN, g], "wx"), fill], "y")
 
@@ -335,15 +337,16 @@ def _free(nodes) -> list[str]:
     return list(dict.fromkeys(r for r in reads if r not in defined))
 
 
-def _wrap(kind: str, nodes: list, k: int, b: CaseBuilder, inits: dict, functions: list, x_type) -> list:
+def _wrap(kind: str, nodes: list, k: int, b: CaseBuilder, inits: dict, functions: list, x_type,
+          data: int = T.FLOAT) -> list:
     head, tail = nodes[:k], nodes[k:]
     out = tail[-1].output[0]
     y = b.name(f"y_{kind}")
     if kind == "if":
-        then = h.make_graph(tail, b.name("then"), [], [h.make_tensor_value_info(out, T.FLOAT, None)])
+        then = h.make_graph(tail, b.name("then"), [], [h.make_tensor_value_info(out, data, None)])
         other_out = b.name("x_else")
         other = h.make_graph([h.make_node("Identity", ["x"], [other_out])], b.name("else"), [],
-                             [h.make_tensor_value_info(other_out, T.FLOAT, None)])
+                             [h.make_tensor_value_info(other_out, data, None)])
         return head + [h.make_node("If", ["cond"], [y], then_branch=then, else_branch=other, name=b.name("form_if"))]
     if kind == "loop":  # x carried as XIN: head[0] (Identity(x) -> XIN) goes
         it, c_in, c_out = b.name("it"), b.name("c_in"), b.name("c_out")
@@ -373,22 +376,23 @@ def form_models(draw) -> FormCase:
     steps: list[str] = []
     m = draw(_forms(b, d, m, constants, steps))
     application = draw(st.sampled_from(APPLICATIONS))
-    y = b.op("Identity", [_application(b, m, application)], "out")  # (the output keeps its name)
+    data = draw(st.sampled_from([T.FLOAT, T.FLOAT, T.FLOAT16]))  # (float16: the portable forms change NaN payloads)
+    y = b.op("Identity", [_application(b, m, application, data)], "out")  # (the output keeps its name)
     static = draw(st.sampled_from([None, None, 1] if kv else [None, None, None, 3, 6]))
     s_dim = static or "S"
     t_dim = "T" if kv else s_dim
     x_shape = [1, 2, s_dim, t_dim]
-    inputs = [h.make_tensor_value_info("x", T.FLOAT, x_shape),
+    inputs = [h.make_tensor_value_info("x", data, x_shape),
               h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, draw(st.sampled_from(["T", "T", "S"])) if kv
                                                            else t_dim])]
     if kv:
         inputs.append(h.make_tensor_value_info("past_key", T.FLOAT, [1, 1, "P", 1]))
     opsets = [h.make_opsetid("", 18)]
-    output = h.make_tensor_value_info(y, T.FLOAT, x_shape)
+    output = h.make_tensor_value_info(y, data, x_shape)
     flat = h.make_model(h.make_graph(b.nodes, "form", inputs, [output], b.inits), opset_imports=opsets, ir_version=10)
 
     def x_type(name: str) -> onnx.ValueInfoProto:
-        return h.make_tensor_value_info(name, T.FLOAT, x_shape)
+        return h.make_tensor_value_info(name, data, x_shape)
 
     nodes, functions, wrappers = list(b.nodes), [], []
     inits = {t.name: t for t in b.inits}
@@ -399,18 +403,19 @@ def form_models(draw) -> FormCase:
             k = draw(st.integers(1, first))
         else:
             k = draw(st.integers(0, len(nodes) - 1))
-        nodes = _wrap(kind, nodes, k, b, inits, functions, x_type)
+        nodes = _wrap(kind, nodes, k, b, inits, functions, x_type, data)
         wrappers.append(f"{kind}@{k}")
     if any(w.startswith("if") for w in wrappers):
         inputs.append(h.make_tensor_value_info("cond", T.BOOL, []))
     used = set(_free(nodes))
-    model = h.make_model(h.make_graph(nodes, "form", inputs, [h.make_tensor_value_info(nodes[-1].output[0], T.FLOAT,
+    model = h.make_model(h.make_graph(nodes, "form", inputs, [h.make_tensor_value_info(nodes[-1].output[0], data,
                                                                                       x_shape)],
                                       [t for t in b.inits if t.name in used]),
                          opset_imports=opsets + ([h.make_opsetid("local", 1)] if functions else []),
                          ir_version=10, functions=functions)
     onnx.checker.check_model(model, full_check=True)  # (a generator bug, not a finding)
     description = f"{'kv ' if kv else ''}{what} -> {' -> '.join(steps) or '(as is)'} -> {application}" + \
+        (" (float16)" if data == T.FLOAT16 else "") + \
         (f" in {' in '.join(wrappers)}" if wrappers else "") + (f" static {static}" if static else "")
     contained = {o for n in all_nodes_in(nodes, functions) for o in n.output} - {o for n in nodes for o in n.output}
     return FormCase(model, flat, static, kv, constants, description, frozenset(contained))
@@ -449,8 +454,9 @@ def sizes_of(case: FormCase, most: int = STORED_N) -> list[tuple[int, int]]:
 def feeds(case: FormCase, size: tuple[int, int], seed: int, model: onnx.ModelProto | None = None) -> dict:
     s, t = size
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, 2, s, t)).astype(np.float32)
-    x.reshape(-1)[::5] = np.float32(-0.0)
+    half = any(i.name == "x" and i.type.tensor_type.elem_type == T.FLOAT16 for i in case.model.graph.input)
+    x = rng.standard_normal((1, 2, s, t)).astype(np.float16 if half else np.float32)
+    x.reshape(-1)[::5] = -0.0  # (finite data: float16 NaN payloads are tests/test_portable.py's)
     f = {"x": x, "padding": rng.random((1, 1, 1, t)) < 0.7, "past_key": np.zeros((1, 1, t - s, 1), np.float32),
          "cond": np.array(True)}
     names = {i.name for i in (model or case.model).graph.input}

@@ -312,12 +312,11 @@ def _ids_named_like_mask() -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.xfail(strict=True, reason="the portable form's Expand of the padding to [b, 1, 1, S] runs "
-                   "before the guard and fails first ('invalid expand shape'); docs/limits.md")
 def test_a_false_dim_claim_stops_the_portable_run_with_the_guards_name() -> None:
     """docs/limits.md "Dim names are claims": the lowered model stops with an error naming
-    `dmlgraph__<dim>__same_in_<input>`. On `dml` it does (the executor); on `onnx` an Expand
-    whose sizes do not read the guard fails before it, with onnxruntime's own message."""
+    `dmlgraph__<dim>__same_in_<input>`, on `onnx` too: the padding's Expand reads its sizes off
+    attention_mask, the axes its own dims trace to, not input_ids' falsely named `total`
+    (which made it fail first with onnxruntime's "invalid expand shape" before 2026-11-29)."""
     model = _ids_named_like_mask()
     portable = dmlgraph.optimize(model, target="onnx", allow_growth=True).model
     assert any(n.name.startswith("dmlgraph__total__same_in_") for n in portable.graph.node)
@@ -419,10 +418,8 @@ def _padding_named_like_the_rows(padding_first: bool) -> onnx.ModelProto:
     return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
 
 
-@pytest.mark.parametrize(("target", "padding_first"), [("dml", False), ("onnx", False), ("onnx", True), pytest.param(
-    "dml", True, marks=pytest.mark.xfail(strict=True, reason="a settled broadcast reads S off the first graph input "
-                                         "that names it, the padding's last axis (a false claim no guard checks): "
-                                         "docs/limits.md"))])
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+@pytest.mark.parametrize("padding_first", [False, True])
 def test_a_padding_named_like_the_rows_is_not_read_for_the_rows(target: str, padding_first: bool) -> None:
     model = _padding_named_like_the_rows(padding_first)
     out = dmlgraph.optimize(model, target=target).model

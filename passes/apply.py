@@ -124,6 +124,7 @@ class Part:
     value: Value | None = None
     op: tuple[str, list[Operand]] | None = None  # a new ONNX node of the replaced node's op type
     exact: bool = True
+    why: str = ""  # why it is not exact, where the rule's own exactness does not say
 
     @property
     def is_const(self) -> bool:
@@ -203,7 +204,7 @@ def plan_application(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evalu
         m.reason = "the region is not one diagonal interval"
         return m
     if not exact and options.exact_only:
-        m.reason = f"not bit-exact ({exactness}); --exact is on"
+        m.reason = f"not bit-exact ({x.why or exactness}); --exact is on"
         return m
     if out.shape is None or len(out.shape) < 2 or d_value.shape is None or len(d_value.shape) < 2:
         m.reason = f"the rank of {node.op_type} {node.name!r} or of its band is unknown"
@@ -600,6 +601,14 @@ def evaluate_where(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
                 return f"Where {node.name!r}: a branch of type {chosen.dtype} in an output of type {dtype}"
             return Part(const=chosen)
         return Part(value=chosen)
+    if dtype.kind == "f" and isinstance(cond, Value) and isinstance(cond.producer, OnnxNode) \
+            and cond.producer.op_type == "Not" and cond.producer.domain in ("", "ai.onnx"):
+        # onnxruntime's optimizer rewrites Where(Not(q), a, b) as Where(q, b, a), and its Where
+        # kernel turns a -0.0 of the true branch into +0.0: the new Where's sign bits would then
+        # depend on the session's options, where the replaced node's did not.
+        return Part(op=("Where", operands), exact=False,
+                    why="its Where reads a Not, which onnxruntime's optimizer folds, moving a -0.0 of the data "
+                        "into the branch its kernel clears")
     return Part(op=("Where", operands))
 
 

@@ -37,8 +37,14 @@ def evaluate_logic(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
 
 
 def evaluate_not(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    """Not of a constant, or of the data: the data's own Not's input where it is one (no Not(Not p))."""
     (a,) = operands
-    return Part(const=np.asarray(np.logical_not(a), dtype)) if isinstance(a, np.ndarray) else Part(op=("Not", operands))
+    if isinstance(a, np.ndarray):
+        return Part(const=np.asarray(np.logical_not(a), dtype))
+    p = a.producer
+    if isinstance(p, OnnxNode) and p.op_type == "Not" and p.domain in ("", "ai.onnx") and p.inputs[0] is not None:
+        return Part(value=p.inputs[0])
+    return Part(op=("Not", operands))
 
 
 def evaluate_cast(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:

@@ -10,8 +10,10 @@ onnxscript's optimizer off), verified against torch in onnxruntime (rtol / atol 
 input set by make_kv_models.verify (make_heldout4.export_jobs):
 
   * encoders, input_ids + attention_mask -> last_hidden_state (make_heldout5b.prepare_encoder:
-    seq5, seq9, right_padded, long 40, pad3): ModernBERT with local_attention 4 (layer 0 a
-    two-sided sliding window |i - j| <= 2 combined with padding, layer 1 global), eager and sdpa;
+    seq5, seq9, right_padded, long 40, pad3; plus seq1, one token, and left_padded, a batch of 2
+    of 8 whose first row is left-padded by 3): ModernBERT with local_attention 4 (layer 0 a
+    two-sided sliding window |i - j| <= 2 combined with padding, layer 1 global), eager, sdpa (also
+    at opset 23, `_dynamo23raw`) and in float16 from torch (`model.half()`, verified at 1e-2);
     DeBERTa-v2 (relative positions), ESM (rotary), RoBERTa, Electra, DistilBERT, MPNet (relative
     buckets): padding-only masks;
   * ModernBertDecoder (local_attention 4 / global) with a flat KV cache (make_kv_models' decoder
@@ -24,8 +26,9 @@ input set by make_kv_models.verify (make_heldout4.export_jobs):
   * vision without masks, pixel_values [b, 3, 32, 32] -> last_hidden_state
     (make_heldout5b.prepare_vision): Dinov2, CLIP vision.
 
-`variants`: onnxruntime's transformer optimizer (model_type "bert", opt_level 1 and 2) on the
-RoBERTa and ModernBERT TorchScript exports built by `torch` (the same input sets).
+`variants`: onnxruntime's transformer optimizer (model_type "bert", opt_level 1 and 2) of the
+RoBERTa and ModernBERT TorchScript exports built by `torch`, and onnxruntime's quantize_dynamic
+(QInt8) of both ModernBERT exports (their sources' input sets).
 
 Names given as WANT select models by substring. Input sets are saved as DIR/inputs/<model>/<set>.npz,
 so `models/scripts/heldout_report.py DIR` measures them (default DIR out/heldout6b, git-ignored).
@@ -39,6 +42,8 @@ import shutil
 import sys
 import traceback
 import warnings
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 warnings.filterwarnings("ignore")
@@ -98,6 +103,7 @@ def builders() -> dict[str, object]:
     return {
         "modernbert_lw4": modernbert("eager"),
         "modernbert_lw4_sdpa": modernbert("sdpa"),
+        "modernbert_lw4_fp16": lambda: modernbert("eager")().half(),
         "modernbert_decoder_lw4": lambda: t.ModernBertDecoderForCausalLM(t.ModernBertDecoderConfig(
             **_ENC, local_attention=4, layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
             bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, attn_implementation="eager")),
@@ -142,6 +148,9 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         Spec("modernbert_lw4_sdpa_encoder", hf.format("ModernBertModel local_attention 4 / global", "sdpa",
                                                       ", encoder, last_hidden_state"), b["modernbert_lw4_sdpa"],
              "encoder"),
+        Spec("modernbert_lw4_fp16_encoder", hf.format("ModernBertModel local_attention 4 / global", "eager",
+                                                      ", encoder, last_hidden_state, model.half()"),
+             b["modernbert_lw4_fp16"], "encoder"),
     ]
     specs += [Spec(f"{k}_encoder", hf.format(k, "eager", ", encoder, last_hidden_state"), b[k], "encoder")
               for k in ("deberta_v2", "esm", "roberta", "electra", "distilbert", "mpnet")]
@@ -163,7 +172,15 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         if spec.kind == "vision":
             return prepare_vision(spec)
         if spec.kind == "encoder":
-            return prepare_encoder(spec)
+            module = prepare_encoder(spec)
+            rng = np.random.default_rng(11)
+            spec.sets["seq1"] = {"input_ids": rng.integers(2, VOCAB, (1, 1)).astype(np.int64),
+                                 "attention_mask": np.ones((1, 1), np.int64)}
+            mask = np.ones((2, 8), np.int64)
+            mask[0, :3] = 0
+            spec.sets["left_padded"] = {"input_ids": rng.integers(2, VOCAB, (2, 8)).astype(np.int64),
+                                        "attention_mask": mask}
+            return module
         module = h1.prepare(spec)
         if spec.kind == "decoder":
             spec.sets["mixed_pad3"] = mixed_pad3(spec.sets["left_padded"])
@@ -174,34 +191,49 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
 
 def variants(out: str, want: list[str], log: list[dict]) -> None:
     """onnxruntime's transformer optimizer (bert, opt_level 1 and 2) of this round's RoBERTa and
-    ModernBERT TorchScript exports, measured at their sets."""
+    ModernBERT TorchScript exports, and quantize_dynamic (QInt8) of both ModernBERT exports,
+    measured at their sources' sets."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
     from onnxruntime.transformers.fusion_options import FusionOptions
 
-    for source in ("roberta_encoder_ts", "modernbert_lw4_encoder_ts"):
-        for level in (1, 2):
-            name = f"{source}_ortopt{level}"
-            if want and not any(w in name for w in want):
-                continue
-            entry = {"name": name, "file": name + ".onnx",
-                     "source": f"onnxruntime.transformers.optimizer (bert, opt_level {level}) of {source}.onnx"}
-            try:
-                opt = optimizer.optimize_model(os.path.join(out, source + ".onnx"), model_type="bert", num_heads=2,
-                                               hidden_size=32, opt_level=level,
-                                               optimization_options=FusionOptions("bert"))
-                opt.model.ir_version = min(opt.model.ir_version, 10)
-                opt.save_model_to_file(os.path.join(out, name + ".onnx"))
-                shutil.copytree(os.path.join(out, "inputs", source), os.path.join(out, "inputs", name),
-                                dirs_exist_ok=True)
-                ops = sorted({n.op_type for n in opt.model.graph.node})
-                entry.update(ok=True, bytes=os.path.getsize(os.path.join(out, name + ".onnx")), ops=ops)
-                print(f"OK   {name}: {entry['bytes']} bytes, fused: {[o for o in ops if 'Attention' in o]}",
-                      flush=True)
-            except Exception as e:  # noqa: BLE001 (recorded, not hidden)
-                entry.update(ok=False, error=f"{type(e).__name__}: {str(e).strip()[:400]}",
-                             trace=traceback.format_exc()[-800:])
-                print(f"FAIL {name}: {entry['error']}", flush=True)
-            log[:] = [e for e in log if e["name"] != name] + [entry]
+    def ortopt(level: int) -> object:
+        def run(src: str, dst: str) -> None:
+            opt = optimizer.optimize_model(src, model_type="bert", num_heads=2, hidden_size=32, opt_level=level,
+                                           optimization_options=FusionOptions("bert"))
+            opt.model.ir_version = min(opt.model.ir_version, 10)
+            opt.save_model_to_file(dst)
+        return run
+
+    def int8(src: str, dst: str) -> None:
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+        m = onnx.load(dst)
+        m.ir_version = min(m.ir_version, 10)
+        onnx.save(m, dst)
+
+    jobs = [(s, f"ortopt{level}", ortopt(level), f"onnxruntime.transformers.optimizer (bert, opt_level {level})")
+            for s in ("roberta_encoder_ts", "modernbert_lw4_encoder_ts") for level in (1, 2)]
+    jobs += [(s, "int8", int8, "onnxruntime.quantization.quantize_dynamic (QInt8)")
+             for s in ("modernbert_lw4_encoder_ts", "modernbert_lw4_encoder_dynamo")]
+    for source, suffix, make, how in jobs:
+        name = f"{source}_{suffix}"
+        if want and not any(w in name for w in want):
+            continue
+        path = os.path.join(out, name + ".onnx")
+        entry = {"name": name, "file": name + ".onnx", "source": f"{how} of {source}.onnx"}
+        try:
+            make(os.path.join(out, source + ".onnx"), path)
+            shutil.copytree(os.path.join(out, "inputs", source), os.path.join(out, "inputs", name),
+                            dirs_exist_ok=True)
+            ops = sorted({n.op_type for n in onnx.load(path).graph.node})
+            entry.update(ok=True, bytes=os.path.getsize(path), ops=ops)
+            print(f"OK   {name}: {entry['bytes']} bytes, fused: {[o for o in ops if 'Attention' in o]}", flush=True)
+        except Exception as e:  # noqa: BLE001 (recorded, not hidden)
+            entry.update(ok=False, error=f"{type(e).__name__}: {str(e).strip()[:400]}",
+                         trace=traceback.format_exc()[-800:])
+            print(f"FAIL {name}: {entry['error']}", flush=True)
+        log[:] = [e for e in log if e["name"] != name] + [entry]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,10 @@ input set by make_kv_models.verify (make_heldout4.export_jobs):
 RoBERTa and ModernBERT TorchScript exports built by `torch`, and onnxruntime's quantize_dynamic
 (QInt8) of both ModernBERT exports (their sources' input sets).
 
+What fails to export (logged, not measured): NLLB-MoE under both exporters (TorchScript traces
+its top-2 routing: 3.1e-3 off torch at another length; torch.export stops in its router's
+`_apply`: "Cannot swap t1 because it has weakref associated with it").
+
 Names given as WANT select models by substring. Input sets are saved as DIR/inputs/<model>/<set>.npz,
 so `models/scripts/heldout_report.py DIR` measures them (default DIR out/heldout6b, git-ignored).
 A model that cannot be built or exported is logged (DIR/heldout_log.json) with its error.

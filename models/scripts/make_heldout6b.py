@@ -13,9 +13,9 @@ input set by make_kv_models.verify (make_heldout4.export_jobs):
     seq5, seq9, right_padded, long 40, pad3; plus seq1, one token, and left_padded, a batch of 2
     of 8 whose first row is left-padded by 3): ModernBERT with local_attention 4 (layer 0 a
     two-sided sliding window |i - j| <= 2 combined with padding, layer 1 global), eager, sdpa (also
-    at opset 23, `_dynamo23raw`) and in float16 from torch (`model.half()`, verified at 1e-2);
-    DeBERTa-v2 (relative positions), ESM (rotary), RoBERTa, Electra, DistilBERT, MPNet (relative
-    buckets): padding-only masks;
+    at opset 23, `_dynamo23raw`) and in float16 from torch (`model.half()`, eager and sdpa,
+    verified at 1e-2); DeBERTa-v2 (relative positions), ESM (rotary), RoBERTa (eager and sdpa),
+    Electra, DistilBERT, MPNet (relative buckets): padding-only masks;
   * ModernBertDecoder (local_attention 4 / global) with a flat KV cache (make_kv_models' decoder
     sets plus make_heldout4's mixed_pad3);
   * whole encoder-decoders without a cache on a right-padded encoder batch
@@ -30,9 +30,10 @@ input set by make_kv_models.verify (make_heldout4.export_jobs):
 RoBERTa and ModernBERT TorchScript exports built by `torch`, and onnxruntime's quantize_dynamic
 (QInt8) of both ModernBERT exports (their sources' input sets).
 
-What fails to export (logged, not measured): NLLB-MoE under both exporters (TorchScript traces
-its top-2 routing: 3.1e-3 off torch at another length; torch.export stops in its router's
-`_apply`: "Cannot swap t1 because it has weakref associated with it").
+What fails to export (logged, not measured): ModernBERT sdpa in float16 under TorchScript (a file
+onnxruntime refuses: LayerNormalization's T bound to float and float16); NLLB-MoE under both
+exporters (TorchScript traces its top-2 routing: 3.1e-3 off torch at another length; torch.export
+stops in its router's `_apply`: "Cannot swap t1 because it has weakref associated with it").
 
 Names given as WANT select models by substring. Input sets are saved as DIR/inputs/<model>/<set>.npz,
 so `models/scripts/heldout_report.py DIR` measures them (default DIR out/heldout6b, git-ignored).
@@ -89,7 +90,7 @@ def builders() -> dict[str, object]:
                                                                                 "full_attention"],
                     pad_token_id=0, eos_token_id=1, bos_token_id=2)
         config = t.T5GemmaConfig(encoder=dict(side), decoder=dict(side), vocab_size=VOCAB,
-                                 attn_implementation="eager")
+                                 attn_implementation="eager")  # (sdpa: "does not support ... yet")
         model = t.T5GemmaForConditionalGeneration(config)
         model.config.d_model = 32  # (make_kv_models' seq2seq kind reads the encoder width from d_model)
         model.config.decoder_start_token_id = 2
@@ -108,6 +109,7 @@ def builders() -> dict[str, object]:
         "modernbert_lw4": modernbert("eager"),
         "modernbert_lw4_sdpa": modernbert("sdpa"),
         "modernbert_lw4_fp16": lambda: modernbert("eager")().half(),
+        "modernbert_lw4_sdpa_fp16": lambda: modernbert("sdpa")().half(),
         "modernbert_decoder_lw4": lambda: t.ModernBertDecoderForCausalLM(t.ModernBertDecoderConfig(
             **_ENC, local_attention=4, layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
             bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, attn_implementation="eager")),
@@ -121,6 +123,8 @@ def builders() -> dict[str, object]:
             attn_implementation="eager"), add_pooling_layer=False),
         "roberta": lambda: t.RobertaModel(t.RobertaConfig(**_ENC, pad_token_id=1, attn_implementation="eager"),
                                           add_pooling_layer=False),
+        "roberta_sdpa": lambda: t.RobertaModel(t.RobertaConfig(**_ENC, pad_token_id=1, attn_implementation="sdpa"),
+                                               add_pooling_layer=False),
         "electra": lambda: t.ElectraModel(t.ElectraConfig(
             **_ENC, embedding_size=16, pad_token_id=0, attn_implementation="eager")),
         "distilbert": lambda: t.DistilBertModel(t.DistilBertConfig(
@@ -155,6 +159,11 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         Spec("modernbert_lw4_fp16_encoder", hf.format("ModernBertModel local_attention 4 / global", "eager",
                                                       ", encoder, last_hidden_state, model.half()"),
              b["modernbert_lw4_fp16"], "encoder"),
+        Spec("modernbert_lw4_sdpa_fp16_encoder", hf.format("ModernBertModel local_attention 4 / global", "sdpa",
+                                                           ", encoder, last_hidden_state, model.half()"),
+             b["modernbert_lw4_sdpa_fp16"], "encoder"),
+        Spec("roberta_sdpa_encoder", hf.format("RobertaModel", "sdpa", ", encoder, last_hidden_state"),
+             b["roberta_sdpa"], "encoder"),
     ]
     specs += [Spec(f"{k}_encoder", hf.format(k, "eager", ", encoder, last_hidden_state"), b[k], "encoder")
               for k in ("deberta_v2", "esm", "roberta", "electra", "distilbert", "mpnet")]

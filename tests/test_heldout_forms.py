@@ -614,3 +614,41 @@ def test_validate_runs_what_the_lowered_model_cleaned_away_beside_its_readers() 
     x = np.random.default_rng(0).standard_normal((40, 32)).astype(np.float16)
     result = dmlgraph.validate(model, lowered, {"x": x})
     assert result.ok and all(c.detail == "bit-exact" for c in result.outputs + result.tensors)
+
+
+def _static_window_of_constants(size: int = 8) -> onnx.ModelProto:
+    """Round 6b's ModernBERT exported by TorchScript with static shapes, cut down: constant
+    folding turned the Range grids into Constant nodes, so the two-sided window |i - j| <= 2 is
+    computed from two constants at every run, then fills the scores outside it."""
+    rows = np.arange(size, dtype=np.int64).reshape(size, 1)
+    nodes = [
+        h.make_node("Constant", [], ["i"], value=onnx.numpy_helper.from_array(rows, "i")),
+        h.make_node("Constant", [], ["j"], value=onnx.numpy_helper.from_array(rows.reshape(1, size), "j")),
+        h.make_node("Sub", ["i", "j"], ["d"]), h.make_node("Abs", ["d"], ["ad"]),
+        h.make_node("LessOrEqual", ["ad", "two"], ["window"]),
+        h.make_node("Where", ["window", "scores", "low"], ["y"]),
+    ]
+    g = h.make_graph(nodes, "static_window", [h.make_tensor_value_info("scores", T.FLOAT, [2, size, size])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2, size, size])],
+                     [h.make_tensor("two", T.INT64, [], [2]), h.make_tensor("low", T.FLOAT, [], [-1e9])])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_window_compared_from_constants_is_in_the_census() -> None:
+    """The census looked for comparisons of index grids (Range, CumSum); a static-shape
+    TorchScript export folds those into Constants, so ModernBERT's window there had no mask-like
+    tensor in the census (0 lowered / 0 declined / 0 missed) while `optimize` lowered it. A
+    comparison of constants with two axes of at least 2 now counts."""
+    model = _static_window_of_constants()
+    found = dmlgraph.inspect(model)
+    rows = found.report["masks"]
+    assert any(r["value"] == "window" and r["status"] == "lowered" for r in rows), rows
+    assert not [r for r in rows if r["status"] == "missed"]
+    lowered = dmlgraph.optimize(model, target="onnx")
+    s = np.random.default_rng(1).standard_normal((2, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"scores": s})
+    got = ort.InferenceSession(lowered.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"scores": s})
+    assert want[0].tobytes() == got[0].tobytes()

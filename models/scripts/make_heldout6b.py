@@ -16,6 +16,8 @@ input set by make_kv_models.verify (make_heldout4.export_jobs):
     at opset 23, `_dynamo23raw`) and in float16 from torch (`model.half()`, eager and sdpa,
     verified at 1e-2); DeBERTa-v2 (relative positions), ESM (rotary), RoBERTa (eager and sdpa),
     Electra, DistilBERT, MPNet (relative buckets): padding-only masks;
+  * ModernBERT exported with static shapes (no dynamic axes, every set [2, 16]: seq9 unpadded,
+    right_padded, pad_both);
   * ModernBertDecoder (local_attention 4 / global) with a flat KV cache (make_kv_models' decoder
     sets plus make_heldout4's mixed_pad3);
   * whole encoder-decoders without a cache on a right-padded encoder batch
@@ -162,6 +164,9 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         Spec("modernbert_lw4_sdpa_fp16_encoder", hf.format("ModernBertModel local_attention 4 / global", "sdpa",
                                                            ", encoder, last_hidden_state, model.half()"),
              b["modernbert_lw4_sdpa_fp16"], "encoder"),
+        Spec("modernbert_lw4_static16_encoder", hf.format("ModernBertModel local_attention 4 / global", "eager",
+                                                          ", encoder, static shapes [2, 16]"),
+             b["modernbert_lw4"], "encoder_static"),
         Spec("roberta_sdpa_encoder", hf.format("RobertaModel", "sdpa", ", encoder, last_hidden_state"),
              b["roberta_sdpa"], "encoder"),
     ]
@@ -184,6 +189,20 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
             return prepare_seq2seq_nocache(spec)
         if spec.kind == "vision":
             return prepare_vision(spec)
+        if spec.kind == "encoder_static":  # (no dynamic axes: every set [2, 16], padded differently)
+            spec.kind = "encoder"
+            module = prepare_encoder(spec)
+            spec.kind = "encoder_static"
+            spec.ts_axes = {}
+            rng = np.random.default_rng(12)
+            spec.sets.clear()
+            for name, pads in (("seq9", (0, 0)), ("right_padded", (5, 0)), ("pad_both", (3, 11))):
+                mask = np.ones((2, 16), np.int64)
+                for row, pad in enumerate(pads):
+                    mask[row, 16 - pad:] = 0
+                spec.sets[name] = {"input_ids": rng.integers(2, VOCAB, (2, 16)).astype(np.int64),
+                                   "attention_mask": mask}
+            return module
         if spec.kind == "encoder":
             module = prepare_encoder(spec)
             rng = np.random.default_rng(11)

@@ -141,6 +141,11 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
             add(out, n, f"{op} of a tensor that holds no data", parents)
         elif op in COMPARISONS and grids:
             add(out, n, f"{op} of index grid {grids[0]!r}", parents)
+        elif op in COMPARISONS and ins and all(x in constant for x in names) and out.shape is not None \
+                and sum(not isinstance(d, int) or d >= 2 for d in out.shape) >= 2:
+            # (TorchScript folds a static-shape export's Range grids into Constants: the comparison of
+            # two such is the mask, a matrix it computes from constants at every run)
+            add(out, n, f"{op} of constants", parents)
         elif op in COMPARISONS and parents:
             add(out, n, f"{op} of mask {parents[0]!r}", parents)
         elif parents and op in MASK_COMBINE:

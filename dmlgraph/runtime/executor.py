@@ -187,8 +187,11 @@ class Executor:
         # data path beside a mask, weights behind Identity nodes) runs in their region instead of
         # crossing a session boundary. Edges still never go to an earlier stage, so the invariant
         # above holds. A value's readers are its consumers (the nodes whose bodies read it among them).
-        for n in reversed(order) if not self._pinned else ():  # (pinned: the other plan's, kept)
-            if isinstance(n, DmlNode) or n.id in hosts:
+        # Pinned nodes keep the other plan's stage; the nodes it does not have (what its clean-up
+        # merged, what its DML nodes replaced) move too, so their values do not cross a session
+        # boundary the other model's do not (ModernBERT float16's Identity of its norm weights).
+        for n in reversed(order):
+            if isinstance(n, DmlNode) or n.id in hosts or any(v.name in self._pinned for v in n.outputs):
                 continue
             later = [stage[c.id] for v in n.outputs for c in v.consumers if c.id in stage]
             if later:

@@ -1,0 +1,205 @@
+"""Build HELD-OUT round 6a: decoder families rounds 1-5 did not cover.
+
+    /work/scratch/torchvenv/bin/python models/scripts/make_heldout6.py torch [--out DIR] [WANT ...]
+    /work/scratch/torchvenv/bin/python models/scripts/make_heldout6.py variants [--out DIR] [WANT ...]
+
+torch 2.13 / transformers 5.23 / onnxscript 0.7.2, random weights, configs in code (no weights
+downloaded), 2 layers, hidden 32, vocab 100, eager attention, sliding windows and chunks of 4 (the
+long set crosses them). Each model through TorchScript (opset 17) and the dynamo exporter (opset
+18) with make_heldout.py's `export` and verified against torch at every input set (rtol/atol
+1e-4) by make_heldout4.py's `export_jobs`, with a flat KV cache through DynamicCache (sets
+prefill, prefill_past, decode, left_padded, long, mixed_pad3):
+
+- gpt_oss (sliding 4 / full, attention sinks, 4 experts top 2), exaone4 (sliding 4 / full),
+  cohere2 (sliding 4 / full), olmo3 (sliding 4 / full), smollm3 (a no-RoPE layer), llama4 text
+  (chunked local attention, chunk 4 / full, dense MLPs: a block-diagonal mask, no band), ministral
+  (sliding 4), qwen3_moe (4 experts top 2), glm4, seed_oss, arcee;
+- llama4 text without a cache (seq5, seq9, left_padded, long): its chunks without a past, and
+  called without attention_mask (seq5, seq9, long: its chunk mask from the sizes alone);
+- an int32 attention_mask (exported from torch with int32 masks): cohere2 and ministral.
+
+`variants`: onnxruntime quantize_dynamic (QInt8) of exaone4_sw4_kv_ts and cohere2_sw4_kv_dynamo.
+
+Exporter failures are logged in DIR/heldout_log.json (why: docs/heldout.md, Round 6).
+Input sets are saved as DIR/inputs/<model>/<set>.npz, so models/scripts/heldout_report.py DIR
+measures them. The files stay out of git (out/ is ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+warnings.filterwarnings("ignore")
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUT = os.path.join(HERE, "..", "..", "out", "heldout6")
+VOCAB = 100
+HYBRID = ["sliding_attention", "full_attention"]
+
+
+def torch_part(out: str, want: list[str], log: list[dict]) -> None:
+    import make_heldout as h1
+    import make_heldout4 as h4
+    import torch.nn as nn
+    import transformers as tf
+    from make_kv_models import Spec
+
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                 pad_token_id=0, bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+
+    def build(model: str, config: str, **kw: object):  # type: ignore[no-untyped-def]
+        return lambda: getattr(tf, model)(getattr(tf, config)(**{**small, **kw}))
+
+    hf = "transformers {} (tiny random config, eager attention){}"
+    kvs = ", flat KV cache through DynamicCache"
+    i32 = ", int32 attention_mask"
+    decoders = [
+        Spec("gpt_oss_sw4_kv", hf.format("GptOssForCausalLM sliding 4 / full, sinks, 4 experts top 2", kvs),
+             build("GptOssForCausalLM", "GptOssConfig", head_dim=16, sliding_window=4, layer_types=HYBRID,
+                   num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm"), "decoder"),
+        Spec("exaone4_sw4_kv", hf.format("Exaone4ForCausalLM sliding 4 / full", kvs),
+             build("Exaone4ForCausalLM", "Exaone4Config", sliding_window=4, layer_types=HYBRID), "decoder"),
+        Spec("cohere2_sw4_kv", hf.format("Cohere2ForCausalLM sliding 4 / full", kvs),
+             build("Cohere2ForCausalLM", "Cohere2Config", head_dim=16, sliding_window=4, layer_types=HYBRID),
+             "decoder"),
+        Spec("olmo3_sw4_kv", hf.format("Olmo3ForCausalLM sliding 4 / full", kvs),
+             build("Olmo3ForCausalLM", "Olmo3Config", sliding_window=4, layer_types=HYBRID), "decoder"),
+        Spec("smollm3_kv", hf.format("SmolLM3ForCausalLM, layer 1 without RoPE", kvs),
+             build("SmolLM3ForCausalLM", "SmolLM3Config", no_rope_layers=[1, 0]), "decoder"),
+        Spec("llama4_chunk4_kv", hf.format("Llama4ForCausalLM text, chunked attention 4 / full, dense", kvs),
+             build("Llama4ForCausalLM", "Llama4TextConfig", head_dim=16, intermediate_size_mlp=64,
+                   attention_chunk_size=4, layer_types=["chunked_attention", "full_attention"],
+                   no_rope_layers=[1, 0], moe_layers=[]), "decoder"),
+        Spec("ministral_sw4_kv", hf.format("MinistralForCausalLM sliding 4", kvs),
+             build("MinistralForCausalLM", "MinistralConfig", head_dim=16, sliding_window=4,
+                   layer_types=["sliding_attention"] * 2), "decoder"),
+        Spec("qwen3_moe_kv", hf.format("Qwen3MoeForCausalLM, 4 experts top 2", kvs),
+             build("Qwen3MoeForCausalLM", "Qwen3MoeConfig", head_dim=16, moe_intermediate_size=32,
+                   num_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm"), "decoder"),
+        Spec("glm4_kv", hf.format("Glm4ForCausalLM", kvs),
+             build("Glm4ForCausalLM", "Glm4Config", head_dim=16), "decoder"),
+        Spec("seed_oss_kv", hf.format("SeedOssForCausalLM", kvs),
+             build("SeedOssForCausalLM", "SeedOssConfig", head_dim=16), "decoder"),
+        Spec("arcee_kv", hf.format("ArceeForCausalLM", kvs),
+             build("ArceeForCausalLM", "ArceeConfig", head_dim=16), "decoder"),
+        Spec("cohere2_sw4_kv_i32", hf.format("Cohere2ForCausalLM sliding 4 / full", kvs + i32),
+             build("Cohere2ForCausalLM", "Cohere2Config", head_dim=16, sliding_window=4, layer_types=HYBRID),
+             "decoder_i32"),
+        Spec("ministral_sw4_kv_i32", hf.format("MinistralForCausalLM sliding 4", kvs + i32),
+             build("MinistralForCausalLM", "MinistralConfig", head_dim=16, sliding_window=4,
+                   layer_types=["sliding_attention"] * 2), "decoder_i32"),
+    ]
+    nocache = [
+        Spec("llama4_chunk4_nocache", hf.format("Llama4ForCausalLM text, chunked attention 4 / full, dense",
+                                                ", no cache"),
+             build("Llama4ForCausalLM", "Llama4TextConfig", head_dim=16, intermediate_size_mlp=64,
+                   attention_chunk_size=4, layer_types=["chunked_attention", "full_attention"],
+                   no_rope_layers=[1, 0], moe_layers=[]), "nocache"),
+        Spec("llama4_chunk4_nomask", hf.format("Llama4ForCausalLM text, chunked attention 4 / full, dense",
+                                               ", no cache, no attention_mask (its chunks from sizes alone)"),
+             build("Llama4ForCausalLM", "Llama4TextConfig", head_dim=16, intermediate_size_mlp=64,
+                   attention_chunk_size=4, layer_types=["chunked_attention", "full_attention"],
+                   no_rope_layers=[1, 0], moe_layers=[]), "nomask"),
+    ]
+    class NoMask(nn.Module):
+        """(input_ids, attention_mask) -> logits with the model called without attention_mask: the
+        masks are built from the sizes alone (TorchScript drops the unread input)."""
+
+        def __init__(self, model: nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):  # type: ignore[no-untyped-def]
+            return self.model(input_ids=input_ids, use_cache=False, return_dict=True).logits
+
+    jobs = [(s, suffix, e) for s in [*decoders, *nocache]
+            for suffix, e in (("ts", "torchscript"), ("dynamo", "dynamo"))]
+
+    def prepare(spec: Spec) -> nn.Module:
+        if spec.base.startswith("llama4"):
+            real_llama4_rope()
+        if spec.kind == "decoder_i32":
+            spec.kind = "decoder"
+            try:
+                module = prepare(spec)
+            finally:
+                spec.kind = "decoder_i32"
+            for feeds in spec.sets.values():
+                feeds["attention_mask"] = feeds["attention_mask"].astype(np.int32)
+            return module
+        if spec.kind == "nomask":
+            spec.kind = "nocache"
+            try:
+                module = h1.prepare(spec)
+            finally:
+                spec.kind = "nomask"
+            for k in [k for k in spec.sets if k == "left_padded"]:
+                del spec.sets[k]  # (no mask: a padded batch means nothing)
+            return NoMask(module.model)
+        module = h1.prepare(spec)
+        if spec.kind == "decoder":
+            spec.sets["mixed_pad3"] = h4.mixed_pad3(spec.sets["left_padded"])
+        return module
+
+    # make_heldout's dynamo shapes treat decoder_i32 like decoder
+    shapes = h1._dynamo_shapes
+
+    def dynamo_shapes(spec: Spec) -> dict:
+        if spec.kind != "decoder_i32":
+            return shapes(spec)
+        spec.kind = "decoder"
+        try:
+            return shapes(spec)
+        finally:
+            spec.kind = "decoder_i32"
+
+    h1._dynamo_shapes = dynamo_shapes
+    h4.export_jobs(jobs, prepare, out, want, log)
+
+
+def real_llama4_rope() -> None:
+    """Llama-4's rotary embedding in real arithmetic: transformers multiplies complex numbers
+    (torch.polar, view_as_complex), which neither exporter converts (TorchScript: no aten::polar;
+    dynamo: "No decompositions registered for the complex-valued input"). The same products,
+    (a + ib)(cos + i sin) as (a cos - b sin, a sin + b cos) on the interleaved pairs."""
+    import torch
+    from transformers.models.llama4 import modeling_llama4 as m4
+
+    def rope_forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        return torch.stack([freqs.cos(), freqs.sin()], dim=-1) * self.attention_scaling
+
+    def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        f = freqs[:, :, None, :, :]
+        cos, sin = f[..., 0], f[..., 1]
+
+        def rot(x: torch.Tensor) -> torch.Tensor:
+            pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+            a, b = pairs[..., 0], pairs[..., 1]
+            return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(3).type_as(x)
+        return rot(xq), rot(xk)
+
+    m4.Llama4TextRotaryEmbedding.forward = rope_forward
+    m4.apply_rotary_emb = apply_rotary_emb
+
+
+def variants_part(out: str, want: list[str], log: list[dict]) -> None:
+    import make_heldout as h1
+    h1.VARIANTS = [("int8", "onnxruntime quantize_dynamic QInt8", h1._int8,
+                    tuple(s for s in ("exaone4_sw4_kv_ts", "cohere2_sw4_kv_dynamo")
+                          if not want or any(w in s + "_int8" for w in want)))]
+    h1.variants(out, log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import make_heldout4 as h4
+    return h4.run_parts(__doc__, DEFAULT_OUT, {"torch": torch_part, "variants": variants_part}, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

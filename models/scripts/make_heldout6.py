@@ -16,6 +16,9 @@ prefill, prefill_past, decode, left_padded, long, mixed_pad3):
   (sliding 4), qwen3_moe (4 experts top 2), glm4, seed_oss, arcee;
 - llama4 text without a cache (seq5, seq9, left_padded, long): its chunks without a past, and
   called without attention_mask (seq5, seq9, long: its chunk mask from the sizes alone);
+- olmo2, ernie4_5, qwen2 (use_sliding_window, sliding 4 / full), vaultgemma (sliding 4 / full),
+  phimoe (sliding 4, 4 experts top 2), doge (dynamic mask, keep_window_size 4), minimax (full /
+  lightning attention, block 4);
 - an int32 attention_mask (exported from torch with int32 masks): cohere2 and ministral.
 
 `variants`: onnxruntime quantize_dynamic (QInt8) of exaone4_sw4_kv_ts and cohere2_sw4_kv_dynamo.
@@ -93,6 +96,26 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         Spec("ministral_sw4_kv_i32", hf.format("MinistralForCausalLM sliding 4", kvs + i32),
              build("MinistralForCausalLM", "MinistralConfig", head_dim=16, sliding_window=4,
                    layer_types=["sliding_attention"] * 2), "decoder_i32"),
+        # (round 6a's second group: more decoder families)
+        Spec("olmo2_kv", hf.format("Olmo2ForCausalLM", kvs), build("Olmo2ForCausalLM", "Olmo2Config"), "decoder"),
+        Spec("ernie4_5_kv", hf.format("Ernie4_5ForCausalLM", kvs),
+             build("Ernie4_5ForCausalLM", "Ernie4_5Config", head_dim=16), "decoder"),
+        Spec("qwen2_sw4_kv", hf.format("Qwen2ForCausalLM use_sliding_window, sliding 4 / full", kvs),
+             build("Qwen2ForCausalLM", "Qwen2Config", use_sliding_window=True, sliding_window=4,
+                   max_window_layers=1, layer_types=HYBRID), "decoder"),
+        Spec("vaultgemma_sw4_kv", hf.format("VaultGemmaForCausalLM sliding 4 / full", kvs),
+             build("VaultGemmaForCausalLM", "VaultGemmaConfig", head_dim=16, sliding_window=4, layer_types=HYBRID),
+             "decoder"),
+        Spec("phimoe_sw4_kv", hf.format("PhimoeForCausalLM sliding 4, 4 experts top 2", kvs),
+             build("PhimoeForCausalLM", "PhimoeConfig", sliding_window=4, num_local_experts=4,
+                   num_experts_per_tok=2, experts_implementation="batched_mm"), "decoder"),
+        Spec("doge_kw4_kv", hf.format("DogeForCausalLM, dynamic mask keep_window_size 4", kvs),
+             build("DogeForCausalLM", "DogeConfig", keep_window_size=4), "decoder"),
+        Spec("minimax_kv", hf.format("MiniMaxForCausalLM full / lightning (linear) attention, block 4, 4 experts",
+                                     kvs),
+             build("MiniMaxForCausalLM", "MiniMaxConfig", head_dim=16, block_size=4,
+                   layer_types=["full_attention", "linear_attention"], num_local_experts=4, num_experts_per_tok=2,
+                   experts_implementation="batched_mm"), "decoder"),
     ]
     nocache = [
         Spec("llama4_chunk4_nocache", hf.format("Llama4ForCausalLM text, chunked attention 4 / full, dense",

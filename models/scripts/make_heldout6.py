@@ -2,6 +2,7 @@
 
     /work/scratch/torchvenv/bin/python models/scripts/make_heldout6.py torch [--out DIR] [WANT ...]
     /work/scratch/torchvenv/bin/python models/scripts/make_heldout6.py variants [--out DIR] [WANT ...]
+    /work/scratch/torchvenv/bin/python models/scripts/make_heldout6.py sets [--out DIR] [WANT ...]
 
 torch 2.13 / transformers 5.23 / onnxscript 0.7.2, random weights, configs in code (no weights
 downloaded), 2 layers, hidden 32, vocab 100, eager attention, sliding windows and chunks of 4 (the
@@ -22,6 +23,8 @@ prefill, prefill_past, decode, left_padded, long, mixed_pad3):
 - an int32 attention_mask (exported from torch with int32 masks): cohere2 and ministral.
 
 `variants`: onnxruntime quantize_dynamic (QInt8) of exaone4_sw4_kv_ts and cohere2_sw4_kv_dynamo.
+`sets` (numpy only, after the others): deep_pad, past2_decode, single for every KV export (they
+are compared with the original in onnxruntime, not with torch).
 
 Exporter failures are logged in DIR/heldout_log.json (why: docs/heldout.md, Round 6).
 Input sets are saved as DIR/inputs/<model>/<set>.npz, so models/scripts/heldout_report.py DIR
@@ -219,9 +222,36 @@ def variants_part(out: str, want: list[str], log: list[dict]) -> None:
     h1.variants(out, log)
 
 
+def sets_part(out: str, want: list[str], log: list[dict]) -> None:
+    """Three more sets for every KV export in `out` (numpy only: the report compares dmlgraph's
+    outputs with the original in onnxruntime, not with torch): deep_pad (batch 2, past 3, seq 6,
+    the first row's first 7 of 9 positions padded, more than the window), past2_decode (past 2,
+    seq 1, inside the window), single (past 0, seq 1)."""
+    import glob
+    for folder in sorted(glob.glob(os.path.join(out, "inputs", "*"))):
+        ref = os.path.join(folder, "prefill_past.npz")
+        if not os.path.exists(ref) or (want and not any(w in os.path.basename(folder) for w in want)):
+            continue
+        f = dict(np.load(ref))
+        rng = np.random.default_rng(11)
+        for name, b, past, seq, pad in (("deep_pad", 2, 3, 6, 7), ("past2_decode", 2, 2, 1, 0), ("single", 1, 0, 1, 0)):
+            feeds = {}
+            for k, a in f.items():
+                if k == "input_ids":
+                    feeds[k] = rng.integers(1, VOCAB, (b, seq)).astype(a.dtype)
+                elif k == "attention_mask":
+                    feeds[k] = np.ones((b, past + seq), a.dtype)
+                    feeds[k][0, :pad] = 0
+                else:  # past_key_values.<i>.key / value [batch, kv heads, past, head dim]
+                    feeds[k] = rng.standard_normal((b, a.shape[1], past, a.shape[3])).astype(a.dtype)
+            np.savez_compressed(os.path.join(folder, name + ".npz"), **feeds)
+        print(f"sets {os.path.basename(folder)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     import make_heldout4 as h4
-    return h4.run_parts(__doc__, DEFAULT_OUT, {"torch": torch_part, "variants": variants_part}, argv)
+    return h4.run_parts(__doc__, DEFAULT_OUT, {"torch": torch_part, "variants": variants_part, "sets": sets_part},
+                        argv)
 
 
 if __name__ == "__main__":

@@ -185,6 +185,26 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
             spec.kind = "decoder_i32"
 
     h1._dynamo_shapes = dynamo_shapes
+    export = h1.export
+
+    def export_bool_cumsum(spec: Spec, module: nn.Module, exporter: str, path: str, **kw: object) -> None:
+        """TorchScript writes Llama-4's left-padding count, `attention_mask.cumsum(-1)` of a bool
+        mask, as a CumSum of bool, which onnxruntime refuses; torch's cumsum of bool is int64, so
+        the same sum of the mask cast to int64 first (while tracing llama4 only)."""
+        if exporter != "torchscript" or not spec.base.startswith("llama4"):
+            return export(spec, module, exporter, path, **kw)
+        import torch
+        cumsum = torch.Tensor.cumsum
+
+        def int_cumsum(self: torch.Tensor, *a: object, **k: object) -> torch.Tensor:
+            return cumsum(self.long() if self.dtype == torch.bool else self, *a, **k)
+        torch.Tensor.cumsum = int_cumsum  # type: ignore[method-assign]
+        try:
+            return export(spec, module, exporter, path, **kw)
+        finally:
+            torch.Tensor.cumsum = cumsum  # type: ignore[method-assign]
+
+    h1.export = export_bool_cumsum
     h4.export_jobs(jobs, prepare, out, want, log)
 
 

@@ -16,11 +16,16 @@ prefill, prefill_past, decode, left_padded, long, mixed_pad3):
   (chunked local attention, chunk 4 / full, dense MLPs: a block-diagonal mask, no band), ministral
   (sliding 4), qwen3_moe (4 experts top 2), glm4, seed_oss, arcee;
 - llama4 text without a cache (seq5, seq9, left_padded, long): its chunks without a past, and
-  called without attention_mask (seq5, seq9, long: its chunk mask from the sizes alone);
+  called without attention_mask (seq5, seq9, long: its masks from the sizes and position ids);
 - olmo2, ernie4_5, qwen2 (use_sliding_window, sliding 4 / full), vaultgemma (sliding 4 / full),
   phimoe (sliding 4, 4 experts top 2), doge (dynamic mask, keep_window_size 4), minimax (full /
   lightning attention, block 4);
 - an int32 attention_mask (exported from torch with int32 masks): cohere2 and ministral.
+
+The MoE families use experts_implementation="batched_mm" (the default grouped_mm stops TorchScript
+at aten::histc); llama4's complex rotary is swapped for the same products in real arithmetic
+(`real_llama4_rope`) and its TorchScript trace casts a bool to int64 before cumsum (a CumSum of
+bool, which onnxruntime refuses, otherwise).
 
 `variants`: onnxruntime quantize_dynamic (QInt8) of exaone4_sw4_kv_ts and cohere2_sw4_kv_dynamo.
 `sets` (numpy only, after the others): deep_pad, past2_decode, single for every KV export (they

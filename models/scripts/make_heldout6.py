@@ -27,7 +27,8 @@ at aten::histc); llama4's complex rotary is swapped for the same products in rea
 (`real_llama4_rope`) and its TorchScript trace casts a bool to int64 before cumsum (a CumSum of
 bool, which onnxruntime refuses, otherwise).
 
-`variants`: onnxruntime quantize_dynamic (QInt8) of exaone4_sw4_kv_ts and cohere2_sw4_kv_dynamo.
+`variants`: onnxruntime quantize_dynamic (QInt8) of exaone4_sw4_kv_ts and cohere2_sw4_kv_dynamo,
+onnxconverter-common float16 (keep_io_types) of gpt_oss_sw4_kv_ts and qwen2_sw4_kv_dynamo.
 `sets` (numpy only, after the others): deep_pad, past2_decode, single for every KV export (they
 are compared with the original in onnxruntime, not with torch).
 
@@ -241,9 +242,11 @@ def real_llama4_rope() -> None:
 
 def variants_part(out: str, want: list[str], log: list[dict]) -> None:
     import make_heldout as h1
+    pick = lambda names, suffix: tuple(s for s in names if not want or any(w in f"{s}_{suffix}" for w in want))
     h1.VARIANTS = [("int8", "onnxruntime quantize_dynamic QInt8", h1._int8,
-                    tuple(s for s in ("exaone4_sw4_kv_ts", "cohere2_sw4_kv_dynamo")
-                          if not want or any(w in s + "_int8" for w in want)))]
+                    pick(("exaone4_sw4_kv_ts", "cohere2_sw4_kv_dynamo"), "int8")),
+                   ("fp16", "onnxconverter-common float16 (keep_io_types)", h1._fp16,
+                    pick(("gpt_oss_sw4_kv_ts", "qwen2_sw4_kv_dynamo"), "fp16"))]
     h1.variants(out, log)
 
 

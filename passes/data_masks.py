@@ -67,7 +67,19 @@ def _match_data_mask(ctx: Context, node: Node) -> Match | None:
         f"a data-dependent mask: it compares the index grid {grid.name!r} with {data.name!r}{source}, so its "
         "diagonal moves with tensor values, and DIAGONAL_MATRIX1's Begin/End are sizes" if grid is not data else
         f"a data-dependent mask: it compares {grid.name!r} with {_other(node, grid).name!r}, index grids "
-        f"built from tensor values{source} (packed sequences), and DIAGONAL_MATRIX1's Begin/End are sizes"))
+        f"built from tensor values{source}{_form(node)}, and DIAGONAL_MATRIX1's Begin/End are sizes"))
+
+
+def _form(node: Node) -> str:
+    """What a comparison of two data-built grids is, by the ops above it: an integer division is
+    chunked attention (Llama-4's `(q - pad) // C == (k - pad) // C`, a block diagonal, which no
+    shift makes a band), a CumSum alone sequence ids (packed sequences) or left padding."""
+    ops = {n.op_type for v in node.inputs if v is not None for n in _walk(v)[0]}
+    if ops & {"Div", "Mod"}:
+        return " (chunked attention: an integer division of the positions, a block diagonal, no band)"
+    if "CumSum" in ops:
+        return " (packed sequences or left padding: positions from a CumSum)"
+    return ""
 
 
 def _other(node: Node, v: Value) -> Value:

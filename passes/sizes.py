@@ -401,11 +401,20 @@ class SizeBuilder:
                     syms[sym] = None
         pairs = []
         seen = self._cone_reads()
+        keys = DimKeys(self.graph)
+
+        def traced(v: Value, axis: int) -> Key | None:
+            dims = keys.dims(v)
+            return dims[axis] if dims is not None and axis < len(dims) else None
+
         for sym in syms:
             (v0, axis0), *others = claims(self.graph, self.inputs, sym)
+            first = traced(v0, axis0)
+            # (a claim whose two sizes trace to one key holds by the ops themselves: no guard)
             pairs += [(sym, (v0, axis0), (v, axis)) for v, axis in dict(reversed(others)).items()
                       if v is not v0 and (seen is None or any(v is u for u in self.inputs)
-                                          or ("dim", v.name, axis) in seen)]
+                                          or ("dim", v.name, axis) in seen)
+                      and (first is None or traced(v, axis) != first)]
         if not pairs:
             return None
 

@@ -652,3 +652,123 @@ def test_a_window_compared_from_constants_is_in_the_census() -> None:
     got = ort.InferenceSession(lowered.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"scores": s})
     assert want[0].tobytes() == got[0].tobytes()
+
+
+def _floordiv(x: str, out: str) -> list[onnx.NodeProto]:
+    """The dynamo exporter's int64 floor_divide by `chunk`: Div (truncating), less 1 where x < 0
+    and the rest is not 0."""
+    return [h.make_node("Div", [x, "chunk"], [out + "_q"]), h.make_node("Less", [x, "zero"], [out + "_neg"]),
+            h.make_node("Mod", [x, "chunk"], [out + "_r"]), h.make_node("Cast", [out + "_r"], [out + "_rb"], to=T.BOOL),
+            h.make_node("And", [out + "_neg", out + "_rb"], [out + "_fix"]),
+            h.make_node("Cast", [out + "_fix"], [out + "_fixi"], to=T.INT64),
+            h.make_node("Sub", [out + "_q", out + "_fixi"], [out])]
+
+
+def _llama4_chunked() -> onnx.ModelProto:
+    """Llama-4's chunked attention as transformers 5.23 builds it (llama4_chunk4_kv_dynamo): the
+    left padding from a CumSum of attention_mask, positions shifted by it, then
+    `(q - pad) // 4 == (k - pad) // 4` and causal, applied by Where."""
+    nodes = [
+        h.make_node("Shape", ["attention_mask"], ["T"], start=1, end=2), h.make_node("Squeeze", ["T"], ["t"]),
+        h.make_node("Range", ["zero", "t", "one"], ["pos"]),
+        h.make_node("CumSum", ["attention_mask", "one"], ["cs"]), h.make_node("Equal", ["cs", "zero"], ["lead"]),
+        h.make_node("Cast", ["lead"], ["leadi"], to=T.INT64),
+        h.make_node("ReduceSum", ["leadi", "ax1"], ["pad"], keepdims=1),  # [batch, 1]
+        h.make_node("Unsqueeze", ["pos", "ax0"], ["pos2"]), h.make_node("Sub", ["pos2", "pad"], ["shifted"]),
+        *_floordiv("shifted", "ch"),
+        h.make_node("Unsqueeze", ["ch", "ax2"], ["qc"]), h.make_node("Unsqueeze", ["ch", "ax1"], ["kc"]),
+        h.make_node("Equal", ["qc", "kc"], ["same"]),
+        h.make_node("Unsqueeze", ["pos", "ax0"], ["k"]), h.make_node("Unsqueeze", ["pos", "ax1"], ["q"]),
+        h.make_node("LessOrEqual", ["k", "q"], ["causal"]),
+        h.make_node("And", ["causal", "same"], ["keep"]),
+        h.make_node("Where", ["keep", "scores", "low"], ["y"]),
+    ]
+    inits = [h.make_tensor("zero", T.INT64, [], [0]), h.make_tensor("one", T.INT64, [], [1]),
+             h.make_tensor("chunk", T.INT64, [], [4]), h.make_tensor("ax0", T.INT64, [1], [0]),
+             h.make_tensor("ax1", T.INT64, [1], [1]), h.make_tensor("ax2", T.INT64, [1], [2]),
+             h.make_tensor("low", T.FLOAT, [], [float(np.finfo(np.float32).min)])]
+    graph = h.make_graph(nodes, "llama4_chunked",
+                         [h.make_tensor_value_info("attention_mask", T.INT64, ["batch", "total"]),
+                          h.make_tensor_value_info("scores", T.FLOAT, ["batch", "total", "total"])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["batch", "total", "total"])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_a_chunked_mask_is_declined_as_a_block_diagonal_not_packed_sequences(target: str) -> None:
+    """llama4_chunk4 (transformers 5.23, dynamo): its chunk mask compares two position grids shifted
+    by the left padding, so data_mask declines it; the reason said "(packed sequences)" for every
+    grid-against-grid comparison. Now it names the chunked form (an integer division of the
+    positions, a block diagonal); the causal part still lowers, exact with left padding."""
+    model = _llama4_chunked()
+    rows = {r["value"]: r for r in dmlgraph.inspect(model).report["masks"]}
+    assert not [r for r in rows.values() if r["status"] == "missed"]
+    assert rows["causal"]["status"] == "lowered"
+    assert rows["same"]["status"] == "declined"
+    assert "chunked attention" in rows["same"]["reason"] and "block diagonal" in rows["same"]["reason"]
+    assert "packed" not in rows["same"]["reason"]
+    r = dmlgraph.optimize(model, target=target, allow_growth=True)
+    assert r.counts, "the causal band lowers"
+    rng = np.random.default_rng(6)
+    for t, pad in ((1, 0), (5, 2), (9, 3), (13, 0), (11, 5)):
+        mask = np.ones((2, t), np.int64)
+        mask[0, :pad] = 0
+        feeds = {"attention_mask": mask, "scores": rng.standard_normal((2, t, t)).astype(np.float32)}
+        if target == "onnx":
+            want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            assert all(a.tobytes() == g.tobytes() for a, g in zip(want, got)), (t, pad)
+        else:
+            assert dmlgraph.validate(model, r, feeds).ok, (t, pad)
+
+
+def _shape_of_a_broadcast() -> onnx.ModelProto:
+    """Llama-4 called without attention_mask (llama4_chunk4_nomask_dynamo), cut down: the causal
+    grids are expanded to `Shape(Max(q, k))`, a broadcast of the positions whose value_info names
+    its dims like attention_mask's; the proof reads that Shape, so it claims the name."""
+    nodes = [
+        h.make_node("Shape", ["attention_mask"], ["n"], start=1, end=2), h.make_node("Squeeze", ["n"], ["s"]),
+        h.make_node("Range", ["zero", "s", "one"], ["pos"]),
+        h.make_node("Unsqueeze", ["pos", "ax1"], ["q"]), h.make_node("Unsqueeze", ["pos", "ax0"], ["k"]),
+        h.make_node("Max", ["q", "k"], ["both"]), h.make_node("Shape", ["both"], ["both_shape"]),
+        h.make_node("Expand", ["q", "both_shape"], ["rows"]), h.make_node("Expand", ["k", "both_shape"], ["cols"]),
+        h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+        h.make_node("Where", ["causal", "scores", "low"], ["y"]),
+    ]
+    inits = [h.make_tensor("zero", T.INT64, [], [0]), h.make_tensor("one", T.INT64, [], [1]),
+             h.make_tensor("ax0", T.INT64, [1], [0]), h.make_tensor("ax1", T.INT64, [1], [1]),
+             h.make_tensor("low", T.FLOAT, [], [float(np.finfo(np.float32).min)])]
+    graph = h.make_graph(nodes, "shape_of_broadcast",
+                         [h.make_tensor_value_info("attention_mask", T.INT64, ["batch", "sequence"]),
+                          h.make_tensor_value_info("scores", T.FLOAT, ["batch", 2, "sequence", "sequence"])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["batch", 2, "sequence", "sequence"])], inits,
+                         value_info=[h.make_tensor_value_info("both", T.INT64, ["sequence", "sequence"])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_a_dim_claim_the_ops_prove_needs_no_run_time_guard(target: str) -> None:
+    """The size guard (`SizeBuilder.guard`) checked at run time that `Max(q, k)`'s dims equal
+    attention_mask's `sequence`, though both are the one Range's length (`DimKeys` traces them to
+    the same key): 4 more nodes, and the causal site declined for growth (llama4 without
+    attention_mask: "would add 14 nodes on target dml", the model unchanged). A claim whose sizes
+    trace to one key now takes no guard: the site lowers (here 11 -> 3 / 5 nodes), exact."""
+    model = _shape_of_a_broadcast()
+    r = dmlgraph.optimize(model, target=target)
+    assert not r.declined and r.counts
+    assert len(r.model.graph.node) < len(model.graph.node)
+    assert not [n for n in r.model.graph.node if "__same_in_" in n.name]
+    rng = np.random.default_rng(8)
+    for b, s in ((1, 1), (2, 4), (1, 9), (3, 6)):
+        feeds = {"attention_mask": np.ones((b, s), np.int64),
+                 "scores": rng.standard_normal((b, 2, s, s)).astype(np.float32)}
+        if target == "onnx":
+            want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            assert all(a.tobytes() == g.tobytes() for a, g in zip(want, got)), (b, s)
+        else:
+            assert dmlgraph.validate(model, r, feeds).ok, (b, s)

@@ -67,14 +67,16 @@ def test_inspect_names_the_sites_optimize_declines_for_growth():
 
 
 # Models the whole-model decision kept unlowered, then lowered but for their growing sites; now
-# (the band's own sizes, guarded sizes without the "is this dim 1" chain) every site is kept but
-# t5_decoder_kv_dynamo's relative-position band. Both stored_tril_past_dynamo sites are declined
+# (the band's own sizes, guarded sizes without the "is this dim 1" chain, no guard for a dim claim
+# whose sizes trace to one key) every site is kept: t5_decoder_kv_dynamo's relative-position band
+# grew by its size guard and lowers on dml now (on onnx it would run 3 more onnxruntime kernels:
+# declined for that, test_site_kernels.py). Both stored_tril_past_dynamo sites are declined
 # on both targets, each with its numbers (a stored matrix traded for a node is a node more).
 # split_concat_tril_dynamo's onnx sites now run more onnxruntime kernels: declined (test_site_kernels.py).
 PARTLY = [("nanogpt_dynamo", "dml", False),
           ("split_concat_tril_dynamo", "dml", False),
           ("stored_tril_past_ts", "onnx", False),
-          ("t5_decoder_kv_dynamo", "dml", True), ("t5_decoder_kv_dynamo", "onnx", True)]
+          ("t5_decoder_kv_dynamo", "dml", False), ("t5_decoder_kv_dynamo", "onnx", False)]
 
 
 @pytest.mark.parametrize(("name", "target", "declines"), PARTLY)

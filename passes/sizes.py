@@ -225,13 +225,12 @@ class SizeBuilder:
     """
 
     def __init__(self, ctx: Context, inputs: Sequence[Value], made: Made,
-                 derived: dict[Symbol, tuple[Lin, int]] | None = None,
-                 reads: dict[Symbol, tuple[Value, int]] | None = None):
+                 derived: dict[Symbol, tuple[Lin, int]] | None = None):
         self.ctx, self.graph, self.memo = ctx, ctx.graph, ctx.analysis(SizeMemo)
         self.inputs = list(inputs)
         self.made = made
         self.derived = derived or {}  # symbols standing for e // k
-        self.reads = reads or {}
+        self.reads: dict[Symbol, tuple[Value, int]] = {}  # (set by a caller that traced them)
 
     def vector(self, dims: Sequence[Dim], hint: str, replacing: Value | None = None) -> Value:
         """A 1-D int64 tensor holding every dim: the output shape. `replacing`: the value the

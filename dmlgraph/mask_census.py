@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import onnx
 
+from dmlgraph.ir.band import two_valued_matrix
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
 
 if TYPE_CHECKING:
@@ -63,11 +64,6 @@ def _const(graph: Graph, v: Value) -> np.ndarray | None:
     return None
 
 
-def _two_valued_matrix(arr: np.ndarray | None) -> bool:
-    return arr is not None and arr.ndim >= 2 and min(arr.shape[-2:]) >= 2 and arr.dtype.kind in "biuf" \
-        and len(np.unique(arr.reshape(-1)[:1 << 20])) <= 2 and len(np.unique(arr)) == 2
-
-
 HINTS = ("shape", "grid", "mask")  # what an enclosing value a body reads is (`kinds`)
 
 
@@ -106,7 +102,7 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
 
     for name in list(constant):
         v = graph.initializers[name]
-        if v.shape is not None and len(v.shape) >= 2 and _two_valued_matrix(_const(graph, v)):
+        if v.shape is not None and len(v.shape) >= 2 and two_valued_matrix(_const(graph, v)):
             add(v, None, "a stored two-valued matrix", [])
     for n in graph.topological_order():
         ins = [v for v in n.inputs if v is not None]
@@ -121,7 +117,7 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
             for v in n.outputs:
                 add(v, n, f"a {n.kind} node", [x for x in names if x in mask])
             continue
-        if op == "Constant" and n.outputs and _two_valued_matrix(_const(graph, n.outputs[0])):
+        if op == "Constant" and n.outputs and two_valued_matrix(_const(graph, n.outputs[0])):
             add(n.outputs[0], n, "a stored two-valued matrix (Constant)", [])
             continue
         if op == "Constant":

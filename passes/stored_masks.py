@@ -13,6 +13,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from dmlgraph.io.modelfile import RAW_ITEMSIZE
+from dmlgraph.ir.band import two_valued_matrix
 from dmlgraph.ir.graph import DmlNode, Node, Value
 from dmlgraph.passes.apply import absorbed
 from dmlgraph.passes.common import const_value, lowering_reason, standin
@@ -43,7 +44,7 @@ def _match_stored(ctx: Context, item: Value | Node) -> Match | None:
         return None
     p = band_of(np.asarray(arr))
     if p is None:
-        if not _two_valued(np.asarray(arr)):
+        if not two_valued_matrix(np.asarray(arr)):
             return None
         # (the mask census counts it as a mask: say why it stays. ProphetNet's n-gram bias, [2, 256,
         # 512]: per stream a shifted triangle beside a diagonal, a different pattern in each slice)
@@ -66,12 +67,6 @@ def _match_stored(ctx: Context, item: Value | Node) -> Match | None:
         else:
             m.captures["absorbed_by"] = into
     return m
-
-
-def _two_valued(arr: np.ndarray) -> bool:
-    """Exactly two values, in a numeric matrix of at least 2 x 2 (mask_census's stored mask)."""
-    return arr.ndim >= 2 and min(arr.shape[-2:]) >= 2 and arr.dtype.kind in "biuf" \
-        and len(np.unique(arr.reshape(-1)[:4096])) <= 2 and len(np.unique(arr)) == 2
 
 
 def dml_dtype(node: DmlNode) -> np.dtype:

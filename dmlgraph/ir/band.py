@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN
 
-__all__ = ["BandPattern", "analyze_band", "diagonal_use_mask", "DEFAULT_BLOCK_ELEMENTS"]
+__all__ = ["BandPattern", "analyze_band", "diagonal_use_mask", "two_valued_matrix", "DEFAULT_BLOCK_ELEMENTS"]
 
 # Block size when `block_rows` is not given: about 2**20 elements per block (4 MiB of float32).
 DEFAULT_BLOCK_ELEMENTS = 1 << 20
@@ -148,6 +148,13 @@ class BandPattern:
 
     def __hash__(self) -> int:
         return hash(self._key())
+
+
+def two_valued_matrix(arr: np.ndarray | None) -> bool:
+    """Exactly two values in a numeric array of at least 2 x 2 trailing sizes: what looks like a
+    stored mask (its first 4096 elements rule most weights out without a full `np.unique`)."""
+    return arr is not None and arr.ndim >= 2 and min(arr.shape[-2:]) >= 2 and arr.dtype.kind in "biuf" \
+        and len(np.unique(arr.reshape(-1)[:4096])) <= 2 and len(np.unique(arr)) == 2
 
 
 def analyze_band(array: npt.ArrayLike, *, block_rows: int | None = None) -> BandPattern | None:

@@ -236,18 +236,7 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
 
     # make_heldout's dynamo shapes: the static kind names its dims like "cachepos" (cache_position
     # among the named arguments) and the fixed cache dims are left static
-    shapes = h1._dynamo_shapes
-
-    def dynamo_shapes(spec: Spec) -> dict:
-        if spec.kind != "static":
-            return shapes(spec)
-        spec.kind = "cachepos"
-        try:
-            return shapes(spec)
-        finally:
-            spec.kind = "static"
-
-    h1._dynamo_shapes = dynamo_shapes
+    h4.dynamo_shapes_as({"static": "cachepos"})
     del kv
     h4.export_jobs(jobs, prepare, out, want, log)
 

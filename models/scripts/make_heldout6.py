@@ -179,18 +179,7 @@ def torch_part(out: str, want: list[str], log: list[dict]) -> None:
         return module
 
     # make_heldout's dynamo shapes treat decoder_i32 like decoder
-    shapes = h1._dynamo_shapes
-
-    def dynamo_shapes(spec: Spec) -> dict:
-        if spec.kind != "decoder_i32":
-            return shapes(spec)
-        spec.kind = "decoder"
-        try:
-            return shapes(spec)
-        finally:
-            spec.kind = "decoder_i32"
-
-    h1._dynamo_shapes = dynamo_shapes
+    h4.dynamo_shapes_as({"decoder_i32": "decoder"})
     export = h1.export
 
     def export_bool_cumsum(spec: Spec, module: nn.Module, exporter: str, path: str, **kw: object) -> None:

@@ -14,6 +14,7 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
+from dmlgraph.io.dim_keys import DimKeys
 from dmlgraph.ir.frozen import Frozen
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
@@ -321,8 +322,6 @@ def _traced_reads(graph: Graph, sources: list[ShapeSource], per: list[list[Dim]]
     name is read off the first input naming it (`named`), a claim; where every operand holding
     that name traces (`DimKeys`, no names) to one other input axis, that axis is the size.
     A padding declared [1, 1, 1, "S"] but T long must not size the rows (docs/limits.md)."""
-    from dmlgraph.io.dim_keys import DimKeys
-
     keys, inputs = DimKeys(graph), {v.name: v for v in graph.inputs}
     traced: dict[str, set] = {}
     for s, d in zip(sources, per):

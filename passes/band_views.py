@@ -1,12 +1,9 @@
 """Slice and Transpose of a DIAGONAL_MATRIX1 output (holding data, moving at run time, or of shapes
 only): the same node over the sliced (transposed) input, its region moved.
 
-Slice, steps 1: element (i, j) of the slice is (i + r0, j + c0) of the band, r0 and c0 the starts as
-ONNX clamps them, so j - i in [b, e) becomes j - i in [b + r0 - c0, e + r0 - c0). The clamped starts
-and the sizes are read from a Slice of Range(0, N) with the model's own bounds (onnxruntime clamps
-them, negative, past the end or -S at S = 0 alike); an empty slice has no element, so any shift
-describes it. Transpose of the last two axes: (i, j) is (j, i) of the band, so [b, e) becomes
-[-e + 1, -b + 1) and k becomes -k. Proof: docs/masks.md, "Views of a band that holds data".
+A slice starting at (r0, c0) moves the diagonals [b, e) to [b + r0 - c0, e + r0 - c0), the starts
+read as onnxruntime clamps them; a transpose of the last two axes maps [b, e) to [-e + 1, -b + 1).
+Proof: docs/masks.md, "Views of a band that holds data".
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """`data_mask`: a comparison of an index grid with data is a mask that moves with tensor values.
 
-`arange(T) <= cache_position[:, None]` (a static cache), `(cache_position // C)[:, None] ==
-(arange(T) // C)[None, :]` (Llama-4's chunked attention), `arange(T) < lengths[:, None]` and the
-packed-sequence cone (sequence ids from a CumSum over position-id differences, compared with
-themselves) are masks whose diagonal depends on the values of an input, not only on the sizes: one
-operand is built over an index grid (Range, CumSum, ...), one reads data. DIAGONAL_MATRIX1's
-Begin/End are sizes (bound when the operator is compiled, or shifted by one run-time size), so none of
-these is one fill: the rule only declines them, naming the data they read, so that the census lists
-them as declined with that reason instead of missed (`inspect --fail-on-missed` then passes where
-declining is the right answer). It never rewrites anything.
+A static cache's `arange(T) <= cache_position[:, None]`, Llama-4's chunks, lengths and packed
+sequences: their diagonal depends on input values, which Begin/End (sizes) cannot follow. The rule
+only declines them, naming the data they read, so the census lists them as declined, not missed;
+it never rewrites anything. The forms: docs/internals.md, "passes/data_masks.py".
 """
 from __future__ import annotations
 

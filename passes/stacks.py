@@ -1,14 +1,9 @@
 """`split_of_concat`: tensors stacked by a Concat and split back along the same axis are the
 tensors themselves.
 
-Exporters stack masks of different bands along a batch axis (one per head group, or a causal and a
-sliding-window mask of alternating layers), slice the rows of the stack, and split it back into
-one piece per layer, each then And-ed with the padding. No band proof carries a stack of different
-bands; but `Split(Slice*(Concat(a, b, axis)), axis)` with the split sizes equal to the stacked
-sizes is, piece by piece, `Slice*(a)`, `Slice*(b)`, bit for bit (the Slices run along other
-axes). The rule puts those in place of the pieces; each is then an ordinary band for the other
-rules. Sizes must be static and equal, slices along the stacking axis or with run-time bounds on
-it are left alone.
+Exporters stack masks of different bands along a batch axis and split them back per layer; no band
+proof carries the stack, but each piece of `Split(Slice*(Concat(a, b)))` is `Slice*(a)` / `Slice*(b)`
+bit for bit, an ordinary band for the other rules. Conditions: docs/internals.md, "passes/stacks.py".
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Clean-up of an exported model: common subexpressions merged, unused nodes and initializers dropped.
 
-The work is onnx-ir's (`onnx_ir.passes.common`: `CommonSubexpressionEliminationPass`,
-`RemoveUnusedNodesPass`), kept and tested upstream, run on a copy of the graph whose initializers
-are stubs (name, type, dims: no data), so no weight is read or copied; the cleaned node list then
-replaces the model's, and initializers and value_info entries nothing reads any more are dropped.
-
-Why a pass at all: a lowered site's size plumbing (Shape/Gather/Concat of the same tensors) is
-merged with what the model already has only where the rules could see it, and a portable form that
-reads the padding mask directly leaves the node that turned it into a fill value unread; exporters
-write the same Shape read several times (the dynamo exporter's `Shape(attention_mask)` twice).
-Nodes with subgraphs and non-deterministic ops are never merged (onnx-ir's rules).
+The work is onnx-ir's (`CommonSubexpressionEliminationPass`, `RemoveUnusedNodesPass`), run on a copy
+whose initializers are stubs (no weight is read or copied); the cleaned node list replaces the
+model's. Why it is needed and what it never merges: docs/internals.md, "io/cleanup.py".
 """
 from __future__ import annotations
 

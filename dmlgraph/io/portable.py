@@ -1,41 +1,11 @@
 """The portable (standard ONNX) form of a DIAGONAL_MATRIX1: the fewest standard ops, Trilu first.
 
-`Trilu` *is* DIAGONAL_MATRIX1 in standard ONNX: onnxruntime's DML provider runs one Trilu as one
-DML_OPERATOR_DIAGONAL_MATRIX1 (upper: Begin INT32_MIN, End k; lower: Begin k+1, End INT32_MAX),
-WebNN's `triangular` is the same operator, and every onnxruntime provider has a Trilu kernel. So a
-lowered node is written, when a form below is bit-exact for its type, as:
-
-- Value 0 / false with an input X: the kept part of X is one interval of diagonals (one or two
-  Trilus of X, broadcast to the output first when it is not already shaped like it), or two
-  (a band zeroed in the middle: two Trilus joined by `Or` for bool, `Add` for int32/int64);
-- a generator (no input): Trilus of a tensor full of Value (one `ConstantOfShape`), `EyeLike` for
-  one diagonal of value 1 in a 2-D output; an inverted band is the `Or`/`Add` of two Trilus;
-- a nonzero Value with data: `Where(band, Value, X)`, the band a Trilu of a bool ones tensor of the
-  matrix's size (X in the false branch: see below; never `Where(Not(c), ...)`, which onnxruntime's
-  graph optimizer turns into `Where(c, X, Value)`); `Or(X, band)` for a bool X and Value true; a
-  float fill outside a window is `Where(window, X, Value)` unless `--exact` (X in the true branch
-  keeps every value but turns -0.0 into +0.0, as onnxruntime's own Not/Where fusion does to the
-  original; the bit-exact form takes 4 mask nodes: docs/portable.md);
-- an input that is itself `Where(P, a, b)` of a bool P with Value b (what the padding rules make:
-  the padding mask turned into 0 / lowest): `Where(Trilu(P), a, b)`, P's Where left to die.
-
-What keeps every bit, measured on onnxruntime's CPU kernels (tests/test_portable.py pins it):
-Trilu copies float32/float64 data bit for bit (-0.0 and NaN payloads) and writes +0; for float16
-it changes NaN payloads (0x7c01 -> 0x7e01, 0xfd01 -> 0xfe00), so float16 data takes the float32
-forms only without `exact_only` (the rewrite then says it is not bit-exact). Where keeps the bits
-of its false branch for float32/float64 (also with a broadcast scalar true branch and a broadcast
-condition) but turns a -0.0 of its true branch into +0.0, and rewrites float16 NaN payloads in
-both branches. Expand and ConstantOfShape copy bits. onnxruntime's CPU Trilu has float, double,
-float16, int32, int64 and bool kernels; Where lacks bool, int16, uint16 and uint64. Where no form
-here is exact (a type a kernel lacks, float16 data under `exact_only`), `build` returns None and
-the caller writes the spec's pseudocode instead.
-
-Per site, `inspect` and the optimize summary report the form's *mask part* (the band) and its
-*whole site* (with the one select applying the band to the data): `MASK` says which node is which.
-
-`k` is an int64 scalar: a shared initializer when the bound is static, else the node's run-time
-`k` (the model's own size plumbing) plus the static part; a Clip guards the sum only when `k` is
-not provably computed from shapes (a Trilu's own k input can be any int64).
+`Trilu` is DIAGONAL_MATRIX1 in standard ONNX (one DML_OPERATOR_DIAGONAL_MATRIX1 on onnxruntime's DML
+provider, `triangular` in WebNN), so each lowered node is written as the first form that is bit-exact
+for its type: Trilus of X, Trilus of a ones tensor (`EyeLike` for one diagonal), `Where(band, Value,
+X)` for a fill on data; where none is, `build` returns None and the caller writes the spec's
+pseudocode. The forms, which onnxruntime kernels keep which bits, and the mask part / whole site
+count: docs/portable.md.
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """The only place dmlgraph writes model files: atomically and deterministically.
 
-Writes are atomic: a temp file in the destination folder, fsync, `os.replace`. On any failure the
-temp file is removed and an existing output is left exactly as it was. External data the source
-model keeps beside it is validated as loading validates it (`dmlgraph.io.modelfile`), then streamed.
-
-Only a regular file (or nothing) at the output path is ever replaced (`output_target`): a
-character device (`/dev/null`, a terminal) or a FIFO is written through, as Unix tools write to
-them; a path through a symbolic link replaces the file the link names, never the link; a
-directory, a block device, a socket, or a path that names a folder (`newdir/`) is refused.
+A temp file in the destination folder, fsync, `os.replace`; on any failure an existing output is left
+as it was. Only a regular file (or nothing) at the output path is replaced (`output_target`); what
+is written through or refused: docs/internals.md, "io/saving.py".
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """New formal inputs for what a local function's calls read but do not pass (issue 26).
 
-A function given `p = Gather(Shape(past_key), 2)` from its caller, where `past_key` is no argument,
-sees `p` as an input of unknown content. Where every call computes `p` alike from the same main-graph
-inputs (`nested.functions.CallSites.definitions`: the *leaves* of its cone, read only through `Shape`), the
-function takes those inputs as new formals appended after its own, `p` is defined from them, and each
-call passes them. This module finds the calls and edits them; nested/functions.py decides when (only where a
-site then lowers). A leaf is a main-graph input: every call of the main graph or of its If/Loop/Scan
-bodies (any depth) sees it by name, and no rule removes it. Calls inside functions see no main-graph
-value, so a function called from one gets no leaf.
+A function given `p = Gather(Shape(past_key), 2)` by its caller, `past_key` no argument, sees `p` as
+an unknown input. Where every call computes `p` alike from the same main-graph inputs (the *leaves*
+of its cone), the function takes those as new formals and each call passes them. This module finds
+the calls and edits them; nested/functions.py decides when (docs/internals.md, "rewrite/call_leaves.py").
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import collections
 import dataclasses
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Container, Iterable
@@ -116,13 +117,15 @@ def bound_text(b: int) -> str:
 
 
 def _sym_prod(factors: Iterable[int | str | None]) -> int | str:
-    """Product of ints and symbolic names: an int when all are static, else e.g. '4*batch*seq*seq'."""
+    """Product of ints and symbolic names: an int when all are static, else e.g. '4*batch*seq*seq'
+    (a name that is an expression, as exporters write `past + seq`, in parentheses)."""
     c, syms = 1, []
     for f in factors:
         if isinstance(f, int):
             c *= f
         else:
-            syms.append("?" if f is None else str(f))
+            name = "?" if f is None else str(f)
+            syms.append(name if re.fullmatch(r"[\w.:?]+", name) else f"({name})")
     if not syms:
         return c
     return "*".join(([str(c)] if c != 1 else []) + syms)

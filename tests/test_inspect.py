@@ -486,6 +486,19 @@ def test_symbolic_rank5_and_runtime_k(tmp_path):
     assert "run-time k 'k'" in text and "k = 0 shown" in text and "folded at bind time" in text
 
 
+def test_symbolic_sizes_named_by_expressions_are_multiplied_whole(tmp_path):
+    """Exporters name a dim `past + seq`: the desc's byte count multiplies it whole, in parentheses
+    (it read `seq*past + seq`, a different number)."""
+    x = h.make_tensor_value_info("x", T.FLOAT, ["seq", "past + seq"])
+    g = h.make_graph([h.make_node("Trilu", ["x"], ["y"], name="t")], "g", [x],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["seq", "past + seq"])])
+    path = _save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10), tmp_path / "t.onnx")
+    (c,) = inspection.inspect_model(path)["candidates"]
+    out = c["lowers_to"]["desc"]["output"]
+    assert out["sizes"][-2:] == ["seq", "past + seq"]
+    assert out["total_bytes"] == "4*seq*(past + seq)"
+
+
 def test_stored_mask_constant(tmp_path):
     """A stored causal mask (0 / -inf) added to scores: the constant's bytes are what lowering saves."""
     n = 64

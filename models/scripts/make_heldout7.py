@@ -19,7 +19,7 @@ qwen2, qwen3, phi3, gemma2 (sliding 4 / full), gemma3 (sliding 4 / full), mistra
 The weights stay in the builder's external data file (model.onnx.data, renamed with the model).
 Sets from the model's own inputs: prefill (past 0, seq 4), prefill_past (past 5, seq 3), decode (past
 7, seq 1), left_padded (batch 2, past 0, seq 5, two zeros on the left of row 0), left_padded_decode
-(batch 2, past 4, seq 1, the same zeros): GroupQueryAttention takes a batch above 1 with a past only
+(batch 2, past 4, seq 1, the same zeros), long (batch 2, seq 40, six zeros): GroupQueryAttention takes a batch above 1 with a past only
 at seq 1.
 
 `torch`: llama (KV), mistral sliding 4 (KV), gemma3 sliding 4 / full (KV) and a BERT encoder through
@@ -28,7 +28,8 @@ against torch at every set, rtol / atol 1e-4).
 
 `variants` of the `torch` exports (each keeps its source's sets): onnxsim `simplify` (dynamic
 shapes kept: `_sim`), onnxsim with every input shape fixed to the prefill_past / seq9 set's
-(`_simstatic`: the masks fold to stored constants; that one set only), onnxslim `slim` (`_slim`),
+(`_simstatic`: the masks fold to stored constants; that set, and it with the first row's first
+three positions padded), onnxslim `slim` (`_slim`),
 onnxconverter-common float16 with keep_io_types of the simplified exports (`_fp16`), onnxruntime
 quantize_static QDQ calibrated on the sets (`_qdq`), and onnxruntime's offline-optimized model
 (SessionOptions.optimized_model_filepath at ORT_ENABLE_BASIC `_ortbasic` and ORT_ENABLE_EXTENDED
@@ -108,7 +109,7 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
 # with a past and seq > 1 ("batch_size must be 1 when sequence_length > 1 and past context is
 # given"), so the padded batches are a prefill and a decode step
 GENAI_SETS = (("prefill", 1, 0, 4, 0), ("prefill_past", 1, 5, 3, 0), ("decode", 1, 7, 1, 0),
-              ("left_padded", 2, 0, 5, 2), ("left_padded_decode", 2, 4, 1, 2))
+              ("left_padded", 2, 0, 5, 2), ("left_padded_decode", 2, 4, 1, 2), ("long", 2, 0, 40, 6))
 
 
 def genai_feeds(path: str, head_dim: int) -> dict[str, dict[str, np.ndarray]]:
@@ -297,11 +298,17 @@ def _ortopt(level: str):  # type: ignore[no-untyped-def]
 
 
 def _static_sets(name: str, out: str, source: str) -> None:
-    """A fixed-shape variant keeps its source's one set of those shapes."""
+    """A fixed-shape variant keeps its source's one set of those shapes, and the same set with the
+    first row's first three positions padded (`_padded`: the folded mask and attention_mask meet)."""
     src = os.path.join(out, "inputs", source)
     dst = os.path.join(out, "inputs", name)
     os.makedirs(dst, exist_ok=True)
-    shutil.copy(os.path.join(src, _static_set(src)), dst)
+    first = _static_set(src)
+    shutil.copy(os.path.join(src, first), dst)
+    feeds = dict(np.load(os.path.join(src, first)))
+    feeds["attention_mask"] = feeds["attention_mask"].copy()
+    feeds["attention_mask"][0, :3] = 0
+    np.savez_compressed(os.path.join(dst, first[:-4] + "_padded.npz"), **feeds)
 
 
 DECODERS = ("llama_kv_ts", "llama_kv_dynamo", "mistral_sw4_kv_ts", "mistral_sw4_kv_dynamo", "gemma3_sw4_kv_ts",

@@ -760,3 +760,76 @@ def test_a_dim_claim_the_ops_prove_needs_no_run_time_guard(target: str) -> None:
         feeds = {"attention_mask": np.ones((b, s), np.int64),
                  "scores": rng.standard_normal((b, 2, s, s)).astype(np.float32)}
         assert _right(target, model, r, feeds), (b, s)
+
+
+def _genai_mha_mask() -> onnx.ModelProto:
+    """Round 7's onnxruntime-genai builder at cpu fp16 (MultiHeadAttention), its "attention mask
+    reformatting" cut down: a [S, S] float16 fill of -65504 (ConstantOfShape), kept where
+    `Range(S) < Range(S) + 1` as a column is false (Where to 0), unsqueezed to [1, 1, S, S] and
+    expanded to the builder's [B, 1, S, past + S] through the `Where(Equal(v, -1), 1, v)` idiom,
+    then added to the padding's [B, 1, 1, T] bias and to the scores."""
+    c = lambda name, arr: h.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.asarray(arr), name))
+    nodes = [
+        c("i0", np.int64(0)), c("i1", np.int64(1)), c("i2", np.int64(2)), c("v0", np.array([0], np.int64)),
+        c("v1", np.array([1], np.int64)), c("vm1", np.array([-1], np.int64)),
+        c("vbig", np.array([2 ** 63 - 1], np.int64)), c("m1", np.int64(-1)), c("h0", np.float16(0)),
+        c("h1", np.float16(1)), c("hlow", np.float16(-65504)),
+        h.make_node("Shape", ["past_key"], ["pk_s"]), h.make_node("Gather", ["pk_s", "i2"], ["past"], axis=0),
+        h.make_node("Shape", ["input_ids"], ["ids_s"]), h.make_node("Gather", ["ids_s", "i1"], ["S"], axis=0),
+        h.make_node("Gather", ["ids_s", "i0"], ["B"], axis=0), h.make_node("Add", ["S", "past"], ["T"]),
+        h.make_node("Unsqueeze", ["S", "v0"], ["S1"]), h.make_node("Unsqueeze", ["T", "v0"], ["T1"]),
+        h.make_node("Unsqueeze", ["B", "v0"], ["B1"]),
+        h.make_node("Concat", ["S1", "S1"], ["SS"], axis=0),
+        h.make_node("ConstantOfShape", ["SS"], ["fill"], value=h.make_tensor("low", T.FLOAT16, [1], [-65504.0])),
+        h.make_node("Shape", ["fill"], ["fill_s"]), h.make_node("Slice", ["fill_s", "vm1", "vbig", "v0"], ["last"]),
+        h.make_node("Squeeze", ["last", "v0"], ["n"]), h.make_node("Concat", ["last", "v1"], ["col"], axis=0),
+        h.make_node("Range", ["i0", "n", "i1"], ["r"]), h.make_node("Add", ["r", "i1"], ["r1"]),
+        h.make_node("Reshape", ["r1", "col"], ["rc"]), h.make_node("Less", ["r", "rc"], ["keep"]),
+        h.make_node("Where", ["keep", "h0", "fill"], ["causal"]),
+        h.make_node("Unsqueeze", ["causal", "v0"], ["causal3"]), h.make_node("Unsqueeze", ["causal3", "v1"], ["causal4"]),
+        h.make_node("Concat", ["B1", "v1", "S1", "T1"], ["to"], axis=0),
+        h.make_node("Shape", ["to"], ["to_s"]), h.make_node("ConstantOfShape", ["to_s"], ["ones"],
+                                                          value=h.make_tensor("one", T.INT64, [1], [1])),
+        h.make_node("Mul", ["ones", "m1"], ["minus"]), h.make_node("Equal", ["to", "minus"], ["is_m1"]),
+        h.make_node("Where", ["is_m1", "ones", "to"], ["to_fixed"]),
+        h.make_node("Expand", ["causal4", "to_fixed"], ["causal_b"]),
+        h.make_node("Unsqueeze", ["attention_mask", "v1"], ["am3"]), h.make_node("Unsqueeze", ["am3", "v1"], ["am4"]),
+        h.make_node("Cast", ["am4"], ["amh"], to=T.FLOAT16), h.make_node("Sub", ["h1", "amh"], ["inv"]),
+        h.make_node("Cast", ["inv"], ["invb"], to=T.BOOL), h.make_node("Where", ["invb", "hlow", "inv"], ["pad"]),
+        h.make_node("Add", ["pad", "causal_b"], ["bias"]), h.make_node("Add", ["scores", "bias"], ["y"]),
+    ]
+    g = h.make_graph(nodes, "genai_mha_mask",
+                     [h.make_tensor_value_info("input_ids", T.INT64, ["batch_size", "sequence_length"]),
+                      h.make_tensor_value_info("attention_mask", T.INT64, ["batch_size", "total_sequence_length"]),
+                      h.make_tensor_value_info("past_key", T.FLOAT16, ["batch_size", 1, "past_sequence_length", 16]),
+                      h.make_tensor_value_info("scores", T.FLOAT16,
+                                               ["batch_size", 2, "sequence_length", "total_sequence_length"])],
+                     [h.make_tensor_value_info("y", T.FLOAT16,
+                                               ["batch_size", 2, "sequence_length", "total_sequence_length"])])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_the_genai_builders_mha_mask_lowers_its_band_and_names_the_expand(target: str) -> None:
+    """Round 7 found it right and pins it: the causal fill lowers (one generator for the Range /
+    Less / Where cone, -65504 above the diagonal), the Expand to the builder's [B, 1, S, past + S]
+    is declined with why (its target is computed, and holds the band's matrix only at past 0,
+    where onnxruntime runs the builder's model at all), nothing is missed, the model shrinks and
+    stays right at the sets onnxruntime runs (past 0: a prefill, a left-padded batch, a long one)."""
+    model = _genai_mha_mask()
+    r = dmlgraph.optimize(model, target=target)
+    assert r.counts["mask_subgraph"] == 1
+    assert any("Expand" in d.reason and "keeps the band's matrix" in d.reason for d in r.declined), r.declined
+    assert len(r.model.graph.node) < len(model.graph.node) and costs.growth(model, r.model) is None
+    rows = dmlgraph.inspect(model, target=target).report["masks"]
+    assert [m["status"] for m in rows] == ["lowered"], rows  # (the band: the fill's Less)
+    rng = np.random.default_rng(7)
+    for b, s, pad in ((1, 4, 0), (2, 5, 2), (2, 40, 6)):
+        mask = np.ones((b, s), np.int64)
+        mask[0, :pad] = 0
+        feeds = {"input_ids": rng.integers(1, 100, (b, s)).astype(np.int64), "attention_mask": mask,
+                 "past_key": np.zeros((b, 1, 0, 16), np.float16),
+                 "scores": rng.standard_normal((b, 2, s, s)).astype(np.float16)}
+        assert _right(target, model, r, feeds), (b, s, pad)

@@ -490,6 +490,34 @@ def test_an_arithmetic_mask_is_written_as_its_arithmetic(op):
     assert dmlgraph.validate(m, r, {"x": x}).ok
 
 
+def test_a_sum_of_two_biases_keeps_its_negative_zeros():
+    """Two transformers biases `(1 - m.float()) * finfo.min` summed (causal + another band): the
+    lowered Add is an exact `mask_arith` node (its X the constant -0.0 that `0 * finfo.min` makes,
+    its Value -inf). Written as the arithmetic it replaced, `-0.0 + Trilu(-inf)`, the kept
+    region came out +0.0 (0.0 + -0.0), and x + bias then lost x's -0.0 (found by the widened
+    fuzzer of forms: the bias domain, an application in a Scan body); only an inexact node takes
+    the arithmetic form now, this one a Where."""
+    lowest = np.finfo(np.float32).min
+    nodes = [h.make_node("Shape", ["x"], ["matrix"])]
+    ones = numpy_helper.from_array(np.ones(1, np.float32))
+    for b in ("a", "b"):
+        nodes += [h.make_node("ConstantOfShape", ["matrix"], [f"{b}_ones"], value=ones),
+                  h.make_node("Trilu", [f"{b}_ones", "k"], [f"{b}_keep"], upper=1),
+                  h.make_node("Sub", ["one", f"{b}_keep"], [f"{b}_inv"]), h.make_node("Mul", [f"{b}_inv", "low"], [b])]
+    nodes.append(h.make_node("Add", ["a", "b"], ["biases"]))
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [3, 3])],
+                     [h.make_tensor_value_info("biases", T.FLOAT, [3, 3])],
+                     [numpy_helper.from_array(np.array(1, np.int64), "k"), numpy_helper.from_array(np.float32(1), "one"),
+                      numpy_helper.from_array(np.float32(lowest), "low")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    r = dmlgraph.optimize(m, target="onnx")
+    assert r.rewrites and all(w.exact for w in r.rewrites) and r.counts["mask_arith"] >= 1
+    x = np.zeros((3, 3), np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.signbit(want[0, 1]) and want.tobytes() == got.tobytes()
+
+
 @pytest.mark.parametrize("claimed", [False, True])
 def test_a_band_read_off_x_declares_xs_dims(claimed):
     """A band `ConstantOfShape(Shape(x, start=-2))` gets x's declared last two dims as value_info,

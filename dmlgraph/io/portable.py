@@ -517,8 +517,9 @@ def _arithmetic(s: _Node, r: list[Interval]) -> str | None:
     """A `mask_arith` node written as the arithmetic it replaced, which is its stated exactness
     (equal where X is finite, and under the lowest float while |X| < 2^103): X + a band of Value
     (0 elsewhere). onnxruntime runs an Add with a broadcast operand faster than a Where (1.5x at a
-    1024-token prefill)."""
-    if s.n.rule != "mask_arith" or s.dt.kind != "f" or s.n.elem_type == TensorProto.FLOAT16 \
+    1024-token prefill). Only for a node that is itself not bit-exact: X + 0 turns a -0.0 of X into
+    +0.0, which an exact node (Add of two biases, X a -0.0 constant) must keep."""
+    if s.n.rule != "mask_arith" or s.n.exact or s.dt.kind != "f" or s.n.elem_type == TensorProto.FLOAT16 \
             or s.n.elem_type not in TRILU_TYPES:
         return None
     em, v = s.em, s.value

@@ -6,10 +6,13 @@ that bound and what happens off the band: docs/internals.md, passes/apply_arith.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from dmlgraph.ir.graph import OnnxNode, Value
-from dmlgraph.passes.apply import Operand, Part, application_rule
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.passes.apply import Operand, Part, Plan, application_rule, off_region
+from dmlgraph.rewrite import Context, Match, Rule
 
 EXACTNESS = ("equal where the data X is finite and, under a lowest-float fill, |X| < 2^103 (float32) "
              "or 2^970 (float64); signed zeros may differ")
@@ -101,7 +104,41 @@ def evaluate_arith(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
     return {"Add": evaluate_add, "Sub": evaluate_sub}.get(node.op_type, evaluate_mul)(node, operands, dtype)
 
 
-MASK_ARITH = application_rule(
-    "mask_arith", ("Add", "Sub", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
-    "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band), c - band -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
-    output_is_mask=False, two_valued=True)
+def _absorbed(x: np.ndarray, fill: np.ndarray) -> bool:
+    """Whether `x + fill` is `fill` (a lowest or -inf fill): the condition `EXACTNESS` states."""
+    if np.isneginf(fill):
+        return not (np.isnan(x) or np.isposinf(x))
+    return bool(np.isfinite(x)) and abs(float(x)) < absorbing_bound(x.dtype)
+
+
+def unabsorbed(graph: Graph, plan: Plan) -> str | None:
+    """Why a planned `X + band` breaks its stated condition for every input, else None: X is itself
+    a band made by a DIAGONAL_MATRIX1 holding a value the fill does not absorb (two transformers
+    biases summed: finfo.min + finfo.min is -inf, not finfo.min)."""
+    x = plan.x.value
+    if plan.node.op_type != "Add" or x is None or not isinstance(x.producer, DmlNode) \
+            or plan.value.dtype.kind != "f" or not (np.isneginf(plan.value) or plan.value == np.finfo(plan.value.dtype).min):
+        return None
+    d = x.producer
+    for held in (np.asarray(d.value), off_region(graph, d)):
+        if isinstance(held, np.ndarray) and not _absorbed(held.astype(plan.value.dtype), plan.value):
+            return (f"Add {plan.node.name!r}: its other operand {x.name!r} is a band holding {held.item()!r}, to "
+                    f"which adding {plan.value.item()!r} does not give {plan.value.item()!r} ({EXACTNESS})")
+    return None
+
+
+def _arith_rule() -> Rule:
+    rule = application_rule(
+        "mask_arith", ("Add", "Sub", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
+        "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band), c - band -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
+        output_is_mask=False, two_valued=True)
+    planned = rule.match
+
+    def match(ctx: Context, node: Node) -> Match | None:
+        m = planned(ctx, node)
+        reason = None if m is None or m.declined else unabsorbed(ctx.graph, m.captures["plan"])
+        return m if reason is None else Match(rule.name, [node], reason=reason)
+    return dataclasses.replace(rule, match=match)
+
+
+MASK_ARITH = _arith_rule()

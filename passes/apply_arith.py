@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
-from dmlgraph.passes.apply import Operand, Part, Plan, application_rule, off_region
+from dmlgraph.passes.apply import Operand, Part, Plan, application_rule, off_region, uniform_constant
 from dmlgraph.rewrite import Context, Match, Rule
 
 EXACTNESS = ("equal where the data X is finite and, under a lowest-float fill, |X| < 2^103 (float32) "
@@ -111,19 +111,40 @@ def _absorbed(x: np.ndarray, fill: np.ndarray) -> bool:
     return bool(np.isfinite(x)) and abs(float(x)) < absorbing_bound(x.dtype)
 
 
+_VIEWS = ("Identity", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Transpose", "Flatten")
+
+
+def _held(graph: Graph, v: Value, depth: int = 0) -> list[np.ndarray]:
+    """Constants `v` visibly holds somewhere (through views): a DIAGONAL_MATRIX1's Value and the
+    rest, a Where's constant branches, a Mul's constant factor (its product wherever the other
+    factor is 1, as in `(1 - padding) * finfo.min`)."""
+    p = v.producer
+    if depth > 8 or p is None:
+        return []
+    if isinstance(p, DmlNode):
+        return [u for u in (np.asarray(p.value), off_region(graph, p)) if isinstance(u, np.ndarray)]
+    if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
+        return []
+    if p.op_type in _VIEWS and p.inputs[0] is not None:
+        return _held(graph, p.inputs[0], depth + 1)
+    if p.op_type in ("Where", "Mul"):
+        found = [uniform_constant(graph, u) for u in p.inputs[1 if p.op_type == "Where" else 0:]]
+        return [u for u in found if u is not None]
+    return []
+
+
 def unabsorbed(graph: Graph, plan: Plan) -> str | None:
-    """Why a planned `X + band` breaks its stated condition for every input, else None: X is itself
-    a band made by a DIAGONAL_MATRIX1 holding a value the fill does not absorb (two transformers
-    biases summed: finfo.min + finfo.min is -inf, not finfo.min)."""
-    x = plan.x.value
-    if plan.node.op_type != "Add" or x is None or not isinstance(x.producer, DmlNode) \
-            or plan.value.dtype.kind != "f" or not (np.isneginf(plan.value) or plan.value == np.finfo(plan.value.dtype).min):
+    """Why a planned `X + band` breaks its stated condition for every input, else None: X visibly
+    holds a value the fill does not absorb (transformers' causal + padding biases summed:
+    finfo.min + finfo.min is -inf, not finfo.min)."""
+    x, fill = plan.x.value, plan.value
+    if plan.node.op_type != "Add" or x is None or fill.dtype.kind != "f" \
+            or not (np.isneginf(fill) or fill == np.finfo(fill.dtype).min):
         return None
-    d = x.producer
-    for held in (np.asarray(d.value), off_region(graph, d)):
-        if isinstance(held, np.ndarray) and not _absorbed(held.astype(plan.value.dtype), plan.value):
-            return (f"Add {plan.node.name!r}: its other operand {x.name!r} is a band holding {held.item()!r}, to "
-                    f"which adding {plan.value.item()!r} does not give {plan.value.item()!r} ({EXACTNESS})")
+    for held in _held(graph, x):
+        if not _absorbed(held.astype(fill.dtype), fill):
+            return (f"Add {plan.node.name!r}: its other operand {x.name!r} holds {held.item()!r}, to which "
+                    f"adding {fill.item()!r} does not give {fill.item()!r} ({EXACTNESS})")
     return None
 
 

@@ -11,7 +11,15 @@ import dataclasses
 import numpy as np
 
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
-from dmlgraph.passes.apply import Operand, Part, Plan, application_rule, off_region, uniform_constant
+from dmlgraph.passes.apply import (
+    Operand,
+    Part,
+    Plan,
+    aligned_bands,
+    application_rule,
+    off_region,
+    uniform_constant,
+)
 from dmlgraph.rewrite import Context, Match, Rule
 
 EXACTNESS = ("equal where the data X is finite and, under a lowest-float fill, |X| < 2^103 (float32) "
@@ -115,14 +123,15 @@ _VIEWS = ("Identity", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Tra
 
 
 def _held(graph: Graph, v: Value, depth: int = 0) -> list[np.ndarray]:
-    """Constants `v` visibly holds somewhere (through views): a DIAGONAL_MATRIX1's Value and the
-    rest, a Where's constant branches, a Mul's constant factor (its product wherever the other
+    """Constants `v` visibly holds somewhere (through views): a DIAGONAL_MATRIX1's Value and what
+    its X holds, a Where's constant branches, a Mul's constant factor (its product wherever the other
     factor is 1, as in `(1 - padding) * finfo.min`)."""
     p = v.producer
     if depth > 8 or p is None:
         return []
-    if isinstance(p, DmlNode):
-        return [u for u in (np.asarray(p.value), off_region(graph, p)) if isinstance(u, np.ndarray)]
+    if isinstance(p, DmlNode):  # (its X, where not one constant, holds what it holds: a chain of bands)
+        rest = off_region(graph, p)
+        return [np.asarray(p.value)] + ([rest] if isinstance(rest, np.ndarray) else _held(graph, rest, depth + 1))
     if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
         return []
     if p.op_type in _VIEWS and p.inputs[0] is not None:
@@ -134,17 +143,25 @@ def _held(graph: Graph, v: Value, depth: int = 0) -> list[np.ndarray]:
 
 
 def unabsorbed(graph: Graph, plan: Plan) -> str | None:
-    """Why a planned `X + band` breaks its stated condition for every input, else None: X visibly
-    holds a value the fill does not absorb (transformers' causal + padding biases summed:
-    finfo.min + finfo.min is -inf, not finfo.min)."""
-    x, fill = plan.x.value, plan.value
-    if plan.node.op_type != "Add" or x is None or fill.dtype.kind != "f" \
-            or not (np.isneginf(fill) or fill == np.finfo(fill.dtype).min):
+    """Why a planned `Add` breaks the rule's stated condition for every input, else None: an operand
+    folded with the band's lowest or -inf (not a band aligned with it, whose values are added as
+    they are) visibly holds a value that fill does not absorb (transformers' causal + padding
+    biases summed: finfo.min + finfo.min is -inf, not finfo.min)."""
+    node, d = plan.node, plan.band
+    if node.op_type != "Add":
         return None
-    for held in _held(graph, x):
-        if not _absorbed(held.astype(fill.dtype), fill):
-            return (f"Add {plan.node.name!r}: its other operand {x.name!r} holds {held.item()!r}, to which "
-                    f"adding {fill.item()!r} does not give {fill.item()!r} ({EXACTNESS})")
+    fills = [u for u in (np.asarray(d.value), off_region(graph, d)) if isinstance(u, np.ndarray)
+             and u.dtype.kind == "f" and (np.isneginf(u) or u == np.finfo(u.dtype).min)]
+    d_index = next(i for i, v in enumerate(node.inputs) if v is not None and v.producer is d)
+    aligned = {j for j, _ in aligned_bands(graph, node, d_index, d)}
+    for j, v in enumerate(node.inputs):
+        if v is None or j == d_index or j in aligned:
+            continue
+        for held in _held(graph, v):
+            for fill in fills:
+                if not _absorbed(held.astype(fill.dtype), fill):
+                    return (f"Add {node.name!r}: its operand {v.name!r} holds {held.item()!r}, to which adding "
+                            f"{fill.item()!r} does not give {fill.item()!r} ({EXACTNESS})")
     return None
 
 

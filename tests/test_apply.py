@@ -456,3 +456,39 @@ def test_unsqueeze_of_an_application_whose_data_has_no_shape_is_declined_not_a_c
     model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 18)], ir_version=10)
     result = dapi.optimize_graph(imp(model), Opts(min_mask_bytes=0))
     assert any("unknown shape" in (m.reason or "") for m in result.declined if m.rule == "mask_view")
+
+
+def test_two_biases_of_an_empty_window_summed_in_a_branch_are_declined():
+    """An empty sliding window (cols <= rows - 1 and rows - cols < 1) made a bias twice, by
+    `Where(w, 0, finfo.min)` and by `(1 - w.float()) * finfo.min`, summed in an If branch and added to
+    x: -inf everywhere. The sum's Add folded `bias + finfo.min` to finfo.min, taking the other bias
+    (a chain of DIAGONAL_MATRIX1 nodes ending in finfo.min) for data within |X| < 2^103, and the
+    output held finfo.min (the widened fuzzer of forms, seed 11). Every operand folded with the
+    band's fill is checked now, through the chain."""
+    n = h.make_node
+
+    def window(tag: str) -> list[onnx.NodeProto]:
+        return [n("Range", ["i0", "s", "i1"], [f"{tag}r"]), n("Unsqueeze", [f"{tag}r", "a1"], [f"{tag}rows"]),
+                n("Unsqueeze", [f"{tag}r", "a0"], [f"{tag}cols"]), n("Add", [f"{tag}rows", "im1"], [f"{tag}shift"]),
+                n("LessOrEqual", [f"{tag}cols", f"{tag}shift"], [f"{tag}cmp"]),
+                n("Sub", [f"{tag}rows", f"{tag}cols"], [f"{tag}dist"]), n("Less", [f"{tag}dist", "i1"], [f"{tag}win"])]
+    then = [n("And", ["acmp", "awin"], ["aw"]), n("Where", ["aw", "zero", "low"], ["a"]), *window("b"),
+            n("And", ["bcmp", "bwin"], ["bw"]), n("Cast", ["bw"], ["bf"], to=T.FLOAT), n("Sub", ["onef", "bf"], ["binv"]),
+            n("Mul", ["binv", "low"], ["b"]), n("Add", ["b", "a"], ["biases"]), n("Unsqueeze", ["biases", "a01"], ["b4"]),
+            n("Add", ["b4", "x"], ["y_then"])]
+    branch = h.make_graph(then, "then", [], [h.make_tensor_value_info("y_then", T.FLOAT, None)])
+    other = h.make_graph([n("Identity", ["x"], ["y_else"])], "else", [], [h.make_tensor_value_info("y_else", T.FLOAT, None)])
+    nodes = [n("Shape", ["x"], ["shape"]), n("Gather", ["shape", "i2"], ["s"], axis=0), *window("a"),
+             n("If", ["cond"], ["y"], then_branch=branch, else_branch=other)]
+    inits = [c("i0", np.int64(0)), c("i1", np.int64(1)), c("i2", np.int64(2)), c("im1", np.int64(-1)),
+             c("a0", np.array([0])), c("a1", np.array([1])), c("a01", np.array([0, 1])), c("zero", np.float32(0)),
+             c("onef", np.float32(1)), c("low", np.float32(np.finfo(np.float32).min))]
+    shape = [1, 2, "S", "S"]
+    model = model_of(nodes, [h.make_tensor_value_info("x", T.FLOAT, shape), h.make_tensor_value_info("cond", T.BOOL, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, shape)], inits)
+    lowered = pipeline.lower(model, Options(), "dml").model
+    for s in (1, 3):
+        feeds = {"x": np.random.default_rng(s).standard_normal((1, 2, s, s)).astype(np.float32), "cond": np.array(True)}
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        assert np.isneginf(want).all()
+        np.testing.assert_array_equal(Executor(import_model(lowered)).run(feeds)["y"], want)

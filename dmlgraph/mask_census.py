@@ -151,7 +151,7 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
                 add(v, n, f"{op} of mask {parents[0]!r}", parents)
         elif parents and op == "Where" and names[0] in mask and all(x in mask or x in constant for x in names[1:]):
             add(out, n, f"Where of mask {names[0]!r} between constants", parents)
-        elif parents and op in ("Add", "Sub", "Mul") and all(x in mask or x in constant for x in names):
+        elif parents and op in ("Add", "Sub", "Mul", "Min", "Max") and all(x in mask or x in constant for x in names):
             add(out, n, f"{op} of mask {parents[0]!r} and a constant", parents)
         elif op in GRID_SOURCES or (grids and op in GRID_OPS):
             grid.update(v.name for v in n.outputs)

@@ -243,7 +243,7 @@ def _choose_parts(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluato
     outs = [(off_region(graph, d) if d_outside is None else d_outside) if i == d_index else o
             for i, o in enumerate(operands)]
     absorbed_exact = True
-    for j, o in _aligned_bands(graph, node, d_index, d):
+    for j, o in aligned_bands(graph, node, d_index, d):
         inside_j, outside_j = np.asarray(o.value), off_region(graph, o)
         ins[j], outs[j] = (inside_j, outside_j) if (o.begin, o.end) == (d.begin, d.end) else (outside_j, inside_j)
         absorbed_exact = absorbed_exact and o.exact
@@ -260,7 +260,7 @@ def _choose_parts(graph: Graph, node: OnnxNode, d_index: int, evaluate: Evaluato
     return None
 
 
-def _aligned_bands(graph: Graph, node: OnnxNode, d_index: int, d: DmlNode | None = None) -> list[tuple[int, DmlNode]]:
+def aligned_bands(graph: Graph, node: OnnxNode, d_index: int, d: DmlNode | None = None) -> list[tuple[int, DmlNode]]:
     """The other operands of `node` that a DIAGONAL_MATRIX1 makes over band `d_index`'s region or
     its complement, with its shift and matrix, and that nothing else reads: (position, node)."""
     d = _band(node, d_index) if d is None else d

@@ -6,10 +6,21 @@ that bound and what happens off the band: docs/internals.md, passes/apply_arith.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from dmlgraph.ir.graph import OnnxNode, Value
-from dmlgraph.passes.apply import Operand, Part, application_rule
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.passes.apply import (
+    Operand,
+    Part,
+    Plan,
+    aligned_bands,
+    application_rule,
+    off_region,
+    uniform_constant,
+)
+from dmlgraph.rewrite import Context, Match, Rule
 
 EXACTNESS = ("equal where the data X is finite and, under a lowest-float fill, |X| < 2^103 (float32) "
              "or 2^970 (float64); signed zeros may differ")
@@ -101,7 +112,71 @@ def evaluate_arith(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> 
     return {"Add": evaluate_add, "Sub": evaluate_sub}.get(node.op_type, evaluate_mul)(node, operands, dtype)
 
 
-MASK_ARITH = application_rule(
-    "mask_arith", ("Add", "Sub", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
-    "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band), c - band -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
-    output_is_mask=False, two_valued=True)
+def _absorbed(x: np.ndarray, fill: np.ndarray) -> bool:
+    """Whether `x + fill` is `fill` (a lowest or -inf fill): the condition `EXACTNESS` states."""
+    if np.isneginf(fill):
+        return not (np.isnan(x) or np.isposinf(x))
+    return bool(np.isfinite(x)) and abs(float(x)) < absorbing_bound(x.dtype)
+
+
+_VIEWS = ("Identity", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Transpose", "Flatten")
+
+
+def _held(graph: Graph, v: Value, depth: int = 0) -> list[np.ndarray]:
+    """Constants `v` visibly holds somewhere (through views): a DIAGONAL_MATRIX1's Value and what
+    its X holds, a Where's constant branches, a Mul's constant factor (its product wherever the other
+    factor is 1, as in `(1 - padding) * finfo.min`)."""
+    p = v.producer
+    if depth > 8 or p is None:
+        return []
+    if isinstance(p, DmlNode):  # (its X, where not one constant, holds what it holds: a chain of bands)
+        rest = off_region(graph, p)
+        return [np.asarray(p.value)] + ([rest] if isinstance(rest, np.ndarray) else _held(graph, rest, depth + 1))
+    if not isinstance(p, OnnxNode) or p.domain not in ("", "ai.onnx"):
+        return []
+    if p.op_type in _VIEWS and p.inputs[0] is not None:
+        return _held(graph, p.inputs[0], depth + 1)
+    if p.op_type in ("Where", "Mul"):
+        found = [uniform_constant(graph, u) for u in p.inputs[1 if p.op_type == "Where" else 0:]]
+        return [u for u in found if u is not None]
+    return []
+
+
+def unabsorbed(graph: Graph, plan: Plan) -> str | None:
+    """Why a planned `Add` breaks the rule's stated condition for every input, else None: an operand
+    folded with the band's lowest or -inf (not a band aligned with it, whose values are added as
+    they are) visibly holds a value that fill does not absorb (transformers' causal + padding
+    biases summed: finfo.min + finfo.min is -inf, not finfo.min)."""
+    node, d = plan.node, plan.band
+    if node.op_type != "Add":
+        return None
+    fills = [u for u in (np.asarray(d.value), off_region(graph, d)) if isinstance(u, np.ndarray)
+             and u.dtype.kind == "f" and (np.isneginf(u) or u == np.finfo(u.dtype).min)]
+    d_index = next(i for i, v in enumerate(node.inputs) if v is not None and v.producer is d)
+    aligned = {j for j, _ in aligned_bands(graph, node, d_index, d)}
+    for j, v in enumerate(node.inputs):
+        if v is None or j == d_index or j in aligned:
+            continue
+        for held in _held(graph, v):
+            for fill in fills:
+                if not _absorbed(held.astype(fill.dtype), fill):
+                    return (f"Add {node.name!r}: its operand {v.name!r} holds {held.item()!r}, to which adding "
+                            f"{fill.item()!r} does not give {fill.item()!r} ({EXACTNESS})")
+    return None
+
+
+def _arith_rule() -> Rule:
+    rule = application_rule(
+        "mask_arith", ("Add", "Sub", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
+        "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band), c - band -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
+        output_is_mask=False, two_valued=True)
+    planned = rule.match
+
+    def match(ctx: Context, node: Node) -> Match | None:
+        m = planned(ctx, node)
+        reason = None if m is None or m.declined else unabsorbed(ctx.graph, m.captures["plan"])
+        return m if reason is None else Match(rule.name, [node], reason=reason)
+    return dataclasses.replace(rule, match=match)
+
+
+MASK_ARITH = _arith_rule()

@@ -15,11 +15,21 @@ or TorchScript's expand() of run-time ones), Squeeze back, Transpose of the matr
 Slice pieces Concat-ed back (two or three, cut at constants or at a size: P, which may pass the end,
 or S), Cast round trips, `1 - b` and `b * c + d > t` through float, Where(b, True, False) either
 way, And/Or with a second source, And/Or with the padding (data), a stack of two masks Concat-ed
-along a batch axis and Split back; then an
-application to x: Where either way, Add of a 0/-inf bias, Mul by the 0/1 gate, or GPT-1's blend
-`x * b + -1e4 * (1 - b)`. Then up to two containers wrap a random tail of the nodes (so a body
-reads outer values, masks included): an If branch, a Loop body (x carried, 1-2 trips), a local
-function (its constants made Constant nodes).
+along a batch axis and Split back; Identity, Expand to batch 2 (x then broadcasts: the output has
+batch 2), Tile of the batch or heads axis, Flatten then Reshape back to the mask's shape, Gather of
+one row (the last, as a decode step, by a constant -1 or the computed S - 1; or the first), Slice
+of the batch or heads axis by a negative start or step; then an
+application to x: Where either way, Add of a 0/-inf bias, Mul by the 0/1 gate, GPT-1's blend
+`x * b + -1e4 * (1 - b)`, the bias domain of transformers and both torch exporters (the mask made
+early a float bias, `Where(m, 0, finfo.min)` or `(1 - m.float()) * finfo.min`, maybe combined with
+a second bias -- the padding's or another source's -- by Add, Min or Max, viewed by Unsqueeze,
+Expand, Reshape, Slice, then added to x), or `masked_fill` as `Where(Equal(v, 0), fill, x)` with v
+the mask as long or float, or its bias. The data is float32, float16, or int32 / int64 (applied
+by Where, the Mul gate or masked_fill; bfloat16 is not drawn: onnxruntime's CPU provider has no
+Add, Mul or Where for it). Then up to two containers wrap a random tail of the nodes (so a body
+reads outer values, masks included): an If branch, a Loop body (x carried, 1-2 trips), a Scan body
+(1-2 iterations: x a state beside a scanned [n, 1] constant, or x stacked n times as the scan
+input and the last output kept), a local function (its constants made Constant nodes).
 
 The oracle (`oracle_bands`) evaluates every intermediate of the form (as a flat model) with
 onnxruntime at several sizes and two random data sets, and marks the band tensors: the same under
@@ -47,9 +57,11 @@ from dmlgraph.passes.generators import band_of
 
 STORED_N = 12  # rows and columns of a stored band buffer (sizes past it fail in the original too)
 FORMS = ["not", "rank4", "reshape4", "squeeze", "transpose", "slice_rows", "slice_concat", "arith_not",
-         "arith_scale", "where_bool", "cast_trip", "combine", "padding", "stack_split"]
-APPLICATIONS = ["where_x_c", "where_c_x", "add_bias", "mul_gate", "blend"]
-CONTAINERS = ["if", "loop", "function"]
+         "arith_scale", "where_bool", "cast_trip", "combine", "padding", "stack_split",
+         "identity", "expand_batch", "tile", "flatten_back", "gather_row", "slice_lead"]
+APPLICATIONS = ["where_x_c", "where_c_x", "add_bias", "mul_gate", "blend", "bias_domain", "masked_fill"]
+INT_APPLICATIONS = ["where_x_c", "where_c_x", "mul_gate", "masked_fill"]  # (what integer data is applied by)
+CONTAINERS = ["if", "loop", "function", "scan"]
 BIG = 2**62
 XIN = "xin"  # what the application reads: Identity(x), or a Loop body's carried x
 
@@ -207,19 +219,59 @@ def _source(draw, b: CaseBuilder, d: Dims, constants: list[int]) -> tuple[str, s
     return b.op("Slice", [rows, _ints(b, [0]), t1, _ints(b, [1])], "stored"), f"stored [{lo}, {hi}]"
 
 
+@dataclass
+class Layout:
+    """What `_forms` made of the mask: its rank, its leading [batch, heads] (rank 4), whether an
+    Expand/Tile made it (no Squeeze back) and whether a Gather left it one row."""
+    r: int = 2
+    lead: list[int] = field(default_factory=lambda: [1, 1])
+    expanded: bool = False
+    one_row: bool = False
+
+
 @st.composite
-def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: list[str]) -> str:
-    r, expanded = 2, False
+def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: list[str],
+           lay: Layout | None = None) -> str:
+    lay = lay or Layout()
+    r, expanded = lay.r, lay.expanded
     for _ in range(draw(st.integers(0, 4))):
         form = draw(st.sampled_from(FORMS))
         steps.append(form)
-        if form == "not":
+        if form == "identity":
+            m = b.op("Identity", [m], "same")
+        elif form == "expand_batch" and r == 4 and lay.lead[0] == 1:  # x [1, 2, S, T] broadcasts to [2, ...]
+            m, expanded, lay.lead[0] = b.op("Expand", [m, _ints(b, [2, 1, 1, 1])], "batched"), True, 2
+        elif form == "tile" and r == 4 and 1 in lay.lead:  # repeat(2, 1, 1, 1) or repeat(1, 2, 1, 1)
+            axis = draw(st.sampled_from([a for a in (0, 1) if lay.lead[a] == 1]))
+            m = b.op("Tile", [m, _ints(b, [2 if a == axis else 1 for a in range(4)])], "tiled")
+            expanded, lay.lead[axis] = True, 2
+            steps[-1] = f"tile({axis})"
+        elif form == "flatten_back":  # view(-1, T) then view back to the mask's own shape
+            shape = b.op("Shape", [m], "mshape")
+            m = b.op("Reshape", [b.op("Flatten", [m], "flat", axis=r - 1), shape], "unflat")
+        elif form == "gather_row" and not lay.one_row:  # one row: the last (a decode step), the first
+            which = draw(st.sampled_from(["last", "computed", "first"]))
+            if which == "computed":  # S - 1, as a [1] index
+                idx = b.op("Sub", [b.op("Unsqueeze", [d.s, _ints(b, [0])], "s1"), _ints(b, [1])], "last_row")
+            else:
+                idx = _ints(b, [-1 if which == "last" else 0])
+            m, lay.one_row = b.op("Gather", [m, idx], "row", axis=r - 2), True
+            steps[-1] = f"gather_row({which})"
+        elif form == "slice_lead" and r == 4:  # a negative start or step on the batch or heads axis
+            axis, how = draw(st.sampled_from([0, 1])), draw(st.sampled_from(["reverse", "last"]))
+            if how == "reverse":
+                m = b.op("Slice", [m, _ints(b, [-1]), _ints(b, [-BIG]), _ints(b, [axis]), _ints(b, [-1])], "rev")
+            else:
+                m = b.op("Slice", [m, _ints(b, [-1]), _ints(b, [BIG]), _ints(b, [axis])], "lastlead")
+                lay.lead[axis] = 1
+            steps[-1] = f"slice_lead({axis}, {how})"
+        elif form == "not":
             m = b.op("Not", [m], "not")
         elif form == "rank4" and r == 2:
             m = b.op("Unsqueeze", [m, _ints(b, [0, 1])], "m4")
             how = draw(st.sampled_from(["none", "constant", "sizes"]))
             if how == "constant":
-                m, expanded = b.op("Expand", [m, _ints(b, [1, 2, 1, 1])], "expanded"), True
+                m, expanded, lay.lead[1] = b.op("Expand", [m, _ints(b, [1, 2, 1, 1])], "expanded"), True, 2
             elif how == "sizes":  # TorchScript's expand(1, 2, S, T): -1 kept, S a Range's length
                 s_len = b.op("Shape", [b.op("Range", [_int(b, 0), d.s, _int(b, 1)], "q")], "q_len")
                 v = b.op("Concat", [_ints(b, [1, 2]), s_len, b.op("Unsqueeze", [d.t, _ints(b, [0])], "t1")],
@@ -229,10 +281,10 @@ def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: l
                 neg = b.op("Equal", [v, b.op("Mul", [ones, _int(b, -1)], "v_neg")], "v_is_neg")
                 m = b.op("Expand", [m, b.op("Where", [neg, ones, v], "v_kept")], "expanded")
                 steps.append("expand_sizes")
-                expanded = True
+                expanded, lay.lead[1] = True, 2
             r = 4
         elif form == "reshape4" and r == 2:
-            if draw(st.booleans()):
+            if draw(st.booleans()) and not lay.one_row:
                 shape = b.op("Concat", [_ints(b, [1, 1]), d.matrix()], "shape4", axis=0)
             else:
                 shape = b.op("Concat", [_ints(b, [1, 1, -1]), b.op("Unsqueeze", [d.t, _ints(b, [0])], "t1")],
@@ -240,7 +292,7 @@ def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: l
             m, r = b.op("Reshape", [m, shape], "r4"), 4
         elif form == "squeeze" and r == 4 and not expanded:
             m, r = b.op("Squeeze", [m, _ints(b, [0, 1])], "sq"), 2
-        elif form == "transpose" and not d.kv:  # (under a cache the matrix is not square)
+        elif form == "transpose" and not d.kv and not lay.one_row:  # (under a cache the matrix is not square)
             m = b.op("Transpose", [m], "t", perm=list(range(r - 2)) + [r - 1, r - 2])
         elif form == "slice_rows":
             m = b.op("Slice", [m, _ints(b, [0]), _ints(b, [BIG]), _ints(b, [-2])], "sliced")
@@ -278,10 +330,12 @@ def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: l
             if r == 4:
                 other = b.op("Unsqueeze", [other, _ints(b, [0, 1])], "o4")
             m = b.op(draw(st.sampled_from(["And", "Or"])), [m, other], "comb")
+            lay.one_row = False  # (broadcast against the other's S rows)
         elif form == "padding":
             m = b.op(draw(st.sampled_from(["And", "Or"])), [m, "padding"], "padded")
             r, expanded = 4, True
-        elif form == "stack_split" and r == 4:  # two bands stacked on the batch axis, then split back
+        elif form == "stack_split" and r == 4 and lay.lead[0] == 1 and not lay.one_row:
+            # two bands stacked on the batch axis, then split back
             other, what = draw(_source(b, d, constants))
             other = b.op("Expand", [b.op("Unsqueeze", [other, _ints(b, [0, 1])], "o4"), _ints(b, [1, 2, 1, 1])], "oe")
             m = b.op("Expand", [m, _ints(b, [1, 2, 1, 1])], "me")
@@ -289,29 +343,98 @@ def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: l
             stacked = b.op("Concat", [m, other] if first else [other, m], "stack", axis=0)
             a, c = b.name("piece"), b.name("piece")
             b.nodes.append(h.make_node("Split", [stacked, _ints(b, [1, 1])], [a, c], axis=0))
-            m, expanded = (a if first else c), True
+            m, expanded, lay.lead[1] = (a if first else c), True, 2
             steps[-1] = f"stack_split({what})"
         else:
             steps.pop()
+    lay.r, lay.expanded = r, expanded
     return m
 
 
-def _application(b: CaseBuilder, m: str, application: str, data: int = T.FLOAT) -> str:
-    """The band applied to XIN, data of type `data` (float32 or float16)."""
+@st.composite
+def _application(draw, b: CaseBuilder, d: Dims, m: str, application: str, data: int, lay: Layout,
+                 constants: list[int], steps: list[str]) -> str:
+    """The band applied to XIN, data of type `data` (float32, float16; int32, int64 by INT_APPLICATIONS)."""
     dt = h.tensor_dtype_to_np_dtype(data).type
+    floating = np.dtype(dt).kind == "f"
+    low = dt(np.finfo(dt).min if floating else np.iinfo(dt).min)
     if application == "where_x_c":
-        return b.op("Where", [m, XIN, b.const(dt(-np.inf), "fill")], "y")
+        return b.op("Where", [m, XIN, b.const(dt(-np.inf) if floating else low, "fill")], "y")
     if application == "where_c_x":
-        return b.op("Where", [m, b.const(dt(-1e4 if data == T.FLOAT16 else -1e9), "fill"), XIN], "y")
+        return b.op("Where", [m, b.const(dt(-1e4 if data in (T.FLOAT16, T.INT32, T.INT64) else -1e9), "fill"), XIN],
+                    "y")
     if application == "add_bias":
         bias = b.op("Where", [m, b.const(dt(0), "zero"), b.const(dt(-np.inf), "ninf")], "bias")
         return b.op("Add", [XIN, bias], "y")
+    if application == "bias_domain":
+        return draw(_bias_domain(b, d, m, data, lay, constants, steps))
+    if application == "masked_fill":  # x.masked_fill(v == 0, fill), v the mask as a number or its bias
+        how = draw(st.sampled_from(["long", "float", "bias"] if floating else ["long", "data"]))
+        if how == "bias":
+            v = _to_bias(b, m, data, draw(st.sampled_from(["where", "one_minus"])))
+        else:
+            v = b.op("Cast", [m], "num", to={"long": T.INT64, "float": T.FLOAT, "data": data}[how])
+        zero = b.const(np.zeros((), {"long": np.int64, "float": np.float32}.get(how, dt)), "zero")
+        steps.append(f"masked_fill({how})")
+        return b.op("Where", [b.op("Equal", [v, zero], "is0"), b.const(dt(-1e4) if floating else low, "fill"), XIN],
+                    "y")
     g = b.op("Cast", [m], "gate", to=data)
     if application == "mul_gate":
         return b.op("Mul", [XIN, g], "y")
     fill = b.op("Mul", [b.op("Sub", [b.const(dt(1), "one"), g], "inv"), b.const(dt(-1e4), "big")],
                 "fill")
     return b.op("Add", [b.op("Mul", [XIN, g], "wx"), fill], "y")
+
+
+def _to_bias(b: CaseBuilder, m: str, data: int, how: str) -> str:
+    """A bool mask (True: keep) as transformers' float bias: 0 kept, finfo.min masked."""
+    dt = h.tensor_dtype_to_np_dtype(data).type
+    low = b.const(dt(np.finfo(dt).min), "min")
+    if how == "where":  # torch.where(m, 0, finfo.min)
+        return b.op("Where", [m, b.const(dt(0), "zero"), low], "bias")
+    inv = b.op("Sub", [b.const(dt(1), "one"), b.op("Cast", [m], "mf", to=data)], "inv")  # (1 - m.float()) * min
+    return b.op("Mul", [inv, low], "bias")
+
+
+@st.composite
+def _bias_domain(draw, b: CaseBuilder, d: Dims, m: str, data: int, lay: Layout, constants: list[int],
+                 steps: list[str]) -> str:
+    """transformers' and both torch exporters' bias domain: the mask turned early into a float bias,
+    maybe combined with a second bias (Add: causal + padding; Min/Max), viewed, then added to x."""
+    how = draw(st.sampled_from(["where", "one_minus"]))
+    bias, r = _to_bias(b, m, data, how), lay.r
+    what = [f"bias({how})"]
+    second = draw(st.sampled_from(["none", "padding", "source"]))
+    if second != "none":
+        if second == "padding":
+            other, r = _to_bias(b, "padding", data, draw(st.sampled_from(["where", "one_minus"]))), 4
+        else:
+            o, desc = draw(_source(b, d, constants))
+            other = _to_bias(b, o, data, draw(st.sampled_from(["where", "one_minus"])))
+            second = f"source {desc}"
+        op = draw(st.sampled_from(["Add", "Add", "Min", "Max"]))
+        bias = b.op(op, [bias, other] if draw(st.booleans()) else [other, bias], "biases")
+        what.append(f"{op}({second})")
+    for _ in range(draw(st.integers(0, 2))):
+        view = draw(st.sampled_from(["unsqueeze", "expand", "reshape", "slice_rows", "slice_cols"]))
+        if view == "unsqueeze" and r == 2:
+            bias, r = b.op("Unsqueeze", [bias, _ints(b, [0, 1])], "b4"), 4
+        elif view == "expand" and r == 4:  # expand(1, 2, -1, -1): x's heads
+            bias = b.op("Expand", [bias, _ints(b, [1, 2, 1, 1])], "bexp")
+        elif view == "reshape" and r == 2:
+            shape = b.op("Concat", [_ints(b, [1, 1, -1]), b.op("Unsqueeze", [d.t, _ints(b, [0])], "t1")], "bshape", axis=0)
+            bias, r = b.op("Reshape", [bias, shape], "br4"), 4
+        elif view == "slice_rows":  # bias[..., :S, :]
+            bias = b.op("Slice", [bias, _ints(b, [0]), b.op("Unsqueeze", [d.s, _ints(b, [0])], "s1"), _ints(b, [-2])],
+                        "brows")
+        elif view == "slice_cols":  # bias[..., :T]
+            bias = b.op("Slice", [bias, _ints(b, [0]), b.op("Unsqueeze", [d.t, _ints(b, [0])], "t1"), _ints(b, [-1])],
+                        "bcols")
+        else:
+            continue
+        what.append(view)
+    steps.append(" ".join(what))
+    return b.op("Add", [XIN, bias] if draw(st.booleans()) else [bias, XIN], "y")
 
 
 # ---- containers: a tail of the nodes moves into an If branch, a Loop body or a local function ------
@@ -339,15 +462,22 @@ def _free(nodes) -> list[str]:
     return list(dict.fromkeys(r for r in reads if r not in defined))
 
 
-def _wrap(kind: str, nodes: list, k: int, b: CaseBuilder, inits: dict, functions: list, x_type,
-          data: int = T.FLOAT) -> list:
+def _wrap(kind: str, nodes: list, k: int, b: CaseBuilder, inits: dict, functions: list, x_type, y_type,
+          data: int = T.FLOAT, repeat: bool = True) -> list:
+    """`nodes[k:]` moved into a container of `kind`; x_type / y_type type x and the output by name;
+    a Loop or Scan runs 1-2 times (once where not `repeat`)."""
     head, tail = nodes[:k], nodes[k:]
     out = tail[-1].output[0]
     y = b.name(f"y_{kind}")
-    if kind == "if":
+    if kind == "if":  # (the else branch gives x at the output's batch)
         then = h.make_graph(tail, b.name("then"), [], [h.make_tensor_value_info(out, data, None)])
         other_out = b.name("x_else")
-        other = h.make_graph([h.make_node("Identity", ["x"], [other_out])], b.name("else"), [],
+        batch = y_type("_").type.tensor_type.shape.dim[0].dim_value
+        to = b.name("to")
+        other = h.make_graph([h.make_node("Identity", ["x"], [other_out])] if batch == 1 else
+                             [h.make_node("Constant", [], [to], value=onnx.numpy_helper.from_array(
+                                 np.array([batch, 1, 1, 1], np.int64), to)),
+                              h.make_node("Expand", ["x", to], [other_out])], b.name("else"), [],
                              [h.make_tensor_value_info(other_out, data, None)])
         return head + [h.make_node("If", ["cond"], [y], then_branch=then, else_branch=other, name=b.name("form_if"))]
     if kind == "loop":  # x carried as XIN: head[0] (Identity(x) -> XIN) goes
@@ -356,8 +486,28 @@ def _wrap(kind: str, nodes: list, k: int, b: CaseBuilder, inits: dict, functions
                             [h.make_tensor_value_info(it, T.INT64, []), h.make_tensor_value_info(c_in, T.BOOL, []),
                              x_type(XIN)],
                             [h.make_tensor_value_info(c_out, T.BOOL, []), x_type(out)])
-        trips = b.const(np.array(1 + len(nodes) % 2, np.int64), "trips")
+        trips = b.const(np.array(1 + len(nodes) % 2 * repeat, np.int64), "trips")
         return head[1:] + [h.make_node("Loop", [trips, "", "x"], [y], body=body, name=b.name("form_loop"))]
+    if kind.startswith("scan"):  # x as XIN: head[0] goes; 1-2 iterations over a leading axis
+        n = 1 + len(nodes) % 2 * repeat
+        if kind == "scan_state":  # x a state, a [n, 1] constant scanned (its slices passed through)
+            s_in, s_out = b.name("s_in"), b.name("s_out")
+            body = h.make_graph(tail + [h.make_node("Identity", [s_in], [s_out])], b.name("scan_body"),
+                                [x_type(XIN), h.make_tensor_value_info(s_in, T.FLOAT, [1])],
+                                [x_type(out), h.make_tensor_value_info(s_out, T.FLOAT, [1])])
+            steps = b.const(np.zeros((n, 1), np.float32), "scanned")
+            return head[1:] + [h.make_node("Scan", ["x", steps], [y, b.name("trace")], body=body, num_scan_inputs=1,
+                                           name=b.name("form_scan"))]
+        # x scanned: n copies stacked on a new leading axis, each body's output stacked, the last one kept
+        one = b.name("x1")
+        stack = [h.make_node("Unsqueeze", ["x", b.const(np.array([0], np.int64), "a")], [one])]
+        if n == 2:
+            stack.append(h.make_node("Concat", [one, one], [b.name("x2")], axis=0))
+        body = h.make_graph(tail, b.name("scan_body"), [x_type(XIN)], [y_type(out)])
+        ys = b.name("ys")
+        return head[1:] + stack + [h.make_node("Scan", [stack[-1].output[0]], [ys], body=body, num_scan_inputs=1,
+                                               name=b.name("form_scan")),
+                                   h.make_node("Gather", [ys, b.const(np.array(n - 1, np.int64), "i")], [y], axis=0)]
     free = _free(tail)
     consts = [h.make_node("Constant", [], [f], value=inits[f]) for f in free if f in inits]
     formal = [f for f in free if f not in inits]
@@ -376,14 +526,18 @@ def form_models(draw) -> FormCase:
     constants: list[int] = []
     m, what = draw(_source(b, d, constants))
     steps: list[str] = []
-    m = draw(_forms(b, d, m, constants, steps))
-    application = draw(st.sampled_from(APPLICATIONS))
-    data = draw(st.sampled_from([T.FLOAT, T.FLOAT, T.FLOAT16]))  # (float16: the portable forms change NaN payloads)
-    y = b.op("Identity", [_application(b, m, application, data)], "out")  # (the output keeps its name)
+    lay = Layout()
+    m = draw(_forms(b, d, m, constants, steps, lay))
+    # (float16: the portable forms change NaN payloads; bfloat16 is left out: onnxruntime's CPU
+    # provider has no Add, Mul or Where for it)
+    data = draw(st.sampled_from([T.FLOAT, T.FLOAT, T.FLOAT, T.FLOAT16, T.INT32, T.INT64]))
+    application = draw(st.sampled_from(APPLICATIONS if data in (T.FLOAT, T.FLOAT16) else INT_APPLICATIONS))
+    y = b.op("Identity", [draw(_application(b, d, m, application, data, lay, constants, steps))], "out")
     static = draw(st.sampled_from([None, None, 1] if kv else [None, None, None, 3, 6]))
     s_dim = static or "S"
     t_dim = "T" if kv else s_dim
     x_shape = [1, 2, s_dim, t_dim]
+    y_shape = [lay.lead[0], 2, s_dim, t_dim]  # (a mask expanded to batch 2: x broadcasts)
     inputs = [h.make_tensor_value_info("x", data, x_shape),
               h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, draw(st.sampled_from(["T", "T", "S"])) if kv
                                                            else t_dim])]
@@ -392,34 +546,44 @@ def form_models(draw) -> FormCase:
         past = draw(st.sampled_from(["P", "P", "P", "S", "T"]))
         inputs.append(h.make_tensor_value_info("past_key", T.FLOAT, [1, 1, past, 1]))
     opsets = [h.make_opsetid("", 18)]
-    output = h.make_tensor_value_info(y, data, x_shape)
+    output = h.make_tensor_value_info(y, data, y_shape)
     flat = h.make_model(h.make_graph(b.nodes, "form", inputs, [output], b.inits), opset_imports=opsets, ir_version=10)
 
     def x_type(name: str) -> onnx.ValueInfoProto:
         return h.make_tensor_value_info(name, data, x_shape)
 
+    def y_type(name: str) -> onnx.ValueInfoProto:
+        return h.make_tensor_value_info(name, data, y_shape)
+
     nodes, functions, wrappers = list(b.nodes), [], []
     inits = {t.name: t for t in b.inits}
     for i in range(draw(st.sampled_from([0, 0, 1, 1, 2]))):
-        kind = draw(st.sampled_from(CONTAINERS if i == 0 else ["if", "function"]))
-        if kind == "loop":  # the tail holds every reader of XIN
+        # (x carried by a Loop or as a Scan state keeps its shape: not where the output's batch grew)
+        carried = ["loop", "scan_state"] if y_shape == x_shape else []
+        kind = draw(st.sampled_from(["if", "function", "scan_input"] + carried if i == 0 else ["if", "function"]))
+        if kind in ("loop", "scan_state", "scan_input"):  # the tail holds every reader of XIN
             first = min(j for j, n in enumerate(nodes) if XIN in _free([n]))
             k = draw(st.integers(1, first))
         else:
             k = draw(st.integers(0, len(nodes) - 1))
-        nodes = _wrap(kind, nodes, k, b, inits, functions, x_type, data)
+        # A second trip of a carried x adds the bias domain's finfo.min to the first trip's finfo.min:
+        # mask_arith's fill is equal only for |X| < 2^103 (its stated exactness), which that X is not,
+        # so such a body runs once (the harness's false alarm of seed 1: -inf against finfo.min).
+        nodes = _wrap(kind, nodes, k, b, inits, functions, x_type, y_type, data,
+                      repeat=application != "bias_domain")
         wrappers.append(f"{kind}@{k}")
     if any(w.startswith("if") for w in wrappers):
         inputs.append(h.make_tensor_value_info("cond", T.BOOL, []))
     used = set(_free(nodes))
     model = h.make_model(h.make_graph(nodes, "form", inputs, [h.make_tensor_value_info(nodes[-1].output[0], data,
-                                                                                      x_shape)],
+                                                                                      y_shape)],
                                       [t for t in b.inits if t.name in used]),
                          opset_imports=opsets + ([h.make_opsetid("local", 1)] if functions else []),
                          ir_version=10, functions=functions)
     onnx.checker.check_model(model, full_check=True)  # (a generator bug, not a finding)
+    kind_of = {T.FLOAT16: " (float16)", T.INT32: " (int32)", T.INT64: " (int64)"}
     description = f"{'kv ' if kv else ''}{what} -> {' -> '.join(steps) or '(as is)'} -> {application}" + \
-        (" (float16)" if data == T.FLOAT16 else "") + \
+        kind_of.get(data, "") + \
         (f" in {' in '.join(wrappers)}" if wrappers else "") + (f" static {static}" if static else "") + \
         (f" past named {past}" if past != "P" else "")
     contained = {o for n in all_nodes_in(nodes, functions) for o in n.output} - {o for n in nodes for o in n.output}
@@ -459,8 +623,9 @@ def sizes_of(case: FormCase, most: int = STORED_N) -> list[tuple[int, int]]:
 def feeds(case: FormCase, size: tuple[int, int], seed: int, model: onnx.ModelProto | None = None) -> dict:
     s, t = size
     rng = np.random.default_rng(seed)
-    half = any(i.name == "x" and i.type.tensor_type.elem_type == T.FLOAT16 for i in case.model.graph.input)
-    x = rng.standard_normal((1, 2, s, t)).astype(np.float16 if half else np.float32)
+    [kind] = [i.type.tensor_type.elem_type for i in case.model.graph.input if i.name == "x"]
+    dt = h.tensor_dtype_to_np_dtype(kind)
+    x = rng.standard_normal((1, 2, s, t)).astype(dt) if dt.kind == "f" else rng.integers(-999, 1000, (1, 2, s, t), dt)
     x.reshape(-1)[::5] = -0.0  # (finite data: float16 NaN payloads are tests/test_portable.py's)
     f = {"x": x, "padding": rng.random((1, 1, 1, t)) < 0.7, "past_key": np.zeros((1, 1, t - s, 1), np.float32),
          "cond": np.array(True)}
@@ -503,7 +668,14 @@ def oracle_bands(case: FormCase) -> list[str]:
                 failed.add(name)
             else:
                 seen_pattern.add(name)
-    return [n for n in names if n in seen_pattern and n not in failed]
+    # A value computed from the data is no band site even where its values do not depend on it: the
+    # bias domain's x + finfo.min is finfo.min for every |x| < 2^103 (a false alarm of seed 1 marked
+    # such an output; the mask intermediates read x through Shape only, the application XIN).
+    data = {XIN}
+    for n in case.flat.graph.node:
+        if data.intersection(n.input):
+            data.update(n.output)
+    return [n for n in names if n in seen_pattern and n not in failed and n not in data]
 
 
 # ---- the check -----------------------------------------------------------------------------------

@@ -291,6 +291,52 @@ def test_add_lowest_float16_mask_is_declined_with_the_reason():
     check(model, g, [{"x": np.full((1, 1, 4, 4), 20, np.float32)}])
 
 
+def test_a_sum_of_two_lowest_biases_over_other_bands_is_declined():
+    """`(1 - a.float()) * finfo.min + (1 - b.float()) * finfo.min` of two bands a, b with other bounds
+    (causal + a window, transformers' bias domain): where both are masked the sum is -inf. The Add
+    was lowered as `DIAGONAL_MATRIX1(X = the first bias, Value finfo.min)`, whose condition |X| < 2^103
+    the first bias breaks (it holds finfo.min), so the dml output held finfo.min there (found by the
+    widened fuzzer of forms). It is declined now, naming that operand."""
+    lowest = np.finfo(np.float32).min
+    nodes = [h.make_node("Shape", ["x"], ["matrix"])]
+    for b, k in (("a", "k1"), ("b", "k2")):
+        nodes += [h.make_node("ConstantOfShape", ["matrix"], [f"{b}_ones"], value=c("v", np.ones(1, np.float32))),
+                  h.make_node("Trilu", [f"{b}_ones", k], [f"{b}_keep"], upper=1),
+                  h.make_node("Sub", ["one", f"{b}_keep"], [f"{b}_inv"]), h.make_node("Mul", [f"{b}_inv", "low"], [b])]
+    nodes.append(h.make_node("Add", ["a", "b"], ["biases"]))
+    model = model_of(nodes, [h.make_tensor_value_info("x", T.FLOAT, [3, 3])],
+                     [h.make_tensor_value_info("biases", T.FLOAT, [3, 3])],
+                     [c("k1", np.int64(1)), c("k2", np.int64(2)), c("one", np.float32(1)), c("low", np.float32(lowest))])
+    g, result = lower(model)
+    assert any("holds -3.40" in m.reason for m in result.declined), [m.reason for m in result.declined]
+    check(model, g, [{"x": np.zeros((3, 3), np.float32)}])
+
+
+@pytest.mark.parametrize("form", ["where", "one_minus"])
+def test_a_causal_bias_plus_a_padding_bias_is_declined(form):
+    """transformers' `causal_4d_mask + expanded_attn_mask`: a causal bias (a band of 0 / finfo.min) plus
+    the padding's bias, `Where(padding, 0, finfo.min)` or `(1 - padding.float()) * finfo.min`. Lowered
+    as `DIAGONAL_MATRIX1(X = the padding's bias, Value finfo.min)` it held finfo.min where both mask
+    and onnxruntime gives -inf (found by the widened fuzzer of forms): X visibly holds finfo.min,
+    which breaks the rule's condition |X| < 2^103, so the Add is declined, naming it."""
+    lowest = np.finfo(np.float32).min
+    nodes, inits = causal_nodes()
+    if form == "where":
+        pad = [h.make_node("Where", ["padding", "zf", "low"], ["pbias"])]
+    else:
+        pad = [h.make_node("Cast", ["padding"], ["pf"], to=T.FLOAT), h.make_node("Sub", ["onef", "pf"], ["pinv"]),
+               h.make_node("Mul", ["pinv", "low"], ["pbias"])]
+    nodes += [h.make_node("Where", ["band", "zf", "low"], ["bias"]), *pad, h.make_node("Add", ["bias", "pbias"], ["y"])]
+    inits += [c("zf", np.float32(0)), c("onef", np.float32(1)), c("low", np.float32(lowest))]
+    padding = h.make_tensor_value_info("padding", T.BOOL, ["B", 1, 1, "S"])
+    model = model_of(nodes, [X, padding], [h.make_tensor_value_info("y", T.FLOAT, ["B", 1, "S", "S"])], inits)
+    g, result = lower(model)
+    assert not result.counts["mask_arith"]
+    assert any("holds -3.40" in m.reason for m in result.declined), [m.reason for m in result.declined]
+    feeds = {"x": np.zeros((1, 2, 4, 4), np.float32), "padding": np.array([False, True, True, False]).reshape(1, 1, 1, 4)}
+    check(model, g, [feeds])
+
+
 # ---- views ------------------------------------------------------------------------------------------
 def test_unsqueeze_and_expand_of_a_band_lower_with_it():
     nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["seq"], axis=0),
@@ -410,3 +456,39 @@ def test_unsqueeze_of_an_application_whose_data_has_no_shape_is_declined_not_a_c
     model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 18)], ir_version=10)
     result = dapi.optimize_graph(imp(model), Opts(min_mask_bytes=0))
     assert any("unknown shape" in (m.reason or "") for m in result.declined if m.rule == "mask_view")
+
+
+def test_two_biases_of_an_empty_window_summed_in_a_branch_are_declined():
+    """An empty sliding window (cols <= rows - 1 and rows - cols < 1) made a bias twice, by
+    `Where(w, 0, finfo.min)` and by `(1 - w.float()) * finfo.min`, summed in an If branch and added to
+    x: -inf everywhere. The sum's Add folded `bias + finfo.min` to finfo.min, taking the other bias
+    (a chain of DIAGONAL_MATRIX1 nodes ending in finfo.min) for data within |X| < 2^103, and the
+    output held finfo.min (the widened fuzzer of forms, seed 11). Every operand folded with the
+    band's fill is checked now, through the chain."""
+    n = h.make_node
+
+    def window(tag: str) -> list[onnx.NodeProto]:
+        return [n("Range", ["i0", "s", "i1"], [f"{tag}r"]), n("Unsqueeze", [f"{tag}r", "a1"], [f"{tag}rows"]),
+                n("Unsqueeze", [f"{tag}r", "a0"], [f"{tag}cols"]), n("Add", [f"{tag}rows", "im1"], [f"{tag}shift"]),
+                n("LessOrEqual", [f"{tag}cols", f"{tag}shift"], [f"{tag}cmp"]),
+                n("Sub", [f"{tag}rows", f"{tag}cols"], [f"{tag}dist"]), n("Less", [f"{tag}dist", "i1"], [f"{tag}win"])]
+    then = [n("And", ["acmp", "awin"], ["aw"]), n("Where", ["aw", "zero", "low"], ["a"]), *window("b"),
+            n("And", ["bcmp", "bwin"], ["bw"]), n("Cast", ["bw"], ["bf"], to=T.FLOAT), n("Sub", ["onef", "bf"], ["binv"]),
+            n("Mul", ["binv", "low"], ["b"]), n("Add", ["b", "a"], ["biases"]), n("Unsqueeze", ["biases", "a01"], ["b4"]),
+            n("Add", ["b4", "x"], ["y_then"])]
+    branch = h.make_graph(then, "then", [], [h.make_tensor_value_info("y_then", T.FLOAT, None)])
+    other = h.make_graph([n("Identity", ["x"], ["y_else"])], "else", [], [h.make_tensor_value_info("y_else", T.FLOAT, None)])
+    nodes = [n("Shape", ["x"], ["shape"]), n("Gather", ["shape", "i2"], ["s"], axis=0), *window("a"),
+             n("If", ["cond"], ["y"], then_branch=branch, else_branch=other)]
+    inits = [c("i0", np.int64(0)), c("i1", np.int64(1)), c("i2", np.int64(2)), c("im1", np.int64(-1)),
+             c("a0", np.array([0])), c("a1", np.array([1])), c("a01", np.array([0, 1])), c("zero", np.float32(0)),
+             c("onef", np.float32(1)), c("low", np.float32(np.finfo(np.float32).min))]
+    shape = [1, 2, "S", "S"]
+    model = model_of(nodes, [h.make_tensor_value_info("x", T.FLOAT, shape), h.make_tensor_value_info("cond", T.BOOL, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, shape)], inits)
+    lowered = pipeline.lower(model, Options(), "dml").model
+    for s in (1, 3):
+        feeds = {"x": np.random.default_rng(s).standard_normal((1, 2, s, s)).astype(np.float32), "cond": np.array(True)}
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        assert np.isneginf(want).all()
+        np.testing.assert_array_equal(Executor(import_model(lowered)).run(feeds)["y"], want)

@@ -29,7 +29,7 @@ TOTAL = Stats()
 
 
 def _flat(case) -> bool:
-    return not case.model.functions and not any(n.op_type in ("If", "Loop") for n in case.model.graph.node)
+    return not case.model.functions and not any(n.op_type in ("If", "Loop", "Scan") for n in case.model.graph.node)
 
 
 @SETTINGS

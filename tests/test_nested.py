@@ -18,6 +18,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
+import dmlgraph
 from dmlgraph import inspection, pipeline
 from dmlgraph.io.modelfile import iter_graphs
 from dmlgraph.io.onnx_io import DOMAIN, graphs_of, import_model
@@ -701,3 +702,47 @@ def test_fresh_dims_never_take_a_dim_the_model_names():
     fresh |= {d.dim_param for b in bodies for sub, _ in iter_graphs(b) for vi in [*sub.input, *sub.output, *sub.value_info]
               for d in vi.type.tensor_type.shape.dim if nested.FRESH_PREFIX in d.dim_param}
     assert fresh == {"unk__dmlgraph_0", "unk__dmlgraph_1"}
+
+
+def test_a_branch_adding_an_outer_bias_sees_its_lowest_values():
+    """`x + (bias_a + bias_b)` in an If branch, bias_a = `(1 - window_a.float()) * finfo.min` of the
+    enclosing graph (lowered there to a generator whose X is the constant finfo.min), bias_b the
+    branch's own window bias: where both mask the sum is -inf. The branch saw bias_a as an input of
+    unknown content, so `mask_arith` took it for data within its condition |X| < 2^103 and the dml
+    output held finfo.min there (the widened fuzzer of forms, seed 11). A generator whose X is a
+    constant is copied into the body as one without X is, so the rule sees what bias_a holds."""
+    lowest = np.float32(np.finfo(np.float32).min)
+    c = lambda name, v: onnx.numpy_helper.from_array(np.asarray(v), name)
+
+    def window(tag: str, k: int) -> list[onnx.NodeProto]:  # cols - rows in [k, k + 3), as a 0 / finfo.min bias
+        return [h.make_node("Sub", ["cols", "rows"], [f"{tag}_top"]),
+                h.make_node("GreaterOrEqual", [f"{tag}_top", f"k{k}"], [f"{tag}_lo"]),
+                h.make_node("Less", [f"{tag}_top", f"k{k + 3}"], [f"{tag}_hi"]),
+                h.make_node("And", [f"{tag}_lo", f"{tag}_hi"], [f"{tag}_in"]),
+                h.make_node("Cast", [f"{tag}_in"], [f"{tag}_f"], to=T.FLOAT),
+                h.make_node("Sub", ["one", f"{tag}_f"], [f"{tag}_inv"]),
+                h.make_node("Mul", [f"{tag}_inv", "low"], [tag])]
+    grids = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "k2"], ["n"], axis=0),
+             h.make_node("Range", ["k0", "n", "k1"], ["r"]), h.make_node("Unsqueeze", ["r", "ax1"], ["rows"]),
+             h.make_node("Unsqueeze", ["r", "ax0"], ["cols"])]
+    then = h.make_graph(window("b", 3) + [h.make_node("Add", ["a", "b"], ["biases"]),
+                                          h.make_node("Add", ["x", "biases"], ["y_then"])],
+                        "then", [], [h.make_tensor_value_info("y_then", T.FLOAT, None)])
+    other = h.make_graph([h.make_node("Identity", ["x"], ["y_else"])], "else", [],
+                         [h.make_tensor_value_info("y_else", T.FLOAT, None)])
+    nodes = grids + window("a", -5) + [h.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)]
+    inits = [c(f"k{k}", np.int64(k)) for k in (-5, -2, 0, 1, 2, 3, 6)] + \
+        [c("ax0", np.array([0])), c("ax1", np.array([1])), c("one", np.float32(1)), c("low", lowest)]
+    shape = [1, 2, "S", "S"]
+    m = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, shape),
+                                               h.make_tensor_value_info("cond", T.BOOL, [])],
+                                  [h.make_tensor_value_info("y", T.FLOAT, shape)], inits),
+                     opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    onnx.checker.check_model(m, full_check=True)
+    lowered = dmlgraph.optimize(m, target="dml").model
+    for n in (3, 5):
+        feeds = {"x": np.random.default_rng(n).standard_normal((1, 2, n, n)).astype(np.float32),
+                 "cond": np.array(True)}
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        assert np.isneginf(want).any()
+        np.testing.assert_array_equal(dmlgraph.run(lowered, feeds)["y"], want)

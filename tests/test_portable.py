@@ -490,6 +490,63 @@ def test_an_arithmetic_mask_is_written_as_its_arithmetic(op):
     assert dmlgraph.validate(m, r, {"x": x}).ok
 
 
+def test_a_sum_of_two_biases_keeps_its_negative_zeros():
+    """Two transformers biases `(1 - m.float()) * finfo.min` summed (causal + another band): the
+    lowered Add is an exact `mask_arith` node (its X the constant -0.0 that `0 * finfo.min` makes,
+    its Value -inf). Written as the arithmetic it replaced, `-0.0 + Trilu(-inf)`, the kept
+    region came out +0.0 (0.0 + -0.0), and x + bias then lost x's -0.0 (found by the widened
+    fuzzer of forms: the bias domain, an application in a Scan body); only an inexact node takes
+    the arithmetic form now, this one a Where."""
+    lowest = np.finfo(np.float32).min
+    nodes = [h.make_node("Shape", ["x"], ["matrix"])]
+    ones = numpy_helper.from_array(np.ones(1, np.float32))
+    for b in ("a", "b"):
+        nodes += [h.make_node("ConstantOfShape", ["matrix"], [f"{b}_ones"], value=ones),
+                  h.make_node("Trilu", [f"{b}_ones", "k"], [f"{b}_keep"], upper=1),
+                  h.make_node("Sub", ["one", f"{b}_keep"], [f"{b}_inv"]), h.make_node("Mul", [f"{b}_inv", "low"], [b])]
+    nodes.append(h.make_node("Add", ["a", "b"], ["biases"]))
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [3, 3])],
+                     [h.make_tensor_value_info("biases", T.FLOAT, [3, 3])],
+                     [numpy_helper.from_array(np.array(1, np.int64), "k"), numpy_helper.from_array(np.float32(1), "one"),
+                      numpy_helper.from_array(np.float32(lowest), "low")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    r = dmlgraph.optimize(m, target="onnx")
+    assert r.rewrites and all(w.exact for w in r.rewrites) and r.counts["mask_arith"] >= 1
+    x = np.zeros((3, 3), np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.signbit(want[0, 1]) and want.tobytes() == got.tobytes()
+
+
+def test_data_plus_a_bias_of_lowest_and_minus_inf_is_not_written_as_an_add():
+    """x + ((1 - eye) * finfo.min + Where(tril(k=-1), 0, finfo.min)): the bias is finfo.min on and
+    below the diagonal, -inf above, so the lowered node is a generator of two constants (X the
+    folded finfo.min of x + finfo.min, Value -inf). Its arithmetic form `X + Trilu(band)` computed
+    finfo.min + -inf and -inf + finfo.min and wrote -inf everywhere (found by the widened fuzzer of
+    forms: the bias domain in an If branch); a constant X takes the Where form now."""
+    lowest = np.finfo(np.float32).min
+    c = numpy_helper.from_array
+    nodes = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Slice", ["shape", "a2", "a4"], ["matrix"]),
+             h.make_node("ConstantOfShape", ["matrix"], ["zeros"], value=c(np.zeros(1, np.float32))),
+             h.make_node("EyeLike", ["zeros"], ["eye"]), h.make_node("Sub", ["one", "eye"], ["inv"]),
+             h.make_node("Mul", ["inv", "low"], ["a"]),
+             h.make_node("ConstantOfShape", ["matrix"], ["ones"], value=c(np.ones(1, np.float32))),
+             h.make_node("Trilu", ["ones", "km1"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["keep"], to=T.BOOL),
+             h.make_node("Where", ["keep", "zero", "low"], ["b"]),
+             h.make_node("Add", ["a", "b"], ["biases"]), h.make_node("Add", ["x", "biases"], ["y"])]
+    inits = [c(np.array([2]), "a2"), c(np.array([4]), "a4"), c(np.array(-1), "km1"), c(np.float32(1), "one"),
+             c(np.float32(0), "zero"), c(np.float32(lowest), "low")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, "S", "S"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, "S", "S"])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    r = dmlgraph.optimize(m, target="onnx")
+    assert r.counts["mask_arith"] == 1 and "Add" not in [n.op_type for n in r.model.graph.node]
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.isneginf(want[0, 0, 0, 1]) and want[0, 0, 1, 0] == lowest and np.array_equal(want, got)
+
+
 @pytest.mark.parametrize("claimed", [False, True])
 def test_a_band_read_off_x_declares_xs_dims(claimed):
     """A band `ConstantOfShape(Shape(x, start=-2))` gets x's declared last two dims as value_info,

@@ -517,15 +517,27 @@ def _arithmetic(s: _Node, r: list[Interval]) -> str | None:
     """A `mask_arith` node written as the arithmetic it replaced, which is its stated exactness
     (equal where X is finite, and under the lowest float while |X| < 2^103): X + a band of Value
     (0 elsewhere). onnxruntime runs an Add with a broadcast operand faster than a Where (1.5x at a
-    1024-token prefill)."""
-    if s.n.rule != "mask_arith" or s.dt.kind != "f" or s.n.elem_type == TensorProto.FLOAT16 \
-            or s.n.elem_type not in TRILU_TYPES:
+    1024-token prefill). Only where X is the data the model added, not a constant the rule folded (an
+    Add of two biases): X + 0 turns a -0.0 of X into +0.0, which an exact node must keep, and a
+    constant X the fill does not absorb (x + finfo.min folded to finfo.min beside -inf) is no
+    data the node's condition is about (-inf + finfo.min is -inf where the node holds finfo.min)."""
+    if s.n.rule != "mask_arith" or s.n.exact or _constant(s.g, s.x) or s.dt.kind != "f" \
+            or s.n.elem_type == TensorProto.FLOAT16 or s.n.elem_type not in TRILU_TYPES:
         return None
     em, v = s.em, s.value
     if len(r) != 1 or not (bool(np.isinf(v)) or bool(v == np.finfo(s.dt).min)):
         return None  # (a Value 0 is already one Trilu of X)
     full = em.op("ConstantOfShape", [s.band_vec()], "fill", value=numpy_helper.from_array(np.array([v], s.dt)))
     return em.op("Add", [s.data(), s.keep(full, r[0], "band")], "sel", role=APPLY)
+
+
+def _constant(g: Graph | None, v: Value | None) -> bool:
+    """`v` is a constant (in a body, where `g` is None: any stored array or Constant node)."""
+    if v is None or g is not None:
+        return small_constant(g, v) is not None
+    p = v.producer
+    return v.array is not None or v.initializer is not None or \
+        isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx")
 
 
 def _generator(s: _Node, r: list[Interval]) -> str | None:

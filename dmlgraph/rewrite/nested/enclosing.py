@@ -101,7 +101,8 @@ def _cone(parent: Graph, v: Value, varying: dict[str, str], chosen: dict[int, No
             if p.__class__ is not OnnxNode or p.domain not in STANDARD or p.op_type not in CONE_OPS \
                     or p.has_subgraph:
                 continue
-        elif not isinstance(p, DmlNode) or p.operands[0] is not None:  # (a band generator, not an application)
+        elif not isinstance(p, DmlNode) or p.operands[0] is not None and enclosing_constant(parent, p.operands[0]) is None:
+            # (a band generator, its X none or a constant: not an application)
             continue
         found[p.id] = p
         if len(found) > CONE_LIMIT:

@@ -238,9 +238,9 @@ def optimum_part(out: str, want: list[str], log: list[dict]) -> None:
 
 
 # ---- 3. QDQ static quantization, external data -------------------------------------------------
-def _qdq(a: str, b: str, sets: str) -> None:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+def calibration_reader(sets: str):  # type: ignore[no-untyped-def]
+    """quantize_static's calibration data: every input set saved in the folder `sets`, in name order."""
+    from onnxruntime.quantization import CalibrationDataReader
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -248,10 +248,16 @@ def _qdq(a: str, b: str, sets: str) -> None:
 
         def get_next(self) -> dict | None:
             return next(self.feeds, None)
+    return Reader()
+
+
+def _qdq(a: str, b: str, sets: str) -> None:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     pre = b + ".pre.onnx"
     quant_pre_process(a, pre, skip_symbolic_shape=True)
-    quantize_static(pre, b, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+    quantize_static(pre, b, calibration_reader(sets), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm", "Conv"])
     os.remove(pre)
     m = onnx.load(b)

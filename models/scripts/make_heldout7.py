@@ -19,8 +19,8 @@ qwen2, qwen3, phi3, gemma2 (sliding 4 / full), gemma3 (sliding 4 / full), mistra
 The weights stay in the builder's external data file (model.onnx.data, renamed with the model).
 Sets from the model's own inputs: prefill (past 0, seq 4), prefill_past (past 5, seq 3), decode (past
 7, seq 1), left_padded (batch 2, past 0, seq 5, two zeros on the left of row 0), left_padded_decode
-(batch 2, past 4, seq 1, the same zeros), long (batch 2, seq 40, six zeros): GroupQueryAttention takes a batch above 1 with a past only
-at seq 1.
+(batch 2, past 4, seq 1, the same zeros), long (batch 2, seq 40, six zeros): GroupQueryAttention
+takes a batch above 1 with a past only at seq 1.
 
 `torch`: llama (KV), mistral sliding 4 (KV), gemma3 sliding 4 / full (KV) and a BERT encoder through
 TorchScript (opset 17) and the dynamo exporter (opset 18), make_heldout4's `export_jobs` (verified
@@ -271,16 +271,10 @@ def _fp16(a: str, b: str, sets: str) -> None:
 
 
 def _qdq(a: str, b: str, sets: str) -> None:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from make_heldout3 import calibration_reader
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds = iter([dict(np.load(os.path.join(sets, f))) for f in sorted(os.listdir(sets))])
-
-        def get_next(self) -> dict | None:
-            return next(self.feeds, None)
-
-    quantize_static(a, b, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+    quantize_static(a, b, calibration_reader(sets), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
     m = onnx.load(b)
     m.ir_version = min(m.ir_version, 10)

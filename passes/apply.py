@@ -554,14 +554,17 @@ def absorbed(graph: Graph, v: Value, band: DmlNode, outside: Operand, options: O
 
 
 def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
-                     exact: str, description: str, output_is_mask: bool = True, two_valued: bool = False) -> Rule:
+                     exact: str, description: str, output_is_mask: bool = True, two_valued: bool = False,
+                     check: Callable[[Graph, Plan], str | None] | None = None) -> Rule:
     """An application rule (the fourth phase) applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
 
     `output_is_mask`: the op's output is itself a mask (And, Not, Cast), so a band it cannot take is
     declined with the reason; an application whose output is data (Where, Add) that is no mask
     application at all (`X + eye`) is simply not matched. `two_valued`: only bands without a data
     input (a generator: two values), for rewrites that would otherwise move per-use work onto a mask
-    computed once (each layer's `Add(scores, mask)` of a padded mask stays one Add of the shared mask)."""
+    computed once (each layer's `Add(scores, mask)` of a padded mask stays one Add of the shared mask).
+    `check`: why the first plan found breaks the rule's stated exactness for every input (the node is
+    then declined with that reason), else None."""
     APPLICATIONS[name] = (op_types, band_inputs, evaluate)
 
     def match(ctx: Context, node: Node) -> Match | None:
@@ -580,7 +583,8 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
             m = plan_application(graph, node, i, evaluate, name, exact, options, output_is_mask,
                                  ctx.analysis(AxisDims))
             if m is not None and not m.declined:
-                return m
+                reason = check(graph, m.captures["plan"]) if check is not None else None
+                return m if reason is None else Match(name, [node], reason=reason)
             declined = declined or m
         return declined
 

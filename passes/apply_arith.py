@@ -6,11 +6,9 @@ that bound and what happens off the band: docs/internals.md, passes/apply_arith.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value
 from dmlgraph.passes.apply import (
     Operand,
     Part,
@@ -20,7 +18,6 @@ from dmlgraph.passes.apply import (
     off_region,
     uniform_constant,
 )
-from dmlgraph.rewrite import Context, Match, Rule
 
 EXACTNESS = ("equal where the data X is finite and, under a lowest-float fill, |X| < 2^103 (float32) "
              "or 2^970 (float64); signed zeros may differ")
@@ -165,18 +162,7 @@ def unabsorbed(graph: Graph, plan: Plan) -> str | None:
     return None
 
 
-def _arith_rule() -> Rule:
-    rule = application_rule(
-        "mask_arith", ("Add", "Sub", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
-        "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band), c - band -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
-        output_is_mask=False, two_valued=True)
-    planned = rule.match
-
-    def match(ctx: Context, node: Node) -> Match | None:
-        m = planned(ctx, node)
-        reason = None if m is None or m.declined else unabsorbed(ctx.graph, m.captures["plan"])
-        return m if reason is None else Match(rule.name, [node], reason=reason)
-    return dataclasses.replace(rule, match=match)
-
-
-MASK_ARITH = _arith_rule()
+MASK_ARITH = application_rule(
+    "mask_arith", ("Add", "Sub", "Mul"), (0, 1), evaluate_arith, EXACTNESS,
+    "Add(X, 0/lowest or 0/-inf band), Mul(X, 0/1 band), c - band -> DIAGONAL_MATRIX1(X, Value lowest, -inf or 0)",
+    output_is_mask=False, two_valued=True, check=unabsorbed)

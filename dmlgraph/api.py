@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dmlgraph import pipeline
+from dmlgraph.inspection import analyze
 from dmlgraph.ir.ops import FeatureLevel
 from dmlgraph.pipeline import (
     Decline,
@@ -76,7 +77,6 @@ class Inspection:
 def inspect(model: ModelLike, *, target: str = "dml", exact: bool = False, feature_level: str | FeatureLevel = "5_1",
             top: int = 10) -> Inspection:
     """What is in `model`, what would lower and what it saves, and why the rest does not."""
-    from dmlgraph.inspection import analyze
     opts = make_options(exact=exact, feature_level=feature_level)
     return Inspection(analyze(model, opts, top, target).report)
 

@@ -21,18 +21,21 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from dmlgraph import mask_census
+from dmlgraph import mask_census, pipeline
 from dmlgraph.errors import DmlgraphError
 from dmlgraph.io.modelfile import tensor_nbytes
 from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN, DmlDataType, onnx_type_name
+from dmlgraph.ir.graph import DmlNode
 from dmlgraph.ir.ops import FeatureLevel, bind_range
 from dmlgraph.pipeline import IN_MEMORY, ModelLike
+from dmlgraph.rewrite import Options
 from dmlgraph.rewrite.nested import SCOPE, in_lowered_graph, nested_dml_nodes, qualified_name
+from dmlgraph.runtime.binding import min_rank, node_desc
 
 if TYPE_CHECKING:
-    from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node
+    from dmlgraph.ir.graph import Dim, Graph, Node
     from dmlgraph.pipeline import OptimizeResult
-    from dmlgraph.rewrite import Match, Options, PassResult
+    from dmlgraph.rewrite import Match, PassResult
 
 Progress = Callable[[str], None]
 
@@ -222,7 +225,6 @@ def _bounds(dml: DmlNode) -> tuple[int | None, int | None]:
 
 def _symbolic_desc(dml: DmlNode, out_shape: tuple[Dim, ...], level: FeatureLevel) -> dict:
     """The desc with symbolic sizes (strides and byte counts as expressions); bounds unclamped."""
-    from dmlgraph.runtime.binding import min_rank
     dtype = DmlDataType.from_onnx(dml.elem_type)
     elem = dtype.element_size
     rank = len(out_shape)
@@ -263,7 +265,6 @@ def _symbolic_desc(dml: DmlNode, out_shape: tuple[Dim, ...], level: FeatureLevel
 
 def _bound_desc(dml: DmlNode, out_shape: tuple[int, ...], level: FeatureLevel) -> dict:
     """binding.node_desc at a static shape (symbolic input dims, if any, take REPRESENTATIVE_DIM)."""
-    from dmlgraph.runtime.binding import node_desc
     x = dml.inputs[0]
     x_shape = None
     if x is not None and x.shape is not None:
@@ -414,9 +415,6 @@ def analyze(source: ModelLike, options: Options | None = None, top: int = 10, ta
             progress: Progress | None = None) -> Inspection:
     """Everything `inspect` reports, plus the graph snapshot for DOT output (`source`: a path or
     a ModelProto, which is only read)."""
-    from dmlgraph import pipeline
-    from dmlgraph.ir.graph import DmlNode
-    from dmlgraph.rewrite import Options
 
     options = options or Options()
     pipeline.check_target(target)
@@ -466,7 +464,6 @@ def _candidate_rows(result: PassResult, g: Graph, index: dict[int, int], sizes: 
                     shapes: dict[str, tuple], options: Options, written: list[bool]) -> list[dict[str, Any]]:
     """One row per applied Match: what it covers, what it lowers to, what it saves (`written`: per
     Match, whether what the target writes is bit-exact, as optimize reports it)."""
-    from dmlgraph.ir.graph import DmlNode
     rules = _rule_table()
     # What each match covers: its nodes, the constants it names, and the constants its covered nodes
     # read that are gone afterwards (a Where's fill value, an Equal's zero). A node or constant
@@ -539,7 +536,6 @@ def _declined_rows(result: PassResult, index: dict[int, int], sizes: dict[str, i
 def _totals(lowered: OptimizeResult, seen: dict[str, Any], report: dict[str, Any], target: str, options: Options,
             grows: str | None) -> dict[str, Any]:
     """What `optimize` would do for the target: nodes and constants removed and added, before/after."""
-    from dmlgraph.ir.graph import DmlNode
     g, result, before = lowered.graph, lowered.passes, lowered.before
     growing = lowered.report.get("site_growth", []) if grows else []  # (the sites optimize declines)
     index, sizes, original_dml = seen["index"], seen["sizes"], seen["original_dml"]

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-from dmlgraph import mask_census
+from dmlgraph import __version__, mask_census
 from dmlgraph.costs import (
     GROWTH_ALLOWANCE,
     GROWTH_DECLINE,
@@ -644,9 +644,6 @@ def stamp(model: onnx.ModelProto, target: str, options: Options, counts: dict[st
     """Provenance in the model's metadata_props (Netron shows them): dmlgraph's version, the
     target, the feature level, exactness and the rewrites per rule (replacing an earlier stamp,
     unless this run rewrote nothing in a model made for the same target)."""
-    import json
-
-    from dmlgraph import __version__
     old = {p.key: p.value for p in model.metadata_props if p.key.startswith(STAMP)}
     if old.get(f"{STAMP}target") == target and (not any(counts.values()) or
                                                (source is not None and model.graph == source.graph)):

@@ -28,6 +28,7 @@ from dmlgraph.inspection import (
 )
 from dmlgraph.io.saving import atomic_writer
 from dmlgraph.pipeline import make_options
+from dmlgraph.tools.report import before_after_table, portable_lines
 
 
 # ---- text --------------------------------------------------------------------------------------
@@ -202,7 +203,6 @@ def _totals_text(t: dict) -> list[str]:
         adds += (f"; and {_plural(t['nested_dml_nodes'], 'DML node')} inside bodies and functions"
                  + ("" if t["target"] == "dml" else ", written as standard ONNX nodes"))
     if t.get("portable"):
-        from dmlgraph.tools.report import portable_lines
         L += portable_lines(t["portable"])
     if t.get("declined_for_growth"):
         L.append(f"optimize declines {_plural(len(t['declined_for_growth']), 'site')} on target {t['target']}, "
@@ -212,7 +212,6 @@ def _totals_text(t: dict) -> list[str]:
     L.append(f"totals (target {t['target']}): optimize would remove {_plural(t['nodes_removed'], 'node')} and "
              f"{_plural(t['initializers_removed'], 'initializer')} ({format_bytes(t['initializer_bytes_removed'])}), "
              f"{adds}")
-    from dmlgraph.tools.report import before_after_table
     L.append(before_after_table(t["before"], t["after"]))
     return L
 

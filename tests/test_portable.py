@@ -264,6 +264,19 @@ def test_forms_take_the_fewest_nodes():
                                                                                    "Where"]
 
 
+def test_an_eyelike_writes_only_the_attributes_that_differ_from_its_defaults():
+    """k 0 and a dtype equal to its input's (the float zeros it reads) go unwritten; an off
+    diagonal or another type is written (the values are pinned bit for bit above)."""
+    def attrs(et: int, begin: int) -> dict:
+        m = pipeline.lower(_dml_model(et, 1, begin, begin + 1, False, [5, 7], [5, 7], False),
+                           pipeline.Options(allow_growth=True), "onnx").model
+        (eye,) = [n for n in m.graph.node if n.op_type == "EyeLike"]
+        return {a.name: h.get_attribute_value(a) for a in eye.attribute}
+    assert attrs(T.FLOAT, 0) == {}
+    assert attrs(T.FLOAT, -2) == {"k": -2}
+    assert attrs(T.INT64, 3) == {"k": 3, "dtype": T.INT64}
+
+
 def test_each_site_counts_its_mask_part_and_the_select_applying_it():
     """The report counts, per site, the mask part (the band) and the whole site (with the select
     that applies it to the data, where the model had its own select); size plumbing (k's Clip/Add)

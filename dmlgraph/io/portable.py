@@ -546,8 +546,13 @@ def _generator(s: _Node, r: list[Interval]) -> str | None:
     if len(r) == 1 and r[0][0] is not None and r[0][1] == r[0][0] + 1 and s.k is None and dims is not None \
             and len(dims) == 2 and et in EYELIKE_TYPES and bool(v == 1) and abs(r[0][0]) < BOUND:
         src = _shape_of(s.g, s.shape)
-        like = src if src is not None else em.op("ConstantOfShape", [_vec(s)], "like")
-        return em.op("EyeLike", [like], "eye", k=int(r[0][0]), dtype=et)
+        like = src.name if src is not None else em.op("ConstantOfShape", [_vec(s)], "like")  # (float zeros)
+        own = src.elem_type if src is not None else TensorProto.FLOAT
+        # (EyeLike's defaults go unwritten: k 0, and dtype where it is the input's type)
+        attrs: dict[str, Any] = {"k": int(r[0][0])} if r[0][0] else {}
+        if et != own:
+            attrs["dtype"] = et
+        return em.op("EyeLike", [like], "eye", **attrs)
     base = et
     if et == TensorProto.FLOAT16 and _is_nan(v):
         return None  # (float16 Trilu rewrites NaN payloads)
@@ -573,7 +578,7 @@ def _vec(s: _Node) -> str:
     return vec
 
 
-def _shape_of(g: Graph | None, shape: Value | None) -> str | None:
+def _shape_of(g: Graph | None, shape: Value | None) -> Value | None:
     """y when `shape` is Shape(y) of a 2-D y whose type EyeLike reads (EyeLike(y) needs no ones tensor)."""
     p = shape.producer if shape is not None else None
     if g is None or not isinstance(p, OnnxNode) or p.op_type != "Shape" or p.domain not in ("", "ai.onnx") \
@@ -582,7 +587,7 @@ def _shape_of(g: Graph | None, shape: Value | None) -> str | None:
     y = p.inputs[0]
     if y is None or y.shape is None or len(y.shape) != 2 or y.elem_type not in EYELIKE_TYPES:
         return None
-    return y.name
+    return y
 
 
 def _padding_where(s: _Node, r: list[Interval]) -> str | None:

@@ -275,6 +275,23 @@ def test_causal_attention_model():
     assert ro["totals"]["nodes_added"] > tot["nodes_added"]
 
 
+def test_a_long_candidate_is_summed_up_by_op_and_listed_whole_with_verbose(capsys):
+    """A mask cone of 41 nodes is one line (its count per op and its last node), not a wall of
+    names; `-v` lists each, in the order the JSON report has them."""
+    model = os.path.join(ROOT, "models", "mistral_sw4_kv_ts.onnx")
+    assert cli_main(["inspect", model]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[1] ")]
+    assert line == ("[1] mask_subgraph: 41 nodes up to And '/model/model/And_2' #63 (14 Constant, 6 Cast, "
+                    "6 Unsqueeze, 3 And, 2 Shape, 2 Gather, 2 Range, 2 Add, 1 ConstantOfShape, 1 Sub, 1 Greater, "
+                    "1 LessOrEqual)")
+    assert cli_main(["inspect", "-v", model]) == 0
+    (whole,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[1] ")]
+    assert cli_main(["inspect", "--json", model]) == 0
+    nodes = json.loads(capsys.readouterr().out)["candidates"][0]["nodes"]
+    assert len(nodes) == 41 and whole.count(", ") == 40
+    assert whole.startswith("[1] mask_subgraph: Shape '/model/model/Shape' #6, Constant '/model/model/Constant' #7")
+
+
 def test_causal_attention_text(capsys):
     assert cli_main(["inspect", DEMO]) == 0
     text = capsys.readouterr().out

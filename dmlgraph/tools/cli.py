@@ -282,6 +282,8 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--svg", metavar="FILE", help="render the DOT graph to SVG (needs `dot`)")
     sp.add_argument("--fail-on-missed", action="store_true",
                     help="exit 1 when a mask-like tensor is neither lowered nor declined (a CI gate)")
+    sp.add_argument("-v", "--verbose", action="store_true",
+                    help="list every node of each candidate and decline (else a long list is summed up by op)")
     _json_flag(sp)
     sp.set_defaults(func=cmd_inspect)
 

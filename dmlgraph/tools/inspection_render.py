@@ -45,13 +45,25 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _nodes_text(nodes: Iterable[dict[str, Any]], inits: Iterable[dict[str, Any]] = (), scope: Any = None) -> str:
+SHOWN = 8  # the nodes and constants of a candidate listed one by one; more are summed up (-v lists each)
+
+
+def _nodes_text(nodes: Iterable[dict[str, Any]], inits: Iterable[dict[str, Any]] = (), scope: Any = None,
+                every: bool = False) -> str:
     """`Trilu 'name' #7` per node (#: position in the model; none for nodes an earlier rewrite made,
-    nor for the nodes of a body or function, named with its path)."""
-    parts = [n["op_type"] + (f" {n['name']!r}" if n["name"] else "")
-             + (f" #{n['index']}" if n.get("index") is not None else "" if scope else " (from an earlier rewrite)")
-             for n in nodes]
-    parts += [f"constant {i['name']!r}" for i in inits]
+    nor for the nodes of a body or function, named with its path); past `SHOWN` (unless `every`),
+    the count per op and the last node in the model's order."""
+    def one(n: dict[str, Any]) -> str:
+        return n["op_type"] + (f" {n['name']!r}" if n["name"] else "") \
+            + (f" #{n['index']}" if n.get("index") is not None else "" if scope else " (from an earlier rewrite)")
+    nodes, inits = list(nodes), list(inits)
+    if not every and len(nodes) + len(inits) > SHOWN and nodes:
+        ops = collections.Counter(n["op_type"] for n in nodes)
+        last = max(nodes, key=lambda n: -1 if n.get("index") is None else n["index"])
+        text = f"{_plural(len(nodes), 'node')} up to {one(last)} (" \
+            + ", ".join(f"{count} {op}" for op, count in ops.most_common()) + ")"
+        return text + (f" and {_plural(len(inits), 'constant')}" if inits else "")
+    parts = [one(n) for n in nodes] + [f"constant {i['name']!r}" for i in inits]
     return ", ".join(parts) or "(none)"
 
 
@@ -77,8 +89,9 @@ def _desc_lines(desc: dict, indent: str) -> list[str]:
     return lines
 
 
-def format_text(r: dict) -> str:
-    """The text report of an inspection: the model, its candidates, declines, census and totals."""
+def format_text(r: dict, every: bool = False) -> str:
+    """The text report of an inspection: the model, its candidates, declines, census and totals
+    (`every`: each node of a candidate or decline, not their sum)."""
     L = _header_text(r)
     o = r["options"]
     L.append("")
@@ -86,12 +99,12 @@ def format_text(r: dict) -> str:
              + (", exact rewrites only" if o["exact_only"] else "")
              + f"): {len(r['candidates'])} lowered, {len(r['declined'])} declined")
     for c in r["candidates"]:
-        L += _candidate_text(c)
+        L += _candidate_text(c, every)
     if r["declined"]:
         L.append("declined:")
         for d in r["declined"]:
             L.append(f"  {d['rule']}" + (f" in {d['scope']}" if d["scope"] else "")
-                     + f": {_nodes_text(d['nodes'], d['initializers'], d['scope'])}: {d['reason']}")
+                     + f": {_nodes_text(d['nodes'], d['initializers'], d['scope'], every)}: {d['reason']}")
     L += _census_text(r["masks"])
     L += _totals_text(r["totals"])
     return "\n".join(L)
@@ -123,10 +136,11 @@ def _header_text(r: dict) -> list[str]:
     return L
 
 
-def _candidate_text(c: dict) -> list[str]:
+def _candidate_text(c: dict, every: bool = False) -> list[str]:
     L: list[str] = []
-    L.append(f"[{c['id']}] {c['rule']}" + (f" in {c['scope']}" if c["scope"] else "") + ": "
-             + (_nodes_text(c["nodes"], (), c["scope"]) if c["nodes"] else _nodes_text([], c["initializers"])))
+    nodes = _nodes_text(c["nodes"], (), c["scope"], every) if c["nodes"] else \
+        _nodes_text([], c["initializers"], every=every)
+    L.append(f"[{c['id']}] {c['rule']}" + (f" in {c['scope']}" if c["scope"] else "") + ": " + nodes)
     if c["initializers"]:
         L.append("    constants: " + ", ".join(f"{i['name']} {shape_text(i['shape'])} {i['type']} "
                                                f"{format_bytes(i['bytes'])}" for i in c["initializers"]))
@@ -404,7 +418,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     if as_json:
         print(json.dumps(ins.report, indent=2, sort_keys=True, allow_nan=False))
     else:
-        text = format_text(ins.report)
+        text = format_text(ins.report, bool(getattr(args, "verbose", False)))
         written = [f for f in (dot_file, svg_file) if f]
         print(text + ("\nwrote " + ", ".join(written) if written else ""))
     if getattr(args, "fail_on_missed", False) and ins.report["missed"]:

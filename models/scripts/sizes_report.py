@@ -1,22 +1,27 @@
 """Every size: dmlgraph's outputs against onnxruntime on the original over a grid of sizes.
 
 Run (project venv, no torch):
-    .venv/bin/python models/scripts/sizes_report.py [--json FILE] [--only SUBSTR ...]
+    .venv/bin/python models/scripts/sizes_report.py [--extra] [--json FILE] [--only SUBSTR ...]
+    .venv/bin/python models/scripts/sizes_report.py --rows --json FILE     (the table of a saved run)
 
-Per model: `dmlgraph optimize` once on target dml, once on target onnx and once on target onnx with
-`--exact`. Then input sets are generated from the model's own input signature (roles read off the
-input and dim names, dtypes and fixed dims from a saved set) at a grid of sizes aimed at the
-boundaries of a sliding window W (4 for every model here): sequence S in {1, 2, 3, W, W+1, 31, 64,
-257} (1024 for a few), past P in {0, 1, W-1, W, W+1, 100, 2047} for models with a KV cache (about 15
-corner pairs, not all), batch 1 unpadded, batch 3 left-padded (right-padded for encoders) and a batch
-with one all-zero attention_mask row. For each set the original runs in onnxruntime (if it refuses,
-the set counts as "original refuses" and nothing else runs); the onnx outputs run in onnxruntime and
-the dml output in dmlgraph's executor (reference kernels for the DML nodes), each compared with the
-original's outputs: `exact` (bit for bit), `equal` (same shapes, NaN and inf at the same places,
-finite values within rtol 1e-5 / atol 1e-6 as `dmlgraph.validate`, 1e-3 for float16 outputs),
-`mismatch`, `refused` (the lowered model refuses a set the original runs: a DmlgraphError or an
-onnxruntime error, e.g. a run-time dim guard) or `crash` (any other exception).
-onnxruntime runs one thread, its graph optimizations off (as heldout_report.py).
+Per model (MODELS, or EXTRA with --extra): `dmlgraph optimize` once on target dml, once on target
+onnx and once on target onnx with `--exact`. Then input sets are generated from the model's own
+input signature (roles read off the input and dim names, dtypes and fixed dims from a saved set) at
+sizes aimed at the boundaries of a window W (4 for every model here): sequence S in {1, 2, 3, W,
+W+1, 31, 64, 257} (1024 for LONG); for models with a KV cache 29 (S, P) pairs with past P in {0, 1,
+W-1, W, W+1, 100, 2047}; batch 1 unpadded, batch 3 left-padded (right-padded for encoders), a batch
+with one all-zero attention_mask row; one set whose float inputs hold -0.0, NaN and infinities;
+off-claim probes (`make_set`); rows x cols pairs and odd sizes for the synthetic exports.
+For each set the original runs in onnxruntime twice (if it refuses, or the second run differs, the
+set counts as "original refuses" / "original unstable" and nothing else runs); the onnx outputs run
+in onnxruntime and the dml output in dmlgraph's executor (reference kernels for the DML nodes), each
+compared with the original's outputs: `exact` (bit for bit), `equal` (same shapes, NaN and inf at
+the same places, finite values within rtol 1e-5 / atol 1e-6 as `dmlgraph.validate`, 1e-3 for
+float16 outputs; a dml run outside that is passed to `dmlgraph.validate`, which runs the original
+cut at the same sessions), `finite-only` (a mismatch on the non-finite set where mask_arith, equal
+for finite data only, rewrote), `mismatch`, `refused` (the lowered model refuses a set the original
+runs: a DmlgraphError or an onnxruntime error, e.g. a run-time dim guard) or `crash` (any other
+exception). onnxruntime runs one thread, its graph optimizations off (as heldout_report.py).
 """
 from __future__ import annotations
 

@@ -616,9 +616,14 @@ class Executor:
             try:
                 x = np.broadcast_to(x, shape)
             except ValueError:
+                # Most often the inputs break a dim name the model declares on two inputs, which the
+                # lowered sizes read from one of them (docs/limits.md: a dynamo KV decoder's
+                # attention_mask longer than past + sequence, or input_ids of one row against it)
                 raise DmlgraphError(f"{label}: input shape {list(x.shape)} does not broadcast to the output shape "
-                                    f"{list(shape)}", hint="the lowered model is inconsistent; re-optimize the "
-                                    "original model") from None
+                                    f"{list(shape)}", hint="the inputs break a dim name the model declares on two "
+                                    "inputs (e.g. an attention_mask whose length is not past + sequence), a size "
+                                    "the lowered model reads from one of them; give inputs whose sizes agree with "
+                                    "the dim names, else re-optimize the original model") from None
         if 0 in shape or node.kind == "DiagonalMatrix":
             return shape, dtype, x, ()
         return shape, dtype, x, bind_range(node.begin, node.end, k, shape[-2], shape[-1])

@@ -439,3 +439,28 @@ def test_a_piecewise_grid_compared_with_a_bound_is_a_band():
     g, result = lower(threshold_mask_model(build("Xor")))
     assert not result.counts["mask_subgraph"]
     assert any("4 runs" in m.reason for m in result.declined)
+
+
+# ---- op semantics at the boundaries: each case once disagreed with onnxruntime ----------------------
+def _agrees_with_onnxruntime(model, sizes):
+    g, result = lower(model)
+    for s in sizes:
+        expected, got, portable = run_both(model, g, _scores(s))
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s
+    return result
+
+
+def test_a_transposed_small_constant_moves_its_items():
+    """Transpose of a stored [2, 3] table: its elements change places, not only its shape (the bound
+    read from it is 4, not the 2 a reshape would give)."""
+    def build(nodes, inits):
+        inits += [c("C", np.array([[1, 2, 3], [4, 5, 6]], np.int64)), c("flat", np.array([-1])),
+                  c("one_i", np.int64(1))]
+        nodes += [h.make_node("Transpose", ["C"], ["CT"], perm=[1, 0]),
+                  h.make_node("Reshape", ["CT", "flat"], ["table"]),
+                  h.make_node("Gather", ["table", "one_i"], ["k"], axis=0),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("LessOrEqual", ["d", "k"], ["m"])]
+        return "m"
+    result = _agrees_with_onnxruntime(threshold_mask_model(build), (1, 3, 4, 5, 6, 8))
+    assert result.counts["mask_subgraph"] == 1

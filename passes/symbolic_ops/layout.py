@@ -183,6 +183,8 @@ def _transpose(an: Analysis, n: OnnxNode, ins: list) -> list:
     perm = attr(n, "perm")
     perm = list(reversed(range(len(shape)))) if perm is None else list(perm)
     new = tuple(shape[p] for p in perm)
+    if isinstance(v, Elems):  # its items move with the axes (a reshape would keep their order)
+        return [from_objs(v.dtype, objs(v).transpose(perm))]
     if isinstance(v, Band) and len(v.values) > 1:
         r = len(shape)
         lead_ok = sorted(perm[:-2]) == list(range(r - 2))

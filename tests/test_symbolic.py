@@ -464,3 +464,22 @@ def test_a_transposed_small_constant_moves_its_items():
         return "m"
     result = _agrees_with_onnxruntime(threshold_mask_model(build), (1, 3, 4, 5, 6, 8))
     assert result.counts["mask_subgraph"] == 1
+
+
+@pytest.mark.parametrize("start,end", [(-10, -20), (-10, -2**63), (0, 2**62), (2, 2**62), (3, 2**31 - 1)])
+def test_a_small_tensor_sliced_backwards_clamps_as_onnxruntime_does(start, end):
+    """Shape(x)[start:end:-1]: stepping back, ONNX clamps the start to [0, size - 1] (a start before the
+    first element still takes it, where Python's slice takes nothing) and any end but INT32_MAX /
+    INT64_MAX to [-1, size - 1]; the first element read (else 5) is the bound."""
+    def build(nodes, inits):
+        inits += [c("ss", np.array([start])), c("ee", np.array([end])), c("aa", np.array([0])),
+                  c("st", np.array([-1])), c("five", np.array([5])), c("zero_i", np.int64(0))]
+        nodes += [h.make_node("Shape", ["x"], ["xs"]),
+                  h.make_node("Slice", ["xs", "ss", "ee", "aa", "st"], ["piece"]),
+                  h.make_node("Concat", ["piece", "five"], ["cat"], axis=0),
+                  h.make_node("Gather", ["cat", "zero_i"], ["k"], axis=0),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("LessOrEqual", ["d", "k"], ["m"])]
+        return "m"
+    result = _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3, 6, 7))
+    assert result.counts["mask_subgraph"] == 1

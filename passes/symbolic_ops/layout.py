@@ -246,8 +246,27 @@ def _slice_args(an: Analysis, n: OnnxNode, ins: list, rank: int) -> list[tuple[i
     out = []
     for a, s, e, st in zip(rank_axes(axes, rank), starts, ends, steps):
         s, e = as_lin(s, "a slice start"), as_lin(e, "a slice end")
-        out.append((a, s, None if e.is_const and e.const >= SLICE_TO_END else e, st))
+        # to the end: a huge end when stepping forward; stepping back, onnxruntime reads only INT32_MAX and
+        # INT64_MAX so (to the first element), and clamps any other end to the last one
+        to_end = e.is_const and (e.const >= SLICE_TO_END if st > 0 else e.const in (2**31 - 1, 2**63 - 1))
+        out.append((a, s, None if to_end else e, st))
     return out
+
+
+def _slice_positions(size: int, start: int, end: int | None, step: int) -> list[int]:
+    """The positions [start:end:step] takes along an axis of a fixed size, as ONNX and onnxruntime
+    clamp them: stepping back, the start is clamped to [0, size - 1] and the end to [-1, size - 1]
+    (Python's slices would leave a start before the first element empty)."""
+    if step == 0:
+        raise Unprovable("a slice step of 0")
+    start = start + size if start < 0 else start
+    start = min(max(start, 0), size - 1 if step < 0 else size)
+    if end is None:
+        end = -1 if step < 0 else size
+    else:
+        end = end + size if end < 0 else end
+        end = min(max(end, -1), size - 1) if step < 0 else min(max(end, 0), size)
+    return list(range(start, end, step))
 
 
 def _slice_bound(an: Analysis, b: Lin, size: Lin, start: bool = False) -> Lin:
@@ -299,11 +318,10 @@ def _slice(an: Analysis, n: OnnxNode, ins: list) -> list:
         # a size-dependent slice of a stored arange (position ids): slice it as an index grid
         return [slice_value(an, an.affine(v, "a small tensor sliced by a size"), args)]
     if isinstance(v, Elems):
-        items = objs(v)
-        index = [slice(None)] * len(v.shape)
+        picked = objs(v)
         for a, s, e, st in args:
-            index[a] = slice(s.const, None if e is None else e.const, st)
-        picked = items[tuple(index)]
+            where = _slice_positions(v.shape[a], s.const, None if e is None else e.const, st)
+            picked = np.take(picked, np.array(where, np.int64), axis=a)
         return [from_objs(v.dtype, picked)]
     return [slice_value(an, v, args)]
 

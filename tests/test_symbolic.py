@@ -483,3 +483,18 @@ def test_a_small_tensor_sliced_backwards_clamps_as_onnxruntime_does(start, end):
         return "m"
     result = _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3, 6, 7))
     assert result.counts["mask_subgraph"] == 1
+
+
+def test_negating_the_least_integer_wraps_and_is_declined():
+    """Neg(int32 -2^31) is -2^31 in onnxruntime (it wraps), not 2^31: a bound read through it is
+    declined, never taken as 2^31 (which made every element of the mask true)."""
+    def build(nodes, inits):
+        inits.append(c("least", np.array([-2**31], np.int32)))
+        nodes += [h.make_node("Neg", ["least"], ["negated"]),
+                  h.make_node("Cast", ["negated"], ["k"], to=T.INT64),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("LessOrEqual", ["d", "k"], ["m"])]
+        return "m"
+    result = _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3))
+    assert not result.counts["mask_subgraph"]
+    assert any("negation" in m.reason and "int32" in m.reason for m in result.declined)

@@ -93,7 +93,12 @@ def _add(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
 
 def _neg(an: Analysis, a: AbstractValue) -> AbstractValue:
     if isinstance(a, Elems) and a.dtype.kind in "iu":
-        return Elems(a.dtype, a.shape, tuple(-_lin_of(x) for x in a.items))
+        items = tuple(-_lin_of(x) for x in a.items)
+        for y in items:  # -INT_MIN wraps to INT_MIN
+            lo, hi = an.bounds(y)
+            if not an.fits(lo, hi, a.dtype):
+                raise Unprovable(f"the negation ranges over [{lo}, {hi}], which {a.dtype} does not hold")
+        return Elems(a.dtype, a.shape, items)
     x = an.affine(a, "the operand")
     return an.check_fits(Affine(x.dtype, x.shape, tuple(-c for c in x.coef), -x.base), "the negation")
 

@@ -498,3 +498,25 @@ def test_negating_the_least_integer_wraps_and_is_declined():
     result = _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3))
     assert not result.counts["mask_subgraph"]
     assert any("negation" in m.reason and "int32" in m.reason for m in result.declined)
+
+
+def test_a_squeeze_without_axes_of_a_size_that_may_be_1_is_declined():
+    """Squeeze() drops every axis of size 1 at run time: [1, S] is [S], but [] at S = 1, where the
+    mask built from it is [1] and not [1, 1]. With axes=[0] it is [S] at every size."""
+    def model(axes):
+        nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["S"], axis=0),
+                 h.make_node("Range", ["zero", "S", "one"], ["idx"]),
+                 h.make_node("Unsqueeze", ["idx", "ax0"], ["u"]),
+                 h.make_node("Squeeze", ["u"] + (["ax0"] if axes else []), ["sq"]),
+                 h.make_node("Unsqueeze", ["sq", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["sq", "axm1"], ["rows"]),
+                 h.make_node("LessOrEqual", ["cols", "rows"], ["m"]),
+                 h.make_node("Where", ["m", "onef", "neg"], ["y"])]
+        inits = [c("two", np.int64(2)), c("zero", np.int64(0)), c("one", np.int64(1)), c("ax0", np.array([0])),
+                 c("axm1", np.array([-1])), c("neg", np.float32(-np.inf)), c("onef", np.float32(1))]
+        x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "S"])
+        return model_of(nodes, [x], [h.make_tensor_value_info("y", T.FLOAT, ["A", "C"])], inits)
+    for axes in (False, True):
+        m = model(axes)
+        result = _agrees_with_onnxruntime(m, (1, 2, 3))
+        assert result.counts["mask_subgraph"] == int(axes)
+    assert any("Squeeze without axes" in d.reason for d in lower(model(False))[1].declined)

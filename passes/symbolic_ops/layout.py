@@ -99,6 +99,12 @@ def _squeeze(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = shape_of(v)
     axes = axes_input(an, n, ins, 1)
+    if axes is None:  # every axis of size 1 at run time: a size that may be 1 is dropped only where it is
+        for d in shape:
+            lo, hi = an.bounds(d) if isinstance(d, Lin) else d.bounds(an.max_dim)
+            if d != Lin.of(1) and lo <= 1 <= hi:
+                raise Unprovable(f"a Squeeze without axes of the size {render_dim(d, str)}, which drops that "
+                                 "axis only at the sizes where it is 1")
     axes = [a for a, d in enumerate(shape) if d == Lin.of(1)] if axes is None else rank_axes(axes, len(shape))
     for a in axes:
         if not an.dims_equal(shape[a], Lin.of(1)):

@@ -520,3 +520,28 @@ def test_a_squeeze_without_axes_of_a_size_that_may_be_1_is_declined():
         result = _agrees_with_onnxruntime(m, (1, 2, 3))
         assert result.counts["mask_subgraph"] == int(axes)
     assert any("Squeeze without axes" in d.reason for d in lower(model(False))[1].declined)
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_min_max_of_two_single_values_takes_their_broadcast_shape(op):
+    """Max(3, [[[[[1]]]]]) is [[[[[3]]]]]: the value picked takes the shape both broadcast to (it kept
+    its own, and the mask compared with it came out of rank 2, not 5)."""
+    from dmlgraph.ir.graph import OnnxNode
+    from dmlgraph.passes.symbolic import Elems
+    from dmlgraph.passes.symbolic_ops import HANDLERS
+    three = Elems(np.dtype(np.int64), (), (Lin.of(3),))
+    one5 = Elems(np.dtype(np.int64), (1,) * 5, (Lin.of(1),))
+    for a, b in ((three, one5), (one5, three)):
+        (out,) = HANDLERS[op](Analysis(), OnnxNode("n", op, [], []), [a, b])
+        assert out.shape == (1,) * 5 and out.items == ((Lin.of(3) if op == "Max" else Lin.of(1)),)
+
+    def build(nodes, inits):
+        inits += [c("three", np.int64(3)), c("one5", np.ones((1, 1, 1, 1, 1), np.int64))]
+        nodes += [h.make_node(op, ["three", "one5"], ["k"]), h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("LessOrEqual", ["d", "k"], ["m"])]
+        return "m"
+    model = threshold_mask_model(build)
+    del model.graph.output[0].type.tensor_type.shape.dim[:]
+    for name in ("A", "B", "H", "S", "T"):
+        model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = name
+    assert _agrees_with_onnxruntime(model, (1, 2, 3, 5)).counts["mask_subgraph"] == 1

@@ -219,7 +219,7 @@ def _min_max(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> Abstr
                 return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(q, p.const, None, an),))
             raise Unprovable(f"{op} of two sizes whose order depends on the sizes")
         pick_a = (s <= 0) == (op == "Min")
-        return a if pick_a else b
+        return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (a if pick_a else b).items)  # (3 and [[1]]: [[3]])
     x, y = an.affine(a, "an operand"), an.affine(b, "an operand")
     diff = sub(an, x, y)
     assert isinstance(diff, Affine)

@@ -545,3 +545,20 @@ def test_min_max_of_two_single_values_takes_their_broadcast_shape(op):
     for name in ("A", "B", "H", "S", "T"):
         model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = name
     assert _agrees_with_onnxruntime(model, (1, 2, 3, 5)).counts["mask_subgraph"] == 1
+
+
+@pytest.mark.parametrize("big,divisor", [(2**62 + 1, 1), (2**63 - 1, 3), (-7, 2)])
+def test_an_integer_band_divided_truncates_exactly(big, divisor):
+    """Where(causal, big, 0) / divisor == big / divisor (truncated): int64 values past 2^53 divide
+    exactly, as in onnxruntime (through float64 the quotient rounded and the mask came out empty)."""
+    quotient = abs(big) // abs(divisor) * (1 if (big >= 0) == (divisor > 0) else -1)
+
+    def build(nodes, inits):
+        inits += [c("big", np.int64(big)), c("zero_i", np.int64(0)), c("dv", np.int64(divisor)),
+                  c("want", np.int64(quotient))]
+        nodes += [h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+                  h.make_node("Where", ["causal", "big", "zero_i"], ["v"]),
+                  h.make_node("Div", ["v", "dv"], ["q"]),
+                  h.make_node("Equal", ["q", "want"], ["m"])]
+        return "m"
+    assert _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3)).counts["mask_subgraph"] == 1

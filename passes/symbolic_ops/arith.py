@@ -167,10 +167,22 @@ def _div(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
     return an.check_fits(z, "the quotient")
 
 
+def _divide(x: Any, y: Any) -> Any:
+    """Div of two values: integers truncate toward zero, exactly (a float64 quotient would round past 2^53)."""
+    dtype = np.asarray(x).dtype
+    if dtype.kind == "f":
+        return x / y
+    a, b = int(x), int(y)
+    if b == 0:
+        raise Unprovable("an integer division by zero")
+    q = abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1)
+    if not np.iinfo(dtype).min <= q <= np.iinfo(dtype).max:
+        raise Unprovable(f"an integer division whose quotient {q} overflows {dtype}")
+    return dtype.type(q)
+
+
 _NUMPY_BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y,
-    "Div": lambda x, y: (x / y if np.asarray(x).dtype.kind == "f" else np.trunc(np.divide(x, y)).astype(
-        np.asarray(x).dtype)),
+    "Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y, "Div": _divide,
     "Max": np.maximum, "Min": np.minimum,
 }
 _AFFINE_BINARY = {"Add": _add, "Sub": sub, "Mul": _mul, "Div": _div}

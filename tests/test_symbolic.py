@@ -562,3 +562,22 @@ def test_an_integer_band_divided_truncates_exactly(big, divisor):
                   h.make_node("Equal", ["q", "want"], ["m"])]
         return "m"
     assert _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3)).counts["mask_subgraph"] == 1
+
+
+@pytest.mark.parametrize("lo,hi", [(np.nan, 10.0), (-10.0, np.nan), (np.nan, np.nan)])
+def test_clip_of_a_float_band_ignores_a_nan_bound_as_onnxruntime_does(lo, hi):
+    """onnxruntime's Clip is min(max(x, lo), hi) by `<`: a NaN bound clips nothing (numpy's maximum
+    and minimum, like the Max/Min ops, return NaN). Where(causal, -1, 5) clipped stays itself, so
+    `< 0` is the causal band (or'ed with d >= 2, so the whole is one fill either way)."""
+    def build(nodes, inits):
+        inits += [c("va", np.float32(-1)), c("vb", np.float32(5)), c("lo", np.float32(lo)), c("hi", np.float32(hi)),
+                  c("zf", np.float32(0)), c("two_i", np.int64(2))]
+        nodes += [h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+                  h.make_node("Where", ["causal", "va", "vb"], ["v"]),
+                  h.make_node("Clip", ["v", "lo", "hi"], ["clipped"]),
+                  h.make_node("Less", ["clipped", "zf"], ["below"]),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("GreaterOrEqual", ["d", "two_i"], ["far"]),
+                  h.make_node("Or", ["below", "far"], ["m"])]
+        return "m"
+    assert _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3, 4)).counts["mask_subgraph"] == 1

@@ -291,11 +291,24 @@ def _clip(an: Analysis, n: OnnxNode, ins: list) -> list:
         lo = Elems(out.dtype, (), (np.asarray(attr(n, "min"), out.dtype)[()],))
     if hi is None and attr(n, "max") is not None:
         hi = Elems(out.dtype, (), (np.asarray(attr(n, "max"), out.dtype)[()],))
-    if lo is not None:
-        out = _binary(an, _with_op(n, "Max"), [out, lo])[0]
-    if hi is not None:
-        out = _binary(an, _with_op(n, "Min"), [out, hi])[0]
+    for bound, op, fn in ((lo, "Max", _at_least), (hi, "Min", _at_most)):
+        if bound is None:
+            continue
+        if out.dtype.kind == "f" and (is_piecewise(an, out) or is_piecewise(an, bound)):
+            out = piecewise(an, [out, bound], fn)  # (not Max/Min: those propagate a NaN, Clip does not)
+        else:
+            out = _binary(an, _with_op(n, op), [out, bound])[0]
     return [out]
+
+
+# onnxruntime's Clip is std::min(std::max(x, lo), hi): a NaN bound clips nothing, and of two equal
+# zeros it keeps x (numpy's maximum/minimum, as its Max/Min ops, return NaN and may pick the other zero)
+def _at_least(x: Any, lo: Any) -> Any:
+    return lo if x < lo else x
+
+
+def _at_most(x: Any, hi: Any) -> Any:
+    return hi if hi < x else x
 
 
 def _with_op(n: OnnxNode, op: str) -> OnnxNode:

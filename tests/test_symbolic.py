@@ -581,3 +581,20 @@ def test_clip_of_a_float_band_ignores_a_nan_bound_as_onnxruntime_does(lo, hi):
                   h.make_node("Or", ["below", "far"], ["m"])]
         return "m"
     assert _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3, 4)).counts["mask_subgraph"] == 1
+
+
+@pytest.mark.parametrize("start,end,step", [(-10, -20, -1), (-1, 2**63 - 1, -1), (3, 2**31 - 1, -2), (2, 2**62, -1),
+                                            (0, 2**63 - 1, 2)])
+def test_a_shape_vector_sliced_backwards_reads_as_onnxruntime_slices_it(start, end, step):
+    """`vector_dims` (the sizes a mask application's shape vector holds) reads Slice with ONNX's
+    clamps: Python's slicing took Shape(x)[-10:-20:-1] and Shape(x)[-1::-1] with an INT64_MAX end
+    as empty, where onnxruntime reads [B] and the whole vector reversed."""
+    from dmlgraph.passes.broadcast import vector_dims
+    nodes = [h.make_node("Shape", ["x"], ["xs"]), h.make_node("Slice", ["xs", "s", "e", "a", "st"], ["v"])]
+    inits = [c("s", np.array([start])), c("e", np.array([end])), c("a", np.array([0])), c("st", np.array([step]))]
+    x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "T"])
+    model = model_of(nodes, [x], [h.make_tensor_value_info("v", T.INT64, ["n"])], inits)
+    (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": np.zeros((2, 3, 4, 5), np.float32)})
+    g = import_model(model)
+    (v,) = [n.outputs[0] for n in g.nodes.values() if n.op_type == "Slice"]
+    assert [{"B": 2, "H": 3, "S": 4, "T": 5}[d] for d in vector_dims(g, v)] == want.tolist()

@@ -252,19 +252,24 @@ def _slice_args(an: Analysis, n: OnnxNode, ins: list, rank: int) -> list[tuple[i
     out = []
     for a, s, e, st in zip(rank_axes(axes, rank), starts, ends, steps):
         s, e = as_lin(s, "a slice start"), as_lin(e, "a slice end")
-        # to the end: a huge end when stepping forward; stepping back, onnxruntime reads only INT32_MAX and
-        # INT64_MAX so (to the first element), and clamps any other end to the last one
-        to_end = e.is_const and (e.const >= SLICE_TO_END if st > 0 else e.const in (2**31 - 1, 2**63 - 1))
-        out.append((a, s, None if to_end else e, st))
+        out.append((a, s, None if e.is_const and _to_end(e.const, st) else e, st))
     return out
 
 
-def _slice_positions(size: int, start: int, end: int | None, step: int) -> list[int]:
+def _to_end(end: int, step: int) -> bool:
+    """A Slice end that means "to the end": a huge one stepping forward; stepping back, onnxruntime
+    reads only INT32_MAX and INT64_MAX so (to the first element), and clamps any other end."""
+    return end >= SLICE_TO_END if step > 0 else end in (2**31 - 1, 2**63 - 1)
+
+
+def slice_positions(size: int, start: int, end: int | None, step: int) -> list[int]:
     """The positions [start:end:step] takes along an axis of a fixed size, as ONNX and onnxruntime
-    clamp them: stepping back, the start is clamped to [0, size - 1] and the end to [-1, size - 1]
-    (Python's slices would leave a start before the first element empty)."""
+    clamp them (end None, or a sentinel `_to_end` reads: to the end): stepping back, the start is
+    clamped to [0, size - 1] and the end to [-1, size - 1] (Python's slices would leave a start
+    before the first element empty, and read INT64_MAX as the last element)."""
     if step == 0:
         raise Unprovable("a slice step of 0")
+    end = None if end is not None and _to_end(end, step) else end
     start = start + size if start < 0 else start
     start = min(max(start, 0), size - 1 if step < 0 else size)
     if end is None:
@@ -326,7 +331,7 @@ def _slice(an: Analysis, n: OnnxNode, ins: list) -> list:
     if isinstance(v, Elems):
         picked = objs(v)
         for a, s, e, st in args:
-            where = _slice_positions(v.shape[a], s.const, None if e is None else e.const, st)
+            where = slice_positions(v.shape[a], s.const, None if e is None else e.const, st)
             picked = np.take(picked, np.array(where, np.int64), axis=a)
         return [from_objs(v.dtype, picked)]
     return [slice_value(an, v, args)]

@@ -184,7 +184,7 @@ def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> "L
     if hi is not None and b <= hi:
         hi = None
     if lo is not None and hi is not None and lo >= hi:
-        return Lin.of(lo if b <= lo else hi)
+        return Lin.of(hi)  # min(max(x, lo), hi) with max(x, lo) >= lo >= hi
     if lo is None and hi is None:
         return inner
     if lo is not None and b <= lo:

@@ -598,3 +598,13 @@ def test_a_shape_vector_sliced_backwards_reads_as_onnxruntime_slices_it(start, e
     g = import_model(model)
     (v,) = [n.outputs[0] for n in g.nodes.values() if n.op_type == "Slice"]
     assert [{"B": 2, "H": 3, "S": 4, "T": 5}[d] for d in vector_dims(g, v)] == want.tolist()
+
+
+def test_a_clamp_whose_bounds_cross_is_its_upper_bound():
+    """min(max(x, 7), 3) is 3 for every x (ONNX's Clip with min > max gives max); for x in [0, 5]
+    make_clamp gave 7. (No op makes such a clamp today: the unit pins the helper.)"""
+    from dmlgraph.passes.symbolic import make_clamp
+    an = Analysis(max_dim=5)
+    assert make_clamp(Lin.sym("S"), 7, 3, an) == Lin.of(3)
+    assert make_clamp(Lin.sym("S"), 4, 4, an) == Lin.of(4)
+    assert make_clamp(Lin.sym("S") + 10, 7, 3, an) == Lin.of(3)

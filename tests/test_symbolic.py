@@ -608,3 +608,30 @@ def test_a_clamp_whose_bounds_cross_is_its_upper_bound():
     assert make_clamp(Lin.sym("S"), 7, 3, an) == Lin.of(3)
     assert make_clamp(Lin.sym("S"), 4, 4, an) == Lin.of(4)
     assert make_clamp(Lin.sym("S") + 10, 7, 3, an) == Lin.of(3)
+
+
+def test_a_squeeze_with_empty_axes_squeezes_every_unit_axis():
+    """onnxruntime reads an empty axes input as no axes: Squeeze([[1], [2], [3]], []) is [1, 2, 3]
+    (it kept [3, 1]); a symbolic size that may be 1 is then declined as for no axes at all."""
+    from dmlgraph.ir.graph import OnnxNode
+    from dmlgraph.passes.symbolic import Elems, Opaque
+    from dmlgraph.passes.symbolic_ops import HANDLERS
+    i64 = np.dtype(np.int64)
+    table = Elems(i64, (3, 1), (Lin.of(1), Lin.of(2), Lin.of(3)))
+    no_axes = Elems(i64, (0,), ())
+    (out,) = HANDLERS["Squeeze"](Analysis(), OnnxNode("sq", "Squeeze", [], []), [table, no_axes])
+    assert out.shape == (3,) and out.items == table.items
+    with pytest.raises(Unprovable, match="Squeeze without axes"):
+        HANDLERS["Squeeze"](Analysis(), OnnxNode("sq", "Squeeze", [], []),
+                            [Opaque(np.dtype(np.float32), (Lin.sym("S"), Lin.of(1))), no_axes])
+
+    def build(nodes, inits):
+        inits += [c("no_axes", np.zeros(0, np.int64)), c("three", np.int64(3))]
+        nodes += [h.make_node("Squeeze", ["rows", "no_axes"], ["sq"]),  # [S, 1] -> [S] (-> [] at S = 1)
+                  h.make_node("Unsqueeze", ["sq", "ax0"], ["cols2"]),
+                  h.make_node("LessOrEqual", ["cols2", "rows"], ["causal"]),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("Less", ["d", "three"], ["near"]),
+                  h.make_node("And", ["causal", "near"], ["m"])]
+        return "m"
+    _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3, 4))

@@ -98,7 +98,7 @@ def _unsqueeze(an: Analysis, n: OnnxNode, ins: list) -> list:
 def _squeeze(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = shape_of(v)
-    axes = axes_input(an, n, ins, 1)
+    axes = axes_input(an, n, ins, 1) or None  # (empty axes are no axes to onnxruntime)
     if axes is None:  # every axis of size 1 at run time: a size that may be 1 is dropped only where it is
         for d in shape:
             lo, hi = an.bounds(d) if isinstance(d, Lin) else d.bounds(an.max_dim)

@@ -635,3 +635,28 @@ def test_a_squeeze_with_empty_axes_squeezes_every_unit_axis():
                   h.make_node("And", ["causal", "near"], ["m"])]
         return "m"
     _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3, 4))
+
+
+@pytest.mark.parametrize("op", ["Neg", "Mul"])
+def test_a_float_zero_computed_from_one_value_keeps_its_sign(op):
+    """-(0.0) and 0.0 * -2 are -0.0: one-value float operands are computed as IEEE numbers, not as
+    integers (which have one zero), so Where(causal, -1e4, -(0.0)) fills -0.0 as onnxruntime does
+    (it was written as +0.0)."""
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["S"], axis=0),
+             h.make_node("Range", ["zero", "S", "one"], ["idx"]),
+             h.make_node("Unsqueeze", ["idx", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["idx", "ax1"], ["rows"]),
+             h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+             h.make_node("Neg", ["zero_f"], ["negated"]) if op == "Neg" else
+             h.make_node("Mul", ["zero_f", "minus_two"], ["negated"]),
+             h.make_node("Where", ["causal", "big", "negated"], ["y"])]
+    inits = [c("two", np.int64(2)), c("zero", np.int64(0)), c("one", np.int64(1)), c("ax0", np.array([0])),
+             c("ax1", np.array([1])), c("zero_f", np.float32(0)), c("minus_two", np.float32(-2)),
+             c("big", np.float32(-1e4))]
+    x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "S"])
+    model = model_of(nodes, [x], [h.make_tensor_value_info("y", T.FLOAT, ["S", "S"])], inits)
+    g, result = lower(model)
+    assert result.counts["mask_subgraph"] == 1
+    for s in (2, 3):
+        expected, got, portable = run_both(model, g, {"x": np.zeros((1, 1, s, s), np.float32)})
+        assert np.signbit(expected[0]).all()
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s

@@ -38,6 +38,14 @@ def is_piecewise(an: Analysis, v: AbstractValue) -> bool:
     return False
 
 
+def float_values(an: Analysis, vs: Sequence[AbstractValue]) -> bool:
+    """Float operands each one value (or a band): computed as IEEE numbers, not as integers, so that
+    a zero keeps its sign (-(0.0) is -0.0, 0.0 * -2 is -0.0) and a sum rounds as in the model."""
+    return bool(vs) and all(v.dtype.kind == "f" and (isinstance(v, Band) or
+                                                     (not isinstance(v, Pieces) and an.uniform(v) is not None))
+                            for v in vs)
+
+
 def piecewise(an: Analysis, vs: Sequence[AbstractValue], fn: Callable[..., object], dtype: np.dtype | None = None
                ) -> Band:
     shape = an.broadcast(*(shape_of(v) for v in vs))
@@ -200,7 +208,7 @@ def _binary(an: Analysis, n: OnnxNode, ins: list) -> list:
         if isinstance(vs[0], Pieces):
             return [map_pieces(an, vs[0], lambda p: fn(an, p, vs[1]))]
         return [map_pieces(an, vs[1], lambda p: fn(an, vs[0], p))]
-    if any(is_piecewise(an, v) for v in vs):
+    if any(is_piecewise(an, v) for v in vs) or float_values(an, vs):
         np_fn = _NUMPY_BINARY[n.op_type]
         out = vs[0]
         for v in vs[1:]:
@@ -255,7 +263,7 @@ def _min_max(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> Abstr
 def _neg_op(an: Analysis, n: OnnxNode, ins: list) -> list:
     if isinstance(ins[0], Pieces):
         return [map_pieces(an, ins[0], lambda p: _neg(an, p))]
-    if is_piecewise(an, ins[0]):
+    if is_piecewise(an, ins[0]) or float_values(an, ins[:1]):
         return [piecewise(an, [ins[0]], np.negative)]
     return [_neg(an, ins[0])]
 
@@ -263,7 +271,7 @@ def _neg_op(an: Analysis, n: OnnxNode, ins: list) -> list:
 @handles("Abs", "Sign")
 def _abs_sign(an: Analysis, n: OnnxNode, ins: list) -> list:
     fn = np.abs if n.op_type == "Abs" else np.sign
-    if is_piecewise(an, ins[0]) or isinstance(ins[0], Band):
+    if is_piecewise(an, ins[0]) or isinstance(ins[0], Band) or float_values(an, ins[:1]):
         return [piecewise(an, [ins[0]], fn)]
     x = an.affine(ins[0], "the operand")
     lo, hi = an.affine_bounds(x)

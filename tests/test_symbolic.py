@@ -660,3 +660,27 @@ def test_a_float_zero_computed_from_one_value_keeps_its_sign(op):
         expected, got, portable = run_both(model, g, {"x": np.zeros((1, 1, s, s), np.float32)})
         assert np.signbit(expected[0]).all()
         assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s
+
+
+def test_an_index_equal_to_a_bound_between_the_corners_is_not_never():
+    """2*i == 2 over rows 0..2: no corner of the index box is 0 (-2 at i = 0, 2 at i = 2), yet row 1
+    is. It was taken as false everywhere, and Or(row 1, j - i >= 1) lowered to the band alone."""
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "three_i"], ["S"], axis=0),
+             h.make_node("Gather", ["shp", "two"], ["R"], axis=0),
+             h.make_node("Range", ["zero", "S", "one"], ["cidx"]), h.make_node("Range", ["zero", "R", "one"], ["ridx"]),
+             h.make_node("Unsqueeze", ["cidx", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["ridx", "ax1"], ["rows"]),
+             h.make_node("Mul", ["rows", "two"], ["twice"]), h.make_node("Mul", ["cols", "zero"], ["nothing"]),
+             h.make_node("Add", ["twice", "nothing"], ["grid"]),  # 2*i + 0*j: a full [3, S] grid
+             h.make_node("Equal", ["grid", "two"], ["row1"]),
+             h.make_node("Sub", ["cols", "rows"], ["d"]), h.make_node("GreaterOrEqual", ["d", "one"], ["upper"]),
+             h.make_node("Or", ["row1", "upper"], ["m"]), h.make_node("Where", ["m", "x", "neg"], ["y"])]
+    inits = [c("three_i", np.int64(3)), c("zero", np.int64(0)), c("one", np.int64(1)), c("two", np.int64(2)),
+             c("ax0", np.array([0])), c("ax1", np.array([1])), c("neg", np.float32(-np.inf))]
+    x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", 3, "S"])
+    model = model_of(nodes, [x], [h.make_tensor_value_info("y", T.FLOAT, ["B", "H", 3, "S"])], inits)
+    g, result = lower(model)
+    assert all(m.nodes[-1].op_type != "Or" for m in result.applied if m.rule == "mask_subgraph")
+    for s in (1, 2, 3, 5):
+        feeds = {"x": np.random.default_rng(s).standard_normal((1, 2, 3, s)).astype(np.float32)}
+        expected, got, portable = run_both(model, g, feeds)
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s

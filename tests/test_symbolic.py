@@ -684,3 +684,20 @@ def test_an_index_equal_to_a_bound_between_the_corners_is_not_never():
         feeds = {"x": np.random.default_rng(s).standard_normal((1, 2, 3, s)).astype(np.float32)}
         expected, got, portable = run_both(model, g, feeds)
         assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s
+
+
+def test_float_constants_computed_stay_constants_a_range_reads():
+    """4.0 * 2.0 computed as IEEE numbers is still a one-element constant, which Range reads as its
+    limit (a band-shaped result there declined the Range); -(0.0) is -0.0."""
+    from dmlgraph.ir.graph import OnnxNode
+    from dmlgraph.passes.symbolic import Affine, Elems
+    from dmlgraph.passes.symbolic_ops import HANDLERS
+    f64 = np.dtype(np.float64)
+    four, two, one, zero = (Elems(f64, (), (np.float64(v),)) for v in (4, 2, 1, 0))
+    an = Analysis()
+    (eight,) = HANDLERS["Mul"](an, OnnxNode("m", "Mul", [], []), [four, two])
+    assert isinstance(eight, Elems) and eight.items == (np.float64(8),)
+    (r,) = HANDLERS["Range"](an, OnnxNode("r", "Range", [], []), [zero, eight, one])
+    assert isinstance(r, Affine) and r.shape == (Lin.of(8),)
+    (negated,) = HANDLERS["Neg"](an, OnnxNode("n", "Neg", [], []), [zero])
+    assert np.signbit(negated.items[0])

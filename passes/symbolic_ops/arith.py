@@ -21,6 +21,7 @@ from dmlgraph.passes.symbolic import (
     Pieces,
     Unprovable,
     as_lin,
+    as_scalar,
     int_of,
     make_clamp,
     shape_of,
@@ -44,6 +45,18 @@ def float_values(an: Analysis, vs: Sequence[AbstractValue]) -> bool:
     return bool(vs) and all(v.dtype.kind == "f" and (isinstance(v, Band) or
                                                      (not isinstance(v, Pieces) and an.uniform(v) is not None))
                             for v in vs)
+
+
+def float_piecewise(an: Analysis, vs: Sequence[AbstractValue], fn: Callable[..., object]) -> AbstractValue:
+    """`piecewise` of `float_values` operands; one-element constants stay one (a Range bound, a step)."""
+    elems = [v for v in vs if isinstance(v, Elems) and len(v.items) == 1]
+    values = [an.uniform(v) for v in elems]
+    if len(elems) == len(vs) and all(x is not None for x in values):
+        shape = np.broadcast_shapes(*(v.shape for v in elems))
+        with np.errstate(all="ignore"):
+            value = as_scalar(fn(*values), vs[0].dtype)
+        return Elems(vs[0].dtype, tuple(shape), (value,))
+    return piecewise(an, vs, fn)
 
 
 def piecewise(an: Analysis, vs: Sequence[AbstractValue], fn: Callable[..., object], dtype: np.dtype | None = None
@@ -212,7 +225,7 @@ def _binary(an: Analysis, n: OnnxNode, ins: list) -> list:
         np_fn = _NUMPY_BINARY[n.op_type]
         out = vs[0]
         for v in vs[1:]:
-            out = piecewise(an, [out, v], np_fn)
+            out = float_piecewise(an, [out, v], np_fn)
         return [out]
     if n.op_type in ("Min", "Max"):
         out = vs[0]
@@ -264,7 +277,7 @@ def _neg_op(an: Analysis, n: OnnxNode, ins: list) -> list:
     if isinstance(ins[0], Pieces):
         return [map_pieces(an, ins[0], lambda p: _neg(an, p))]
     if is_piecewise(an, ins[0]) or float_values(an, ins[:1]):
-        return [piecewise(an, [ins[0]], np.negative)]
+        return [float_piecewise(an, [ins[0]], np.negative)]
     return [_neg(an, ins[0])]
 
 
@@ -272,7 +285,7 @@ def _neg_op(an: Analysis, n: OnnxNode, ins: list) -> list:
 def _abs_sign(an: Analysis, n: OnnxNode, ins: list) -> list:
     fn = np.abs if n.op_type == "Abs" else np.sign
     if is_piecewise(an, ins[0]) or isinstance(ins[0], Band) or float_values(an, ins[:1]):
-        return [piecewise(an, [ins[0]], fn)]
+        return [float_piecewise(an, [ins[0]], fn)]
     x = an.affine(ins[0], "the operand")
     lo, hi = an.affine_bounds(x)
     if lo >= 0:

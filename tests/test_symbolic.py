@@ -701,3 +701,22 @@ def test_float_constants_computed_stay_constants_a_range_reads():
     assert isinstance(r, Affine) and r.shape == (Lin.of(8),)
     (negated,) = HANDLERS["Neg"](an, OnnxNode("n", "Neg", [], []), [zero])
     assert np.signbit(negated.items[0])
+
+
+@pytest.mark.parametrize("x,lo,hi", [(-0.0, 0.0, 1.0), (0.0, -0.0, -0.0), (-1.0, -0.0, 0.0), (1.0, np.nan, -0.0),
+                                     (-0.0, np.nan, np.nan)])
+def test_clip_of_one_float_value_is_onnxruntimes(x, lo, hi):
+    """Clip of one-value float operands compares as onnxruntime does (x < lo, hi < x): of two equal
+    zeros x is kept and a NaN bound clips nothing; through Max/Min the result was numpy's zero."""
+    from dmlgraph.ir.graph import OnnxNode
+    from dmlgraph.passes.symbolic import Elems
+    from dmlgraph.passes.symbolic_ops import HANDLERS
+    f32 = np.dtype(np.float32)
+    node = h.make_node("Clip", ["x", "lo", "hi"], ["y"])
+    model = h.make_model(h.make_graph([node], "g", [], [h.make_tensor_value_info("y", T.FLOAT, [])],
+                                      [c("x", np.float32(x)), c("lo", np.float32(lo)), c("hi", np.float32(hi))]),
+                         opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {})
+    (got,) = HANDLERS["Clip"](Analysis(), OnnxNode("c", "Clip", [], []),
+                              [Elems(f32, (), (np.float32(v),)) for v in (x, lo, hi)])
+    assert np.float32(got.items[0]).tobytes() == want.tobytes()

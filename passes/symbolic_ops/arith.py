@@ -315,8 +315,9 @@ def _clip(an: Analysis, n: OnnxNode, ins: list) -> list:
     for bound, op, fn in ((lo, "Max", _at_least), (hi, "Min", _at_most)):
         if bound is None:
             continue
-        if out.dtype.kind == "f" and (is_piecewise(an, out) or is_piecewise(an, bound)):
-            out = piecewise(an, [out, bound], fn)  # (not Max/Min: those propagate a NaN, Clip does not)
+        if out.dtype.kind == "f" and (is_piecewise(an, out) or is_piecewise(an, bound) or
+                                      float_values(an, [out, bound])):
+            out = float_piecewise(an, [out, bound], fn)  # (not Max/Min: those propagate a NaN, Clip does not)
         else:
             out = _binary(an, _with_op(n, op), [out, bound])[0]
     return [out]

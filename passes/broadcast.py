@@ -18,6 +18,7 @@ from dmlgraph.io.dim_keys import DimKeys
 from dmlgraph.ir.frozen import Frozen
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
 from dmlgraph.passes.common import const_value
+from dmlgraph.passes.symbolic_ops.layout import slice_positions
 from dmlgraph.rewrite import Context, detached, detached_constant
 
 
@@ -416,8 +417,6 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
         bounds = [const_value(graph, x) for x in ins[1:]]
         if any(b is None for b in bounds) or (len(bounds) > 2 and list(np.asarray(bounds[2]).reshape(-1)) != [0]):
             return None
-        from dmlgraph.passes.symbolic_ops.layout import slice_positions
-
         step = int(np.asarray(bounds[3]).reshape(-1)[0]) if len(bounds) > 3 else 1
         if step == 0:
             return None

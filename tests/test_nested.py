@@ -753,7 +753,7 @@ def test_two_unnamed_eyelikes_in_a_body_write_a_loadable_model(scope):
     """Two unnamed EyeLikes of run-time shapes in a local function or a Loop body, each lowered on the
     dml target: each DML node's Shape was named "Shape_" (the EyeLike's empty name), twice in one
     scope, and onnxruntime refused the written model (found by the fuzzer of forms, fuzz8)."""
-    c = lambda n, v: h.make_node("Constant", [], [n], value=numpy_helper.from_array(np.asarray(v), n))  # noqa: E731
+    c = lambda n, v: h.make_node("Constant", [], [n], value=numpy_helper.from_array(np.asarray(v), n))
     x = "x" if scope == "function" else "xin"
     nodes = [c("zero", np.float32(0)), c("low", np.float32(-3e38)), c("one", np.int64(1)),
              h.make_node("Shape", [x], ["shape"]), h.make_node("Neg", [x], ["nx"]), h.make_node("Shape", ["nx"], ["nshape"])]

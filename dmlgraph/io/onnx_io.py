@@ -76,9 +76,10 @@ def _register_schemas() -> None:
 def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
     """Y's type: DiagonalMatrix1's X, else its `value` tensor's; DiagonalMatrix's `dtype`. Its shape:
     `output_shape` when static, else unknown dims of the longest of X's rank, the `shape` input's
-    length and the `matrix` input's (X broadcasts with the sizes, a claimed node's with its mask's). (Inference inside a local function reads no
-    value_info: without this, what reads a DML node there has no type and the checker refuses the
-    model; and a Loop that runs no iteration gives its scan outputs the body's rank.)"""
+    length and the `matrix` input's (X broadcasts with the sizes, a claimed node's with its mask's).
+    (Inference inside a local function reads no value_info: without this, what reads a DML node
+    there has no type and the checker refuses the model; and a Loop that runs no iteration gives its
+    scan outputs the body's rank.)"""
     dtype, value = ctx.get_attribute("dtype"), ctx.get_attribute("value")
     shape_at = 0 if dtype is not None else 1  # (DiagonalMatrix has no X: its first input is the shape)
     if dtype is not None:

@@ -30,11 +30,13 @@ one row (the last, as a decode step, by a constant -1 or the computed S - 1; or 
 of the batch or heads axis by a negative start or step; then an
 application to x: Where either way, Add of a 0/-inf bias, Mul by the 0/1 gate, GPT-1's blend
 `x * b + -1e4 * (1 - b)`, the bias domain of transformers and both torch exporters (the mask made
-early a float bias, `Where(m, 0, finfo.min)` or `(1 - m.float()) * finfo.min`, maybe combined with
-a second bias -- the padding's, another source's, or transformers' triu(full(finfo.min)) itself --
-by Add, Min or Max, viewed by Unsqueeze, Expand, Reshape, Slice, then added to x), or `masked_fill`
-as `Where(Equal(v, 0), fill, x)` with v the mask as long or float, or its bias. The data is float32, float16, or int32 / int64 (applied
-by Where, the Mul gate or masked_fill; bfloat16 is not drawn: onnxruntime's CPU provider has no
+early a float bias, `Where(m, 0, finfo.min)`, `(1 - m.float()) * finfo.min` or the triu bias
+itself; maybe combined with a second bias -- the padding's, another source's, or transformers'
+triu(full(finfo.min)) itself -- by Add, Min or Max, or filled where `bias + padding == 0`
+(transformers' padding merge); viewed by Unsqueeze, Expand, Reshape, Slice, then added to x), or
+`masked_fill` as `Where(Equal(v, 0), fill, x)` with v the mask as long or float, or its bias. The
+data is float32, float16, or int32 / int64 (applied by Where, the Mul gate or masked_fill; bfloat16
+is not drawn: onnxruntime's CPU provider has no
 Add, Mul or Where for it). Then up to two containers wrap a random tail of the nodes (so a body
 reads outer values, masks included): an If branch, a Loop body (x carried, 1-2 trips), a Scan body
 (1-2 iterations: x a state beside a scanned [n, 1] constant, or x stacked n times as the scan
@@ -173,8 +175,9 @@ class Dims:
         return self.b.op("Slice", [self.shape, _ints(self.b, [self.rank - 2]), _ints(self.b, [self.rank])], "matrix")
 
 
+TRIU_BIAS: dict[str, str] = {}  # a `triu_fill` mask's name -> the float32 bias it was made from (names are unique)
 GRID_KINDS = ["grid", "grid", "window", "diff", "abs", "overlay"]
-INDEX_BUILDS = ["range", "range", "cumsum", "cumsum32", "step2"]  # how a row / column index vector is made
+INDEX_BUILDS = ["range", "range", "range", "cumsum", "cumsum32", "step2"]  # how a row / column index vector is made
 COMPARE_TYPES = {"int64": T.INT64, "int32": T.INT32, "float": T.FLOAT}
 NP_OF = {T.INT64: np.int64, T.INT32: np.int32, T.FLOAT: np.float32}
 
@@ -222,7 +225,7 @@ def _grid(draw, b: CaseBuilder, d: Dims, kind: str, constants: list[int]) -> tup
                 if how == "step2":
                     rows = b.op("Add", [rows, d.p], "pos")
     native = T.INT32 if how == "cumsum32" else T.INT64
-    cmp_name = draw(st.sampled_from(["native", "native", "int32", "float"]))
+    cmp_name = draw(st.sampled_from(["native", "native", "native", "int32", "float"]))
     ctype = native if cmp_name == "native" else COMPARE_TYPES[cmp_name]
     if ctype != native:
         rows, cols = (b.op("Cast", [v], "ci", to=ctype) for v in (rows, cols))
@@ -317,7 +320,9 @@ def _source(draw, b: CaseBuilder, d: Dims, constants: list[int]) -> tuple[str, s
             f"trilu k={k}{'+P' if d.kv else ''} upper={upper}"
     if kind == "triu_fill":  # the bias made a mask again as transformers does: `bias == 0`
         bias, what = _triu_fill(draw, b, d, constants)
-        return b.op("Equal", [bias, b.const(np.float32(0), "zero")], "kept"), what + " == 0"
+        kept = b.op("Equal", [bias, b.const(np.float32(0), "zero")], "kept")
+        TRIU_BIAS[kept] = bias  # (the bias domain may add the bias itself, as transformers does)
+        return kept, what + " == 0"
     if kind == "tril_sized":  # torch.tril(torch.ones(S, T), diagonal=T - S (+ k)): k computed from sizes
         ones = b.op("ConstantOfShape", [d.matrix()], "ones", value=onnx.numpy_helper.from_array(np.ones(1, np.float32)))
         k = max(-2, min(2, k))
@@ -536,11 +541,18 @@ def _bias_domain(draw, b: CaseBuilder, d: Dims, m: str, data: int, lay: Layout, 
                  steps: list[str]) -> str:
     """transformers' and both torch exporters' bias domain: the mask turned early into a float bias,
     maybe combined with a second bias (Add: causal + padding; Min/Max), viewed, then added to x."""
-    how = draw(st.sampled_from(["where", "one_minus"]))
-    bias, r = _to_bias(b, m, data, how), lay.r
+    how = draw(st.sampled_from(["where", "one_minus"] + (["triu_itself"] if m in TRIU_BIAS and data == T.FLOAT else [])))
+    bias, r = TRIU_BIAS[m] if how == "triu_itself" else _to_bias(b, m, data, how), lay.r
     what = [f"bias({how})"]
-    second = draw(st.sampled_from(["none", "padding", "source", "triu"]))
-    if second != "none":
+    second = draw(st.sampled_from(["none", "padding", "source", "triu", "hf_padding"]))
+    if second == "hf_padding":  # transformers: bias.masked_fill((bias + padding.float()) == 0, finfo.min)
+        dt = h.tensor_dtype_to_np_dtype(data).type
+        summed = b.op("Add", [bias, b.op("Cast", ["padding"], "padf", to=data)], "summed")
+        padded = b.op("Equal", [summed, b.const(dt(0), "zero")], "padded")
+        bias, r = b.op("Where", [padded, b.const(dt(np.finfo(dt).min), "min"), bias], "filled"), 4
+        lay.lead[0] = max(lay.lead[0], lay.pad_batch)
+        what.append("masked_fill(padding)")
+    elif second != "none":
         if second == "padding":
             other, r = _to_bias(b, "padding", data, draw(st.sampled_from(["where", "one_minus"]))), 4
             lay.lead[0] = max(lay.lead[0], lay.pad_batch)
@@ -661,6 +673,7 @@ def _wrap(kind: str, nodes: list, k: int, b: CaseBuilder, inits: dict, functions
 @st.composite
 def form_models(draw) -> FormCase:
     b = CaseBuilder()
+    TRIU_BIAS.clear()
     kv = draw(st.integers(0, 4)) < 2
     # x [1, 2, S, T]; [2, 2, S, T] with a left-padded padding of batch 2; [2, S, T]; [1, 1, 2, S, T]
     shape_kind = draw(st.sampled_from(["r4", "r4", "r4", "batch2", "r3", "r5"]))

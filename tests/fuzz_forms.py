@@ -2,7 +2,8 @@
 `fuzz_masks.py` varies one mask cone.
 
 A model (`form_models`): x [1, 2, S, T] (or [2, S, T], [1, 1, 2, S, T], or [2, 2, S, T] beside a
-left-padded padding of batch 2) and a boolean padding [1, 1, 1, T]; square (T = S, S symbolic or
+left-padded padding of batch 2) and a boolean padding [1, 1, 1, T] (or transformers' attention_mask
+[B, T] of int64, made [B, 1, 1, T] bool by Unsqueeze and Cast or `== 1`); square (T = S, S symbolic or
 static) or a KV cache (a `past_key` input [1, 1, P, 1], T = P + S, S maybe a static 1: a decode step;
 the padding's length sometimes misnamed `S` as Optimum's merged decoders do); S and T read from
 Shape(x) by index from the front or from the back (-2, -1). A mask made by one source --
@@ -25,7 +26,8 @@ Slice pieces Concat-ed back (two or three, cut at constants or at a size: P, whi
 or S), Cast round trips, `1 - b` and `b * c + d > t` through float, Where(b, True, False) either
 way, And/Or with a second source, And/Or with the padding (data), a stack of two masks Concat-ed
 along a batch axis and Split back; Identity, Expand to batch 2 (x then broadcasts: the output has
-batch 2), Tile of the batch or heads axis, Flatten then Reshape back to the mask's shape, Gather of
+batch 2), Tile of the batch or heads axis, Flatten then Reshape back to the mask's shape,
+Unsqueeze to 5-D [1, 1, 1, S, T] (maybe expanded on one leading axis) and Squeeze back, Gather of
 one row (the last, as a decode step, by a constant -1 or the computed S - 1; or the first), Slice
 of the batch or heads axis by a negative start or step; then an
 application to x: Where either way, Add of a 0/-inf bias, Mul by the 0/1 gate, GPT-1's blend
@@ -67,7 +69,7 @@ from dmlgraph import api
 from dmlgraph.passes.generators import band_of
 
 STORED_N = 12  # rows and columns of a stored band buffer (sizes past it fail in the original too)
-FORMS = ["not", "rank4", "reshape4", "squeeze", "transpose", "slice_rows", "slice_concat", "arith_not",
+FORMS = ["not", "rank4", "rank5", "reshape4", "squeeze", "transpose", "slice_rows", "slice_concat", "arith_not",
          "arith_scale", "where_bool", "cast_trip", "combine", "padding", "stack_split",
          "identity", "expand_batch", "tile", "flatten_back", "gather_row", "slice_lead"]
 APPLICATIONS = ["where_x_c", "where_c_x", "add_bias", "mul_gate", "blend", "bias_domain", "masked_fill"]
@@ -360,13 +362,18 @@ def _source(draw, b: CaseBuilder, d: Dims, constants: list[int]) -> tuple[str, s
 
 @dataclass
 class Layout:
-    """What `_forms` made of the mask: its rank, its leading [batch, heads] (rank 4), whether an
-    Expand/Tile made it (no Squeeze back) and whether a Gather left it one row."""
+    """What `_forms` made of the mask: its rank, its leading [batch, heads] (rank 4; rank 5: `lead5`),
+    whether an Expand/Tile made it (no Squeeze back) and whether a Gather left it one row."""
     r: int = 2
     lead: list[int] = field(default_factory=lambda: [1, 1])
+    lead5: list[int] = field(default_factory=lambda: [1, 1, 1])
     expanded: bool = False
     one_row: bool = False
     pad_batch: int = 1  # the padding's batch: an And/Or with it makes the mask's batch that
+
+    def shape(self, s_dim, t_dim) -> list:
+        """The mask's shape (its matrix [S, T] whatever one_row says: x's rows broadcast it)."""
+        return {4: self.lead, 5: self.lead5}.get(self.r, []) + [s_dim, t_dim]
 
 
 @st.composite
@@ -467,13 +474,27 @@ def _forms(draw, b: CaseBuilder, d: Dims, m: str, constants: list[int], steps: l
         elif form == "combine":
             other, what = draw(_source(b, d, constants))
             steps[-1] = f"combine({what})"
-            if r == 4:
-                other = b.op("Unsqueeze", [other, _ints(b, [0, 1])], "o4")
+            if r > 2:
+                other = b.op("Unsqueeze", [other, _ints(b, list(range(r - 2)))], "o4")
             m = b.op(draw(st.sampled_from(["And", "Or"])), [m, other], "comb")
             lay.one_row = False  # (broadcast against the other's S rows)
         elif form == "padding":
             m = b.op(draw(st.sampled_from(["And", "Or"])), [m, "padding"], "padded")
-            r, expanded, lay.lead[0] = 4, True, max(lay.lead[0], lay.pad_batch)
+            if r == 5:  # (the padding's batch against the mask's second axis)
+                lay.lead5[1] = max(lay.lead5[1], lay.pad_batch)
+            else:
+                r, lay.lead[0] = 4, max(lay.lead[0], lay.pad_batch)
+            expanded = True
+        elif form == "rank5" and r == 2:  # [1, 1, 1, S, T] (x [1, 1, 2, S, T]'s rank), maybe expanded on an axis
+            m = b.op("Unsqueeze", [m, _ints(b, [0, 1, 2])], "m5")
+            axis = draw(st.sampled_from([None, 0, 1, 2]))
+            if axis is not None:
+                m = b.op("Expand", [m, _ints(b, [2 if a == axis else 1 for a in range(5)])], "e5")
+                expanded, lay.lead5[axis] = True, 2
+            r = 5
+            steps[-1] = f"rank5({axis})"
+        elif form == "squeeze" and r == 5 and not expanded:
+            m, r = b.op("Squeeze", [m, _ints(b, [0, 1, 2])], "sq"), 2
         elif form == "stack_split" and r == 4 and lay.lead[0] == 1 and not lay.one_row:
             # two bands stacked on the batch axis, then split back
             other, what = draw(_source(b, d, constants))
@@ -549,12 +570,12 @@ def _bias_domain(draw, b: CaseBuilder, d: Dims, m: str, data: int, lay: Layout, 
         dt = h.tensor_dtype_to_np_dtype(data).type
         summed = b.op("Add", [bias, b.op("Cast", ["padding"], "padf", to=data)], "summed")
         padded = b.op("Equal", [summed, b.const(dt(0), "zero")], "padded")
-        bias, r = b.op("Where", [padded, b.const(dt(np.finfo(dt).min), "min"), bias], "filled"), 4
+        bias, r = b.op("Where", [padded, b.const(dt(np.finfo(dt).min), "min"), bias], "filled"), max(r, 4)
         lay.lead[0] = max(lay.lead[0], lay.pad_batch)
         what.append("masked_fill(padding)")
     elif second != "none":
         if second == "padding":
-            other, r = _to_bias(b, "padding", data, draw(st.sampled_from(["where", "one_minus"]))), 4
+            other, r = _to_bias(b, "padding", data, draw(st.sampled_from(["where", "one_minus"]))), max(r, 4)
             lay.lead[0] = max(lay.lead[0], lay.pad_batch)
         elif second == "triu":  # transformers' triu(full(finfo.min), 1) bias itself
             other, desc = _triu_fill(draw, b, d, constants, h.tensor_dtype_to_np_dtype(data).type)
@@ -680,6 +701,12 @@ def form_models(draw) -> FormCase:
     x_lead = {"r4": [1, 2], "batch2": [2, 2], "r3": [2], "r5": [1, 1, 2]}[shape_kind]
     pad_batch = 2 if shape_kind == "batch2" else 1
     b.nodes.append(h.make_node("Identity", ["x"], [XIN]))
+    # the padding: a bool input [B, 1, 1, T], or transformers' attention_mask [B, T] (int64) made one
+    mask2d = draw(st.sampled_from([None, None, "cast", "equal"]))
+    if mask2d:
+        am = b.op("Unsqueeze", ["attention_mask", _ints(b, [1, 2])], "am4")
+        b.nodes.append(h.make_node("Cast", [am], ["padding"], to=T.BOOL) if mask2d == "cast" else
+                       h.make_node("Equal", [am, _int(b, 1)], ["padding"]))
     d = Dims(b, kv, len(x_lead) + 2, from_back=draw(st.integers(0, 3)) == 0)
     constants: list[int] = []
     m, what = draw(_source(b, d, constants))
@@ -696,10 +723,12 @@ def form_models(draw) -> FormCase:
     t_dim = "T" if kv else s_dim
     x_shape = x_lead + [s_dim, t_dim]
     # x broadcast against the mask (its leading dims expanded to batch 2, or rank 4 over a rank-3 x)
-    y_shape = _broadcast(x_shape, (lay.lead if lay.r == 4 else []) + [s_dim, t_dim])
+    y_shape = _broadcast(x_shape, lay.shape(s_dim, t_dim))
     inputs = [h.make_tensor_value_info("x", data, x_shape),
-              h.make_tensor_value_info("padding", T.BOOL, [pad_batch, 1, 1, draw(st.sampled_from(["T", "T", "S"]))
-                                                           if kv else t_dim])]
+              h.make_tensor_value_info("attention_mask", T.INT64, [pad_batch, "_"]) if mask2d else
+              h.make_tensor_value_info("padding", T.BOOL, [pad_batch, 1, 1, "_"])]
+    pad_len = draw(st.sampled_from(["T", "T", "S"])) if kv else t_dim
+    inputs[1].type.tensor_type.shape.dim[-1].CopyFrom(h.make_tensor_type_proto(T.BOOL, [pad_len]).tensor_type.shape.dim[0])
     past = "P"
     if kv:  # (a past named like the rows or the keys: a claim false whenever P differs)
         past = draw(st.sampled_from(["P", "P", "P", "S", "T"]))
@@ -747,6 +776,7 @@ def form_models(draw) -> FormCase:
         (f" past named {past}" if past != "P" else "")
     contained = {o for n in all_nodes_in(nodes, functions) for o in n.output} - {o for n in nodes for o in n.output}
     description += "" if shape_kind == "r4" else f" x{x_shape}" + (" from the back" if d.from_back else "")
+    description += f" attention_mask [B, T] ({mask2d})" if mask2d else ""
     return FormCase(model, flat, static, kv, constants, description, frozenset(contained), x_lead, pad_batch)
 
 
@@ -795,11 +825,12 @@ def feeds(case: FormCase, size: tuple[int, int], seed: int, model: onnx.ModelPro
     shape = (*case.x_lead, s, t)
     x = rng.standard_normal(shape).astype(dt) if dt.kind == "f" else rng.integers(-999, 1000, shape, dt)
     x.reshape(-1)[::5] = -0.0  # (finite data: float16 NaN payloads are tests/test_portable.py's)
-    if case.pad_batch == 2:  # left padding: each row's first few keys padded out (the second row's more)
+    if case.pad_batch == 2:  # left padding: each row's first keys padded out (how many: drawn per row)
         padding = np.arange(t)[None, None, None, :] >= rng.integers(0, max(t - 1, 1), (2, 1, 1, 1))
     else:
         padding = rng.random((1, 1, 1, t)) < 0.7
-    f = {"x": x, "padding": padding, "past_key": np.zeros((1, 1, t - s, 1), np.float32), "cond": np.array(True)}
+    f = {"x": x, "padding": padding, "attention_mask": padding.reshape(-1, t).astype(np.int64),
+         "past_key": np.zeros((1, 1, t - s, 1), np.float32), "cond": np.array(True)}
     names = {i.name for i in (model or case.model).graph.input}
     return {k: v for k, v in f.items() if k in names}
 

@@ -8,8 +8,8 @@ static) or a KV cache (a `past_key` input [1, 1, P, 1], T = P + S, S maybe a sta
 the padding's length sometimes misnamed `S` as Optimum's merged decoders do); S and T read from
 Shape(x) by index from the front or from the back (-2, -1). A mask made by one source --
   * an index grid over x's dims (rows from P under a cache: `+ P`, or cache_position's
-    `Range(P, P + S, 1)`), its index vectors made by Range, by `CumSum(ones) - 1` (int64 or int32,
-    Optimum's positions) or by a Range of delta 2 on both axes, compared as they are, cast to int32
+    `Range(P, P + S, 1)`, P maybe computed as T - S), its index vectors made by Range, by
+    `CumSum(ones) - 1` (int64 or int32, Optimum's positions) or by a Range of delta 2 on both axes, compared as they are, cast to int32
     or cast to float; compared as `cols op rows + k` (Less, LessOrEqual, Greater, GreaterOrEqual,
     Equal, operands either way), as a difference `rows - cols` or `cols - rows` against a constant,
     as Longformer's symmetric `Abs(i - j) <= w` or `< w`, or as transformers' sliding-window overlay
@@ -218,8 +218,8 @@ def _grid(draw, b: CaseBuilder, d: Dims, kind: str, constants: list[int]) -> tup
         rows, cols = r, r
     else:
         cols = _index(b, how, d.t, None, "cols")
-        if d.kv and draw(st.booleans()):  # cache_position = arange(past, past + S)
-            rows = _index(b, how, d.s, d.p, "pos")
+        if d.kv and draw(st.booleans()):  # cache_position = arange(past, past + S), past maybe T - S
+            rows = _index(b, how, d.s, b.op("Sub", [d.t, d.s], "past") if draw(st.booleans()) else d.p, "pos")
         else:
             rows = _index(b, how, d.s, None, "rows")
             if d.kv:
@@ -873,7 +873,7 @@ def oracle_bands(case: FormCase) -> list[str]:
     # A value computed from the data is no band site even where its values do not depend on it: the
     # bias domain's x + finfo.min is finfo.min for every |x| < 2^103 (a false alarm of seed 1 marked
     # such an output; the mask intermediates read x through Shape only, the application XIN).
-    data = {XIN}
+    data = {XIN, "padding", "attention_mask"}  # (a left padding at T = 3 may come out the same twice)
     for n in case.flat.graph.node:
         if data.intersection(n.input):
             data.update(n.output)

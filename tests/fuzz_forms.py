@@ -9,12 +9,13 @@ the padding's length sometimes misnamed `S` as Optimum's merged decoders do); S 
 Shape(x) by index from the front or from the back (-2, -1). A mask made by one source --
   * an index grid over x's dims (rows from P under a cache: `+ P`, or cache_position's
     `Range(P, P + S, 1)`, P maybe computed as T - S), its index vectors made by Range, by
-    `CumSum(ones) - 1` (int64 or int32, Optimum's positions) or by a Range of delta 2 on both axes, compared as they are, cast to int32
-    or cast to float; compared as `cols op rows + k` (Less, LessOrEqual, Greater, GreaterOrEqual,
-    Equal, operands either way), as a difference `rows - cols` or `cols - rows` against a constant,
-    as Longformer's symmetric `Abs(i - j) <= w` or `< w`, or as transformers' sliding-window overlay
-    `cols <= rows And cols > rows - w`; maybe And-ed with a sliding window `rows - cols < w`; or a
-    square grid over T sliced to its last rows (`[P:]`, or `[-S:]`, which is declined);
+    `CumSum(ones) - 1` (int64 or int32, Optimum's positions) or by a Range of delta 2 on both
+    axes, compared as they are, cast to int32 or cast to float; compared as `cols op rows + k`
+    (Less, LessOrEqual, Greater, GreaterOrEqual, Equal, operands either way), as a difference
+    `rows - cols` or `cols - rows` against a constant, as Longformer's symmetric `Abs(i - j) <= w`
+    or `< w`, or as transformers' sliding-window overlay `cols <= rows And cols > rows - w`; maybe
+    And-ed with a sliding window `rows - cols < w`; or a square grid over T sliced to its last rows
+    (`[P:]`, or `[-S:]`, which is declined);
   * Trilu of ones (k shifted by P under a cache, or computed from sizes: torch.tril's `T - S + k`);
     transformers' `triu(full((S, T), finfo.min or -inf), diagonal=1)` (k = P + 1 under a cache, or
     1 then `*= arange(T) > cache_position`), made a mask again by `== 0`; EyeLike (k in [-3, 3]) of

@@ -40,7 +40,9 @@ def _match(ctx: Context, node: Node) -> Match | None:
     shape = None
     if static is None:  # the sizes are x's, read at run time
         shape = detached(f"{x.name}__shape", TensorProto.INT64, (len(x.shape),) if x.shape is not None else None)
-        m.captures["shape_node"] = OnnxNode(f"Shape_{node.name}", "Shape", [x], [shape])
+        # (An unnamed EyeLike's Shape is left unnamed: the engine names it by its output, unique in
+        # its scope; "Shape_" twice in a body or function made onnxruntime refuse the model.)
+        m.captures["shape_node"] = OnnxNode(f"Shape_{node.name}" if node.name else "", "Shape", [x], [shape])
     dml = DmlNode(node.name, None, shape, None, standin(node.outputs[0], elem_type), elem_type=elem_type,
                   value=one_of(elem_type), begin=k, end=k + 1, static_shape=static, kind=kind)
     m.reason = lowering_reason(dml, x.shape, options)

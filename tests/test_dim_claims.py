@@ -103,3 +103,29 @@ def test_run_and_validate_take_inputs_whose_dims_disagree_with_their_names(tmp_p
     np.savez(tmp_path / "in.npz", **feeds(1, 5))
     assert cli.main(["run", src, "--inputs", str(tmp_path / "in.npz")]) == 0  # before: exit 2
     assert cli.main(["validate", src, "--inputs", str(tmp_path / "in.npz")]) == 0
+
+
+def test_a_claimed_mask_of_higher_rank_than_its_data_writes_its_output_rank():
+    """A rank-4 band [1, 1, S, S] (a Trilu's, unsqueezed) selecting a rank-3 x [2, S, S] beside an
+    unread padding that claims S too: the DML node reads the mask's sizes (`matrix`) and its output
+    is x broadcast with them, [1, 2, S, S]; the op schema inferred x's rank, 3, against the declared
+    4, and the dml target refused to write the model (found by the fuzzer of forms, fuzz8)."""
+    ones = h.make_tensor("one", T.FLOAT, [1], [1.0])
+    nodes = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Slice", ["shape", "m2", "big"], ["matrix"]),
+             h.make_node("ConstantOfShape", ["matrix"], ["ones"], value=ones),
+             h.make_node("Trilu", ["ones"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["band"], to=T.BOOL),
+             h.make_node("Unsqueeze", ["band", "a01"], ["band4"]), h.make_node("Where", ["band4", "x", "ninf"], ["y"])]
+    inits = [_i64("m2", [-2]), _i64("big", [2**62]), _i64("a01", [0, 1]), h.make_tensor("ninf", T.FLOAT, [], [-np.inf])]
+    m = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2, "S", "S"]),
+                                               h.make_tensor_value_info("padding", T.BOOL, [1, 1, 1, "S"])],
+                                  [h.make_tensor_value_info("y", T.FLOAT, [1, 2, "S", "S"])], inits),
+                     opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    onnx.checker.check_model(m, full_check=True)
+    lowered = dmlgraph.optimize(m, target="dml")
+    assert "mask_where" in [r.rule for r in lowered.rewrites]
+    onnx.checker.check_model(lowered.model, full_check=True)
+    for n in (1, 3):
+        f = {"x": np.random.default_rng(n).standard_normal((2, n, n)).astype(np.float32),
+             "padding": np.ones((1, 1, 1, n), bool)}
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, f)[0]
+        np.testing.assert_array_equal(dmlgraph.run(lowered.model, f)["y"], want)

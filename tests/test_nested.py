@@ -746,3 +746,35 @@ def test_a_branch_adding_an_outer_bias_sees_its_lowest_values():
         want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
         assert np.isneginf(want).any()
         np.testing.assert_array_equal(dmlgraph.run(lowered, feeds)["y"], want)
+
+
+@pytest.mark.parametrize("scope", ["function", "loop"])
+def test_two_unnamed_eyelikes_in_a_body_write_a_loadable_model(scope):
+    """Two unnamed EyeLikes of run-time shapes in a local function or a Loop body, each lowered on the
+    dml target: each DML node's Shape was named "Shape_" (the EyeLike's empty name), twice in one
+    scope, and onnxruntime refused the written model (found by the fuzzer of forms, fuzz8)."""
+    c = lambda n, v: h.make_node("Constant", [], [n], value=numpy_helper.from_array(np.asarray(v), n))
+    x = "x" if scope == "function" else "xin"
+    nodes = [c("zero", np.float32(0)), c("low", np.float32(-3e38)), c("one", np.int64(1)),
+             h.make_node("Shape", [x], ["shape"]), h.make_node("Neg", [x], ["nx"]), h.make_node("Shape", ["nx"], ["nshape"])]
+    for i, (shape, k) in enumerate((("shape", 1), ("nshape", -1))):
+        nodes += [h.make_node("ConstantOfShape", [shape], [f"z{i}"]),
+                  h.make_node("EyeLike", [f"z{i}"], [f"e{i}"], k=k, dtype=T.INT64),
+                  h.make_node("Equal", [f"e{i}", "one"], [f"b{i}"]), h.make_node("Where", [f"b{i}", "zero", "low"], [f"w{i}"])]
+    nodes += [h.make_node("Max", ["w0", "w1"], ["s"]), h.make_node("Add", [x, "s"], ["y"])]
+    X, Y = (h.make_tensor_value_info(n, T.FLOAT, ["S", "S"]) for n in ("x", "out"))
+    if scope == "function":
+        f = h.make_function("local", "F", ["x"], ["y"], nodes, [h.make_opsetid("", OPSET)])
+        m = _model([h.make_node("F", ["x"], ["out"], domain="local")], [X], [Y], functions=[f])
+    else:
+        body = h.make_graph(nodes + [h.make_node("Identity", ["c"], ["c2"])], "body",
+                            [h.make_tensor_value_info("it", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []),
+                             h.make_tensor_value_info("xin", T.FLOAT, ["S", "S"])],
+                            [h.make_tensor_value_info("c2", T.BOOL, []), h.make_tensor_value_info("y", T.FLOAT, ["S", "S"])])
+        m = _model([h.make_node("Loop", ["trips", "", "x"], ["out"], body=body)], [X], [Y], [_const("trips", 1)])
+    lowered = dmlgraph.optimize(m, target="dml", allow_growth=True)
+    assert [r.rule for r in lowered.rewrites].count("eyelike") == 2
+    for n in (1, 4):
+        feeds = {"x": np.random.default_rng(n).standard_normal((n, n)).astype(np.float32)}
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        np.testing.assert_array_equal(dmlgraph.run(lowered.model, feeds)["out"], want)

@@ -75,10 +75,11 @@ def _register_schemas() -> None:
 
 def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
     """Y's type: DiagonalMatrix1's X, else its `value` tensor's; DiagonalMatrix's `dtype`. Its shape:
-    `output_shape` when static, else unknown dims of the longer of X's rank and the `shape`
-    input's length (X broadcasts with the sizes). (Inference inside a local function reads no
-    value_info: without this, what reads a DML node there has no type and the checker refuses the
-    model; and a Loop that runs no iteration gives its scan outputs the body's rank.)"""
+    `output_shape` when static, else unknown dims of the longest of X's rank, the `shape` input's
+    length and the `matrix` input's (X broadcasts with the sizes, a claimed node's with its mask's).
+    (Inference inside a local function reads no value_info: without this, what reads a DML node
+    there has no type and the checker refuses the model; and a Loop that runs no iteration gives its
+    scan outputs the body's rank.)"""
     dtype, value = ctx.get_attribute("dtype"), ctx.get_attribute("value")
     shape_at = 0 if dtype is not None else 1  # (DiagonalMatrix has no X: its first input is the shape)
     if dtype is not None:
@@ -101,6 +102,10 @@ def _infer_output(ctx: onnx.shape_inference.InferenceContext) -> None:
         if shape_at == 1 and ctx.has_input(0):
             x = ctx.get_input_type(0).tensor_type
             ranks.append(len(x.shape.dim) if x.HasField("shape") else None)
+        if shape_at == 1 and ctx.has_input(3):  # a claimed node's output broadcasts with its mask's sizes too
+            matrix = ctx.get_input_type(3).tensor_type
+            ok = matrix.HasField("shape") and len(matrix.shape.dim) == 1 and matrix.shape.dim[0].HasField("dim_value")
+            ranks.append(matrix.shape.dim[0].dim_value if ok else None)
         if ranks and None not in ranks:
             dims = [None] * max(cast("list[int]", ranks))
     ctx.set_output_type(0, onnx.helper.make_tensor_type_proto(elem, dims))

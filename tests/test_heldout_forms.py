@@ -833,3 +833,68 @@ def test_the_genai_builders_mha_mask_lowers_its_band_and_names_the_expand(target
                  "past_key": np.zeros((b, 1, 0, 16), np.float16),
                  "scores": rng.standard_normal((b, 2, s, s)).astype(np.float16)}
         assert _right(target, model, r, feeds), (b, s, pad)
+
+
+def _cache_position_mask() -> onnx.ModelProto:
+    """transformers 4.38-4.52's `_prepare_4d_causal_attention_mask_with_cache_position` as
+    TorchScript traces it (the form of most decoders Optimum exported in 2024): triu(full(lowest),
+    1) * (arange(T) > cache_position[:, None]) with cache_position = Range(P, P + S), then the
+    padding merge Where((causal + attention_mask) == 0, lowest, causal), added to the scores."""
+    lowest = np.finfo(np.float32).min
+    full = onnx.numpy_helper.from_array(np.array([lowest], np.float32))
+    nodes = [
+        h.make_node("Shape", ["input_ids"], ["s_ids"]), h.make_node("Gather", ["s_ids", "one"], ["S"], axis=0),
+        h.make_node("Shape", ["past"], ["s_past"]), h.make_node("Gather", ["s_past", "two"], ["P"], axis=0),
+        h.make_node("Add", ["P", "S"], ["PS"]), h.make_node("Range", ["P", "PS", "one"], ["cache_position"]),
+        h.make_node("Shape", ["attention_mask"], ["s_am"]), h.make_node("Gather", ["s_am", "last"], ["T"], axis=0),
+        h.make_node("Unsqueeze", ["S", "ax0"], ["S1"]), h.make_node("Unsqueeze", ["T", "ax0"], ["T1"]),
+        h.make_node("Concat", ["S1", "T1"], ["st"], axis=0),
+        h.make_node("ConstantOfShape", ["st"], ["full"], value=full),
+        h.make_node("Trilu", ["full", "one"], ["triu"], upper=1),
+        h.make_node("Range", ["zero", "T", "one"], ["arange"]),
+        h.make_node("Reshape", ["cache_position", "col"], ["cp"]),
+        h.make_node("Greater", ["arange", "cp"], ["later"]), h.make_node("Cast", ["later"], ["later_f"], to=T.FLOAT),
+        h.make_node("Mul", ["triu", "later_f"], ["causal"]),
+        h.make_node("Unsqueeze", ["causal", "ax01"], ["causal4"]),
+        h.make_node("Unsqueeze", ["attention_mask", "ax12"], ["am4"]),
+        h.make_node("Cast", ["am4"], ["am4f"], to=T.FLOAT), h.make_node("Add", ["causal4", "am4f"], ["merged"]),
+        h.make_node("Equal", ["merged", "zero_f"], ["padded"]),
+        h.make_node("Where", ["padded", "lowest", "causal4"], ["bias"]),
+        h.make_node("Add", ["scores", "bias"], ["y"]),
+    ]
+    i64 = lambda name, v: onnx.numpy_helper.from_array(np.array(v, np.int64), name)
+    inits = [i64("one", 1), i64("two", 2), i64("zero", 0), i64("last", -1), i64("ax0", [0]), i64("col", [-1, 1]),
+             i64("ax01", [0, 1]), i64("ax12", [1, 2]), onnx.numpy_helper.from_array(np.array(0, np.float32), "zero_f"),
+             onnx.numpy_helper.from_array(np.array(lowest, np.float32), "lowest")]
+    dims = ["batch", 1, "sequence", "past_sequence + sequence"]
+    g = h.make_graph(nodes, "cache_position_mask", [
+        h.make_tensor_value_info("input_ids", T.INT64, ["batch", "sequence"]),
+        h.make_tensor_value_info("attention_mask", T.INT64, ["batch", "past_sequence + sequence"]),
+        h.make_tensor_value_info("past", T.FLOAT, ["batch", 1, "past_sequence", 4]),
+        h.make_tensor_value_info("scores", T.FLOAT, dims)], [h.make_tensor_value_info("y", T.FLOAT, dims)], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_transformers_4_4x_cache_position_mask_lowers_its_causal_part(target: str) -> None:
+    """Its causal part lowers (the product's -0.0 between the two fills makes it equal values, not
+    bit-exact: `mask_arith`); the padding merge reads attention_mask's values and is declined as
+    data. Outputs equal onnxruntime's on the original, prefill and decode, padded and not."""
+    model = _cache_position_mask()
+    r = dmlgraph.optimize(model, target=target)
+    assert r.counts["mask_subgraph"] == 2 and r.counts["mask_arith"] == 2
+    assert any(d.rule == "data_mask" and "attention_mask" in d.reason for d in r.declined)
+    assert len(r.model.graph.node) < len(model.graph.node)
+    exact = dmlgraph.optimize(model, target=target, exact=True)  # (keeps the product: not bit-exact)
+    assert exact.counts["mask_arith"] == 0 and any(d.rule == "mask_arith" for d in exact.declined)
+    rng = np.random.default_rng(44)
+    run = lambda m, f: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, f)[0]
+    for batch, seq, past in ((1, 5, 0), (3, 4, 3), (3, 1, 9)):
+        am = np.ones((batch, past + seq), np.int64)
+        am[1:, :2] = 0  # (left padding)
+        feeds = {"input_ids": np.zeros((batch, seq), np.int64), "attention_mask": am,
+                 "past": np.zeros((batch, 1, past, 4), np.float32),
+                 "scores": rng.standard_normal((batch, 1, seq, past + seq)).astype(np.float32)}
+        want = run(model, feeds)
+        got = run(r.model, feeds) if target == "onnx" else dmlgraph.run(r.model, feeds)["y"]
+        assert np.array_equal(want, got), (batch, seq, past)

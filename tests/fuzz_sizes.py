@@ -197,7 +197,7 @@ class Chain:
             ins = [v.name, w.name] if d(st.booleans()) else [w.name, v.name]
             return V(self.op(op, ins), v.dtype, v.rank, v.length)
         value = self.const_int()
-        if op in ("Div", "Mod") and value == 0:
+        if op in ("Div", "Mod") and (value == 0 or _fit(value, v.dtype) == 0):  # (2^32 is 0 in int32)
             value = d(st.sampled_from([1, -1, 2, 3, -7]))
         if v.dtype in (T.FLOAT, T.DOUBLE) and op == "Mod":
             attrs = {"fmod": 1}
@@ -485,7 +485,7 @@ def size_values(case: SizeCase) -> list[int]:
     for c in case.constants:
         for v in (c, -c, abs(c) // 2, 2 * abs(c), abs(c) - 4, abs(c) + 4):
             sizes.update((v - 1, v, v + 1))
-    sizes.update(2**i + d for i in range(1, 9) for d in (-1, 0, 1))
+    sizes.update(2**i + d for i in range(1, 12) for d in (-1, 0, 1))  # (2049: float16's integer limit)
     return sorted(s for s in sizes if 0 <= s <= (case.cap or MAX_SIZE))
 
 
@@ -493,6 +493,8 @@ def size_sets(case: SizeCase, picks: list[tuple[int, int, int]]) -> list[dict[st
     """Dims from picks of size_values: S, T (or P, with T = P + S)."""
     out = []
     for s, t, p in picks:
+        if s * (t + p) > 2**20:  # (one large side at a time: the data stays a few MiB)
+            t, p = min(t, 3), min(p, 3)
         out.append({"S": s, "P": p, "T": p + s} if case.past else {"S": s, "T": t})
     return out
 
@@ -566,11 +568,36 @@ def _run_original(model: onnx.ModelProto, feeds: dict) -> tuple[np.ndarray | Non
     return sess.run(None, feeds)[0], False
 
 
+def _zero_sign_dropped(want: np.ndarray, got: np.ndarray, x: np.ndarray) -> bool:
+    """`got` has `want`'s bits but where onnxruntime's Where turned x's -0.0 into +0.0 (docs: its
+    true branch drops the sign; a lowered Where is a pure selection). The reference evaluator cannot
+    judge these alone: it reads some size chains otherwise (its Slice steps back as Python does)."""
+    if not (want.shape == got.shape == x.shape and want.dtype == got.dtype == x.dtype):
+        return False
+    bits = lambda a: np.ascontiguousarray(a).view(np.uint32)
+    neg_zero = bits(np.float32(-0.0))
+    differ = bits(want) != bits(got)
+    return bool(np.all(~differ | ((bits(want) == 0) & (bits(got) == neg_zero) & (bits(x) == neg_zero))))
+
+
+def _reference(model: onnx.ModelProto, feeds: dict) -> np.ndarray | None:
+    """The reference evaluator's answer, None where it fails (its Gather of an empty axis, ...)."""
+    try:
+        return reference(model, feeds)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def check_sizes(case: SizeCase, sets: list[dict[str, int]], census: bool = True) -> list[str]:
     """Every lowering of `case` against onnxruntime on the original at each set of dims; the
     problems found (wrong outputs, crashes, missed masks), described."""
     problems: list[str] = []
     STATS["cases"] += 1
+    try:  # a model onnxruntime refuses at every size (a constant integer division by 0) is no case
+        ort.InferenceSession(case.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001
+        STATS["cases_refused"] += 1
+        return []
     with tempfile.TemporaryDirectory(prefix="fuzz-sizes-") as folder:
         try:
             lowered = _lower_all(case, folder)
@@ -631,9 +658,9 @@ def check_sizes(case: SizeCase, sets: list[dict[str, int]], census: bool = True)
                     else:
                         # onnxruntime's Where drops the sign of a -0.0 from its true branch and the
                         # lowered Where is a pure selection: the reference evaluator judges too.
-                        spec = reference(case.model, feeds) if spec is None and not from_reference else spec
-                        ok = spec is not None and _each_bits_either(want, spec, got) if selection or spec is not None \
-                            else False
+                        spec = _reference(case.model, feeds) if spec is None and not from_reference else spec
+                        ok = (spec is not None and _each_bits_either(want, spec, got)) or \
+                            (selection and _zero_sign_dropped(want, got, feeds["x"]))
                     if not ok:
                         STATS["wrong"] += 1
                         problems.append(f"{where}: {_differences(want, got)}")

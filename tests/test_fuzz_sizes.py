@@ -48,3 +48,5 @@ def teardown_module(module):
         print("\nfuzz_sizes:", fuzz_sizes.describe_stats())
         for f in fuzz_sizes.FAILURES:
             print("FAIL", f)
+    # (FUZZ_COLLECT=1 records failures instead of stopping: the soak still fails if there were any)
+    assert not fuzz_sizes.FAILURES, f"{len(fuzz_sizes.FAILURES)} failing examples (listed above)"

@@ -416,8 +416,14 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
         bounds = [const_value(graph, x) for x in ins[1:]]
         if any(b is None for b in bounds) or (len(bounds) > 2 and list(np.asarray(bounds[2]).reshape(-1)) != [0]):
             return None
+        from dmlgraph.passes.symbolic_ops.layout import slice_positions
+
         step = int(np.asarray(bounds[3]).reshape(-1)[0]) if len(bounds) > 3 else 1
-        return dims[int(np.asarray(bounds[0]).reshape(-1)[0]):int(np.asarray(bounds[1]).reshape(-1)[0]):step]
+        if step == 0:
+            return None
+        # (ONNX's clamps, not Python's: they differ stepping back)
+        return [dims[i] for i in slice_positions(len(dims), int(np.asarray(bounds[0]).reshape(-1)[0]),
+                                                 int(np.asarray(bounds[1]).reshape(-1)[0]), step)]
     if op == "ConstantOfShape":
         n, t = sub(0), p.attr("value")
         fill = 0 if t is None else int(onnx.numpy_helper.to_array(t).reshape(-1)[0])

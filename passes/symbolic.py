@@ -184,7 +184,7 @@ def make_clamp(inner: Lin, lo: int | None, hi: int | None, an: "Analysis") -> "L
     if hi is not None and b <= hi:
         hi = None
     if lo is not None and hi is not None and lo >= hi:
-        return Lin.of(lo if b <= lo else hi)
+        return Lin.of(hi)  # min(max(x, lo), hi) with max(x, lo) >= lo >= hi
     if lo is None and hi is None:
         return inner
     if lo is not None and b <= lo:
@@ -540,10 +540,13 @@ class Analysis:
         base = diff.base
         if ci != -cj or (ci == 0 and cj == 0):
             # Sizes, or one index against a bound: a band only if it holds everywhere or nowhere. The
-            # comparison is linear in the index, so its extremes are at the corners of the index box.
-            verdicts = {_decide(self._corner_bounds(diff, ci, cj, corner), op) for corner in range(4)}
-            if verdicts == {True} or verdicts == {False}:
-                return _bool_const(bool(verdicts.pop()), diff.shape)
+            # comparison is linear in the index, so its extremes are at the corners of the index box:
+            # it is decided by the range over all four (== is never true only where no value is 0,
+            # which corners on both sides of 0 do not show)
+            corners = [self._corner_bounds(diff, ci, cj, corner) for corner in range(4)]
+            verdict = _decide((min(lo for lo, _ in corners), max(hi for _, hi in corners)), op)
+            if verdict is not None:
+                return _bool_const(verdict, diff.shape)
             if ci == 0 and cj == 0:
                 raise Unprovable(f"{what} compares sizes whose order depends on the sizes")
             if not (ci == 0 and rank >= 2 and diff.shape[-2] == Lin.of(1)):

@@ -439,3 +439,284 @@ def test_a_piecewise_grid_compared_with_a_bound_is_a_band():
     g, result = lower(threshold_mask_model(build("Xor")))
     assert not result.counts["mask_subgraph"]
     assert any("4 runs" in m.reason for m in result.declined)
+
+
+# ---- op semantics at the boundaries: each case once disagreed with onnxruntime ----------------------
+def _agrees_with_onnxruntime(model, sizes):
+    g, result = lower(model)
+    for s in sizes:
+        expected, got, portable = run_both(model, g, _scores(s))
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s
+    return result
+
+
+def test_a_transposed_small_constant_moves_its_items():
+    """Transpose of a stored [2, 3] table: its elements change places, not only its shape (the bound
+    read from it is 4, not the 2 a reshape would give)."""
+    def build(nodes, inits):
+        inits += [c("C", np.array([[1, 2, 3], [4, 5, 6]], np.int64)), c("flat", np.array([-1])),
+                  c("one_i", np.int64(1))]
+        nodes += [h.make_node("Transpose", ["C"], ["CT"], perm=[1, 0]),
+                  h.make_node("Reshape", ["CT", "flat"], ["table"]),
+                  h.make_node("Gather", ["table", "one_i"], ["k"], axis=0),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("LessOrEqual", ["d", "k"], ["m"])]
+        return "m"
+    result = _agrees_with_onnxruntime(threshold_mask_model(build), (1, 3, 4, 5, 6, 8))
+    assert result.counts["mask_subgraph"] == 1
+
+
+@pytest.mark.parametrize("start,end", [(-10, -20), (-10, -2**63), (0, 2**62), (2, 2**62), (3, 2**31 - 1)])
+def test_a_small_tensor_sliced_backwards_clamps_as_onnxruntime_does(start, end):
+    """Shape(x)[start:end:-1]: stepping back, ONNX clamps the start to [0, size - 1] (a start before the
+    first element still takes it, where Python's slice takes nothing) and any end but INT32_MAX /
+    INT64_MAX to [-1, size - 1]; the first element read (else 5) is the bound."""
+    def build(nodes, inits):
+        inits += [c("ss", np.array([start])), c("ee", np.array([end])), c("aa", np.array([0])),
+                  c("st", np.array([-1])), c("five", np.array([5])), c("zero_i", np.int64(0))]
+        nodes += [h.make_node("Shape", ["x"], ["xs"]),
+                  h.make_node("Slice", ["xs", "ss", "ee", "aa", "st"], ["piece"]),
+                  h.make_node("Concat", ["piece", "five"], ["cat"], axis=0),
+                  h.make_node("Gather", ["cat", "zero_i"], ["k"], axis=0),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("LessOrEqual", ["d", "k"], ["m"])]
+        return "m"
+    result = _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3, 6, 7))
+    assert result.counts["mask_subgraph"] == 1
+
+
+def test_negating_the_least_integer_wraps_and_is_declined():
+    """Neg(int32 -2^31) is -2^31 in onnxruntime (it wraps), not 2^31: a bound read through it is
+    declined, never taken as 2^31 (which made every element of the mask true)."""
+    def build(nodes, inits):
+        inits.append(c("least", np.array([-2**31], np.int32)))
+        nodes += [h.make_node("Neg", ["least"], ["negated"]),
+                  h.make_node("Cast", ["negated"], ["k"], to=T.INT64),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("LessOrEqual", ["d", "k"], ["m"])]
+        return "m"
+    result = _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3))
+    assert not result.counts["mask_subgraph"]
+    assert any("negation" in m.reason and "int32" in m.reason for m in result.declined)
+
+
+def test_a_squeeze_without_axes_of_a_size_that_may_be_1_is_declined():
+    """Squeeze() drops every axis of size 1 at run time: [1, S] is [S], but [] at S = 1, where the
+    mask built from it is [1] and not [1, 1]. With axes=[0] it is [S] at every size."""
+    def model(axes):
+        nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["S"], axis=0),
+                 h.make_node("Range", ["zero", "S", "one"], ["idx"]),
+                 h.make_node("Unsqueeze", ["idx", "ax0"], ["u"]),
+                 h.make_node("Squeeze", ["u"] + (["ax0"] if axes else []), ["sq"]),
+                 h.make_node("Unsqueeze", ["sq", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["sq", "axm1"], ["rows"]),
+                 h.make_node("LessOrEqual", ["cols", "rows"], ["m"]),
+                 h.make_node("Where", ["m", "onef", "neg"], ["y"])]
+        inits = [c("two", np.int64(2)), c("zero", np.int64(0)), c("one", np.int64(1)), c("ax0", np.array([0])),
+                 c("axm1", np.array([-1])), c("neg", np.float32(-np.inf)), c("onef", np.float32(1))]
+        x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "S"])
+        return model_of(nodes, [x], [h.make_tensor_value_info("y", T.FLOAT, ["A", "C"])], inits)
+    for axes in (False, True):
+        m = model(axes)
+        result = _agrees_with_onnxruntime(m, (1, 2, 3))
+        assert result.counts["mask_subgraph"] == int(axes)
+    assert any("Squeeze without axes" in d.reason for d in lower(model(False))[1].declined)
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_min_max_of_two_single_values_takes_their_broadcast_shape(op):
+    """Max(3, [[[[[1]]]]]) is [[[[[3]]]]]: the value picked takes the shape both broadcast to (it kept
+    its own, and the mask compared with it came out of rank 2, not 5)."""
+    from dmlgraph.ir.graph import OnnxNode
+    from dmlgraph.passes.symbolic import Elems
+    from dmlgraph.passes.symbolic_ops import HANDLERS
+    three = Elems(np.dtype(np.int64), (), (Lin.of(3),))
+    one5 = Elems(np.dtype(np.int64), (1,) * 5, (Lin.of(1),))
+    for a, b in ((three, one5), (one5, three)):
+        (out,) = HANDLERS[op](Analysis(), OnnxNode("n", op, [], []), [a, b])
+        assert out.shape == (1,) * 5 and out.items == ((Lin.of(3) if op == "Max" else Lin.of(1)),)
+
+    def build(nodes, inits):
+        inits += [c("three", np.int64(3)), c("one5", np.ones((1, 1, 1, 1, 1), np.int64))]
+        nodes += [h.make_node(op, ["three", "one5"], ["k"]), h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("LessOrEqual", ["d", "k"], ["m"])]
+        return "m"
+    model = threshold_mask_model(build)
+    del model.graph.output[0].type.tensor_type.shape.dim[:]
+    for name in ("A", "B", "H", "S", "T"):
+        model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = name
+    assert _agrees_with_onnxruntime(model, (1, 2, 3, 5)).counts["mask_subgraph"] == 1
+
+
+@pytest.mark.parametrize("big,divisor", [(2**62 + 1, 1), (2**63 - 1, 3), (-7, 2)])
+def test_an_integer_band_divided_truncates_exactly(big, divisor):
+    """Where(causal, big, 0) / divisor == big / divisor (truncated): int64 values past 2^53 divide
+    exactly, as in onnxruntime (through float64 the quotient rounded and the mask came out empty)."""
+    quotient = abs(big) // abs(divisor) * (1 if (big >= 0) == (divisor > 0) else -1)
+
+    def build(nodes, inits):
+        inits += [c("big", np.int64(big)), c("zero_i", np.int64(0)), c("dv", np.int64(divisor)),
+                  c("want", np.int64(quotient))]
+        nodes += [h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+                  h.make_node("Where", ["causal", "big", "zero_i"], ["v"]),
+                  h.make_node("Div", ["v", "dv"], ["q"]),
+                  h.make_node("Equal", ["q", "want"], ["m"])]
+        return "m"
+    assert _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3)).counts["mask_subgraph"] == 1
+
+
+@pytest.mark.parametrize("lo,hi", [(np.nan, 10.0), (-10.0, np.nan), (np.nan, np.nan)])
+def test_clip_of_a_float_band_ignores_a_nan_bound_as_onnxruntime_does(lo, hi):
+    """onnxruntime's Clip is min(max(x, lo), hi) by `<`: a NaN bound clips nothing (numpy's maximum
+    and minimum, like the Max/Min ops, return NaN). Where(causal, -1, 5) clipped stays itself, so
+    `< 0` is the causal band (or'ed with d >= 2, so the whole is one fill either way)."""
+    def build(nodes, inits):
+        inits += [c("va", np.float32(-1)), c("vb", np.float32(5)), c("lo", np.float32(lo)), c("hi", np.float32(hi)),
+                  c("zf", np.float32(0)), c("two_i", np.int64(2))]
+        nodes += [h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+                  h.make_node("Where", ["causal", "va", "vb"], ["v"]),
+                  h.make_node("Clip", ["v", "lo", "hi"], ["clipped"]),
+                  h.make_node("Less", ["clipped", "zf"], ["below"]),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("GreaterOrEqual", ["d", "two_i"], ["far"]),
+                  h.make_node("Or", ["below", "far"], ["m"])]
+        return "m"
+    assert _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3, 4)).counts["mask_subgraph"] == 1
+
+
+@pytest.mark.parametrize("start,end,step", [(-10, -20, -1), (-1, 2**63 - 1, -1), (3, 2**31 - 1, -2), (2, 2**62, -1),
+                                            (0, 2**63 - 1, 2)])
+def test_a_shape_vector_sliced_backwards_reads_as_onnxruntime_slices_it(start, end, step):
+    """`vector_dims` (the sizes a mask application's shape vector holds) reads Slice with ONNX's
+    clamps: Python's slicing took Shape(x)[-10:-20:-1] and Shape(x)[-1::-1] with an INT64_MAX end
+    as empty, where onnxruntime reads [B] and the whole vector reversed."""
+    from dmlgraph.passes.broadcast import vector_dims
+    nodes = [h.make_node("Shape", ["x"], ["xs"]), h.make_node("Slice", ["xs", "s", "e", "a", "st"], ["v"])]
+    inits = [c("s", np.array([start])), c("e", np.array([end])), c("a", np.array([0])), c("st", np.array([step]))]
+    x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "T"])
+    model = model_of(nodes, [x], [h.make_tensor_value_info("v", T.INT64, ["n"])], inits)
+    (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": np.zeros((2, 3, 4, 5), np.float32)})
+    g = import_model(model)
+    (v,) = [n.outputs[0] for n in g.nodes.values() if n.op_type == "Slice"]
+    assert [{"B": 2, "H": 3, "S": 4, "T": 5}[d] for d in vector_dims(g, v)] == want.tolist()
+
+
+def test_a_clamp_whose_bounds_cross_is_its_upper_bound():
+    """min(max(x, 7), 3) is 3 for every x (ONNX's Clip with min > max gives max); for x in [0, 5]
+    make_clamp gave 7. (No op makes such a clamp today: the unit pins the helper.)"""
+    from dmlgraph.passes.symbolic import make_clamp
+    an = Analysis(max_dim=5)
+    assert make_clamp(Lin.sym("S"), 7, 3, an) == Lin.of(3)
+    assert make_clamp(Lin.sym("S"), 4, 4, an) == Lin.of(4)
+    assert make_clamp(Lin.sym("S") + 10, 7, 3, an) == Lin.of(3)
+
+
+def test_a_squeeze_with_empty_axes_squeezes_every_unit_axis():
+    """onnxruntime reads an empty axes input as no axes: Squeeze([[1], [2], [3]], []) is [1, 2, 3]
+    (it kept [3, 1]); a symbolic size that may be 1 is then declined as for no axes at all."""
+    from dmlgraph.ir.graph import OnnxNode
+    from dmlgraph.passes.symbolic import Elems, Opaque
+    from dmlgraph.passes.symbolic_ops import HANDLERS
+    i64 = np.dtype(np.int64)
+    table = Elems(i64, (3, 1), (Lin.of(1), Lin.of(2), Lin.of(3)))
+    no_axes = Elems(i64, (0,), ())
+    (out,) = HANDLERS["Squeeze"](Analysis(), OnnxNode("sq", "Squeeze", [], []), [table, no_axes])
+    assert out.shape == (3,) and out.items == table.items
+    with pytest.raises(Unprovable, match="Squeeze without axes"):
+        HANDLERS["Squeeze"](Analysis(), OnnxNode("sq", "Squeeze", [], []),
+                            [Opaque(np.dtype(np.float32), (Lin.sym("S"), Lin.of(1))), no_axes])
+
+    def build(nodes, inits):
+        inits += [c("no_axes", np.zeros(0, np.int64)), c("three", np.int64(3))]
+        nodes += [h.make_node("Squeeze", ["rows", "no_axes"], ["sq"]),  # [S, 1] -> [S] (-> [] at S = 1)
+                  h.make_node("Unsqueeze", ["sq", "ax0"], ["cols2"]),
+                  h.make_node("LessOrEqual", ["cols2", "rows"], ["causal"]),
+                  h.make_node("Sub", ["cols", "rows"], ["d"]),
+                  h.make_node("Less", ["d", "three"], ["near"]),
+                  h.make_node("And", ["causal", "near"], ["m"])]
+        return "m"
+    _agrees_with_onnxruntime(threshold_mask_model(build), (1, 2, 3, 4))
+
+
+@pytest.mark.parametrize("op", ["Neg", "Mul"])
+def test_a_float_zero_computed_from_one_value_keeps_its_sign(op):
+    """-(0.0) and 0.0 * -2 are -0.0: one-value float operands are computed as IEEE numbers, not as
+    integers (which have one zero), so Where(causal, -1e4, -(0.0)) fills -0.0 as onnxruntime does
+    (it was written as +0.0)."""
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["S"], axis=0),
+             h.make_node("Range", ["zero", "S", "one"], ["idx"]),
+             h.make_node("Unsqueeze", ["idx", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["idx", "ax1"], ["rows"]),
+             h.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+             h.make_node("Neg", ["zero_f"], ["negated"]) if op == "Neg" else
+             h.make_node("Mul", ["zero_f", "minus_two"], ["negated"]),
+             h.make_node("Where", ["causal", "big", "negated"], ["y"])]
+    inits = [c("two", np.int64(2)), c("zero", np.int64(0)), c("one", np.int64(1)), c("ax0", np.array([0])),
+             c("ax1", np.array([1])), c("zero_f", np.float32(0)), c("minus_two", np.float32(-2)),
+             c("big", np.float32(-1e4))]
+    x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", "S", "S"])
+    model = model_of(nodes, [x], [h.make_tensor_value_info("y", T.FLOAT, ["S", "S"])], inits)
+    g, result = lower(model)
+    assert result.counts["mask_subgraph"] == 1
+    for s in (2, 3):
+        expected, got, portable = run_both(model, g, {"x": np.zeros((1, 1, s, s), np.float32)})
+        assert np.signbit(expected[0]).all()
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s
+
+
+def test_an_index_equal_to_a_bound_between_the_corners_is_not_never():
+    """2*i == 2 over rows 0..2: no corner of the index box is 0 (-2 at i = 0, 2 at i = 2), yet row 1
+    is. It was taken as false everywhere, and Or(row 1, j - i >= 1) lowered to the band alone."""
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "three_i"], ["S"], axis=0),
+             h.make_node("Gather", ["shp", "two"], ["R"], axis=0),
+             h.make_node("Range", ["zero", "S", "one"], ["cidx"]), h.make_node("Range", ["zero", "R", "one"], ["ridx"]),
+             h.make_node("Unsqueeze", ["cidx", "ax0"], ["cols"]), h.make_node("Unsqueeze", ["ridx", "ax1"], ["rows"]),
+             h.make_node("Mul", ["rows", "two"], ["twice"]), h.make_node("Mul", ["cols", "zero"], ["nothing"]),
+             h.make_node("Add", ["twice", "nothing"], ["grid"]),  # 2*i + 0*j: a full [3, S] grid
+             h.make_node("Equal", ["grid", "two"], ["row1"]),
+             h.make_node("Sub", ["cols", "rows"], ["d"]), h.make_node("GreaterOrEqual", ["d", "one"], ["upper"]),
+             h.make_node("Or", ["row1", "upper"], ["m"]), h.make_node("Where", ["m", "x", "neg"], ["y"])]
+    inits = [c("three_i", np.int64(3)), c("zero", np.int64(0)), c("one", np.int64(1)), c("two", np.int64(2)),
+             c("ax0", np.array([0])), c("ax1", np.array([1])), c("neg", np.float32(-np.inf))]
+    x = h.make_tensor_value_info("x", T.FLOAT, ["B", "H", 3, "S"])
+    model = model_of(nodes, [x], [h.make_tensor_value_info("y", T.FLOAT, ["B", "H", 3, "S"])], inits)
+    g, result = lower(model)
+    assert all(m.nodes[-1].op_type != "Or" for m in result.applied if m.rule == "mask_subgraph")
+    for s in (1, 2, 3, 5):
+        feeds = {"x": np.random.default_rng(s).standard_normal((1, 2, 3, s)).astype(np.float32)}
+        expected, got, portable = run_both(model, g, feeds)
+        assert pipeline.bitwise_equal(got[0], expected[0]) and pipeline.bitwise_equal(portable[0], expected[0]), s
+
+
+def test_float_constants_computed_stay_constants_a_range_reads():
+    """4.0 * 2.0 computed as IEEE numbers is still a one-element constant, which Range reads as its
+    limit (a band-shaped result there declined the Range); -(0.0) is -0.0."""
+    from dmlgraph.ir.graph import OnnxNode
+    from dmlgraph.passes.symbolic import Affine, Elems
+    from dmlgraph.passes.symbolic_ops import HANDLERS
+    f64 = np.dtype(np.float64)
+    four, two, one, zero = (Elems(f64, (), (np.float64(v),)) for v in (4, 2, 1, 0))
+    an = Analysis()
+    (eight,) = HANDLERS["Mul"](an, OnnxNode("m", "Mul", [], []), [four, two])
+    assert isinstance(eight, Elems) and eight.items == (np.float64(8),)
+    (r,) = HANDLERS["Range"](an, OnnxNode("r", "Range", [], []), [zero, eight, one])
+    assert isinstance(r, Affine) and r.shape == (Lin.of(8),)
+    (negated,) = HANDLERS["Neg"](an, OnnxNode("n", "Neg", [], []), [zero])
+    assert np.signbit(negated.items[0])
+
+
+@pytest.mark.parametrize("x,lo,hi", [(-0.0, 0.0, 1.0), (0.0, -0.0, -0.0), (-1.0, -0.0, 0.0), (1.0, np.nan, -0.0),
+                                     (-0.0, np.nan, np.nan)])
+def test_clip_of_one_float_value_is_onnxruntimes(x, lo, hi):
+    """Clip of one-value float operands compares as onnxruntime does (x < lo, hi < x): of two equal
+    zeros x is kept and a NaN bound clips nothing; through Max/Min the result was numpy's zero."""
+    from dmlgraph.ir.graph import OnnxNode
+    from dmlgraph.passes.symbolic import Elems
+    from dmlgraph.passes.symbolic_ops import HANDLERS
+    f32 = np.dtype(np.float32)
+    node = h.make_node("Clip", ["x", "lo", "hi"], ["y"])
+    model = h.make_model(h.make_graph([node], "g", [], [h.make_tensor_value_info("y", T.FLOAT, [])],
+                                      [c("x", np.float32(x)), c("lo", np.float32(lo)), c("hi", np.float32(hi))]),
+                         opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {})
+    (got,) = HANDLERS["Clip"](Analysis(), OnnxNode("c", "Clip", [], []),
+                              [Elems(f32, (), (np.float32(v),)) for v in (x, lo, hi)])
+    assert np.float32(got.items[0]).tobytes() == want.tobytes()

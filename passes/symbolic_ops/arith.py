@@ -21,6 +21,7 @@ from dmlgraph.passes.symbolic import (
     Pieces,
     Unprovable,
     as_lin,
+    as_scalar,
     int_of,
     make_clamp,
     shape_of,
@@ -36,6 +37,26 @@ def is_piecewise(an: Analysis, v: AbstractValue) -> bool:
         u = an.uniform(v)
         return u is not None and (int_of(u) is None or v.dtype.kind == "b")
     return False
+
+
+def float_values(an: Analysis, vs: Sequence[AbstractValue]) -> bool:
+    """Float operands each one value (or a band): computed as IEEE numbers, not as integers, so that
+    a zero keeps its sign (-(0.0) is -0.0, 0.0 * -2 is -0.0) and a sum rounds as in the model."""
+    return bool(vs) and all(v.dtype.kind == "f" and (isinstance(v, Band) or
+                                                     (not isinstance(v, Pieces) and an.uniform(v) is not None))
+                            for v in vs)
+
+
+def float_piecewise(an: Analysis, vs: Sequence[AbstractValue], fn: Callable[..., object]) -> AbstractValue:
+    """`piecewise` of `float_values` operands; one-element constants stay one (a Range bound, a step)."""
+    elems = [v for v in vs if isinstance(v, Elems) and len(v.items) == 1]
+    values = [an.uniform(v) for v in elems]
+    if len(elems) == len(vs) and all(x is not None for x in values):
+        shape = np.broadcast_shapes(*(v.shape for v in elems))
+        with np.errstate(all="ignore"):
+            value = as_scalar(fn(*values), vs[0].dtype)
+        return Elems(vs[0].dtype, tuple(shape), (value,))
+    return piecewise(an, vs, fn)
 
 
 def piecewise(an: Analysis, vs: Sequence[AbstractValue], fn: Callable[..., object], dtype: np.dtype | None = None
@@ -93,7 +114,12 @@ def _add(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
 
 def _neg(an: Analysis, a: AbstractValue) -> AbstractValue:
     if isinstance(a, Elems) and a.dtype.kind in "iu":
-        return Elems(a.dtype, a.shape, tuple(-_lin_of(x) for x in a.items))
+        items = tuple(-_lin_of(x) for x in a.items)
+        for y in items:  # -INT_MIN wraps to INT_MIN
+            lo, hi = an.bounds(y)
+            if not an.fits(lo, hi, a.dtype):
+                raise Unprovable(f"the negation ranges over [{lo}, {hi}], which {a.dtype} does not hold")
+        return Elems(a.dtype, a.shape, items)
     x = an.affine(a, "the operand")
     return an.check_fits(Affine(x.dtype, x.shape, tuple(-c for c in x.coef), -x.base), "the negation")
 
@@ -162,10 +188,22 @@ def _div(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
     return an.check_fits(z, "the quotient")
 
 
+def _divide(x: Any, y: Any) -> Any:
+    """Div of two values: integers truncate toward zero, exactly (a float64 quotient would round past 2^53)."""
+    dtype = np.asarray(x).dtype
+    if dtype.kind == "f":
+        return x / y
+    a, b = int(x), int(y)
+    if b == 0:
+        raise Unprovable("an integer division by zero")
+    q = abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1)
+    if not np.iinfo(dtype).min <= q <= np.iinfo(dtype).max:
+        raise Unprovable(f"an integer division whose quotient {q} overflows {dtype}")
+    return dtype.type(q)
+
+
 _NUMPY_BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y,
-    "Div": lambda x, y: (x / y if np.asarray(x).dtype.kind == "f" else np.trunc(np.divide(x, y)).astype(
-        np.asarray(x).dtype)),
+    "Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y, "Div": _divide,
     "Max": np.maximum, "Min": np.minimum,
 }
 _AFFINE_BINARY = {"Add": _add, "Sub": sub, "Mul": _mul, "Div": _div}
@@ -183,11 +221,11 @@ def _binary(an: Analysis, n: OnnxNode, ins: list) -> list:
         if isinstance(vs[0], Pieces):
             return [map_pieces(an, vs[0], lambda p: fn(an, p, vs[1]))]
         return [map_pieces(an, vs[1], lambda p: fn(an, vs[0], p))]
-    if any(is_piecewise(an, v) for v in vs):
+    if any(is_piecewise(an, v) for v in vs) or float_values(an, vs):
         np_fn = _NUMPY_BINARY[n.op_type]
         out = vs[0]
         for v in vs[1:]:
-            out = piecewise(an, [out, v], np_fn)
+            out = float_piecewise(an, [out, v], np_fn)
         return [out]
     if n.op_type in ("Min", "Max"):
         out = vs[0]
@@ -214,7 +252,7 @@ def _min_max(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> Abstr
                 return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (make_clamp(q, p.const, None, an),))
             raise Unprovable(f"{op} of two sizes whose order depends on the sizes")
         pick_a = (s <= 0) == (op == "Min")
-        return a if pick_a else b
+        return Elems(a.dtype, np.broadcast_shapes(a.shape, b.shape), (a if pick_a else b).items)  # (3 and [[1]]: [[3]])
     x, y = an.affine(a, "an operand"), an.affine(b, "an operand")
     diff = sub(an, x, y)
     assert isinstance(diff, Affine)
@@ -238,16 +276,16 @@ def _min_max(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> Abstr
 def _neg_op(an: Analysis, n: OnnxNode, ins: list) -> list:
     if isinstance(ins[0], Pieces):
         return [map_pieces(an, ins[0], lambda p: _neg(an, p))]
-    if is_piecewise(an, ins[0]):
-        return [piecewise(an, [ins[0]], np.negative)]
+    if is_piecewise(an, ins[0]) or float_values(an, ins[:1]):
+        return [float_piecewise(an, [ins[0]], np.negative)]
     return [_neg(an, ins[0])]
 
 
 @handles("Abs", "Sign")
 def _abs_sign(an: Analysis, n: OnnxNode, ins: list) -> list:
     fn = np.abs if n.op_type == "Abs" else np.sign
-    if is_piecewise(an, ins[0]) or isinstance(ins[0], Band):
-        return [piecewise(an, [ins[0]], fn)]
+    if is_piecewise(an, ins[0]) or isinstance(ins[0], Band) or float_values(an, ins[:1]):
+        return [float_piecewise(an, [ins[0]], fn)]
     x = an.affine(ins[0], "the operand")
     lo, hi = an.affine_bounds(x)
     if lo >= 0:
@@ -274,11 +312,25 @@ def _clip(an: Analysis, n: OnnxNode, ins: list) -> list:
         lo = Elems(out.dtype, (), (np.asarray(attr(n, "min"), out.dtype)[()],))
     if hi is None and attr(n, "max") is not None:
         hi = Elems(out.dtype, (), (np.asarray(attr(n, "max"), out.dtype)[()],))
-    if lo is not None:
-        out = _binary(an, _with_op(n, "Max"), [out, lo])[0]
-    if hi is not None:
-        out = _binary(an, _with_op(n, "Min"), [out, hi])[0]
+    for bound, op, fn in ((lo, "Max", _at_least), (hi, "Min", _at_most)):
+        if bound is None:
+            continue
+        if out.dtype.kind == "f" and (is_piecewise(an, out) or is_piecewise(an, bound) or
+                                      float_values(an, [out, bound])):
+            out = float_piecewise(an, [out, bound], fn)  # (not Max/Min: those propagate a NaN, Clip does not)
+        else:
+            out = _binary(an, _with_op(n, op), [out, bound])[0]
     return [out]
+
+
+# onnxruntime's Clip is std::min(std::max(x, lo), hi): a NaN bound clips nothing, and of two equal
+# zeros it keeps x (numpy's maximum/minimum, as its Max/Min ops, return NaN and may pick the other zero)
+def _at_least(x: Any, lo: Any) -> Any:
+    return lo if x < lo else x
+
+
+def _at_most(x: Any, hi: Any) -> Any:
+    return hi if hi < x else x
 
 
 def _with_op(n: OnnxNode, op: str) -> OnnxNode:

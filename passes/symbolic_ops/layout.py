@@ -98,7 +98,13 @@ def _unsqueeze(an: Analysis, n: OnnxNode, ins: list) -> list:
 def _squeeze(an: Analysis, n: OnnxNode, ins: list) -> list:
     v = ins[0]
     shape = shape_of(v)
-    axes = axes_input(an, n, ins, 1)
+    axes = axes_input(an, n, ins, 1) or None  # (empty axes are no axes to onnxruntime)
+    if axes is None:  # every axis of size 1 at run time: a size that may be 1 is dropped only where it is
+        for d in shape:
+            lo, hi = an.bounds(d) if isinstance(d, Lin) else d.bounds(an.max_dim)
+            if d != Lin.of(1) and lo <= 1 <= hi:
+                raise Unprovable(f"a Squeeze without axes of the size {render_dim(d, str)}, which drops that "
+                                 "axis only at the sizes where it is 1")
     axes = [a for a, d in enumerate(shape) if d == Lin.of(1)] if axes is None else rank_axes(axes, len(shape))
     for a in axes:
         if not an.dims_equal(shape[a], Lin.of(1)):
@@ -183,6 +189,8 @@ def _transpose(an: Analysis, n: OnnxNode, ins: list) -> list:
     perm = attr(n, "perm")
     perm = list(reversed(range(len(shape)))) if perm is None else list(perm)
     new = tuple(shape[p] for p in perm)
+    if isinstance(v, Elems):  # its items move with the axes (a reshape would keep their order)
+        return [from_objs(v.dtype, objs(v).transpose(perm))]
     if isinstance(v, Band) and len(v.values) > 1:
         r = len(shape)
         lead_ok = sorted(perm[:-2]) == list(range(r - 2))
@@ -244,8 +252,32 @@ def _slice_args(an: Analysis, n: OnnxNode, ins: list, rank: int) -> list[tuple[i
     out = []
     for a, s, e, st in zip(rank_axes(axes, rank), starts, ends, steps):
         s, e = as_lin(s, "a slice start"), as_lin(e, "a slice end")
-        out.append((a, s, None if e.is_const and e.const >= SLICE_TO_END else e, st))
+        out.append((a, s, None if e.is_const and _to_end(e.const, st) else e, st))
     return out
+
+
+def _to_end(end: int, step: int) -> bool:
+    """A Slice end that means "to the end": a huge one stepping forward; stepping back, onnxruntime
+    reads only INT32_MAX and INT64_MAX so (to the first element), and clamps any other end."""
+    return end >= SLICE_TO_END if step > 0 else end in (2**31 - 1, 2**63 - 1)
+
+
+def slice_positions(size: int, start: int, end: int | None, step: int) -> list[int]:
+    """The positions [start:end:step] takes along an axis of a fixed size, as ONNX and onnxruntime
+    clamp them (end None, or a sentinel `_to_end` reads: to the end): stepping back, the start is
+    clamped to [0, size - 1] and the end to [-1, size - 1] (Python's slices would leave a start
+    before the first element empty, and read INT64_MAX as the last element)."""
+    if step == 0:
+        raise Unprovable("a slice step of 0")
+    end = None if end is not None and _to_end(end, step) else end
+    start = start + size if start < 0 else start
+    start = min(max(start, 0), size - 1 if step < 0 else size)
+    if end is None:
+        end = -1 if step < 0 else size
+    else:
+        end = end + size if end < 0 else end
+        end = min(max(end, -1), size - 1) if step < 0 else min(max(end, 0), size)
+    return list(range(start, end, step))
 
 
 def _slice_bound(an: Analysis, b: Lin, size: Lin, start: bool = False) -> Lin:
@@ -297,11 +329,10 @@ def _slice(an: Analysis, n: OnnxNode, ins: list) -> list:
         # a size-dependent slice of a stored arange (position ids): slice it as an index grid
         return [slice_value(an, an.affine(v, "a small tensor sliced by a size"), args)]
     if isinstance(v, Elems):
-        items = objs(v)
-        index = [slice(None)] * len(v.shape)
+        picked = objs(v)
         for a, s, e, st in args:
-            index[a] = slice(s.const, None if e is None else e.const, st)
-        picked = items[tuple(index)]
+            where = slice_positions(v.shape[a], s.const, None if e is None else e.const, st)
+            picked = np.take(picked, np.array(where, np.int64), axis=a)
         return [from_objs(v.dtype, picked)]
     return [slice_value(an, v, args)]
 

@@ -175,7 +175,7 @@ def _div(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
     base = x.base.divide(k)
     if base is None:
         if x.base.is_const and not any(x.coef):
-            q = abs(x.base.const) // abs(k) * (1 if (x.base.const >= 0) == (k > 0) else -1)  # int Div truncates
+            q = _trunc_div(x.base.const, k)
             if x.dtype.kind == "f":
                 raise Unprovable("a float division with a fractional result")
             base = Lin.of(q)
@@ -188,6 +188,11 @@ def _div(an: Analysis, a: AbstractValue, b: AbstractValue) -> AbstractValue:
     return an.check_fits(z, "the quotient")
 
 
+def _trunc_div(a: int, b: int) -> int:
+    """ONNX's integer Div: the quotient truncated toward zero (Python's // floors), exactly."""
+    return abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1)
+
+
 def _divide(x: Any, y: Any) -> Any:
     """Div of two values: integers truncate toward zero, exactly (a float64 quotient would round past 2^53)."""
     dtype = np.asarray(x).dtype
@@ -196,7 +201,7 @@ def _divide(x: Any, y: Any) -> Any:
     a, b = int(x), int(y)
     if b == 0:
         raise Unprovable("an integer division by zero")
-    q = abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1)
+    q = _trunc_div(a, b)
     if not np.iinfo(dtype).min <= q <= np.iinfo(dtype).max:
         raise Unprovable(f"an integer division whose quotient {q} overflows {dtype}")
     return dtype.type(q)

@@ -56,7 +56,7 @@ def _one_thread(self, model, threads=None, *args, **kwargs):  # type: ignore[no-
 onnx_runner.OnnxRunner.__init__ = _one_thread  # type: ignore[method-assign]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MAIN = "/work/main"
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 WINDOW = 4
 RTOL, ATOL, RTOL16 = 1e-5, 1e-6, 1e-3
 
@@ -64,9 +64,9 @@ RTOL, ATOL, RTOL16 = 1e-5, 1e-6, 1e-3
 # exports through onnxsim / onnxslim / onnxruntime's optimizer / float16 / int8 / QDQ / int4, Optimum's
 # merged decoders, onnxruntime-genai's builder, encoders with padding, encoder-decoders, gpt2 with its
 # stored 1024-position causal buffer.
-_D = {"m": f"{MAIN}/models", "h2": f"{MAIN}/out/heldout2", "h4": f"{MAIN}/out/heldout4",
-      "h6": "/work/wt/heldout6a/out/heldout6", "h6b": "/work/wt/heldout6b/out/heldout6b",
-      "h7": "/work/wt/heldout7/out/heldout7"}
+# Each round's folder where its make_heldoutN.py writes it by default (`--dir KEY=PATH` elsewhere).
+_D = {"m": os.path.join(ROOT, "models"), **{key: os.path.join(ROOT, "out", f"heldout{key[1:]}")
+                                            for key in ("h2", "h4", "h6", "h6b", "h7")}}
 MODELS = [
     ("m", "llama_kv_ts"), ("m", "mistral_sw4_kv_ts"), ("m", "mistral_sw4_kv_dynamo"), ("m", "gemma2_sw4_kv_ts"),
     ("m", "qwen2_mixed_sw4_kv_dynamo"), ("m", "qwen2_mixed_sw4_kv_ts"), ("m", "gpt2_kv_ts"), ("m", "gpt2_ts"),
@@ -506,7 +506,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", help="model name substrings")
     ap.add_argument("--extra", action="store_true", help="the second batch of models (EXTRA) instead")
     ap.add_argument("--rows", action="store_true", help="print the table of the --json file instead of measuring")
+    ap.add_argument("--dir", action="append", default=[], metavar="KEY=PATH",
+                    help=f"a round's folder, if not the default ({', '.join(sorted(_D))}: models/, out/heldoutN)")
     args = ap.parse_args(argv)
+    for item in args.dir:
+        key, sep, path = item.partition("=")
+        if not sep or key not in _D:
+            ap.error(f"--dir takes KEY=PATH with KEY one of {', '.join(sorted(_D))}, not {item!r}")
+        _D[key] = path
     if args.rows:
         with open(args.json) as f:
             table(json.load(f))

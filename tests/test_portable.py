@@ -681,3 +681,30 @@ def test_a_window_fill_takes_three_mask_nodes_unless_exact(exact):
         assert np.array_equal(w, g, equal_nan=True)
         if exact:
             assert (_bits(w) == _bits(g)).all()
+
+
+def test_a_graph_outputs_declared_shape_proves_nothing():
+    """A stored band sliced at rows [start, start + S) applied by Where to x [1, 2, S, T], the output
+    declared [1, 2, S, T]: the slice is empty for every S here, so onnxruntime's output has 0 rows
+    at S 1 (the model breaks its own declaration). The portable Trilu must broadcast x into the
+    node's sizes, not take the declaration as x's shape (it wrote [1, 2, 1, 5])."""
+    c = numpy_helper.from_array
+    nodes = [h.make_node("Shape", ["x"], ["sh"]), h.make_node("Gather", ["sh", "i2"], ["S"]),
+             h.make_node("Gather", ["sh", "i3"], ["T"]), h.make_node("Add", ["start", "S"], ["end"]),
+             h.make_node("Slice", ["buf", "start", "end", "ax0"], ["rows"]),
+             h.make_node("Slice", ["rows", "zero", "T", "ax1"], ["mask"]),
+             h.make_node("Where", ["mask", "x", "fill"], ["y"])]
+    inits = [c(np.tril(np.ones((64, 64), bool)), "buf"), c(np.array([2]), "i2"), c(np.array([3]), "i3"),
+             c(np.array([-2**62]), "start"), c(np.array([0]), "ax0"), c(np.array([1]), "ax1"),
+             c(np.array([0]), "zero"), c(np.array(0, np.float32), "fill")]
+    m = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, "S", "T"])],
+                                  [h.make_tensor_value_info("y", T.FLOAT, [1, 2, "S", "T"])], inits),
+                     opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    x = _data(np.float32, (1, 2, 1, 5))
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert want.shape == (1, 2, 0, 5)
+    for exact in (False, True):
+        r = dmlgraph.optimize(m, target="onnx", allow_growth=True, exact=exact)
+        assert r.counts["mask_where"] == 1
+        got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        assert got.shape == want.shape

@@ -320,7 +320,21 @@ class _Node:
 
     # ---- sizes -----------------------------------------------------------------------------
     def out_dims(self) -> tuple | None:
-        return self.n.static_shape if self.n.static_shape is not None else self.out.shape
+        """The output's dims as proved. A graph output's shape is the model's declaration, which
+        it may break at some size (onnxruntime does not check it): there the node's own operands
+        say what they can (X's shape, or y's for sizes `Shape(y)`; else the rank alone)."""
+        if self.n.static_shape is not None:
+            return self.n.static_shape
+        if self.g is None or not self.g.is_graph_output(self.out):
+            return self.out.shape
+        if self.shape is None:
+            return None if self.x is None else self.x.shape
+        p = self.shape.producer
+        if isinstance(p, OnnxNode) and p.op_type == "Shape" and p.domain in ("", "ai.onnx") and p.inputs[0] is not None \
+                and not any(a.name in ("start", "end") for a in p.attributes):
+            return p.inputs[0].shape
+        n = self.shape.shape
+        return None if n is None or len(n) != 1 or not isinstance(n[0], int) else (None,) * n[0]
 
     def x_is_full(self) -> bool:
         """X already has the output's shape (no broadcast needed for a Trilu of it)."""

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dmlgraph.io.dim_keys import Key, entry_keys, small_constant
 from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value, produced_by
+from dmlgraph.ir.opset import SHAPE_BOUNDS
 
 INT64_MAX = 2**63 - 1
 BOUND = 2**62  # |topX| < 2^62 for any tensor: a static bound past it means "unbounded" (no overflow at +-1)
@@ -70,6 +71,7 @@ class Emitter:
         # of the tensors made from them: `declare` is set where the caller writes value_info.
         self.declare = False
         self.sized: dict[str, tuple] = {}
+        self.opset = SHAPE_BOUNDS  # the model's default-domain opset (`build` sets it)
         self.value_info: list[onnx.ValueInfoProto] = []
 
     def const(self, name: str, arr: Any) -> str:
@@ -399,7 +401,13 @@ class _Node:
         if hint is not None and (self.shape is not None or _kept_anyway(self.g, hint)):
             return hint.name
         if self.shape is None and self.n.static_shape is None and self.x is not None:
-            hw = self.em.op("Shape", [self.x.name], "hw", role=SIZE, start=-2)
+            if self.em.opset >= SHAPE_BOUNDS:
+                hw = self.em.op("Shape", [self.x.name], "hw", role=SIZE, start=-2)
+            else:  # (Shape's start is opset 15's)
+                whole = self.em.op("Shape", [self.x.name], "shape", role=SIZE)
+                hw = self.em.op("Slice", [whole, self.em.const("m2", np.array([-2], np.int64)),
+                                          self.em.const("int64_max", np.array([INT64_MAX], np.int64))], "hw",
+                                role=SIZE)
             declared = declared_tail(self.g, self.x) if self.em.declare else None
             if declared is not None:
                 self.em.sized[hw] = declared
@@ -488,6 +496,7 @@ def build(g: Graph | None, n: DmlNode, em: Emitter, opset: int, exact_only: bool
     r = region(n.begin, n.end)
     if r is None:
         return None
+    em.opset = opset
     s = _Node(g, n, em)
     et = n.elem_type
     if s.x is None:

@@ -15,6 +15,7 @@ import onnx
 
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, gc_paused
 from dmlgraph.ir.ops import FeatureLevel
+from dmlgraph.ir.opset import default_opset, legalize
 
 
 @dataclass
@@ -157,8 +158,11 @@ class Rewriter:
 
         Raises RewriteRefused (the graph unchanged) when `r` would break an invariant.
         """
-        standin = self._check(r)
         g = self.graph
+        reason = legalize(r.nodes, r.initializers, default_opset(g.info.opset_imports))
+        if reason:
+            raise RewriteRefused(reason)
+        standin = self._check(r)
         replaced = [old.producer for old, _ in r.replaces if old.producer is not None] + r.removes
         instead = min((n.place[0] for n in replaced), default=None)  # (the new nodes' place in the export order)
         for v in r.initializers:

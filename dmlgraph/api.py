@@ -85,16 +85,19 @@ def run(model: ModelLike, inputs: Mapping[str, npt.ArrayLike], *, threads: int |
     """Run `model` (original or lowered: DML nodes run on the reference kernels) on `inputs`,
     keyed by graph input name; returns the outputs by name. Inputs are checked (names, dtypes,
     shapes) before anything runs; lists and other array-likes are converted to the input's dtype
-    when their values fit it (`pipeline.as_feeds`)."""
+    when their values fit it (`pipeline.as_feeds`). `threads`: onnxruntime's intra-op threads
+    (None: onnxruntime's default, one per core)."""
     _, g = pipeline.load(model)
     return pipeline.run_graph(g, pipeline.as_feeds(g, inputs), threads)
 
 
 def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = None,
              inputs: Mapping[str, npt.ArrayLike] | None = None, *, dims: Mapping[str, int] | None = None,
-             seed: int = 0, exact: bool = False, feature_level: str | FeatureLevel = "5_1") -> ValidationResult:
+             seed: int = 0, exact: bool = False, feature_level: str | FeatureLevel = "5_1",
+             threads: int | None = None) -> ValidationResult:
     """Run `original` and `lowered` (default: `original` lowered in memory with `exact` and
     `feature_level`) on the same inputs (`inputs`, else random ones with symbolic dims from
-    `dims`) and compare each rewritten tensor and each output."""
+    `dims` and `seed`) and compare each rewritten tensor and each output. `threads`: onnxruntime's
+    intra-op threads for both models (None: onnxruntime's default, one per core)."""
     opts = make_options(exact=exact, feature_level=feature_level)
-    return pipeline.validate(original, lowered, inputs, dims=dims, seed=seed, options=opts)
+    return pipeline.validate(original, lowered, inputs, dims=dims, seed=seed, options=opts, threads=threads)

@@ -938,9 +938,10 @@ class ValidationResult:
 
 def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = None,
              inputs: Mapping[str, npt.ArrayLike] | None = None, *, dims: Mapping[str, int] | None = None,
-             seed: int = 0, options: Options | None = None) -> ValidationResult:
+             seed: int = 0, options: Options | None = None, threads: int | None = None) -> ValidationResult:
     """Run `original` and its lowered form on the same inputs (`inputs`, else random ones with
-    symbolic dims from `dims`) and compare each rewritten tensor and each output.
+    symbolic dims from `dims`) and compare each rewritten tensor and each output; onnxruntime runs
+    `threads` intra-op threads (None: its default).
 
     Without `lowered`, `original` is lowered in memory with `options`. Every rewritten tensor keeps
     its name, so each DML node's output is compared with the same tensor of the original: bit for
@@ -964,7 +965,7 @@ def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = N
         _, g_lowered = load(lowered.model if isinstance(lowered, OptimizeResult) else lowered)
         if isinstance(lowered, OptimizeResult):
             counts = lowered.counts
-    tensors, outputs, exact = compare_graphs(g_original, g_lowered, feeds, nested_exact)
+    tensors, outputs, exact = compare_graphs(g_original, g_lowered, feeds, nested_exact, threads)
     ok = all(r["match"] for r in tensors + outputs)
     report = {"model": model_label(original), "inputs": {k: list(np.shape(v)) for k, v in feeds.items()},
               "rewrites": counts, "exact": exact, "tensors": tensors, "outputs": outputs, "ok": ok}
@@ -976,7 +977,7 @@ def _row(r: dict[str, Any]) -> TensorCheck:
 
 
 def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: bool = True,
-                   ) -> tuple[list[dict], list[dict], bool]:
+                   threads: int | None = None) -> tuple[list[dict], list[dict], bool]:
     """Run both graphs on `feeds` and compare (rows for the rewritten tensors, rows for the model
     outputs, whether every rewrite was bit-exact; `nested_exact`: whether the DML nodes inside
     If/Loop/Scan bodies are). Both graphs get the rewritten tensors as extra outputs: use graphs
@@ -991,10 +992,10 @@ def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: b
                             hint="compare a model with the model it was lowered from")
     for g in (original, lowered):  # expose the rewritten tensors as extra outputs on both sides
         g.outputs = g.outputs + [g.values[name] for name in rewritten if not g.is_graph_output(g.values[name])]
-    run_lowered = Executor(lowered, optimize=False)
+    run_lowered = Executor(lowered, threads, optimize=False)
     # The original runs in the lowered model's sessions (its nodes where theirs are), so both round
     # alike where one hands a float16 value to the next: the rewrite is checked, not the cut.
-    expected = Executor(original, optimize=False, stages=run_lowered.value_stages()).run(
+    expected = Executor(original, threads, optimize=False, stages=run_lowered.value_stages()).run(
         apply_overrides(original, feeds))
     got = run_lowered.run(apply_overrides(lowered, feeds))
     exact = {n.outputs[0].name: n.exact for n in dml}

@@ -109,6 +109,24 @@ def test_run_and_validate():
         dmlgraph.run(DEMO, {})
 
 
+def test_validate_and_run_take_onnxruntimes_thread_count(monkeypatch):
+    """`threads` reaches every onnxruntime session both models run in (sizes_report passes 1)."""
+    from dmlgraph.runtime import onnx_runner
+    seen: list[int] = []
+    init = onnx_runner.OnnxRunner.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        if self.session is not None:
+            seen.append(self.session.get_session_options().intra_op_num_threads)
+    monkeypatch.setattr(onnx_runner.OnnxRunner, "__init__", spy)
+    assert dmlgraph.validate(DEMO, dims=DIMS, threads=1).ok
+    assert seen and set(seen) == {1}
+    seen.clear()
+    dmlgraph.run(DEMO, dmlgraph.validate(DEMO, dims=DIMS, threads=3).inputs, threads=2)
+    assert seen and set(seen) == {3, 2}
+
+
 def test_validate_reports_a_wrong_lowering():
     result = dmlgraph.optimize(DEMO)
     wrong = copy.deepcopy(result.model)

@@ -436,6 +436,7 @@ def test_negative_declared_dim_refused(tmp_path, capsys):
     (["run", CAUSAL, "--seed", "-1"], ["--seed"]),
     (["run", CAUSAL, "--seed", "abc"], ["--seed"]),
     (["run", CAUSAL, "--threads", "0"], ["--threads"]),
+    (["validate", CAUSAL, "--threads", "0"], ["--threads"]),
     (["optimize", CAUSAL], ["--output"]),
     (["optimize", CAUSAL, "-o", "{tmp}/o.onnx", "--target", "tpu"], ["--target"]),
     (["frobnicate"], ["frobnicate"]),
@@ -487,6 +488,12 @@ def test_good_npz_inputs_run(tmp_path, capsys):
     arrays = {n: np.ones((1, 2, 4, 8), np.float32) for n in "qkv"}
     code, o, e = run_cli(["run", CAUSAL, "--inputs", _npz(tmp_path, **arrays)], capsys)
     assert_ok(code, o, e)
+
+
+def test_validate_takes_a_thread_count(capsys):
+    code, o, e = run_cli(["validate", CAUSAL, "--dim", "seq=5", "--threads", "1"], capsys)
+    assert_ok(code, o, e)
+    assert "PASS" in o
 
 
 def test_argparse_errors_in_a_real_process(tmp_path):

@@ -116,7 +116,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from dmlgraph.tools.report import validate_text
     feeds = pipeline.load_inputs(args.inputs) if args.inputs else None
     report = pipeline.validate(args.model, None, feeds, dims=pipeline.parse_dims(args.dim), seed=args.seed,
-                               options=_options(args)).report
+                               options=_options(args), threads=args.threads).report
     _emit(args, report, validate_text(report))
     return EXIT_OK if report["ok"] else EXIT_MISMATCH
 
@@ -227,6 +227,11 @@ def _input_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--seed", type=_int_at_least(0), default=0, help="seed for generated inputs")
 
 
+def _threads_flag(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
+                    help="onnxruntime intra-op threads (default: onnxruntime's, one per core)")
+
+
 def _json_flag(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--json", action="store_true", help="machine-readable report on stdout")
 
@@ -255,7 +260,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("model", help="an .onnx file")
     _input_flags(sp)
     sp.add_argument("-o", "--output", metavar="OUT.npz", help="write outputs keyed by graph output name")
-    sp.add_argument("--threads", type=_int_at_least(1), default=None, help="onnxruntime intra-op threads")
+    _threads_flag(sp)
     _json_flag(sp)
     sp.set_defaults(func=cmd_run)
 
@@ -265,6 +270,7 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("model", help="an .onnx file")
     _input_flags(sp)
     _lowering_flags(sp)
+    _threads_flag(sp)
     _json_flag(sp)
     sp.set_defaults(func=cmd_validate)
 

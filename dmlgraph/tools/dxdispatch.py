@@ -228,9 +228,9 @@ def write(exp: Export, out_dir: str, force: bool = False, model_path: str | None
     check_target(out_dir, force, model_path)
     out = os.path.abspath(out_dir)
     parent = os.path.dirname(out)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
-    old = None
+    old = tmp = None
     try:
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
         for sub in (INPUTS_DIR, EXPECTED_DIR):
             os.mkdir(os.path.join(tmp, sub))
         with open(os.path.join(tmp, MODEL_FILE), "w", encoding="utf-8") as f:
@@ -245,15 +245,17 @@ def write(exp: Export, out_dir: str, force: bool = False, model_path: str | None
             else:
                 os.rmdir(out)
         os.rename(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:  # (a read-only or full folder fails at the temp folder already)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not os.path.exists(out):
             os.rename(os.path.join(old, "export"), out)
             os.rmdir(old)
         raise DmlgraphError(f"cannot write {out_dir}: {e.strerror or e}",
                             hint="check free space and permissions") from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

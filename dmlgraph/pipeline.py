@@ -726,9 +726,22 @@ MAX_GENERATED_INPUT_BYTES = 1 << 30
 MAX_TENSOR_ELEMENTS = 2**32 - 1
 
 
+def _dim_size(name: str, dims: Mapping[str, int], default_dim: int) -> int:
+    """A symbolic dim's size: `dims[name]`, else for a sum the exporter named ("past_sequence +
+    sequence", as torch writes a KV-cache model's attention_mask length) the sum of its terms'
+    sizes, else `default_dim`."""
+    if name in dims:
+        return int(dims[name])
+    terms = [t.strip() for t in name.split("+")]
+    if len(terms) > 1 and all(t.isdigit() or t.isidentifier() for t in terms):
+        return sum(int(t) if t.isdigit() else int(dims.get(t, default_dim)) for t in terms)
+    return default_dim
+
+
 def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, default_dim: int = 4,
                 max_bytes: int = MAX_GENERATED_INPUT_BYTES) -> dict:
-    """Random inputs from the graph's input types; symbolic dims from `dims` (else `default_dim`).
+    """Random inputs from the graph's input types; symbolic dims from `dims` (else `default_dim`;
+    a dim named as a sum, "past_sequence + sequence", is the sum of its terms').
 
     Shapes are checked before any allocation: negative dims, a tensor of more than 2^32 - 1 elements
     or more than `max_bytes` in all are refused with a DmlgraphError.
@@ -750,7 +763,7 @@ def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, def
         if v.elem_type is None or v.shape is None:
             raise DmlgraphError(f"input {v.name!r} has no known type or shape",
                                 hint="pass real inputs with --inputs IN.npz")
-        shape = tuple(d if isinstance(d, int) else dims.get(d, default_dim) if d else default_dim
+        shape = tuple(d if isinstance(d, int) else _dim_size(d, dims, default_dim) if d else default_dim
                       for d in v.shape)
         if any(d < 0 for d in shape):
             raise DmlgraphError(f"input {v.name!r} has a negative dimension in its shape {list(shape)}",

@@ -406,6 +406,20 @@ def test_generated_inputs_refused_before_allocation(shape, words, tmp_path, caps
     assert_ok(code, o, e)  # a desc over the DML limit is declined, nothing is allocated
 
 
+def test_generated_inputs_size_a_summed_dim_from_its_terms(capsys):
+    """torch names a KV-cache model's attention_mask length "past_sequence + sequence": generated
+    inputs make it the sum, so `validate MODEL` without inputs runs (it failed in onnxruntime's
+    Gather with every dim 4: 1 of 21 KV exports validated so)."""
+    kv = os.path.join(ROOT, "models", "llama_kv_ts.onnx")
+    _, g = pipeline.load(kv)
+    feeds = pipeline.make_inputs(g, {"past_sequence": 7, "sequence": 1})
+    assert feeds["attention_mask"].shape == (4, 8) and feeds["past_key_values.0.key"].shape == (4, 1, 7, 16)
+    assert pipeline.make_inputs(g, {"past_sequence + sequence": 3})["attention_mask"].shape == (4, 3)
+    code, o, e = run_cli(["validate", kv], capsys)
+    assert_ok(code, o, e)
+    assert "attention_mask[4, 8]" in o and "PASS" in o
+
+
 def test_make_inputs_limit_is_documented_and_overridable():
     _, g = pipeline.load(CAUSAL)
     with pytest.raises(pipeline.DmlgraphError, match="GiB"):

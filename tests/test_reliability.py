@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import glob
 import hashlib
+import json
 import os
 import random
 import signal
@@ -468,6 +469,22 @@ def test_bad_cli_values(argv, words, tmp_path, capsys):
     assert_clean_error(code, o, e, *words)
     assert os.listdir(tmp_path) == []
     assert tree_digest(os.path.dirname(CAUSAL)) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["optimize", "{tmp}/missing.onnx", "-o", "{tmp}/o.onnx"], ["run", "{tmp}/missing.onnx"],
+    ["validate", "{tmp}/missing.onnx"], ["inspect", "{tmp}/missing.onnx"],
+    ["dxdispatch", "{tmp}/missing.onnx", "-o", "{tmp}/dx"], ["dxdispatch", "--check", "{tmp}"],
+], ids=lambda a: "_".join(a[:2]).replace("{tmp}/", ""))
+def test_json_failures_print_an_error_document(argv, tmp_path, capsys):
+    """With --json a failure still prints a document on stdout (a script reads stdout), besides the
+    error line on stderr: {"error": {"message", "hint", "exit_code"}}."""
+    code, o, e = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--json"], capsys)
+    assert_clean_error(code, "", e)
+    doc = json.loads(o)
+    assert list(doc) == ["error"] and sorted(doc["error"]) == ["exit_code", "hint", "message"]
+    assert doc["error"]["exit_code"] == code == 2
+    assert doc["error"]["message"] in e.splitlines()[0]
 
 
 def _npz(tmp_path, **arrays):

@@ -405,6 +405,14 @@ def _load_onnx() -> None:
         import onnx  # noqa: F401
 
 
+def _json_error(args: argparse.Namespace, message: str, hint: str | None, code: int) -> None:
+    """With --json, a failure's document on stdout (the error line stays on stderr): a script
+    reading stdout gets `{"error": {"message", "hint", "exit_code"}}` instead of nothing."""
+    if getattr(args, "json", False):
+        with contextlib.suppress(OSError, ValueError):  # (a closed stdout: the stderr line was enough)
+            print(json.dumps({"error": {"message": message, "hint": hint, "exit_code": code}}, indent=2, sort_keys=True))
+
+
 def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
     parser = build_parser()
     try:
@@ -432,6 +440,7 @@ def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
         print(f"dmlgraph: error: {_printable(Exception.__str__(e))}", file=sys.stderr)
         if e.hint:
             print(f"  hint: {_printable(e.hint)}", file=sys.stderr)
+        _json_error(args, Exception.__str__(e), e.hint, e.exit_code)
         return e.exit_code
     except BrokenPipeError:
         # The reader went away (`... --json | head`): stop quietly, as Unix tools do. Output files
@@ -443,8 +452,9 @@ def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
             return EXIT_INTERRUPTED
         if args.debug:  # the traceback, and still the exit code that says "a bug"
             traceback.print_exc()
-        print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: this is a bug in dmlgraph; "
-              "rerun with --debug and report the traceback", file=sys.stderr)
+        hint = "this is a bug in dmlgraph; rerun with --debug and report the traceback"
+        print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: {hint}", file=sys.stderr)
+        _json_error(args, f"internal error: {type(e).__name__}: {e}", hint, EXIT_INTERNAL)
         return EXIT_INTERNAL
 
 

@@ -661,6 +661,17 @@ def stamp(model: onnx.ModelProto, target: str, options: Options, counts: dict[st
         model.metadata_props.add(key=k, value=v)
 
 
+def stamped_rewrites(model: onnx.ModelProto) -> dict[str, int]:
+    """The rewrites per rule `stamp` recorded in a model dmlgraph wrote ({} for any other model)."""
+    text = next((p.value for p in model.metadata_props if p.key == f"{STAMP}rewrites"), None)
+    try:
+        counts = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    ok = isinstance(counts, dict) and all(isinstance(k, str) and type(v) is int for k, v in counts.items())
+    return counts if ok else {}
+
+
 def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str, target: str,
                   base_dir: str | None, taken: bool) -> bytes | None:
     """The model to be written must pass the full ONNX check (returns what `check_for_save` does),
@@ -975,9 +986,8 @@ def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = N
         result = optimize_graph(g_lowered, options or Options())
         counts, nested_exact = result.counts, all(n.exact for n in nested_dml_nodes(result))
     else:
-        _, g_lowered = load(lowered.model if isinstance(lowered, OptimizeResult) else lowered)
-        if isinstance(lowered, OptimizeResult):
-            counts = lowered.counts
+        lowered_proto, g_lowered = load(lowered.model if isinstance(lowered, OptimizeResult) else lowered)
+        counts = lowered.counts if isinstance(lowered, OptimizeResult) else stamped_rewrites(lowered_proto)
     tensors, outputs, exact = compare_graphs(g_original, g_lowered, feeds, nested_exact, threads)
     ok = all(r["match"] for r in tensors + outputs)
     report = {"model": model_label(original), "inputs": {k: list(np.shape(v)) for k, v in feeds.items()},

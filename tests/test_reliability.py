@@ -527,6 +527,28 @@ def test_validate_takes_a_thread_count(capsys):
     assert "PASS" in o
 
 
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_validate_checks_a_written_model(target, tmp_path, capsys):
+    """`validate MODEL LOWERED` runs the file optimize wrote (not a lowering made in memory), with
+    the rewrites its metadata records; a wrong file fails (exit 1), an unrelated one is exit 2."""
+    out = tmp_path / "out.onnx"
+    assert_ok(*run_cli(["optimize", CAUSAL, "-o", out, "--target", target], capsys))
+    code, o, e = run_cli(["validate", CAUSAL, out, "--dim", "seq=5", "--json"], capsys)
+    assert_ok(code, o, e)
+    report = json.loads(o)
+    assert report["ok"] and report["rewrites"] == {"mask_subgraph": 2, "mask_where": 1}
+    wrong = onnx.load(str(out))
+    name = wrong.graph.output[0].name  # the output negated: Neg(producer's value)
+    producer = next(n for n in wrong.graph.node if name in n.output)
+    producer.output[list(producer.output).index(name)] = name + "_pre"
+    wrong.graph.node.append(h.make_node("Neg", [name + "_pre"], [name]))
+    save(wrong, tmp_path / "wrong.onnx")
+    code, o, e = run_cli(["validate", CAUSAL, tmp_path / "wrong.onnx", "--dim", "seq=5"], capsys)
+    assert code == 1 and "FAIL" in o
+    other = os.path.join(ROOT, "models", "eye_static8_ts.onnx")
+    assert_clean_error(*run_cli(["validate", CAUSAL, other], capsys), "no output")
+
+
 def test_argparse_errors_in_a_real_process(tmp_path):
     proc = subprocess.run([PY, "-m", "dmlgraph", "run", CAUSAL, "--seed", "x"], capture_output=True,
                           text=True, timeout=60, cwd=ROOT)

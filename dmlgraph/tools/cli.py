@@ -115,7 +115,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from dmlgraph import pipeline
     from dmlgraph.tools.report import validate_text
     feeds = pipeline.load_inputs(args.inputs) if args.inputs else None
-    report = pipeline.validate(args.model, None, feeds, dims=pipeline.parse_dims(args.dim), seed=args.seed,
+    report = pipeline.validate(args.model, args.lowered, feeds, dims=pipeline.parse_dims(args.dim), seed=args.seed,
                                options=_options(args), threads=args.threads).report
     _emit(args, report, validate_text(report))
     return EXIT_OK if report["ok"] else EXIT_MISMATCH
@@ -266,8 +266,14 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_validate(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("validate", help="lower in memory and compare against onnxruntime")
+    sp = sub.add_parser("validate", help="lower in memory and compare against onnxruntime",
+                        description="Run MODEL and its lowered form on the same inputs (--inputs, else random "
+                        "ones) and compare every tensor a rewrite produced and every output. The lowered form "
+                        "is MODEL lowered in memory (target dml), or LOWERED: a model `optimize` wrote.")
     sp.add_argument("model", help="an .onnx file")
+    sp.add_argument("lowered", nargs="?", metavar="LOWERED",
+                    help="the model `optimize` wrote from MODEL (either target), to check that file instead "
+                    "(--exact and --feature-level then do not apply)")
     _input_flags(sp)
     _lowering_flags(sp)
     _threads_flag(sp)

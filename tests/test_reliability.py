@@ -549,6 +549,23 @@ def test_validate_checks_a_written_model(target, tmp_path, capsys):
     assert_clean_error(*run_cli(["validate", CAUSAL, other], capsys), "no output")
 
 
+def test_every_option_says_its_default_and_the_exit_codes_are_listed():
+    """--help of each command: every option that has a default says it; every command has a
+    description; the top-level help lists every exit code the README documents."""
+    import argparse
+    parser = cli.build_parser()
+    top = parser.format_help()
+    for code in ("0 ok", "1 validate", "2 bad input", "3 internal", "130 interrupted", "141"):
+        assert code in " ".join(top.split()), code
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sp in commands.items():
+        assert sp.description, f"{name} has no description"
+        for action in sp._actions:
+            if action.help in (None, argparse.SUPPRESS) or action.default in (None, False, argparse.SUPPRESS):
+                continue
+            assert "default" in action.help, f"{name} {action.option_strings}: no default in {action.help!r}"
+
+
 def test_argparse_errors_in_a_real_process(tmp_path):
     proc = subprocess.run([PY, "-m", "dmlgraph", "run", CAUSAL, "--seed", "x"], capture_output=True,
                           text=True, timeout=60, cwd=ROOT)

@@ -202,7 +202,9 @@ def _int_at_least(lo: int) -> Callable[[str], int]:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dmlgraph", description="Lower diagonal-structured ONNX computations "
                                 "(EyeLike, Trilu, causal/band masks) onto DirectML DIAGONAL_MATRIX1.",
-                                epilog="exit codes: 0 ok, 1 validation mismatch, 2 bad input, 3 internal error")
+                                epilog="exit codes: 0 ok; 1 validate or dxdispatch --check found a mismatch (inspect "
+                                "--fail-on-missed: a missed mask); 2 bad input or usage; 3 internal error (a bug); "
+                                "130 interrupted; 141 the reader of the output went away")
     p.add_argument("--version", action="version", version=f"dmlgraph {__version__}")
     p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -221,10 +223,12 @@ def _lowering_flags(sp: argparse.ArgumentParser) -> None:
 
 
 def _input_flags(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by graph input name")
+    sp.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by graph input name (numpy.savez; "
+                    "default: random inputs of the declared types)")
     sp.add_argument("--dim", action="append", metavar="NAME=SIZE",
-                    help="size of a symbolic dim for generated inputs (repeatable)")
-    sp.add_argument("--seed", type=_int_at_least(0), default=0, help="seed for generated inputs")
+                    help="size of a symbolic dim for generated inputs (repeatable; default 4 each, a dim named "
+                    "'a + b' their sum)")
+    sp.add_argument("--seed", type=_int_at_least(0), default=0, help="seed for generated inputs (default 0)")
 
 
 def _threads_flag(sp: argparse.ArgumentParser) -> None:
@@ -256,10 +260,13 @@ def _add_optimize(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("run", help="run a model (original or lowered) with the executor")
+    sp = sub.add_parser("run", help="run a model (original or lowered) with the executor",
+                        description="Run MODEL (DML nodes on dmlgraph's reference kernels, the rest in "
+                        "onnxruntime) and print each output's dtype and shape; -o keeps the values.")
     sp.add_argument("model", help="an .onnx file")
     _input_flags(sp)
-    sp.add_argument("-o", "--output", metavar="OUT.npz", help="write outputs keyed by graph output name")
+    sp.add_argument("-o", "--output", metavar="OUT.npz", help="write the outputs keyed by graph output name "
+                    "(numpy.savez, atomically, exactly this path)")
     _threads_flag(sp)
     _json_flag(sp)
     sp.set_defaults(func=cmd_run)
@@ -282,7 +289,10 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("inspect", help="what is in a model, what lowers, what it saves, and why not")
+    sp = sub.add_parser("inspect", help="what is in a model, what lowers, what it saves, and why not",
+                        description="Read MODEL (nothing is written): its header, every candidate with the "
+                        "DML operator desc it lowers to, every decline with its reason, the mask census and "
+                        "the before/after totals of the chosen target (docs/inspect.md).")
     sp.add_argument("model", help="an .onnx file")
     sp.add_argument("--feature-level", default="5_1", metavar="L",
                     help="target DML feature level, e.g. 4_0 or 5_1 (default 5_1)")
@@ -316,9 +326,11 @@ def _add_dxdispatch(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("demo", help="optimize and validate the bundled causal-attention model")
+    sp = sub.add_parser("demo", help="optimize and validate the bundled causal-attention model",
+                        description="Optimize the bundled causal-attention model (target dml), then validate "
+                        "it against onnxruntime at two sequence lengths.")
     sp.add_argument("model", nargs="?", help=argparse.SUPPRESS)
-    sp.add_argument("-o", "--output", help="keep the lowered model here")
+    sp.add_argument("-o", "--output", help="keep the lowered model here (default: a temporary file, removed)")
     _lowering_flags(sp)
     sp.set_defaults(func=cmd_demo)
 

@@ -127,6 +127,19 @@ def test_validate_and_run_take_onnxruntimes_thread_count(monkeypatch):
     assert seen and set(seen) == {3, 2}
 
 
+def test_the_demo_prints_the_validate_commands_it_runs(capsys):
+    """Each `$ dmlgraph validate ...` line the demo prints, run as printed, gives the demo's inputs."""
+    from dmlgraph.tools import cli
+    assert cli.main(["demo"]) == 0
+    blocks = capsys.readouterr().out.split("\n$ ")[1:]
+    assert len(blocks) == 2
+    for block in blocks:
+        command, inputs = block.splitlines()[:2]
+        assert command.startswith("dmlgraph validate ") and inputs.startswith("inputs: ")
+        assert cli.main(command.split()[1:]) == 0
+        assert capsys.readouterr().out.splitlines()[0] == inputs
+
+
 def test_validate_reports_a_wrong_lowering():
     result = dmlgraph.optimize(DEMO)
     wrong = copy.deepcopy(result.model)

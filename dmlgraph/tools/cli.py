@@ -170,7 +170,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(optimize_text(result.report))
     ok = True
     for seq in (5, 16):
-        print(f"\n$ dmlgraph validate {os.path.relpath(model)} --dim seq={seq}")
+        print(f"\n$ dmlgraph validate {os.path.relpath(model)} --dim seq={seq} --dim batch=2")
         report = pipeline.validate(model, dims={"seq": seq, "batch": 2}, options=_options(args)).report
         print(validate_text(report))
         ok &= report["ok"]

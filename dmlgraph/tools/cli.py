@@ -73,12 +73,27 @@ def _optimize_file(args: argparse.Namespace) -> int:
     result = api.optimize(args.model, target=args.target, exact=args.exact, feature_level=args.feature_level,
                           progress=_progress(not args.json), allow_growth=args.allow_growth)
     before_bytes = os.path.getsize(args.model)  # before an --in-place write replaces it
+    data_path = args.output + ".data"  # where a model over 2 GiB keeps its weights
+    data_before = _file_id(data_path)
     size = result.save(args.output, in_place=args.in_place)
+    data_after = _file_id(data_path)  # (a save that wrote it renamed a new file into place)
     result.report["output"] = args.output
+    result.report["external_data"] = data_path if data_after is not None and data_after != data_before else None
+    if result.report["external_data"]:
+        result.report["after"]["data_file_bytes"] = os.path.getsize(data_path)
     result.report["before"]["file_bytes"] = before_bytes
     result.report["after"]["file_bytes"] = size
     _emit(args, result.report, optimize_text(result.report, args.verbose))
     return EXIT_OK
+
+
+def _file_id(path: str) -> tuple[int, int, int] | None:
+    """What tells a replaced file from the one that was there: device, inode, mtime (None: none)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
 
 
 def _optimize_folder(args: argparse.Namespace) -> int:

@@ -54,7 +54,9 @@ def optimize_text(r: dict, verbose: bool = False) -> str:
         lines += portable_lines(r["portable"])
     lines.append(before_after_table(r["before"], r["after"]))
     if "output" in r:
-        lines.append(f"wrote {r['output']}")
+        data = r.get("external_data")
+        lines.append(f"wrote {r['output']}" + (f" and its weights, {data} ({format_bytes(r['after']['data_file_bytes'])})"
+                                               if data else ""))
     return "\n".join(lines)
 
 

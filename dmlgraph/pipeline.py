@@ -868,8 +868,17 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
         raise DmlgraphError(f"cannot read inputs {path}: {e}", hint="give an .npz made by numpy.savez") from None
 
 
+def check_threads(threads: object) -> None:
+    """onnxruntime's intra-op thread count as the API takes it: None (its default) or an int >= 1."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+                                or threads < 1):
+        raise DmlgraphError(f"threads={threads!r} is not a thread count",
+                            hint="pass an int >= 1, or None for onnxruntime's default")
+
+
 def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np.ndarray]:
     from dmlgraph.runtime.executor import Executor  # (the executor's kernels: not for optimize)
+    check_threads(threads)
     check_feeds(g, feeds)
     return Executor(g, threads).run(apply_overrides(g, feeds))
 
@@ -972,6 +981,7 @@ def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = N
     bit for exact rules, as values for the rules only equal for finite inputs. Model outputs must
     match bit-exactly or within OUTPUT_RTOL. onnxruntime's graph optimizations are off on both sides.
     """
+    check_threads(threads)
     original = as_model(original)
     _, g_original = load(original)
     if inputs is not None:

@@ -125,6 +125,11 @@ def test_validate_and_run_take_onnxruntimes_thread_count(monkeypatch):
     seen.clear()
     dmlgraph.run(DEMO, dmlgraph.validate(DEMO, dims=DIMS, threads=3).inputs, threads=2)
     assert seen and set(seen) == {3, 2}
+    for bad in (0, -1, 1.5, "2", True):  # (onnxruntime took -1, and raised a bare TypeError for 1.5)
+        with pytest.raises(dmlgraph.DmlgraphError, match="thread count"):
+            dmlgraph.run(DEMO, {}, threads=bad)  # type: ignore[arg-type]
+        with pytest.raises(dmlgraph.DmlgraphError, match="thread count"):
+            dmlgraph.validate(DEMO, dims=DIMS, threads=bad)  # type: ignore[arg-type]
 
 
 def test_the_demo_prints_the_validate_commands_it_runs(capsys):

@@ -860,10 +860,18 @@ def check_feeds(g: Graph, feeds: dict) -> None:
 
 def load_inputs(path: str) -> dict[str, np.ndarray]:
     try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if not magic.startswith(b"PK"):  # (numpy.load would call anything else pickled data)
+            what = "a single array (.npy)" if magic == b"\x93NUMPY" else "not an .npz archive"
+            raise DmlgraphError(f"cannot read inputs {path}: it is {what}",
+                                hint="write one array per graph input, by name: numpy.savez(path, **arrays)")
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
     except FileNotFoundError:
         raise DmlgraphError(f"inputs file {path} does not exist") from None
+    except DmlgraphError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unreadable npz is the same user error
         raise DmlgraphError(f"cannot read inputs {path}: {e}", hint="give an .npz made by numpy.savez") from None
 

@@ -515,6 +515,17 @@ def test_bad_npz_inputs(command, arrays, words, tmp_path, capsys):
     assert_clean_error(code, o, e, *words)
 
 
+def test_an_inputs_file_that_is_not_an_npz_says_what_it_is(tmp_path, capsys):
+    """numpy.load calls any non-zip file "pickled (object) data", and a .npy failed on a context
+    manager: the error says what the file is and how to write an .npz."""
+    np.save(tmp_path / "one.npy", np.zeros(3, np.float32))
+    (tmp_path / "text.npz").write_text("q,k,v\n")
+    for name, words in (("one.npy", ["single array", ".npy"]), ("text.npz", ["not an .npz"])):
+        code, o, e = run_cli(["run", CAUSAL, "--inputs", tmp_path / name], capsys)
+        assert_clean_error(code, o, e, "cannot read inputs", *words)
+        assert "pickled" not in e and "numpy.savez" in e
+
+
 def test_good_npz_inputs_run(tmp_path, capsys):
     arrays = {n: np.ones((1, 2, 4, 8), np.float32) for n in "qkv"}
     code, o, e = run_cli(["run", CAUSAL, "--inputs", _npz(tmp_path, **arrays)], capsys)

@@ -256,8 +256,12 @@ class Decline:
 class OptimizeResult:
     """What `optimize` made: the lowered model, its rewrites and declines, before/after totals.
 
-    `graph` and `passes` are the lowered IR graph and the rules' own records, for tools built on
-    dmlgraph (inspect, dxdispatch); `model` is what `save` writes.
+    Attributes: `model` (the lowered onnx.ModelProto, what `save` writes); `rewrites` (a `Rewrite`
+    per applied rewrite); `declined` (a `Decline` per site a rule matched but did not rewrite, with
+    the reason); `counts` (rewrites per rule, every rule listed); `before` / `after` (nodes, ops,
+    initializers, initializer_bytes, constant_bytes, dml_nodes); `report` (the `dmlgraph optimize
+    --json` document); `graph` and `passes` (the lowered IR graph and the rules' own records, for
+    tools built on dmlgraph: inspect, dxdispatch); `source` (the input's path, if given one).
     """
 
     model: onnx.ModelProto
@@ -967,7 +971,14 @@ class TensorCheck:
 
 @dataclass
 class ValidationResult:
-    """`ok` when every rewritten tensor and every output matched; the rows say how."""
+    """`ok` when every rewritten tensor and every output matched; the rows say how.
+
+    Attributes: `ok`; `tensors` (a `TensorCheck` per tensor a DML node of the lowered model
+    produced, compared with the same tensor of the original); `outputs` (one per model output);
+    `exact` (every rewrite in the lowered model is bit-exact: its tensors are compared bit for bit;
+    outputs match bit for bit or within OUTPUT_RTOL); `inputs` (the
+    feeds both models ran on, given or generated); `report` (the `dmlgraph validate --json` document).
+    """
 
     ok: bool
     tensors: list[TensorCheck]

@@ -53,6 +53,20 @@ def test_optimize_a_model_in_memory_without_changing_it(tmp_path):
     assert json.loads(result.to_json())["rewrites"] == result.counts
 
 
+@pytest.mark.parametrize("name", ["optimize", "inspect", "run", "validate"])
+def test_help_documents_every_parameter_and_the_error(name):
+    """help(dmlgraph.X) names every keyword, what it returns and the exception it raises."""
+    import inspect as pyinspect
+    fn = getattr(dmlgraph, name)
+    doc = pyinspect.getdoc(fn) or ""
+    for param in list(pyinspect.signature(fn).parameters)[1:]:
+        assert param in doc, f"{name}: {param} is not documented"
+    assert "DmlgraphError" in doc
+    for cls in (dmlgraph.OptimizeResult, dmlgraph.ValidationResult):
+        fields = [f for f in cls.__dataclass_fields__ if f not in ("original", "checked_bytes")]
+        assert all(f"`{f}`" in (cls.__doc__ or "") for f in fields), cls.__name__
+
+
 def test_optimize_a_path_and_the_options():
     exact = dmlgraph.optimize(DEMO, exact=True, target="onnx")
     assert exact.report["model"] == DEMO  # (the report named every input "<in-memory model>")

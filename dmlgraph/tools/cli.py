@@ -70,9 +70,13 @@ def _collector_paused() -> Iterator[None]:
 def _optimize_file(args: argparse.Namespace) -> int:
     from dmlgraph import api
     from dmlgraph.tools.report import optimize_text
+    show = _progress(not args.json)
     result = api.optimize(args.model, target=args.target, exact=args.exact, feature_level=args.feature_level,
-                          progress=_progress(not args.json), allow_growth=args.allow_growth)
+                          progress=show, allow_growth=args.allow_growth)
     before_bytes = os.path.getsize(args.model)  # before an --in-place write replaces it
+    if show:  # (the write is most of a big model's run: 7 of 10 s with 2 GiB of weights)
+        from dmlgraph.inspection import format_bytes
+        show(f"writing {args.output} ({format_bytes(result.after['initializer_bytes'])} of weights)")
     data_path = args.output + ".data"  # where a model over 2 GiB keeps its weights
     data_before = _file_id(data_path)
     size = result.save(args.output, in_place=args.in_place)

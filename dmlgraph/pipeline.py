@@ -5,12 +5,13 @@ so a model means the same thing to each of them. Targets and rule options are de
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union, cast
 
@@ -880,6 +881,21 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
         raise DmlgraphError(f"cannot read inputs {path}: {e}", hint="give an .npz made by numpy.savez") from None
 
 
+@contextlib.contextmanager
+def generated_inputs_hint(g: Graph, dims: Mapping[str, int] | None) -> Iterator[None]:
+    """A run on generated inputs that onnxruntime refuses (dims that must agree, a head size the
+    model leaves symbolic) gets a hint saying the inputs were made up and how to set them."""
+    try:
+        yield
+    except DmlgraphError as e:
+        if e.hint is None and str(e).startswith(("onnxruntime failed", "onnx.reference failed")):
+            names = sorted({d for v in g.inputs for d in (v.shape or ()) if isinstance(d, str) and d} - set(dims or {}))
+            e.hint = ("the inputs were generated, every symbolic dim 4 unless set" +
+                      (f" ({', '.join(names)})" if names else "") +
+                      "; set sizes that fit the model with --dim NAME=SIZE, or pass real inputs with --inputs IN.npz")
+        raise
+
+
 def check_threads(threads: object) -> None:
     """onnxruntime's intra-op thread count as the API takes it: None (its default) or an int >= 1."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
@@ -1008,6 +1024,7 @@ def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = N
         check_feeds(g_original, feeds)
     else:
         feeds = make_inputs(g_original, dict(dims or {}), seed)
+    generated = generated_inputs_hint(g_original, dims) if inputs is None else contextlib.nullcontext()
     counts: dict[str, int] = {}
     nested_exact = True
     if lowered is None:
@@ -1017,7 +1034,8 @@ def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = N
     else:
         lowered_proto, g_lowered = load(lowered.model if isinstance(lowered, OptimizeResult) else lowered)
         counts = lowered.counts if isinstance(lowered, OptimizeResult) else stamped_rewrites(lowered_proto)
-    tensors, outputs, exact = compare_graphs(g_original, g_lowered, feeds, nested_exact, threads)
+    with generated:
+        tensors, outputs, exact = compare_graphs(g_original, g_lowered, feeds, nested_exact, threads)
     ok = all(r["match"] for r in tensors + outputs)
     report = {"model": model_label(original), "inputs": {k: list(np.shape(v)) for k, v in feeds.items()},
               "rewrites": counts, "exact": exact, "tensors": tensors, "outputs": outputs, "ok": ok}

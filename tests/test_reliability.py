@@ -421,6 +421,22 @@ def test_generated_inputs_size_a_summed_dim_from_its_terms(capsys):
     assert "attention_mask[4, 8]" in o and "PASS" in o
 
 
+@pytest.mark.parametrize("command", ["run", "validate", "dxdispatch"])
+def test_a_run_refusing_generated_inputs_says_they_were_generated(command, tmp_path, capsys):
+    """onnxruntime refusing made-up inputs (here a symbolic n the model needs to be 3) gets a hint
+    naming the model's dims and --dim / --inputs; real inputs get no such hint."""
+    path = save(model([h.make_node("Trilu", ["x"], ["t"]), h.make_node("Add", ["t", "b"], ["y"])],
+                      [vi("x", ["n", "n"]), vi("b", [3])], [vi("y", ["n", 3])]), tmp_path / "m.onnx")
+    extra = ["-o", tmp_path / "dx"] if command == "dxdispatch" else []
+    code, o, e = run_cli([command, path, *extra], capsys)
+    assert_clean_error(code, o, e, "onnxruntime failed")
+    assert "hint: the inputs were generated" in e and "(n)" in e and "--dim NAME=SIZE" in e
+    assert_ok(*run_cli([command, path, "--dim", "n=3", *extra], capsys))
+    np.savez(tmp_path / "in.npz", x=np.zeros((4, 4), np.float32), b=np.zeros(3, np.float32))
+    code, o, e = run_cli(["run", path, "--inputs", tmp_path / "in.npz"], capsys)
+    assert code == 2 and "generated" not in e
+
+
 def test_make_inputs_limit_is_documented_and_overridable():
     _, g = pipeline.load(CAUSAL)
     with pytest.raises(pipeline.DmlgraphError, match="GiB"):

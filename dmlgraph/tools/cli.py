@@ -118,9 +118,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output is not None:
         pipeline.check_output_path(args.output, args.model)  # fail before a long run, not after
     _, g = pipeline.load(args.model)
-    feeds = pipeline.load_inputs(args.inputs) if args.inputs else pipeline.make_inputs(g, pipeline.parse_dims(args.dim),
-                                                                               args.seed)
-    outputs = pipeline.run_graph(g, feeds, args.threads)  # checks names, dtypes and shapes of the feeds
+    dims = pipeline.parse_dims(args.dim)
+    feeds = pipeline.load_inputs(args.inputs) if args.inputs else pipeline.make_inputs(g, dims, args.seed)
+    with contextlib.nullcontext() if args.inputs else pipeline.generated_inputs_hint(g, dims):
+        outputs = pipeline.run_graph(g, feeds, args.threads)  # checks names, dtypes and shapes of the feeds
     if args.output is not None:
         pipeline.save_outputs(outputs, args.output, args.model)  # atomic; exactly this name (no .npz added)
     payload = {"model": args.model, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}

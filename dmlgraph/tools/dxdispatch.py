@@ -7,6 +7,7 @@ DxDispatch's JSON parser reads them (a NaN it cannot spell is refused): docs/int
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -338,6 +339,7 @@ def export(model_path: str, out_dir: str, feeds: dict[str, np.ndarray] | None = 
     check_target(out_dir, force, model_path)  # fail before the run, not after
     _, g = pipeline.load(model_path)
     lowered_here = not any(isinstance(n, DmlNode) for n in g.nodes.values())
+    fed = feeds is not None
     if feeds is not None:
         pipeline.check_feeds(g, feeds)
     else:
@@ -345,7 +347,8 @@ def export(model_path: str, out_dir: str, feeds: dict[str, np.ndarray] | None = 
     if lowered_here:
         pipeline.optimize_graph(g, options)
         g.remove_dead()
-    calls = trace(g, pipeline.apply_overrides(g, feeds))  # (a fed initializer the model lets callers replace)
+    with contextlib.nullcontext() if fed else pipeline.generated_inputs_hint(g, dims):
+        calls = trace(g, pipeline.apply_overrides(g, feeds))  # (a fed initializer the model lets callers replace)
     if not calls:
         raise DmlgraphError(f"{model_path} has nothing to export: no computation lowers to a DML operator "
                             f"at feature level {options.feature_level.label}",

@@ -769,7 +769,7 @@ def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, def
     known = sorted({d for v in g.inputs for d in (v.shape or ()) if isinstance(d, str) and d})
     unknown = sorted(set(dims) - set(known))
     if unknown:
-        raise DmlgraphError(f"--dim {unknown[0]}: the model's inputs have no dim of that name",
+        raise DmlgraphError(f"dim {unknown[0]!r}: the model's inputs have no dim of that name",
                             hint=f"its dim names are: {', '.join(known)}" if known else
                             "its inputs have no named (symbolic) dims")
     hint = "give symbolic dims smaller sizes with --dim NAME=SIZE, or pass real inputs with --inputs IN.npz"
@@ -829,10 +829,10 @@ def check_feeds(g: Graph, feeds: dict) -> None:
         hint += f"; these initializers may be fed too: {', '.join(g.overridable_inputs)}"
     unknown = sorted(set(feeds) - set(names) - set(g.overridable_inputs))
     if unknown:
-        raise DmlgraphError(f"inputs file has names the model does not take: {', '.join(unknown)}", hint=hint)
+        raise DmlgraphError(f"the inputs have names the model does not take: {', '.join(unknown)}", hint=hint)
     missing = [n for n in names if n not in feeds]
     if missing:
-        raise DmlgraphError(f"inputs file is missing inputs: {', '.join(missing)}", hint=hint)
+        raise DmlgraphError(f"missing inputs: {', '.join(missing)}", hint=hint)
     want: np.dtype[Any] | None
     for name in g.overridable_inputs:  # a default the model lets callers replace: same type and shape
         v = g.initializers[name]

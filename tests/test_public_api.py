@@ -159,6 +159,15 @@ def test_the_demo_prints_the_validate_commands_it_runs(capsys):
         assert capsys.readouterr().out.splitlines()[0] == inputs
 
 
+def test_api_errors_speak_of_the_arguments_not_of_cli_flags_or_files():
+    """A dict of inputs is not an 'inputs file', and dims= is not '--dim'."""
+    for call in (lambda: dmlgraph.run(DEMO, {}), lambda: dmlgraph.run(DEMO, {"nope": np.zeros(1)}),
+                 lambda: dmlgraph.validate(DEMO, dims={"nope": 3})):
+        with pytest.raises(dmlgraph.DmlgraphError) as e:
+            call()
+        assert "file" not in str(e.value).splitlines()[0] and "--" not in str(e.value).splitlines()[0]
+
+
 def test_validate_reports_a_wrong_lowering():
     result = dmlgraph.optimize(DEMO)
     wrong = copy.deepcopy(result.model)

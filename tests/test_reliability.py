@@ -603,6 +603,14 @@ def test_optimize_on_a_terminal_shows_the_write_as_progress(tmp_path, capsys, mo
     assert code == 0 and e == ""
 
 
+def test_optimize_with_nothing_lowered_says_where_to_look(tmp_path, capsys):
+    """A model with nothing to lower: the summary points to inspect, which says why."""
+    path = save(model([h.make_node("Relu", ["x"], ["y"])], [vi("x", ["n"])], [vi("y", ["n"])]), tmp_path / "m.onnx")
+    code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx"], capsys)
+    assert_ok(code, o, e)
+    assert f"rewrites: none (`dmlgraph inspect {path}` lists what was found" in o
+
+
 def test_argparse_errors_in_a_real_process(tmp_path):
     proc = subprocess.run([PY, "-m", "dmlgraph", "run", CAUSAL, "--seed", "x"], capture_output=True,
                           text=True, timeout=60, cwd=ROOT)

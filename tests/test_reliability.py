@@ -574,6 +574,8 @@ def test_validate_checks_a_written_model(target, tmp_path, capsys):
     assert code == 1 and "FAIL" in o
     other = os.path.join(ROOT, "models", "eye_static8_ts.onnx")
     assert_clean_error(*run_cli(["validate", CAUSAL, other], capsys), "no output")
+    for flag in (["--exact"], ["--feature-level", "4_0"]):  # (they would be ignored: refused)
+        assert_clean_error(*run_cli(["validate", CAUSAL, out, *flag], capsys), "as it was written")
 
 
 def test_every_option_says_its_default_and_the_exit_codes_are_listed():

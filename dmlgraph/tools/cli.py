@@ -134,6 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from dmlgraph import pipeline
     from dmlgraph.tools.report import validate_text
+    if args.lowered is not None and (args.exact or args.feature_level != "5_1"):
+        raise DmlgraphError("--exact and --feature-level choose how validate lowers MODEL; LOWERED is compared "
+                            "as it was written", hint="pass them to `dmlgraph optimize` instead, or drop LOWERED")
     feeds = pipeline.load_inputs(args.inputs) if args.inputs else None
     report = pipeline.validate(args.model, args.lowered, feeds, dims=pipeline.parse_dims(args.dim), seed=args.seed,
                                options=_options(args), threads=args.threads).report
@@ -300,7 +303,7 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("model", help="an .onnx file")
     sp.add_argument("lowered", nargs="?", metavar="LOWERED",
                     help="the model `optimize` wrote from MODEL (either target), to check that file instead "
-                    "(--exact and --feature-level then do not apply)")
+                    "(not with --exact or --feature-level, which choose the in-memory lowering)")
     _input_flags(sp)
     _lowering_flags(sp)
     _threads_flag(sp)

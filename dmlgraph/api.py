@@ -37,14 +37,19 @@ def optimize(model: ModelLike, *, target: str = "dml", exact: bool = False, feat
              min_mask_bytes: int | None = None, progress: Callable[[str], None] | None = None,
              allow_growth: bool = False) -> OptimizeResult:
     """Lower every diagonal-structured computation of `model` (a ModelProto, a path, or the bytes
-    of a serialized model).
+    of a serialized model); `model` is not modified. Returns an `OptimizeResult` (`.model`,
+    `.rewrites`, `.declined`, `.counts`, `.before` / `.after`; `.save(path)` writes it).
 
-    target "dml" writes com.dmlgraph DiagonalMatrix1 nodes; "onnx" expands them into standard ops.
+    target: "dml" writes com.dmlgraph DiagonalMatrix1 nodes; "onnx" expands them into standard ops.
     exact: only bit-exact rewrites. feature_level: the DirectML level to target ("5_1" has
     DIAGONAL_MATRIX1; below it, EyeLike becomes DIAGONAL_MATRIX where that level allows).
-    `model` is not modified. A lowering that would make the model bigger on `target` (more nodes,
-    or more bytes than its provenance metadata) is declined, every site with the numbers, and the
-    input is given back (cleaned) unless `allow_growth`.
+    min_mask_bytes: lower a stored mask only from this many bytes on (None: whenever its generator
+    is smaller than it). progress: called with a short message per step (the CLI prints them on a
+    terminal). allow_growth: keep a lowering even where it makes the model bigger on `target` (more
+    nodes, or more bytes than its provenance metadata); by default each such site is declined with
+    the numbers, the others kept.
+
+    Raises `DmlgraphError` (`ModelError` for an unreadable or invalid model) with a `hint`.
     """
     opts = make_options(exact=exact, feature_level=feature_level, min_mask_bytes=min_mask_bytes,
                         allow_growth=allow_growth)
@@ -76,7 +81,13 @@ class Inspection:
 
 def inspect(model: ModelLike, *, target: str = "dml", exact: bool = False, feature_level: str | FeatureLevel = "5_1",
             top: int = 10) -> Inspection:
-    """What is in `model`, what would lower and what it saves, and why the rest does not."""
+    """What is in `model`, what would lower and what it saves, and why the rest does not; nothing
+    is written. target, exact, feature_level: as `optimize` (the totals describe that target's
+    output); top: how many of the largest initializers the report lists. Returns an `Inspection`
+    (`.candidates`, `.declined`, `.totals`, `.report`, `.to_json()`: docs/inspect.md).
+
+    Raises `DmlgraphError` (`ModelError` for an unreadable or invalid model) with a `hint`.
+    """
     opts = make_options(exact=exact, feature_level=feature_level)
     return Inspection(analyze(model, opts, top, target).report)
 
@@ -85,16 +96,28 @@ def run(model: ModelLike, inputs: Mapping[str, npt.ArrayLike], *, threads: int |
     """Run `model` (original or lowered: DML nodes run on the reference kernels) on `inputs`,
     keyed by graph input name; returns the outputs by name. Inputs are checked (names, dtypes,
     shapes) before anything runs; lists and other array-likes are converted to the input's dtype
-    when their values fit it (`pipeline.as_feeds`)."""
+    when their values fit it (`pipeline.as_feeds`). `threads`: onnxruntime's intra-op threads
+    (None: onnxruntime's default, one per core).
+
+    Raises `DmlgraphError` with a `hint` (bad inputs, a model onnxruntime refuses or fails on).
+    """
     _, g = pipeline.load(model)
     return pipeline.run_graph(g, pipeline.as_feeds(g, inputs), threads)
 
 
 def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = None,
              inputs: Mapping[str, npt.ArrayLike] | None = None, *, dims: Mapping[str, int] | None = None,
-             seed: int = 0, exact: bool = False, feature_level: str | FeatureLevel = "5_1") -> ValidationResult:
+             seed: int = 0, exact: bool = False, feature_level: str | FeatureLevel = "5_1",
+             threads: int | None = None) -> ValidationResult:
     """Run `original` and `lowered` (default: `original` lowered in memory with `exact` and
     `feature_level`) on the same inputs (`inputs`, else random ones with symbolic dims from
-    `dims`) and compare each rewritten tensor and each output."""
+    `dims` and `seed`) and compare each rewritten tensor and each output. `lowered` may be a model
+    `optimize` wrote (a path, either target) or an `OptimizeResult`. `threads`: onnxruntime's
+    intra-op threads for both models (None: onnxruntime's default, one per core). Returns a
+    `ValidationResult`: `.ok`, and a `TensorCheck` per compared tensor in `.tensors` / `.outputs`.
+
+    Raises `DmlgraphError` with a `hint` (bad inputs or dims, a model onnxruntime refuses, a
+    `lowered` that is not a lowering of `original`); a mismatch is `ok=False`, not an error.
+    """
     opts = make_options(exact=exact, feature_level=feature_level)
-    return pipeline.validate(original, lowered, inputs, dims=dims, seed=seed, options=opts)
+    return pipeline.validate(original, lowered, inputs, dims=dims, seed=seed, options=opts, threads=threads)

@@ -538,11 +538,15 @@ def _totals(lowered: OptimizeResult, seen: dict[str, Any], report: dict[str, Any
     """What `optimize` would do for the target: nodes and constants removed and added, before/after."""
     g, result, before = lowered.graph, lowered.passes, lowered.before
     growing = lowered.report.get("site_growth", []) if grows else []  # (the sites optimize declines)
-    index, sizes, original_dml = seen["index"], seen["sizes"], seen["original_dml"]
+    sizes, original_dml = seen["sizes"], seen["original_dml"]
     exported = _model_stats(lowered.model)
     dml_now = [n for n in g.nodes.values() if isinstance(n, DmlNode)]
-    removed = [nid for nid in index if nid not in g.nodes]
-    kept = len(index) - len(removed)
+    # A source node is kept when the written model has it (same op, same outputs): the clean-up
+    # folds nodes besides the rewrites (a TorchScript export's Constants), so counting the IR graph
+    # alone made `nodes_added` negative (-208 on llama_kv_ts).
+    def signatures(m: onnx.ModelProto) -> collections.Counter:
+        return collections.Counter((n.op_type, n.domain, tuple(n.output)) for n in m.graph.node)
+    kept = sum((signatures(seen["model"]) & signatures(lowered.model)).values())
     new_sizes = _init_sizes(g)
     gone_inits = [name for name in sizes if name not in new_sizes]
     new_inits = [name for name in new_sizes if name not in sizes]
@@ -558,7 +562,7 @@ def _totals(lowered: OptimizeResult, seen: dict[str, Any], report: dict[str, Any
         "portable": lowered.report.get("portable"),
         "candidates": len(report["candidates"]), "declined": len(report["declined"]),
         "rewrites": {k: v for k, v in result.counts.items()},
-        "nodes_removed": len(removed),
+        "nodes_removed": before["nodes"] - kept,
         "nodes_added": exported["nodes"] - kept,
         "dml_nodes_added": sum(1 for n in dml_now if n.id not in original_dml),
         "nested_dml_nodes": len(nested_dml_nodes(result)),

@@ -5,12 +5,13 @@ so a model means the same thing to each of them. Targets and rule options are de
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union, cast
 
@@ -256,8 +257,12 @@ class Decline:
 class OptimizeResult:
     """What `optimize` made: the lowered model, its rewrites and declines, before/after totals.
 
-    `graph` and `passes` are the lowered IR graph and the rules' own records, for tools built on
-    dmlgraph (inspect, dxdispatch); `model` is what `save` writes.
+    Attributes: `model` (the lowered onnx.ModelProto, what `save` writes); `rewrites` (a `Rewrite`
+    per applied rewrite); `declined` (a `Decline` per site a rule matched but did not rewrite, with
+    the reason); `counts` (rewrites per rule, every rule listed); `before` / `after` (nodes, ops,
+    initializers, initializer_bytes, constant_bytes, dml_nodes); `report` (the `dmlgraph optimize
+    --json` document); `graph` and `passes` (the lowered IR graph and the rules' own records, for
+    tools built on dmlgraph: inspect, dxdispatch); `source` (the input's path, if given one).
     """
 
     model: onnx.ModelProto
@@ -661,6 +666,17 @@ def stamp(model: onnx.ModelProto, target: str, options: Options, counts: dict[st
         model.metadata_props.add(key=k, value=v)
 
 
+def stamped_rewrites(model: onnx.ModelProto) -> dict[str, int]:
+    """The rewrites per rule `stamp` recorded in a model dmlgraph wrote ({} for any other model)."""
+    text = next((p.value for p in model.metadata_props if p.key == f"{STAMP}rewrites"), None)
+    try:
+        counts = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    ok = isinstance(counts, dict) and all(isinstance(k, str) and type(v) is int for k, v in counts.items())
+    return counts if ok else {}
+
+
 def _check_output(model: onnx.ModelProto, source: onnx.ModelProto, label: str, target: str,
                   base_dir: str | None, taken: bool) -> bytes | None:
     """The model to be written must pass the full ONNX check (returns what `check_for_save` does),
@@ -726,9 +742,22 @@ MAX_GENERATED_INPUT_BYTES = 1 << 30
 MAX_TENSOR_ELEMENTS = 2**32 - 1
 
 
+def _dim_size(name: str, dims: Mapping[str, int], default_dim: int) -> int:
+    """A symbolic dim's size: `dims[name]`, else for a sum the exporter named ("past_sequence +
+    sequence", as torch writes a KV-cache model's attention_mask length) the sum of its terms'
+    sizes, else `default_dim`."""
+    if name in dims:
+        return int(dims[name])
+    terms = [t.strip() for t in name.split("+")]
+    if len(terms) > 1 and all(t.isdigit() or t.isidentifier() for t in terms):
+        return sum(int(t) if t.isdigit() else int(dims.get(t, default_dim)) for t in terms)
+    return default_dim
+
+
 def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, default_dim: int = 4,
                 max_bytes: int = MAX_GENERATED_INPUT_BYTES) -> dict:
-    """Random inputs from the graph's input types; symbolic dims from `dims` (else `default_dim`).
+    """Random inputs from the graph's input types; symbolic dims from `dims` (else `default_dim`;
+    a dim named as a sum, "past_sequence + sequence", is the sum of its terms').
 
     Shapes are checked before any allocation: negative dims, a tensor of more than 2^32 - 1 elements
     or more than `max_bytes` in all are refused with a DmlgraphError.
@@ -740,7 +769,7 @@ def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, def
     known = sorted({d for v in g.inputs for d in (v.shape or ()) if isinstance(d, str) and d})
     unknown = sorted(set(dims) - set(known))
     if unknown:
-        raise DmlgraphError(f"--dim {unknown[0]}: the model's inputs have no dim of that name",
+        raise DmlgraphError(f"dim {unknown[0]!r}: the model's inputs have no dim of that name",
                             hint=f"its dim names are: {', '.join(known)}" if known else
                             "its inputs have no named (symbolic) dims")
     hint = "give symbolic dims smaller sizes with --dim NAME=SIZE, or pass real inputs with --inputs IN.npz"
@@ -750,7 +779,7 @@ def make_inputs(g: Graph, dims: dict[str, int] | None = None, seed: int = 0, def
         if v.elem_type is None or v.shape is None:
             raise DmlgraphError(f"input {v.name!r} has no known type or shape",
                                 hint="pass real inputs with --inputs IN.npz")
-        shape = tuple(d if isinstance(d, int) else dims.get(d, default_dim) if d else default_dim
+        shape = tuple(d if isinstance(d, int) else _dim_size(d, dims, default_dim) if d else default_dim
                       for d in v.shape)
         if any(d < 0 for d in shape):
             raise DmlgraphError(f"input {v.name!r} has a negative dimension in its shape {list(shape)}",
@@ -800,10 +829,10 @@ def check_feeds(g: Graph, feeds: dict) -> None:
         hint += f"; these initializers may be fed too: {', '.join(g.overridable_inputs)}"
     unknown = sorted(set(feeds) - set(names) - set(g.overridable_inputs))
     if unknown:
-        raise DmlgraphError(f"inputs file has names the model does not take: {', '.join(unknown)}", hint=hint)
+        raise DmlgraphError(f"the inputs have names the model does not take: {', '.join(unknown)}", hint=hint)
     missing = [n for n in names if n not in feeds]
     if missing:
-        raise DmlgraphError(f"inputs file is missing inputs: {', '.join(missing)}", hint=hint)
+        raise DmlgraphError(f"missing inputs: {', '.join(missing)}", hint=hint)
     want: np.dtype[Any] | None
     for name in g.overridable_inputs:  # a default the model lets callers replace: same type and shape
         v = g.initializers[name]
@@ -836,16 +865,48 @@ def check_feeds(g: Graph, feeds: dict) -> None:
 
 def load_inputs(path: str) -> dict[str, np.ndarray]:
     try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if not magic.startswith(b"PK"):  # (numpy.load would call anything else pickled data)
+            what = "a single array (.npy)" if magic == b"\x93NUMPY" else "not an .npz archive"
+            raise DmlgraphError(f"cannot read inputs {path}: it is {what}",
+                                hint="write one array per graph input, by name: numpy.savez(path, **arrays)")
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
     except FileNotFoundError:
         raise DmlgraphError(f"inputs file {path} does not exist") from None
+    except DmlgraphError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unreadable npz is the same user error
         raise DmlgraphError(f"cannot read inputs {path}: {e}", hint="give an .npz made by numpy.savez") from None
 
 
+@contextlib.contextmanager
+def generated_inputs_hint(g: Graph, dims: Mapping[str, int] | None) -> Iterator[None]:
+    """A run on generated inputs that onnxruntime refuses (dims that must agree, a head size the
+    model leaves symbolic) gets a hint saying the inputs were made up and how to set them."""
+    try:
+        yield
+    except DmlgraphError as e:
+        if e.hint is None and str(e).startswith(("onnxruntime failed", "onnx.reference failed")):
+            names = sorted({d for v in g.inputs for d in (v.shape or ()) if isinstance(d, str) and d} - set(dims or {}))
+            e.hint = ("the inputs were generated, every symbolic dim 4 unless set" +
+                      (f" ({', '.join(names)})" if names else "") +
+                      "; set sizes that fit the model with --dim NAME=SIZE, or pass real inputs with --inputs IN.npz")
+        raise
+
+
+def check_threads(threads: object) -> None:
+    """onnxruntime's intra-op thread count as the API takes it: None (its default) or an int >= 1."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+                                or threads < 1):
+        raise DmlgraphError(f"threads={threads!r} is not a thread count",
+                            hint="pass an int >= 1, or None for onnxruntime's default")
+
+
 def run_graph(g: Graph, feeds: dict, threads: int | None = None) -> dict[str, np.ndarray]:
     from dmlgraph.runtime.executor import Executor  # (the executor's kernels: not for optimize)
+    check_threads(threads)
     check_feeds(g, feeds)
     return Executor(g, threads).run(apply_overrides(g, feeds))
 
@@ -926,7 +987,14 @@ class TensorCheck:
 
 @dataclass
 class ValidationResult:
-    """`ok` when every rewritten tensor and every output matched; the rows say how."""
+    """`ok` when every rewritten tensor and every output matched; the rows say how.
+
+    Attributes: `ok`; `tensors` (a `TensorCheck` per tensor a DML node of the lowered model
+    produced, compared with the same tensor of the original); `outputs` (one per model output);
+    `exact` (every rewrite in the lowered model is bit-exact: its tensors are compared bit for bit;
+    outputs match bit for bit or within OUTPUT_RTOL); `inputs` (the
+    feeds both models ran on, given or generated); `report` (the `dmlgraph validate --json` document).
+    """
 
     ok: bool
     tensors: list[TensorCheck]
@@ -938,15 +1006,17 @@ class ValidationResult:
 
 def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = None,
              inputs: Mapping[str, npt.ArrayLike] | None = None, *, dims: Mapping[str, int] | None = None,
-             seed: int = 0, options: Options | None = None) -> ValidationResult:
+             seed: int = 0, options: Options | None = None, threads: int | None = None) -> ValidationResult:
     """Run `original` and its lowered form on the same inputs (`inputs`, else random ones with
-    symbolic dims from `dims`) and compare each rewritten tensor and each output.
+    symbolic dims from `dims`) and compare each rewritten tensor and each output; onnxruntime runs
+    `threads` intra-op threads (None: its default).
 
     Without `lowered`, `original` is lowered in memory with `options`. Every rewritten tensor keeps
     its name, so each DML node's output is compared with the same tensor of the original: bit for
     bit for exact rules, as values for the rules only equal for finite inputs. Model outputs must
     match bit-exactly or within OUTPUT_RTOL. onnxruntime's graph optimizations are off on both sides.
     """
+    check_threads(threads)
     original = as_model(original)
     _, g_original = load(original)
     if inputs is not None:
@@ -954,6 +1024,7 @@ def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = N
         check_feeds(g_original, feeds)
     else:
         feeds = make_inputs(g_original, dict(dims or {}), seed)
+    generated = generated_inputs_hint(g_original, dims) if inputs is None else contextlib.nullcontext()
     counts: dict[str, int] = {}
     nested_exact = True
     if lowered is None:
@@ -961,10 +1032,10 @@ def validate(original: ModelLike, lowered: ModelLike | OptimizeResult | None = N
         result = optimize_graph(g_lowered, options or Options())
         counts, nested_exact = result.counts, all(n.exact for n in nested_dml_nodes(result))
     else:
-        _, g_lowered = load(lowered.model if isinstance(lowered, OptimizeResult) else lowered)
-        if isinstance(lowered, OptimizeResult):
-            counts = lowered.counts
-    tensors, outputs, exact = compare_graphs(g_original, g_lowered, feeds, nested_exact)
+        lowered_proto, g_lowered = load(lowered.model if isinstance(lowered, OptimizeResult) else lowered)
+        counts = lowered.counts if isinstance(lowered, OptimizeResult) else stamped_rewrites(lowered_proto)
+    with generated:
+        tensors, outputs, exact = compare_graphs(g_original, g_lowered, feeds, nested_exact, threads)
     ok = all(r["match"] for r in tensors + outputs)
     report = {"model": model_label(original), "inputs": {k: list(np.shape(v)) for k, v in feeds.items()},
               "rewrites": counts, "exact": exact, "tensors": tensors, "outputs": outputs, "ok": ok}
@@ -976,7 +1047,7 @@ def _row(r: dict[str, Any]) -> TensorCheck:
 
 
 def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: bool = True,
-                   ) -> tuple[list[dict], list[dict], bool]:
+                   threads: int | None = None) -> tuple[list[dict], list[dict], bool]:
     """Run both graphs on `feeds` and compare (rows for the rewritten tensors, rows for the model
     outputs, whether every rewrite was bit-exact; `nested_exact`: whether the DML nodes inside
     If/Loop/Scan bodies are). Both graphs get the rewritten tensors as extra outputs: use graphs
@@ -991,10 +1062,10 @@ def compare_graphs(original: Graph, lowered: Graph, feeds: dict, nested_exact: b
                             hint="compare a model with the model it was lowered from")
     for g in (original, lowered):  # expose the rewritten tensors as extra outputs on both sides
         g.outputs = g.outputs + [g.values[name] for name in rewritten if not g.is_graph_output(g.values[name])]
-    run_lowered = Executor(lowered, optimize=False)
+    run_lowered = Executor(lowered, threads, optimize=False)
     # The original runs in the lowered model's sessions (its nodes where theirs are), so both round
     # alike where one hands a float16 value to the next: the rewrite is checked, not the cut.
-    expected = Executor(original, optimize=False, stages=run_lowered.value_stages()).run(
+    expected = Executor(original, threads, optimize=False, stages=run_lowered.value_stages()).run(
         apply_overrides(original, feeds))
     got = run_lowered.run(apply_overrides(lowered, feeds))
     exact = {n.outputs[0].name: n.exact for n in dml}

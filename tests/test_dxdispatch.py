@@ -373,6 +373,20 @@ def test_the_output_folder_is_never_overwritten_without_force(tmp_path, capsys):
     assert "not a previous export" in capsys.readouterr().err and (other / "keep.txt").exists()
 
 
+def test_an_unwritable_output_folder_is_a_clean_error(tmp_path, capsys, monkeypatch):
+    """A read-only folder fails when the temp folder is made: exit 2 and one message, not exit 3."""
+    _, model, feeds = ONE_OP[0]
+    path = _save(model, tmp_path)
+
+    def read_only(*a, **k):
+        raise OSError(30, "Read-only file system")
+    monkeypatch.setattr(dxdispatch.tempfile, "mkdtemp", read_only)
+    assert _cli("dxdispatch", path, "-o", tmp_path / "dx") == 2
+    err = capsys.readouterr().err
+    assert "cannot write" in err and "Read-only file system" in err and "Traceback" not in err
+    assert not (tmp_path / "dx").exists()
+
+
 def test_usage_errors_exit_2_with_one_message(tmp_path, capsys):
     assert _cli("dxdispatch") == 2
     assert _cli("dxdispatch", "m.onnx", "--check", tmp_path) == 2

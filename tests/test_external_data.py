@@ -18,6 +18,7 @@ opt-in (`DMLGRAPH_BIG_TESTS=1`, about a minute).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -140,6 +141,25 @@ def test_a_model_over_the_threshold_is_written_with_its_own_data_file(layout, tm
                 if t.data_location == T.EXTERNAL} == {f"lowered_{target}.onnx.data"}
         assert_written_well(out, target, src)
     assert {p: d for p, d in tree_digest(tmp_path / "in").items() if "lowered" not in p} == before
+
+
+def test_optimize_says_it_wrote_a_data_file(tmp_path, capsys, monkeypatch):
+    """The summary and --json name the data file beside the output (2 GiB a user must ship with
+    it), and only when this run wrote it: a stale one from an earlier run is not claimed."""
+    src = export(tmp_path / "in", "one_file")
+    out = tmp_path / "out.onnx"
+    (tmp_path / "out.onnx.data").write_bytes(b"stale")
+    code, o, e = run_cli(["optimize", src, "-o", out, "--json"], capsys)
+    assert_ok(code, o, e)
+    assert json.loads(o)["external_data"] is None
+    monkeypatch.setattr(saving, "_EXTERNAL_THRESHOLD", 1000)
+    code, o, e = run_cli(["optimize", src, "-o", out], capsys)
+    assert_ok(code, o, e)
+    assert o.splitlines()[-1].startswith(f"wrote {out} and its weights, {out}.data (") and "KiB)" in o
+    code, o, e = run_cli(["optimize", src, "-o", out, "--json"], capsys)
+    report = json.loads(o)
+    assert report["external_data"] == f"{out}.data"
+    assert report["after"]["data_file_bytes"] == os.path.getsize(f"{out}.data")
 
 
 def test_the_output_never_replaces_the_inputs_external_data(tmp_path, capsys, monkeypatch):

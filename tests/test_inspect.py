@@ -120,6 +120,27 @@ def reports(tmp_path_factory):
     return out
 
 
+def test_the_text_totals_say_they_are_allow_growths_when_sites_are_declined(capsys):
+    """eye_static8_dynamo's two stored masks are declined for growth: optimize writes them as
+    they were, while the totals and the table lower them, as --allow-growth does."""
+    path = os.path.join(ROOT, "models", "eye_static8_dynamo.onnx")
+    assert cli_main(["inspect", path]) == 0
+    text = capsys.readouterr().out
+    assert "totals (target dml): optimize --allow-growth would remove" in text
+    assert cli_main(["inspect", DEMO]) == 0
+    assert "totals (target dml): optimize would remove" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_the_node_totals_add_up_to_the_written_model(target):
+    """before - removed + added = after. The clean-up folds a TorchScript export's Constants too:
+    counting only the rewrites' removals gave llama_kv_ts `nodes_added` -208 ("add 1 generator
+    written as -208 standard ONNX nodes")."""
+    t = dmlgraph.inspect(os.path.join(ROOT, "models", "llama_kv_ts.onnx"), target=target).totals
+    assert t["nodes_added"] >= t["dml_nodes_added"] >= 1 and t["nodes_removed"] >= 0
+    assert t["before"]["nodes"] - t["nodes_removed"] + t["nodes_added"] == t["after"]["nodes"]
+
+
 def test_conformance_cases_are_all_there():
     assert len(CASES) == 21
     assert sum(_is_zero_size(c) for c in CASES) == 2

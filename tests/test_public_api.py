@@ -53,6 +53,20 @@ def test_optimize_a_model_in_memory_without_changing_it(tmp_path):
     assert json.loads(result.to_json())["rewrites"] == result.counts
 
 
+@pytest.mark.parametrize("name", ["optimize", "inspect", "run", "validate"])
+def test_help_documents_every_parameter_and_the_error(name):
+    """help(dmlgraph.X) names every keyword, what it returns and the exception it raises."""
+    import inspect as pyinspect
+    fn = getattr(dmlgraph, name)
+    doc = pyinspect.getdoc(fn) or ""
+    for param in list(pyinspect.signature(fn).parameters)[1:]:
+        assert param in doc, f"{name}: {param} is not documented"
+    assert "DmlgraphError" in doc
+    for cls in (dmlgraph.OptimizeResult, dmlgraph.ValidationResult):
+        fields = [f for f in cls.__dataclass_fields__ if f not in ("original", "checked_bytes")]
+        assert all(f"`{f}`" in (cls.__doc__ or "") for f in fields), cls.__name__
+
+
 def test_optimize_a_path_and_the_options():
     exact = dmlgraph.optimize(DEMO, exact=True, target="onnx")
     assert exact.report["model"] == DEMO  # (the report named every input "<in-memory model>")
@@ -107,6 +121,51 @@ def test_run_and_validate():
     assert again.ok and again.inputs.keys() == check.inputs.keys()
     with pytest.raises(dmlgraph.DmlgraphError, match="missing inputs"):
         dmlgraph.run(DEMO, {})
+
+
+def test_validate_and_run_take_onnxruntimes_thread_count(monkeypatch):
+    """`threads` reaches every onnxruntime session both models run in (sizes_report passes 1)."""
+    from dmlgraph.runtime import onnx_runner
+    seen: list[int] = []
+    init = onnx_runner.OnnxRunner.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        if self.session is not None:
+            seen.append(self.session.get_session_options().intra_op_num_threads)
+    monkeypatch.setattr(onnx_runner.OnnxRunner, "__init__", spy)
+    assert dmlgraph.validate(DEMO, dims=DIMS, threads=1).ok
+    assert seen and set(seen) == {1}
+    seen.clear()
+    dmlgraph.run(DEMO, dmlgraph.validate(DEMO, dims=DIMS, threads=3).inputs, threads=2)
+    assert seen and set(seen) == {3, 2}
+    for bad in (0, -1, 1.5, "2", True):  # (onnxruntime took -1, and raised a bare TypeError for 1.5)
+        with pytest.raises(dmlgraph.DmlgraphError, match="thread count"):
+            dmlgraph.run(DEMO, {}, threads=bad)  # type: ignore[arg-type]
+        with pytest.raises(dmlgraph.DmlgraphError, match="thread count"):
+            dmlgraph.validate(DEMO, dims=DIMS, threads=bad)  # type: ignore[arg-type]
+
+
+def test_the_demo_prints_the_validate_commands_it_runs(capsys):
+    """Each `$ dmlgraph validate ...` line the demo prints, run as printed, gives the demo's inputs."""
+    from dmlgraph.tools import cli
+    assert cli.main(["demo"]) == 0
+    blocks = capsys.readouterr().out.split("\n$ ")[1:]
+    assert len(blocks) == 2
+    for block in blocks:
+        command, inputs = block.splitlines()[:2]
+        assert command.startswith("dmlgraph validate ") and inputs.startswith("inputs: ")
+        assert cli.main(command.split()[1:]) == 0
+        assert capsys.readouterr().out.splitlines()[0] == inputs
+
+
+def test_api_errors_speak_of_the_arguments_not_of_cli_flags_or_files():
+    """A dict of inputs is not an 'inputs file', and dims= is not '--dim'."""
+    for call in (lambda: dmlgraph.run(DEMO, {}), lambda: dmlgraph.run(DEMO, {"nope": np.zeros(1)}),
+                 lambda: dmlgraph.validate(DEMO, dims={"nope": 3})):
+        with pytest.raises(dmlgraph.DmlgraphError) as e:
+            call()
+        assert "file" not in str(e.value).splitlines()[0] and "--" not in str(e.value).splitlines()[0]
 
 
 def test_validate_reports_a_wrong_lowering():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import glob
 import hashlib
+import json
 import os
 import random
 import signal
@@ -406,6 +407,36 @@ def test_generated_inputs_refused_before_allocation(shape, words, tmp_path, caps
     assert_ok(code, o, e)  # a desc over the DML limit is declined, nothing is allocated
 
 
+def test_generated_inputs_size_a_summed_dim_from_its_terms(capsys):
+    """torch names a KV-cache model's attention_mask length "past_sequence + sequence": generated
+    inputs make it the sum, so `validate MODEL` without inputs runs (it failed in onnxruntime's
+    Gather with every dim 4: 1 of 21 KV exports validated so)."""
+    kv = os.path.join(ROOT, "models", "llama_kv_ts.onnx")
+    _, g = pipeline.load(kv)
+    feeds = pipeline.make_inputs(g, {"past_sequence": 7, "sequence": 1})
+    assert feeds["attention_mask"].shape == (4, 8) and feeds["past_key_values.0.key"].shape == (4, 1, 7, 16)
+    assert pipeline.make_inputs(g, {"past_sequence + sequence": 3})["attention_mask"].shape == (4, 3)
+    code, o, e = run_cli(["validate", kv], capsys)
+    assert_ok(code, o, e)
+    assert "attention_mask[4, 8]" in o and "PASS" in o
+
+
+@pytest.mark.parametrize("command", ["run", "validate", "dxdispatch"])
+def test_a_run_refusing_generated_inputs_says_they_were_generated(command, tmp_path, capsys):
+    """onnxruntime refusing made-up inputs (here a symbolic n the model needs to be 3) gets a hint
+    naming the model's dims and --dim / --inputs; real inputs get no such hint."""
+    path = save(model([h.make_node("Trilu", ["x"], ["t"]), h.make_node("Add", ["t", "b"], ["y"])],
+                      [vi("x", ["n", "n"]), vi("b", [3])], [vi("y", ["n", 3])]), tmp_path / "m.onnx")
+    extra = ["-o", tmp_path / "dx"] if command == "dxdispatch" else []
+    code, o, e = run_cli([command, path, *extra], capsys)
+    assert_clean_error(code, o, e, "onnxruntime failed")
+    assert "hint: the inputs were generated" in e and "(n)" in e and "--dim NAME=SIZE" in e
+    assert_ok(*run_cli([command, path, "--dim", "n=3", *extra], capsys))
+    np.savez(tmp_path / "in.npz", x=np.zeros((4, 4), np.float32), b=np.zeros(3, np.float32))
+    code, o, e = run_cli(["run", path, "--inputs", tmp_path / "in.npz"], capsys)
+    assert code == 2 and "generated" not in e
+
+
 def test_make_inputs_limit_is_documented_and_overridable():
     _, g = pipeline.load(CAUSAL)
     with pytest.raises(pipeline.DmlgraphError, match="GiB"):
@@ -436,6 +467,7 @@ def test_negative_declared_dim_refused(tmp_path, capsys):
     (["run", CAUSAL, "--seed", "-1"], ["--seed"]),
     (["run", CAUSAL, "--seed", "abc"], ["--seed"]),
     (["run", CAUSAL, "--threads", "0"], ["--threads"]),
+    (["validate", CAUSAL, "--threads", "0"], ["--threads"]),
     (["optimize", CAUSAL], ["--output"]),
     (["optimize", CAUSAL, "-o", "{tmp}/o.onnx", "--target", "tpu"], ["--target"]),
     (["frobnicate"], ["frobnicate"]),
@@ -453,6 +485,22 @@ def test_bad_cli_values(argv, words, tmp_path, capsys):
     assert_clean_error(code, o, e, *words)
     assert os.listdir(tmp_path) == []
     assert tree_digest(os.path.dirname(CAUSAL)) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["optimize", "{tmp}/missing.onnx", "-o", "{tmp}/o.onnx"], ["run", "{tmp}/missing.onnx"],
+    ["validate", "{tmp}/missing.onnx"], ["inspect", "{tmp}/missing.onnx"],
+    ["dxdispatch", "{tmp}/missing.onnx", "-o", "{tmp}/dx"], ["dxdispatch", "--check", "{tmp}"],
+], ids=lambda a: "_".join(a[:2]).replace("{tmp}/", ""))
+def test_json_failures_print_an_error_document(argv, tmp_path, capsys):
+    """With --json a failure still prints a document on stdout (a script reads stdout), besides the
+    error line on stderr: {"error": {"message", "hint", "exit_code"}}."""
+    code, o, e = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--json"], capsys)
+    assert_clean_error(code, "", e)
+    doc = json.loads(o)
+    assert list(doc) == ["error"] and sorted(doc["error"]) == ["exit_code", "hint", "message"]
+    assert doc["error"]["exit_code"] == code == 2
+    assert doc["error"]["message"] in e.splitlines()[0]
 
 
 def _npz(tmp_path, **arrays):
@@ -483,10 +531,86 @@ def test_bad_npz_inputs(command, arrays, words, tmp_path, capsys):
     assert_clean_error(code, o, e, *words)
 
 
+def test_an_inputs_file_that_is_not_an_npz_says_what_it_is(tmp_path, capsys):
+    """numpy.load calls any non-zip file "pickled (object) data", and a .npy failed on a context
+    manager: the error says what the file is and how to write an .npz."""
+    np.save(tmp_path / "one.npy", np.zeros(3, np.float32))
+    (tmp_path / "text.npz").write_text("q,k,v\n")
+    for name, words in (("one.npy", ["single array", ".npy"]), ("text.npz", ["not an .npz"])):
+        code, o, e = run_cli(["run", CAUSAL, "--inputs", tmp_path / name], capsys)
+        assert_clean_error(code, o, e, "cannot read inputs", *words)
+        assert "pickled" not in e and "numpy.savez" in e
+
+
 def test_good_npz_inputs_run(tmp_path, capsys):
     arrays = {n: np.ones((1, 2, 4, 8), np.float32) for n in "qkv"}
     code, o, e = run_cli(["run", CAUSAL, "--inputs", _npz(tmp_path, **arrays)], capsys)
     assert_ok(code, o, e)
+
+
+def test_validate_takes_a_thread_count(capsys):
+    code, o, e = run_cli(["validate", CAUSAL, "--dim", "seq=5", "--threads", "1"], capsys)
+    assert_ok(code, o, e)
+    assert "PASS" in o
+
+
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_validate_checks_a_written_model(target, tmp_path, capsys):
+    """`validate MODEL LOWERED` runs the file optimize wrote (not a lowering made in memory), with
+    the rewrites its metadata records; a wrong file fails (exit 1), an unrelated one is exit 2."""
+    out = tmp_path / "out.onnx"
+    assert_ok(*run_cli(["optimize", CAUSAL, "-o", out, "--target", target], capsys))
+    code, o, e = run_cli(["validate", CAUSAL, out, "--dim", "seq=5", "--json"], capsys)
+    assert_ok(code, o, e)
+    report = json.loads(o)
+    assert report["ok"] and report["rewrites"] == {"mask_subgraph": 2, "mask_where": 1}
+    wrong = onnx.load(str(out))
+    name = wrong.graph.output[0].name  # the output negated: Neg(producer's value)
+    producer = next(n for n in wrong.graph.node if name in n.output)
+    producer.output[list(producer.output).index(name)] = name + "_pre"
+    wrong.graph.node.append(h.make_node("Neg", [name + "_pre"], [name]))
+    save(wrong, tmp_path / "wrong.onnx")
+    code, o, e = run_cli(["validate", CAUSAL, tmp_path / "wrong.onnx", "--dim", "seq=5"], capsys)
+    assert code == 1 and "FAIL" in o
+    other = os.path.join(ROOT, "models", "eye_static8_ts.onnx")
+    assert_clean_error(*run_cli(["validate", CAUSAL, other], capsys), "no output")
+    for flag in (["--exact"], ["--feature-level", "4_0"]):  # (they would be ignored: refused)
+        assert_clean_error(*run_cli(["validate", CAUSAL, out, *flag], capsys), "as it was written")
+
+
+def test_every_option_says_its_default_and_the_exit_codes_are_listed():
+    """--help of each command: every option that has a default says it; every command has a
+    description; the top-level help lists every exit code the README documents."""
+    import argparse
+    parser = cli.build_parser()
+    top = parser.format_help()
+    for code in ("0 ok", "1 validate", "2 bad input", "3 internal", "130 interrupted", "141"):
+        assert code in " ".join(top.split()), code
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sp in commands.items():
+        assert sp.description, f"{name} has no description"
+        for action in sp._actions:
+            if action.help in (None, argparse.SUPPRESS) or action.default in (None, False, argparse.SUPPRESS):
+                continue
+            assert "default" in action.help, f"{name} {action.option_strings}: no default in {action.help!r}"
+
+
+def test_optimize_on_a_terminal_shows_the_write_as_progress(tmp_path, capsys, monkeypatch):
+    """On a terminal, progress covers the write too (7 of 10 s of a model with 2 GiB of weights,
+    which printed nothing); piped or with --json there is none."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, o, e = run_cli(["optimize", CAUSAL, "-o", tmp_path / "o.onnx"], capsys)
+    assert code == 0 and f".. writing {tmp_path / 'o.onnx'} (" in e
+    code, o, e = run_cli(["optimize", CAUSAL, "-o", tmp_path / "o.onnx", "--json"], capsys)
+    assert code == 0 and e == ""
+
+
+def test_optimize_with_nothing_lowered_says_where_to_look(tmp_path, capsys):
+    """A model with nothing to lower: the summary points to inspect, which says why."""
+    path = save(model([h.make_node("Relu", ["x"], ["y"])], [vi("x", ["n"])], [vi("y", ["n"])]), tmp_path / "m.onnx")
+    code, o, e = run_cli(["optimize", path, "-o", tmp_path / "o.onnx"], capsys)
+    assert_ok(code, o, e)
+    assert f"rewrites: none (`dmlgraph inspect {path}` lists what was found" in o
 
 
 def test_argparse_errors_in_a_real_process(tmp_path):

@@ -70,15 +70,34 @@ def _collector_paused() -> Iterator[None]:
 def _optimize_file(args: argparse.Namespace) -> int:
     from dmlgraph import api
     from dmlgraph.tools.report import optimize_text
+    show = _progress(not args.json)
     result = api.optimize(args.model, target=args.target, exact=args.exact, feature_level=args.feature_level,
-                          progress=_progress(not args.json), allow_growth=args.allow_growth)
+                          progress=show, allow_growth=args.allow_growth)
     before_bytes = os.path.getsize(args.model)  # before an --in-place write replaces it
+    if show:  # (the write is most of a big model's run: 7 of 10 s with 2 GiB of weights)
+        from dmlgraph.inspection import format_bytes
+        show(f"writing {args.output} ({format_bytes(result.after['initializer_bytes'])} of weights)")
+    data_path = args.output + ".data"  # where a model over 2 GiB keeps its weights
+    data_before = _file_id(data_path)
     size = result.save(args.output, in_place=args.in_place)
+    data_after = _file_id(data_path)  # (a save that wrote it renamed a new file into place)
     result.report["output"] = args.output
+    result.report["external_data"] = data_path if data_after is not None and data_after != data_before else None
+    if result.report["external_data"]:
+        result.report["after"]["data_file_bytes"] = os.path.getsize(data_path)
     result.report["before"]["file_bytes"] = before_bytes
     result.report["after"]["file_bytes"] = size
     _emit(args, result.report, optimize_text(result.report, args.verbose))
     return EXIT_OK
+
+
+def _file_id(path: str) -> tuple[int, int, int] | None:
+    """What tells a replaced file from the one that was there: device, inode, mtime (None: none)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
 
 
 def _optimize_folder(args: argparse.Namespace) -> int:
@@ -99,9 +118,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output is not None:
         pipeline.check_output_path(args.output, args.model)  # fail before a long run, not after
     _, g = pipeline.load(args.model)
-    feeds = pipeline.load_inputs(args.inputs) if args.inputs else pipeline.make_inputs(g, pipeline.parse_dims(args.dim),
-                                                                               args.seed)
-    outputs = pipeline.run_graph(g, feeds, args.threads)  # checks names, dtypes and shapes of the feeds
+    dims = pipeline.parse_dims(args.dim)
+    feeds = pipeline.load_inputs(args.inputs) if args.inputs else pipeline.make_inputs(g, dims, args.seed)
+    with contextlib.nullcontext() if args.inputs else pipeline.generated_inputs_hint(g, dims):
+        outputs = pipeline.run_graph(g, feeds, args.threads)  # checks names, dtypes and shapes of the feeds
     if args.output is not None:
         pipeline.save_outputs(outputs, args.output, args.model)  # atomic; exactly this name (no .npz added)
     payload = {"model": args.model, "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
@@ -114,9 +134,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from dmlgraph import pipeline
     from dmlgraph.tools.report import validate_text
+    if args.lowered is not None and (args.exact or args.feature_level != "5_1"):
+        raise DmlgraphError("--exact and --feature-level choose how validate lowers MODEL; LOWERED is compared "
+                            "as it was written", hint="pass them to `dmlgraph optimize` instead, or drop LOWERED")
     feeds = pipeline.load_inputs(args.inputs) if args.inputs else None
-    report = pipeline.validate(args.model, None, feeds, dims=pipeline.parse_dims(args.dim), seed=args.seed,
-                               options=_options(args)).report
+    report = pipeline.validate(args.model, args.lowered, feeds, dims=pipeline.parse_dims(args.dim), seed=args.seed,
+                               options=_options(args), threads=args.threads).report
     _emit(args, report, validate_text(report))
     return EXIT_OK if report["ok"] else EXIT_MISMATCH
 
@@ -170,7 +193,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(optimize_text(result.report))
     ok = True
     for seq in (5, 16):
-        print(f"\n$ dmlgraph validate {os.path.relpath(model)} --dim seq={seq}")
+        print(f"\n$ dmlgraph validate {os.path.relpath(model)} --dim seq={seq} --dim batch=2")
         report = pipeline.validate(model, dims={"seq": seq, "batch": 2}, options=_options(args)).report
         print(validate_text(report))
         ok &= report["ok"]
@@ -202,7 +225,9 @@ def _int_at_least(lo: int) -> Callable[[str], int]:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dmlgraph", description="Lower diagonal-structured ONNX computations "
                                 "(EyeLike, Trilu, causal/band masks) onto DirectML DIAGONAL_MATRIX1.",
-                                epilog="exit codes: 0 ok, 1 validation mismatch, 2 bad input, 3 internal error")
+                                epilog="exit codes: 0 ok; 1 validate or dxdispatch --check found a mismatch (inspect "
+                                "--fail-on-missed: a missed mask); 2 bad input or usage; 3 internal error (a bug); "
+                                "130 interrupted; 141 the reader of the output went away")
     p.add_argument("--version", action="version", version=f"dmlgraph {__version__}")
     p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -221,10 +246,17 @@ def _lowering_flags(sp: argparse.ArgumentParser) -> None:
 
 
 def _input_flags(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by graph input name")
+    sp.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by graph input name (numpy.savez; "
+                    "default: random inputs of the declared types)")
     sp.add_argument("--dim", action="append", metavar="NAME=SIZE",
-                    help="size of a symbolic dim for generated inputs (repeatable)")
-    sp.add_argument("--seed", type=_int_at_least(0), default=0, help="seed for generated inputs")
+                    help="size of a symbolic dim for generated inputs (repeatable; default 4 each, a dim named "
+                    "'a + b' their sum)")
+    sp.add_argument("--seed", type=_int_at_least(0), default=0, help="seed for generated inputs (default 0)")
+
+
+def _threads_flag(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
+                    help="onnxruntime intra-op threads (default: onnxruntime's, one per core)")
 
 
 def _json_flag(sp: argparse.ArgumentParser) -> None:
@@ -251,26 +283,39 @@ def _add_optimize(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("run", help="run a model (original or lowered) with the executor")
+    sp = sub.add_parser("run", help="run a model (original or lowered) with the executor",
+                        description="Run MODEL (DML nodes on dmlgraph's reference kernels, the rest in "
+                        "onnxruntime) and print each output's dtype and shape; -o keeps the values.")
     sp.add_argument("model", help="an .onnx file")
     _input_flags(sp)
-    sp.add_argument("-o", "--output", metavar="OUT.npz", help="write outputs keyed by graph output name")
-    sp.add_argument("--threads", type=_int_at_least(1), default=None, help="onnxruntime intra-op threads")
+    sp.add_argument("-o", "--output", metavar="OUT.npz", help="write the outputs keyed by graph output name "
+                    "(numpy.savez, atomically, exactly this path)")
+    _threads_flag(sp)
     _json_flag(sp)
     sp.set_defaults(func=cmd_run)
 
 
 def _add_validate(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("validate", help="lower in memory and compare against onnxruntime")
+    sp = sub.add_parser("validate", help="lower in memory and compare against onnxruntime",
+                        description="Run MODEL and its lowered form on the same inputs (--inputs, else random "
+                        "ones) and compare every tensor a rewrite produced and every output. The lowered form "
+                        "is MODEL lowered in memory (target dml), or LOWERED: a model `optimize` wrote.")
     sp.add_argument("model", help="an .onnx file")
+    sp.add_argument("lowered", nargs="?", metavar="LOWERED",
+                    help="the model `optimize` wrote from MODEL (either target), to check that file instead "
+                    "(not with --exact or --feature-level, which choose the in-memory lowering)")
     _input_flags(sp)
     _lowering_flags(sp)
+    _threads_flag(sp)
     _json_flag(sp)
     sp.set_defaults(func=cmd_validate)
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("inspect", help="what is in a model, what lowers, what it saves, and why not")
+    sp = sub.add_parser("inspect", help="what is in a model, what lowers, what it saves, and why not",
+                        description="Read MODEL (nothing is written): its header, every candidate with the "
+                        "DML operator desc it lowers to, every decline with its reason, the mask census and "
+                        "the before/after totals of the chosen target (docs/inspect.md).")
     sp.add_argument("model", help="an .onnx file")
     sp.add_argument("--feature-level", default="5_1", metavar="L",
                     help="target DML feature level, e.g. 4_0 or 5_1 (default 5_1)")
@@ -304,9 +349,11 @@ def _add_dxdispatch(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("demo", help="optimize and validate the bundled causal-attention model")
+    sp = sub.add_parser("demo", help="optimize and validate the bundled causal-attention model",
+                        description="Optimize the bundled causal-attention model (target dml), then validate "
+                        "it against onnxruntime at two sequence lengths.")
     sp.add_argument("model", nargs="?", help=argparse.SUPPRESS)
-    sp.add_argument("-o", "--output", help="keep the lowered model here")
+    sp.add_argument("-o", "--output", help="keep the lowered model here (default: a temporary file, removed)")
     _lowering_flags(sp)
     sp.set_defaults(func=cmd_demo)
 
@@ -399,6 +446,14 @@ def _load_onnx() -> None:
         import onnx  # noqa: F401
 
 
+def _json_error(args: argparse.Namespace, message: str, hint: str | None, code: int) -> None:
+    """With --json, a failure's document on stdout (the error line stays on stderr): a script
+    reading stdout gets `{"error": {"message", "hint", "exit_code"}}` instead of nothing."""
+    if getattr(args, "json", False):
+        with contextlib.suppress(OSError, ValueError):  # (a closed stdout: the stderr line was enough)
+            print(json.dumps({"error": {"message": message, "hint": hint, "exit_code": code}}, indent=2, sort_keys=True))
+
+
 def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
     parser = build_parser()
     try:
@@ -426,6 +481,7 @@ def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
         print(f"dmlgraph: error: {_printable(Exception.__str__(e))}", file=sys.stderr)
         if e.hint:
             print(f"  hint: {_printable(e.hint)}", file=sys.stderr)
+        _json_error(args, Exception.__str__(e), e.hint, e.exit_code)
         return e.exit_code
     except BrokenPipeError:
         # The reader went away (`... --json | head`): stop quietly, as Unix tools do. Output files
@@ -437,8 +493,9 @@ def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
             return EXIT_INTERRUPTED
         if args.debug:  # the traceback, and still the exit code that says "a bug"
             traceback.print_exc()
-        print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: this is a bug in dmlgraph; "
-              "rerun with --debug and report the traceback", file=sys.stderr)
+        hint = "this is a bug in dmlgraph; rerun with --debug and report the traceback"
+        print(f"dmlgraph: internal error: {type(e).__name__}: {_printable(str(e))}\n  hint: {hint}", file=sys.stderr)
+        _json_error(args, f"internal error: {type(e).__name__}: {e}", hint, EXIT_INTERNAL)
         return EXIT_INTERNAL
 
 

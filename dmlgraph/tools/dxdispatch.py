@@ -7,6 +7,7 @@ DxDispatch's JSON parser reads them (a NaN it cannot spell is refused): docs/int
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -228,9 +229,9 @@ def write(exp: Export, out_dir: str, force: bool = False, model_path: str | None
     check_target(out_dir, force, model_path)
     out = os.path.abspath(out_dir)
     parent = os.path.dirname(out)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
-    old = None
+    old = tmp = None
     try:
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
         for sub in (INPUTS_DIR, EXPECTED_DIR):
             os.mkdir(os.path.join(tmp, sub))
         with open(os.path.join(tmp, MODEL_FILE), "w", encoding="utf-8") as f:
@@ -245,15 +246,17 @@ def write(exp: Export, out_dir: str, force: bool = False, model_path: str | None
             else:
                 os.rmdir(out)
         os.rename(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:  # (a read-only or full folder fails at the temp folder already)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not os.path.exists(out):
             os.rename(os.path.join(old, "export"), out)
             os.rmdir(old)
         raise DmlgraphError(f"cannot write {out_dir}: {e.strerror or e}",
                             hint="check free space and permissions") from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -336,6 +339,7 @@ def export(model_path: str, out_dir: str, feeds: dict[str, np.ndarray] | None = 
     check_target(out_dir, force, model_path)  # fail before the run, not after
     _, g = pipeline.load(model_path)
     lowered_here = not any(isinstance(n, DmlNode) for n in g.nodes.values())
+    fed = feeds is not None
     if feeds is not None:
         pipeline.check_feeds(g, feeds)
     else:
@@ -343,7 +347,8 @@ def export(model_path: str, out_dir: str, feeds: dict[str, np.ndarray] | None = 
     if lowered_here:
         pipeline.optimize_graph(g, options)
         g.remove_dead()
-    calls = trace(g, pipeline.apply_overrides(g, feeds))  # (a fed initializer the model lets callers replace)
+    with contextlib.nullcontext() if fed else pipeline.generated_inputs_hint(g, dims):
+        calls = trace(g, pipeline.apply_overrides(g, feeds))  # (a fed initializer the model lets callers replace)
     if not calls:
         raise DmlgraphError(f"{model_path} has nothing to export: no computation lowers to a DML operator "
                             f"at feature level {options.feature_level.label}",

@@ -39,7 +39,7 @@ def optimize_text(r: dict, verbose: bool = False) -> str:
             lines.append("  not bit-exact (equal values; --exact keeps only bit-exact rewrites): "
                          + ", ".join(f"{rule} x{n}" for rule, n in loose.items()))
     else:
-        lines.append("rewrites: none")
+        lines.append(f"rewrites: none (`dmlgraph inspect {r['model']}` lists what was found and why it was not lowered)")
     if verbose:
         lines += [f"  [{rec['rule']}] {_names(rec)} -> {_dml_text(rec['dml'])}" for rec in r["lowered"] if rec.get("dml")]
     if r["declined"]:
@@ -54,7 +54,9 @@ def optimize_text(r: dict, verbose: bool = False) -> str:
         lines += portable_lines(r["portable"])
     lines.append(before_after_table(r["before"], r["after"]))
     if "output" in r:
-        lines.append(f"wrote {r['output']}")
+        data = r.get("external_data")
+        lines.append(f"wrote {r['output']}" + (f" and its weights, {data} ({format_bytes(r['after']['data_file_bytes'])})"
+                                               if data else ""))
     return "\n".join(lines)
 
 

@@ -42,18 +42,7 @@ import onnxruntime as ort
 import dmlgraph
 from dmlgraph import pipeline
 from dmlgraph.errors import DmlgraphError
-from dmlgraph.runtime import onnx_runner
 from dmlgraph.runtime.executor import Executor
-
-_RUNNER_INIT = onnx_runner.OnnxRunner.__init__
-
-
-def _one_thread(self, model, threads=None, *args, **kwargs):  # type: ignore[no-untyped-def]
-    """`dmlgraph.validate` makes its executors with the default thread count: one here."""
-    _RUNNER_INIT(self, model, threads or 1, *args, **kwargs)
-
-
-onnx_runner.OnnxRunner.__init__ = _one_thread  # type: ignore[method-assign]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -436,7 +425,7 @@ def measure(d: str, name: str, tmp: str, rng: np.random.Generator, log=None) -> 
                 if key == "dml" and st == "mismatch":
                     # The executor cuts the graph into sessions: float16 values crossing a cut round
                     # where the original's did not. `validate` runs the original cut alike.
-                    v = dmlgraph.validate(path, dml_path, feeds)
+                    v = dmlgraph.validate(path, dml_path, feeds, threads=1)
                     detail = "; ".join(f"{c.name} {c.detail}" for c in v.outputs + v.tensors if not c.match)
                     rec[key] = f"equal (cut rounding {diff:.3g}; validate ok)" if v.ok else \
                         f"mismatch {diff:.3g}; validate: {detail[:300]}"

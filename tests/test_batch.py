@@ -62,3 +62,10 @@ def test_optimize_prints_a_summary_and_lists_each_rewrite_with_v(tmp_path, capsy
     report = json.loads(capsys.readouterr().out)
     assert {"model", "target", "feature_level", "exact_only", "rewrites", "lowered", "declined", "before", "after",
             "output"} <= set(report)
+
+
+def test_a_folder_with_an_output_named_like_a_model_is_refused(tmp_path, capsys):
+    """`optimize DIR -o out.onnx` made a folder named out.onnx; now it says -o names a folder."""
+    src = _folder(tmp_path)
+    assert main(["optimize", str(src), "-o", str(tmp_path / "out.onnx")]) == 2
+    assert "-o names the folder" in capsys.readouterr().err and not (tmp_path / "out.onnx").exists()

@@ -250,3 +250,26 @@ def test_validate_demo_model_bit_exact():
         assert all(r["detail"] == "bit-exact" for r in report["outputs"] + report["tensors"])
         assert sorted(r["name"] for r in report["tensors"]) == ["eye", "masked_scores"]
         assert {k: v for k, v in report["rewrites"].items() if v} == {"mask_subgraph": 2, "mask_where": 1}
+
+
+def test_the_summary_counts_the_nodes_of_bodies_too():
+    """An Optimum merged decoder is one If in its main graph: `nodes 1 -> 1` said nothing changed
+    while its branches shrank. The report carries `nodes_all_scopes` and the table shows it."""
+    from dmlgraph.tools.report import before_after_table
+
+    def branch(name: str) -> onnx.GraphProto:
+        nodes = [h.make_node("Shape", ["x"], [f"{name}_s"]),
+                 h.make_node("ConstantOfShape", [f"{name}_s"], [f"{name}_ones"],
+                             value=h.make_tensor("v", T.FLOAT, [1], [1.0])),
+                 h.make_node("Trilu", [f"{name}_ones"], [f"{name}_tril"], upper=0),
+                 h.make_node("Mul", [f"{name}_tril", "x"], [f"{name}_y"])]
+        return h.make_graph(nodes, name, [], [h.make_tensor_value_info(f"{name}_y", T.FLOAT, None)])
+    g = h.make_graph([h.make_node("If", ["c"], ["y"], then_branch=branch("t"), else_branch=branch("e"))], "g",
+                     [h.make_tensor_value_info("c", T.BOOL, []), h.make_tensor_value_info("x", T.FLOAT, ["s", "s"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["s", "s"])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    r = pipeline.lower(m, target="dml")
+    before, after = r.report["before"], r.report["after"]
+    assert (before["nodes"], after["nodes"]) == (1, 1)
+    assert before["nodes_all_scopes"] == 9 and after["nodes_all_scopes"] < 9
+    assert "with bodies, functions" in before_after_table(before, after)

@@ -90,6 +90,9 @@ def run_batch(folder: str, out_folder: str, options: BatchOptions, jobs: int,
         raise DmlgraphError(f"{folder} is not a folder")
     if os.path.exists(out_folder) and not os.path.isdir(out_folder):
         raise DmlgraphError(f"cannot write into {out_folder}: it is a file", hint="pass a folder for -o")
+    if not os.path.exists(out_folder) and out_folder.lower().endswith(".onnx"):
+        raise DmlgraphError(f"{folder} is a folder, so -o names the folder to write its models into; "
+                            f"{out_folder} looks like a model file", hint="pass a folder for -o")
     if os.path.realpath(out_folder) == os.path.realpath(folder):
         raise DmlgraphError(f"refusing to write the outputs over the inputs in {folder}",
                             hint="pass another folder for -o")

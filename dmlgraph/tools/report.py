@@ -8,10 +8,13 @@ from dmlgraph.io.portable import ONE_OPERATOR
 
 
 def before_after_table(before: dict, after: dict) -> str:
-    rows = [("nodes", before["nodes"], after["nodes"]),
-            ("initializers", before["initializers"], after["initializers"]),
-            ("initializer bytes", format_bytes(before["initializer_bytes"]), format_bytes(after["initializer_bytes"])),
-            ("constant bytes", format_bytes(before["constant_bytes"]), format_bytes(after["constant_bytes"]))]
+    rows = [("nodes", before["nodes"], after["nodes"])]
+    if "nodes_all_scopes" in before and "nodes_all_scopes" in after and \
+            (before["nodes_all_scopes"], after["nodes_all_scopes"]) != (before["nodes"], after["nodes"]):
+        rows.append(("  with bodies, functions", before["nodes_all_scopes"], after["nodes_all_scopes"]))
+    rows += [("initializers", before["initializers"], after["initializers"]),
+             ("initializer bytes", format_bytes(before["initializer_bytes"]), format_bytes(after["initializer_bytes"])),
+             ("constant bytes", format_bytes(before["constant_bytes"]), format_bytes(after["constant_bytes"]))]
     if "file_bytes" in before and "file_bytes" in after:
         rows.append(("file bytes", format_bytes(before["file_bytes"]), format_bytes(after["file_bytes"])))
     ops = sorted(set(before["ops"]) | set(after["ops"]))

@@ -390,7 +390,7 @@ def convert_opset(m: onnx.ModelProto, seed: int, target: int | None = None) -> o
         raise NotApplicable(f"already opset {here}")
     try:
         out = onnx.version_converter.convert_version(m, target)
-    except Exception as e:  # noqa: BLE001 (the converter's own limits: contrib ops, missing adapters)
+    except Exception as e:
         raise NotApplicable(f"onnx.version_converter to {target}: {str(e).splitlines()[0][:200]}") from e
     if out.ir_version > m.ir_version:
         out.ir_version = m.ir_version
@@ -411,7 +411,7 @@ def _inferred(m: onnx.ModelProto) -> onnx.ModelProto:
         return copy.deepcopy(m)
     try:
         return onnx.shape_inference.infer_shapes(m, strict_mode=False)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise NotApplicable(f"no value_info and onnx cannot infer it: {str(e)[:100]}") from e
 
 

@@ -1,4 +1,4 @@
-"""Batch-axis views of a band: `Expand`, `Unsqueeze` and `Reshape` of a DIAGONAL_MATRIX1 output are
+"""Batch-axis views of a band: `Identity`, `Expand`, `Unsqueeze` and `Reshape` of a DIAGONAL_MATRIX1 output are
 that node at the new shape; a Slice or Transpose of one is that node over the viewed input, its
 region moved (passes/band_views.py).
 
@@ -42,6 +42,12 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     d_value, out = cast(Value, node.inputs[0]), node.outputs[0]
     d = cast(DmlNode, d_value.producer)  # (band_operands checked)
     m = Match("mask_view", [node])
+    if node.op_type == "Identity":  # (a tool's Identity on the band: the band itself, under the Identity's name)
+        m.captures["plan"] = {"x": d.inputs[0], "same": True, "static": d.static_shape}
+        m.dml = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], standin(out), elem_type=d.elem_type,
+                                  value=d.value, begin=d.begin, end=d.end, exact=d.exact)
+        m.reason = lowering_reason(preview, out.shape or d_value.shape, options)
+        return m
     band = matrix_dims(graph, d_value)
     target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []
     if node.op_type == "Transpose":
@@ -276,8 +282,8 @@ def _unsqueezed_source(s: ShapeSource, axes: list[int], hint: str, built: Built)
     return ShapeSource(rank, vector=built.node("Concat", pieces, f"{hint}__sizes", shape=(rank,), axis=0))
 
 
-MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape", "Transpose", "Slice"), _match_view, _rewrite_view,
-                 exact="bit-exact",
-                 description="Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
+MASK_VIEW = Rule("mask_view", ("Expand", "Unsqueeze", "Reshape", "Transpose", "Slice", "Identity"), _match_view,
+                 _rewrite_view, exact="bit-exact",
+                 description="Identity / Expand / Unsqueeze / Reshape of a DIAGONAL_MATRIX1 on its batch axes -> that "
                                       "node at the new shape; Slice (steps 1) / Transpose of one -> that node over the "
                                       "viewed input, its region moved")

@@ -28,11 +28,13 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
         for a in p.attributes:
             if a.name == "value":
                 return onnx.numpy_helper.to_array(a.t)
-            if a.name in ("value_int", "value_float"):
-                return np.array(onnx.helper.get_attribute_value(a))
-            if a.name in ("value_ints", "value_floats"):
-                return np.array(onnx.helper.get_attribute_value(a))
+            if a.name in _CONSTANT_DTYPES:  # a Python number: its dtype is the attribute's, not numpy's default
+                return np.array(onnx.helper.get_attribute_value(a), _CONSTANT_DTYPES[a.name])
     return None
+
+
+_CONSTANT_DTYPES = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32,
+                    "value_floats": np.float32}
 
 
 CACHED_CONSTANT_BYTES = 1 << 16

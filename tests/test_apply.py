@@ -338,6 +338,24 @@ def test_a_causal_bias_plus_a_padding_bias_is_declined(form):
 
 
 # ---- views ------------------------------------------------------------------------------------------
+def test_an_identity_between_the_padded_band_and_its_where_lowers_with_it():
+    """Identity nodes a tool leaves on the edges after And(band, padding) (tests/mutations.py's
+    identity_insert: mistral_sw4_kv_dynamo lost its mask_view and mask_where, 4 rewrites -> 2):
+    each is the band itself, so the Where still reads one DIAGONAL_MATRIX1."""
+    nodes, inits = causal_nodes()
+    nodes += [h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL), h.make_node("Unsqueeze", ["padb", "ax12"], ["p"]),
+              h.make_node("And", ["band", "p"], ["keep"]), h.make_node("Identity", ["keep"], ["keep1"]),
+              h.make_node("Identity", ["keep1"], ["keep2"]), h.make_node("Where", ["keep2", "x", "neg"], ["y"])]
+    inits += [c("ax12", np.array([1, 2])), c("neg", np.float32(-np.inf))]
+    model = model_of(nodes, [X, PAD], [Y], inits)
+    g, result = lower(model)
+    assert applied(result) == {"mask_subgraph": 1, "mask_bool": 1, "mask_view": 2, "mask_where": 1}, \
+        [m.reason for m in result.declined]
+    assert not {"And", "Identity"} & {n.op_type for n in g.nodes.values()}
+    assert sum(isinstance(n, DmlNode) for n in g.nodes.values()) == 1
+    check(model, g, [left_padded(b, 2, s) for b, s in ((1, 1), (2, 3), (3, 8))])
+
+
 def test_unsqueeze_and_expand_of_a_band_lower_with_it():
     nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "two"], ["seq"], axis=0),
              h.make_node("Range", ["zero", "seq", "one"], ["idx"]),

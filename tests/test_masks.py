@@ -161,6 +161,20 @@ def test_range_mask_subgraph_becomes_one_node(compare, window):
     check(model, g, scores_feeds(1, 2, 5, 9, 17))
 
 
+def test_range_mask_with_constant_attribute_forms_lowers_like_initializers():
+    """Constant nodes written with value_float / value_int / value_ints (the dynamo exporter's and
+    onnxsim's forms) hold float32 / int64 values: a value_float fill read as float64 declined the
+    Where ("a branch of type float64 in an output of type float32"; tests/mutations.py)."""
+    nodes, inits = range_mask_nodes()
+    forms = {"neg": ("value_float", float("-inf")), "two": ("value_int", 2), "ax0": ("value_ints", [0])}
+    consts = [h.make_node("Constant", [], [k], **{a: v}) for k, (a, v) in forms.items()]
+    nodes = consts + nodes + [h.make_node("Where", ["allowed", "x", "neg"], ["y"])]
+    model = model_of(nodes, [X_SYM], [Y()], [t for t in inits if t.name not in forms])
+    g, result = lower(model)
+    assert applied(result) == {"mask_subgraph": 1, "mask_where": 1}
+    check(model, g, scores_feeds(1, 5, 9))
+
+
 def test_mask_anded_with_padding_lowers_into_one_node_with_the_padding_as_input():
     nodes, inits = range_mask_nodes()
     nodes += [h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL),

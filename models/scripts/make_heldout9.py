@@ -9,9 +9,10 @@ LLaMA-style decoders, onnxruntime-web / transformers.js Hub models are often ops
 TorchScript users pass `opset_version=14`.
 
 `torch` (torch 2.13, transformers 5.x): TorchScript (`dynamo=False`) at opset_version 14, 15 and
-16 (names `<base>_ts14` ...), with make_heldout.py's `export` and make_heldout4.py's
-`export_jobs` (verified against torch at every input set, rtol/atol 1e-4), of the corpus's and
-round 1's tiny random configs: KV decoders llama, mistral (sliding 4), qwen2 (full / sliding 4),
+16 (names `<base>_ts14` ...) and 17 (the earlier rounds' opset: the baseline of the same
+configs), with make_heldout.py's `export` and make_heldout4.py's `export_jobs` (verified
+against torch at every input set, rtol/atol 1e-4), of the corpus's and round 1's tiny random
+configs: KV decoders llama, mistral (sliding 4), qwen2 (full / sliding 4),
 gemma2 (sliding 4 / full), gemma3 (sliding 4 / full), phi3, gpt2, gpt_neox, opt; decoder steps
 with a cache of t5, bart, whisper; no cache: llama, mistral sliding 4, qwen3; bert (padding).
 `optimum` (optimum-onnx, transformers 4.57): make_heldout2.py's Optimum part (main_export
@@ -34,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 warnings.filterwarnings("ignore")
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "..", "..", "out", "heldout9")
-OPSETS = (14, 15, 16)
+OPSETS = (14, 15, 16, 17)  # (17: the rounds' own opset, the same configs as the baseline)
 KV_BASES = ("gpt2_kv", "llama_kv", "mistral_sw4_kv", "qwen2_mixed_sw4_kv", "gemma2_sw4_kv", "phi3_kv",
             "gpt_neox_kv", "opt_kv", "t5_decoder_kv")
 H1_BASES = ("gemma3_sw4_kv", "bart_decoder_kv", "whisper_decoder_kv", "qwen3_nocache")

@@ -57,10 +57,30 @@ def _nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return out
 
 
+def _shape_bounds_as_slice(graph: onnx.GraphProto) -> None:
+    """Shape(x, start, end) (opset 15) as Shape(x) then Slice(start, end), onnx's definition of the
+    bounds (the converter has no down-adapter for them), in `graph` (main graph only)."""
+    out: list[onnx.NodeProto] = []
+    for n in graph.node:
+        bounds = {a.name: a.i for a in n.attribute if a.name in ("start", "end")}
+        if n.op_type != "Shape" or n.domain not in ("", "ai.onnx") or not bounds:
+            out.append(n)
+            continue
+        whole, lo, hi = (f"{n.output[0]}__{k}" for k in ("whole", "start", "end"))
+        graph.initializer.extend([onnx.numpy_helper.from_array(np.array([bounds.get("start", 0)], np.int64), lo),
+                                  onnx.numpy_helper.from_array(np.array([bounds.get("end", 2**62)], np.int64), hi)])
+        out += [onnx.helper.make_node("Shape", [n.input[0]], [whole]),
+                onnx.helper.make_node("Slice", [whole, lo, hi], [n.output[0]], name=n.name)]
+    del graph.node[:]
+    graph.node.extend(out)
+
+
 def convert(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     """`model` at `opset` by onnx's converter (its ir_version kept), checked by onnx's checker."""
     hidden = onnx.ModelProto()
     hidden.CopyFrom(model)
+    if opset < 15:
+        _shape_bounds_as_slice(hidden.graph)
     for n in _nodes(hidden):
         if n.domain in ("", "ai.onnx") and n.op_type in SAME_MEANING:
             n.domain = _HIDDEN

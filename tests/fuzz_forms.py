@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import fuzz_opsets
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -778,7 +779,13 @@ def form_models(draw) -> FormCase:
     contained = {o for n in all_nodes_in(nodes, functions) for o in n.output} - {o for n in nodes for o in n.output}
     description += "" if shape_kind == "r4" else f" x{x_shape}" + (" from the back" if d.from_back else "")
     description += f" attention_mask [B, T] ({mask2d})" if mask2d else ""
-    return FormCase(model, flat, static, kv, constants, description, frozenset(contained), x_lead, pad_batch)
+    case = FormCase(model, flat, static, kv, constants, description, frozenset(contained), x_lead, pad_batch)
+    opset = draw(st.sampled_from(fuzz_opsets.OPSETS))  # (a conversion onnx cannot make keeps 18)
+    case.model, case.flat = fuzz_opsets.at_opset(
+        [model, flat], opset, lambda m: [feeds(case, size, 1, m) for size in sizes_of(case)[:4]])
+    if case.model is not model:
+        case.description = f"opset {opset}: {case.description}"
+    return case
 
 
 def _broadcast(a: list, c: list) -> list:

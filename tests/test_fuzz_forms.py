@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import fuzz_forms
+import fuzz_opsets
 import numpy as np
 import onnx
 import pytest
@@ -46,6 +47,7 @@ def test_report_share_lowered():
     for reason, n in sorted(TOTAL.reasons.items(), key=lambda kv: -kv[1])[:25]:
         print(f"  declined {n}x  {reason}")
     print(f"  known gaps: {TOTAL.gaps}")
+    print(f"  {fuzz_opsets.line()}")
     # (any crash failed the fuzz test itself)
     assert TOTAL.wrong == 0 and TOTAL.crashes == 0 and fuzz_forms is not None
 

@@ -7,9 +7,11 @@ the symbolic proof either lowers them exactly or declines them, never a wrong bi
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import fuzz_masks
+import fuzz_opsets
 import numpy as np
 import pytest
 from fuzz_masks import KNOWN_UNSOUND_SAMPLING, check, mask_models, threshold_sizes
@@ -28,6 +30,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=not SOAK, 
 def cases(draw, families: str):
     case = draw(mask_models(families))
     sizes = threshold_sizes(case)
+    case = at_drawn_opset(draw(st.sampled_from(fuzz_opsets.OPSETS)), case, sizes)
     pairs = draw(st.lists(st.tuples(st.sampled_from(sizes), st.sampled_from(sizes)), min_size=1,
                           max_size=6 if SOAK else 3))
     # A run-time k of -2^63 is left out where onnx.reference is the oracle (Where over data): its
@@ -54,6 +57,16 @@ def test_known_unsound_sampling_families(example):
     case, sizes, ks = example
     problems = check(case, sizes, ks)
     assert not problems, f"{case.description} ({case.family}):\n" + "\n".join(problems[:10])
+
+
+def at_drawn_opset(opset: int, case: fuzz_masks.Case, sizes: list[int]) -> fuzz_masks.Case:
+    """`case` at `opset` (onnx's converter; a conversion discarded keeps opset 18)."""
+    pairs = [case.static] if case.static else [(n, m) for n in sizes[:3] for m in sizes[:3]]
+    k = [{"k": np.array(v, np.int64)} for v in (0, 3)] if any(i.name == "k" for i in case.model.graph.input) else [{}]
+    feeds = [{"x": fuzz_masks.data(case, n, m, True, n + m), **f} for n, m in pairs for f in k]
+    [model] = fuzz_opsets.at_opset([case.model], opset, feeds)
+    return case if model is case.model else \
+        dataclasses.replace(case, model=model, description=f"opset {opset}: {case.description}")
 
 
 # ---- the known-unsound families, one concrete model each ---------------------------------------
@@ -111,3 +124,8 @@ def test_runtime_k_trilu_where_keeps_every_bit():
     case = fuzz_masks.finish_case(b, y, T.FLOAT, None, "runtime_k_trilu_where", [0], "trilu k=input -> where_x_c")
     problems = check(case, [(1, 1), (3, 3), (3, 4)], [0, 1, -1])
     assert not problems, "\n".join(problems[:5])
+
+
+def teardown_module(module):
+    if SOAK:
+        print("\nfuzz_masks:", fuzz_opsets.line())

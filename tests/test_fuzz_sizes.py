@@ -3,8 +3,10 @@ FUZZ_EXAMPLES (examples), FUZZ_SEED (hypothesis seed) and FUZZ_COLLECT=1 (record
 example and keep going, printing the counts at the end, instead of stopping at the first)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
+import fuzz_opsets
 import fuzz_sizes
 from fuzz_sizes import check_sizes, size_models, size_sets, size_values
 from hypothesis import HealthCheck, given, seed, settings
@@ -22,6 +24,12 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=not SOAK, 
 @st.composite
 def cases(draw):
     case = draw(size_models())
+    opset = draw(st.sampled_from(fuzz_opsets.OPSETS))  # (onnx's converter; one discarded keeps 18)
+    small = [v for v in size_values(case) if v][:4]
+    sets = size_sets(case, [(s, t, t) for s in small for t in small])
+    [model] = fuzz_opsets.at_opset([case.model], opset, [fuzz_sizes._feeds(case, d, True, 0) for d in sets])
+    if model is not case.model:
+        case = dataclasses.replace(case, model=model, description=case.description.replace(":", f" opset {opset}:", 1))
     values = size_values(case)
     picks = draw(st.lists(st.tuples(st.sampled_from(values), st.sampled_from(values), st.sampled_from(values)),
                           min_size=1, max_size=8 if SOAK else 3))
@@ -46,6 +54,7 @@ if "FUZZ_SEED" in os.environ:
 def teardown_module(module):
     if SOAK:
         print("\nfuzz_sizes:", fuzz_sizes.describe_stats())
+        print(fuzz_opsets.line())
         for f in fuzz_sizes.FAILURES:
             print("FAIL", f)
     # (FUZZ_COLLECT=1 records failures instead of stopping: the soak still fails if there were any)

@@ -388,8 +388,7 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
         "lowered": [match_record(m) | {"dml": _dml_summary(m), "exact": _exact(m, g, target, options)}
                     for m in result.applied],
         "declined": [match_record(m, True) for m in result.declined],
-        "before": before | {"nodes_all_scopes": all_nodes(source)},
-        "after": after | {"nodes_all_scopes": all_nodes(exported)},  # (with If/Loop/Scan bodies and functions)
+        "before": before | {"nodes_all_scopes": all_nodes(source)}, "after": after | {"nodes_all_scopes": all_nodes(exported)},
         "grows": grown,  # how lowering every site would make the cleaned input bigger (then declined sites)
         "declined_for_growth": sum(1 for m in result.declined if (m.reason or "").startswith(GROWTH_DECLINE)),
         "notes": notes,  # what loading took though onnx's checks refuse it

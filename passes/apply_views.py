@@ -35,6 +35,16 @@ def _axes(graph: Graph, node: OnnxNode) -> list[int] | None:
     return int_list(graph, node, "axes")
 
 
+def _identity_view(m: Match, node: OnnxNode, d: DmlNode, options: Options) -> Match:
+    """A tool's Identity on the band: the band itself, under the Identity's name."""
+    d_value, out = cast(Value, node.inputs[0]), node.outputs[0]
+    m.captures["plan"] = {"x": d.inputs[0], "same": True, "static": d.static_shape}
+    m.dml = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], standin(out), elem_type=d.elem_type,
+                              value=d.value, begin=d.begin, end=d.end, exact=d.exact)
+    m.reason = lowering_reason(preview, out.shape or d_value.shape, options)
+    return m
+
+
 def _match_view(ctx: Context, node: Node) -> Match | None:
     graph, options = ctx.graph, ctx.options
     if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or not band_operands(graph, node, (0,)):
@@ -42,12 +52,8 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     d_value, out = cast(Value, node.inputs[0]), node.outputs[0]
     d = cast(DmlNode, d_value.producer)  # (band_operands checked)
     m = Match("mask_view", [node])
-    if node.op_type == "Identity":  # (a tool's Identity on the band: the band itself, under the Identity's name)
-        m.captures["plan"] = {"x": d.inputs[0], "same": True, "static": d.static_shape}
-        m.dml = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], standin(out), elem_type=d.elem_type,
-                                  value=d.value, begin=d.begin, end=d.end, exact=d.exact)
-        m.reason = lowering_reason(preview, out.shape or d_value.shape, options)
-        return m
+    if node.op_type == "Identity":
+        return _identity_view(m, node, d, options)
     band = matrix_dims(graph, d_value)
     target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []
     if node.op_type == "Transpose":
@@ -76,8 +82,7 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     if node.op_type == "Reshape":
         return _match_reshape(graph, node, d, band, target_dims, m, options)
     by_keys = _expand_by_keys(graph, node) if node.op_type == "Expand" else None
-    same, to_target = by_keys == "same", by_keys == "target"
-    kept = by_keys is not None
+    same, to_target, kept = by_keys == "same", by_keys == "target", by_keys is not None
     if out.shape is None or d_value.shape is None or len(out.shape) < 2 or \
             not (kept or same_dims(out.shape[-2:], d_value.shape[-2:]) or keeps_matrix(target_dims, band)):
         m.reason = (f"cannot prove {node.op_type} {node.name!r} keeps the band's matrix (output's last two dims "

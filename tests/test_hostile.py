@@ -430,7 +430,7 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path, capsys, mon
     code, o, e = run_cli(["--debug", "run", path], capsys)
     assert code == 3 and "Traceback" in e and "a simulated bug" in e
     code, o, e = run_cli(["--debug", "run", path, "--dim", "nope=2"], capsys)
-    assert code == 2 and "Traceback" in e and "dmlgraph: error: --dim nope" in e
+    assert code == 2 and "Traceback" in e and "dmlgraph: error: dim 'nope'" in e
 
 
 @pytest.mark.parametrize("command", ["optimize", "run", "validate", "inspect", "dxdispatch", "demo"])

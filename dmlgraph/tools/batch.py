@@ -90,9 +90,6 @@ def run_batch(folder: str, out_folder: str, options: BatchOptions, jobs: int,
         raise DmlgraphError(f"{folder} is not a folder")
     if os.path.exists(out_folder) and not os.path.isdir(out_folder):
         raise DmlgraphError(f"cannot write into {out_folder}: it is a file", hint="pass a folder for -o")
-    if not os.path.exists(out_folder) and out_folder.lower().endswith(".onnx"):
-        raise DmlgraphError(f"{folder} is a folder, so -o names the folder to write its models into; "
-                            f"{out_folder} looks like a model file", hint="pass a folder for -o")
     if os.path.realpath(out_folder) == os.path.realpath(folder):
         raise DmlgraphError(f"refusing to write the outputs over the inputs in {folder}",
                             hint="pass another folder for -o")
@@ -100,6 +97,9 @@ def run_batch(folder: str, out_folder: str, options: BatchOptions, jobs: int,
     if not models:
         raise DmlgraphError(f"the directory {folder} holds no .onnx files",
                             hint="pass a model file, or a directory of .onnx files")
+    if not os.path.exists(out_folder) and out_folder.lower().endswith(".onnx"):
+        raise DmlgraphError(f"{folder} is a folder, so -o names the folder to write its models into; "
+                            f"{out_folder} looks like a model file", hint="pass a folder for -o")
     os.makedirs(out_folder, exist_ok=True)
     outputs = {m: os.path.join(out_folder, os.path.relpath(m, folder)) for m in models}
     outcomes: dict[str, ModelOutcome] = {}

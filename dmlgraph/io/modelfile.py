@@ -647,20 +647,27 @@ def check_model(model: onnx.ModelProto | bytes, full_check: bool = False) -> Non
         onnx.checker.check_model(view, full_check=full_check)
 
 
-def _runtime_ops() -> dict[str, int]:
-    """The default-domain ops onnxruntime defines and onnx does not: name -> first opset."""
+def _runtime_ops() -> dict[str, tuple[int, int]]:
+    """The default-domain ops onnxruntime defines and onnx does not, at the opsets where that holds:
+    name -> [first opset, onnx's first opset of it). LayerNormalization is onnx's from opset 17 and
+    onnxruntime's from 1: its transformer optimizer writes one into opset 14 models."""
     global _RUNTIME_OPS
     if _RUNTIME_OPS is None:
         from onnxruntime.capi import _pybind_state  # (only once onnx refused an op)
-        found: dict[str, int] = {}
+        onnx_first: dict[str, int] = {}
+        for schema in onnx.defs.get_all_schemas_with_history():
+            if schema.domain in ("", "ai.onnx"):
+                onnx_first[schema.name] = min(schema.since_version, onnx_first.get(schema.name, schema.since_version))
+        found: dict[str, tuple[int, int]] = {}
         for op in _pybind_state.get_all_operator_schema():
-            if op.domain in ("", "ai.onnx") and not onnx.defs.has(op.name):
-                found[op.name] = min(op.since_version, found.get(op.name, op.since_version))
+            end = onnx_first.get(op.name, 1 << 30)
+            if op.domain in ("", "ai.onnx") and op.since_version < end:
+                found[op.name] = (min(op.since_version, found.get(op.name, (op.since_version,))[0]), end)
         _RUNTIME_OPS = found
     return _RUNTIME_OPS
 
 
-_RUNTIME_OPS: dict[str, int] | None = None
+_RUNTIME_OPS: dict[str, tuple[int, int]] | None = None
 
 
 def _runtime_ops_apart(model: onnx.ModelProto | bytes) -> onnx.ModelProto | None:
@@ -675,7 +682,8 @@ def _runtime_ops_apart(model: onnx.ModelProto | bytes) -> onnx.ModelProto | None
     graphs = [g for g, _ in iter_graphs(view.graph)] + [
         b for f in view.functions for n in f.node for _, g in _subgraphs(n) for b, _ in iter_graphs(g)]
     nodes = [n for g in graphs for n in g.node] + [n for f in view.functions for n in f.node]
-    moved = [n for n in nodes if n.domain in ("", "ai.onnx") and known.get(n.op_type, opset + 1) <= opset]
+    moved = [n for n in nodes if n.domain in ("", "ai.onnx") and
+             known.get(n.op_type, (opset + 1, 0))[0] <= opset < known.get(n.op_type, (0, 0))[1]]
     if not moved:
         return None
     for n in moved:

@@ -331,10 +331,9 @@ class _Node:
             return self.out.shape
         if self.shape is None:
             return None if self.x is None else self.x.shape
-        p = self.shape.producer
-        if isinstance(p, OnnxNode) and p.op_type == "Shape" and p.domain in ("", "ai.onnx") and p.inputs[0] is not None \
-                and not any(a.name in ("start", "end") for a in p.attributes):
-            return p.inputs[0].shape
+        y = _whole_shape_of(self.shape)
+        if y is not None:
+            return y.shape
         n = self.shape.shape
         return None if n is None or len(n) != 1 or not isinstance(n[0], int) else (None,) * n[0]
 
@@ -401,20 +400,17 @@ class _Node:
         if hint is not None and (self.shape is not None or _kept_anyway(self.g, hint)):
             return hint.name
         if self.shape is None and self.n.static_shape is None and self.x is not None:
-            if self.em.opset >= SHAPE_BOUNDS:
-                hw = self.em.op("Shape", [self.x.name], "hw", role=SIZE, start=-2)
-            else:  # (Shape's start is opset 15's)
-                whole = self.em.op("Shape", [self.x.name], "shape", role=SIZE)
-                hw = self.em.op("Slice", [whole, self.em.const("m2", np.array([-2], np.int64)),
-                                          self.em.const("int64_max", np.array([INT64_MAX], np.int64))], "hw",
-                                role=SIZE)
+            hw = self.em.op("Shape", [self.x.name], "hw", role=SIZE, start=-2) if self.em.opset >= SHAPE_BOUNDS \
+                else self._last_two()  # (Shape's start is opset 15's)
             declared = declared_tail(self.g, self.x) if self.em.declare else None
             if declared is not None:
                 self.em.sized[hw] = declared
             return hw
         tail = _matrix_part(self.g, self.shape)
-        if tail is not None:
-            return tail
+        return tail if tail is not None else self._last_two()
+
+    def _last_two(self) -> str:
+        """The node's sizes sliced to their last two, [H, W]."""
         vec = self.shape_vec()
         assert vec is not None
         return self.em.op("Slice", [vec, self.em.const("m2", np.array([-2], np.int64)),
@@ -601,13 +597,15 @@ def _vec(s: _Node) -> str:
     return vec
 
 
+def _whole_shape_of(shape: Value | None) -> Value | None:
+    """y when `shape` is Shape(y), all of it (no start or end)."""
+    p = produced_by(shape, "Shape")
+    return None if p is None or any(a.name in ("start", "end") for a in p.attributes) else p.inputs[0]
+
+
 def _shape_of(g: Graph | None, shape: Value | None) -> Value | None:
     """y when `shape` is Shape(y) of a 2-D y whose type EyeLike reads (EyeLike(y) needs no ones tensor)."""
-    p = shape.producer if shape is not None else None
-    if g is None or not isinstance(p, OnnxNode) or p.op_type != "Shape" or p.domain not in ("", "ai.onnx") \
-            or any(a.name in ("start", "end") for a in p.attributes):
-        return None
-    y = p.inputs[0]
+    y = _whole_shape_of(shape) if g is not None else None
     if y is None or y.shape is None or len(y.shape) != 2 or y.elem_type not in EYELIKE_TYPES:
         return None
     return y

@@ -30,7 +30,6 @@ import json
 import os
 import signal
 import sys
-import time
 import traceback
 import zlib
 
@@ -298,17 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     pool = sr.MODELS + (sr.EXTRA if args.extra else [])
     models = [(d, n) for d, n in pool if not args.only or any(w in n for w in args.only)]
     kinds = args.kinds or list(mutations.MUTATIONS)
-    rows: list[dict] = []
-    for d, n in models:
-        t0 = time.perf_counter()
-        rows.append(measure(d, n, kinds, args.seeds, sys.stderr))
-        rows[-1]["seconds"] = round(time.perf_counter() - t0, 1)
-        c = collections.Counter(m[k]["outcome"] for m in rows[-1]["mutants"] if "discarded" not in m
-                                for k, _, _ in TARGETS)
-        print(f"measured {n} ({rows[-1]['seconds']}s) {rows[-1].get('skipped', '')}: {dict(c)}",
-              file=sys.stderr, flush=True)
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1, default=str)
+    def summary(row: dict) -> str:
+        c = collections.Counter(m[k]["outcome"] for m in row["mutants"] if "discarded" not in m for k, _, _ in TARGETS)
+        return f"{row.get('skipped', '')} {dict(c)}"
+    rows = sr.measure_all(models, lambda d, n: measure(d, n, kinds, args.seeds, sys.stderr), args.json, summary)
     tables(rows)
     return 0
 

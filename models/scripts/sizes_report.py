@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -517,20 +518,27 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     models = [(d, n) for d, n in (ROUND9 if args.round9 else EXTRA if args.extra else MODELS)
               if not args.only or any(w in n for w in args.only)]
-    rows: list[dict] = []
     rng = np.random.default_rng(8)
     with tempfile.TemporaryDirectory() as tmp:
-        for d, n in models:
-            t0 = time.perf_counter()
-            rows.append(measure(d, n, tmp, rng, log=sys.stderr))
-            rows[-1]["seconds"] = round(time.perf_counter() - t0, 1)
-            c = counts(rows[-1])
-            print(f"measured {n} ({rows[-1]['seconds']}s): " + "; ".join(
-                f"{k} {dict(v)}" for k, v in c.items()), file=sys.stderr, flush=True)
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1, default=str)
+        rows = measure_all(models, lambda d, n: measure(d, n, tmp, rng, log=sys.stderr), args.json,
+                           lambda row: "; ".join(f"{k} {dict(v)}" for k, v in counts(row).items()))
     table(rows)
     return 0
+
+
+def measure_all(models: list[tuple[str, str]], measure_one: Callable[[str, str], dict], path: str,
+                summary: Callable[[dict], str]) -> list[dict]:
+    """`measure_one(folder key, name)` of each model, timed, a line each on stderr, the rows so far
+    rewritten to `path` after each (a long round interrupted keeps what it measured)."""
+    rows: list[dict] = []
+    for d, n in models:
+        t0 = time.perf_counter()
+        rows.append(measure_one(d, n))
+        rows[-1]["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"measured {n} ({rows[-1]['seconds']}s): {summary(rows[-1])}", file=sys.stderr, flush=True)
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return rows
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from dmlgraph.ir.dtypes import bitwise_equal
 from dmlgraph.ir.graph import DmlNode, Graph, Node, Value, gc_paused
 from dmlgraph.ir.ops import FeatureLevel
 from dmlgraph.rewrite import Match, Options, PassManager, PassResult, site_key
-from dmlgraph.rewrite.nested import nested_dml_nodes, optimize_nested, qualified_name
+from dmlgraph.rewrite.nested import SCOPE, nested_dml_nodes, optimize_nested, qualified_name
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
 ModelLike = Union[onnx.ModelProto, bytes, str, "os.PathLike[str]"]
@@ -209,6 +209,14 @@ def node_label(n: Node, m: Match | None = None) -> dict:
     return {"name": n.name if m is None else qualified_name(m, n), "op_type": n.op_type}
 
 
+def node_ref(m: Match, n: Node) -> str:
+    """A node as `Rewrite.nodes` names it: its name, or for an unnamed node (ONNX allows them) its
+    op type and first output (`Where -> scores`); inside a body or function, after its path."""
+    own = n.name or (f"{n.op_type} -> {n.outputs[0].name}" if n.outputs else n.op_type)
+    scope = m.captures.get(SCOPE)
+    return f"{scope}/{own}" if scope else own
+
+
 def match_record(m: Match, with_reason: bool = False) -> dict:
     rec: dict[str, Any] = {"rule": m.rule, "nodes": [node_label(n, m) for n in m.nodes]}
     if with_reason:
@@ -238,7 +246,7 @@ class Rewrite:
     """One applied rewrite: the rule, the nodes it covered, the node it put in their place."""
 
     rule: str
-    nodes: tuple[str, ...]
+    nodes: tuple[str, ...]  # `node_ref` of each covered node
     op: str | None  # "DiagonalMatrix1", "DiagonalMatrix", or None for a rule that makes no DML node
     exact: bool  # bit-exact for every input (else: equal for finite inputs)
 
@@ -248,7 +256,7 @@ class Decline:
     """A place a rule matched but did not rewrite, and why."""
 
     rule: str
-    nodes: tuple[str, ...]
+    nodes: tuple[str, ...]  # `node_ref` of each node
     initializers: tuple[str, ...]
     reason: str
 
@@ -405,9 +413,9 @@ def lower(model: ModelLike, options: Options | None = None, target: str = "dml",
     if target == "onnx" and result.applied:
         report["portable"] = portable_summary([*[n for n in g.nodes.values() if isinstance(n, DmlNode)],
                                                *nested_dml_nodes(result)])
-    rewrites = [Rewrite(m.rule, tuple(n.name for n in m.nodes), _op(m.dml), _exact(m, g, target, options))
+    rewrites = [Rewrite(m.rule, tuple(node_ref(m, n) for n in m.nodes), _op(m.dml), _exact(m, g, target, options))
                 for m in result.applied]
-    declined = [Decline(m.rule, tuple(n.name for n in m.nodes), tuple(m.initializers), m.reason or "")
+    declined = [Decline(m.rule, tuple(node_ref(m, n) for n in m.nodes), tuple(m.initializers), m.reason or "")
                 for m in result.declined]
     path = None if isinstance(model, onnx.ModelProto) else model
     return OptimizeResult(exported, rewrites, declined, dict(result.counts), before, after, report, g, result,

@@ -285,3 +285,18 @@ def test_save_serializes_an_unchanged_model_once(tmp_path, monkeypatch):
     result.save(tmp_path / "a.onnx")
     assert len(calls) == 1
     assert (tmp_path / "a.onnx").read_bytes() == result.checked_bytes
+
+
+def test_rewrites_name_unnamed_and_nested_nodes():
+    """`Rewrite.nodes` never holds an empty name: an unnamed node is its op type and output, and a
+    node inside a body follows the body's path."""
+    assert [r.nodes for r in dmlgraph.optimize(_trilu_model()).rewrites] == [("Trilu -> t",)]
+    body = h.make_graph([h.make_node("Trilu", ["x"], ["t"], upper=1)], "then", [],
+                        [h.make_tensor_value_info("t", T.FLOAT, ["n", "n"])])
+    other = h.make_graph([h.make_node("Identity", ["x"], ["u"])], "else", [],
+                         [h.make_tensor_value_info("u", T.FLOAT, ["n", "n"])])
+    g = h.make_graph([h.make_node("If", ["c"], ["y"], name="branch", then_branch=body, else_branch=other)], "g",
+                     [h.make_tensor_value_info("c", T.BOOL, []), h.make_tensor_value_info("x", T.FLOAT, ["n", "n"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["n", "n"])])
+    nested = dmlgraph.optimize(h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10))
+    assert [r.nodes for r in nested.rewrites] == [("branch/then_branch/Trilu -> t",)]

@@ -34,7 +34,7 @@ from dmlgraph.passes.broadcast import (
     static_broadcast,
     vector_dims,
 )
-from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
+from dmlgraph.passes.common import const_value, from_constants, lowering_reason, replace_node, standin
 from dmlgraph.rewrite import Context, Match, Options, Replacement, Rule
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
@@ -574,7 +574,7 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
         declined = None
         for i in band_operands(graph, node, band_inputs):
             if two_valued and isinstance(off_region(graph, _band(node, i)), Value):
-                if any(const_value(graph, v) is None for j, v in enumerate(node.inputs) if j != i and v is not None):
+                if any(not from_constants(graph, v) for j, v in enumerate(node.inputs) if j != i and v is not None):
                     continue  # (data applied to a data-holding mask: not a mask any more, nothing to say)
                 declined = declined or Match(name, [node], reason=(
                     f"its band {cast(Value, node.inputs[i]).name!r} holds data (its input X, a padding say): folding "

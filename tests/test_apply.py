@@ -513,10 +513,11 @@ def test_two_biases_of_an_empty_window_summed_in_a_branch_are_declined():
 
 
 # ---- comparisons of a band with a constant -----------------------------------------------------------
-def _longt5_local(compare: str) -> onnx.ModelProto:
+def _longt5_local(compare: str, stored_bias: bool = False) -> onnx.ModelProto:
     """LongT5's local attention (transformers 5.23, TorchScript): the 3-block locality band [5, 15]
     (|j - (i + 5)| < 5) And the blocked padding, cast to int64, `mask > 0`, a Where to 0 / -1e10,
-    transposed and added to the position bias."""
+    transposed and added to the position bias (`stored_bias`: a Gather of a stored table by stored
+    bucket indices, as the export computes it, instead of an input)."""
     bl = 5
     band = np.abs(np.arange(3 * bl)[None, :] - (np.arange(bl) + bl)[:, None]) < bl
     nodes = [h.make_node("And", ["pad", "band"], ["keep"]), h.make_node("Unsqueeze", ["keep", "ax1"], ["keep5"]),
@@ -526,8 +527,13 @@ def _longt5_local(compare: str) -> onnx.ModelProto:
              h.make_node("Add", ["pos", "biast"], ["y"])]
     inits = [c("band", band[None, None]), c("ax1", np.array([1])), c("zi", np.array(0)),
              c("zf", np.float32(0.0)), c("low", np.float32(-1e10))]
-    inputs = [h.make_tensor_value_info("pad", T.BOOL, ["b", "n", 1, 15]),
-              h.make_tensor_value_info("pos", T.FLOAT, [1, "n", 2, 5, 15])]
+    inputs = [h.make_tensor_value_info("pad", T.BOOL, ["b", "n", 1, 15])]
+    if stored_bias:
+        nodes.insert(0, h.make_node("Gather", ["table", "buckets"], ["pos"]))
+        rng = np.random.default_rng(1)
+        inits += [c("table", rng.standard_normal((8, 2, 5, 15)).astype(np.float32)), c("buckets", np.array([[3]]))]
+    else:
+        inputs.append(h.make_tensor_value_info("pos", T.FLOAT, [1, "n", 2, 5, 15]))
     return model_of(nodes, inputs, [h.make_tensor_value_info("y", T.FLOAT, ["b", "n", 2, 5, 15])], inits)
 
 
@@ -546,3 +552,15 @@ def test_a_comparison_of_a_band_with_a_constant_lowers_with_it(compare: str) -> 
     check(model, g, [{"pad": rng.random((b, n, 1, 15)) < 0.7, "pos": rng.standard_normal((1, n, 2, 5, 15)).astype(
         np.float32)} for b, n in ((1, 1), (2, 3))])
 
+
+def test_a_computed_constant_added_to_a_band_holding_data_is_declined_not_missed() -> None:
+    """The position bias is a Gather of stored tables (TorchScript does not fold it): its Add to the
+    padded band is declined with mask_arith's reason, as when the bias is stored (the dynamo export),
+    not left missed."""
+    import dmlgraph
+    model = _longt5_local("Greater", stored_bias=True)
+    census = {r["value"]: r for r in dmlgraph.inspect(model, target="onnx").report["masks"]}
+    assert census["y"]["status"] == "declined" and "holds data" in census["y"]["reason"]
+    g, result = lower(model)
+    rng = np.random.default_rng(0)
+    check(model, g, [{"pad": rng.random((b, 1, 1, 15)) < 0.7} for b in (1, 2)])

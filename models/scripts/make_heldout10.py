@@ -93,6 +93,7 @@ def builders() -> dict[str, object]:
                             first_k_dense_replace=2),
         "jamba": causal("JambaForCausalLM", "JambaConfig", attn_layer_period=2, attn_layer_offset=1,
                         expert_layer_period=2, expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
+                        experts_implementation="batched_mm",
                         mamba_dt_rank=4, **mamba),
         "bamba": causal("BambaForCausalLM", "BambaConfig", attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16,
                         mamba_n_groups=1, mamba_chunk_size=4, **mamba),

@@ -4,7 +4,8 @@
 padding mask, broadcast) as its input, Value false, on the band's false region. `Or` is the dual
 (Value true). `Not` and `Cast` (bool <-> numeric) of a band or of such a node map its Value and its
 input (a new `Not`/`Cast` of the data), so a band reached through them still lowers. A comparison
-of a band with a constant (LongT5's `mask > 0` of its int64 local mask) maps the same way.
+of a band that holds data with a constant (LongT5's `mask > 0` of its int64 local mask, the locality
+band And the padding) maps the same way.
 """
 from __future__ import annotations
 
@@ -86,4 +87,4 @@ MASK_CAST = application_rule(
 MASK_COMPARE = application_rule(
     "mask_compare", tuple(COMPARE), (0, 1), evaluate_compare, "bit-exact",
     "Greater(band, c) and the other comparisons with a constant -> the band of booleans (a comparison of its "
-    "input, if it has one)")
+    "input, if it has one)", data_only=True)

@@ -121,11 +121,31 @@ def _specs(part: str) -> list:
         specs.append(Spec(f"{k}_full_nocache", hf.format(k, ", encoder + decoder, no cache, padded encoder batch"),
                           b[k], "seq2seq_nocache"))
         specs.append(Spec(f"{k}_decoder_kv", hf.format(k, " decoder step" + kvs), b[k], "seq2seq"))
+    specs.append(Spec("bigbird_pegasus_bs8_static64", hf.format(
+        "bigbird_pegasus_bs8", ", encoder + decoder, no cache, static [2, 64] encoder: block-sparse attention"),
+        b["bigbird_pegasus_bs8"], "seq2seq_static64"))
     for k in ("lfm2", "deepseek_v3", "gemma3n_sw4", "hunyuan_dense", "dots1_sw4", "jamba", "bamba", "falcon_h1",
               "zamba2"):
         specs.append(Spec(f"{k}_kv", hf.format(k, kvs), b[k], "decoder"))
         specs.append(Spec(f"{k}_nocache", hf.format(k, ", no cache"), b[k], "nocache"))
     return specs
+
+
+def static64(module: object, spec: object) -> object:
+    """Every set [2, 64] (the encoder) and [2, 6] (the decoder), fixed sizes: BigBird's block-sparse
+    path runs only above its global + sliding + random blocks (7 of 8 here), and its trace is for
+    one length."""
+    import numpy as np
+    spec.ts_axes = {}
+    rng = np.random.default_rng(10)
+    spec.sets.clear()
+    for name, pad in (("seq64", 0), ("right_padded", 13)):
+        mask = np.ones((2, 64), np.int64)
+        mask[0, 64 - pad:] = 0
+        spec.sets[name] = {"input_ids": rng.integers(3, VOCAB, (2, 64)).astype(np.int64), "attention_mask": mask,
+                           "decoder_input_ids": rng.integers(3, VOCAB, (2, 6)).astype(np.int64)}
+    spec.sets["seq9"] = spec.sets["seq64"]  # (the export set: make_heldout's export takes seq9)
+    return module
 
 
 def _part(part: str):  # type: ignore[no-untyped-def]
@@ -136,6 +156,8 @@ def _part(part: str):  # type: ignore[no-untyped-def]
         def prepare(spec: object) -> object:
             if spec.kind == "seq2seq_nocache":
                 return prepare_seq2seq_nocache(spec)
+            if spec.kind == "seq2seq_static64":  # (no dynamic axes: 64 = 8 blocks of 8, block-sparse)
+                return static64(prepare_seq2seq_nocache(spec), spec)
             module = h1.prepare(spec)
             if spec.kind == "decoder":
                 spec.sets["mixed_pad3"] = mixed_pad3(spec.sets["left_padded"])

@@ -28,7 +28,7 @@ PHASES: list[tuple[str, list[Rule]]] = [
     ("the remaining Trilu / EyeLike nodes", [trilu.RULE, eyelike.RULE]),
     ("masks viewed, negated, cast, combined and applied to data -> DIAGONAL_MATRIX1 with that input",
      [apply_views.MASK_VIEW, apply.MASK_WHERE, apply_gather.MASK_GATHER, apply_bool.MASK_BOOL, apply_bool.MASK_NOT,
-      apply_bool.MASK_CAST, apply_arith.MASK_ARITH]),
+      apply_bool.MASK_CAST, apply_bool.MASK_COMPARE, apply_arith.MASK_ARITH]),
     ("DIAGONAL_MATRIX1 of DIAGONAL_MATRIX1 -> one node", [apply.CHAIN]),
 ]
 

@@ -34,7 +34,14 @@ from dmlgraph.passes.broadcast import (
     static_broadcast,
     vector_dims,
 )
-from dmlgraph.passes.common import const_value, lowering_reason, replace_node, standin
+from dmlgraph.passes.common import (
+    const_value,
+    from_constants,
+    lowering_reason,
+    reads_input_values,
+    replace_node,
+    standin,
+)
 from dmlgraph.rewrite import Context, Match, Options, Replacement, Rule
 from dmlgraph.runtime.onnx_runner import numpy_dtype
 
@@ -555,7 +562,7 @@ def absorbed(graph: Graph, v: Value, band: DmlNode, outside: Operand, options: O
 
 def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[int, ...], evaluate: Evaluator,
                      exact: str, description: str, output_is_mask: bool = True, two_valued: bool = False,
-                     check: Callable[[Graph, Plan], str | None] | None = None) -> Rule:
+                     check: Callable[[Graph, Plan], str | None] | None = None, data_only: bool = False) -> Rule:
     """An application rule (the fourth phase) applying `evaluate` to each op of `op_types` that reads a band at `band_inputs`.
 
     `output_is_mask`: the op's output is itself a mask (And, Not, Cast), so a band it cannot take is
@@ -564,7 +571,9 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
     input (a generator: two values), for rewrites that would otherwise move per-use work onto a mask
     computed once (each layer's `Add(scores, mask)` of a padded mask stays one Add of the shared mask).
     `check`: why the first plan found breaks the rule's stated exactness for every input (the node is
-    then declined with that reason), else None."""
+    then declined with that reason), else None. `data_only`: only bands whose input reads the values of a
+    graph input (a band of sizes alone is part of a shape-only cone: `mask_subgraph` lowers it whole
+    or declines it with why)."""
     APPLICATIONS[name] = (op_types, band_inputs, evaluate)
 
     def match(ctx: Context, node: Node) -> Match | None:
@@ -573,8 +582,11 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
             return None
         declined = None
         for i in band_operands(graph, node, band_inputs):
+            x = _band(node, i).inputs[0]
+            if data_only and (x is None or not reads_input_values(graph, x)):
+                continue
             if two_valued and isinstance(off_region(graph, _band(node, i)), Value):
-                if any(const_value(graph, v) is None for j, v in enumerate(node.inputs) if j != i and v is not None):
+                if any(not from_constants(graph, v) for j, v in enumerate(node.inputs) if j != i and v is not None):
                     continue  # (data applied to a data-holding mask: not a mask any more, nothing to say)
                 declined = declined or Match(name, [node], reason=(
                     f"its band {cast(Value, node.inputs[i]).name!r} holds data (its input X, a padding say): folding "

@@ -1,9 +1,11 @@
-"""Boolean combinations of a band with data: And/Or/Not/Cast, each part bit-exact.
+"""Boolean combinations of a band with data: And/Or/Not/Cast/comparisons, each part bit-exact.
 
 `And(P, band)` is P where the band is true and false elsewhere: one DIAGONAL_MATRIX1 with P (the
 padding mask, broadcast) as its input, Value false, on the band's false region. `Or` is the dual
 (Value true). `Not` and `Cast` (bool <-> numeric) of a band or of such a node map its Value and its
-input (a new `Not`/`Cast` of the data), so a band reached through them still lowers.
+input (a new `Not`/`Cast` of the data), so a band reached through them still lowers. A comparison
+of a band that holds data with a constant (LongT5's `mask > 0` of its int64 local mask, the locality
+band And the padding) maps the same way.
 """
 from __future__ import annotations
 
@@ -59,6 +61,19 @@ def evaluate_cast(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> P
     return Part(op=("Cast", operands))
 
 
+COMPARE = {"Less": np.less, "LessOrEqual": np.less_equal, "Greater": np.greater,
+           "GreaterOrEqual": np.greater_equal, "Equal": np.equal}
+
+
+def evaluate_compare(node: OnnxNode, operands: list[Operand], dtype: np.dtype) -> Part | str:
+    """A comparison of two constants is its result; with the data, the comparison of the data (the
+    same op on the same values: bit-exact, NaN included)."""
+    a, b = operands
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return Part(const=np.asarray(COMPARE[node.op_type](a, b), dtype))
+    return Part(op=(node.op_type, operands))
+
+
 MASK_BOOL = application_rule(
     "mask_bool", ("And", "Or", "Xor"), (0, 1), evaluate_logic, "bit-exact",
     "And(P, band) / Or(P, band), P any boolean data (the padding mask) -> DIAGONAL_MATRIX1(P broadcast, "
@@ -69,3 +84,7 @@ MASK_NOT = application_rule(
 MASK_CAST = application_rule(
     "mask_cast", ("Cast",), (0,), evaluate_cast, "bit-exact",
     "Cast(band) between bool and a number -> the band in the new type (a Cast of its input, if it has one)")
+MASK_COMPARE = application_rule(
+    "mask_compare", tuple(COMPARE), (0, 1), evaluate_compare, "bit-exact",
+    "Greater(band, c) and the other comparisons with a constant -> the band of booleans (a comparison of its "
+    "input, if it has one)", data_only=True)

@@ -33,6 +33,48 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
     return None
 
 
+def from_constants(graph: Graph, v: Value, limit: int = 256) -> bool:
+    """`v` is computed from constants alone (an initializer that is no graph input, a Constant, and
+    ops of those: a Gather of a stored table by stored indices), as the mask census counts a
+    constant; False past `limit` values (then it is taken for data)."""
+    stack, seen = [v], set()
+    while stack:
+        x = stack.pop()
+        if x.name in seen:
+            continue
+        seen.add(x.name)
+        if x.name in graph.overridable_inputs or len(seen) > limit:
+            return False
+        if x.name in graph.initializers:
+            continue
+        p = x.producer
+        ins = [i for i in p.inputs if i is not None] if isinstance(p, OnnxNode) else []
+        if not isinstance(p, OnnxNode) or (not ins and p.op_type != "Constant"):
+            return False
+        stack.extend(ins)
+    return True
+
+
+def reads_input_values(graph: Graph, v: Value, limit: int = 256) -> bool:
+    """`v` is computed from the values (not only the shapes) of a graph input, or of a value no node
+    here makes (an enclosing scope's); also True past `limit` values."""
+    stack, seen = [v], set()
+    while stack:
+        x = stack.pop()
+        if x.name in seen:
+            continue
+        seen.add(x.name)
+        if len(seen) > limit or x.name in graph.overridable_inputs:
+            return True
+        p = x.producer
+        if x.name in graph.initializers or (isinstance(p, OnnxNode) and p.op_type in ("Shape", "Size")):
+            continue
+        if not isinstance(p, (OnnxNode, DmlNode)):
+            return True
+        stack.extend(i for i in p.inputs if i is not None)
+    return False
+
+
 _CONSTANT_DTYPES = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32,
                     "value_floats": np.float32}
 

@@ -510,3 +510,57 @@ def test_two_biases_of_an_empty_window_summed_in_a_branch_are_declined():
         want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
         assert np.isneginf(want).all()
         np.testing.assert_array_equal(Executor(import_model(lowered)).run(feeds)["y"], want)
+
+
+# ---- comparisons of a band with a constant -----------------------------------------------------------
+def _longt5_local(compare: str, stored_bias: bool = False) -> onnx.ModelProto:
+    """LongT5's local attention (transformers 5.23, TorchScript): the 3-block locality band [5, 15]
+    (|j - (i + 5)| < 5) And the blocked padding, cast to int64, `mask > 0`, a Where to 0 / -1e10,
+    transposed and added to the position bias (`stored_bias`: a Gather of a stored table by stored
+    bucket indices, as the export computes it, instead of an input)."""
+    bl = 5
+    band = np.abs(np.arange(3 * bl)[None, :] - (np.arange(bl) + bl)[:, None]) < bl
+    nodes = [h.make_node("And", ["pad", "band"], ["keep"]), h.make_node("Unsqueeze", ["keep", "ax1"], ["keep5"]),
+             h.make_node("Cast", ["keep5"], ["keepi"], to=T.INT64), h.make_node(compare, ["keepi", "zi"], ["on"]),
+             h.make_node("Where", ["on", "zf", "low"], ["bias"]),
+             h.make_node("Transpose", ["bias"], ["biast"], perm=[0, 2, 1, 3, 4]),
+             h.make_node("Add", ["pos", "biast"], ["y"])]
+    inits = [c("band", band[None, None]), c("ax1", np.array([1])), c("zi", np.array(0)),
+             c("zf", np.float32(0.0)), c("low", np.float32(-1e10))]
+    inputs = [h.make_tensor_value_info("pad", T.BOOL, ["b", "n", 1, 15])]
+    if stored_bias:
+        nodes.insert(0, h.make_node("Gather", ["table", "buckets"], ["pos"]))
+        rng = np.random.default_rng(1)
+        inits += [c("table", rng.standard_normal((8, 2, 5, 15)).astype(np.float32)), c("buckets", np.array([[3]]))]
+    else:
+        inputs.append(h.make_tensor_value_info("pos", T.FLOAT, [1, "n", 2, 5, 15]))
+    return model_of(nodes, inputs, [h.make_tensor_value_info("y", T.FLOAT, ["b", "n", 2, 5, 15])], inits)
+
+
+@pytest.mark.parametrize("compare", ["Greater", "Equal", "LessOrEqual"])
+def test_a_comparison_of_a_band_with_a_constant_lowers_with_it(compare: str) -> None:
+    """`mask > 0` of a band holding the padding is the band of that comparison: lowered bit-exact with
+    the Where and the Transpose it feeds (they were missed: no rule took the comparison)."""
+    import dmlgraph
+    model = _longt5_local(compare)
+    census = dmlgraph.inspect(model, target="onnx").report["masks"]
+    assert [r["op_type"] for r in census if r["status"] != "lowered"] == []
+    g, result = lower(model)
+    assert result.counts["mask_compare"] == 1 and result.counts["mask_where"] == 1
+    assert not any(n.op_type == compare and n.inputs[0].name == "keepi" for n in g.nodes.values())
+    rng = np.random.default_rng(0)
+    check(model, g, [{"pad": rng.random((b, n, 1, 15)) < 0.7, "pos": rng.standard_normal((1, n, 2, 5, 15)).astype(
+        np.float32)} for b, n in ((1, 1), (2, 3))])
+
+
+def test_a_computed_constant_added_to_a_band_holding_data_is_declined_not_missed() -> None:
+    """The position bias is a Gather of stored tables (TorchScript does not fold it): its Add to the
+    padded band is declined with mask_arith's reason, as when the bias is stored (the dynamo export),
+    not left missed."""
+    import dmlgraph
+    model = _longt5_local("Greater", stored_bias=True)
+    census = {r["value"]: r for r in dmlgraph.inspect(model, target="onnx").report["masks"]}
+    assert census["y"]["status"] == "declined" and "holds data" in census["y"]["reason"]
+    g, result = lower(model)
+    rng = np.random.default_rng(0)
+    check(model, g, [{"pad": rng.random((b, 1, 1, 15)) < 0.7} for b in (1, 2)])

@@ -1,7 +1,7 @@
 """Every size: dmlgraph's outputs against onnxruntime on the original over a grid of sizes.
 
 Run (project venv, no torch):
-    .venv/bin/python models/scripts/sizes_report.py [--extra | --round9] [--json FILE] [--only SUBSTR ...]
+    .venv/bin/python models/scripts/sizes_report.py [--extra | --round9 | --round10] [--json FILE] [--only SUBSTR ...]
     .venv/bin/python models/scripts/sizes_report.py --rows --json FILE     (the table of a saved run)
 
 Per model (MODELS, or EXTRA with --extra): `dmlgraph optimize` once on target dml, once on target
@@ -56,7 +56,7 @@ RTOL, ATOL, RTOL16 = 1e-5, 1e-6, 1e-3
 # stored 1024-position causal buffer.
 # Each round's folder where its make_heldoutN.py writes it by default (`--dir KEY=PATH` elsewhere).
 _D = {"m": os.path.join(ROOT, "models"), **{key: os.path.join(ROOT, "out", f"heldout{key[1:]}")
-                                            for key in ("h2", "h4", "h6", "h6b", "h7", "h9")}}
+                                            for key in ("h2", "h4", "h6", "h6b", "h7", "h9", "h10")}}
 MODELS = [
     ("m", "llama_kv_ts"), ("m", "mistral_sw4_kv_ts"), ("m", "mistral_sw4_kv_dynamo"), ("m", "gemma2_sw4_kv_ts"),
     ("m", "qwen2_mixed_sw4_kv_dynamo"), ("m", "qwen2_mixed_sw4_kv_ts"), ("m", "gpt2_kv_ts"), ("m", "gpt2_ts"),
@@ -118,6 +118,14 @@ ROUND9 = [
     ("h9", "llama_kv_ts14"), ("h9", "mistral_sw4_kv_ts14"), ("h9", "gemma2_sw4_kv_ts15"), ("h9", "t5_decoder_kv_ts16"),
     ("h9", "whisper_decoder_kv_ts14"), ("h9", "mistral_sw4_nocache_ts14"), ("h9", "bert_ts14"),
     ("h9", "opt_llama_merged"), ("h9", "opt_t5_merged"), ("h9", "llama_kv_ts14_int8"), ("h9", "gpt2_kv_ts14_ortopt"),
+]
+# round 10 (`--round10`): families no round exported and 24-layer decoders (make_heldout10.py)
+ROUND10 = [
+    ("h10", "longt5_local4_full_nocache_ts"), ("h10", "longt5_local4_full_nocache_dynamo"),
+    ("h10", "longt5_tglobal4_full_nocache_ts"), ("h10", "bigbird_pegasus_bs8_full_nocache_ts"),
+    ("h10", "longt5_local4_decoder_kv_ts"), ("h10", "deepseek_v3_kv_dynamo"), ("h10", "gemma3n_sw4_kv_ts"),
+    ("h10", "dots1_sw4_kv_dynamo"), ("h10", "hunyuan_dense_kv_ts"), ("h10", "lfm2_nocache_ts"),
+    ("h10", "bamba_nocache_dynamo"), ("h10", "mistral_sw4_l24_kv_ts"), ("h10", "llama_l24_kv_dynamo"),
 ]
 LONG = {"mistral_sw4_kv_ts", "gpt2_ts", "bert_ts", "modernbert_lw4_encoder_ts", "genai_mistral_sw4_cpu_fp32",
         "mistral_sw4_ts", "llama_kv_ts", "gemma2_sw4_kv_ts", "qwen2_mixed_sw4_kv_dynamo", "llama4_chunk4_kv_ts",
@@ -502,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", help="model name substrings")
     ap.add_argument("--extra", action="store_true", help="the second batch of models (EXTRA) instead")
     ap.add_argument("--round9", action="store_true", help="round 9's opset 14-16 exports (ROUND9) instead")
+    ap.add_argument("--round10", action="store_true", help="round 10's families and 24-layer decoders (ROUND10)")
     ap.add_argument("--rows", action="store_true", help="print the table of the --json file instead of measuring")
     ap.add_argument("--dir", action="append", default=[], metavar="KEY=PATH",
                     help=f"a round's folder, if not the default ({', '.join(sorted(_D))}: models/, out/heldoutN)")
@@ -516,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
             table(json.load(f))
         return 0
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    models = [(d, n) for d, n in (ROUND9 if args.round9 else EXTRA if args.extra else MODELS)
+    models = [(d, n) for d, n in (ROUND10 if args.round10 else ROUND9 if args.round9 else EXTRA if args.extra
+                                   else MODELS)
               if not args.only or any(w in n for w in args.only)]
     rng = np.random.default_rng(8)
     with tempfile.TemporaryDirectory() as tmp:

@@ -281,3 +281,27 @@ def test_a_file_is_inferred_beside_its_checks_and_a_failed_check_stops_the_child
     assert events[-2:] == ["fork", "check"]
     with pytest.raises(ChildProcessError):
         os.waitpid(pids[-1], os.WNOHANG)  # the child was stopped and reaped
+
+
+def test_an_identity_of_a_shape_input_keeps_what_inference_reads_of_it():
+    """onnx's inference reads Unsqueeze's axes (Reshape's shape, ...) only from a constant or the
+    node making them, and neither passes an Identity: `Unsqueeze(x, Identity(axes))` had no rank,
+    and neither had anything computed from it (TorchScript aliases and optimizers' leftovers write
+    such Identity nodes; tests/mutations.py `insert_identities` lost 54 sites to it). The view
+    reads through every Identity; the Identity's own output keeps its input's type."""
+    g = h.make_graph([h.make_node("Identity", ["axes"], ["axes_id"]),
+                      h.make_node("Identity", ["axes_id"], ["axes_id2"]),
+                      h.make_node("Unsqueeze", ["x", "axes_id2"], ["u"]),
+                      h.make_node("Shape", ["u"], ["s"]),
+                      h.make_node("Identity", ["s"], ["s_id"]),
+                      h.make_node("Reshape", ["x", "s_id"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["a", "b"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [None] * 4)],
+                     [numpy_helper.from_array(np.array([0, 3], np.int64), "axes")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(m, full_check=True)
+    found = {name: shape for name, _, shape in shape_inference.inferred_value_types(m)}
+    assert found["axes_id2"] == (2,)
+    assert found["u"] == (1, "a", "b", 1)
+    assert found["y"] == (1, "a", "b", 1)
+    assert [n.input[:] for n in m.graph.node][2] == ["x", "axes_id2"]  # (the model itself is not changed)

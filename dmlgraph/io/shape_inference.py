@@ -228,14 +228,16 @@ def _view(model: onnx.ModelProto) -> bytes:
 
 def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
     """What inference runs on: the model without its weights (inference reads their dims and types,
-    and copying them in and out would cost more than inference itself), and without what its main
-    graph declares of a value (value_info) where that contradicts what the model's inputs make of
-    it (`_contradicted`): onnx's inference takes a declared dim over the one it infers, so a Trilu
-    output declared [7, 7] where its input is [a, b] would be [7, 7], and so would everything
-    computed from it; the lowered model would then refuse inputs the original accepts."""
+    and copying them in and out would cost more than inference itself), its Identity nodes seen
+    through (`_identities_aliased`), and without what its main graph declares of a value
+    (value_info) where that contradicts what the model's inputs make of it (`_contradicted`):
+    onnx's inference takes a declared dim over the one it infers, so a Trilu output declared [7, 7]
+    where its input is [a, b] would be [7, 7], and so would everything computed from it; the
+    lowered model would then refuse inputs the original accepts."""
     view = without_weights(model, keep_dims=True)
     named = input_dims(model)
-    if named:
+    aliases = _identity_aliases(model.graph)
+    if named or aliases:
         if view is model:  # (no weights left out: a copy of its own)
             view = onnx.ModelProto()
             view.CopyFrom(model)
@@ -243,6 +245,10 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
             for d, name in zip(vi.type.tensor_type.shape.dim, named.get(vi.name, ())):
                 if not d.HasField("dim_value") and not d.dim_param:
                     d.dim_param = name
+        for n in view.graph.node:
+            for i, x in enumerate(n.input):
+                if x in aliases:
+                    n.input[i] = aliases[x]
     contradicted = _contradicted(view)
     if not contradicted:
         return view
@@ -253,6 +259,24 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
     del view.graph.value_info[:]
     view.graph.value_info.extend(kept)
     return view
+
+
+def _identity_aliases(g: onnx.GraphProto) -> dict[str, str]:
+    """Each main-graph Identity output and the value it copies (through chains of them). onnx's
+    inference reads the values of a node's shape inputs (Unsqueeze's axes, Reshape's shape, ...)
+    only from a constant or, with data propagation, from the node making them, and neither passes
+    an Identity: an `Identity(Constant axes)` before an Unsqueeze leaves its output's rank, and all
+    computed from it, unknown. Readers of the copy read the value itself in the view; the Identity
+    is kept, so its output is typed as its input (what it is at run time)."""
+    copies = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and n.domain in ("", "ai.onnx")
+              and len(n.input) == 1 and len(n.output) == 1 and n.input[0] and n.output[0]}
+    aliases = {}
+    for y in copies:
+        x, steps = copies[y], 0
+        while x in copies and steps < len(copies):
+            x, steps = copies[x], steps + 1
+        aliases[y] = x
+    return aliases
 
 
 INPUT_DIM = "unk__input_"  # an unnamed input dim's own name (`input_dims`)

@@ -7,7 +7,7 @@ from typing import Sequence, cast
 import numpy as np
 import onnx
 
-from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, copied
 from dmlgraph.rewrite import Options, Replacement
 from dmlgraph.runtime.binding import decline_reason
 from dmlgraph.runtime.onnx_runner import initializer_array
@@ -17,8 +17,9 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
     """The value of an initializer or Constant-node output; None when it is computed at run time.
 
     An initializer the model also lists as a graph input is a default the caller may override:
-    not a constant.
+    not a constant. An Identity of a constant is that constant (`copied`).
     """
+    v = copied(v)
     if v is None or v.name in graph.overridable_inputs:
         return None
     if v.name in graph.initializers:

@@ -14,12 +14,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value, produced_by
+from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value, copied, produced_by
 
 
 # ---- what a sizes vector's entries provably are -----------------------------------------------------
 def small_constant(g: Graph | None, v: Value | None) -> np.ndarray | None:
-    """A small constant's value (an initializer the model cannot override, or a Constant node)."""
+    """A small constant's value (an initializer the model cannot override, or a Constant node;
+    seen through Identity, `copied`)."""
+    v = copied(v)
     if g is None or v is None:
         return None
     if v.name in g.initializers and v.name not in g.overridable_inputs:

@@ -670,8 +670,21 @@ class Graph:
         return len(dead)
 
 
+def copied(v: Value | None) -> Value | None:
+    """What `v` copies: through every standard Identity making it (a tool's alias of a tensor,
+    an optimizer's leftover), the value it is at run time; `v` itself when no Identity makes it."""
+    for _ in range(64):  # (a longer chain is left as it is: still true, only less general)
+        p = v.producer if v is not None else None
+        if not (isinstance(p, OnnxNode) and p.op_type == "Identity" and p.domain in ("", "ai.onnx")
+                and len(p.inputs) == 1 and p.inputs[0] is not None):
+            break
+        v = p.inputs[0]
+    return v
+
+
 def produced_by(v: Value | None, op_type: str) -> OnnxNode | None:
-    """`v`'s producer when it is the standard op `op_type`."""
+    """`v`'s producer when it is the standard op `op_type` (seen through Identity, `copied`)."""
+    v = v if op_type == "Identity" else copied(v)
     p = v.producer if v is not None else None
     ok = isinstance(p, OnnxNode) and p.op_type == op_type and p.domain in ("", "ai.onnx")
     return p if ok else None  # type: ignore[return-value]

@@ -305,3 +305,9 @@ def test_an_identity_of_a_shape_input_keeps_what_inference_reads_of_it():
     assert found["u"] == (1, "a", "b", 1)
     assert found["y"] == (1, "a", "b", 1)
     assert [n.input[:] for n in m.graph.node][2] == ["x", "axes_id2"]  # (the model itself is not changed)
+    # The per-axis view the claim check reads (`axis_shapes`) too: without a rank there, a proof
+    # was taken as leaning on a claimed name, and a Where of two [1] constants on the band got
+    # the [1] shape of its constants (llama_sdpa_kv_ts with Identity inserted: a crash on dml).
+    per_axis = shape_inference.axis_shapes(m, frozenset({"a"}))
+    assert per_axis["u"] == (1, "a@x:0", "b", 1)
+

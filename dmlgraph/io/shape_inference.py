@@ -137,6 +137,7 @@ def axis_shapes(model: onnx.ModelProto, names: frozenset[str]) -> dict[str, tupl
     if view is model:  # (a model without big weights comes back as is: it is edited below)
         view = onnx.ModelProto()
         view.CopyFrom(model)
+    _read_through(view.graph, _identity_aliases(view.graph))
     del view.graph.value_info[:]  # (an exporter's annotations carry the names too: inferred from the inputs alone)
     for vi in view.graph.output:
         vi.type.tensor_type.ClearField("shape")
@@ -245,10 +246,7 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
             for d, name in zip(vi.type.tensor_type.shape.dim, named.get(vi.name, ())):
                 if not d.HasField("dim_value") and not d.dim_param:
                     d.dim_param = name
-        for n in view.graph.node:
-            for i, x in enumerate(n.input):
-                if x in aliases:
-                    n.input[i] = aliases[x]
+        _read_through(view.graph, aliases)
     contradicted = _contradicted(view)
     if not contradicted:
         return view
@@ -259,6 +257,14 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
     del view.graph.value_info[:]
     view.graph.value_info.extend(kept)
     return view
+
+
+def _read_through(g: onnx.GraphProto, aliases: dict[str, str]) -> None:
+    """Every node of `g` reads the value each alias copies instead of the alias."""
+    for n in g.node:
+        for i, x in enumerate(n.input):
+            if x in aliases:
+                n.input[i] = aliases[x]
 
 
 def _identity_aliases(g: onnx.GraphProto) -> dict[str, str]:

@@ -311,3 +311,21 @@ def test_an_identity_of_a_shape_input_keeps_what_inference_reads_of_it():
     per_axis = shape_inference.axis_shapes(m, frozenset({"a"}))
     assert per_axis["u"] == (1, "a@x:0", "b", 1)
 
+
+@pytest.mark.parametrize("declared", [["n"], [None], [2]])
+def test_a_declaration_an_initializers_own_dims_contradict_is_dropped(declared):
+    """value_info is a claim: one that declares an initializer `[1]` as `[n]` (a static dim made
+    symbolic, or unknown, or another number) is contradicted by the tensor itself, where onnx's
+    inference takes the declaration: a Concat of it had no length, and neither had an Expand
+    target made of it (the dynamo exports' masks; tests/mutations.py `symbolic_dims`)."""
+    g = h.make_graph([h.make_node("Shape", ["x"], ["s"]),
+                      h.make_node("Concat", ["s", "one"], ["t"], axis=0),
+                      h.make_node("Reshape", ["x", "t"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["a", "b"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [None] * 3)],
+                     [numpy_helper.from_array(np.array([1], np.int64), "one")],
+                     value_info=[h.make_tensor_value_info("one", T.INT64, declared)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    found = {name: shape for name, _, shape in shape_inference.inferred_value_types(m)}
+    assert found["t"] == (3,)
+    assert found["y"] == ("a", "b", 1)

@@ -316,24 +316,28 @@ def _contradicted(view: onnx.ModelProto) -> set[str]:
     declaration, contradicts: another element type or rank, or a dim it infers (a number, or a
     name from the model's inputs; not one it makes up, `unk__N`) that the declaration sets to
     something else. A declaration that only adds what inference cannot tell is not one of them.
-    (One plain pass more, on models that declare anything.)"""
+    An initializer's own type and dims (one the model does not list as an input) are what it is:
+    a declaration of it with any other dim (`[n]` or `[?]` where it is `[1]`) is contradicted too
+    (onnx takes the declared one, and a Concat of it has no length). (One plain pass more, on
+    models that declare anything.)"""
     if not view.graph.value_info:
         return set()
     bare = onnx.ModelProto()
     copy_fields(bare, view, skip="graph")
     copy_fields(bare.graph, view.graph, skip="value_info")
     inferred = _run(bare.SerializeToString(), data_prop=False)
-    if inferred is None:
-        return set()
     cache: dict[bytes, TypeShape] = {}
-    found = {name: (et, shape) for name, et, shape in value_types(inferred)}
+    found = {} if inferred is None else {name: (et, shape) for name, et, shape in value_types(inferred)}
+    inputs = {vi.name for vi in view.graph.input}
+    stored = {t.name: (t.data_type or None, tuple(t.dims)) for t in view.graph.initializer if t.name not in inputs}
+    found.update(stored)
     bad = set()
     for vi in view.graph.value_info:
         if vi.name not in found:
             continue
         et, shape = type_shape(vi.type, cache)
         i_et, i_shape = found[vi.name]
-        if et and i_et and et != i_et:
+        if et and i_et and et != i_et or vi.name in stored and shape is not None and shape != i_shape:
             bad.add(vi.name)
         elif shape is not None and i_shape is not None and (len(shape) != len(i_shape) or any(
                 d is not None and i is not None and d != i and not (isinstance(i, str) and i.startswith("unk__"))

@@ -193,12 +193,9 @@ def test_mask_anded_with_padding_lowers_into_one_node_with_the_padding_as_input(
     check(model, g, feeds)
 
 
-def test_a_padded_mask_read_through_identities_lowers_as_without_them():
-    """An Identity on every edge of the mask's cone (TorchScript's aliases, optimizers' leftovers;
-    tests/mutations.py `insert_identities`): each is the value it copies, for onnx's inference
-    (an Identity of Unsqueeze's axes left the And without a rank) and for every rule reading a
-    constant or walking producers (`ir.graph.copied`: an Identity of Unsqueeze's axes left the
-    padding's sizes untraced, so the Expand of the band was not proved to keep its matrix)."""
+def padded_expanded_mask():
+    """A causal band And a padding mask, expanded to [B, 1, S, S] as TorchScript writes it, applied
+    to x and made SDPA's bias (the padded-mask tests')."""
     nodes, inits = range_mask_nodes()
     nodes += [h.make_node("Cast", ["pad"], ["padb"], to=T.BOOL),
               h.make_node("Unsqueeze", ["padb", "ax12"], ["pad4"]),
@@ -220,7 +217,16 @@ def test_a_padded_mask_read_through_identities_lowers_as_without_them():
               c("neg1", np.full(1, -np.inf, np.float32))]
     outputs = [Y(), h.make_tensor_value_info("bias", T.FLOAT, ["B", 1, "S", "S"])]
     inputs = [X_SYM, h.make_tensor_value_info("pad", T.INT64, ["B", "S"])]
-    plain = model_of(nodes, inputs, outputs, inits)
+    return model_of(nodes, inputs, outputs, inits)
+
+
+def test_a_padded_mask_read_through_identities_lowers_as_without_them():
+    """An Identity on every edge of the mask's cone (TorchScript's aliases, optimizers' leftovers;
+    tests/mutations.py `insert_identities`): each is the value it copies, for onnx's inference
+    (an Identity of Unsqueeze's axes left the And without a rank) and for every rule reading a
+    constant or walking producers (`ir.graph.copied`: an Identity of Unsqueeze's axes left the
+    padding's sizes untraced, so the Expand of the band was not proved to keep its matrix)."""
+    plain = padded_expanded_mask()
     with_ids = []
     for n in plain.graph.node:
         n = onnx.NodeProto.FromString(n.SerializeToString())
@@ -228,7 +234,10 @@ def test_a_padded_mask_read_through_identities_lowers_as_without_them():
             with_ids.append(h.make_node("Identity", [name], [f"{name}_id{len(with_ids)}"]))
             n.input[k] = with_ids[-1].output[0]
         with_ids.append(n)
-    model = model_of(with_ids, inputs, outputs, inits)
+    model = onnx.ModelProto()
+    model.CopyFrom(plain)
+    del model.graph.node[:]
+    model.graph.node.extend(with_ids)
     assert applied(lower(plain)[1]) == {"mask_subgraph": 1, "mask_bool": 1, "mask_view": 1, "mask_where": 2}
     g, result = lower(model)
     assert {k: v for k, v in applied(result).items() if k != "mask_view"} == \

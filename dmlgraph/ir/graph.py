@@ -670,6 +670,19 @@ class Graph:
         return len(dead)
 
 
+CONSTANT_DTYPES = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32, "value_floats": np.float32}
+
+
+def constant_attribute_value(a: onnx.AttributeProto) -> np.ndarray | None:
+    """What a Constant node's attribute holds: its `value` tensor, or the number (list) of
+    `value_int(s)` / `value_float(s)` in the dtype onnx gives it, not numpy's default (the dynamo
+    exporter and onnxsim write those forms); None for another kind (sparse, strings)."""
+    if a.name == "value":
+        return onnx.numpy_helper.to_array(a.t)
+    dtype = CONSTANT_DTYPES.get(a.name)
+    return None if dtype is None else np.array(onnx.helper.get_attribute_value(a), dtype)
+
+
 def copied(v: Value | None) -> Value | None:
     """What `v` copies: through every standard Identity making it (a tool's alias of a tensor,
     an optimizer's leftover), the value it is at run time; `v` itself when no Identity makes it."""

@@ -695,6 +695,17 @@ def copied(v: Value | None) -> Value | None:
     return v
 
 
+def copies(v: Value) -> list[Value]:
+    """`v` and every value a chain of standard Identity nodes copies it to (`copied`'s reverse):
+    what reads one of them reads `v`."""
+    found, i = [v], 0
+    while i < len(found) and len(found) <= 64:
+        found += [n.outputs[0] for n in found[i].consumers if isinstance(n, OnnxNode) and n.op_type == "Identity"
+                  and n.domain in ("", "ai.onnx") and len(n.outputs) == 1 and n.outputs[0] not in found]
+        i += 1
+    return found
+
+
 def produced_by(v: Value | None, op_type: str) -> OnnxNode | None:
     """`v`'s producer when it is the standard op `op_type` (seen through Identity, `copied`)."""
     v = v if op_type == "Identity" else copied(v)

@@ -247,13 +247,20 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
                 if not d.HasField("dim_value") and not d.dim_param:
                     d.dim_param = name
         _read_through(view.graph, aliases)
-    contradicted = _contradicted(view)
-    if not contradicted:
+    contradicted, known = _contradicted(view)
+    if not contradicted and not known:
         return view
     if view is model:  # (no weights left out: a copy of its own)
         view = onnx.ModelProto()
         view.CopyFrom(model)
     kept = [vi for vi in view.graph.value_info if vi.name not in contradicted]
+    for vi in kept:  # (a dim declared unknown that the plain pass knows: onnx would keep it unknown)
+        for a, d in known.get(vi.name, {}).items():
+            dim = vi.type.tensor_type.shape.dim[a]
+            if isinstance(d, int):
+                dim.dim_value = d
+            else:
+                dim.dim_param = d
     del view.graph.value_info[:]
     view.graph.value_info.extend(kept)
     return view
@@ -311,17 +318,18 @@ def input_dims(model: onnx.ModelProto) -> dict[str, tuple]:
     return {k: tuple(next(fresh) if d is None else d for d in shape) for k, shape in found.items()}
 
 
-def _contradicted(view: onnx.ModelProto) -> set[str]:
+def _contradicted(view: onnx.ModelProto) -> tuple[set[str], dict[str, dict[int, int | str]]]:
     """The values whose declared type (main-graph value_info) the plain pass, run without any
     declaration, contradicts: another element type or rank, or a dim it infers (a number, or a
     name from the model's inputs; not one it makes up, `unk__N`) that the declaration sets to
     something else. A declaration that only adds what inference cannot tell is not one of them.
     An initializer's own type and dims (one the model does not list as an input) are what it is:
     a declaration of it with any other dim (`[n]` or `[?]` where it is `[1]`) is contradicted too
-    (onnx takes the declared one, and a Concat of it has no length). (One plain pass more, on
-    models that declare anything.)"""
+    (onnx takes the declared one, and a Concat of it has no length). Also, per value kept, the
+    dims it declares unknown where the plain pass infers a number or an input's dim name. (One
+    plain pass more, on models that declare anything.)"""
     if not view.graph.value_info:
-        return set()
+        return set(), {}
     bare = onnx.ModelProto()
     copy_fields(bare, view, skip="graph")
     copy_fields(bare.graph, view.graph, skip="value_info")
@@ -331,7 +339,8 @@ def _contradicted(view: onnx.ModelProto) -> set[str]:
     inputs = {vi.name for vi in view.graph.input}
     stored = {t.name: (t.data_type or None, tuple(t.dims)) for t in view.graph.initializer if t.name not in inputs}
     found.update(stored)
-    bad = set()
+    bad: set[str] = set()
+    known: dict[str, dict[int, int | str]] = {}
     for vi in view.graph.value_info:
         if vi.name not in found:
             continue
@@ -343,7 +352,12 @@ def _contradicted(view: onnx.ModelProto) -> set[str]:
                 d is not None and i is not None and d != i and not (isinstance(i, str) and i.startswith("unk__"))
                 for d, i in zip(shape, i_shape))):
             bad.add(vi.name)
-    return bad
+        elif shape is not None and i_shape is not None:
+            fill = {a: i for a, (d, i) in enumerate(zip(shape, i_shape))
+                    if d is None and i is not None and not (isinstance(i, str) and i.startswith("unk__"))}
+            if fill:
+                known[vi.name] = fill
+    return bad, known
 
 
 class _CannotTell(Exception):

@@ -17,7 +17,7 @@ import onnx
 
 from dmlgraph.io import shape_inference
 from dmlgraph.ir.dtypes import bitwise_equal
-from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, copied
 from dmlgraph.passes.broadcast import (
     Built,
     ShapeSource,
@@ -99,6 +99,7 @@ def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
     A constant whose elements are bitwise equal, `ConstantOfShape(any shape)`, and `Expand` of such
     a value qualify: shape-only fills like `ConstantOfShape(Shape(X))`.
     """
+    v = copied(v)
     if v is None:
         return None
     if v.name in graph.initializers and v.shape is not None and math.prod(cast("tuple[int, ...]", v.shape)) > MAX_UNIFORM_CHECK:
@@ -118,7 +119,7 @@ def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
     if p.op_type == "ConstantOfShape":
         t = p.attr("value")
         return np.zeros((), np.float32) if t is None else onnx.numpy_helper.to_array(t).reshape(-1)[:1].reshape(())
-    if p.op_type in ("Expand", "Identity"):
+    if p.op_type == "Expand":
         return uniform_constant(graph, p.inputs[0])
     return None
 

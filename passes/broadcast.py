@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from dmlgraph.io.dim_keys import DimKeys
 from dmlgraph.ir.frozen import Frozen
-from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, produced_by
 from dmlgraph.passes.common import const_value
 from dmlgraph.passes.symbolic_ops.layout import slice_positions
 from dmlgraph.rewrite import Context, detached, detached_constant
@@ -447,9 +447,8 @@ def vector_dims(graph: Graph, v: Value | None, depth: int = 0) -> list[Dim] | No
 
 def _where_dims(graph: Graph, p: OnnxNode, depth: int) -> list[Dim] | None:
     """`Where(Equal(x, c), a, b)` over shape vectors, entry by entry (c a constant)."""
-    cond_v = p.inputs[0]
-    cond = cond_v.producer if cond_v is not None else None
-    if not (isinstance(cond, OnnxNode) and cond.op_type == "Equal"):
+    cond = produced_by(p.inputs[0], "Equal")
+    if cond is None:
         return None
     x, cs, a, b = (vector_dims(graph, v, depth + 1) for v in (cond.inputs[0], cond.inputs[1], *p.inputs[1:3]))
     if x is None or cs is None or a is None or b is None or not len(x) == len(a) == len(b) \

@@ -7,7 +7,7 @@ from typing import Sequence, cast
 import numpy as np
 import onnx
 
-from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, constant_attribute_value, copied
 from dmlgraph.rewrite import Options, Replacement
 from dmlgraph.runtime.binding import decline_reason
 from dmlgraph.runtime.onnx_runner import initializer_array
@@ -17,8 +17,9 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
     """The value of an initializer or Constant-node output; None when it is computed at run time.
 
     An initializer the model also lists as a graph input is a default the caller may override:
-    not a constant.
+    not a constant. An Identity of a constant is that constant (`copied`).
     """
+    v = copied(v)
     if v is None or v.name in graph.overridable_inputs:
         return None
     if v.name in graph.initializers:
@@ -26,10 +27,9 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
     p = v.producer
     if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
         for a in p.attributes:
-            if a.name == "value":
-                return onnx.numpy_helper.to_array(a.t)
-            if a.name in _CONSTANT_DTYPES:  # a Python number: its dtype is the attribute's, not numpy's default
-                return np.array(onnx.helper.get_attribute_value(a), _CONSTANT_DTYPES[a.name])
+            arr = constant_attribute_value(a)
+            if arr is not None:
+                return arr
     return None
 
 
@@ -73,10 +73,6 @@ def reads_input_values(graph: Graph, v: Value, limit: int = 256) -> bool:
             return True
         stack.extend(i for i in p.inputs if i is not None)
     return False
-
-
-_CONSTANT_DTYPES = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32,
-                    "value_floats": np.float32}
 
 
 CACHED_CONSTANT_BYTES = 1 << 16

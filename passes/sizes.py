@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from dmlgraph.io.dim_keys import DimKeys, Key
 from dmlgraph.ir.dtypes import bitwise_equal
-from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value, copies
 from dmlgraph.passes.common import const_value
 from dmlgraph.passes.symbolic import Clamp, Difference, Dim, Lin, Symbol
 from dmlgraph.rewrite import Context, detached, detached_constant
@@ -145,9 +145,10 @@ def _existing_dim_read(graph: Graph, v: Value, axis: int) -> Value | None:
     """The output of a node the model has reading exactly dim `axis` of `v` as a [1] tensor:
     `Shape(v, start=axis, end=axis + 1)` (the dynamo exporter's form), negative bounds included."""
     rank = len(v.shape or ())
-    for n in v.consumers:
+    same = copies(v)  # (a Shape of an Identity of v reads v's sizes too)
+    for n in [n for u in same for n in u.consumers]:
         if not (isinstance(n, OnnxNode) and n.op_type == "Shape" and n.domain in ("", "ai.onnx")
-                and n.id in graph.nodes and n.inputs and n.inputs[0] is v and rank):
+                and n.id in graph.nodes and n.inputs and any(n.inputs[0] is u for u in same) and rank):
             continue
         start, end = n.attr("start", 0), n.attr("end", None)
         if end is None:

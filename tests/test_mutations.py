@@ -46,6 +46,25 @@ def _run(m: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 def test_a_mutant_lowers_like_the_export(name, inputs, kind):
     if (name, kind) in NOT_IN:
         pytest.skip("nothing to mutate")
+    _lowers_like_the_export(name, inputs, kind)
+
+
+# Sites round 9b lost (docs/heldout.md), each to a form a real tool writes: Identity on edges
+# (onnx's inference and the rules stopped at it), value_info declaring an initializer's static
+# dim symbolic (onnx took the declaration), Constant nodes of value_ints (DimKeys read only
+# `value`, and the site was declined on `onnx` for one more onnxruntime kernel), and a dynamo
+# export's `Shape(x, start=a, end=a + 1)` read through an Identity (the portable output read the
+# size anew: declined for kernels).
+LOST_IN_9B = [("llama_kv_ts", "left_padded", "identity_insert"), ("mistral_sw4_kv_dynamo", "decode", "dims_symbolic"),
+              ("gemma2_sw4_kv_ts", "left_padded", "constant_forms"), ("llama_kv_dynamo", "decode", "identity_insert")]
+
+
+@pytest.mark.parametrize("name,inputs,kind", LOST_IN_9B)
+def test_a_mutant_round_9b_lost_sites_of_lowers_like_the_export(name, inputs, kind):
+    _lowers_like_the_export(name, inputs, kind)
+
+
+def _lowers_like_the_export(name: str, inputs: str, kind: str) -> None:
     model = _model(name)
     count, cone = _lowered(name)
     seed = 9

@@ -281,3 +281,75 @@ def test_a_file_is_inferred_beside_its_checks_and_a_failed_check_stops_the_child
     assert events[-2:] == ["fork", "check"]
     with pytest.raises(ChildProcessError):
         os.waitpid(pids[-1], os.WNOHANG)  # the child was stopped and reaped
+
+
+def test_an_identity_of_a_shape_input_keeps_what_inference_reads_of_it():
+    """onnx's inference reads Unsqueeze's axes (Reshape's shape, ...) only from a constant or the
+    node making them, and neither passes an Identity: `Unsqueeze(x, Identity(axes))` had no rank,
+    and neither had anything computed from it (TorchScript aliases and optimizers' leftovers write
+    such Identity nodes; tests/mutations.py `insert_identities` lost 54 sites to it). The view
+    reads through every Identity; the Identity's own output keeps its input's type."""
+    g = h.make_graph([h.make_node("Identity", ["axes"], ["axes_id"]),
+                      h.make_node("Identity", ["axes_id"], ["axes_id2"]),
+                      h.make_node("Unsqueeze", ["x", "axes_id2"], ["u"]),
+                      h.make_node("Shape", ["u"], ["s"]),
+                      h.make_node("Identity", ["s"], ["s_id"]),
+                      h.make_node("Reshape", ["x", "s_id"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["a", "b"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [None] * 4)],
+                     [numpy_helper.from_array(np.array([0, 3], np.int64), "axes")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(m, full_check=True)
+    found = {name: shape for name, _, shape in shape_inference.inferred_value_types(m)}
+    assert found["axes_id2"] == (2,)
+    assert found["u"] == (1, "a", "b", 1)
+    assert found["y"] == (1, "a", "b", 1)
+    assert [n.input[:] for n in m.graph.node][2] == ["x", "axes_id2"]  # (the model itself is not changed)
+    # The per-axis view the claim check reads (`axis_shapes`) too: without a rank there, a proof
+    # was taken as leaning on a claimed name, and a Where of two [1] constants on the band got
+    # the [1] shape of its constants (llama_sdpa_kv_ts with Identity inserted: a crash on dml).
+    per_axis = shape_inference.axis_shapes(m, frozenset({"a"}))
+    assert per_axis["u"] == (1, "a@x:0", "b", 1)
+
+
+@pytest.mark.parametrize("declared", [["n"], [None], [2]])
+def test_a_declaration_an_initializers_own_dims_contradict_is_dropped(declared):
+    """value_info is a claim: one that declares an initializer `[1]` as `[n]` (a static dim made
+    symbolic, or unknown, or another number) is contradicted by the tensor itself, where onnx's
+    inference takes the declaration: a Concat of it had no length, and neither had an Expand
+    target made of it (the dynamo exports' masks; tests/mutations.py `symbolic_dims`)."""
+    g = h.make_graph([h.make_node("Shape", ["x"], ["s"]),
+                      h.make_node("Concat", ["s", "one"], ["t"], axis=0),
+                      h.make_node("Reshape", ["x", "t"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["a", "b"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [None] * 3)],
+                     [numpy_helper.from_array(np.array([1], np.int64), "one")],
+                     value_info=[h.make_tensor_value_info("one", T.INT64, declared)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    found = {name: shape for name, _, shape in shape_inference.inferred_value_types(m)}
+    assert found["t"] == (3,)
+    assert found["y"] == ("a", "b", 1)
+
+
+def test_a_dim_declared_unknown_is_what_inference_knows_of_it():
+    """A declaration of a computed value with an unknown dim ([?] where the plain pass infers 3)
+    claims less than inference proves. onnxslim declares some values twice, and the importer took
+    the first declaration, unknown dim and all (mistral_sw4_kv_dynamo_slim with half its value_info
+    dims unknown, tests/mutations.py `unknown_dims`: its mask Expand's target had no length). The
+    view declares what the plain pass found there, and keeps the rest of the declaration (the dims
+    inference cannot tell)."""
+    g = h.make_graph([h.make_node("Shape", ["x"], ["s"]),
+                      h.make_node("Concat", ["s", "one"], ["t"], axis=0),
+                      h.make_node("Reshape", ["x", "t"], ["y"]),
+                      h.make_node("Relu", ["y"], ["z"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["a", "b"])],
+                     [h.make_tensor_value_info("z", T.FLOAT, [None] * 3)],
+                     [numpy_helper.from_array(np.array([1], np.int64), "one")],
+                     value_info=[h.make_tensor_value_info("t", T.INT64, [None]),
+                                 h.make_tensor_value_info("t", T.INT64, [3]),
+                                 h.make_tensor_value_info("y", T.FLOAT, [None, "b", None])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    from dmlgraph.io.onnx_io import import_model
+    values = import_model(m).values
+    assert values["t"].shape == (3,)
+    assert values["y"].shape == ("a", "b", 1)

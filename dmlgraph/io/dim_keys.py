@@ -11,15 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import onnx
 from onnx import TensorProto, numpy_helper
 
-from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value, produced_by
+from dmlgraph.ir.graph import CONSTANT_DTYPES, DmlNode, Graph, OnnxNode, Value, constant_attribute_value, copied, produced_by
 
 
 # ---- what a sizes vector's entries provably are -----------------------------------------------------
 def small_constant(g: Graph | None, v: Value | None) -> np.ndarray | None:
-    """A small constant's value (an initializer the model cannot override, or a Constant node)."""
+    """A small constant's value (an initializer the model cannot override, or a Constant node;
+    seen through Identity, `copied`)."""
+    v = copied(v)
     if g is None or v is None:
         return None
     if v.name in g.initializers and v.name not in g.overridable_inputs:
@@ -32,8 +33,9 @@ def small_constant(g: Graph | None, v: Value | None) -> np.ndarray | None:
     p = v.producer
     if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
         for a in p.attributes:
-            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR and np.prod(a.t.dims) <= 16:
-                return numpy_helper.to_array(a.t)
+            count = np.prod(a.t.dims) if a.name == "value" else len(a.ints) + len(a.floats)
+            if a.name in ("value", *CONSTANT_DTYPES) and count <= 16:  # (value_int(s) too: onnxsim's, dynamo's)
+                return constant_attribute_value(a)
     return None
 
 

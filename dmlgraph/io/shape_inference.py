@@ -137,6 +137,7 @@ def axis_shapes(model: onnx.ModelProto, names: frozenset[str]) -> dict[str, tupl
     if view is model:  # (a model without big weights comes back as is: it is edited below)
         view = onnx.ModelProto()
         view.CopyFrom(model)
+    _read_through(view.graph, _identity_aliases(view.graph))
     del view.graph.value_info[:]  # (an exporter's annotations carry the names too: inferred from the inputs alone)
     for vi in view.graph.output:
         vi.type.tensor_type.ClearField("shape")
@@ -228,14 +229,16 @@ def _view(model: onnx.ModelProto) -> bytes:
 
 def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
     """What inference runs on: the model without its weights (inference reads their dims and types,
-    and copying them in and out would cost more than inference itself), and without what its main
-    graph declares of a value (value_info) where that contradicts what the model's inputs make of
-    it (`_contradicted`): onnx's inference takes a declared dim over the one it infers, so a Trilu
-    output declared [7, 7] where its input is [a, b] would be [7, 7], and so would everything
-    computed from it; the lowered model would then refuse inputs the original accepts."""
+    and copying them in and out would cost more than inference itself), its Identity nodes seen
+    through (`_identities_aliased`), and without what its main graph declares of a value
+    (value_info) where that contradicts what the model's inputs make of it (`_contradicted`):
+    onnx's inference takes a declared dim over the one it infers, so a Trilu output declared [7, 7]
+    where its input is [a, b] would be [7, 7], and so would everything computed from it; the
+    lowered model would then refuse inputs the original accepts."""
     view = without_weights(model, keep_dims=True)
     named = input_dims(model)
-    if named:
+    aliases = _identity_aliases(model.graph)
+    if named or aliases:
         if view is model:  # (no weights left out: a copy of its own)
             view = onnx.ModelProto()
             view.CopyFrom(model)
@@ -243,16 +246,50 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
             for d, name in zip(vi.type.tensor_type.shape.dim, named.get(vi.name, ())):
                 if not d.HasField("dim_value") and not d.dim_param:
                     d.dim_param = name
-    contradicted = _contradicted(view)
-    if not contradicted:
+        _read_through(view.graph, aliases)
+    contradicted, known = _contradicted(view)
+    if not contradicted and not known:
         return view
     if view is model:  # (no weights left out: a copy of its own)
         view = onnx.ModelProto()
         view.CopyFrom(model)
     kept = [vi for vi in view.graph.value_info if vi.name not in contradicted]
+    for vi in kept:  # (a dim declared unknown that the plain pass knows: onnx would keep it unknown)
+        for a, d in known.get(vi.name, {}).items():
+            dim = vi.type.tensor_type.shape.dim[a]
+            if isinstance(d, int):
+                dim.dim_value = d
+            else:
+                dim.dim_param = d
     del view.graph.value_info[:]
     view.graph.value_info.extend(kept)
     return view
+
+
+def _read_through(g: onnx.GraphProto, aliases: dict[str, str]) -> None:
+    """Every node of `g` reads the value each alias copies instead of the alias."""
+    for n in g.node:
+        for i, x in enumerate(n.input):
+            if x in aliases:
+                n.input[i] = aliases[x]
+
+
+def _identity_aliases(g: onnx.GraphProto) -> dict[str, str]:
+    """Each main-graph Identity output and the value it copies (through chains of them). onnx's
+    inference reads the values of a node's shape inputs (Unsqueeze's axes, Reshape's shape, ...)
+    only from a constant or, with data propagation, from the node making them, and neither passes
+    an Identity: an `Identity(Constant axes)` before an Unsqueeze leaves its output's rank, and all
+    computed from it, unknown. Readers of the copy read the value itself in the view; the Identity
+    is kept, so its output is typed as its input (what it is at run time)."""
+    copies = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and n.domain in ("", "ai.onnx")
+              and len(n.input) == 1 and len(n.output) == 1 and n.input[0] and n.output[0]}
+    aliases = {}
+    for y in copies:
+        x, steps = copies[y], 0
+        while x in copies and steps < len(copies):
+            x, steps = copies[x], steps + 1
+        aliases[y] = x
+    return aliases
 
 
 INPUT_DIM = "unk__input_"  # an unnamed input dim's own name (`input_dims`)
@@ -281,35 +318,46 @@ def input_dims(model: onnx.ModelProto) -> dict[str, tuple]:
     return {k: tuple(next(fresh) if d is None else d for d in shape) for k, shape in found.items()}
 
 
-def _contradicted(view: onnx.ModelProto) -> set[str]:
+def _contradicted(view: onnx.ModelProto) -> tuple[set[str], dict[str, dict[int, int | str]]]:
     """The values whose declared type (main-graph value_info) the plain pass, run without any
     declaration, contradicts: another element type or rank, or a dim it infers (a number, or a
     name from the model's inputs; not one it makes up, `unk__N`) that the declaration sets to
     something else. A declaration that only adds what inference cannot tell is not one of them.
-    (One plain pass more, on models that declare anything.)"""
+    An initializer's own type and dims (one the model does not list as an input) are what it is:
+    a declaration of it with any other dim (`[n]` or `[?]` where it is `[1]`) is contradicted too
+    (onnx takes the declared one, and a Concat of it has no length). Also, per value kept, the
+    dims it declares unknown where the plain pass infers a number or an input's dim name. (One
+    plain pass more, on models that declare anything.)"""
     if not view.graph.value_info:
-        return set()
+        return set(), {}
     bare = onnx.ModelProto()
     copy_fields(bare, view, skip="graph")
     copy_fields(bare.graph, view.graph, skip="value_info")
     inferred = _run(bare.SerializeToString(), data_prop=False)
-    if inferred is None:
-        return set()
     cache: dict[bytes, TypeShape] = {}
-    found = {name: (et, shape) for name, et, shape in value_types(inferred)}
-    bad = set()
+    found = {} if inferred is None else {name: (et, shape) for name, et, shape in value_types(inferred)}
+    inputs = {vi.name for vi in view.graph.input}
+    stored = {t.name: (t.data_type or None, tuple(t.dims)) for t in view.graph.initializer if t.name not in inputs}
+    found.update(stored)
+    bad: set[str] = set()
+    known: dict[str, dict[int, int | str]] = {}
     for vi in view.graph.value_info:
         if vi.name not in found:
             continue
         et, shape = type_shape(vi.type, cache)
         i_et, i_shape = found[vi.name]
-        if et and i_et and et != i_et:
+        if et and i_et and et != i_et or vi.name in stored and shape is not None and shape != i_shape:
             bad.add(vi.name)
         elif shape is not None and i_shape is not None and (len(shape) != len(i_shape) or any(
                 d is not None and i is not None and d != i and not (isinstance(i, str) and i.startswith("unk__"))
                 for d, i in zip(shape, i_shape))):
             bad.add(vi.name)
-    return bad
+        elif shape is not None and i_shape is not None:
+            fill = {a: i for a, (d, i) in enumerate(zip(shape, i_shape))
+                    if d is None and i is not None and not (isinstance(i, str) and i.startswith("unk__"))}
+            if fill:
+                known[vi.name] = fill
+    return bad, known
 
 
 class _CannotTell(Exception):

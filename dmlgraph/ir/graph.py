@@ -670,8 +670,45 @@ class Graph:
         return len(dead)
 
 
+CONSTANT_DTYPES = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32, "value_floats": np.float32}
+
+
+def constant_attribute_value(a: onnx.AttributeProto) -> np.ndarray | None:
+    """What a Constant node's attribute holds: its `value` tensor, or the number (list) of
+    `value_int(s)` / `value_float(s)` in the dtype onnx gives it, not numpy's default (the dynamo
+    exporter and onnxsim write those forms); None for another kind (sparse, strings)."""
+    if a.name == "value":
+        return onnx.numpy_helper.to_array(a.t)
+    dtype = CONSTANT_DTYPES.get(a.name)
+    return None if dtype is None else np.array(onnx.helper.get_attribute_value(a), dtype)
+
+
+def copied(v: Value | None) -> Value | None:
+    """What `v` copies: through every standard Identity making it (a tool's alias of a tensor,
+    an optimizer's leftover), the value it is at run time; `v` itself when no Identity makes it."""
+    for _ in range(64):  # (a longer chain is left as it is: still true, only less general)
+        p = v.producer if v is not None else None
+        if not (isinstance(p, OnnxNode) and p.op_type == "Identity" and p.domain in ("", "ai.onnx")
+                and len(p.inputs) == 1 and p.inputs[0] is not None):
+            break
+        v = p.inputs[0]
+    return v
+
+
+def copies(v: Value) -> list[Value]:
+    """`v` and every value a chain of standard Identity nodes copies it to (`copied`'s reverse):
+    what reads one of them reads `v`."""
+    found, i = [v], 0
+    while i < len(found) and len(found) <= 64:
+        found += [n.outputs[0] for n in found[i].consumers if isinstance(n, OnnxNode) and n.op_type == "Identity"
+                  and n.domain in ("", "ai.onnx") and len(n.outputs) == 1 and n.outputs[0] not in found]
+        i += 1
+    return found
+
+
 def produced_by(v: Value | None, op_type: str) -> OnnxNode | None:
-    """`v`'s producer when it is the standard op `op_type`."""
+    """`v`'s producer when it is the standard op `op_type` (seen through Identity, `copied`)."""
+    v = v if op_type == "Identity" else copied(v)
     p = v.producer if v is not None else None
     ok = isinstance(p, OnnxNode) and p.op_type == op_type and p.domain in ("", "ai.onnx")
     return p if ok else None  # type: ignore[return-value]

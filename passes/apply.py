@@ -148,14 +148,15 @@ def _operand(graph: Graph, v: Value | None) -> Operand | None:
 
 
 def band_operands(graph: Graph, node: OnnxNode, band_inputs: tuple[int, ...]) -> list[int]:
-    """Positions among `band_inputs` whose value a DIAGONAL_MATRIX1 node makes."""
-    return [i for i in band_inputs if isinstance(v := node.input(i), Value) and isinstance(p := v.producer, DmlNode)
-            and p.kind == "DiagonalMatrix1"]
+    """Positions among `band_inputs` whose value a DIAGONAL_MATRIX1 node makes (through Identity
+    nodes a tool put after it: `copied`)."""
+    return [i for i in band_inputs if isinstance(v := copied(node.input(i)), Value)
+            and isinstance(p := v.producer, DmlNode) and p.kind == "DiagonalMatrix1"]
 
 
 def _band(node: Node, i: int) -> DmlNode:
     """The DIAGONAL_MATRIX1 node making input `i` (one of `band_operands`)."""
-    return cast(DmlNode, cast(Value, node.inputs[i]).producer)
+    return cast(DmlNode, cast(Value, copied(node.inputs[i])).producer)
 
 
 def off_region(graph: Graph, d: DmlNode) -> Operand:
@@ -277,7 +278,8 @@ def aligned_bands(graph: Graph, node: OnnxNode, d_index: int, d: DmlNode | None 
     for j in band_operands(graph, node, tuple(range(len(node.inputs)))):
         v = cast(Value, node.inputs[j])
         o = _band(node, j)
-        if j == d_index or o.inputs[2] is not d.inputs[2] or len(v.uses) != 1 or graph.is_graph_output(v):
+        if j == d_index or o.inputs[2] is not d.inputs[2] or len(v.uses) != 1 or len(o.outputs[0].uses) != 1 \
+                or graph.is_graph_output(v):
             continue
         if d_shape is None or v.shape is None or len(d_shape) < 2 or len(v.shape) < 2 \
                 or not same_dims(v.shape[-2:], d_shape[-2:]):

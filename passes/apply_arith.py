@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value
+from dmlgraph.ir.graph import DmlNode, Graph, OnnxNode, Value, copied
 from dmlgraph.passes.apply import (
     Operand,
     Part,
@@ -149,7 +149,7 @@ def unabsorbed(graph: Graph, plan: Plan) -> str | None:
         return None
     fills = [u for u in (np.asarray(d.value), off_region(graph, d)) if isinstance(u, np.ndarray)
              and u.dtype.kind == "f" and (np.isneginf(u) or u == np.finfo(u.dtype).min)]
-    d_index = next(i for i, v in enumerate(node.inputs) if v is not None and v.producer is d)
+    d_index = next(i for i, v in enumerate(node.inputs) if (u := copied(v)) is not None and u.producer is d)
     aligned = {j for j, _ in aligned_bands(graph, node, d_index, d)}
     for j, v in enumerate(node.inputs):
         if v is None or j == d_index or j in aligned:

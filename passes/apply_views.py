@@ -13,7 +13,7 @@ from typing import Any, cast
 import numpy as np
 
 from dmlgraph.io.dim_keys import DimKeys
-from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, copied
 from dmlgraph.passes.apply import band_operands
 from dmlgraph.passes.band_views import build_slice, build_transpose, match_slice, match_transpose, one_line
 from dmlgraph.passes.broadcast import (
@@ -50,9 +50,11 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or not band_operands(graph, node, (0,)):
         return None
     d_value, out = cast(Value, node.inputs[0]), node.outputs[0]
-    d = cast(DmlNode, d_value.producer)  # (band_operands checked)
+    d = cast(DmlNode, cast(Value, copied(d_value)).producer)  # (band_operands checked)
     m = Match("mask_view", [node])
     if node.op_type == "Identity":
+        if any(u is not node for u in d.outputs[0].consumers):
+            return None  # (a copy would compute the band twice: its readers see it through the Identity)
         return _identity_view(m, node, d, options)
     band = matrix_dims(graph, d_value)
     target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []
@@ -184,7 +186,7 @@ def _rewrite_view(ctx: Context, m: Match) -> Replacement:
     graph = ctx.graph
     node = cast(OnnxNode, m.nodes[0])
     d_value = cast(Value, node.inputs[0])
-    d = cast(DmlNode, d_value.producer)
+    d = cast(DmlNode, cast(Value, copied(d_value)).producer)
     plan, out = m.captures["plan"], node.outputs[0]
     built, x, shape = Built(), d.inputs[0], None
     if "view" in plan:

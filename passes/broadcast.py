@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from dmlgraph.io.dim_keys import DimKeys
 from dmlgraph.ir.frozen import Frozen
-from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, produced_by
+from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, copied, produced_by
 from dmlgraph.passes.common import const_value
 from dmlgraph.passes.symbolic_ops.layout import slice_positions
 from dmlgraph.rewrite import Context, detached, detached_constant
@@ -66,7 +66,7 @@ def shape_source(graph: Graph, v: Value) -> ShapeSource | None:
     rank = len(v.shape)
     if v.static_shape is not None:
         return ShapeSource(rank, static=v.static_shape)
-    p = v.producer
+    p = cast(Value, copied(v)).producer  # (an Identity's output has its input's sizes)
     if isinstance(p, DmlNode):
         if p.inputs[1] is not None:
             return ShapeSource(rank, vector=p.inputs[1])
@@ -473,7 +473,7 @@ def _where_dims(graph: Graph, p: OnnxNode, depth: int) -> list[Dim] | None:
 def matrix_dims(graph: Graph, v: Value) -> tuple[Dim, Dim] | None:
     """The last two dims of `v`: for a DIAGONAL_MATRIX1 output, read from its own sizes (the sizes a
     generator was proved to have can name input dims that shape inference could not see)."""
-    p = v.producer
+    p = cast(Value, copied(v)).producer
     if isinstance(p, DmlNode):
         sizes = p.matrix if p.claimed else p.inputs[1]  # (a claimed node's matrix is its mask's)
         if sizes is not None:

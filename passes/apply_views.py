@@ -35,8 +35,11 @@ def _axes(graph: Graph, node: OnnxNode) -> list[int] | None:
     return int_list(graph, node, "axes")
 
 
-def _identity_view(m: Match, node: OnnxNode, d: DmlNode, options: Options) -> Match:
-    """A tool's Identity on the band: the band itself, under the Identity's name."""
+def _identity_view(m: Match, node: OnnxNode, d: DmlNode, options: Options) -> Match | None:
+    """A tool's Identity on the band: the band itself, under the Identity's name; None where other
+    nodes read the band too (a copy would compute it twice: the Identity's readers see through it)."""
+    if any(u is not node for u in d.outputs[0].consumers):
+        return None
     d_value, out = cast(Value, node.inputs[0]), node.outputs[0]
     m.captures["plan"] = {"x": d.inputs[0], "same": True, "static": d.static_shape}
     m.dml = preview = DmlNode(node.name, d.inputs[0], None, d.inputs[2], standin(out), elem_type=d.elem_type,
@@ -53,8 +56,6 @@ def _match_view(ctx: Context, node: Node) -> Match | None:
     d = cast(DmlNode, cast(Value, copied(d_value)).producer)  # (band_operands checked)
     m = Match("mask_view", [node])
     if node.op_type == "Identity":
-        if any(u is not node for u in d.outputs[0].consumers):
-            return None  # (a copy would compute the band twice: its readers see it through the Identity)
         return _identity_view(m, node, d, options)
     band = matrix_dims(graph, d_value)
     target_dims = vector_dims(graph, node.inputs[1]) if node.op_type in ("Expand", "Reshape") else []

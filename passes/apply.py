@@ -585,10 +585,10 @@ def application_rule(name: str, op_types: tuple[str, ...], band_inputs: tuple[in
             return None
         declined = None
         for i in band_operands(graph, node, band_inputs):
-            x = _band(node, i).inputs[0]
-            if data_only and (x is None or not reads_input_values(graph, x)):
+            d = _band(node, i)
+            if data_only and (d.inputs[0] is None or not reads_input_values(graph, d.inputs[0])):
                 continue
-            if two_valued and isinstance(off_region(graph, _band(node, i)), Value):
+            if two_valued and isinstance(off_region(graph, d), Value):
                 if any(not from_constants(graph, v) for j, v in enumerate(node.inputs) if j != i and v is not None):
                     continue  # (data applied to a data-holding mask: not a mask any more, nothing to say)
                 declined = declined or Match(name, [node], reason=(

@@ -44,6 +44,8 @@ STATIC_SETS = (("prefill", 0, 5), ("prefill_past", 5, 3), ("decode", 9, 1), ("de
 # (a HybridCache export is right only at the position it was traced at: its sliding layer's
 #  position is a Python int, so the rotary positions and the window are constants of the trace;
 #  at 12 and 15 the exports differ from torch by 0.019-0.13, docs/heldout.md, Round 11)
+# `_fixed4`: every size fixed (executorch's programs are traced for one chunk length): 4 positions
+FIXED4_SETS = (("prefill", 0, 4), ("prefill_past", 5, 4), ("last", 12, 4))
 HYBRID_SETS = (("prefill_past", 9, 1), ("decode9_other", 9, 1))
 
 
@@ -124,7 +126,10 @@ def prepare_static(spec: object, hybrid: bool) -> object:
     spec.ts_axes = {"input_ids": {1: "sequence"}, "cache_position": {0: "sequence"}, "logits": {1: "sequence"}}
     spec.kind = "cachepos"  # (make_heldout's dynamo shapes: the named inputs, then *past)
     rng = np.random.default_rng(11)
-    for name, start, seq in (HYBRID_SETS if hybrid else STATIC_SETS):
+    fixed = spec.base.endswith("_fixed4")
+    if fixed:
+        spec.ts_axes = {}
+    for name, start, seq in (HYBRID_SETS if hybrid else FIXED4_SETS if fixed else STATIC_SETS):
         feeds = {"input_ids": rng.integers(0, 100, (1, seq)).astype(np.int64),
                  "cache_position": np.arange(start, start + seq, dtype=np.int64)}
         for i, n in enumerate(slots):
@@ -149,6 +154,9 @@ def _specs(part: str) -> list:
         specs = [Spec(f"{k}_static", hf.format(k, st), b[k], "static") for k in b]
         specs += [Spec(f"{k}_hybrid", hf.format(k, hy), b[k], "hybrid") for k in ("gemma2_sw4", "gemma3_sw4",
                                                                                   "mistral_sw4")]
+        fx = ", static cache (max_cache_len 16), every size fixed (4 positions a run), cache as inputs"
+        specs += [Spec(f"{k}_static_fixed4", hf.format(k, fx), b[k], "static") for k in ("llama", "mistral_sw4",
+                                                                                           "llama4_chunk4")]
         return specs
     kvs = ", flat KV cache through DynamicCache"
     specs = [Spec(f"{k}_kv", hf.format(k, kvs), b[k], "decoder")

@@ -2,6 +2,7 @@
 
     /work/scratch/torchvenv/bin/python models/scripts/make_heldout11.py static [--out DIR] [WANT ...]
     /work/scratch/torchvenv/bin/python models/scripts/make_heldout11.py dynamic [--out DIR] [WANT ...]
+    /work/scratch/torchvenv/bin/python models/scripts/make_heldout11.py cut [--out DIR]
 
 torch 2.13 / transformers 5.23 / onnxscript, random weights, configs in code (no weights downloaded),
 hidden 32, vocab 100, eager attention, windows and chunks of 4. TorchScript (opset 17, `_ts`) and the
@@ -20,6 +21,8 @@ dynamo exporter (opset 18, `_dynamo`) through make_heldout.py's `export` and mak
 - `dynamic`: the new sliding families with the corpus's flat DynamicCache (sets prefill,
   prefill_past, decode, left_padded, long, mixed_pad3) and llama4 text (chunk 4) without a cache too
   (llama4's complex rotary in real arithmetic, make_heldout6's `real_llama4_rope`).
+
+- `cut`: the mask cone of mistral_sw4_hybrid_ts into tests/data (a test's model, no torch needed).
 
 What fails is logged in DIR/heldout_log.json with its error (docs/heldout.md, Round 11). Input sets
 are saved as DIR/inputs/<model>/<set>.npz for models/scripts/heldout_report.py DIR (default
@@ -187,9 +190,20 @@ def _part(part: str):  # type: ignore[no-untyped-def]
     return run
 
 
+def cut(out: str, want: list[str], log: list[dict]) -> None:
+    """tests/data/mistral_sw4_hybrid_mask_ts.onnx: mistral_sw4_hybrid_ts's mask cone and its first
+    Add to the scores (input_ids and the scores in, 24 KB), for tests/test_symbolic.py."""
+    import onnx.utils
+    dest = os.path.join(HERE, "..", "..", "tests", "data", "mistral_sw4_hybrid_mask_ts.onnx")
+    attn = "/model/model/layers.0/self_attn/"
+    onnx.utils.extract_model(os.path.join(out, "mistral_sw4_hybrid_ts.onnx"), dest,
+                             ["input_ids", attn + "Mul_12_output_0"], [attn + "Add_2_output_0"])
+
+
 def main(argv: list[str] | None = None) -> int:
     import make_heldout4 as h4
-    return h4.run_parts(__doc__, DEFAULT_OUT, {"static": _part("static"), "dynamic": _part("dynamic")}, argv)
+    return h4.run_parts(__doc__, DEFAULT_OUT, {"static": _part("static"), "dynamic": _part("dynamic"), "cut": cut},
+                        argv)
 
 
 if __name__ == "__main__":

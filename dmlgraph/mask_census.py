@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import onnx
 
-from dmlgraph.ir.band import two_valued_matrix
+from dmlgraph.ir.band import index_vector, two_valued_matrix
 from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, Value
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ GRID_OPS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose",
             "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Min", "Max", "Clip", "Gather", "GatherND", "GatherElements",
             "Slice", "Concat", "Tile", "Mod"}
 COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"}
+ELEMENTWISE = COMPARISONS | {"Add", "Sub", "Mul", "Div", "Mod", "Min", "Max"}  # every operand is an element
 MASK_VIEWS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Identity", "Cast", "CastLike",
               "Not", "Slice", "Gather", "GatherND", "GatherElements", "Concat", "Tile", "Split"}
 MASK_COMBINE = {"And", "Or", "Xor"}
@@ -128,7 +129,7 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
         if op in ("Shape", "Size") or (ins and all(x in constant or x in shape_only for x in names)):
             shape_only.update(v.name for v in n.outputs)
         parents = [x for x in names if x in mask]
-        grids = [x for x in names if x in grid]
+        grids = [x for x in names if x in grid] + _stored_grids(graph, n, constant)
         out = n.outputs[0] if n.outputs else None
         if out is None:
             continue
@@ -156,6 +157,16 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
         elif op in GRID_SOURCES or (grids and op in GRID_OPS):
             grid.update(v.name for v in n.outputs)
     return sites, grid, mask, shape_only
+
+
+def _stored_grids(graph: Graph, n: Node, constant: set[str]) -> list[str]:
+    """A stored arange (a Range of fixed sizes, folded) where `n` reads it as elements, beside a
+    value computed at run time: an index grid (not an Unsqueeze's axes, nor a fold of constants)."""
+    ins = [v for v in n.inputs if v is not None]
+    if all(v.name in constant for v in ins):
+        return []
+    read = ins if n.op_type in ELEMENTWISE else ins[:1] if n.op_type in GRID_OPS else []
+    return [v.name for v in read if v.name in constant and index_vector(_const(graph, v))]
 
 
 def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[dict]:

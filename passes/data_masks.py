@@ -7,12 +7,15 @@ it never rewrites anything. The forms: docs/internals.md, "passes/data_masks.py"
 """
 from __future__ import annotations
 
-from dmlgraph.ir.graph import Node, OnnxNode, Value
+from dmlgraph.ir.band import index_vector
+from dmlgraph.ir.graph import Graph, Node, OnnxNode, Value
+from dmlgraph.passes.common import const_value
 from dmlgraph.passes.data_free import SHAPE_OPS, data_free_of
 from dmlgraph.rewrite import Context, Match, Replacement, Rule
 
 COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")
 GRID_SOURCES = {"Range", "CumSum", "EyeLike", "Trilu"}
+ELEMENTWISE = {*COMPARISONS, "Add", "Sub", "Mul", "Div", "Mod", "Min", "Max"}  # every operand is an element
 MAX_WALK = 256  # nodes visited to find where a value comes from
 
 
@@ -38,6 +41,17 @@ def _walk(v: Value) -> tuple[list[Node], list[Value]]:
     return nodes, inputs
 
 
+def _has_grid(graph: Graph, v: Value) -> bool:
+    """`v` is built over an index grid: a Range, CumSum, ... above it, or a stored arange (a Range
+    of fixed sizes, folded) it is, or that arithmetic above it reads as elements."""
+    def stored(x: Value | None) -> bool:
+        return x is not None and index_vector(const_value(graph, x))
+
+    nodes = _walk(v)[0]
+    return stored(v) or any(n.op_type in GRID_SOURCES or (n.op_type in ELEMENTWISE and any(map(stored, n.inputs)))
+                            for n in nodes)
+
+
 def _match_data_mask(ctx: Context, node: Node) -> Match | None:
     graph = ctx.graph
     if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2 \
@@ -50,7 +64,7 @@ def _match_data_mask(ctx: Context, node: Node) -> Match | None:
     grid = data = None
     for v in node.inputs:
         assert v is not None
-        if grid is None and any(n.op_type in GRID_SOURCES for n in _walk(v)[0]):
+        if grid is None and _has_grid(graph, v):
             grid = v
         if data is None and not df.is_free(v):
             data = v
@@ -59,8 +73,8 @@ def _match_data_mask(ctx: Context, node: Node) -> Match | None:
     read = [v.name for v in _walk(data)[1] if v.name not in graph.initializers or v.name in graph.overridable_inputs]
     source = f" (read from {', '.join(repr(r) for r in read[:3])})" if read else ""
     return Match("data_mask", [node], reason=(
-        f"a data-dependent mask: it compares the index grid {grid.name!r} with {data.name!r}{source}, so its "
-        "diagonal moves with tensor values, and DIAGONAL_MATRIX1's Begin/End are sizes" if grid is not data else
+        f"a data-dependent mask: it compares the index grid {grid.name!r} with {data.name!r}{source}{_form(node)}, "
+        "so its diagonal moves with tensor values, and DIAGONAL_MATRIX1's Begin/End are sizes" if grid is not data else
         f"a data-dependent mask: it compares {grid.name!r} with {_other(node, grid).name!r}, index grids "
         f"built from tensor values{source}{_form(node)}, and DIAGONAL_MATRIX1's Begin/End are sizes"))
 

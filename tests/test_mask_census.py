@@ -239,3 +239,42 @@ def test_min_or_max_of_two_biases_is_in_the_census(op):
     rows = {r["value"]: r for r in api.inspect(m).report["masks"]}
     assert rows["biases"]["status"] in ("lowered", "declined"), rows.get("biases")
     assert not [r for r in rows.values() if r["status"] == "missed"]
+
+
+def fixed_static_cache_model(chunked: bool) -> onnx.ModelProto:
+    """A static cache exported at fixed sizes (4 positions, 16 slots), as torch folds it: the query
+    positions `arange(4) + cache_position[0]` over a stored arange, the key grid a stored arange
+    [1, 1, 1, 16]; causal `kv <= q`, or Llama-4's chunks `kv // 4 == q // 4` (a block diagonal)
+    as TorchScript writes them (the key chunks a Div of the stored grid, so a grid without data)."""
+    n = h.make_node
+    nodes = [n("Gather", ["cache_position", "i0"], ["c"], axis=0), n("Add", ["q4", "c"], ["q"]),
+             n("Unsqueeze", ["q", "a013"], ["q2"])]  # [1, 1, 4, 1]
+    if chunked:
+        nodes += [n("Div", ["kv", "four"], ["kc"]), n("Div", ["q2", "four"], ["qc"]), n("Equal", ["kc", "qc"], ["keep"])]
+    else:
+        nodes += [n("LessOrEqual", ["kv", "q2"], ["keep"])]
+    nodes += [n("Where", ["keep", "zero", "neg"], ["bias"]), n("Add", ["x", "bias"], ["y"])]
+    inits = [c("i0", np.int64(0)), c("q4", np.arange(4)), c("a013", np.array([0, 1, 3])),
+             c("kv", np.arange(16).reshape(1, 1, 1, 16)),
+             c("four", np.int64(4)), c("zero", np.float32(0)), c("neg", np.float32(-np.inf))]
+    g = h.make_graph(nodes, "static", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 16]),
+                                       h.make_tensor_value_info("cache_position", T.INT64, [4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 4, 16])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["causal", "chunked"])
+def test_a_fixed_size_static_cache_mask_over_stored_grids_is_declined_not_missed(tmp_path, capsys, chunked):
+    """Held-out round 11: executorch-style exports at fixed sizes store both index grids (the
+    Range is folded) and read the position from cache_position's values. The census saw no index
+    grid (0 mask-like tensors: the causal and the chunked masks silently absent); a stored
+    arange read by arithmetic or a comparison is an index grid, and `data_mask` declines it."""
+    path = save(tmp_path, fixed_static_cache_model(chunked), "static.onnx")
+    assert main(["inspect", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["missed"] == []
+    row = next(m for m in report["masks"] if m["value"] == "keep")
+    assert row["status"] == "declined" and row["rule"] == "data_mask"
+    assert "'cache_position'" in row["reason"]
+    assert ("chunked attention" in row["reason"]) == chunked
+    assert main(["inspect", path, "--fail-on-missed"]) == 0

@@ -3,6 +3,8 @@ differential test that whatever the analysis lowers equals onnxruntime on the or
 just past every constant in the cone (each constant +-1, powers of two)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -720,3 +722,24 @@ def test_clip_of_one_float_value_is_onnxruntimes(x, lo, hi):
     (got,) = HANDLERS["Clip"](Analysis(), OnnxNode("c", "Clip", [], []),
                               [Elems(f32, (), (np.float32(v),)) for v in (x, lo, hi)])
     assert np.float32(got.items[0]).tobytes() == want.tobytes()
+
+
+
+def test_an_expand_to_a_shape_with_minus_one_keeps_the_band():
+    """Held-out round 11's mistral HybridCache TorchScript export (its mask cone and first Add,
+    cut by make_heldout11.py's `cut`): `mask.expand(1, -1, S, kv)` resolves its -1 by
+    `Where(Equal(shape, -1), ones, shape)` over the shape's items (1, -1 and sizes). Equal / Where
+    of known elements are now decided item by item at every size. Before: the Expand and the bias
+    Where were declined, "the left operand is not an index grid (Elems)", and stayed."""
+    path = os.path.join(os.path.dirname(__file__), "data", "mistral_sw4_hybrid_mask_ts.onnx")
+    model = onnx.load(path)
+    g, result = lower(model)
+    assert not [d.reason for d in result.declined if "Elems" in (d.reason or "")]
+    assert not [x for x in g.nodes.values() if not isinstance(x, DmlNode) and x.op_type in ("Expand", "Where")]
+    rng = np.random.default_rng(0)
+    for seed in range(3):  # (traced at one decode step: S = 1 over the ring's 4 slots)
+        feeds = {"input_ids": rng.integers(0, 100, (1, 1)).astype(np.int64),
+                 model.graph.input[1].name: rng.standard_normal((1, 2, 1, 4)).astype(np.float32)}
+        expected, got, portable = run_both(model, g, feeds)
+        for e, x, p in zip(expected, got, portable):
+            assert pipeline.bitwise_equal(x, e) and pipeline.bitwise_equal(p, e), seed

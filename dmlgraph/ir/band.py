@@ -16,7 +16,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from dmlgraph.ir.dtypes import INT32_MAX, INT32_MIN
 
-__all__ = ["BandPattern", "analyze_band", "diagonal_use_mask", "two_valued_matrix", "DEFAULT_BLOCK_ELEMENTS"]
+__all__ = ["BandPattern", "analyze_band", "diagonal_use_mask", "index_vector", "two_valued_matrix",
+           "DEFAULT_BLOCK_ELEMENTS"]
 
 # Block size when `block_rows` is not given: about 2**20 elements per block (4 MiB of float32).
 DEFAULT_BLOCK_ELEMENTS = 1 << 20
@@ -155,6 +156,15 @@ def two_valued_matrix(arr: np.ndarray | None) -> bool:
     stored mask (its first 4096 elements rule most weights out without a full `np.unique`)."""
     return arr is not None and arr.ndim >= 2 and min(arr.shape[-2:]) >= 2 and arr.dtype.kind in "biuf" \
         and len(np.unique(arr.reshape(-1)[:4096])) <= 2 and len(np.unique(arr)) == 2
+
+
+def index_vector(arr: np.ndarray | None) -> bool:
+    """An integer run `a * i + b` (a != 0) of at least 2 along one axis, every other axis 1: a
+    stored `arange`, what an exporter folds a Range of fixed sizes into (an index grid)."""
+    if arr is None or arr.dtype.kind not in "iu" or not 2 <= arr.size <= 4096 or arr.size != max(arr.shape):
+        return False
+    d = np.diff(arr.reshape(-1).astype(np.int64))
+    return bool(d[0] != 0 and (d == d[0]).all())
 
 
 def analyze_band(array: npt.ArrayLike, *, block_rows: int | None = None) -> BandPattern | None:

@@ -1,7 +1,8 @@
 """Every size: dmlgraph's outputs against onnxruntime on the original over a grid of sizes.
 
 Run (project venv, no torch):
-    .venv/bin/python models/scripts/sizes_report.py [--extra | --round9 | --round10] [--json FILE] [--only SUBSTR ...]
+    .venv/bin/python models/scripts/sizes_report.py [--extra | --round9 | --round10 | --round11] [--json FILE]
+        [--only SUBSTR ...]
     .venv/bin/python models/scripts/sizes_report.py --rows --json FILE     (the table of a saved run)
 
 Per model (MODELS, or EXTRA with --extra): `dmlgraph optimize` once on target dml, once on target
@@ -11,7 +12,9 @@ sizes aimed at the boundaries of a window W (4 for every model here): sequence S
 W+1, 31, 64, 257} (1024 for LONG); for models with a KV cache 29 (S, P) pairs with past P in {0, 1,
 W-1, W, W+1, 100, 2047}; batch 1 unpadded, batch 3 left-padded (right-padded for encoders), a batch
 with one all-zero attention_mask row; one set whose float inputs hold -0.0, NaN and infinities;
-off-claim probes (`make_set`); rows x cols pairs and odd sizes for the synthetic exports.
+off-claim probes (`make_set`); rows x cols pairs and odd sizes for the synthetic exports; for a
+static cache (a `cache_position` input beside caches of a fixed length L) positions p..p+s-1 at 17
+(S, P) pairs with P + S <= L and 2 past its end.
 For each set the original runs in onnxruntime twice (if it refuses, or the second run differs, the
 set counts as "original refuses" / "original unstable" and nothing else runs); the onnx outputs run
 in onnxruntime and the dml output in dmlgraph's executor (reference kernels for the DML nodes), each
@@ -56,7 +59,7 @@ RTOL, ATOL, RTOL16 = 1e-5, 1e-6, 1e-3
 # stored 1024-position causal buffer.
 # Each round's folder where its make_heldoutN.py writes it by default (`--dir KEY=PATH` elsewhere).
 _D = {"m": os.path.join(ROOT, "models"), **{key: os.path.join(ROOT, "out", f"heldout{key[1:]}")
-                                            for key in ("h2", "h4", "h6", "h6b", "h7", "h9", "h10")}}
+                                            for key in ("h2", "h4", "h6", "h6b", "h7", "h9", "h10", "h11")}}
 MODELS = [
     ("m", "llama_kv_ts"), ("m", "mistral_sw4_kv_ts"), ("m", "mistral_sw4_kv_dynamo"), ("m", "gemma2_sw4_kv_ts"),
     ("m", "qwen2_mixed_sw4_kv_dynamo"), ("m", "qwen2_mixed_sw4_kv_ts"), ("m", "gpt2_kv_ts"), ("m", "gpt2_ts"),
@@ -127,6 +130,13 @@ ROUND10 = [
     ("h10", "dots1_sw4_kv_dynamo"), ("h10", "hunyuan_dense_kv_ts"), ("h10", "lfm2_nocache_ts"),
     ("h10", "bamba_nocache_dynamo"), ("h10", "mistral_sw4_l24_kv_ts"), ("h10", "llama_l24_kv_dynamo"),
 ]
+# round 11 (`--round11`): static caches, chunked attention, sliding families (make_heldout11.py)
+ROUND11 = [("h11", f"{m}_{e}") for m in ("llama_static", "mistral_sw4_static", "gemma2_sw4_static",
+                                         "gemma3_sw4_static", "qwen2_sw4_static", "phi3_sw4_static",
+                                         "starcoder2_sw4_static", "exaone4_sw4_static", "olmo3_sw4_static",
+                                         "llama4_chunk4_static", "qwen2_sw4_kv", "phi3_sw4_kv", "starcoder2_sw4_kv",
+                                         "exaone4_sw4_kv", "olmo3_sw4_kv") for e in ("ts", "dynamo")]
+ROUND11 += [("h11", "llama4_chunk4_kv_dynamo")]  # (its TorchScript export: a CumSum of bool, not built)
 LONG = {"mistral_sw4_kv_ts", "gpt2_ts", "bert_ts", "modernbert_lw4_encoder_ts", "genai_mistral_sw4_cpu_fp32",
         "mistral_sw4_ts", "llama_kv_ts", "gemma2_sw4_kv_ts", "qwen2_mixed_sw4_kv_dynamo", "llama4_chunk4_kv_ts",
         "opt_llama_merged"}
@@ -138,6 +148,9 @@ KV_PADDED = [(W + 1, 0), (1, W), (1, W + 1), (W, 1), (3, 100), (1, 2047), (31, W
 SEQ_GRID = [1, 2, W - 1, W, W + 1, 31, 64, 257]
 SEQ_PADDED = [1, W - 1, W, W + 1, 31]
 ODD_GRID = [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 31, 64, 257]
+STATIC_GRID = [(1, 0), (2, 0), (W - 1, 0), (W, 0), (W + 1, 0), (1, 1), (1, W - 1), (1, W), (1, W + 1), (W - 1, W),
+               (W, W), (W + 1, W - 1), (2, 14), (1, 15), (12, 4), (W, 12), (16, 0)]
+STATIC_PAST_END = [(1, 16), (W, 14)]  # (positions past the cache: the original's own refusal or result)
 RECT_GRID = [(1, 1), (1, 5), (5, 1), (2, 7), (7, 2), (3, 3), (W, W + 1), (W + 1, W), (9, 4), (31, 64), (64, 31),
              (257, 1), (1, 257), (257, 256)]
 
@@ -178,6 +191,9 @@ class Signature:
             self.inputs.append((i.name, _NP[t.elem_type], [d.dim_param or (d.dim_value or None) for d in t.shape.dim]))
         names = [n for n, _, _ in self.inputs]
         self.kv = any("past" in n for n in names)
+        # a static cache: cache_position beside caches of a fixed length (positions, not a past length)
+        fixed = [dims[2] for n, _, dims in self.inputs if "past" in n and len(dims) == 4]
+        self.static = self.kv and "cache_position" in names and all(isinstance(d, int) for d in fixed)
         self.ids = next((n for n in names if n in ("input_ids", "idx", "decoder_input_ids")), None)
         self.mask = "attention_mask" if "attention_mask" in names else None
         # encoder-decoders without a cache (bart): the padded mask is the encoder's, sized like input_ids
@@ -287,6 +303,10 @@ def make_set(sig: Signature, b: int, s: int, p: int, pad: str, rng: np.random.Ge
 
 def grid(sig: Signature, name: str) -> list[tuple[str, int, int, int, str]]:
     sets = []
+    if sig.static:
+        sets += [(f"b1_s{s}_pos{p}", 1, s, p, "none") for s, p in STATIC_GRID + STATIC_PAST_END]
+        sets.append((f"special_s{W + 1}_pos{W}", 1, W + 1, W, "special"))
+        return sets
     if sig.kv:
         sets += [(f"b1_s{s}_p{p}", 1, s, p, "none") for s, p in KV_GRID]
         sets += [(f"b3left_s{s}_p{p}", 3, s, p, "left") for s, p in KV_PADDED]
@@ -511,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", action="store_true", help="the second batch of models (EXTRA) instead")
     ap.add_argument("--round9", action="store_true", help="round 9's opset 14-16 exports (ROUND9) instead")
     ap.add_argument("--round10", action="store_true", help="round 10's families and 24-layer decoders (ROUND10)")
+    ap.add_argument("--round11", action="store_true", help="round 11's static caches and sliding families (ROUND11)")
     ap.add_argument("--rows", action="store_true", help="print the table of the --json file instead of measuring")
     ap.add_argument("--dir", action="append", default=[], metavar="KEY=PATH",
                     help=f"a round's folder, if not the default ({', '.join(sorted(_D))}: models/, out/heldoutN)")
@@ -525,8 +546,9 @@ def main(argv: list[str] | None = None) -> int:
             table(json.load(f))
         return 0
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    models = [(d, n) for d, n in (ROUND10 if args.round10 else ROUND9 if args.round9 else EXTRA if args.extra
-                                   else MODELS)
+    chosen = ROUND11 if args.round11 else ROUND10 if args.round10 else ROUND9 if args.round9 else EXTRA \
+        if args.extra else MODELS
+    models = [(d, n) for d, n in chosen
               if not args.only or any(w in n for w in args.only)]
     rng = np.random.default_rng(8)
     with tempfile.TemporaryDirectory() as tmp:

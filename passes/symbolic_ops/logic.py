@@ -18,6 +18,7 @@ from dmlgraph.passes.symbolic import (
     Analysis,
     Band,
     Dim,
+    Elems,
     Lin,
     Opaque,
     Pieces,
@@ -50,10 +51,67 @@ def _compare(an: Analysis, n: OnnxNode, ins: list) -> list:
                                       FLIP[op] if flipped else op)]
     if is_piecewise(an, a) or is_piecewise(an, b):
         return [piecewise(an, [a, b], _NUMPY_COMPARE[op], BOOL)]
-    x, y = an.affine(a, "the left operand"), an.affine(b, "the right operand")
+    try:
+        x, y = an.affine(a, "the left operand"), an.affine(b, "the right operand")
+    except Unprovable:
+        items = _compare_items(an, a, b, op)
+        if items is None:
+            raise
+        return [items]
     diff = sub(an, x, y)
     assert isinstance(diff, Affine)
     return [an.compare(diff, op, "the comparison")]
+
+
+def _items_at(an: Analysis, v: AbstractValue, shape: tuple[int, ...]) -> list | None:
+    """v's elements broadcast to the static `shape`, for known elements or one value; else None."""
+    dims = [d.const if isinstance(d, Lin) and d.is_const else d for d in shape_of(v)]
+    vshape = tuple(d for d in dims if isinstance(d, int))
+    try:
+        if len(vshape) != len(dims) or np.broadcast_shapes(shape, vshape) != shape:
+            return None
+    except ValueError:  # (shapes that do not broadcast: not for this rule to say)
+        return None
+    if isinstance(v, Elems):
+        pick = np.broadcast_to(np.arange(len(v.items)).reshape(vshape), shape).reshape(-1)
+        return [v.items[k] for k in pick]
+    u = an.uniform(v)
+    return None if u is None else [u] * int(np.prod(shape, dtype=np.int64))
+
+
+def _compare_items(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> Elems | None:
+    """Known elements compared item by item (TorchScript's `Equal(shape, -1)` before an Expand, the
+    shape's sizes dims): each result decided at every size, else None (Unprovable stays)."""
+    elems = a if isinstance(a, Elems) else b
+    if not isinstance(elems, Elems):
+        return None
+    xs, ys = _items_at(an, a, elems.shape), _items_at(an, b, elems.shape)
+    if xs is None or ys is None:
+        return None
+    out = []
+    for x, y in zip(xs, ys):
+        lx, ly = int_of(x), int_of(y)
+        sign = None if lx is None or ly is None else an.sign(lx - ly)
+        if sign is None:
+            return None
+        out.append(np.bool_(_NUMPY_COMPARE[op](sign, 0)))
+    return Elems(BOOL, elems.shape, tuple(out))
+
+
+def _where_items(an: Analysis, c: AbstractValue, x: AbstractValue, y: AbstractValue) -> Elems | None:
+    """Where of a known condition between known elements (the shape TorchScript gives an Expand)."""
+    if not isinstance(c, Elems):
+        return None
+    xs, ys = _items_at(an, x, c.shape), _items_at(an, y, c.shape)
+    if xs is None or ys is None or not all(isinstance(k, (bool, np.bool_)) for k in c.items):
+        return None
+    dtype = _value_dtype(x, y)
+    out = [p if k else q for k, p, q in zip(c.items, xs, ys)]
+    if dtype.kind in "iu":  # (Elems holds integers as Lin)
+        out = [int_of(v) for v in out]
+        if any(v is None for v in out):
+            return None
+    return Elems(dtype, c.shape, tuple(out))
 
 
 def _compare_pieces(an: Analysis, a: AbstractValue, b: AbstractValue, op: str) -> AbstractValue:
@@ -119,6 +177,9 @@ def _where(an: Analysis, n: OnnxNode, ins: list) -> list:
         if isinstance(pick, Affine):
             return [an.expand_affine(pick, shape)]
         return [an.band_at(pick, shape)]
+    items = _where_items(an, c, x, y)
+    if items is not None:
+        return [items]
     return [piecewise(an, [c, x, y], lambda p, q, r: q if p else r, _value_dtype(x, y))]
 
 

@@ -306,11 +306,13 @@ def _settled_vector(ctx: Context, sources: list[ShapeSource], hint: str, built: 
                 return built.constant(f"{hint}__sizes", np.array(s.static, np.int64))
             if s.vector is not None:
                 return s.vector
-    if not all(isinstance(d, int) or (isinstance(d, str) and locate(graph, [], d) is not None) for d in dims):
-        return None
     made = Made()
     builder = SizeBuilder(ctx, [], made)
-    builder.reads = _traced_reads(graph, sources, per, dims, builder.symbol_read)
+    builder.reads = _traced_reads(graph, sources, per, dims, lambda name: builder.symbol_read(name)
+                                  if locate(graph, [], name) is not None else None)
+    if not all(isinstance(d, int) or d in builder.reads or (isinstance(d, str) and locate(graph, [], d) is not None)
+               for d in dims):
+        return None
     vec = builder.vector([Lin.of(d) if isinstance(d, int) else Lin.sym(cast(str, d)) for d in dims], hint)
     built.nodes.extend(made.nodes)
     built.initializers.extend(made.initializers)
@@ -318,11 +320,13 @@ def _settled_vector(ctx: Context, sources: list[ShapeSource], hint: str, built: 
 
 
 def _traced_reads(graph: Graph, sources: list[ShapeSource], per: list[list[Dim]], dims: list[Dim],
-                  named: Callable[[str], tuple[Value, int]]) -> dict[str, tuple[Value, int]]:
-    """The graph-input axes to read a broadcast's sizes off where the names would mislead: a dim
-    name is read off the first input naming it (`named`), a claim; where every operand holding
-    that name traces (`DimKeys`, no names) to one other input axis, that axis is the size.
-    A padding declared [1, 1, 1, "S"] but T long must not size the rows (docs/limits.md)."""
+                  named: Callable[[str], tuple[Value, int] | None]) -> dict[str, tuple[Value, int]]:
+    """The graph-input axes to read a broadcast's sizes off where the names would mislead or say
+    nothing: a dim name is read off the first input naming it (`named`), a claim; where every
+    operand holding that name traces (`DimKeys`, no names) to one other input axis, that axis is
+    the size. A padding declared [1, 1, 1, "S"] but T long must not size the rows
+    (docs/limits.md); a name no input has (`named` None: an `unk__N` inference made up for a
+    GatherND's output) is read where it traces to."""
     keys, inputs = DimKeys(graph), {v.name: v for v in graph.inputs}
     traced: dict[str, set] = {}
     for s, d in zip(sources, per):
@@ -339,8 +343,8 @@ def _traced_reads(graph: Graph, sources: list[ShapeSource], per: list[list[Dim]]
         (k,) = found
         if k is None or k[0] != "dim" or k[1] not in inputs:
             continue
-        v, axis = named(name)
-        if (v.name, axis) != (k[1], k[2]):
+        claim = named(name)
+        if claim is None or (claim[0].name, claim[1]) != (k[1], k[2]):
             out[name] = (inputs[k[1]], k[2])
     return out
 

@@ -271,13 +271,19 @@ def _canonical(d: Dim) -> Dim:
 def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Dim], list[list[Dim]]] | None:
     """The broadcast of `sources` where shape inference settles it: on every axis the entries
     other than a static 1 are one int or one dim name (equal names are equal sizes; a name against
-    a 1 is the name, whatever its size). Returns it and each source's dims (padded with 1s)."""
+    a 1 is the name, whatever its size). A dim `DimKeys` traces to a constant is that constant,
+    whatever name it is declared with (a declared name is a claim; the ops' sizes are not).
+    Returns it and each source's dims (padded with 1s)."""
     rank = max(s.rank for s in sources)
+    keys = DimKeys(graph)
     per: list[list[Dim]] = []
     for s in sources:
         dims = _source_dims(graph, s)
         if dims is None or len(dims) != s.rank:
             return None
+        traced = keys.dims(s.of) if s.of is not None else keys.entries(s.vector) if s.vector is not None else None
+        if traced is not None and len(traced) == s.rank:
+            dims = [k[1] if k is not None and k[0] == "c" else d for d, k in zip(dims, traced)]
         per.append([cast(Dim, 1)] * (rank - s.rank) + [_canonical(d) for d in dims])
     out: list[Dim] = []
     for i in range(rank):

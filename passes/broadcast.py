@@ -14,7 +14,7 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
-from dmlgraph.io.dim_keys import DimKeys
+from dmlgraph.io.dim_keys import DimKeys, Key
 from dmlgraph.ir.frozen import Frozen
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, copied, produced_by
 from dmlgraph.passes.common import const_value
@@ -283,7 +283,8 @@ def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Di
             return None
         traced = keys.dims(s.of) if s.of is not None else keys.entries(s.vector) if s.vector is not None else None
         if traced is not None and len(traced) == s.rank:
-            dims = [k[1] if k is not None and k[0] == "c" else d for d, k in zip(dims, traced)]
+            dims = [k[1] if k is not None and k[0] == "c" else _traced_name(graph, k) if d is None else d
+                    for d, k in zip(dims, traced)]
         per.append([cast(Dim, 1)] * (rank - s.rank) + [_canonical(d) for d in dims])
     out: list[Dim] = []
     for i in range(rank):
@@ -292,6 +293,14 @@ def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Di
             return None
         out.append(values.pop() if values else 1)
     return out, per
+
+
+def _traced_name(graph: Graph, k: Key | None) -> Dim:
+    """A dim inference leaves unknown that `DimKeys` traces to a graph input's axis, named for it
+    (an `unk__` name: made up, no claim; `_traced_reads` reads it off that axis)."""
+    if k is None or k[0] != "dim" or not any(v.name == k[1] for v in graph.inputs):
+        return None
+    return f"unk__{k[1]}:{k[2]}"
 
 
 def _settled_vector(ctx: Context, sources: list[ShapeSource], hint: str, built: Built) -> Value | None:

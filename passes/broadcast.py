@@ -14,7 +14,7 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
-from dmlgraph.io.dim_keys import DimKeys
+from dmlgraph.io.dim_keys import DimKeys, Key
 from dmlgraph.ir.frozen import Frozen
 from dmlgraph.ir.graph import Dim, DmlNode, Graph, Node, OnnxNode, Value, copied, produced_by
 from dmlgraph.passes.common import const_value
@@ -271,13 +271,20 @@ def _canonical(d: Dim) -> Dim:
 def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Dim], list[list[Dim]]] | None:
     """The broadcast of `sources` where shape inference settles it: on every axis the entries
     other than a static 1 are one int or one dim name (equal names are equal sizes; a name against
-    a 1 is the name, whatever its size). Returns it and each source's dims (padded with 1s)."""
+    a 1 is the name, whatever its size). A dim `DimKeys` traces to a constant is that constant,
+    whatever name it is declared with (a declared name is a claim; the ops' sizes are not).
+    Returns it and each source's dims (padded with 1s)."""
     rank = max(s.rank for s in sources)
+    keys = DimKeys(graph)
     per: list[list[Dim]] = []
     for s in sources:
         dims = _source_dims(graph, s)
         if dims is None or len(dims) != s.rank:
             return None
+        traced = keys.dims(s.of) if s.of is not None else keys.entries(s.vector) if s.vector is not None else None
+        if traced is not None and len(traced) == s.rank:
+            dims = [k[1] if k is not None and k[0] == "c" else _traced_name(graph, k) if d is None else d
+                    for d, k in zip(dims, traced)]
         per.append([cast(Dim, 1)] * (rank - s.rank) + [_canonical(d) for d in dims])
     out: list[Dim] = []
     for i in range(rank):
@@ -286,6 +293,14 @@ def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Di
             return None
         out.append(values.pop() if values else 1)
     return out, per
+
+
+def _traced_name(graph: Graph, k: Key | None) -> Dim:
+    """A dim inference leaves unknown that `DimKeys` traces to a graph input's axis, named for it
+    (an `unk__` name: made up, no claim; `_traced_reads` reads it off that axis)."""
+    if k is None or k[0] != "dim" or not any(v.name == k[1] for v in graph.inputs):
+        return None
+    return f"unk__{k[1]}:{k[2]}"
 
 
 def _settled_vector(ctx: Context, sources: list[ShapeSource], hint: str, built: Built) -> Value | None:
@@ -306,11 +321,13 @@ def _settled_vector(ctx: Context, sources: list[ShapeSource], hint: str, built: 
                 return built.constant(f"{hint}__sizes", np.array(s.static, np.int64))
             if s.vector is not None:
                 return s.vector
-    if not all(isinstance(d, int) or (isinstance(d, str) and locate(graph, [], d) is not None) for d in dims):
-        return None
     made = Made()
     builder = SizeBuilder(ctx, [], made)
-    builder.reads = _traced_reads(graph, sources, per, dims, builder.symbol_read)
+    builder.reads = _traced_reads(graph, sources, per, dims, lambda name: builder.symbol_read(name)
+                                  if locate(graph, [], name) is not None else None)
+    if not all(isinstance(d, int) or d in builder.reads or (isinstance(d, str) and locate(graph, [], d) is not None)
+               for d in dims):
+        return None
     vec = builder.vector([Lin.of(d) if isinstance(d, int) else Lin.sym(cast(str, d)) for d in dims], hint)
     built.nodes.extend(made.nodes)
     built.initializers.extend(made.initializers)
@@ -318,11 +335,13 @@ def _settled_vector(ctx: Context, sources: list[ShapeSource], hint: str, built: 
 
 
 def _traced_reads(graph: Graph, sources: list[ShapeSource], per: list[list[Dim]], dims: list[Dim],
-                  named: Callable[[str], tuple[Value, int]]) -> dict[str, tuple[Value, int]]:
-    """The graph-input axes to read a broadcast's sizes off where the names would mislead: a dim
-    name is read off the first input naming it (`named`), a claim; where every operand holding
-    that name traces (`DimKeys`, no names) to one other input axis, that axis is the size.
-    A padding declared [1, 1, 1, "S"] but T long must not size the rows (docs/limits.md)."""
+                  named: Callable[[str], tuple[Value, int] | None]) -> dict[str, tuple[Value, int]]:
+    """The graph-input axes to read a broadcast's sizes off where the names would mislead or say
+    nothing: a dim name is read off the first input naming it (`named`), a claim; where every
+    operand holding that name traces (`DimKeys`, no names) to one other input axis, that axis is
+    the size. A padding declared [1, 1, 1, "S"] but T long must not size the rows
+    (docs/limits.md); a name no input has (`named` None: an `unk__N` inference made up for a
+    GatherND's output) is read where it traces to."""
     keys, inputs = DimKeys(graph), {v.name: v for v in graph.inputs}
     traced: dict[str, set] = {}
     for s, d in zip(sources, per):
@@ -339,8 +358,8 @@ def _traced_reads(graph: Graph, sources: list[ShapeSource], per: list[list[Dim]]
         (k,) = found
         if k is None or k[0] != "dim" or k[1] not in inputs:
             continue
-        v, axis = named(name)
-        if (v.name, axis) != (k[1], k[2]):
+        claim = named(name)
+        if claim is None or (claim[0].name, claim[1]) != (k[1], k[2]):
             out[name] = (inputs[k[1]], k[2])
     return out
 

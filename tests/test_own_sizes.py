@@ -110,3 +110,64 @@ def test_t5s_band_reads_the_shape_of_its_relative_positions():
         assert len(gen) == 1, target
         sizes = gen[0].input[0] if gen[0].op_type == "ConstantOfShape" else gen[0].input[1]
         assert sizes in source and made[sizes].op_type == "Shape", (target, sizes)
+
+
+def _gathered_padding() -> onnx.ModelProto:
+    """The dynamo exporter's causal & padding mask (phi3, gpt2), no value_info: the padding is a
+    GatherND of attention_mask at [batch, kv] index pairs expanded to `Shape(Max(b, kv))`, whose
+    output onnx's inference cannot size; And the causal band, expanded to [B, 1, S, P + S]."""
+    n = h.make_node
+    nodes = [
+        n("Shape", ["past_key"], ["sp"], start=2, end=3), n("Squeeze", ["sp"], ["P"]),
+        n("Shape", ["input_ids"], ["ss"], start=1, end=2), n("Squeeze", ["ss"], ["S"]),
+        n("Shape", ["attention_mask"], ["sb"], start=0, end=1), n("Squeeze", ["sb"], ["B"]),
+        n("Add", ["P", "S"], ["T"]), n("Range", ["zero", "T", "one"], ["kv"]),
+        n("Unsqueeze", ["kv", "ax012"], ["kv4"]),
+        n("Range", ["zero", "S", "one"], ["q"]), n("Add", ["q", "P"], ["qp"]),
+        n("Unsqueeze", ["qp", "ax013"], ["q4"]), n("LessOrEqual", ["kv4", "q4"], ["causal"]),
+        n("Cast", ["attention_mask"], ["amb"], to=T.BOOL),
+        n("Range", ["zero", "B", "one"], ["bidx"]), n("Unsqueeze", ["bidx", "ax123"], ["b4"]),
+        n("Max", ["b4", "kv4"], ["m"]), n("Shape", ["m"], ["sm"]),
+        n("Expand", ["b4", "sm"], ["bi"]), n("Expand", ["kv4", "sm"], ["ki"]),
+        n("Unsqueeze", ["bi", "m1"], ["bi5"]), n("Unsqueeze", ["ki", "m1"], ["ki5"]),
+        n("Concat", ["bi5", "ki5"], ["idx"], axis=-1), n("GatherND", ["amb", "idx"], ["pad"]),
+        n("And", ["causal", "pad"], ["keep"]),
+        n("Reshape", ["T", "m1"], ["T1"]), n("Concat", ["sb", "c1", "ss", "T1"], ["target"], axis=0),
+        n("Expand", ["keep", "target"], ["mask"]), n("Where", ["mask", "zf", "ninf"], ["bias"]),
+        n("Add", ["scores", "bias"], ["y"]),
+    ]
+    inits = [h.make_tensor("zero", T.INT64, [], [0]), h.make_tensor("one", T.INT64, [], [1]),
+             h.make_tensor("m1", T.INT64, [1], [-1]), h.make_tensor("c1", T.INT64, [1], [1]),
+             h.make_tensor("ax012", T.INT64, [3], [0, 1, 2]), h.make_tensor("ax013", T.INT64, [3], [0, 1, 3]),
+             h.make_tensor("ax123", T.INT64, [3], [1, 2, 3]), h.make_tensor("zf", T.FLOAT, [], [0.0]),
+             h.make_tensor("ninf", T.FLOAT, [], [float("-inf")])]
+    g = h.make_graph(nodes, "gathered_padding",
+                     [h.make_tensor_value_info("input_ids", T.INT64, ["batch", "sequence"]),
+                      h.make_tensor_value_info("attention_mask", T.INT64, ["batch", "past + sequence"]),
+                      h.make_tensor_value_info("past_key", T.FLOAT, ["batch", 1, "past", 4]),
+                      h.make_tensor_value_info("scores", T.FLOAT, ["batch", 1, "sequence", "past + sequence"])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["batch", 1, "sequence", "past + sequence"])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_gathernd_padding_keeps_the_sizes_it_is_gathered_at():
+    """GatherND's output is the indices' sizes but the last, then data's after the indexed axes
+    (`DimKeys`): the padding is [B, 1, 1, P + S] by the reads that make it, so the mask's Expand
+    to [B, 1, S, P + S] is the band as it is, lowered on dml without a sizes vector of ours
+    (before: declined "would add 1 node"), and right at past 0, 4 with padding and decode."""
+    model = _gathered_padding()
+    g = onnx_io.import_model(model)
+    s, p, b = ("dim", "input_ids", 1), ("dim", "past_key", 2), ("dim", "attention_mask", 0)
+    assert DimKeys(g).dims(g.values["pad"]) == [b, ("c", 1), ("c", 1), ("add", *sorted((p, s), key=repr))]
+    result = dmlgraph.optimize(model, target="dml")
+    assert result.counts["mask_view"] == 1 and not result.declined, [d.reason for d in result.declined]
+    rng = np.random.default_rng(0)
+    for past, seq in ((0, 5), (4, 3), (6, 1)):
+        mask = np.ones((2, past + seq), np.int64)
+        mask[0, :2] = 0
+        feeds = {"input_ids": np.zeros((2, seq), np.int64), "attention_mask": mask,
+                 "past_key": np.zeros((2, 1, past, 4), np.float32),
+                 "scores": rng.standard_normal((2, 1, seq, past + seq)).astype(np.float32)}
+        assert dmlgraph.validate(model, result, feeds, exact=True).ok

@@ -12,6 +12,7 @@ import glob
 import json
 import os
 
+import mutations
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -386,6 +387,46 @@ def test_kv_decoders_lower_without_growing(name, target):
             got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
             assert all(a.shape == b.shape and a.tobytes() == b.tobytes() for a, b in zip(want, got)), f
 
+
+
+@pytest.mark.parametrize("names_its_ones", [False, True])
+@pytest.mark.parametrize("target", ["dml", "onnx"])
+def test_a_padding_of_a_made_up_batch_dim_is_sized_where_it_traces(target, names_its_ones):
+    """The dynamo padding (`test_own_sizes._gathered_padding`) with the Range lengths declared
+    and the GatherND output not (value_info with dims made unknown: gemma2_sw4_kv_dynamo's
+    dims_unknown mutant): inference names the padding's batch `unk__N`, which no input has. The
+    And's broadcast is settled by names but for that one, which `DimKeys` traces to
+    attention_mask's axis 0: read there, no "is this dim 1" chain, and the Expand to the model's
+    target is the band as it is (before: declined on both targets, "would add 2 / 4 nodes").
+    `names_its_ones`: every static dim of the value_info a name of its own, each declaration twice
+    (mistral_sw4_kv_dynamo_slim's dims_symbolic mutant): the padding is declared
+    [batch, n1, n2, past + sequence], which inference keeps; its 1s are sized by `DimKeys`, not by
+    the names (before: the And's broadcast did not settle, the same declines)."""
+    from test_own_sizes import _gathered_padding
+
+    model = _gathered_padding()
+    model.graph.value_info.extend([h.make_tensor_value_info("kv", T.INT64, ["past + sequence"]),
+                                   h.make_tensor_value_info("qp", T.INT64, ["sequence"])])
+    if names_its_ones:
+        model = mutations.symbolic_dims(onnx.shape_inference.infer_shapes(model, data_prop=True), 0)
+        model.graph.value_info.extend([onnx.ValueInfoProto.FromString(vi.SerializeToString())
+                                       for vi in model.graph.value_info])  # (onnxslim declares twice)
+    r = dmlgraph.optimize(model, target=target)
+    assert r.counts["mask_view"] == 1 and not r.declined, [d.reason for d in r.declined]
+    assert not [n for n in r.model.graph.node if n.op_type == "Equal"]
+    rng = np.random.default_rng(1)
+    for past, seq in ((0, 5), (4, 3), (6, 1)):
+        mask = np.ones((2, past + seq), np.int64)
+        mask[1, :3] = 0
+        feeds = {"input_ids": np.zeros((2, seq), np.int64), "attention_mask": mask,
+                 "past_key": np.zeros((2, 1, past, 4), np.float32),
+                 "scores": rng.standard_normal((2, 1, seq, past + seq)).astype(np.float32)}
+        if target == "dml":
+            assert dmlgraph.validate(model, r, feeds, exact=True).ok
+            continue
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        got = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        assert all(a.shape == b.shape and a.tobytes() == b.tobytes() for a, b in zip(want, got))
 
 TS_DECODERS = ["bloom_kv_ts", "clip_text_ts", "gpt2_kv_ts", "t5_decoder_kv_ts"]
 

@@ -353,3 +353,25 @@ def test_a_dim_declared_unknown_is_what_inference_knows_of_it():
     values = import_model(m).values
     assert values["t"].shape == (3,)
     assert values["y"].shape == ("a", "b", 1)
+
+
+def test_a_dim_name_no_input_has_is_left_to_inference():
+    """A declared dim name that mentions no input's dim name (`d_1`, onnx's own `unk__7` renamed)
+    links values only as the exporter claims: two Reshapes of x to Shape(x), declared [d_1, d_2]
+    and [d_3, d_4], are x's [batch, sequence] by data propagation, and their Add is too. Kept, the
+    names won over what inference proves (onnx keeps a declared name) and the Add's sizes were
+    unknown: modernbert_lw4_encoder_ts's dims_renamed mutant (inferred value_info, every dim name
+    renamed) lost all 6 sites on `dml`. Names over the inputs' (`past_sequence + sequence`,
+    dynamo's `batch*sequence`) stay."""
+    n = h.make_node
+    g = h.make_graph([n("Shape", ["x"], ["s"]), n("Reshape", ["x", "s"], ["y"]), n("Shape", ["x"], ["s2"]),
+                      n("Reshape", ["x", "s2"], ["z"]), n("Add", ["y", "z"], ["w"]), n("Relu", ["w"], ["v"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["batch", "sequence"])],
+                     [h.make_tensor_value_info("v", T.FLOAT, None)],
+                     value_info=[h.make_tensor_value_info("y", T.FLOAT, ["d_1", "d_2"]),
+                                 h.make_tensor_value_info("z", T.FLOAT, ["d_3", "d_4"]),
+                                 h.make_tensor_value_info("w", T.FLOAT, ["batch*sequence", "sequence"])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    found = {name: shape for name, _, shape in shape_inference.inferred_value_types(m)}
+    assert found["y"] == found["z"] == ("batch", "sequence")
+    assert found["w"] == ("batch*sequence", "sequence")  # (a name over the inputs' is kept: a claim, as today)

@@ -273,6 +273,8 @@ class DimKeys:
                 return None
             axis %= len(x)
             return [*x[:axis], *idx, *x[axis + 1:]]
+        if op == "GatherND" and len(ins) == 2:
+            return _gather_nd(x, self.dims(ins[1], depth), p.attr("batch_dims", 0))
         if op == "MatMul" and len(ins) == 2:
             y = self.dims(ins[1], depth)
             if y is None or len(x) < 2 or len(y) < 2:
@@ -305,6 +307,15 @@ class DimKeys:
             else:
                 out.append(None)
         return out
+
+
+def _gather_nd(data: list[Key], idx: list[Key] | None, batch_dims: int) -> list[Key | None] | None:
+    """GatherND's output sizes: the indices' sizes but the last, then data's after the first
+    batch_dims + k, k the indices' last size (a constant, or not known)."""
+    k = key_int(idx[-1]) if idx else None
+    if idx is None or k is None or not 0 <= batch_dims < len(idx) or not 1 <= k <= len(data) - batch_dims:
+        return None
+    return [*idx[:-1], *data[batch_dims + k:]]
 
 
 def _factors(k: Key | None) -> list[Key]:

@@ -248,12 +248,17 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
                     d.dim_param = name
         _read_through(view.graph, aliases)
     contradicted, known = _contradicted(view)
-    if not contradicted and not known:
+    unlinked = _unlinked_names(view)
+    if not contradicted and not known and not unlinked:
         return view
     if view is model:  # (no weights left out: a copy of its own)
         view = onnx.ModelProto()
         view.CopyFrom(model)
     kept = [vi for vi in view.graph.value_info if vi.name not in contradicted]
+    for vi in kept:  # (a name no input has links values only as the exporter claims: inference decides)
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param in unlinked:
+                d.Clear()
     for vi in kept:  # (a dim declared unknown that the plain pass knows: onnx would keep it unknown)
         for a, d in known.get(vi.name, {}).items():
             dim = vi.type.tensor_type.shape.dim[a]
@@ -264,6 +269,19 @@ def _inference_view(model: onnx.ModelProto) -> onnx.ModelProto:
     del view.graph.value_info[:]
     view.graph.value_info.extend(kept)
     return view
+
+
+_TOKEN = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+def _unlinked_names(view: onnx.ModelProto) -> set[str]:
+    """The dim names the main graph's value_info declares that mention no graph input's dim name
+    (`unk__7`, a renamed `d_41`; not `past_sequence + sequence` nor dynamo's `batch*sequence`):
+    they link internal values only to each other, as the exporter claims, and, named apart, hide
+    what inference proves (two values it would give one name)."""
+    inputs = {d.dim_param for vi in view.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    return {d.dim_param for vi in view.graph.value_info for d in vi.type.tensor_type.shape.dim
+            if d.dim_param and not any(t in inputs for t in _TOKEN.findall(d.dim_param))}
 
 
 def _read_through(g: onnx.GraphProto, aliases: dict[str, str]) -> None:

@@ -102,7 +102,7 @@ def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
     v = copied(v)
     if v is None:
         return None
-    if v.name in graph.initializers and v.shape is not None and math.prod(cast("tuple[int, ...]", v.shape)) > MAX_UNIFORM_CHECK:
+    if graph.stored(v) and v.shape is not None and math.prod(cast("tuple[int, ...]", v.shape)) > MAX_UNIFORM_CHECK:
         return None  # a weight, not a fill: treated as data (still correct, just not simplified)
     arr = const_value(graph, v)
     if arr is not None:
@@ -391,7 +391,7 @@ def _claims(graph: Graph, node: OnnxNode, d_index: int, dims: tuple | None, axes
     saved = {v: v.shape for v in graph.values.values()}
     try:  # (the rules' checks, run over the per-axis shapes; a value a rule made has none)
         for v in saved:
-            if v.name not in graph.initializers:
+            if not graph.stored(v):
                 v.shape = shapes.get(v.name)
         band = matrix_dims(graph, cast(Value, node.inputs[d_index]))
         out = node.outputs[0].shape

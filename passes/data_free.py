@@ -71,12 +71,12 @@ class DataFree:
 
     def is_free(self, v: Value) -> bool:
         g = self.graph
-        return v.name in self.status or (v.name in g.initializers and v.name not in g.overridable_inputs)
+        return v.name in self.status or (g.stored(v) and v.name not in g.overridable_inputs)
 
     def index_only(self, v: Value) -> bool:
         if v.name in self.status:
             return self.status[v.name]
-        return v.name in self.graph.initializers and self._index_constant(v)
+        return self.graph.stored(v) and self._index_constant(v)
 
     def _index_constant(self, v: Value) -> bool:
         if v.name not in self._constants:  # checked once per initializer
@@ -96,7 +96,7 @@ class DataFree:
         g, status = self.graph, self.status
         for x in p.inputs:  # (the hottest loop of the analysis: is_free inlined, cheapest test first)
             if x is not None and x.name not in status and \
-                    (x.name not in g.initializers or x.name in g.overridable_inputs):
+                    (not g.stored(x) or x.name in g.overridable_inputs):
                 return None
         if not _eligible(p):
             return None

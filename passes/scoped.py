@@ -58,7 +58,7 @@ def varying_masks(g: Graph, varying: dict[str, str]) -> list[Match]:
     """Declines for the masks of `g` (a Loop/Scan body, or a body inside one) whose cone reads the
     value of an input in `varying` (name -> what it is, e.g. "a loop-carried value") that holds
     indices (integers or bool, at most one axis)."""
-    inputs = {v.name for v in g.inputs}
+    inputs = {v.name for v in g.inputs} | set(g.free_values())  # (a body's reads of its scopes too)
     found: list[Match] = []
     covered: set[int] = set()
     for n in list(g.nodes.values()):

@@ -320,6 +320,16 @@ class Graph:
             g = g.parent
         return g
 
+    def stored(self, v: Value) -> bool:
+        """Whether `v` is an initializer of this graph or of an enclosing one (a body reads its
+        scopes' constants through edges)."""
+        if v.name in self.initializers:
+            return self.initializers[v.name] is v
+        g = self.parent
+        while g is not None and g.values.get(v.name) is not v:
+            g = g.parent
+        return g is not None and v.name in g.initializers
+
     def free_values(self) -> dict[str, Value]:
         """The values of enclosing graphs this graph reads (its nodes, its bodies at any depth, its
         outputs), by name."""
@@ -508,6 +518,18 @@ class Graph:
                 rewired.add(-1)
         if rewired:
             self._rewritten(rewired)
+
+    def rewire_scope(self, old: Value, new: Value) -> None:
+        """Point this body's reads of `old`, an enclosing scope's value, at `new`, one of its own
+        (a rule replaced what the body reads, not what the enclosing graph computes)."""
+        rewire_body(self, old, new)
+        for n in self.nodes.values():
+            for i, v in enumerate(n.inputs):
+                if v is new:
+                    new.uses[n, i] = None
+            if n.__class__ is OnnxNode and n.bodies and n not in {u for u, _ in new.uses}:
+                self.link_bodies(cast(OnnxNode, n))
+        self.relink_holders()
 
     def _rewritten(self, nodes: set[int]) -> None:
         """In a body: write these nodes (ids; -1: the outputs) into its proto again, then its holder's."""

@@ -163,6 +163,7 @@ class Rewriter:
         if reason:
             raise RewriteRefused(reason)
         standin = self._check(r)
+        scoped = [(old, new) for old, new in r.replaces if id(new) not in standin]  # (enclosing values)
         replaced = [old.producer for old, _ in r.replaces if old.producer is not None] + r.removes
         instead = min((n.place[0] for n in replaced), default=None)  # (the new nodes' place in the export order)
         for v in r.initializers:
@@ -171,6 +172,8 @@ class Rewriter:
         for n in r.removes:
             g.remove_node(n)
         for old, new in r.replaces:
+            if id(new) not in standin:
+                continue
             if old.name in g.initializers:  # a stored constant becomes computed
                 del g.initializers[old.name]
                 old.initializer = old.array = None
@@ -192,6 +195,8 @@ class Rewriter:
                 n.name = n.outputs[0].name  # named by what it makes, once its output's name is unique
             n.rule = n.rule or r.rule
             g.add_node(n, instead)
+        for old, new in scoped:
+            g.rewire_scope(old, new)
         if not self._dirty:  # (else the next walk finds what became dead all at once: cheaper)
             keep = self._keep_names()
             if r.removes:
@@ -253,6 +258,8 @@ class Rewriter:
         replaced: dict[int, Value] = {}  # id(new) -> old
         old_ids = set()
         for old, new in r.replaces:
+            if g.values.get(old.name) is not old and g.find(old.name) is old:
+                continue  # (an enclosing scope's value: replaced in this scope only, `apply`)
             p = old.producer
             if p is not None:
                 if p.id not in removed:
@@ -277,6 +284,8 @@ class Rewriter:
                 if v is None or id(v) in made or id(v) in replaced:
                     continue
                 p = v.producer
+                if g.values.get(v.name) is not v and g.find(v.name) is v:
+                    continue  # (an enclosing scope's value: a body reads it as it is)
                 if p is None:
                     if g.values.get(v.name) is not v or (v.name not in g.initializers and not _is_input(g, v)):
                         raise RewriteRefused(f"new node {n.name!r} reads {v.name!r}, which nothing produces")

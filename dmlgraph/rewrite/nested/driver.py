@@ -258,7 +258,7 @@ class _Driver:
             self._decline(scope.rstrip("/"), "nested_body", [node], f"its {label} is not lowered: {body}")
             self.calls.untyped(proto, f"it is called in {path}, which is not lowered")
             return None
-        g = body.graph
+        g = _in_place(parent, node, attr, body)
         hints = self.hints_of[id(g)] = self._hints([v.name for v in g.inputs], body.outer)
         finish = self.census(g, hints) if self.census else None
         self.calls.cones_of(traced_calls(g, g.info.functions, self.visible))
@@ -277,8 +277,12 @@ class _Driver:
         changed = self.lower_bodies(g, path + "/", varying)
         del self.hints_of[id(g)]
         if not result.applied and not changed:
+            if g is not body.graph:
+                g.source = _SOURCES.pop(id(g))
             return None
         g.remove_dead()
+        if g is not body.graph:
+            return self._write_back(Body(g, frozenset()), proto)
         return self._write_back(body, proto)
 
     def _write_back(self, body: Body, proto: onnx.GraphProto) -> Written:
@@ -365,3 +369,22 @@ class _Driver:
             assert edited == self.calls.total[function_key(f)]  # (`definitions` counted them)
             new.input.extend(name for name, _ in needed)
         return new
+
+
+_SOURCES: dict = {}
+
+
+def _in_place(parent: Graph, node: OnnxNode, attr: str, body: Body) -> Graph:
+    """EXPERIMENT: the body Graph itself, typed as the copy."""
+    import os
+    real = node.bodies.get(attr)
+    if not os.environ.get("SCOPE4") or real is None or real.source is None:
+        return body.graph
+    for name, v in real.values.items():
+        t = body.graph.values.get(name)
+        if t is not None and t.elem_type:
+            v.elem_type, v.shape = t.elem_type, t.shape
+    real.reserved = EnclosingNames(parent, subgraph_names(real))
+    _SOURCES[id(real)] = real.source
+    real.source = None  # (edits are not written node for node while the rules run)
+    return real

@@ -543,10 +543,11 @@ def absorbed(graph: Graph, v: Value, band: DmlNode, outside: Operand, options: O
     What is checked is what `plan_application` checks of the values alone (one part one constant,
     one interval, exactness under --exact, known ranks); the sizes are checked when it runs, and a
     band it then declines stays a generator node (correct, only not smaller)."""
-    if graph.is_graph_output(v) or not v.uses:
+    uses = graph.uses_here(v)
+    if graph.is_graph_output(v) or not uses:
         return None
     ops = []
-    for node, i in v.uses:
+    for node, i in uses:
         if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
             return None
         out = node.outputs[0]
@@ -645,8 +646,8 @@ def _match_chain(ctx: Context, node: Node) -> Match | None:
     inner = node.inputs[0].producer if node.inputs[0] is not None else None
     if not isinstance(inner, DmlNode) or inner.kind != "DiagonalMatrix1" or inner.inputs[0] is None:
         return None
-    if len(inner.outputs[0].uses) != 1 or graph.is_graph_output(inner.outputs[0]):
-        return None
+    if len(inner.outputs[0].uses) != 1 or graph.is_graph_output(inner.outputs[0]) or inner.id not in graph.nodes:
+        return None  # (read by others, or an enclosing scope's: it stays)
     if node.inputs[1] is not None or node.static_shape is not None or inner.inputs[1] is not None \
             or inner.static_shape is not None or inner.inputs[2] is not node.inputs[2]:
         return None

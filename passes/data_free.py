@@ -21,6 +21,7 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
 MASK_OPS = {"Range", "Trilu", "EyeLike", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Where",
             "ConstantOfShape", "CumSum", "And", "Or", "Not", "Xor"}
 SMALL_CONSTANT = 4096  # elements: a constant vector of sizes/indices, not data
+OUTER_LIMIT = 256  # enclosing nodes one body's analysis follows (a mask's cone, not a model)
 
 
 def _eligible(n: Node) -> bool:
@@ -68,6 +69,44 @@ class DataFree:
                     break
         self.seen = len(graph.changes)
         self._settle(late)
+        if graph.parent is not None:  # (a body: what it reads of its scopes, as they compute it)
+            self._enclosing(graph)
+
+    def _enclosing(self, graph: Graph) -> None:
+        """Give the enclosing values a body reads their status in their own scope, following
+        their producers there (at most OUTER_LIMIT nodes: past that, not free), then settle the
+        body's nodes that read them."""
+        status: dict[str, bool] = {}
+        budget = [OUTER_LIMIT]
+
+        def visit(v: Value) -> bool | None:
+            if v.name in status:
+                return status[v.name]
+            p, owner = v.producer, graph.owner(v.name)
+            if p is None or owner is None or budget[0] <= 0:
+                return None
+            budget[0] -= 1
+            if p.op_type in SHAPE_OPS:
+                new: bool | None = True if _eligible(p) else None
+            elif not _eligible(p):
+                new = None
+            else:
+                ins = [x for x in p.inputs if x is not None]
+                parts = [None if (owner.stored(x) and x.name not in owner.overridable_inputs) else visit(x) for x in ins]
+                if any(q is None and not (owner.stored(x) and x.name not in owner.overridable_inputs)
+                       for q, x in zip(parts, ins)):
+                    new = None
+                else:
+                    new = p.op_type in INDEX_OPS and all(
+                        q if q is not None else self._index_constant(x) for q, x in zip(parts, ins))
+            if new is not None:
+                status[v.name] = new
+            return new
+        for name, v in graph.free_values().items():
+            visit(v)
+        if status:
+            self.status.update(status)
+            self._settle([o for n in graph.nodes.values() for o in n.outputs])
 
     def is_free(self, v: Value) -> bool:
         g = self.graph

@@ -330,6 +330,25 @@ class Graph:
             g = g.parent
         return g is not None and v.name in g.initializers
 
+    def sees(self, n: Node) -> bool:
+        """Whether `n` is a node of this graph or of an enclosing one."""
+        g: Graph | None = self
+        while g is not None and n.id not in g.nodes:
+            g = g.parent
+        return g is not None
+
+    def uses_here(self, v: Value) -> list[tuple[Node, int]]:
+        """`v`'s uses in this graph: its own, or, for an enclosing scope's value (whose uses list
+        the holder), the nodes of this graph that read it and the holders whose bodies do."""
+        if self.values.get(v.name) is v or self.parent is None:
+            return list(v.uses)
+        found: list[tuple[Node, int]] = []
+        for n in self.nodes.values():
+            found += [(n, i) for i, x in enumerate(n.inputs) if x is v]
+            if n.__class__ is OnnxNode and n.bodies and v in cast(OnnxNode, n).outer:
+                found.append((n, BODY_READ))
+        return found
+
     def free_values(self) -> dict[str, Value]:
         """The values of enclosing graphs this graph reads (its nodes, its bodies at any depth, its
         outputs), by name."""

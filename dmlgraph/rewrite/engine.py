@@ -196,6 +196,7 @@ class Rewriter:
             n.rule = n.rule or r.rule
             g.add_node(n, instead)
         for old, new in scoped:
+            new.elem_type, new.shape = new.elem_type or old.elem_type, new.shape or old.shape
             g.rewire_scope(old, new)
         if not self._dirty:  # (else the next walk finds what became dead all at once: cheaper)
             keep = self._keep_names()
@@ -251,6 +252,7 @@ class Rewriter:
         Returns {id(new): old} for `r.replaces`."""
         g = self.graph
         removed = set()
+        r.removes = [n for n in r.removes if n.id in g.nodes or not g.sees(n)]  # (an enclosing scope keeps its own)
         for n in r.removes:
             if n.id not in g.nodes:
                 raise RewriteRefused(f"node {n.name!r} is not in the graph (removed by an earlier rewrite)")
@@ -392,8 +394,8 @@ class PassManager:
         # A decline of a node that a later rewrite removed or replaced is no longer news.
         live, superseded = [], []
         for m in declined.values():
-            kept = [n.id in graph.nodes for n in m.nodes]
-            if all(kept) and all(i in graph.initializers for i in m.initializers):
+            kept = [graph.sees(n) for n in m.nodes]
+            if all(kept) and all((v := graph.find(i)) is not None and graph.stored(v) for i in m.initializers):
                 live.append(m)
             elif any(kept):
                 superseded.append(m)
@@ -407,7 +409,7 @@ class PassManager:
             for rule in item_rules:
                 if isinstance(item, Node) and item.id not in graph.nodes:
                     break  # removed by an earlier rewrite in this sweep
-                if not isinstance(item, Node) and item.name not in graph.initializers:
+                if not isinstance(item, Node) and not graph.stored(item):
                     break
                 m = rule.match(ctx, item)
                 if m is None:

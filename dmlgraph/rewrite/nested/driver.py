@@ -14,7 +14,7 @@ from typing import Callable, cast
 import onnx
 
 from dmlgraph.io.onnx_io import DOMAIN, graphs_of, set_bodies
-from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, free_names
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, free_names, rewire_body
 from dmlgraph.rewrite import Match, PassResult, body_reuse, call_leaves
 from dmlgraph.rewrite.nested.bodies import Body, BodySpec, body_spec, build_alone, built_bodies, finish_body, import_body
 from dmlgraph.rewrite.nested.body_types import FreshDims, TypeSpec, fresh_like_dims
@@ -259,10 +259,12 @@ class _Driver:
             self.calls.untyped(proto, f"it is called in {path}, which is not lowered")
             return None
         g = _in_place(parent, node, attr, body)
-        hints = self.hints_of[id(g)] = self._hints([v.name for v in g.inputs], body.outer)
+        hints = self.hints_of[id(g)] = self._hints([v.name for v in body.graph.inputs] + sorted(g.free_values()), body.outer)
         finish = self.census(g, hints) if self.census else None
         self.calls.cones_of(traced_calls(g, g.info.functions, self.visible))
         result = self.flat(g)
+        if g is not body.graph:
+            _keep_enclosing(g, result)
         g.remove_dead()
         self._add(path, result, g)
         varying = body_varying(node, attr, proto, body.outer, outer_varying)
@@ -282,6 +284,8 @@ class _Driver:
             return None
         g.remove_dead()
         if g is not body.graph:
+            import os
+            if os.environ.get("S4DBG"): from dmlgraph.io.onnx_io import export_model; print("BODY", [(n.op_type, [x and x.name for x in n.inputs]) for n in g.nodes.values()], list(g.value_info_names), list(g.initializers), [v.name for v in export_model(g, "dml").graph.value_info], g.info.graph_name)
             return self._write_back(Body(g, frozenset()), proto)
         return self._write_back(body, proto)
 
@@ -388,3 +392,17 @@ def _in_place(parent: Graph, node: OnnxNode, attr: str, body: Body) -> Graph:
     _SOURCES[id(real)] = real.source
     real.source = None  # (edits are not written node for node while the rules run)
     return real
+
+
+def _keep_enclosing(g: Graph, result: PassResult) -> None:
+    """Undo the replacements of an enclosing scope's value (a stored mask, a generator) that the
+    body still reads: the enclosing graph keeps computing it, so a copy in the body is a node more
+    (one that an application took in is gone already)."""
+    for m in result.applied:
+        r = m.replacement
+        for old, new in r.replaces if r is not None else ():
+            if g.values.get(old.name) is not old and new.producer is not None and new.producer.id in g.nodes \
+                    and g.uses_here(new):
+                rewire_body(g, new, old)
+                new.uses = {}
+                g.remove_node(new.producer)

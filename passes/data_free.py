@@ -73,39 +73,34 @@ class DataFree:
             self._enclosing(graph)
 
     def _enclosing(self, graph: Graph) -> None:
-        """Give the enclosing values a body reads their status in their own scope, following
-        their producers there (at most OUTER_LIMIT nodes: past that, not free), then settle the
+        """A body: give the enclosing values it reads their status in their own scope, following
+        their producers there (at most OUTER_LIMIT nodes; past that, not free), then settle the
         body's nodes that read them."""
-        status: dict[str, bool] = {}
-        budget = [OUTER_LIMIT]
+        found: dict[str, bool] = {}
+        budget = OUTER_LIMIT
 
-        def visit(v: Value) -> bool | None:
-            if v.name in status:
-                return status[v.name]
-            p, owner = v.producer, graph.owner(v.name)
-            if p is None or owner is None or budget[0] <= 0:
+        def visit(v: Value) -> bool | None:  # (as `_node_status`: None when not free, else index_only)
+            nonlocal budget
+            if graph.stored(v):
+                return self._index_constant(v)
+            if v.name in found:
+                return found[v.name]
+            p = v.producer
+            if p is None or budget <= 0:
                 return None
-            budget[0] -= 1
+            budget -= 1
             if p.op_type in SHAPE_OPS:
                 new: bool | None = True if _eligible(p) else None
-            elif not _eligible(p):
-                new = None
             else:
-                ins = [x for x in p.inputs if x is not None]
-                parts = [None if (owner.stored(x) and x.name not in owner.overridable_inputs) else visit(x) for x in ins]
-                if any(q is None and not (owner.stored(x) and x.name not in owner.overridable_inputs)
-                       for q, x in zip(parts, ins)):
-                    new = None
-                else:
-                    new = p.op_type in INDEX_OPS and all(
-                        q if q is not None else self._index_constant(x) for q, x in zip(parts, ins))
+                parts = [visit(x) for x in p.inputs if x is not None]
+                new = None if None in parts or not _eligible(p) else p.op_type in INDEX_OPS and all(parts)
             if new is not None:
-                status[v.name] = new
+                found[v.name] = new
             return new
-        for name, v in graph.free_values().items():
+        for v in graph.free_values().values():
             visit(v)
-        if status:
-            self.status.update(status)
+        if found:
+            self.status.update(found)
             self._settle([o for n in graph.nodes.values() for o in n.outputs])
 
     def is_free(self, v: Value) -> bool:

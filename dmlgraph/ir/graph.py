@@ -275,7 +275,7 @@ class Graph:
         self.holder = holder
         self.parent = parent
         self.source = source
-        # A lowered body as the portable target writes it, made from the typed copy its rules ran on
+        # A lowered body as the portable target writes it, made from the graph its rules ran on
         # (`rewrite.nested.write_back.write_back`): (the `source` it was made for, it); stale once `source` changes.
         self.portable: tuple[onnx.GraphProto, onnx.GraphProto] | None = None
         # Holders added while the graph is being read: linked once all its values exist (`finish_reading`)
@@ -324,11 +324,11 @@ class Graph:
         """Whether `v` is an initializer of this graph or of an enclosing one (a body reads its
         scopes' constants through edges)."""
         if v.name in self.initializers:
-            return self.initializers[v.name] is v
+            return True
         g = self.parent
         while g is not None and g.values.get(v.name) is not v:
             g = g.parent
-        return g is not None and v.name in g.initializers
+        return g is not None and v.name in g.initializers and v.name not in g.overridable_inputs
 
     def sees(self, n: Node) -> bool:
         """Whether `n` is a node of this graph or of an enclosing one."""
@@ -345,7 +345,7 @@ class Graph:
         found: list[tuple[Node, int]] = []
         for n in self.nodes.values():
             found += [(n, i) for i, x in enumerate(n.inputs) if x is v]
-            if n.__class__ is OnnxNode and n.bodies and v in cast(OnnxNode, n).outer:
+            if n.__class__ is OnnxNode and n.bodies and v in n.outer:
                 found.append((n, BODY_READ))
         return found
 
@@ -505,7 +505,10 @@ class Graph:
         v = node.matrix
         if v is not None:
             del node.inputs[3]
-            del v.uses[node, 3]
+            if self.values.get(v.name) is v:
+                del v.uses[node, 3]
+            else:  # (an enclosing value: its uses list the holder)
+                self.relink_holders()
             self.changes.append(node)
 
     def replace_uses(self, old: Value, new: Value) -> None:
@@ -546,8 +549,8 @@ class Graph:
             for i, v in enumerate(n.inputs):
                 if v is new:
                     new.uses[n, i] = None
-            if n.__class__ is OnnxNode and n.bodies and n not in {u for u, _ in new.uses}:
-                self.link_bodies(cast(OnnxNode, n))
+            if n.__class__ is OnnxNode and n.bodies:
+                self.link_bodies(n)  # (its bodies may read `new` now)
         self.relink_holders()
 
     def _rewritten(self, nodes: set[int]) -> None:

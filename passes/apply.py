@@ -349,7 +349,7 @@ def claimed_names(graph: Graph) -> frozenset[str]:
     decode step's one row against a cache's length; issue 26). A name inference invented, or one
     input declares (a square [B, S, S] too: not checked here, docs/limits.md), is taken as a proof."""
     seen: Counter[str] = Counter()
-    for v in graph.inputs:
+    for v in graph.rule_inputs:
         seen.update({t for d in v.shape or () if isinstance(d, str) for t in d.split(" + ")})
     return frozenset(n for n, c in seen.items() if c > 1)
 
@@ -372,7 +372,8 @@ class AxisDims:
 
     def shapes(self) -> dict[str, tuple | None]:
         if self._shapes is None:
-            src, names = self.graph.info.source, claimed_names(self.graph)
+            src = None if self.graph.parent is not None else self.graph.info.source  # (a body: see above)
+            names = claimed_names(self.graph)
             self._shapes = {} if src is None or not names else shape_inference.axis_shapes(src, names)
         return self._shapes
 

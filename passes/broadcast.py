@@ -323,7 +323,7 @@ def _traced_reads(graph: Graph, sources: list[ShapeSource], per: list[list[Dim]]
     name is read off the first input naming it (`named`), a claim; where every operand holding
     that name traces (`DimKeys`, no names) to one other input axis, that axis is the size.
     A padding declared [1, 1, 1, "S"] but T long must not size the rows (docs/limits.md)."""
-    keys, inputs = DimKeys(graph), {v.name: v for v in graph.inputs}
+    keys, inputs = DimKeys(graph), {v.name: v for v in graph.rule_inputs}
     traced: dict[str, set] = {}
     for s, d in zip(sources, per):
         got = keys.dims(s.of) if s.of is not None else keys.entries(s.vector) if s.vector is not None else None

@@ -285,6 +285,9 @@ class Graph:
         self.by_op: dict[str, dict[int, Node]] = {}  # op type -> its nodes, each in `nodes` order
         self._added = itertools.count()  # Node.added: the position in `nodes` order
         self.inputs: list[Value] = []
+        # A body's rules take these enclosing values as inputs too (the extra inputs of its typed
+        # import: what it reads, or the leaves of the enclosing cones it reads through): `rule_inputs`.
+        self.outer_inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.initializers: dict[str, Value] = {}
         self.value_info_names: dict[str, None] = {}  # values the source model annotated, in its order (kept on export)
@@ -319,6 +322,11 @@ class Graph:
         while g is not None and name not in g.values:
             g = g.parent
         return g
+
+    @property
+    def rule_inputs(self) -> list[Value]:
+        """The graph's inputs as the rules see them: its own, then a body's `outer_inputs`."""
+        return self.inputs + self.outer_inputs if self.outer_inputs else self.inputs
 
     def stored(self, v: Value) -> bool:
         """Whether `v` is an initializer of this graph or of an enclosing one (a body reads its

@@ -385,6 +385,8 @@ def _scope_graph(parent: Graph, node: OnnxNode, attr: str, body: Body) -> tuple[
         if t is not None and t.elem_type:
             v.elem_type, v.shape = t.elem_type, t.shape
     g.reserved = EnclosingNames(parent, subgraph_names(g))
+    own = {v.name for v in g.inputs}
+    g.outer_inputs = [v for v in (g.find(x.name) for x in body.graph.inputs if x.name not in own) if v is not None]
     source, g.source = g.source, None
     return g, source
 

@@ -47,10 +47,28 @@ class MaskSite:
     data: bool = False  # built from the values (not the shape) of an input no hint describes
 
 
+def _enclosing(graph: Graph) -> tuple[dict[str, Value], list[DmlNode], list[Value]]:
+    """What a body reads of its enclosing scopes, as the census of the body alone sees it: their
+    constants (initializers, Constant tensors), their static generators (a stored mask they
+    lowered), and the rest, inputs; then the body's own inputs."""
+    stored: dict[str, Value] = {}
+    generators: list[DmlNode] = []
+    inputs: list[Value] = list(graph.inputs)
+    for name, v in graph.free_values().items() if graph.parent is not None else ():
+        p = v.producer
+        if graph.stored(v) or (isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx")):
+            stored[name] = v
+        elif isinstance(p, DmlNode) and all(x is None for x in p.inputs) and p.static_shape is not None:
+            generators.append(p)
+        else:
+            inputs.append(v)
+    return stored, generators, inputs
+
+
 def _const(graph: Graph, v: Value) -> np.ndarray | None:
     if v.name in graph.overridable_inputs:
         return None
-    if v.name in graph.initializers:
+    if graph.stored(v):
         t = v.initializer
         if v.array is not None:
             return v.array
@@ -89,7 +107,9 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
     constant: set[str] = set(graph.initializers) - set(graph.overridable_inputs)
     shape_only: set[str] = {name for name, kind in hints.items() if kind == "shape"}  # from shapes and constants
     fed = {name: name for name in hints}  # value -> the hinted input it is built from
-    data = {v.name for v in graph.inputs if v.name not in hints}  # values read from unhinted inputs' values
+    stored, generators, inputs = _enclosing(graph)
+    constant |= set(stored)
+    data = {v.name for v in inputs if v.name not in hints}  # values read from unhinted inputs' values
     sites: list[MaskSite] = []
 
     def add(v: Value, n: Node | None, found: str, parents: list[str]) -> None:
@@ -102,9 +122,11 @@ def _scan(graph: Graph, hints: dict[str, str]) -> tuple[list[MaskSite], set[str]
         sites.append(site)
 
     for name in list(constant):
-        v = graph.initializers[name]
+        v = stored.get(name) or graph.initializers[name]
         if v.shape is not None and len(v.shape) >= 2 and two_valued_matrix(_const(graph, v)):
             add(v, None, "a stored two-valued matrix", [])
+    for d in generators:
+        add(d.outputs[0], d, f"a {d.kind} node", [])
     for n in graph.topological_order():
         ins = [v for v in n.inputs if v is not None]
         names = [v.name for v in ins]
@@ -189,11 +211,13 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
     status: dict[str, dict] = {}
     roots: dict[str, tuple[str, str]] = {}  # a mask declined through its parents -> the declined root and why
     for s in sites:
-        v = graph.values.get(s.value)
+        v = graph.find(s.value)
         p = v.producer if v is not None else None
         row = {"value": s.value, "producer": s.producer, "op_type": s.op_type, "index": s.index,
                "shape": s.shape, "found": s.found, "status": None, "rule": None, "reason": None, "scope": None}
         key = s.node_id if s.node_id is not None else s.value
+        if v is not None and graph.values.get(s.value) is not v and not graph.uses_here(v):
+            v = p = None  # (an enclosing value this body read and reads no more: absorbed, below)
         if isinstance(p, DmlNode) or key in applied:
             row.update(status="lowered", rule=applied.get(key) or getattr(p, "rule", None))
         elif key in declined and not (declined[key][0] == "data_mask" and s.outer is not None and not s.data):

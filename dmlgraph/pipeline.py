@@ -503,7 +503,7 @@ def _exact(m: Match, g: Graph, target: str, options: Options) -> bool:
     dml = m.dml
     if not isinstance(dml, DmlNode) or target != "onnx":
         return bool(getattr(dml, "exact", True))
-    if dml.id in g.nodes or dml.portable_form is not None:  # (a body's: its form written from its typed copy)
+    if dml.id in g.nodes or dml.portable_form is not None:  # (a body's: its form written with its body)
         return dml.exact and dml.portable_exact
     return dml.exact and portable_is_exact(dml, g.info.opset_imports.get("", 0), options.exact_only)
 

@@ -102,7 +102,7 @@ def uniform_constant(graph: Graph, v: Value | None) -> np.ndarray | None:
     v = copied(v)
     if v is None:
         return None
-    if v.name in graph.initializers and v.shape is not None and math.prod(cast("tuple[int, ...]", v.shape)) > MAX_UNIFORM_CHECK:
+    if graph.stored(v) and v.shape is not None and math.prod(cast("tuple[int, ...]", v.shape)) > MAX_UNIFORM_CHECK:
         return None  # a weight, not a fill: treated as data (still correct, just not simplified)
     arr = const_value(graph, v)
     if arr is not None:
@@ -349,7 +349,7 @@ def claimed_names(graph: Graph) -> frozenset[str]:
     decode step's one row against a cache's length; issue 26). A name inference invented, or one
     input declares (a square [B, S, S] too: not checked here, docs/limits.md), is taken as a proof."""
     seen: Counter[str] = Counter()
-    for v in graph.inputs:
+    for v in graph.rule_inputs:
         seen.update({t for d in v.shape or () if isinstance(d, str) for t in d.split(" + ")})
     return frozenset(n for n, c in seen.items() if c > 1)
 
@@ -372,7 +372,8 @@ class AxisDims:
 
     def shapes(self) -> dict[str, tuple | None]:
         if self._shapes is None:
-            src, names = self.graph.info.source, claimed_names(self.graph)
+            src = None if self.graph.parent is not None else self.graph.info.source  # (a body: see above)
+            names = claimed_names(self.graph)
             self._shapes = {} if src is None or not names else shape_inference.axis_shapes(src, names)
         return self._shapes
 
@@ -391,7 +392,7 @@ def _claims(graph: Graph, node: OnnxNode, d_index: int, dims: tuple | None, axes
     saved = {v: v.shape for v in graph.values.values()}
     try:  # (the rules' checks, run over the per-axis shapes; a value a rule made has none)
         for v in saved:
-            if v.name not in graph.initializers:
+            if not graph.stored(v):
                 v.shape = shapes.get(v.name)
         band = matrix_dims(graph, cast(Value, node.inputs[d_index]))
         out = node.outputs[0].shape
@@ -543,10 +544,11 @@ def absorbed(graph: Graph, v: Value, band: DmlNode, outside: Operand, options: O
     What is checked is what `plan_application` checks of the values alone (one part one constant,
     one interval, exactness under --exact, known ranks); the sizes are checked when it runs, and a
     band it then declines stays a generator node (correct, only not smaller)."""
-    if graph.is_graph_output(v) or not v.uses:
+    uses = graph.uses_here(v)
+    if graph.is_graph_output(v) or not uses:
         return None
     ops = []
-    for node, i in v.uses:
+    for node, i in uses:
         if not isinstance(node, OnnxNode) or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
             return None
         out = node.outputs[0]
@@ -645,8 +647,8 @@ def _match_chain(ctx: Context, node: Node) -> Match | None:
     inner = node.inputs[0].producer if node.inputs[0] is not None else None
     if not isinstance(inner, DmlNode) or inner.kind != "DiagonalMatrix1" or inner.inputs[0] is None:
         return None
-    if len(inner.outputs[0].uses) != 1 or graph.is_graph_output(inner.outputs[0]):
-        return None
+    if len(inner.outputs[0].uses) != 1 or graph.is_graph_output(inner.outputs[0]) or inner.id not in graph.nodes:
+        return None  # (read by others, or an enclosing scope's: it stays)
     if node.inputs[1] is not None or node.static_shape is not None or inner.inputs[1] is not None \
             or inner.static_shape is not None or inner.inputs[2] is not node.inputs[2]:
         return None

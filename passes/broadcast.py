@@ -298,7 +298,7 @@ def settled_broadcast(graph: Graph, sources: list[ShapeSource]) -> tuple[list[Di
 def _traced_name(graph: Graph, k: Key | None) -> Dim:
     """A dim inference leaves unknown that `DimKeys` traces to a graph input's axis, named for it
     (an `unk__` name: made up, no claim; `_traced_reads` reads it off that axis)."""
-    if k is None or k[0] != "dim" or not any(v.name == k[1] for v in graph.inputs):
+    if k is None or k[0] != "dim" or not any(v.name == k[1] for v in graph.rule_inputs):
         return None
     return f"unk__{k[1]}:{k[2]}"
 
@@ -342,7 +342,7 @@ def _traced_reads(graph: Graph, sources: list[ShapeSource], per: list[list[Dim]]
     the size. A padding declared [1, 1, 1, "S"] but T long must not size the rows
     (docs/limits.md); a name no input has (`named` None: an `unk__N` inference made up for a
     GatherND's output) is read where it traces to."""
-    keys, inputs = DimKeys(graph), {v.name: v for v in graph.inputs}
+    keys, inputs = DimKeys(graph), {v.name: v for v in graph.rule_inputs}
     traced: dict[str, set] = {}
     for s, d in zip(sources, per):
         got = keys.dims(s.of) if s.of is not None else keys.entries(s.vector) if s.vector is not None else None

@@ -22,7 +22,7 @@ def const_value(graph: Graph, v: Value | None) -> np.ndarray | None:
     v = copied(v)
     if v is None or v.name in graph.overridable_inputs:
         return None
-    if v.name in graph.initializers:
+    if graph.stored(v):
         return _initializer_value(v)
     p = v.producer
     if isinstance(p, OnnxNode) and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
@@ -45,7 +45,7 @@ def from_constants(graph: Graph, v: Value, limit: int = 256) -> bool:
         seen.add(x.name)
         if x.name in graph.overridable_inputs or len(seen) > limit:
             return False
-        if x.name in graph.initializers:
+        if graph.stored(x):
             continue
         p = x.producer
         ins = [i for i in p.inputs if i is not None] if isinstance(p, OnnxNode) else []
@@ -67,7 +67,7 @@ def reads_input_values(graph: Graph, v: Value, limit: int = 256) -> bool:
         if len(seen) > limit or x.name in graph.overridable_inputs:
             return True
         p = x.producer
-        if x.name in graph.initializers or (isinstance(p, OnnxNode) and p.op_type in ("Shape", "Size")):
+        if graph.stored(x) or (isinstance(p, OnnxNode) and p.op_type in ("Shape", "Size")):
             continue
         if not isinstance(p, (OnnxNode, DmlNode)):
             return True

@@ -21,6 +21,7 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
 MASK_OPS = {"Range", "Trilu", "EyeLike", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Where",
             "ConstantOfShape", "CumSum", "And", "Or", "Not", "Xor"}
 SMALL_CONSTANT = 4096  # elements: a constant vector of sizes/indices, not data
+OUTER_LIMIT = 256  # enclosing nodes one body's analysis follows (a mask's cone, not a model)
 
 
 def _eligible(n: Node) -> bool:
@@ -68,15 +69,48 @@ class DataFree:
                     break
         self.seen = len(graph.changes)
         self._settle(late)
+        if graph.parent is not None:  # (a body: what it reads of its scopes, as they compute it)
+            self._enclosing(graph)
+
+    def _enclosing(self, graph: Graph) -> None:
+        """A body: give the enclosing values it reads their status in their own scope, following
+        their producers there (at most OUTER_LIMIT nodes; past that, not free), then settle the
+        body's nodes that read them."""
+        found: dict[str, bool] = {}
+        budget = OUTER_LIMIT
+
+        def visit(v: Value) -> bool | None:  # (as `_node_status`: None when not free, else index_only)
+            nonlocal budget
+            if graph.stored(v):
+                return self._index_constant(v)
+            if v.name in found:
+                return found[v.name]
+            p = v.producer
+            if p is None or budget <= 0:
+                return None
+            budget -= 1
+            if p.op_type in SHAPE_OPS:
+                new: bool | None = True if _eligible(p) else None
+            else:
+                parts = [visit(x) for x in p.inputs if x is not None]
+                new = None if None in parts or not _eligible(p) else p.op_type in INDEX_OPS and all(parts)
+            if new is not None:
+                found[v.name] = new
+            return new
+        for v in graph.free_values().values():
+            visit(v)
+        if found:
+            self.status.update(found)
+            self._settle([o for n in graph.nodes.values() for o in n.outputs])
 
     def is_free(self, v: Value) -> bool:
         g = self.graph
-        return v.name in self.status or (v.name in g.initializers and v.name not in g.overridable_inputs)
+        return v.name in self.status or (g.stored(v) and v.name not in g.overridable_inputs)
 
     def index_only(self, v: Value) -> bool:
         if v.name in self.status:
             return self.status[v.name]
-        return v.name in self.graph.initializers and self._index_constant(v)
+        return self.graph.stored(v) and self._index_constant(v)
 
     def _index_constant(self, v: Value) -> bool:
         if v.name not in self._constants:  # checked once per initializer
@@ -96,7 +130,7 @@ class DataFree:
         g, status = self.graph, self.status
         for x in p.inputs:  # (the hottest loop of the analysis: is_free inlined, cheapest test first)
             if x is not None and x.name not in status and \
-                    (x.name not in g.initializers or x.name in g.overridable_inputs):
+                    (not g.stored(x) or x.name in g.overridable_inputs):
                 return None
         if not _eligible(p):
             return None

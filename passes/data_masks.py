@@ -70,7 +70,7 @@ def _match_data_mask(ctx: Context, node: Node) -> Match | None:
             data = v
     if grid is None or data is None:
         return None
-    read = [v.name for v in _walk(data)[1] if v.name not in graph.initializers or v.name in graph.overridable_inputs]
+    read = [v.name for v in _walk(data)[1] if not graph.stored(v) or v.name in graph.overridable_inputs]
     source = f" (read from {', '.join(repr(r) for r in read[:3])})" if read else ""
     return Match("data_mask", [node], reason=(
         f"a data-dependent mask: it compares the index grid {grid.name!r} with {data.name!r}{source}{_form(node)}, "

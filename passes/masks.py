@@ -69,7 +69,7 @@ def _mask_model(graph: Graph, nodes: list[Node], inputs: list[Value], target: Va
     inits: list[onnx.TensorProto] = []
     for n in nodes:
         for v in n.inputs:
-            if v is not None and v.name in graph.initializers and all(t.name != v.name for t in inits):
+            if v is not None and graph.stored(v) and all(t.name != v.name for t in inits):
                 inits.append(onnx.numpy_helper.from_array(np.asarray(const_value(graph, v)), v.name))
     # (a DmlNode in `nodes` has no ONNX form: onnx_node_proto raises AttributeError on it)
     g = helper.make_graph([onnx_node_proto(cast(OnnxNode, n)) for n in nodes], "mask", infos,
@@ -134,7 +134,7 @@ def cone_signature(graph: Graph, nodes: list[Node], inputs: list[Value], target:
             return None
         p = v.producer
         made = (position[p.id], p.outputs.index(v)) if p is not None and p.id in position else None
-        if v.name in graph.initializers and v.name not in digests:
+        if graph.stored(v) and v.name not in digests:
             digests[v.name] = value_digest(graph, v)
         return made, input_index.get(id(v)), digests.get(v.name)
 
@@ -189,7 +189,7 @@ def _stored_matrix(graph: Graph, v: Value | None) -> bool:
     """A stored constant of 2+ dims: an initializer, or a Constant node's output (how a local
     function or a body holds one)."""
     return v is not None and len(v.shape or ()) >= 2 and (
-        (v.producer is None and v.name in graph.initializers)
+        (v.producer is None and graph.stored(v))
         or (isinstance(v.producer, OnnxNode) and v.producer.op_type == "Constant"))
 
 

@@ -28,9 +28,10 @@ def _is_top(g: Graph, n: Node) -> bool:
     return g.is_graph_output(v) or any(not _index_op(c) for c in v.consumers)
 
 
-def _cone(top: Node, inputs: set[str]) -> tuple[list[Node], list[Value]] | None:
-    """The index computation behind `top` (back to shapes, constants and graph inputs) and the
-    graph inputs whose values it reads; None when data other than those feeds it."""
+def _cone(g: Graph, top: Node, inputs: set[str]) -> tuple[list[Node], list[Value]] | None:
+    """The index computation behind `top` (back to shapes, constants and graph inputs, through the
+    enclosing scopes' index nodes) and the inputs whose values it reads (an enclosing value that no
+    index node of its scope computes is one); None when data other than those feeds it."""
     nodes, reads, seen, stack = [], [], set(), [top]
     while stack:
         n = stack.pop()
@@ -45,7 +46,8 @@ def _cone(top: Node, inputs: set[str]) -> tuple[list[Node], list[Value]] | None:
         for v in n.inputs:
             if v is None:
                 continue
-            if v.name in inputs:
+            outer = g.values.get(v.name) is not v
+            if v.name in inputs or (outer and not _index_op(v.producer)):
                 if v not in reads:
                     reads.append(v)
             elif v.producer is not None:
@@ -64,7 +66,7 @@ def varying_masks(g: Graph, varying: dict[str, str]) -> list[Match]:
     for n in list(g.nodes.values()):
         if n.id in covered or not _index_op(n) or n.op_type in SHAPE_OPS or not _is_top(g, n):
             continue
-        cone = _cone(n, inputs)
+        cone = _cone(g, n, inputs)
         if cone is None:
             continue
         nodes, reads = cone

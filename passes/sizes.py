@@ -102,7 +102,7 @@ def existing_size_node(ctx: Context, op_type: str, inputs: list[Value], axis: in
     # (A node's op type and attributes never change after it is made: its inputs may.)
     if n.id not in graph.nodes or n.inputs != inputs:
         # Removed or rewired (replace_uses) since it was indexed; a live twin may remain.
-        n = next((c for c in inputs[0].consumers if _computes(graph, c, inputs, key)), None)
+        n = next((c for c, _ in graph.uses_here(inputs[0]) if _computes(graph, c, inputs, key)), None)
         if n is None:
             del index[key]
             return None
@@ -133,8 +133,8 @@ def claims(graph: Graph, inputs: Sequence[Value], name: Symbol) -> list[tuple[Va
     decoders name attention_mask's length like input_ids', though it is past + sequence)."""
     # Graph inputs first, in their order: the same choice when a portable output is lowered again
     # (its guard makes the mask read more of the inputs, in another order).
-    order = {v.name: i for i, v in enumerate(graph.inputs)}
-    for values in (list(dict.fromkeys(inputs)), graph.inputs):
+    order = {v.name: i for i, v in enumerate(graph.rule_inputs)}
+    for values in (list(dict.fromkeys(inputs)), graph.rule_inputs):
         found = [(v, axis) for v in values for axis, d in enumerate(v.shape or ()) if d == name]
         if found:
             return sorted(found, key=lambda p: order.get(p[0].name, len(order)))
@@ -146,7 +146,7 @@ def _existing_dim_read(graph: Graph, v: Value, axis: int) -> Value | None:
     `Shape(v, start=axis, end=axis + 1)` (the dynamo exporter's form), negative bounds included."""
     rank = len(v.shape or ())
     same = copies(v)  # (a Shape of an Identity of v reads v's sizes too)
-    for n in [n for u in same for n in u.consumers]:
+    for n in [n for u in same for n, _ in graph.uses_here(u)]:
         if not (isinstance(n, OnnxNode) and n.op_type == "Shape" and n.domain in ("", "ai.onnx")
                 and n.id in graph.nodes and n.inputs and any(n.inputs[0] is u for u in same) and rank):
             continue
@@ -164,7 +164,7 @@ def _existing_gather(graph: Graph, shape: Value, axis: int, scalar: bool = False
     `Gather(shape, c, axis=0)` of a constant c holding [axis] (so its `Concat`s are found too);
     with `scalar`, as a 0-D tensor (c a 0-D constant)."""
     rank = shape.shape[0] if shape.shape and isinstance(shape.shape[0], int) else None
-    for n in shape.consumers:
+    for n, _ in graph.uses_here(shape):
         if not (isinstance(n, OnnxNode) and n.op_type == "Gather" and n.domain in ("", "ai.onnx") and n.id in graph.nodes
                 and len(n.inputs) == 2 and n.inputs[0] is shape and n.attr("axis", 0) == 0):
             continue
@@ -264,7 +264,7 @@ class SizeBuilder:
             for v in [*n.outputs, *(i for i in n.inputs if i is not None)]:
                 if v.producer is not None and v.producer is replacing.producer:
                     continue
-                for s in v.consumers:
+                for s, _ in self.graph.uses_here(v):
                     if s.id in seen or s.id in dead or not _full_shape(self.graph, s, len(want)):
                         continue
                     seen.add(s.id)
@@ -438,7 +438,7 @@ class SizeBuilder:
         inputs traced back (`DimKeys`) to graph inputs' axes and constants (None: one is not, so any
         claim may be in them). A claim on an axis not among them is one the original mask never
         reads, so the lowered mask cannot differ from it there: no guard (docs/semantics.md)."""
-        names = {v.name for v in self.graph.inputs}
+        names = {v.name for v in self.graph.rule_inputs}
         keys = DimKeys(self.graph)
         out: set[Key] = set()
         todo: list[Key | None] = []

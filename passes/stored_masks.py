@@ -97,7 +97,7 @@ def _rewrite_stored(ctx: Context, m: Match) -> Replacement:
     made = Made()
     node = generator(ctx, m.captures["pattern"], proto.elem_type, proto.name, value, None,
                      proto.static_shape, made)
-    old = graph.initializers[value.name] if m.initializers else m.nodes[0].outputs[0]
+    old = cast(Value, graph.find(value.name)) if m.initializers else m.nodes[0].outputs[0]
     return Replacement(nodes=[node], initializers=made.initializers, replaces=[(old, node.outputs[0])],
                        removes=list(m.nodes))
 
@@ -107,7 +107,8 @@ def _stored_candidates(ctx: Context) -> list[Value | Node]:
     more dims (most stored constants of a model are scalars and vectors, offered in vain), then
     Constant nodes."""
     graph = ctx.graph
-    return [*(v for v in graph.initializers.values() if v.shape is not None and len(v.shape) >= 2),
+    stored = [*graph.initializers.values(), *(v for v in graph.free_values().values() if graph.stored(v))]
+    return [*(v for v in stored if v.shape is not None and len(v.shape) >= 2),
             *graph.by_op.get("Constant", {}).values()]
 
 

@@ -363,7 +363,7 @@ def _type_name(elem_type: int) -> str:
 def export_model(g: Graph, target: str = "dml", exact_only: bool = False, body: bool = False) -> onnx.ModelProto:
     """A ModelProto for `g`: `dml` keeps DML nodes as custom ops, `onnx` writes standard ops only
     (`exact_only`: only bit-exact portable forms, as `--exact`; see `portable.build`). `body`: `g`
-    is a body's typed copy (`rewrite.nested`): new names also avoid `g.reserved` (its scopes')."""
+    is a body (`rewrite.nested`): new names also avoid `g.reserved` (its scopes')."""
     if target not in ("dml", "onnx"):
         raise UnsupportedError(f"unknown export target {target!r}", hint="use --target dml or --target onnx")
     # Filled in place, as helper.make_graph + make_model would: make_model copies the graph, which
@@ -685,7 +685,7 @@ class _NameSet:
 
     @classmethod
     def of_graph(cls, g: Graph, nodes: list, body: bool = False) -> "_NameSet":
-        """(`body`: `g` is a body's typed copy: a new name must not name a value of its enclosing
+        """(`body`: `g` is a body: a new name must not name a value of its enclosing
         scopes (`g.reserved.encloses`), and is asked of `g.values` too, which a `body_reuse`
         template records; the other bodies' names are free, as the body's removed ones.)"""
         taken = {v.name for v in g.inputs} | {v.name for v in g.outputs} | set(g.initializers)

@@ -275,7 +275,7 @@ class Graph:
         self.holder = holder
         self.parent = parent
         self.source = source
-        # A lowered body as the portable target writes it, made from the typed copy its rules ran on
+        # A lowered body as the portable target writes it, made from the graph its rules ran on
         # (`rewrite.nested.write_back.write_back`): (the `source` it was made for, it); stale once `source` changes.
         self.portable: tuple[onnx.GraphProto, onnx.GraphProto] | None = None
         # Holders added while the graph is being read: linked once all its values exist (`finish_reading`)
@@ -285,6 +285,9 @@ class Graph:
         self.by_op: dict[str, dict[int, Node]] = {}  # op type -> its nodes, each in `nodes` order
         self._added = itertools.count()  # Node.added: the position in `nodes` order
         self.inputs: list[Value] = []
+        # A body's rules take these enclosing values as inputs too (the extra inputs of its typed
+        # import: what it reads, or the leaves of the enclosing cones it reads through): `rule_inputs`.
+        self.outer_inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.initializers: dict[str, Value] = {}
         self.value_info_names: dict[str, None] = {}  # values the source model annotated, in its order (kept on export)
@@ -319,6 +322,40 @@ class Graph:
         while g is not None and name not in g.values:
             g = g.parent
         return g
+
+    @property
+    def rule_inputs(self) -> list[Value]:
+        """The graph's inputs as the rules see them: its own, then a body's `outer_inputs`."""
+        return self.inputs + self.outer_inputs if self.outer_inputs else self.inputs
+
+    def stored(self, v: Value) -> bool:
+        """Whether `v` is an initializer of this graph or of an enclosing one (a body reads its
+        scopes' constants through edges)."""
+        if v.name in self.initializers:
+            return True
+        g = self.parent
+        while g is not None and g.values.get(v.name) is not v:
+            g = g.parent
+        return g is not None and v.name in g.initializers and v.name not in g.overridable_inputs
+
+    def sees(self, n: Node) -> bool:
+        """Whether `n` is a node of this graph or of an enclosing one."""
+        g: Graph | None = self
+        while g is not None and n.id not in g.nodes:
+            g = g.parent
+        return g is not None
+
+    def uses_here(self, v: Value) -> list[tuple[Node, int]]:
+        """`v`'s uses in this graph: its own, or, for an enclosing scope's value (whose uses list
+        the holder), the nodes of this graph that read it and the holders whose bodies do."""
+        if self.values.get(v.name) is v or self.parent is None:
+            return list(v.uses)
+        found: list[tuple[Node, int]] = []
+        for n in self.nodes.values():
+            found += [(n, i) for i, x in enumerate(n.inputs) if x is v]
+            if n.__class__ is OnnxNode and n.bodies and v in n.outer:
+                found.append((n, BODY_READ))
+        return found
 
     def free_values(self) -> dict[str, Value]:
         """The values of enclosing graphs this graph reads (its nodes, its bodies at any depth, its
@@ -476,7 +513,10 @@ class Graph:
         v = node.matrix
         if v is not None:
             del node.inputs[3]
-            del v.uses[node, 3]
+            if self.values.get(v.name) is v:
+                del v.uses[node, 3]
+            else:  # (an enclosing value: its uses list the holder)
+                self.relink_holders()
             self.changes.append(node)
 
     def replace_uses(self, old: Value, new: Value) -> None:
@@ -508,6 +548,18 @@ class Graph:
                 rewired.add(-1)
         if rewired:
             self._rewritten(rewired)
+
+    def rewire_scope(self, old: Value, new: Value) -> None:
+        """Point this body's reads of `old`, an enclosing scope's value, at `new`, one of its own
+        (a rule replaced what the body reads, not what the enclosing graph computes)."""
+        rewire_body(self, old, new)
+        for n in self.nodes.values():
+            for i, v in enumerate(n.inputs):
+                if v is new:
+                    new.uses[n, i] = None
+            if n.__class__ is OnnxNode and n.bodies:
+                self.link_bodies(n)  # (its bodies may read `new` now)
+        self.relink_holders()
 
     def _rewritten(self, nodes: set[int]) -> None:
         """In a body: write these nodes (ids; -1: the outputs) into its proto again, then its holder's."""

@@ -163,6 +163,7 @@ class Rewriter:
         if reason:
             raise RewriteRefused(reason)
         standin = self._check(r)
+        scoped = [(old, new) for old, new in r.replaces if id(new) not in standin]  # (enclosing values)
         replaced = [old.producer for old, _ in r.replaces if old.producer is not None] + r.removes
         instead = min((n.place[0] for n in replaced), default=None)  # (the new nodes' place in the export order)
         for v in r.initializers:
@@ -171,6 +172,8 @@ class Rewriter:
         for n in r.removes:
             g.remove_node(n)
         for old, new in r.replaces:
+            if id(new) not in standin:
+                continue
             if old.name in g.initializers:  # a stored constant becomes computed
                 del g.initializers[old.name]
                 old.initializer = old.array = None
@@ -192,6 +195,9 @@ class Rewriter:
                 n.name = n.outputs[0].name  # named by what it makes, once its output's name is unique
             n.rule = n.rule or r.rule
             g.add_node(n, instead)
+        for old, new in scoped:
+            new.elem_type, new.shape = new.elem_type or old.elem_type, new.shape or old.shape
+            g.rewire_scope(old, new)
         if not self._dirty:  # (else the next walk finds what became dead all at once: cheaper)
             keep = self._keep_names()
             if r.removes:
@@ -246,6 +252,7 @@ class Rewriter:
         Returns {id(new): old} for `r.replaces`."""
         g = self.graph
         removed = set()
+        r.removes = [n for n in r.removes if n.id in g.nodes or not g.sees(n)]  # (an enclosing scope keeps its own)
         for n in r.removes:
             if n.id not in g.nodes:
                 raise RewriteRefused(f"node {n.name!r} is not in the graph (removed by an earlier rewrite)")
@@ -253,6 +260,8 @@ class Rewriter:
         replaced: dict[int, Value] = {}  # id(new) -> old
         old_ids = set()
         for old, new in r.replaces:
+            if g.values.get(old.name) is not old and g.find(old.name) is old:
+                continue  # (an enclosing scope's value: replaced in this scope only, `apply`)
             p = old.producer
             if p is not None:
                 if p.id not in removed:
@@ -277,6 +286,8 @@ class Rewriter:
                 if v is None or id(v) in made or id(v) in replaced:
                     continue
                 p = v.producer
+                if g.values.get(v.name) is not v and g.find(v.name) is v:
+                    continue  # (an enclosing scope's value: a body reads it as it is)
                 if p is None:
                     if g.values.get(v.name) is not v or (v.name not in g.initializers and not _is_input(g, v)):
                         raise RewriteRefused(f"new node {n.name!r} reads {v.name!r}, which nothing produces")
@@ -383,8 +394,8 @@ class PassManager:
         # A decline of a node that a later rewrite removed or replaced is no longer news.
         live, superseded = [], []
         for m in declined.values():
-            kept = [n.id in graph.nodes for n in m.nodes]
-            if all(kept) and all(i in graph.initializers for i in m.initializers):
+            kept = [graph.sees(n) for n in m.nodes]
+            if all(kept) and all((v := graph.find(i)) is not None and graph.stored(v) for i in m.initializers):
                 live.append(m)
             elif any(kept):
                 superseded.append(m)
@@ -398,7 +409,7 @@ class PassManager:
             for rule in item_rules:
                 if isinstance(item, Node) and item.id not in graph.nodes:
                     break  # removed by an earlier rewrite in this sweep
-                if not isinstance(item, Node) and item.name not in graph.initializers:
+                if not isinstance(item, Node) and not graph.stored(item):
                     break
                 m = rule.match(ctx, item)
                 if m is None:

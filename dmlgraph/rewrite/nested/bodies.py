@@ -1,14 +1,13 @@
-"""A body as a typed, flat Graph of its own, the form the rules run on: its spec (formal inputs,
-enclosing reads as extra inputs or borrowed constants), imported alone or with its siblings as one
-model (one shape inference for many small bodies).
-
-The executor types a body Graph through the same import (`execution_body`).
+"""A body as a typed, flat Graph of its own: its spec (formal inputs, enclosing reads as extra inputs
+or borrowed constants), imported alone or with its siblings as one model (one shape inference for
+many small bodies). It types the body Graph the rules run on (and the executor runs,
+`execution_body`); `body_reuse` lowers a repeated body's template as such a copy.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Iterator, cast
 
 import numpy as np
 import onnx
@@ -97,7 +96,7 @@ def body_spec(parent: Graph, node: OnnxNode, attr: str, proto: onnx.GraphProto, 
     full.node.extend(prelude)
     full.node.extend(proto.node)
     for name in sorted(copied):  # (as the enclosing graph knows them: the inference of a DML node's sizes may not)
-        v = parent.values[name]
+        v = cast(Value, parent.find(name))
         if v.elem_type:
             full.value_info.append(typed_value_info(name, (v.elem_type, enclosing_dims(v.shape))))
     return BodySpec(full, inputs, constants, borrowed, frozenset(outer) | frozenset(reads) | copied, copied)

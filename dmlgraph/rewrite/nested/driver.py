@@ -1,9 +1,10 @@
 """Masks inside If/Loop/Scan bodies and model-local functions, lowered in place: the walk.
 
-The passes work on one flat Graph, so each body is lowered as a typed copy of its own after the graph
-that holds it, its own bodies after it, then written back under the same attribute; repeated bodies
-reuse one lowering (`body_reuse`). What cannot be typed is declined with the reason
-(docs/internals.md).
+The rules run on each body Graph itself, after the graph that holds it and before its own bodies: its
+values typed as its import alone types them, the enclosing values it reads seen through their edges,
+then it is written back under the same attribute. A body that repeats another reuses one lowering of
+a typed copy (`body_reuse`); a model-local function is lowered as a typed copy. What cannot be typed
+is declined with the reason (docs/internals.md).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Callable, cast
 import onnx
 
 from dmlgraph.io.onnx_io import DOMAIN, graphs_of, set_bodies
-from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, free_names
+from dmlgraph.ir.graph import DmlNode, Graph, Node, OnnxNode, free_names, rewire_body
 from dmlgraph.rewrite import Match, PassResult, body_reuse, call_leaves
 from dmlgraph.rewrite.nested.bodies import Body, BodySpec, body_spec, build_alone, built_bodies, finish_body, import_body
 from dmlgraph.rewrite.nested.body_types import FreshDims, TypeSpec, fresh_like_dims
@@ -61,7 +62,7 @@ def optimize_nested(g: Graph, flat: FlatPasses, explain: Explain, census: Census
     place; one PassResult for all of them. `census`: take the mask census of each body and function
     too (its rows, each with its `scope`, in `PassResult.census`; the main graph's is the caller's).
     `portable`: the export writes the portable target (with this `exact_only`): each lowered body's
-    portable form is written too, from the typed copy the rules ran on (`Graph.portable`).
+    portable form is written too, from the graph the rules ran on (`Graph.portable`).
     `reuse`: lower a body as another's template renamed (`body_reuse`); off where the rules decline
     sites by their names (`Options.declined_sites`), which a template in tokens does not have."""
     holders = holder_nodes(g)
@@ -258,11 +259,13 @@ class _Driver:
             self._decline(scope.rstrip("/"), "nested_body", [node], f"its {label} is not lowered: {body}")
             self.calls.untyped(proto, f"it is called in {path}, which is not lowered")
             return None
-        g = body.graph
-        hints = self.hints_of[id(g)] = self._hints([v.name for v in g.inputs], body.outer)
+        g, source = _scope_graph(parent, node, attr, body)
+        hints = self.hints_of[id(g)] = self._hints([v.name for v in body.graph.inputs] + sorted(g.free_values()),
+                                                   body.outer)
         finish = self.census(g, hints) if self.census else None
         self.calls.cones_of(traced_calls(g, g.info.functions, self.visible))
         result = self.flat(g)
+        _keep_enclosing(g, result)
         g.remove_dead()
         self._add(path, result, g)
         varying = body_varying(node, attr, proto, body.outer, outer_varying)
@@ -277,9 +280,10 @@ class _Driver:
         changed = self.lower_bodies(g, path + "/", varying)
         del self.hints_of[id(g)]
         if not result.applied and not changed:
+            g.source = source
             return None
         g.remove_dead()
-        return self._write_back(body, proto)
+        return self._write_back(body if g is body.graph else Body(g, frozenset()), proto)
 
     def _write_back(self, body: Body, proto: onnx.GraphProto) -> Written:
         """The lowered body as `write_back` writes it, and as the portable target does (if it is the
@@ -365,3 +369,37 @@ class _Driver:
             assert edited == self.calls.total[function_key(f)]  # (`definitions` counted them)
             new.input.extend(name for name, _ in needed)
         return new
+
+
+def _scope_graph(parent: Graph, node: OnnxNode, attr: str, body: Body) -> tuple[Graph, onnx.GraphProto | None]:
+    """The graph the rules run on for `node`'s body `attr`: the body Graph itself, its values typed
+    as its typed import types them (the enclosing values it reads stay edges), and the proto it was
+    written as, set aside while the rules edit it (write-back writes it again). A body the model
+    holds as a proto only (a GRAPHS attribute, which no standard op has): its typed copy."""
+    g = node.bodies.get(attr)
+    if g is None or g.source is None:
+        return body.graph, None
+    typed = body.graph.values
+    for name, v in g.values.items():
+        t = typed.get(name)
+        if t is not None and t.elem_type:
+            v.elem_type, v.shape = t.elem_type, t.shape
+    g.reserved = EnclosingNames(parent, subgraph_names(g))
+    own = {v.name for v in g.inputs}
+    g.outer_inputs = [v for v in (g.find(x.name) for x in body.graph.inputs if x.name not in own) if v is not None]
+    source, g.source = g.source, None
+    return g, source
+
+
+def _keep_enclosing(g: Graph, result: PassResult) -> None:
+    """Undo the replacements of an enclosing scope's value (a stored mask, a generator) that the
+    body still reads: the enclosing graph keeps computing it, so a copy in the body is a node more
+    (one that an application took in is gone already)."""
+    for m in result.applied:
+        r = m.replacement
+        for old, new in r.replaces if r is not None else ():
+            if g.values.get(old.name) is not old and new.producer is not None and new.producer.id in g.nodes \
+                    and g.uses_here(new):
+                rewire_body(g, new, old)
+                new.uses = {}
+                g.remove_node(new.producer)

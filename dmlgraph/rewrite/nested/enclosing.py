@@ -139,6 +139,7 @@ def enclosing_constant(g: Graph, v: Value) -> Value | np.ndarray | DmlNode | Non
     """An enclosing constant: the initializer (shared, not copied), a Constant node's tensor, or a
     DML generator of static sizes (a stored mask the enclosing graph lowered: the body gets a copy,
     so its rules can fuse it with what applies it there)."""
+    g = g.owner(v.name) or g  # (the scope that defines it)
     if v.name in g.initializers and v.name not in g.overridable_inputs:
         return g.initializers[v.name]
     p = v.producer

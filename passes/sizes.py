@@ -52,10 +52,11 @@ def constant(ctx: Context, name: str, arr: np.ndarray, made: Made) -> Value:
     hit = found.get(key)
     if hit is not None:
         cached, tensor, array = hit
-        if graph.initializers.get(cached.name) is cached and cached.initializer is tensor and cached.array is array:
+        if graph.find(cached.name) is cached and graph.stored(cached) and cached.initializer is tensor \
+                and cached.array is array:
             return cached  # (still that initializer, holding what it held)
-    existing = graph.initializers.get(name)
-    if existing is None or existing.name in graph.overridable_inputs:
+    existing = graph.find(name)  # (a body reads its scopes' constants too)
+    if existing is None or not graph.stored(existing) or existing.name in graph.overridable_inputs:
         v = _new_constant(name, arr, made)
     else:
         old = const_value(graph, existing)
@@ -92,7 +93,7 @@ def existing_size_node(ctx: Context, op_type: str, inputs: list[Value], axis: in
     index = memo.plumbing
     if index is None:
         index = memo.plumbing = {}
-        for p in graph.nodes.values():
+        for p in [*graph.nodes.values(), *_enclosing_plumbing(graph)]:
             if _plumbing(p):
                 index.setdefault(_plumbing_key(p.op_type, p.inputs, p.attributes), p)
     key = _plumbing_key(op_type, inputs, () if axis is None else (("axis", axis),))
@@ -100,9 +101,9 @@ def existing_size_node(ctx: Context, op_type: str, inputs: list[Value], axis: in
     if n is None:
         return None
     # (A node's op type and attributes never change after it is made: its inputs may.)
-    if n.id not in graph.nodes or n.inputs != inputs:
+    if not graph.sees(n) or n.inputs != inputs:
         # Removed or rewired (replace_uses) since it was indexed; a live twin may remain.
-        n = next((c for c, _ in graph.uses_here(inputs[0]) if _computes(graph, c, inputs, key)), None)
+        n = next((c for c in graph.visible_readers(inputs[0]) if _computes(graph, c, inputs, key)), None)
         if n is None:
             del index[key]
             return None
@@ -111,8 +112,24 @@ def existing_size_node(ctx: Context, op_type: str, inputs: list[Value], axis: in
 
 
 def _computes(graph: Graph, n: Node, inputs: list[Value], key: tuple) -> bool:
-    return n.id in graph.nodes and isinstance(n, OnnxNode) and _plumbing(n) and n.inputs == inputs \
+    return graph.sees(n) and isinstance(n, OnnxNode) and _plumbing(n) and n.inputs == inputs \
         and _plumbing_key(n.op_type, n.inputs, n.attributes) == key
+
+
+def _enclosing_plumbing(graph: Graph) -> list[Node]:
+    """A body's view of its scopes' size plumbing: the nodes that compute what it reads, followed
+    back (at most OUTER_PLUMBING nodes; not into other bodies), whose plumbing it may read too."""
+    found: dict[int, Node] = {}
+    stack = list(graph.free_values().values()) if graph.parent is not None else []
+    while stack and len(found) < OUTER_PLUMBING:
+        p = stack.pop().producer
+        if p is not None and p.id not in found and not (isinstance(p, OnnxNode) and p.has_subgraph):
+            found[p.id] = p
+            stack.extend(x for x in p.inputs if x is not None)
+    return list(found.values())
+
+
+OUTER_PLUMBING = 256
 
 
 def _plumbing(n: Node) -> TypeGuard[OnnxNode]:
@@ -146,9 +163,9 @@ def _existing_dim_read(graph: Graph, v: Value, axis: int) -> Value | None:
     `Shape(v, start=axis, end=axis + 1)` (the dynamo exporter's form), negative bounds included."""
     rank = len(v.shape or ())
     same = copies(v)  # (a Shape of an Identity of v reads v's sizes too)
-    for n in [n for u in same for n, _ in graph.uses_here(u)]:
+    for n in [n for u in same for n in graph.visible_readers(u)]:
         if not (isinstance(n, OnnxNode) and n.op_type == "Shape" and n.domain in ("", "ai.onnx")
-                and n.id in graph.nodes and n.inputs and any(n.inputs[0] is u for u in same) and rank):
+                and graph.sees(n) and n.inputs and any(n.inputs[0] is u for u in same) and rank):
             continue
         start, end = n.attr("start", 0), n.attr("end", None)
         if end is None:
@@ -164,8 +181,8 @@ def _existing_gather(graph: Graph, shape: Value, axis: int, scalar: bool = False
     `Gather(shape, c, axis=0)` of a constant c holding [axis] (so its `Concat`s are found too);
     with `scalar`, as a 0-D tensor (c a 0-D constant)."""
     rank = shape.shape[0] if shape.shape and isinstance(shape.shape[0], int) else None
-    for n, _ in graph.uses_here(shape):
-        if not (isinstance(n, OnnxNode) and n.op_type == "Gather" and n.domain in ("", "ai.onnx") and n.id in graph.nodes
+    for n in graph.visible_readers(shape):
+        if not (isinstance(n, OnnxNode) and n.op_type == "Gather" and n.domain in ("", "ai.onnx") and graph.sees(n)
                 and len(n.inputs) == 2 and n.inputs[0] is shape and n.attr("axis", 0) == 0):
             continue
         idx = const_value(graph, n.inputs[1])
@@ -212,7 +229,7 @@ def _cone(graph: Graph, v: Value) -> tuple[list[Node], set[int]] | None:
 
 def _full_shape(graph: Graph, n: Node, rank: int) -> TypeGuard[OnnxNode]:
     """`Shape(y)` of every axis of a rank-`rank` y, a node of the graph."""
-    return isinstance(n, OnnxNode) and n.op_type == "Shape" and n.domain in ("", "ai.onnx") and n.id in graph.nodes \
+    return isinstance(n, OnnxNode) and n.op_type == "Shape" and n.domain in ("", "ai.onnx") and graph.sees(n) \
         and bool(n.inputs) and n.inputs[0] is not None and len(n.inputs[0].shape or ()) == rank \
         and n.attr("start", 0) == 0 and n.attr("end", None) is None
 
@@ -264,7 +281,7 @@ class SizeBuilder:
             for v in [*n.outputs, *(i for i in n.inputs if i is not None)]:
                 if v.producer is not None and v.producer is replacing.producer:
                     continue
-                for s, _ in self.graph.uses_here(v):
+                for s in self.graph.visible_readers(v):
                     if s.id in seen or s.id in dead or not _full_shape(self.graph, s, len(want)):
                         continue
                     seen.add(s.id)
@@ -496,7 +513,7 @@ class SizeBuilder:
         """The value made for `key` before, while every node of it is alive and reads what it read."""
         done = self.memo.values
         hit = done.get(key)
-        if hit is not None and all(n.id in self.graph.nodes and n.inputs == ins for n, ins in hit[1]):
+        if hit is not None and all(self.graph.sees(n) and n.inputs == ins for n, ins in hit[1]):
             return hit[0]
         chain: list = []
         out = make(chain)

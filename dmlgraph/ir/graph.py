@@ -357,6 +357,12 @@ class Graph:
                 found.append((n, BODY_READ))
         return found
 
+    def visible_readers(self, v: Value) -> list[Node]:
+        """The nodes of this graph and of its enclosing ones that read `v` (what a size a body
+        needs may be read off: an enclosing node's output is an edge away)."""
+        here = [n for n, _ in self.uses_here(v)]
+        return here if self.values.get(v.name) is v else here + [n for n in v.consumers if n not in here]
+
     def free_values(self) -> dict[str, Value]:
         """The values of enclosing graphs this graph reads (its nodes, its bodies at any depth, its
         outputs), by name."""

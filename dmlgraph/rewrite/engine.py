@@ -126,6 +126,8 @@ class Rewriter:
     Invariants kept: single assignment (a value has at most one producer), every use has a
     producer, an initializer or a graph input, a multi-output node is removed only when none of
     its outputs is left without a producer, replaced values keep their element type and rank.
+    In an If/Loop/Scan body, a value of an enclosing scope is read as it is, replaced only in the
+    body's scope (`Graph.rewire_scope`), and a node of an enclosing scope is never removed.
     What a replacement leaves unread (the producers of the removed nodes' inputs, recursively,
     and constants) is removed by `collect_dead`, a walk of the whole graph once per sweep; after
     that walk each apply removes what it left unread itself, so later walks are skipped (a walk
@@ -162,6 +164,7 @@ class Rewriter:
         reason = legalize(r.nodes, r.initializers, default_opset(g.info.opset_imports))
         if reason:
             raise RewriteRefused(reason)
+        r.removes = [n for n in r.removes if n.id in g.nodes or not g.sees(n)]  # (an enclosing scope keeps its own)
         standin = self._check(r)
         scoped = [(old, new) for old, new in r.replaces if id(new) not in standin]  # (enclosing values)
         replaced = [old.producer for old, _ in r.replaces if old.producer is not None] + r.removes
@@ -252,7 +255,6 @@ class Rewriter:
         Returns {id(new): old} for `r.replaces`."""
         g = self.graph
         removed = set()
-        r.removes = [n for n in r.removes if n.id in g.nodes or not g.sees(n)]  # (an enclosing scope keeps its own)
         for n in r.removes:
             if n.id not in g.nodes:
                 raise RewriteRefused(f"node {n.name!r} is not in the graph (removed by an earlier rewrite)")

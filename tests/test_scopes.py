@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
-from test_outer_reads import _branch, _if, _model, _vi, loop_in_if, nested_if
+from test_outer_reads import RELU, C, X, _branch, _if, _model, _vi, loop_in_if, nested_if
 
 from dmlgraph.io.onnx_io import export_model, import_model
 from dmlgraph.rewrite.nested.scopes import all_nodes, scopes
@@ -95,3 +95,27 @@ def test_removing_one_of_two_body_reads_keeps_the_holders_use():
     assert holder is not None and [v.name for v in holder.outer] == ["r", "x"]  # (x: the else branch reads it)
     body.remove_node(neg)
     assert [v.name for v in holder.outer] == ["x"] and not any(u is holder for u, _ in g.values["r"].uses)
+
+
+def test_a_body_sees_its_scopes_through_the_edges():
+    """What the rules ask of a body Graph about the values it reads of its scopes: an enclosing
+    initializer is stored, its readers here are the body's own nodes (the enclosing value's uses
+    list the holder), every scope's readers are visible, and a value replaced in the body's scope
+    only moves the body's reads (`rewire_scope`): the enclosing graph keeps the old value."""
+    then = [h.make_node("Add", ["r", "w"], ["t0"]), h.make_node("Mul", ["t0", "r"], ["t"])]
+    model = _model([RELU, h.make_node("Neg", ["r"], ["n"]), _if("c", then, "t", [h.make_node("Identity", ["n"], ["e"])], "e")],
+                   [X, C], [_vi("y"), _vi("n")], [h.make_tensor("w", T.FLOAT, [1], [2.0])])
+    g = import_model(model)
+    holder = next(n for n in g.nodes.values() if n.op_type == "If")
+    body = holder.bodies["then_branch"]
+    r, w = g.values["r"], g.values["w"]
+    assert body.stored(w) and not body.stored(r) and not g.stored(r)
+    assert {(n.op_type, i) for n, i in body.uses_here(r)} == {("Add", 0), ("Mul", 1)}
+    assert {n.op_type for n, _ in r.uses} == {"Neg", "If"}  # (the enclosing graph counts the holder)
+    assert {n.op_type for n in body.visible_readers(r)} == {"Add", "Mul", "Neg", "If"}
+    neg = next(n for n in g.nodes.values() if n.op_type == "Neg")
+    assert body.sees(neg) and not g.sees(next(iter(body.nodes.values())))
+    new = body.value("r_here")
+    body.rewire_scope(r, new)
+    assert {(n.op_type, i) for n, i in new.uses} == {("Add", 0), ("Mul", 1)} and not body.uses_here(r)
+    assert {n.op_type for n, _ in r.uses} == {"Neg"}  # (the branch reads it no more: the holder's use went)

@@ -129,8 +129,8 @@ class DataFree:
             return True if _eligible(p) else None
         g, status = self.graph, self.status
         for x in p.inputs:  # (the hottest loop of the analysis: is_free inlined, cheapest test first)
-            if x is not None and x.name not in status and \
-                    (not g.stored(x) or x.name in g.overridable_inputs):
+            if x is not None and x.name not in status and ((x.name not in g.initializers and (
+                    g.parent is None or not g.stored(x))) or x.name in g.overridable_inputs):
                 return None
         if not _eligible(p):
             return None

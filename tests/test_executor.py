@@ -354,3 +354,30 @@ def test_a_body_reads_enclosing_weights_as_constants(cond):
     result = pipeline.validate(model, None, {"x": x, "cond": np.array(cond)})
     assert len(pipeline.lower(model).rewrites) == 2
     assert result.ok and [o.detail for o in result.outputs] == ["bit-exact"]
+
+
+def test_a_function_holding_dead_nodes_runs_around_them():
+    """A local function computing a value nothing reads, then calling a function the rules lowered
+    (so the executor runs its body itself): those dead nodes made an onnxruntime region with no
+    output, which onnxruntime refuses ("At least one output should be requested"; the fuzzer of
+    forms, seed 4343). A region nothing reads is dead code: not run."""
+    inner = h.make_function("local", "masked", ["x"], ["y"], [
+        h.make_node("Constant", [], ["ninf"], value=numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")),
+        h.make_node("Shape", ["x"], ["shape"]),
+        h.make_node("ConstantOfShape", ["shape"], ["ones"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+        h.make_node("Trilu", ["ones"], ["tri"], upper=0), h.make_node("Cast", ["tri"], ["band"], to=T.BOOL),
+        h.make_node("Where", ["band", "x", "ninf"], ["y"])], [h.make_opsetid("", 17)])
+    outer = h.make_function("local", "outer", ["m", "x"], ["y"], [
+        h.make_node("Cast", ["m"], ["dead"], to=T.BOOL),
+        h.make_node("masked", ["x"], ["y"], domain="local")], [h.make_opsetid("", 17), h.make_opsetid("local", 1)])
+    model = h.make_model(h.make_graph([h.make_node("outer", ["m", "x"], ["y"], domain="local")], "g",
+                                      [h.make_tensor_value_info("m", T.INT64, [1, "T"]),
+                                       h.make_tensor_value_info("x", T.FLOAT, ["T", "T"])],
+                                      [h.make_tensor_value_info("y", T.FLOAT, ["T", "T"])]),
+                         opset_imports=[h.make_opsetid("", 17), h.make_opsetid("local", 1)], ir_version=10,
+                         functions=[inner, outer])
+    result = pipeline.lower(model)
+    assert result.passes.applied  # (the inner function holds a DML node: the executor runs the bodies)
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    got = pipeline.run_graph(import_model(result.model), {"m": np.ones((1, 3), np.int64), "x": x})["y"]
+    assert np.array_equal(got, np.where(np.tril(np.ones((3, 3), bool)), x, np.float32(-np.inf)))

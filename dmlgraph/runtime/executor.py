@@ -208,8 +208,9 @@ class Executor:
         steps: list[Region | DmlNode | control_flow.HostStep] = []
         for s in sorted(set(regions) | set(dml_at)):
             if s in regions:
-                steps.append(regions[s])
                 self._wire(regions[s])
+                if regions[s].outputs:  # (else dead code nothing reads: a session must return something)
+                    steps.append(regions[s])
             steps.extend(dml_at.get(s, []))
         return steps
 

@@ -353,8 +353,8 @@ class Graph:
         found: list[tuple[Node, int]] = []
         for n in self.nodes.values():
             found += [(n, i) for i, x in enumerate(n.inputs) if x is v]
-            if n.__class__ is OnnxNode and n.bodies and v in n.outer:
-                found.append((n, BODY_READ))
+            if n.__class__ is OnnxNode and n.bodies and any(b.free_values().get(v.name) is v for b in n.bodies.values()):
+                found.append((n, BODY_READ))  # (`outer` lists this graph's values only)
         return found
 
     def visible_readers(self, v: Value) -> list[Node]:

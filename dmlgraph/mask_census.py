@@ -216,7 +216,7 @@ def classify(sites: list[MaskSite], graph: Graph, result: PassResult) -> list[di
         row = {"value": s.value, "producer": s.producer, "op_type": s.op_type, "index": s.index,
                "shape": s.shape, "found": s.found, "status": None, "rule": None, "reason": None, "scope": None}
         key = s.node_id if s.node_id is not None else s.value
-        if v is not None and graph.values.get(s.value) is not v and not graph.uses_here(v):
+        if v is not None and graph.is_outer(v) and not graph.uses_here(v):
             v = p = None  # (an enclosing value this body read and reads no more: absorbed, below)
         if isinstance(p, DmlNode) or key in applied:
             row.update(status="lowered", rule=applied.get(key) or getattr(p, "rule", None))

@@ -46,8 +46,7 @@ def _cone(g: Graph, top: Node, inputs: set[str]) -> tuple[list[Node], list[Value
         for v in n.inputs:
             if v is None:
                 continue
-            outer = g.values.get(v.name) is not v
-            if v.name in inputs or (outer and not _index_op(v.producer)):
+            if v.name in inputs or (g.is_outer(v) and not _index_op(v.producer)):
                 if v not in reads:
                     reads.append(v)
             elif v.producer is not None:

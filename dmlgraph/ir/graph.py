@@ -338,6 +338,10 @@ class Graph:
             g = g.parent
         return g is not None and v.name in g.initializers and v.name not in g.overridable_inputs
 
+    def is_outer(self, v: Value) -> bool:
+        """Whether `v` is an enclosing scope's value, which this graph reads through an edge."""
+        return self.values.get(v.name) is not v and self.find(v.name) is v
+
     def sees(self, n: Node) -> bool:
         """Whether `n` is a node of this graph or of an enclosing one."""
         g: Graph | None = self
@@ -348,7 +352,7 @@ class Graph:
     def uses_here(self, v: Value) -> list[tuple[Node, int]]:
         """`v`'s uses in this graph: its own, or, for an enclosing scope's value (whose uses list
         the holder), the nodes of this graph that read it and the holders whose bodies do."""
-        if self.values.get(v.name) is v or self.parent is None:
+        if not self.is_outer(v):
             return list(v.uses)
         found: list[tuple[Node, int]] = []
         for n in self.nodes.values():
@@ -361,7 +365,7 @@ class Graph:
         """The nodes of this graph and of its enclosing ones that read `v` (what a size a body
         needs may be read off: an enclosing node's output is an edge away)."""
         here = [n for n, _ in self.uses_here(v)]
-        return here if self.values.get(v.name) is v else here + [n for n in v.consumers if n not in here]
+        return here + [n for n in v.consumers if n not in here] if self.is_outer(v) else here
 
     def free_values(self) -> dict[str, Value]:
         """The values of enclosing graphs this graph reads (its nodes, its bodies at any depth, its
@@ -519,10 +523,10 @@ class Graph:
         v = node.matrix
         if v is not None:
             del node.inputs[3]
-            if self.values.get(v.name) is v:
-                del v.uses[node, 3]
-            else:  # (an enclosing value: its uses list the holder)
+            if self.is_outer(v):  # (its uses list the holder)
                 self.relink_holders()
+            else:
+                del v.uses[node, 3]
             self.changes.append(node)
 
     def replace_uses(self, old: Value, new: Value) -> None:

@@ -262,7 +262,7 @@ class Rewriter:
         replaced: dict[int, Value] = {}  # id(new) -> old
         old_ids = set()
         for old, new in r.replaces:
-            if g.values.get(old.name) is not old and g.find(old.name) is old:
+            if g.is_outer(old):
                 continue  # (an enclosing scope's value: replaced in this scope only, `apply`)
             p = old.producer
             if p is not None:
@@ -288,7 +288,7 @@ class Rewriter:
                 if v is None or id(v) in made or id(v) in replaced:
                     continue
                 p = v.producer
-                if g.values.get(v.name) is not v and g.find(v.name) is v:
+                if g.is_outer(v):
                     continue  # (an enclosing scope's value: a body reads it as it is)
                 if p is None:
                     if g.values.get(v.name) is not v or (v.name not in g.initializers and not _is_input(g, v)):

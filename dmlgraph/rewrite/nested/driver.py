@@ -398,7 +398,7 @@ def _keep_enclosing(g: Graph, result: PassResult) -> None:
     for m in result.applied:
         r = m.replacement
         for old, new in r.replaces if r is not None else ():
-            if g.values.get(old.name) is not old and new.producer is not None and new.producer.id in g.nodes \
+            if g.is_outer(old) and new.producer is not None and new.producer.id in g.nodes \
                     and g.uses_here(new):
                 rewire_body(g, new, old)
                 new.uses = {}
